@@ -1,0 +1,3 @@
+from pcpo_eval.cli import main
+
+main()

@@ -1,0 +1,24 @@
+"""User-facing errors.
+
+Every problem caused by user input (a bad flag, a missing weight file, a malformed table) is raised
+as :class:`UserError`. The CLI turns it into a single line on stderr and exit code 2, with no
+traceback; library users get an ordinary exception whose message names the problem and the fix.
+"""
+
+from __future__ import annotations
+
+
+class UserError(ValueError):
+    """Bad input from the user; the message is one line naming the problem and the fix."""
+
+    exit_code = 2
+
+
+class MissingWeightsError(UserError, FileNotFoundError):
+    """Weights of a real model (or the toy world) are absent or unreadable."""
+
+
+def require(condition: bool, message: str) -> None:
+    """Raise :class:`UserError` with ``message`` unless ``condition`` holds."""
+    if not condition:
+        raise UserError(message)
