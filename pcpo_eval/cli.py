@@ -31,6 +31,7 @@ COMMAND_MODULES = [
     "pcpo_eval.train_commands",
     "pcpo_eval.generate_commands",
     "pcpo_eval.metrics.commands",
+    "pcpo_eval.weights",
     "pcpo_eval.stats.commands",
     "pcpo_eval.report.commands",
 ]
