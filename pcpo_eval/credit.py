@@ -1,0 +1,476 @@
+"""PCPO credit-assignment math: native per-step weights and their proportional replacements.
+
+Pure numpy; no model needed. Every function cites the equation of the PCPO paper
+(``shared/paper/pcpo-paper.tex``) it implements.
+
+Notation (DDIM, paper Prop. 1 / Eq. ``eq:logrho``; diffusers' ``DDIMScheduler.step`` notation)::
+
+    ab_t       alpha_bar_t      cumulative product of (1 - beta) at the current timestep t
+    ab_prev    alpha_bar_{t-1}  the same at the previous (less noisy) inference timestep
+    alpha_t    ab_t / ab_prev   the per-inference-step alpha of the DDIM mean
+    sigma_t    std of x_{t-1}   eta * sqrt((1-ab_prev)/(1-ab_t)) * sqrt(1 - ab_t/ab_prev)
+    C(t)       sqrt(1-ab_t)/sqrt(alpha_t) - sqrt(1-ab_prev-sigma_t^2)   (> 0)
+
+so that mu_theta - mu_old = -C(t) (eps_theta - eps_old) and, with x_{t-1} = mu_old + sigma_t eps,
+
+    log rho_t = -[ w (eps_theta - eps_old) . eps + 1/2 || w (eps_theta - eps_old) ||^2 ]   (Eq. logrho)
+
+Two conventions name the weight ``w`` multiplying the dot product:
+
+* ``unit``: the Gaussian noise ``eps`` ~ N(0, I) is the "noise"; ``w = C / sigma`` (Prop. 1 as
+  derived in the appendix). SD-1.x, 50 steps, eta 1: mean ~0.52, range 0.37..3.3.
+* ``residual``: the residual ``x_{t-1} - mu_old = sigma eps`` is the "noise"; ``w = C / sigma^2``.
+  This is what the paper's Figure 2(a) plots (mean ~4.46, range 1.1..83) and is the default.
+
+Flow SDEs (paper Eq. ``eq:logrho-flow`` and Prop. 2, Eq. ``eq:optimalw``)::
+
+    w(t_i) = sqrt(dt_i) / sigma_{t_i} * (1 + (1 - t_i) sigma_{t_i}^2 / (2 t_i))
+    zeta   = sum_i w(t_i);   PCPO weight w~(t_i) = zeta * dt_i
+
+with ``sigma = eta`` (DanceGRPO) or ``sigma_t = eta sqrt(t / (1 - t))`` (Flow-GRPO).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from pcpo_eval.errors import UserError
+
+Convention = Literal["residual", "unit"]
+CONVENTIONS: tuple[str, ...] = ("residual", "unit")
+FALLBACKS: tuple[str, ...] = ("nearest", "native")
+FLOW_SDES: tuple[str, ...] = ("dance", "flowgrpo")
+
+#: Stable Diffusion 1.x DDIM configuration (diffusers ``scheduler/scheduler_config.json``).
+SD1_DDIM_CONFIG: dict[str, Any] = {
+    "num_train_timesteps": 1000,
+    "beta_start": 0.00085,
+    "beta_end": 0.012,
+    "beta_schedule": "scaled_linear",
+    "set_alpha_to_one": False,
+    "steps_offset": 1,
+    "timestep_spacing": "leading",
+    "clip_sample": False,
+    "prediction_type": "epsilon",
+}
+
+
+# --------------------------------------------------------------------------------------------
+# DDIM
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DDIMSchedule:
+    """Per-inference-step DDIM quantities, ordered as sampling runs (noisiest step first).
+
+    ``timesteps[i]`` is the model timestep t of step i, ``prev_timesteps[i]`` the one it moves
+    to (negative at the last step, where ``ab_prev`` is diffusers' ``final_alpha_cumprod``).
+    """
+
+    timesteps: np.ndarray
+    prev_timesteps: np.ndarray
+    alpha_bar: np.ndarray
+    alpha_bar_prev: np.ndarray
+    eta: float
+    config: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def alpha(self) -> np.ndarray:
+        """Per-step alpha_t = ab_t / ab_{t-1} (the DDIM mean's 1/sqrt(alpha_t) factor)."""
+        return self.alpha_bar / self.alpha_bar_prev
+
+    @property
+    def sigma(self) -> np.ndarray:
+        """DDIM sigma_t(eta) (DDIM paper Eq. 16; diffusers ``_get_variance`` times eta)."""
+        return ddim_sigma(self.alpha_bar, self.alpha_bar_prev, self.eta)
+
+    def __len__(self) -> int:
+        return len(self.timesteps)
+
+
+def _validate_ddim(steps: int, eta: float) -> None:
+    if not isinstance(steps, (int, np.integer)) or steps < 1:
+        raise UserError(f"--steps must be an integer >= 1 (got {steps})")
+    if not eta > 0:
+        raise UserError(f"--eta must be > 0 for a stochastic sampler with log-probabilities (got {eta})")
+
+
+def ddim_schedule(
+    config: dict[str, Any] | None = None, steps: int = 50, eta: float = 1.0, stochastic: bool = True
+) -> DDIMSchedule:
+    """DDIM inference schedule for any diffusers DDIM scheduler config.
+
+    Uses diffusers' own ``DDIMScheduler`` for betas, spacing and offset, so every beta schedule
+    and ``timestep_spacing`` it supports is supported here. Unknown keys or schedule names give a
+    :class:`UserError` listing the valid ones. ``prev_t = t - num_train_timesteps // steps``
+    (diffusers / ddpo-pytorch convention). ``stochastic=False`` admits eta = 0 (plain DDIM
+    sampling, which has no log-probabilities and no credit weights).
+    """
+    from diffusers import DDIMScheduler
+
+    if stochastic:
+        _validate_ddim(steps, eta)
+    elif not (isinstance(steps, (int, np.integer)) and steps >= 1 and eta >= 0):
+        raise UserError(f"DDIM needs steps >= 1 and eta >= 0 (got steps={steps}, eta={eta})")
+    cfg = dict(SD1_DDIM_CONFIG if config is None else config)
+    cfg = {k: v for k, v in cfg.items() if not k.startswith("_")}
+    valid_betas = ("linear", "scaled_linear", "squaredcos_cap_v2")
+    if cfg.get("beta_schedule", "linear") not in valid_betas:
+        raise UserError(
+            f"unknown --beta-schedule {cfg.get('beta_schedule')!r}; choose one of: {', '.join(valid_betas)}"
+        )
+    valid_spacing = ("leading", "trailing", "linspace")
+    if cfg.get("timestep_spacing", "leading") not in valid_spacing:
+        raise UserError(
+            f"unknown --spacing {cfg.get('timestep_spacing')!r}; choose one of: {', '.join(valid_spacing)}"
+        )
+    sched = DDIMScheduler.from_config(cfg)
+    if steps > sched.config.num_train_timesteps:
+        raise UserError(f"--steps {steps} exceeds num_train_timesteps {sched.config.num_train_timesteps}")
+    sched.set_timesteps(steps)
+    ts = sched.timesteps.numpy().astype(np.int64)
+    step_ratio = sched.config.num_train_timesteps // steps
+    prev = ts - step_ratio
+    acp = sched.alphas_cumprod.numpy().astype(np.float64)
+    final = float(sched.final_alpha_cumprod)
+    ab = acp[ts]
+    ab_prev = np.where(prev >= 0, acp[np.clip(prev, 0, None)], final)
+    return DDIMSchedule(ts, prev, ab, ab_prev, float(eta), dict(sched.config))
+
+
+def ddim_sigma(alpha_bar: np.ndarray, alpha_bar_prev: np.ndarray, eta: float) -> np.ndarray:
+    """sigma_t = eta * sqrt((1 - ab_prev)/(1 - ab_t) * (1 - ab_t/ab_prev)) (DDIM Eq. 16)."""
+    var = (1.0 - alpha_bar_prev) / (1.0 - alpha_bar) * (1.0 - alpha_bar / alpha_bar_prev)
+    return eta * np.sqrt(var)
+
+
+def ddim_C(alpha_bar: np.ndarray, alpha_bar_prev: np.ndarray, sigma: np.ndarray) -> np.ndarray:
+    """C(t) = sqrt(1-ab_t)/sqrt(alpha_t) - sqrt(1 - ab_{t-1} - sigma_t^2) (paper Prop. 1)."""
+    alpha = alpha_bar / alpha_bar_prev
+    return np.sqrt(1.0 - alpha_bar) / np.sqrt(alpha) - np.sqrt(np.maximum(1.0 - alpha_bar_prev - sigma**2, 0.0))
+
+
+def ddim_weight(C: np.ndarray, sigma: np.ndarray, convention: Convention = "residual") -> np.ndarray:
+    """Native weight: ``C/sigma`` (``unit``, Prop. 1) or ``C/sigma^2`` (``residual``, Fig. 2a)."""
+    _check_convention(convention)
+    return C / sigma if convention == "unit" else C / sigma**2
+
+
+def _check_convention(convention: str) -> None:
+    if convention not in CONVENTIONS:
+        raise UserError(f"unknown --convention {convention!r}; choose one of: {', '.join(CONVENTIONS)}")
+
+
+def pcpo_sigma_roots(
+    alpha_bar: float, alpha_bar_prev: float, w_target: float, convention: Convention = "residual"
+) -> np.ndarray:
+    """All valid sigma in (0, sqrt(1-ab_{t-1})] with ``w(sigma) = w_target`` (closed form).
+
+    With a = sqrt(1-ab_t)/sqrt(alpha_t), b = 1 - ab_{t-1} and C(sigma) = a - sqrt(b - sigma^2):
+
+    * ``unit`` (C = w sigma): (1+w^2) s^2 - 2 a w s + (a^2 - b) = 0 in s = sigma,
+      s = (a w +- sqrt(b (1+w^2) - a^2)) / (1+w^2).
+    * ``residual`` (C = w sigma^2): w^2 u^2 + (1 - 2 a w) u + (a^2 - b) = 0 in u = sigma^2.
+
+    Squaring admits spurious roots; a root is kept only if ``a - w * (s or u) >= 0`` and
+    ``0 < sigma^2 <= b``. Returns the valid sigmas in increasing order (0, 1 or 2 of them).
+    """
+    _check_convention(convention)
+    a = np.sqrt(1.0 - alpha_bar) / np.sqrt(alpha_bar / alpha_bar_prev)
+    b = 1.0 - alpha_bar_prev
+    w = float(w_target)
+    if convention == "unit":
+        disc = b * (1.0 + w * w) - a * a
+        if disc < 0:
+            return np.empty(0)
+        r = np.sqrt(disc)
+        cands = np.array([(a * w - r) / (1 + w * w), (a * w + r) / (1 + w * w)])
+        sig = cands
+        ok = (cands > 0) & (cands**2 <= b * (1 + 1e-12)) & (a - w * cands >= -1e-12)
+    else:
+        qa, qb, qc = w * w, 1.0 - 2.0 * a * w, a * a - b
+        disc = qb * qb - 4 * qa * qc
+        if disc < 0:
+            return np.empty(0)
+        r = np.sqrt(disc)
+        u = np.array([(-qb - r) / (2 * qa), (-qb + r) / (2 * qa)])
+        ok = (u > 0) & (u <= b * (1 + 1e-12)) & (a - w * u >= -1e-12)
+        sig = np.sqrt(np.clip(u, 0, None))
+    return np.unique(np.sort(sig[ok]))
+
+
+def _nearest_achievable_sigma(alpha_bar: float, alpha_bar_prev: float, w_target: float, convention: str) -> float:
+    """sigma in (0, sqrt(b)] minimising |log w(sigma) - log w_target| (dense search + refine)."""
+    b = 1.0 - alpha_bar_prev
+    grid = np.sqrt(b) * np.concatenate([np.geomspace(1e-6, 1.0, 4001)])
+    C = ddim_C(np.full_like(grid, alpha_bar), np.full_like(grid, alpha_bar_prev), grid)
+    w = ddim_weight(C, grid, convention)  # type: ignore[arg-type]
+    i = int(np.argmin(np.abs(np.log(w) - np.log(w_target))))
+    lo, hi = grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]
+    fine = np.linspace(lo, hi, 2001)
+    Cf = ddim_C(np.full_like(fine, alpha_bar), np.full_like(fine, alpha_bar_prev), fine)
+    wf = ddim_weight(Cf, fine, convention)  # type: ignore[arg-type]
+    return float(fine[int(np.argmin(np.abs(np.log(wf) - np.log(w_target))))])
+
+
+@dataclass(frozen=True)
+class DDIMCredit:
+    """Native and PCPO credit weights of a DDIM schedule (one entry per inference step)."""
+
+    schedule: DDIMSchedule
+    convention: str
+    sigma: np.ndarray
+    C: np.ndarray
+    native_weight: np.ndarray
+    w_target: float
+    pcpo_sigma: np.ndarray
+    pcpo_C: np.ndarray
+    pcpo_weight: np.ndarray
+    fallback_steps: list[int]
+    fallback: str
+
+    @property
+    def mean_native_weight(self) -> float:
+        return float(np.mean(self.native_weight))
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready summary (the ``pcpo-eval credit ddim --json`` format)."""
+        s = self.schedule
+        steps = [
+            {
+                "index": i,
+                "timestep": int(s.timesteps[i]),
+                "prev_timestep": int(s.prev_timesteps[i]),
+                "alpha_bar": float(s.alpha_bar[i]),
+                "alpha_bar_prev": float(s.alpha_bar_prev[i]),
+                "sigma": float(self.sigma[i]),
+                "C": float(self.C[i]),
+                "native_weight": float(self.native_weight[i]),
+                "pcpo_sigma": float(self.pcpo_sigma[i]),
+                "pcpo_weight": float(self.pcpo_weight[i]),
+                "fallback": i in self.fallback_steps,
+            }
+            for i in range(len(s))
+        ]
+        return {
+            "sampler": "ddim",
+            "convention": self.convention,
+            "eta": s.eta,
+            "num_steps": len(s),
+            "scheduler_config": {k: v for k, v in s.config.items() if not k.startswith("_")},
+            "w_target": self.w_target,
+            "mean_native_weight": self.mean_native_weight,
+            "mean_pcpo_weight": float(np.mean(self.pcpo_weight)),
+            "fallback": self.fallback,
+            "fallback_steps": list(self.fallback_steps),
+            "steps": steps,
+        }
+
+
+def pcpo_ddim_credit(
+    schedule: DDIMSchedule,
+    convention: Convention = "residual",
+    w_target: float | None = None,
+    fallback: str = "nearest",
+) -> DDIMCredit:
+    """PCPO's re-solved DDIM variance schedule sigma~_t giving a constant weight ``w*``.
+
+    Paper Sec. 2.2 ("PCPO for Diffusion Models"): set w(t) = C(t)/sigma_t (or C/sigma^2) equal to
+    ``w*`` and solve for sigma_t with the DDIM alphas fixed; ``w*`` defaults to the mean of the
+    native weights (the paper's mean-matching). Of two valid roots, the one closer to the native
+    sigma_t is taken (the schedule "remains close to the original", Fig. 2b).
+
+    No valid root exists where ``w*`` is below the smallest weight the step can reach (the last
+    steps of SD-1.x). Fallback, explicit and reported in ``fallback_steps``:
+
+    * ``nearest`` (default): the sigma whose weight is closest to ``w*`` (log scale), i.e. the
+      step's weight is pulled as far towards ``w*`` as the step allows;
+    * ``native``: keep the step's native DDIM sigma.
+    """
+    _check_convention(convention)
+    if fallback not in FALLBACKS:
+        raise UserError(f"unknown --fallback {fallback!r}; choose one of: {', '.join(FALLBACKS)}")
+    sigma = schedule.sigma
+    C = ddim_C(schedule.alpha_bar, schedule.alpha_bar_prev, sigma)
+    native = ddim_weight(C, sigma, convention)
+    wt = float(np.mean(native)) if w_target is None else float(w_target)
+    if not wt > 0:
+        raise UserError(f"--w-target must be > 0 (got {wt})")
+    new_sigma = np.empty_like(sigma)
+    fallback_steps: list[int] = []
+    for i in range(len(schedule)):
+        roots = pcpo_sigma_roots(schedule.alpha_bar[i], schedule.alpha_bar_prev[i], wt, convention)
+        if roots.size:
+            new_sigma[i] = roots[np.argmin(np.abs(roots - sigma[i]))]
+        else:
+            fallback_steps.append(i)
+            new_sigma[i] = (
+                sigma[i]
+                if fallback == "native"
+                else _nearest_achievable_sigma(schedule.alpha_bar[i], schedule.alpha_bar_prev[i], wt, convention)
+            )
+    new_C = ddim_C(schedule.alpha_bar, schedule.alpha_bar_prev, new_sigma)
+    return DDIMCredit(
+        schedule=schedule,
+        convention=convention,
+        sigma=sigma,
+        C=C,
+        native_weight=native,
+        w_target=wt,
+        pcpo_sigma=new_sigma,
+        pcpo_C=new_C,
+        pcpo_weight=ddim_weight(new_C, new_sigma, convention),
+        fallback_steps=fallback_steps,
+        fallback=fallback,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Flow-matching SDEs
+# --------------------------------------------------------------------------------------------
+
+
+def shifted_sigmas(steps: int, shift: float) -> np.ndarray:
+    """DanceGRPO / SD3 time shift: ``t = shift u / (1 + (shift-1) u)``, u = linspace(1, 0, N+1).
+
+    Returns the N+1 times t_0 = 1 > t_1 > ... > t_N = 0 (reference notes, DanceGRPO FLUX).
+    """
+    u = np.linspace(1.0, 0.0, steps + 1)
+    return shift * u / (1.0 + (shift - 1.0) * u)
+
+
+def flow_sde_sigma(t: np.ndarray, sde: str, eta: float, t_next: np.ndarray | None = None) -> np.ndarray:
+    """SDE noise scale sigma_{t_i} per step.
+
+    * ``dance``: sigma = eta (DanceGRPO).
+    * ``flowgrpo``: sigma_t = eta * sqrt(t / (1 - t)). At t = 1 (division by zero) Flow-GRPO's
+      ``sde_step_with_logprob`` substitutes the next time: sigma = eta * sqrt(1 / (1 - t_1)),
+      i.e. t in the denominator is replaced by ``sigma_max = t_1`` (the first sigma below 1).
+      We follow that convention (``t_next`` gives t_1; defaults to the next entry of ``t``).
+    """
+    t = np.asarray(t, dtype=np.float64)
+    if sde == "dance":
+        return np.full_like(t, float(eta))
+    if sde == "flowgrpo":
+        if t_next is None:
+            t_next = np.append(t[1:], 0.0)
+        sigma_max = float(np.max(t[t < 1.0])) if np.any(t < 1.0) else float(t_next[0])
+        denom_t = np.where(t >= 1.0, sigma_max, t)
+        return eta * np.sqrt(t / (1.0 - denom_t))
+    raise UserError(f"unknown --sde {sde!r}; choose one of: {', '.join(FLOW_SDES)}")
+
+
+def flow_native_weight(t: np.ndarray, dt: np.ndarray, sigma: np.ndarray) -> np.ndarray:
+    """w(t_i) = sqrt(dt_i)/sigma_{t_i} * (1 + (1 - t_i) sigma_{t_i}^2 / (2 t_i)) (Eq. logrho-flow)."""
+    return np.sqrt(dt) / sigma * (1.0 + (1.0 - t) * sigma**2 / (2.0 * t))
+
+
+@dataclass(frozen=True)
+class FlowCredit:
+    """Native and proportional (PCPO) weights of a flow-matching SDE (Prop. 2)."""
+
+    sde: str
+    eta: float
+    shift: float
+    t: np.ndarray  # (N,) current times t_i (1 -> ~0)
+    dt: np.ndarray  # (N,) positive step sizes t_i - t_{i+1}
+    sigma: np.ndarray
+    native_weight: np.ndarray
+    pcpo_weight: np.ndarray  # zeta * dt_i
+    zeta: float
+    t1: str = "neighbor"
+
+    @property
+    def mean_native_weight(self) -> float:
+        return float(np.mean(self.native_weight))
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready summary (the ``pcpo-eval credit flow --json`` format)."""
+        steps = [
+            {
+                "index": i,
+                "t": float(self.t[i]),
+                "dt": float(self.dt[i]),
+                "sigma": float(self.sigma[i]),
+                "native_weight": float(self.native_weight[i]),
+                "pcpo_weight": float(self.pcpo_weight[i]),
+            }
+            for i in range(len(self.t))
+        ]
+        d = {k: v for k, v in asdict(self).items() if k in ("sde", "eta", "shift")}
+        return {
+            "sampler": "flow_sde",
+            **d,
+            "num_steps": len(self.t),
+            "t1_convention": self.t1 if self.sde == "flowgrpo" else None,
+            "t1_convention_note": T1_CONVENTIONS[self.t1] if self.sde == "flowgrpo" else None,
+            "zeta": self.zeta,
+            "mean_native_weight": self.mean_native_weight,
+            "steps": steps,
+        }
+
+
+T1_CONVENTIONS: dict[str, str] = {
+    "neighbor": (
+        "Flow-GRPO sigma_t = eta*sqrt(t/(1-t)) is infinite at t=1; the weight of the t=1 step is approximated "
+        "by the weight of the next step (t_1). This reproduces the paper's zeta = 4.315 (N=10, eta=0.7, shift 3)."
+    ),
+    "sigma_max": (
+        "Flow-GRPO sigma_t = eta*sqrt(t/(1-t)) is infinite at t=1; as in Flow-GRPO's sde_step_with_logprob the "
+        "t in the denominator is replaced by the first time below 1 (sigma_max = t_1); zeta = 4.297 for N=10, "
+        "eta=0.7, shift 3 (0.4% below the paper's 4.315)."
+    ),
+}
+
+
+def _validate_flow(steps: int, eta: float, shift: float) -> None:
+    if not isinstance(steps, (int, np.integer)) or steps < 1:
+        raise UserError(f"--steps must be an integer >= 1 (got {steps})")
+    if not eta > 0:
+        raise UserError(f"--eta must be > 0 (got {eta})")
+    if not shift > 0:
+        raise UserError(f"--shift must be > 0 (got {shift})")
+
+
+def flow_credit(
+    sde: str = "dance",
+    steps: int = 16,
+    eta: float = 0.3,
+    shift: float = 3.0,
+    times: np.ndarray | None = None,
+    t1: str = "neighbor",
+) -> FlowCredit:
+    """Native weights and PCPO proportional weights ``zeta * dt_i`` for a flow SDE (Prop. 2).
+
+    ``times`` (N+1 decreasing values from 1 to 0) overrides the shifted schedule of
+    :func:`shifted_sigmas`. zeta sums the native weights over all N steps, so the proportional
+    weights have the same total (the proof of Prop. 2).
+
+    ``t1`` picks how the Flow-GRPO step at t = 1 is weighted (see :data:`T1_CONVENTIONS`):
+    ``neighbor`` (default; the paper's figure and zeta) or ``sigma_max`` (the sampler's sigma).
+    The sampler itself always uses the ``sigma_max`` sigma; only the weight differs.
+    """
+    _validate_flow(steps, eta, shift)
+    if t1 not in T1_CONVENTIONS:
+        raise UserError(f"unknown --t1 {t1!r}; choose one of: {', '.join(T1_CONVENTIONS)}")
+    if sde not in FLOW_SDES:
+        raise UserError(f"unknown --sde {sde!r}; choose one of: {', '.join(FLOW_SDES)}")
+    grid = shifted_sigmas(steps, shift) if times is None else np.asarray(times, dtype=np.float64)
+    t, t_next = grid[:-1], grid[1:]
+    dt = t - t_next
+    sigma = flow_sde_sigma(t, sde, eta, t_next)
+    native = flow_native_weight(t, dt, sigma)
+    if sde == "flowgrpo" and t1 == "neighbor" and len(t) > 1:
+        native = np.where(t >= 1.0, native[np.argmax(t < 1.0)], native)
+    pcpo, zeta = proportional_weights(dt, native)
+    return FlowCredit(sde, float(eta), float(shift), t, dt, sigma, native, pcpo, zeta, t1)
+
+
+def proportional_weights(dt: np.ndarray, native: np.ndarray) -> tuple[np.ndarray, float]:
+    """``(zeta * dt_i, zeta)`` with ``zeta = sum_i native_i`` (Prop. 2, Eq. optimalw)."""
+    zeta = float(np.sum(native))
+    return zeta * np.asarray(dt, dtype=np.float64), zeta

@@ -1,0 +1,1 @@
+"""Samplers with per-step log-probabilities: DDIM (``ddim``) and flow-matching SDEs (``flow``)."""
