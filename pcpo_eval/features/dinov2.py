@@ -1,0 +1,112 @@
+"""DINOv2 ViT-L/14 features for FD-DINOv2 with dgm-eval's conventions (Stein et al., 2023).
+
+dgm-eval's ``DINOv2Encoder`` (default ``clean_resize=False``):
+
+1. ``torchvision.transforms.Resize((224, 224), BICUBIC)`` on the PIL RGB image, i.e. PIL's 8-bit
+   bicubic resize (rounded to uint8; :func:`pcpo_eval.features.base.pil_uint8_resize`);
+2. ``ToTensor`` (/255) and ImageNet mean/std normalization;
+3. the CLS token after the final LayerNorm (hub ``x_norm_clstoken``; transformers'
+   ``Dinov2Model`` ``pooler_output``), 1024-d for ViT-L/14, no L2 normalization.
+
+Weights come from a local Hugging Face directory (``facebook/dinov2-large`` layout) loaded with
+``local_files_only=True``; nothing is downloaded. Known difference we cannot remove offline: the
+hub model and transformers interpolate the 518px position embeddings to 224 with slightly
+different bicubic calls; both are recorded as "transformers Dinov2Model".
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pcpo_eval.errors import MissingWeightsError
+from pcpo_eval.features.base import FeatureExtractor, check_uint8_images, pil_uint8_resize, resolve_weights
+from pcpo_eval.io import sha256_file
+
+ENV_VAR = "PCPO_DINOV2_PATH"
+HF_REPO = "facebook/dinov2-large"
+HOW_TO_GET = (
+    f"run `huggingface-cli download {HF_REPO}` on a connected machine and copy the snapshot into HF_HOME, "
+    f"or point ${ENV_VAR} at the model directory"
+)
+INPUT_SIZE = 224
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def default_paths() -> list[Path]:
+    """Snapshot directories of ``facebook/dinov2-large`` in the local Hugging Face cache."""
+    try:
+        from huggingface_hub.constants import HF_HUB_CACHE
+
+        cache = Path(HF_HUB_CACHE)
+    except ImportError:  # pragma: no cover - huggingface_hub ships with transformers
+        cache = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")) / "hub"
+    snapshots = cache / ("models--" + HF_REPO.replace("/", "--")) / "snapshots"
+    found = sorted(snapshots.glob("*/config.json")) if snapshots.exists() else []
+    return [p.parent for p in found] or [snapshots]
+
+
+def locate_weights(weights_path: str | os.PathLike | None = None) -> Path:
+    """Resolve the DINOv2 model directory (explicit path > $PCPO_DINOV2_PATH > HF cache)."""
+    return resolve_weights(weights_path, ENV_VAR, default_paths(), "DINOv2 ViT-L/14", HOW_TO_GET)
+
+
+def weights_digest(model_dir: Path) -> str:
+    """sha256 of the weight files in ``model_dir`` (one file: its hash; several: hash of hashes)."""
+    import hashlib
+
+    files = sorted(p for p in model_dir.iterdir() if p.suffix in (".safetensors", ".bin"))
+    if len(files) == 1:
+        return sha256_file(files[0])
+    h = hashlib.sha256()
+    for p in files:
+        h.update(f"{p.name}:{sha256_file(p)}\n".encode())
+    return h.hexdigest()
+
+
+class DinoV2Extractor(FeatureExtractor):
+    """dgm-eval DINOv2 features: PIL bicubic 224, ImageNet mean/std, final-LayerNorm CLS token."""
+
+    name = "dinov2"
+
+    def __init__(self, weights_path: str | os.PathLike | None = None, device: str | torch.device = "cpu") -> None:
+        super().__init__()
+        from transformers import Dinov2Model
+
+        path = locate_weights(weights_path)
+        try:
+            model = Dinov2Model.from_pretrained(str(path), local_files_only=True)
+        except (OSError, ValueError) as exc:
+            raise MissingWeightsError(f"cannot load DINOv2 from {path} ({type(exc).__name__}); {HOW_TO_GET}") from exc
+        self.device = torch.device(device)
+        self.model = model.eval().requires_grad_(False).to(self.device)
+        self.dim = int(model.config.hidden_size)
+        self.register_buffer("mean", torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("std", torch.tensor(IMAGENET_STD).view(1, 3, 1, 1), persistent=False)
+        self.to(self.device)
+        self.info = {
+            "weights_path": str(path),
+            "weights_sha256": weights_digest(path),
+            "model": "transformers Dinov2Model",
+            "resize": f"dgm-eval: torchvision Resize(({INPUT_SIZE}, {INPUT_SIZE}), BICUBIC) on PIL RGB (uint8)",
+            "normalize": "ToTensor (/255) then ImageNet mean/std",
+            "features": "CLS token after final LayerNorm (pooler_output), no L2 normalization",
+        }
+
+    @torch.no_grad()
+    def extract(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
+        """uint8 (N, 3, H, W) -> {"features": (N, hidden_size)} float32."""
+        check_uint8_images(images)
+        x = pil_uint8_resize(images, INPUT_SIZE).to(self.device).float() / 255.0
+        x = (x - self.mean) / self.std
+        out = self.model(pixel_values=x)
+        return {"features": out.pooler_output.float().cpu()}
+
+
+def make_dinov2(**options: Any) -> DinoV2Extractor:
+    """Registry factory (options: ``weights_path``, ``device``)."""
+    return DinoV2Extractor(**options)

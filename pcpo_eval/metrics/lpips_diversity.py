@@ -1,0 +1,241 @@
+"""LPIPS diversity: mean LPIPS over all unordered pairs of one prompt's images.
+
+LPIPS v0.1 (Zhang et al., 2018; the ``lpips`` package) between images x and y is
+
+    d(x, y) = sum_l 1/(H_l W_l) sum_{h,w} sum_c w_{l,c} (f^x_{l,chw} - f^y_{l,chw})^2,
+
+with f_l the trunk activations normalized to unit length over channels (``lpips.normalize_tensor``,
+eps 1e-10 added to the norm) and w_l >= 0 the linear-layer weights. Writing
+
+    g(x) = concat_l  sqrt(w_l) * f^x_l / sqrt(H_l W_l)       (one vector per image)
+
+gives d(x, y) = ||g(x) - g(y)||^2: each image goes through the trunk ONCE and every pairwise
+distance follows from the Gram matrix G = g g^T, d_ij = G_ii + G_jj - 2 G_ij. Summing over
+unordered pairs collapses the Gram matrix to two running sums,
+
+    sum_{i<j} d_ij = n * sum_i ||g_i||^2 - ||sum_i g_i||^2,
+
+so the per-prompt mean needs only (n, sum ||g||^2, sum g) in float64: memory is O(D) whatever the
+number of images (1112 per prompt in the paper), and accumulators of different batches or ranks
+merge by addition. :func:`pairwise_distances` keeps the explicit block-wise Gram path (for
+distance matrices and tests).
+
+``lpips`` uses AlexNet + the v0.1 linear layers shipped in the ``lpips`` wheel; the AlexNet trunk is
+torchvision's ImageNet weights, read only from a local file (never downloaded). ``lpips_toy`` uses
+the toy classifier's layers the same way with uniform weights (w = 1).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from pcpo_eval.features.base import check_uint8_images, resolve_weights, torch_hub_checkpoints
+from pcpo_eval.io import sha256_file
+
+ALEX_ENV_VAR = "PCPO_LPIPS_ALEX_WEIGHTS"
+ALEX_FILE = "alexnet-owt-7be5be79.pth"
+ALEX_HOW = (
+    f"run `python -c 'import torchvision; torchvision.models.alexnet(weights=\"IMAGENET1K_V1\")'` on a connected "
+    f"machine and copy {ALEX_FILE} into $TORCH_HOME/hub/checkpoints, or point ${ALEX_ENV_VAR} at it"
+)
+EPS = 1e-10  # lpips.normalize_tensor
+
+
+def normalize_channels(feat: torch.Tensor, eps: float = EPS) -> torch.Tensor:
+    """Unit-normalize (N, C, H, W) activations over channels, exactly as ``lpips.normalize_tensor``."""
+    return feat / (torch.sqrt(torch.sum(feat**2, dim=1, keepdim=True)) + eps)
+
+
+def embed_layers(layers: Sequence[torch.Tensor], weights: Sequence[torch.Tensor | None]) -> torch.Tensor:
+    """g = concat_l sqrt(w_l) * normalize(f_l) / sqrt(H_l W_l), float64 (N, D).
+
+    ``weights[l]`` is the (C_l,) non-negative linear weight of layer l (``None`` = uniform 1).
+    """
+    parts = []
+    for feat, w in zip(layers, weights, strict=True):
+        f = normalize_channels(feat.float()).double()
+        if w is not None:
+            w = w.detach().double().reshape(1, -1, 1, 1).to(f.device)
+            if (w < 0).any():
+                raise ValueError("LPIPS linear weights must be non-negative for the Gram identity")
+            f = f * torch.sqrt(w)
+        parts.append(f.flatten(1) / math.sqrt(feat.shape[2] * feat.shape[3]))
+    return torch.cat(parts, dim=1)
+
+
+@dataclass
+class PairwiseAccumulator:
+    """Running (n, sum ||g||^2, sum g) of one prompt's embeddings; mean over unordered pairs."""
+
+    n: int = 0
+    sum_sq: float = 0.0
+    sum_vec: torch.Tensor | None = field(default=None)
+
+    def update(self, g: torch.Tensor) -> PairwiseAccumulator:
+        g = g.double()
+        self.n += g.shape[0]
+        self.sum_sq += float((g * g).sum())
+        s = g.sum(dim=0)
+        self.sum_vec = s if self.sum_vec is None else self.sum_vec + s
+        return self
+
+    def merge(self, other: PairwiseAccumulator) -> PairwiseAccumulator:
+        if other.sum_vec is not None:
+            self.n += other.n
+            self.sum_sq += other.sum_sq
+            self.sum_vec = other.sum_vec.clone() if self.sum_vec is None else self.sum_vec + other.sum_vec
+        return self
+
+    @property
+    def n_pairs(self) -> int:
+        return self.n * (self.n - 1) // 2
+
+    def mean(self) -> float:
+        """Mean LPIPS over the n(n-1)/2 unordered pairs (n >= 2)."""
+        if self.n < 2 or self.sum_vec is None:
+            raise ValueError(f"LPIPS diversity needs at least 2 images, have {self.n}")
+        total = self.n * self.sum_sq - float(self.sum_vec @ self.sum_vec)
+        return max(total, 0.0) / self.n_pairs
+
+
+def mean_pairwise_distance(g: torch.Tensor) -> float:
+    """Mean ||g_i - g_j||^2 over unordered pairs of the rows of ``g``."""
+    return PairwiseAccumulator().update(g).mean()
+
+
+def pairwise_distances(g: torch.Tensor, block: int = 256) -> torch.Tensor:
+    """Full (n, n) matrix d_ij = G_ii + G_jj - 2 G_ij, built block by block (float64, clamped >= 0)."""
+    g = g.double()
+    sq = (g * g).sum(dim=1)
+    n = g.shape[0]
+    out = torch.empty(n, n, dtype=torch.float64)
+    for i in range(0, n, block):
+        for j in range(0, n, block):
+            gram = g[i : i + block] @ g[j : j + block].T
+            out[i : i + block, j : j + block] = (sq[i : i + block, None] + sq[None, j : j + block] - 2 * gram).clamp_min(0)
+    out.fill_diagonal_(0)
+    return out
+
+
+class LpipsEmbedder(nn.Module):
+    """Per-image LPIPS embedding g(x) from an ``lpips.LPIPS`` model (trunk run once per image)."""
+
+    name = "lpips"
+
+    def __init__(self, model: nn.Module, info: dict[str, Any], device: str | torch.device = "cpu") -> None:
+        super().__init__()
+        self.model = model.eval().requires_grad_(False).to(device)
+        self.device = torch.device(device)
+        self.info = info
+
+    def layers(self, images: torch.Tensor) -> list[torch.Tensor]:
+        """Trunk activations for uint8 images, scaled to [-1, 1] as ``lpips.im2tensor`` does."""
+        check_uint8_images(images)
+        x = images.to(self.device).float() / 127.5 - 1.0
+        return list(self.model.net.forward(self.model.scaling_layer(x)))
+
+    @torch.no_grad()
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        weights = [lin.model[-1].weight.view(-1) for lin in self.model.lins]
+        return embed_layers(self.layers(images), weights).cpu()
+
+
+class ToyLpipsEmbedder(nn.Module):
+    """``lpips_toy``: the toy classifier's layers, channel-normalized, uniform weights."""
+
+    name = "lpips_toy"
+
+    def __init__(self, layers_fn: Callable[[torch.Tensor], list[torch.Tensor]], info: dict[str, Any]) -> None:
+        super().__init__()
+        self.layers_fn = layers_fn
+        self.info = info
+
+    @torch.no_grad()
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        layers = self.layers_fn(images)
+        return embed_layers(layers, [None] * len(layers)).cpu()
+
+
+def locate_alexnet(weights_path: str | os.PathLike | None = None) -> Path:
+    """Local torchvision AlexNet weights (explicit > $PCPO_LPIPS_ALEX_WEIGHTS > $TORCH_HOME cache)."""
+    return resolve_weights(weights_path, ALEX_ENV_VAR, [torch_hub_checkpoints() / ALEX_FILE], "LPIPS AlexNet", ALEX_HOW)
+
+
+def lin_weights_path(net: str = "alex", version: str = "0.1") -> Path:
+    """The linear-layer weights shipped inside the ``lpips`` wheel."""
+    import lpips
+
+    return Path(lpips.__file__).parent / "weights" / f"v{version}" / f"{net}.pth"
+
+
+def build_lpips_model(trunk: str | os.PathLike | None = None, seed: int = 0) -> tuple[nn.Module, dict[str, Any]]:
+    """``lpips.LPIPS(net="alex", version="0.1")`` with the wheel's linear layers and a local trunk.
+
+    ``trunk``: a path to torchvision AlexNet weights, ``None`` (locate them) or ``"random"`` (a
+    randomly initialized trunk from ``torch.Generator(seed)``, for tests and benchmarks only).
+    """
+    import lpips
+
+    model = lpips.LPIPS(net="alex", version="0.1", pretrained=True, pnet_rand=True, verbose=False)
+    info: dict[str, Any] = {
+        "net": "alex",
+        "version": "0.1",
+        "lin_weights": str(lin_weights_path()),
+        "lin_weights_sha256": sha256_file(lin_weights_path()),
+        "input": "uint8 / 127.5 - 1 at native resolution",
+    }
+    if trunk == "random":
+        gen = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for p in model.net.parameters():
+                p.copy_(torch.randn(p.shape, generator=gen) * (1.0 / math.sqrt(max(1, p[0].numel()))))
+        info.update(trunk="random", trunk_seed=seed)
+    else:
+        path = locate_alexnet(trunk)
+        state = torch.load(str(path), map_location="cpu", weights_only=True)
+        own = model.net.state_dict()
+        mapped = {}
+        for key in own:  # "slice2.3.weight" <- torchvision "features.3.weight"
+            _, idx, kind = key.split(".")
+            mapped[key] = state[f"features.{idx}.{kind}"]
+        model.net.load_state_dict(mapped)
+        info.update(trunk=str(path), trunk_sha256=sha256_file(path))
+    return model.eval(), info
+
+
+def make_lpips_embedder(
+    trunk: str | os.PathLike | None = None, device: str | torch.device = "cpu", seed: int = 0
+) -> LpipsEmbedder:
+    """LPIPS AlexNet v0.1 embedder (see :func:`build_lpips_model`)."""
+    model, info = build_lpips_model(trunk, seed)
+    return LpipsEmbedder(model, info, device)
+
+
+def lpips_diversity(embedder: Callable[[torch.Tensor], torch.Tensor], images: torch.Tensor, batch: int = 32) -> float:
+    """Mean LPIPS over all unordered pairs of ``images`` (uint8 NCHW), trunk once per image."""
+    acc = PairwiseAccumulator()
+    for i in range(0, images.shape[0], batch):
+        acc.update(embedder(images[i : i + batch]))
+    return acc.mean()
+
+
+def naive_lpips_diversity(model: nn.Module, images: torch.Tensor, batch: int = 64) -> float:
+    """Reference: ``lpips.LPIPS.forward`` on every unordered pair (tests and benchmark only)."""
+    n = images.shape[0]
+    x = images.float() / 127.5 - 1.0
+    ii, jj = np.triu_indices(n, k=1)
+    total = 0.0
+    with torch.no_grad():
+        for s in range(0, len(ii), batch):
+            a, b = torch.from_numpy(ii[s : s + batch]), torch.from_numpy(jj[s : s + batch])
+            total += float(model(x[a], x[b]).double().sum())
+    return total / len(ii)
