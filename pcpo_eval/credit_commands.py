@@ -1,0 +1,109 @@
+"""``pcpo-eval credit ddim|flow``: print, export and plot native vs PCPO credit weights."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from pcpo_eval.errors import UserError
+
+credit_app = typer.Typer(help="Per-timestep credit weights: native vs PCPO (paper Fig. 2).", no_args_is_help=True)
+
+
+def _emit(summary: dict[str, Any], as_json: bool, columns: list[str], header: str) -> None:
+    if as_json:
+        typer.echo(json.dumps(summary, indent=2))
+        return
+    typer.echo(header)
+    typer.echo("  ".join(f"{c:>14}" for c in columns))
+    for st in summary["steps"]:
+        typer.echo("  ".join(f"{st[c]:>14.6g}" if isinstance(st[c], float) else f"{st[c]!s:>14}" for c in columns))
+
+
+@credit_app.command("ddim")
+def ddim_cmd(
+    steps: Annotated[int, typer.Option(help="Number of DDIM inference steps.")] = 50,
+    eta: Annotated[float, typer.Option(help="DDIM eta (> 0).")] = 1.0,
+    beta_schedule: Annotated[str, typer.Option(help="linear | scaled_linear | squaredcos_cap_v2")] = "scaled_linear",
+    beta_start: Annotated[float, typer.Option()] = 0.00085,
+    beta_end: Annotated[float, typer.Option()] = 0.012,
+    train_steps: Annotated[int, typer.Option(help="num_train_timesteps")] = 1000,
+    spacing: Annotated[str, typer.Option(help="leading | trailing | linspace")] = "leading",
+    offset: Annotated[int, typer.Option(help="steps_offset")] = 1,
+    set_alpha_to_one: Annotated[bool, typer.Option()] = False,
+    scheduler_config: Annotated[
+        Path | None, typer.Option(help="A diffusers scheduler_config.json (overrides the beta/spacing flags).")
+    ] = None,
+    convention: Annotated[str, typer.Option(help="residual (C/sigma^2, paper Fig. 2) | unit (C/sigma)")] = "residual",
+    w_target: Annotated[float | None, typer.Option(help="Target weight w*; default: mean native weight.")] = None,
+    fallback: Annotated[str, typer.Option(help="nearest | native: sigma for steps with no valid root")] = "nearest",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the JSON summary.")] = False,
+    plot: Annotated[Path | None, typer.Option(help="Write Figure 2 (a)-(d) to this PNG.")] = None,
+) -> None:
+    """DDIM native weights w(t) and PCPO's re-solved sigma~_t (paper Prop. 1, Fig. 2a-b)."""
+    from pcpo_eval.credit import ddim_schedule, pcpo_ddim_credit
+
+    if scheduler_config is not None:
+        try:
+            cfg = json.loads(Path(scheduler_config).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise UserError(f"cannot read --scheduler-config {scheduler_config}: {exc}") from None
+    else:
+        cfg = {
+            "num_train_timesteps": train_steps,
+            "beta_start": beta_start,
+            "beta_end": beta_end,
+            "beta_schedule": beta_schedule,
+            "timestep_spacing": spacing,
+            "steps_offset": offset,
+            "set_alpha_to_one": set_alpha_to_one,
+            "clip_sample": False,
+        }
+    credit = pcpo_ddim_credit(ddim_schedule(cfg, steps, eta), convention, w_target, fallback)  # type: ignore[arg-type]
+    summary = credit.to_dict()
+    if plot is not None:
+        from pcpo_eval.credit_plot import save_credit_figure
+
+        save_credit_figure(plot, ddim=credit)
+    _emit(
+        summary,
+        as_json,
+        ["index", "timestep", "sigma", "native_weight", "pcpo_sigma", "pcpo_weight", "fallback"],
+        f"DDIM {steps} steps, eta={eta}, convention={convention}: mean native weight "
+        f"{summary['mean_native_weight']:.4f}, w*={summary['w_target']:.4f}, "
+        f"fallback ({fallback}) at steps {summary['fallback_steps']}",
+    )
+
+
+@credit_app.command("flow")
+def flow_cmd(
+    sde: Annotated[str, typer.Option(help="dance (sigma=eta) | flowgrpo (sigma=eta*sqrt(t/(1-t)))")] = "dance",
+    steps: Annotated[int, typer.Option(help="Number of SDE steps N.")] = 16,
+    eta: Annotated[float, typer.Option(help="Noise level eta (> 0).")] = 0.3,
+    shift: Annotated[float, typer.Option(help="Time shift (> 0).")] = 3.0,
+    t1: Annotated[str, typer.Option(help="Flow-GRPO t=1 weight: neighbor | sigma_max")] = "neighbor",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the JSON summary.")] = False,
+    plot: Annotated[Path | None, typer.Option(help="Write Figure 2 (a)-(d) to this PNG.")] = None,
+) -> None:
+    """Flow SDE native weights and PCPO's proportional weights zeta*dt (paper Prop. 2, Fig. 2c-d)."""
+    from pcpo_eval.credit import flow_credit
+
+    credit = flow_credit(sde, steps, eta, shift, t1=t1)
+    summary = credit.to_dict()
+    if plot is not None:
+        from pcpo_eval.credit_plot import save_credit_figure
+
+        save_credit_figure(plot, flows=[credit])
+    _emit(
+        summary,
+        as_json,
+        ["index", "t", "dt", "sigma", "native_weight", "pcpo_weight"],
+        f"{sde} SDE, N={steps}, eta={eta}, shift={shift}: zeta = {summary['zeta']:.4f}",
+    )
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(credit_app, name="credit")

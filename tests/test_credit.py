@@ -1,0 +1,213 @@
+"""Credit math: the paper's numbers (Sec. 2, Fig. 2) and the exactness of the decompositions."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pcpo_eval.credit import (
+    SD1_DDIM_CONFIG,
+    ddim_C,
+    ddim_schedule,
+    ddim_weight,
+    flow_credit,
+    flow_native_weight,
+    pcpo_ddim_credit,
+    pcpo_sigma_roots,
+    shifted_sigmas,
+)
+from pcpo_eval.errors import UserError
+from pcpo_eval.samplers.ddim import ddim_mean
+from pcpo_eval.samplers.flow import flow_sde_mean
+
+
+def test_dancegrpo_zeta_matches_paper():
+    c = flow_credit("dance", steps=16, eta=0.3, shift=3.0)
+    assert c.zeta == pytest.approx(13.343, abs=1e-3)
+    assert len(c.t) == 16 and c.t[0] == 1.0
+    np.testing.assert_allclose(np.sum(c.pcpo_weight), c.zeta, rtol=1e-12)  # dt sums to 1
+    np.testing.assert_allclose(c.pcpo_weight / c.dt, c.zeta)
+
+
+def test_flowgrpo_zeta_within_half_percent_of_paper():
+    c = flow_credit("flowgrpo", steps=10, eta=0.7, shift=3.0)
+    assert abs(c.zeta - 4.315) / 4.315 < 5e-3
+    assert c.zeta == pytest.approx(4.315, abs=1e-3)  # 'neighbor' t=1 convention reproduces it exactly
+    alt = flow_credit("flowgrpo", steps=10, eta=0.7, shift=3.0, t1="sigma_max")
+    assert abs(alt.zeta - 4.315) / 4.315 < 5e-3
+    assert np.isfinite(c.sigma).all() and np.isfinite(alt.native_weight).all()
+    assert c.to_dict()["t1_convention"] == "neighbor"
+
+
+def test_ddim_sd1_mean_native_weight_and_constant_pcpo_weights():
+    sched = ddim_schedule(SD1_DDIM_CONFIG, 50, 1.0)
+    assert sched.timesteps[0] == 981 and sched.timesteps[-1] == 1  # leading spacing, offset 1
+    c = pcpo_ddim_credit(sched)  # residual convention, w* = mean native weight
+    assert c.mean_native_weight == pytest.approx(4.456, abs=0.01)
+    assert c.native_weight.min() == pytest.approx(1.1, abs=0.05)
+    assert c.native_weight.max() == pytest.approx(83, abs=1.0)
+    ok = np.setdiff1d(np.arange(50), c.fallback_steps)
+    assert len(c.fallback_steps) > 0 and max(c.fallback_steps) == 49  # last steps have no root
+    np.testing.assert_allclose(c.pcpo_weight[ok], c.w_target, rtol=1e-9)
+    unit = pcpo_ddim_credit(sched, "unit")
+    assert unit.mean_native_weight == pytest.approx(0.52, abs=0.01)
+    assert unit.native_weight.min() == pytest.approx(0.37, abs=0.01)
+    assert unit.native_weight.max() == pytest.approx(3.3, abs=0.05)
+    ok = np.setdiff1d(np.arange(50), unit.fallback_steps)
+    np.testing.assert_allclose(unit.pcpo_weight[ok], unit.w_target, rtol=1e-9)
+
+
+def test_fallback_native_keeps_ddim_sigma():
+    sched = ddim_schedule(SD1_DDIM_CONFIG, 50, 1.0)
+    c = pcpo_ddim_credit(sched, fallback="native")
+    np.testing.assert_array_equal(c.pcpo_sigma[c.fallback_steps], c.sigma[c.fallback_steps])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    ab=st.floats(0.01, 0.99),
+    ratio=st.floats(0.5, 0.999),
+    w=st.floats(0.05, 200.0),
+    convention=st.sampled_from(["residual", "unit"]),
+)
+def test_roots_solve_the_weight_equation(ab, ratio, w, convention):
+    ab_prev = min(ab / ratio, 0.9999)
+    for s in pcpo_sigma_roots(ab, ab_prev, w, convention):
+        wt = ddim_weight(ddim_C(np.array(ab), np.array(ab_prev), np.array(s)), np.array(s), convention)
+        assert float(wt) == pytest.approx(w, rel=1e-6)
+
+
+def _gauss_logpdf_sum(x, mean, std):
+    return (-((x - mean) ** 2) / (2 * std**2) - np.log(std) - 0.5 * np.log(2 * np.pi)).sum(-1)
+
+
+@pytest.mark.parametrize("sigma_kind", ["ddim", "pcpo"])
+def test_ddim_decomposition_equals_gaussian_log_ratio(sigma_kind):
+    """Prop. 1: log rho from two Gaussian densities == -[w d.eps + 1/2 ||w d||^2], w = C/sigma."""
+    rng = np.random.default_rng(0)
+    sched = ddim_schedule(SD1_DDIM_CONFIG, 50, 1.0)
+    credit = pcpo_ddim_credit(sched, "unit")
+    sig = credit.sigma if sigma_kind == "ddim" else credit.pcpo_sigma
+    D = 64
+    for i in range(0, 50, 7):
+        ab, abp, s = sched.alpha_bar[i], sched.alpha_bar_prev[i], sig[i]
+        x_t = torch.as_tensor(rng.standard_normal((4, D)))
+        eps_old = torch.as_tensor(rng.standard_normal((4, D)))
+        eps_th = eps_old + 0.05 * torch.as_tensor(rng.standard_normal((4, D)))
+        mu_old = ddim_mean(x_t, eps_old, ab, abp, s).numpy()
+        mu_th = ddim_mean(x_t, eps_th, ab, abp, s).numpy()
+        z = rng.standard_normal((4, D))
+        x_prev = mu_old + s * z
+        direct = _gauss_logpdf_sum(x_prev, mu_th, s) - _gauss_logpdf_sum(x_prev, mu_old, s)
+        C = ddim_C(ab, abp, s)
+        d = (eps_th - eps_old).numpy()
+        w_unit = C / s
+        dec_unit = -(w_unit * (d * z).sum(-1) + 0.5 * (w_unit**2) * (d**2).sum(-1))
+        np.testing.assert_allclose(dec_unit, direct, rtol=1e-6, atol=1e-9)
+        # residual convention: the same ratio with r = x_prev - mu_old as the noise and w = C/sigma^2
+        r = x_prev - mu_old
+        w_res = C / s**2
+        dec_res = -(w_res * (d * r).sum(-1) + 0.5 * s**2 * (w_res**2) * (d**2).sum(-1))
+        np.testing.assert_allclose(dec_res, direct, rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("sde,steps,eta", [("dance", 16, 0.3), ("flowgrpo", 10, 0.7)])
+def test_flow_decomposition_equals_gaussian_log_ratio(sde, steps, eta):
+    """Eq. (logrho-flow): log rho == -[w (u_th - u_old).eps + 1/2 ||w (u_th - u_old)||^2]."""
+    rng = np.random.default_rng(1)
+    c = flow_credit(sde, steps, eta, 3.0, t1="sigma_max")  # the sampler's sigma at t=1
+    D = 48
+    for i in range(steps):
+        t, dt, s = c.t[i], c.dt[i], c.sigma[i]
+        x = torch.as_tensor(rng.standard_normal((3, D)))
+        u_old = torch.as_tensor(rng.standard_normal((3, D)))
+        u_th = u_old + 0.05 * torch.as_tensor(rng.standard_normal((3, D)))
+        std = s * np.sqrt(dt)
+        mu_old = flow_sde_mean(x, u_old, t, dt, s).numpy()
+        mu_th = flow_sde_mean(x, u_th, t, dt, s).numpy()
+        z = rng.standard_normal((3, D))
+        x_next = mu_old + std * z
+        direct = _gauss_logpdf_sum(x_next, mu_th, std) - _gauss_logpdf_sum(x_next, mu_old, std)
+        w = flow_native_weight(np.array(t), np.array(dt), np.array(s))
+        d = (u_th - u_old).numpy()
+        dec = -(w * (d * z).sum(-1) + 0.5 * w**2 * (d**2).sum(-1))
+        np.testing.assert_allclose(dec, direct, rtol=1e-6, atol=1e-9)
+        assert np.isclose(w, c.native_weight[i], rtol=1e-12)
+
+
+def test_shifted_sigmas_endpoints():
+    g = shifted_sigmas(16, 3.0)
+    assert g[0] == 1.0 and g[-1] == 0.0 and np.all(np.diff(g) < 0)
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(sde="dance", steps=0), "--steps"),
+        (dict(sde="dance", eta=0.0), "--eta"),
+        (dict(sde="dance", shift=-1.0), "--shift"),
+        (dict(sde="nope"), "dance, flowgrpo"),
+        (dict(sde="flowgrpo", t1="x"), "neighbor"),
+    ],
+)
+def test_flow_bad_input(kwargs, match):
+    with pytest.raises(UserError, match=match):
+        flow_credit(**kwargs)
+
+
+def test_ddim_bad_input():
+    with pytest.raises(UserError, match="--steps"):
+        ddim_schedule(None, 0, 1.0)
+    with pytest.raises(UserError, match="--eta"):
+        ddim_schedule(None, 50, 0.0)
+    with pytest.raises(UserError, match="scaled_linear"):
+        ddim_schedule({**SD1_DDIM_CONFIG, "beta_schedule": "cosine"}, 50, 1.0)
+    with pytest.raises(UserError, match="residual, unit"):
+        pcpo_ddim_credit(ddim_schedule(None, 10, 1.0), "paper")
+
+
+def test_cli_subprocess_entry_point():
+    out = subprocess.run([sys.executable, "-m", "pcpo_eval", "credit", "flow", "--eta", "0"], capture_output=True,
+                         text=True)
+    assert out.returncode == 2 and out.stderr.strip() == "error: --eta must be > 0 (got 0.0)"
+
+
+def test_cli_credit_json_and_plot(tmp_path, cli):
+    _cli = cli
+    out = _cli("credit", "flow", "--sde", "dance", "--steps", "16", "--eta", "0.3", "--shift", "3", "--json",
+               "--plot", str(tmp_path / "f.png"))
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    assert d["zeta"] == pytest.approx(13.343, abs=1e-3) and len(d["steps"]) == 16
+    assert {"t", "dt", "sigma", "native_weight", "pcpo_weight"} <= set(d["steps"][0])
+    assert (tmp_path / "f.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    out = _cli("credit", "ddim", "--steps", "50", "--eta", "1", "--json")
+    d = json.loads(out.stdout)
+    assert d["mean_native_weight"] == pytest.approx(4.456, abs=0.01)
+    assert d["fallback_steps"] and {"timestep", "sigma", "native_weight", "pcpo_weight"} <= set(d["steps"][0])
+
+
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        (["credit", "flow", "--steps", "0"], "--steps"),
+        (["credit", "flow", "--eta", "0"], "--eta"),
+        (["credit", "flow", "--shift", "0"], "--shift"),
+        (["credit", "flow", "--sde", "ode"], "dance, flowgrpo"),
+        (["credit", "ddim", "--convention", "x"], "residual, unit"),
+        (["credit", "ddim", "--beta-schedule", "cosine"], "scaled_linear"),
+        (["credit", "ddim", "--steps", "-3"], "--steps"),
+    ],
+)
+def test_cli_bad_input_one_line_exit_2(args, match, cli):
+    out = cli(*args)
+    assert out.returncode == 2
+    assert match in out.stderr and "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
