@@ -375,7 +375,12 @@ class HFClipTower(nn.Module):
         if need_text:
             from transformers import AutoTokenizer
 
+            has_files = (processor_dir / "tokenizer.json").is_file() or (
+                (processor_dir / "vocab.json").is_file() and (processor_dir / "merges.txt").is_file()
+            )
             try:
+                if not has_files:
+                    raise OSError("no tokenizer files")
                 self.tokenizer = AutoTokenizer.from_pretrained(str(processor_dir), local_files_only=True)
             except (OSError, ValueError, TypeError) as exc:
                 raise MissingWeightsError(

@@ -1,0 +1,175 @@
+"""Weights locator: explicit > env var > caches, HF snapshot layout, one-line errors, the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from pcpo_eval import weights as W
+from pcpo_eval.errors import MissingWeightsError, UserError
+
+
+@pytest.fixture(autouse=True)
+def isolated_caches(tmp_path, monkeypatch):
+    """Point every cache root at empty temp dirs and clear all backend env vars."""
+    for b in W.BACKENDS.values():
+        monkeypatch.delenv(b.env_var, raising=False)
+    for var in ("HF_HUB_CACHE", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    monkeypatch.setenv("PCPO_WEIGHTS_DIR", str(tmp_path / "pcpo"))
+    monkeypatch.setattr(W.tempfile, "gettempdir", lambda: str(tmp_path / "sys_tmp"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    return tmp_path
+
+
+def _hf_snapshot(root, repo, files, rev="abc123", ref=True):
+    base = root / "hf" / "hub" / ("models--" + repo.replace("/", "--"))
+    snap = base / "snapshots" / rev
+    snap.mkdir(parents=True)
+    for name in files:
+        (snap / name).write_bytes(b"x")
+    if ref:
+        (base / "refs").mkdir(parents=True)
+        (base / "refs" / "main").write_text(rev)
+    return snap
+
+
+def test_required_backends_listed():
+    for name in ["inception", "dinov2", "lpips_alex", "hps", "pickscore", "imagereward", "clipscore",
+                 "aesthetic", "clip_vit_l14", "sd1"]:
+        assert name in W.BACKENDS
+    assert W.BACKENDS["inception"].env_var == "PCPO_INCEPTION_WEIGHTS"
+    assert W.BACKENDS["dinov2"].env_var == "PCPO_DINOV2_PATH"
+    assert W.BACKENDS["hps"].env_var == "PCPO_HPS_WEIGHTS"
+    assert W.BACKENDS["pickscore"].env_var == "PCPO_PICKSCORE_PATH"
+
+
+def test_missing_is_one_line_naming_file_and_env():
+    with pytest.raises(MissingWeightsError) as exc:
+        W.locate("hps")
+    msg = str(exc.value)
+    assert "\n" not in msg and "PCPO_HPS_WEIGHTS" in msg and "HPS_v2.1_compressed.pt" in msg
+    with pytest.raises(MissingWeightsError, match="PCPO_DINOV2_PATH.*config.json"):
+        W.locate("dinov2")
+
+
+def test_unknown_backend_lists_names():
+    with pytest.raises(UserError, match="choose one of: inception, dinov2"):
+        W.locate("nope")
+
+
+def test_priority_explicit_over_env_over_cache(isolated_caches, monkeypatch):
+    tmp = isolated_caches
+    cached = _hf_snapshot(tmp, "xswu/HPSv2", ["HPS_v2.1_compressed.pt"]) / "HPS_v2.1_compressed.pt"
+    assert W.locate("hps") == cached
+    env_file = tmp / "env.pt"
+    env_file.write_bytes(b"1")
+    monkeypatch.setenv("PCPO_HPS_WEIGHTS", str(env_file))
+    assert W.locate("hps") == env_file
+    explicit = tmp / "explicit.pt"
+    explicit.write_bytes(b"2")
+    assert W.locate("hps", explicit) == explicit
+
+
+def test_bad_env_or_explicit_is_an_error_not_a_fallback(isolated_caches, monkeypatch):
+    tmp = isolated_caches
+    _hf_snapshot(tmp, "xswu/HPSv2", ["HPS_v2.1_compressed.pt"])
+    monkeypatch.setenv("PCPO_HPS_WEIGHTS", str(tmp / "missing.pt"))
+    with pytest.raises(MissingWeightsError, match="PCPO_HPS_WEIGHTS=.*fix or unset"):
+        W.locate("hps")
+    with pytest.raises(MissingWeightsError, match="not HPS_v2.1_compressed.pt"):
+        W.locate("hps", tmp / "also_missing.pt")
+
+
+def test_hf_snapshot_follows_refs_main(isolated_caches):
+    tmp = isolated_caches
+    old = _hf_snapshot(tmp, "facebook/dinov2-large", ["config.json"], rev="old", ref=False)
+    new = _hf_snapshot(tmp, "facebook/dinov2-large", ["config.json"], rev="new", ref=True)
+    assert W.locate("dinov2") == new
+    assert old != new
+
+
+def test_hf_snapshot_without_refs(isolated_caches):
+    snap = _hf_snapshot(isolated_caches, "yuvalkirstain/PickScore_v1", ["config.json"], ref=False)
+    assert W.locate("pickscore") == snap
+
+
+def test_dir_backend_needs_marker(isolated_caches):
+    d = isolated_caches / "sd"
+    d.mkdir()
+    with pytest.raises(MissingWeightsError, match="model_index.json"):
+        W.locate("sd1", d)
+    (d / "model_index.json").write_text("{}")
+    assert W.locate("sd1", d) == d
+
+
+def test_file_backend_accepts_folder_holding_file(isolated_caches):
+    d = isolated_caches / "ir"
+    d.mkdir()
+    (d / "ImageReward.pt").write_bytes(b"x")
+    assert W.locate("imagereward", d) == d / "ImageReward.pt"
+
+
+def test_torch_hub_and_package_caches(isolated_caches):
+    tmp = isolated_caches
+    ckpt = tmp / "torch" / "hub" / "checkpoints"
+    ckpt.mkdir(parents=True)
+    (ckpt / "alexnet-owt-7be5be79.pth").write_bytes(b"x")
+    assert W.locate("lpips_alex") == ckpt / "alexnet-owt-7be5be79.pth"
+    # torch-fidelity's converted inception in TORCH_HOME, and clean-fid's file in the temp dir
+    (tmp / "sys_tmp").mkdir()
+    (tmp / "sys_tmp" / "inception-2015-12-05.pt").write_bytes(b"x")
+    assert W.locate("inception") == tmp / "sys_tmp" / "inception-2015-12-05.pt"
+    (ckpt / "weights-inception-2015-12-05-6726825d.pth").write_bytes(b"x")
+    assert W.locate("inception") == ckpt / "weights-inception-2015-12-05-6726825d.pth"
+
+
+def test_pcpo_weights_dir_comes_first(isolated_caches):
+    tmp = isolated_caches
+    _hf_snapshot(tmp, "openai/clip-vit-large-patch14", ["config.json"])
+    own = tmp / "pcpo" / "clip-vit-large-patch14"
+    own.mkdir(parents=True)
+    (own / "config.json").write_text("{}")
+    assert W.locate("clip_vit_l14") == own
+
+
+def test_env_roots_read_at_call_time(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "elsewhere"))
+    assert W.hf_hub_cache() == tmp_path / "elsewhere"
+    monkeypatch.delenv("HF_HUB_CACHE")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "h"))
+    assert W.hf_hub_cache() == tmp_path / "h" / "hub"
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "t"))
+    import torch
+
+    assert W.torch_hub_dir() == tmp_path / "t" / "hub" == __import__("pathlib").Path(torch.hub.get_dir())
+
+
+def test_cli_weights_json_and_table(isolated_caches, monkeypatch):
+    import typer
+
+    app = typer.Typer()
+    W.register(app)
+
+    @app.command("noop")
+    def _noop() -> None:  # a second command keeps typer in multi-command mode
+        pass
+
+    tmp = isolated_caches
+    f = tmp / "hps.pt"
+    f.write_bytes(b"x")
+    monkeypatch.setenv("PCPO_HPS_WEIGHTS", str(f))
+    runner = CliRunner()
+    res = runner.invoke(app, ["weights", "--json"])
+    assert res.exit_code == 0, res.output
+    rows = {r["name"]: r for r in json.loads(res.output)["backends"]}
+    assert set(rows) == set(W.BACKENDS)
+    assert rows["hps"]["found"] and rows["hps"]["path"] == str(f)
+    assert not rows["pickscore"]["found"] and "PCPO_PICKSCORE_PATH" in rows["pickscore"]["error"]
+    assert any("HF cache yuvalkirstain/PickScore_v1" in s for s in rows["pickscore"]["searched"])
+    res = runner.invoke(app, ["weights", "dinov2"])
+    assert res.exit_code == 0 and "MISSING" in res.output and "hf download facebook/dinov2-large" in res.output
