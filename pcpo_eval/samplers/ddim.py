@@ -69,7 +69,8 @@ class DDIMSample:
 
     ``latents`` is the final x_0 (B, C, H, W). With ``record=True`` also (S = steps):
     ``trajectory`` (B, S+1, C, H, W) from x_T to x_0, ``noise`` (B, S, C, H, W) the unit noise of
-    each step, ``log_probs`` (B, S) and per-step ``timesteps``, ``alpha_bar``, ``alpha_bar_prev``,
+    each step, ``model_outputs`` (B, S, C, H, W) the guided eps_hat of the sampling policy,
+    ``log_probs`` (B, S) and per-step ``timesteps``, ``alpha_bar``, ``alpha_bar_prev``,
     ``sigmas`` (S,).
     """
 
@@ -80,6 +81,7 @@ class DDIMSample:
     sigmas: torch.Tensor
     trajectory: torch.Tensor | None = None
     noise: torch.Tensor | None = None
+    model_outputs: torch.Tensor | None = None
     log_probs: torch.Tensor | None = None
 
 
@@ -128,12 +130,14 @@ def sample_ddim(
     sig = step_sigmas(sched, sigma_schedule, convention)
     device, dtype = adapter.device, adapter.dtype
     x = (initial_noise(generators, adapter.latent_shape) if x_T is None else x_T.float().cpu()).to(device, dtype)
-    traj, noises, logps = [x], [], []
+    traj, noises, logps, outs = [x], [], [], []
     for i, t in enumerate(sched.timesteps):
         ab_t, ab_prev, s = float(sched.alpha_bar[i]), float(sched.alpha_bar_prev[i]), float(sig[i])
         tt = torch.full((B,), int(t), device=device, dtype=torch.long)
         eps_hat = adapter.predict(x, tt, cond, uncond, cfg).to(x.dtype)
         mean = ddim_mean(x, eps_hat, ab_t, ab_prev, s)
+        if record:
+            outs.append(eps_hat)
         if s > 0:
             z = torch.stack([torch.randn(adapter.latent_shape, generator=g, dtype=torch.float32) for g in generators])
             z = z.to(device, dtype)
@@ -160,5 +164,6 @@ def sample_ddim(
     if record:
         out.trajectory = torch.stack(traj, dim=1)
         out.noise = torch.stack(noises, dim=1)
+        out.model_outputs = torch.stack(outs, dim=1)
         out.log_probs = torch.stack(logps, dim=1)
     return out

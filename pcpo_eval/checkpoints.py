@@ -1,0 +1,199 @@
+"""Checkpoints: LoRA in diffusers' format, full weights as safetensors, resumable training state.
+
+A checkpoint is a directory ``RUN/checkpoints/epoch_0005/`` holding
+
+* ``pytorch_lora_weights.safetensors`` (LoRA; the file diffusers' ``load_lora_weights`` reads,
+  keys ``unet.<module>.lora_A/B.weight``) or ``denoiser.safetensors`` (full fine-tune);
+* ``checkpoint.json``: epoch, reward, model spec, objective, file hashes;
+* ``training_state.pt``: optimizer state, the per-prompt stat tracker, peft state (resume only).
+
+Directories are written under a temporary name and renamed into place, so a crash never leaves
+a half-written checkpoint that looks complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from pcpo_eval.errors import UserError
+from pcpo_eval.io import sha256_file
+
+LORA_FILE = "pytorch_lora_weights.safetensors"
+FULL_FILE = "denoiser.safetensors"
+META_FILE = "checkpoint.json"
+STATE_FILE = "training_state.pt"
+_EPOCH_RE = re.compile(r"^epoch_(\d+)$")
+
+
+def checkpoint_dir(run_dir: str | Path, epoch: int) -> Path:
+    return Path(run_dir) / "checkpoints" / f"epoch_{epoch:04d}"
+
+
+def list_checkpoints(run_dir: str | Path) -> list[Path]:
+    """Complete checkpoints of a run, by epoch (a directory counts once its checkpoint.json exists)."""
+    root = Path(run_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _EPOCH_RE.match(p.name)) and (p / META_FILE).is_file()]
+    return [p for _, p in sorted(found)]
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    cks = list_checkpoints(run_dir)
+    return cks[-1] if cks else None
+
+
+def is_lora(denoiser: torch.nn.Module) -> bool:
+    return bool(getattr(denoiser, "peft_config", None))
+
+
+def lora_prefix(denoiser: torch.nn.Module) -> str:
+    """diffusers' LoRA key prefix: ``unet`` for UNets, ``transformer`` for DiT/MMDiT models."""
+    return "unet" if "UNet" in type(denoiser).__name__ else "transformer"
+
+
+def save_checkpoint(
+    ckpt: Path, denoiser: torch.nn.Module, meta: dict[str, Any], training_state: dict[str, Any] | None = None
+) -> Path:
+    """Write a checkpoint directory atomically (temp dir + rename); returns its path."""
+    from safetensors.torch import save_file
+
+    ckpt = Path(ckpt)
+    ckpt.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{ckpt.name}.", dir=ckpt.parent))
+    try:
+        if is_lora(denoiser):
+            from diffusers.utils import convert_state_dict_to_diffusers
+            from peft.utils import get_peft_model_state_dict
+
+            peft_sd = get_peft_model_state_dict(denoiser)
+            prefix = lora_prefix(denoiser)
+            layers = convert_state_dict_to_diffusers(peft_sd)
+            save_file({f"{prefix}.{k}": v.detach().cpu().contiguous() for k, v in layers.items()}, tmp / LORA_FILE)
+            weights = LORA_FILE
+            if training_state is not None:
+                training_state = {**training_state, "peft_state": {k: v.detach().cpu() for k, v in peft_sd.items()}}
+        else:
+            sd = {k: v.detach().cpu().contiguous() for k, v in denoiser.state_dict().items()}
+            save_file(sd, tmp / FULL_FILE)
+            weights = FULL_FILE
+        meta = {**meta, "weights_file": weights, "weights_sha256": sha256_file(tmp / weights)}
+        if training_state is not None:
+            torch.save(training_state, tmp / STATE_FILE)
+        (tmp / META_FILE).write_text(json.dumps(meta, indent=2, default=str) + "\n")
+        if ckpt.exists():
+            old = ckpt.with_name(f".{ckpt.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(ckpt, old)
+            os.replace(tmp, ckpt)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, ckpt)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return ckpt
+
+
+def read_meta(ckpt: str | Path) -> dict[str, Any]:
+    p = Path(ckpt) / META_FILE
+    try:
+        return json.loads(p.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UserError(f"{p} is missing or unreadable ({exc.__class__.__name__}); not a pcpo-eval checkpoint") from None
+
+
+def load_weights_into(adapter: Any, ckpt: str | Path) -> None:
+    """Apply a checkpoint's LoRA or full weights to a freshly loaded base ``adapter``."""
+    ckpt = Path(ckpt)
+    meta = read_meta(ckpt)
+    path = ckpt / meta.get("weights_file", "")
+    if not path.is_file():
+        raise UserError(f"checkpoint {ckpt} lacks its weights file {path.name}; re-save it with pcpo-eval train")
+    den = adapter.denoiser
+    try:
+        if path.name == LORA_FILE:
+            den.load_lora_adapter(str(ckpt), weight_name=LORA_FILE, prefix=lora_prefix(den), adapter_name="default")
+            if not is_lora(den):
+                raise ValueError("no LoRA layer matched the base model's modules")
+        else:
+            from safetensors.torch import load_file
+
+            den.load_state_dict(load_file(str(path)), strict=True)
+    except (RuntimeError, ValueError, KeyError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(
+            f"weights in {path} do not fit base model {meta.get('model')!r} ({first[:200]}); "
+            "pass a checkpoint trained from this base model"
+        ) from None
+
+
+def run_dir_of(ckpt: Path) -> Path:
+    return ckpt.parent.parent
+
+
+def load_run_config(run_dir: str | Path) -> dict[str, Any]:
+    p = Path(run_dir) / "config.yaml"
+    if not p.is_file():
+        raise UserError(f"{p} not found; {run_dir} is not a pcpo-eval run directory")
+    return yaml.safe_load(p.read_text()) or {}
+
+
+def resolve_checkpoint(spec: str | Path) -> Path | None:
+    """A checkpoint directory for ``spec`` (a checkpoint dir, or a run dir = its latest), else None."""
+    p = Path(spec)
+    if (p / META_FILE).is_file():
+        return p
+    if (p / "config.yaml").is_file() and (p / "checkpoints").is_dir():
+        latest = latest_checkpoint(p)
+        if latest is None:
+            raise UserError(f"run {p} has no complete checkpoint yet")
+        return latest
+    return None
+
+
+def load_model_from_spec(spec: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
+    """A ready ModelAdapter from ``base`` (the toy model), a registry spec, a checkpoint or a run dir."""
+    from pcpo_eval.models.registry import REGISTRY, load_model
+
+    ckpt = resolve_checkpoint(spec)
+    if ckpt is None:
+        kind = str(spec).split(":", 1)[0]
+        if spec == "base":
+            spec = "toy"
+        elif kind not in REGISTRY:
+            raise UserError(
+                f"unknown model {spec!r}: not a checkpoint or run directory, nor a spec of kind "
+                f"{', '.join(sorted(REGISTRY))} (or 'base')"
+            )
+        adapter = load_model(str(spec), device=device, dtype=dtype)
+        adapter.spec = str(spec)
+        return adapter
+    meta = read_meta(ckpt)
+    base = meta.get("model") or load_run_config(run_dir_of(ckpt)).get("model", "toy")
+    adapter = load_model(str(base), device=device, dtype=dtype)
+    load_weights_into(adapter, ckpt)
+    adapter.denoiser.eval()
+    adapter.spec = str(ckpt)
+    return adapter
+
+
+def model_hash(spec: str) -> str:
+    """A short content hash identifying a model spec (checkpoint weights hash, else the spec)."""
+    import hashlib
+
+    with contextlib.suppress(UserError):
+        ckpt = resolve_checkpoint(spec)
+        if ckpt is not None:
+            return read_meta(ckpt).get("weights_sha256", "")[:16]
+    return hashlib.sha256(str(spec).encode()).hexdigest()[:16]

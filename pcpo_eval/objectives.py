@@ -1,0 +1,118 @@
+"""Policy-gradient objectives of the paper's ablation ladder (Sec. 2.2, Table "ablation").
+
+Each objective maps one training step's tensors to a per-sample loss and ``log rho``:
+
+===============  ==========================================================================
+``ppo_clip``     DDPO / GRPO (Eq. ``eq:ppo-loss``): rho = exp(logp - logp_old),
+                 loss = max(-A rho, -A clip(rho, 1 - xi, 1 + xi))
+``log_hinge``    PCPO-base (Eq. ``eq:log-hinge-loss``): loss = max(0, xi |A| - A log rho),
+                 log rho = logp - logp_old (difference of Gaussian log-probabilities)
+``eps_matching`` Eq. ``eq:epsilon-matching``: the same hinge with log rho from the
+                 decomposition of Prop. 1, log rho = -Delta(w, eps_theta, eps_old, eps)
+                 (no exp, no difference of large log-densities)
+``pcpo``         ``eps_matching`` on trajectories sampled with PCPO's sigma~ schedule, so the
+                 native weight w(t) is the same at every (non-fallback) step
+===============  ==========================================================================
+
+Scale convention: log-probabilities are averaged over the latent dimensions (DDPO), so the
+decomposition is averaged the same way and the clip range ``xi`` means the same thing for all
+four objectives. For flow models, ``weight_scale`` multiplies log rho by w~(t)/w(t) (PCPO's
+proportional weights zeta*dt over the native ones, Prop. 2) inside the hinge.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from pcpo_eval.errors import UserError
+
+OBJECTIVES = ("ppo_clip", "log_hinge", "eps_matching", "pcpo")
+
+
+@dataclass
+class StepLoss:
+    """Per-sample loss (B,), log rho (B,) and whether each sample was clipped (B,) bool."""
+
+    loss: torch.Tensor
+    log_rho: torch.Tensor
+    clipped: torch.Tensor
+
+
+def ppo_clip_loss(log_rho: torch.Tensor, adv: torch.Tensor, clip_range: float) -> StepLoss:
+    """DDPO's clipped surrogate: max(-A rho, -A clip(rho, 1-xi, 1+xi)) (Eq. ``eq:ppo-loss``).
+
+    ``clipped`` is DDPO's clipfrac indicator |rho - 1| > xi.
+    """
+    rho = torch.exp(log_rho)
+    unclipped = -adv * rho
+    clipped = -adv * torch.clamp(rho, 1.0 - clip_range, 1.0 + clip_range)
+    return StepLoss(torch.maximum(unclipped, clipped), log_rho, (rho - 1.0).abs() > clip_range)
+
+
+def log_hinge_loss(log_rho: torch.Tensor, adv: torch.Tensor, clip_range: float) -> StepLoss:
+    """PCPO-base hinge max(0, xi |A| - A log rho) (Eq. ``eq:log-hinge-loss``).
+
+    A sample is "clipped" when the hinge is inactive (its gradient is zero), the analogue of
+    PPO's clipping: A log rho >= xi |A|.
+    """
+    margin = clip_range * adv.abs() - adv * log_rho
+    return StepLoss(torch.clamp(margin, min=0.0), log_rho, margin <= 0)
+
+
+def eps_matching_log_rho(
+    eps_theta: torch.Tensor, eps_old: torch.Tensor, noise: torch.Tensor, w: torch.Tensor | float
+) -> torch.Tensor:
+    """log rho = -[w (eps_theta - eps_old) . eps + 1/2 ||w (eps_theta - eps_old)||^2] (Prop. 1).
+
+    ``noise`` is the unit Gaussian noise of the recorded step and ``w = C/sigma`` (the ``unit``
+    convention; the residual convention gives the identical value, see credit.py). Averaged over
+    non-batch dims to match DDPO's log-prob scale. Also Eq. ``eq:logrho-flow`` with velocities.
+    """
+    w = torch.as_tensor(w, dtype=eps_theta.dtype, device=eps_theta.device)
+    if w.ndim == 1:
+        w = w.reshape(-1, *([1] * (eps_theta.ndim - 1)))
+    d = w * (eps_theta - eps_old)
+    dims = tuple(range(1, eps_theta.ndim))
+    return -((d * noise).mean(dims) + 0.5 * (d * d).mean(dims))
+
+
+def hinge_from_log_rho(
+    log_rho: torch.Tensor, adv: torch.Tensor, clip_range: float, weight_scale: torch.Tensor | float = 1.0
+) -> StepLoss:
+    """eps-matching loss max(0, xi|A| + A Delta) = log-hinge on log rho (Eq. ``eq:epsilon-matching``).
+
+    ``weight_scale`` (flow PCPO) rescales log rho so the step's effective weight is zeta*dt_i.
+    """
+    return log_hinge_loss(log_rho * weight_scale, adv, clip_range)
+
+
+def get_objective(name: str) -> Callable[..., StepLoss]:
+    """Loss function for an objective name (``eps_matching`` and ``pcpo`` share the hinge)."""
+    table: dict[str, Callable[..., StepLoss]] = {
+        "ppo_clip": ppo_clip_loss,
+        "log_hinge": log_hinge_loss,
+        "eps_matching": hinge_from_log_rho,
+        "pcpo": hinge_from_log_rho,
+    }
+    if name not in table:
+        raise UserError(f"unknown objective {name!r}; choose one of: {', '.join(OBJECTIVES)}")
+    return table[name]
+
+
+def uses_decomposition(name: str) -> bool:
+    """Whether log rho comes from the eps-matching decomposition rather than log-prob differences."""
+    return name in ("eps_matching", "pcpo")
+
+
+def kl_gaussian_means(mu: torch.Tensor, mu_ref: torch.Tensor, std: torch.Tensor | float) -> torch.Tensor:
+    """KL between N(mu, s^2) and N(mu_ref, s^2): ||mu - mu_ref||^2 / (2 s^2), averaged over dims.
+
+    Flow-GRPO's KL penalty (and DPOK's for DDIM), reference = base model.
+    """
+    std = torch.as_tensor(std, dtype=mu.dtype, device=mu.device)
+    if std.ndim == 1:
+        std = std.reshape(-1, *([1] * (mu.ndim - 1)))
+    return ((mu - mu_ref) ** 2 / (2 * std**2)).mean(dim=tuple(range(1, mu.ndim)))

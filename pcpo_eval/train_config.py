@@ -1,0 +1,189 @@
+"""Training configuration: one typed dataclass, loaded from YAML, validated, saved with every run.
+
+Keys are flat (``epochs=2 objective=pcpo`` on the command line). Unknown keys are rejected with
+the list of valid ones (nanoGPT's "Unknown config key"). Defaults follow DDPO's ``config/base.py``
+where the paper does not say otherwise; every field is commented.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pcpo_eval.errors import UserError
+from pcpo_eval.objectives import OBJECTIVES
+
+ADVANTAGES = ("per_prompt", "group")
+PRECISIONS = ("no", "fp16", "bf16")
+
+
+@dataclass
+class TrainConfig:
+    # --- model and task -------------------------------------------------------------------
+    model: str = "toy"  #: model spec for pcpo_eval.models.registry.load_model (toy, sd1:PATH, ...)
+    prompts: str = "toy"  #: prompt set name or file (pcpo_eval.prompts)
+    reward: str = "jpeg_compressibility"  #: reward registry name (pcpo_eval.rewards)
+    reward_options: dict[str, Any] = field(default_factory=dict)  #: kwargs for the reward factory
+    objective: str = "ppo_clip"  #: ppo_clip | log_hinge | eps_matching | pcpo (ablation ladder)
+    seed: int = 0  #: every random draw derives from (seed, epoch, rank, index)
+    epochs: int = 10
+    # --- sampling -------------------------------------------------------------------------
+    sample_steps: int = 20  #: DDIM inference steps (SD setups: 50)
+    sample_eta: float = 1.0  #: DDIM eta (> 0: log-probabilities need noise)
+    cfg: float = 5.0  #: classifier-free guidance weight, in sampling and training (DDPO)
+    sample_batch_size: int = 16  #: images per sampling batch, per process
+    sample_batches_per_epoch: int = 2  #: sampling batches per epoch, per process
+    credit_convention: str = "residual"  #: weight convention of PCPO's sigma~ (credit.py)
+    # --- advantages -----------------------------------------------------------------------
+    advantage: str = "per_prompt"  #: per_prompt (DDPO stat tracker) | group (GRPO)
+    images_per_prompt: int = 4  #: group size for advantage=group (prompts per epoch = images/this)
+    same_noise_per_group: bool = False  #: DanceGRPO-SD: one initial latent per prompt group
+    stat_buffer_size: int = 32  #: DDPO per-prompt tracker buffer
+    stat_min_count: int = 16  #: DDPO per-prompt tracker minimum count
+    adv_clip_max: float = 5.0  #: clamp advantages to +-this
+    # --- training -------------------------------------------------------------------------
+    train_batch_size: int = 8  #: samples per backward micro-batch, per process
+    gradient_updates: int = 2  #: optimizer steps per epoch (paper table "Gradient updates")
+    num_inner_epochs: int = 1  #: passes over each epoch's samples
+    timestep_fraction: float = 1.0  #: fraction of sampled steps trained (per-sample shuffled)
+    train_last_step: bool = True  #: DanceGRPO never trains the last step (False)
+    clip_range: float = 1e-4  #: xi
+    learning_rate: float = 1e-4
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_weight_decay: float = 1e-4
+    adam_epsilon: float = 1e-8
+    max_grad_norm: float = 1.0
+    beta_kl: float = 0.0  #: KL penalty on the step means against the base model (0 = off)
+    lora_rank: int = 4  #: 0 = full fine-tune
+    lora_alpha: float = 4.0
+    mixed_precision: str = "no"  #: no | fp16 | bf16 autocast (GPU only; ignored on CPU)
+    checkpoint_every: int = 1  #: save every N epochs (and at the last epoch)
+    device: str = "auto"  #: auto | cpu | cuda | cuda:N
+
+    # ---------------------------------------------------------------------------------------
+    def validate(self) -> TrainConfig:
+        """Check ranges and consistency; raise UserError naming every problem found."""
+        problems: list[str] = []
+
+        def need(cond: bool, msg: str) -> None:
+            if not cond:
+                problems.append(msg)
+
+        need(self.objective in OBJECTIVES, f"objective={self.objective!r} (choose {', '.join(OBJECTIVES)})")
+        need(self.advantage in ADVANTAGES, f"advantage={self.advantage!r} (choose {', '.join(ADVANTAGES)})")
+        need(self.mixed_precision in PRECISIONS, f"mixed_precision={self.mixed_precision!r} (choose {', '.join(PRECISIONS)})")
+        need(self.credit_convention in ("residual", "unit"), "credit_convention must be residual or unit")
+        for name in ("epochs", "sample_steps", "sample_batch_size", "sample_batches_per_epoch", "train_batch_size",
+                     "gradient_updates", "num_inner_epochs", "checkpoint_every"):
+            need(int(getattr(self, name)) >= 1, f"{name} must be >= 1 (got {getattr(self, name)})")
+        need(self.sample_eta > 0, f"sample_eta must be > 0 for log-probabilities (got {self.sample_eta})")
+        need(0 < self.timestep_fraction <= 1, f"timestep_fraction must be in (0, 1] (got {self.timestep_fraction})")
+        need(self.clip_range > 0, f"clip_range must be > 0 (got {self.clip_range})")
+        need(self.learning_rate > 0, f"learning_rate must be > 0 (got {self.learning_rate})")
+        need(self.lora_rank >= 0, f"lora_rank must be >= 0 (got {self.lora_rank})")
+        need(self.beta_kl >= 0, f"beta_kl must be >= 0 (got {self.beta_kl})")
+        n = self.samples_per_epoch
+        if self.sample_batch_size >= 1 and self.train_batch_size >= 1:
+            need(n % self.train_batch_size == 0,
+                 f"train_batch_size={self.train_batch_size} must divide the {n} samples per epoch "
+                 f"(sample_batch_size x sample_batches_per_epoch)")
+            if self.train_batch_size >= 1 and n % self.train_batch_size == 0 and self.gradient_updates >= 1:
+                need((n // self.train_batch_size) % self.gradient_updates == 0,
+                     f"gradient_updates={self.gradient_updates} must divide the {n // self.train_batch_size} "
+                     f"micro-batches per epoch")
+        if self.advantage == "group":
+            need(self.images_per_prompt >= 2, "images_per_prompt must be >= 2 for advantage=group")
+            need(n % max(self.images_per_prompt, 1) == 0,
+                 f"images_per_prompt={self.images_per_prompt} must divide the {n} samples per epoch")
+        if self.same_noise_per_group:
+            need(self.advantage == "group", "same_noise_per_group needs advantage=group")
+        if problems:
+            raise UserError("invalid training config: " + "; ".join(problems))
+        return self
+
+    @property
+    def samples_per_epoch(self) -> int:
+        """Images sampled per epoch per process."""
+        return int(self.sample_batch_size) * int(self.sample_batches_per_epoch)
+
+    def sigma_schedule(self) -> str:
+        """PCPO samples with the re-solved sigma~ schedule; every other objective with DDIM's."""
+        return "pcpo" if self.objective == "pcpo" else "ddim"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+_HINTS = typing.get_type_hints(TrainConfig)
+
+
+def _coerce(key: str, value: Any) -> Any:
+    """Convert a YAML/CLI value to the field's type, or raise a UserError naming the key."""
+    hint = _HINTS[key]
+    try:
+        if hint is bool:
+            if isinstance(value, str):
+                if value.lower() in ("true", "1", "yes"):
+                    return True
+                if value.lower() in ("false", "0", "no"):
+                    return False
+                raise ValueError(value)
+            return bool(value)
+        if hint is int:
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError(value)
+            return int(value)
+        if hint is float:
+            return float(value)
+        if hint is str:
+            return str(value)
+        if isinstance(value, str):
+            value = yaml.safe_load(value)
+        if not isinstance(value, dict):
+            raise ValueError(value)
+        return value
+    except (TypeError, ValueError):
+        raise UserError(f"config key {key}: cannot read {value!r} as {getattr(hint, '__name__', hint)}") from None
+
+
+def config_from_dict(data: dict[str, Any]) -> TrainConfig:
+    """Build and validate a TrainConfig; unknown keys raise a UserError listing valid ones."""
+    unknown = sorted(set(data) - set(_FIELDS))
+    if unknown:
+        raise UserError(f"unknown config key(s) {', '.join(unknown)}; valid keys: {', '.join(_FIELDS)}")
+    return TrainConfig(**{k: _coerce(k, v) for k, v in data.items()}).validate()
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """``["epochs=2", "objective=pcpo"]`` -> dict (values parsed as YAML scalars)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise UserError(f"override {item!r} is not KEY=VALUE (e.g. epochs=2)")
+        k, v = item.split("=", 1)
+        out[k.strip()] = yaml.safe_load(v) if v.strip() else ""
+    return out
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None) -> TrainConfig:
+    """Load a YAML config (None = defaults), apply KEY=VALUE overrides, validate."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise UserError(f"config file {p} not found; see train/configs/ for examples")
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise UserError(f"config file {p} is not valid YAML: {str(exc).splitlines()[0]}") from None
+        if not isinstance(data, dict):
+            raise UserError(f"config file {p} must be a mapping of keys to values")
+    data.update(parse_overrides(overrides or []))
+    return config_from_dict(data)

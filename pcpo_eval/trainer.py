@@ -1,0 +1,461 @@
+"""A compact policy-gradient trainer for diffusion models: DDPO, DanceGRPO-SD and PCPO.
+
+Read top to bottom; each stage is a method tests can call on its own:
+
+1. ``sample_epoch``   sample trajectories with per-step log-probs (DDIM, or PCPO's sigma~), CFG
+                      as DDPO; rewards; advantages (DDPO per-prompt tracker or GRPO groups).
+2. ``train_epoch``    per-sample shuffled timesteps (``timestep_fraction``), the selected
+                      objective (``objectives.py``), gradient accumulation over samples x
+                      timesteps so each of ``gradient_updates`` optimizer steps covers its share,
+                      gradient all-reduce across processes, max-grad-norm, AdamW.
+3. ``save_checkpoint`` LoRA (diffusers format) or full weights + optimizer/tracker state.
+4. ``log_epoch``      one row per epoch in ``log.parquet`` and TensorBoard.
+
+Randomness: every draw comes from a generator keyed by (seed, epoch, rank, purpose, index), so a
+resumed run repeats an uninterrupted one exactly. Multi-process (torchrun / accelerate launch):
+``torch.distributed`` with gloo on CPU, nccl on GPU; each process samples its own share, rewards
+are gathered for the advantage statistics, gradients are averaged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+import yaml
+
+from pcpo_eval import checkpoints as ck
+from pcpo_eval.advantages import PerPromptStatTracker, clamp_advantages, group_advantages
+from pcpo_eval.credit import ddim_C
+from pcpo_eval.errors import UserError
+from pcpo_eval.io import atomic_write_parquet, atomic_write_text
+from pcpo_eval.models.base import ModelAdapter, PromptEmbeds
+from pcpo_eval.objectives import get_objective, kl_gaussian_means, uses_decomposition
+from pcpo_eval.samplers.ddim import ddim_mean, gaussian_log_prob, sample_ddim
+from pcpo_eval.train_config import TrainConfig
+
+LOG_FILE = "log.parquet"
+
+
+def keyed_generator(*parts: Any) -> torch.Generator:
+    """CPU generator seeded by SHA-256 of the key parts (no global RNG; stable across processes)."""
+    key = "pcpo-eval/train/v1/" + "/".join(map(str, parts))
+    g = torch.Generator()
+    g.manual_seed(int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little") & ((1 << 63) - 1))
+    return g
+
+
+@dataclass
+class EpochSamples:
+    """One epoch's trajectories on this process (N samples, S steps)."""
+
+    prompts: list[str]
+    prompt_ids: np.ndarray  # (N,)
+    cond: PromptEmbeds
+    trajectory: torch.Tensor  # (N, S+1, C, H, W): x_T ... x_0
+    noise: torch.Tensor  # (N, S, C, H, W) unit noise of each step
+    eps_old: torch.Tensor  # (N, S, C, H, W) guided eps_hat of the sampling policy
+    log_probs: torch.Tensor  # (N, S)
+    timesteps: torch.Tensor  # (S,)
+    alpha_bar: torch.Tensor  # (S,) float64
+    alpha_bar_prev: torch.Tensor
+    sigmas: torch.Tensor
+    rewards: np.ndarray  # (N,)
+    advantages: np.ndarray  # (N,)
+    all_rewards: np.ndarray  # rewards of all processes (for logging)
+    images: torch.Tensor  # (N, 3, H, W) uint8
+
+
+class Trainer:
+    def __init__(self, config: TrainConfig, out_dir: str | Path, resume: bool = False) -> None:
+        self.cfg = config.validate()
+        self.out = Path(out_dir)
+        self.rank, self.world = _init_distributed(config.device)
+        self.device = _pick_device(config.device, self.rank)
+        from pcpo_eval.models.registry import load_model
+        from pcpo_eval.prompts import load_prompts
+        from pcpo_eval.rewards import make_reward
+
+        self.prompt_set = load_prompts(config.prompts)
+        self.reward_fn = make_reward(config.reward, **config.reward_options)
+        self.adapter: ModelAdapter = load_model(config.model, device=self.device)
+        self.adapter.denoiser.train()
+        if config.lora_rank > 0:
+            self.adapter.add_lora(config.lora_rank, config.lora_alpha)
+        else:
+            self.adapter.denoiser.requires_grad_(True)
+        self.params = self.adapter.trainable_parameters()
+        self.ref_denoiser = None
+        if config.beta_kl > 0 and config.lora_rank == 0:
+            import copy
+
+            self.ref_denoiser = copy.deepcopy(self.adapter.denoiser).requires_grad_(False).eval()
+        self.optimizer = torch.optim.AdamW(
+            self.params, lr=config.learning_rate, betas=(config.adam_beta1, config.adam_beta2),
+            weight_decay=config.adam_weight_decay, eps=config.adam_epsilon,
+        )
+        self.tracker = PerPromptStatTracker(config.stat_buffer_size, config.stat_min_count)
+        self.objective = get_objective(config.objective)
+        with torch.no_grad():
+            self.null = self.adapter.encode_prompts([""])
+        self.log_rows: list[dict[str, Any]] = []
+        self.start_epoch = 1
+        self.writer = None
+        if resume:
+            self._resume()
+        elif self.is_main and (self.out / LOG_FILE).exists():
+            raise UserError(f"{self.out} already holds a run; pass --resume to continue it or choose another --out")
+        if self.is_main:
+            self.out.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(self.out / "config.yaml", yaml.safe_dump(self.cfg.to_dict(), sort_keys=False))
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(str(self.out / "tb"))
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    # ------------------------------------------------------------------------------------
+    # 1. sampling
+    # ------------------------------------------------------------------------------------
+    def _choose_prompts(self, epoch: int) -> list[int]:
+        """Indices into the prompt set for this process's samples (uniform, DDPO; groups, GRPO)."""
+        n, cfg = self.cfg.samples_per_epoch, self.cfg
+        npr = len(self.prompt_set)
+        if cfg.advantage == "group":
+            k = n // cfg.images_per_prompt
+            g = keyed_generator(cfg.seed, epoch, self.rank, "prompts")
+            groups = torch.randint(npr, (k,), generator=g).tolist()
+            return [p for p in groups for _ in range(cfg.images_per_prompt)]
+        g = keyed_generator(cfg.seed, epoch, self.rank, "prompts")
+        return torch.randint(npr, (n,), generator=g).tolist()
+
+    @torch.no_grad()
+    def sample_epoch(self, epoch: int) -> EpochSamples:
+        cfg, ad = self.cfg, self.adapter
+        ad.denoiser.eval()
+        idx = self._choose_prompts(epoch)
+        prompts = [self.prompt_set.prompts[i] for i in idx]
+        pids = np.array([self.prompt_set.prompt_ids[i] for i in idx])
+        parts: list[Any] = []
+        B = cfg.sample_batch_size
+        for b in range(cfg.sample_batches_per_epoch):
+            sl = slice(b * B, (b + 1) * B)
+            bp = prompts[sl]
+            cond = ad.encode_prompts(bp)
+            gens = [keyed_generator(cfg.seed, epoch, self.rank, "sample", b * B + j) for j in range(len(bp))]
+            x_T = None
+            if cfg.same_noise_per_group:
+                x_T = torch.stack([
+                    torch.randn(ad.latent_shape, generator=keyed_generator(cfg.seed, epoch, self.rank, "group",
+                                                                              (b * B + j) // cfg.images_per_prompt))
+                    for j in range(len(bp))
+                ])
+            with self._autocast():
+                s = sample_ddim(ad, cond, self.null.repeat(len(bp)), cfg=cfg.cfg, steps=cfg.sample_steps,
+                                eta=cfg.sample_eta, generators=gens, sigma_schedule=cfg.sigma_schedule(),
+                                convention=cfg.credit_convention, record=True, x_T=x_T)
+            images = ad.decode(s.latents.float())
+            parts.append((cond, s, images))
+        cond = PromptEmbeds.cat([p[0] for p in parts])
+        images = torch.cat([p[2] for p in parts])
+        rewards = self.reward_fn(images.cpu(), prompts).double().numpy()
+        all_prompts, all_rewards, all_pids = self._gather(prompts, rewards, pids)
+        bad = ~np.isfinite(all_rewards)
+        if bad.any():
+            names = sorted({all_prompts[i] for i in np.flatnonzero(bad)})
+            raise UserError(
+                f"epoch {epoch}: reward {cfg.reward!r} returned NaN/inf for prompt(s) {names}; epoch rejected, "
+                "no checkpoint written"
+            )
+        if cfg.advantage == "group":
+            groups = np.repeat(np.arange(len(all_rewards) // cfg.images_per_prompt), cfg.images_per_prompt)
+            adv_all = group_advantages(groups, all_rewards)
+        else:
+            adv_all = self.tracker.update(all_prompts, all_rewards)
+        adv_all = clamp_advantages(adv_all, cfg.adv_clip_max)
+        n = len(prompts)
+        adv = adv_all[self.rank * n:(self.rank + 1) * n]
+        s0 = parts[0][1]
+        cat = lambda name: torch.cat([getattr(p[1], name) for p in parts]).float()  # noqa: E731
+        return EpochSamples(
+            prompts=prompts, prompt_ids=pids, cond=cond, trajectory=cat("trajectory"), noise=cat("noise"),
+            eps_old=cat("model_outputs"), log_probs=cat("log_probs"), timesteps=s0.timesteps,
+            alpha_bar=s0.alpha_bar, alpha_bar_prev=s0.alpha_bar_prev, sigmas=s0.sigmas, rewards=rewards,
+            advantages=adv, all_rewards=all_rewards, images=images.cpu(),
+        )
+
+    def _gather(self, prompts: list[str], rewards: np.ndarray, pids: np.ndarray):
+        if self.world == 1:
+            return prompts, rewards, pids
+        import torch.distributed as dist
+
+        out: list[Any] = [None] * self.world
+        dist.all_gather_object(out, (prompts, rewards.tolist(), pids.tolist()))
+        return ([p for o in out for p in o[0]], np.array([r for o in out for r in o[1]], dtype=np.float64),
+                np.array([i for o in out for i in o[2]]))
+
+    # ------------------------------------------------------------------------------------
+    # 2. training
+    # ------------------------------------------------------------------------------------
+    def _train_steps(self) -> list[int]:
+        """Step indices that may be trained (DanceGRPO drops the last step)."""
+        S = self.cfg.sample_steps
+        return list(range(S if self.cfg.train_last_step else max(S - 1, 1)))
+
+    def step_loss(self, samples: EpochSamples, rows: torch.Tensor, j: torch.Tensor, adv: torch.Tensor):
+        """Objective for samples ``rows`` at their step indices ``j`` (both (b,) long tensors)."""
+        ad, cfg = self.adapter, self.cfg
+        dev = self.device
+        x_t = samples.trajectory[rows, j].to(dev)
+        x_prev = samples.trajectory[rows, j + 1].to(dev)
+        t = samples.timesteps[j].to(dev)
+        ab, abp, sig = (v[j].to(dev, torch.float32) for v in (samples.alpha_bar, samples.alpha_bar_prev, samples.sigmas))
+        cond = samples.cond.index(rows.to(samples.cond.hidden.device))
+        with self._autocast():
+            eps = ad.predict(x_t, t, cond, self.null.repeat(len(rows)), cfg.cfg).float()
+        logp_old = samples.log_probs[rows, j].to(dev)
+        if uses_decomposition(cfg.objective):
+            C = torch.as_tensor(ddim_C(samples.alpha_bar[j].numpy(), samples.alpha_bar_prev[j].numpy(),
+                                       samples.sigmas[j].numpy()), dtype=torch.float32, device=dev)
+            from pcpo_eval.objectives import eps_matching_log_rho
+
+            log_rho = eps_matching_log_rho(eps, samples.eps_old[rows, j].to(dev), samples.noise[rows, j].to(dev),
+                                           C / sig)
+            out = self.objective(log_rho, adv, cfg.clip_range)
+        else:
+            logp = gaussian_log_prob(x_prev, ddim_mean(x_t, eps, ab, abp, sig), sig)
+            out = self.objective(logp - logp_old, adv, cfg.clip_range)
+        loss = out.loss
+        kl = None
+        if cfg.beta_kl > 0:
+            with torch.no_grad(), self._reference():
+                ref_eps = self._ref_predict(x_t, t, cond, len(rows)).float()
+            kl = kl_gaussian_means(ddim_mean(x_t, eps, ab, abp, sig), ddim_mean(x_t, ref_eps, ab, abp, sig), sig)
+            loss = loss + cfg.beta_kl * kl
+        return loss, out, kl
+
+    def train_epoch(self, epoch: int, samples: EpochSamples) -> dict[str, float]:
+        cfg, ad = self.cfg, self.adapter
+        ad.denoiser.train()
+        steps = self._train_steps()
+        n_train = max(1, int(len(steps) * cfg.timestep_fraction))
+        N = len(samples.prompts)
+        adv_all = torch.as_tensor(samples.advantages, dtype=torch.float32)
+        stats: dict[str, list[float]] = {"loss": [], "clip": [], "log_rho": [], "kl": [], "grad_norm": [],
+                                         "g1_mean": [], "g1_var": []}
+        for inner in range(cfg.num_inner_epochs):
+            g = keyed_generator(cfg.seed, epoch, self.rank, "train", inner)
+            perm = torch.randperm(N, generator=g)
+            # per-sample random timestep order; the first n_train of each are trained
+            tsel = torch.stack([torch.tensor(steps)[torch.randperm(len(steps), generator=g)][:n_train] for _ in range(N)])
+            micro = [perm[i:i + cfg.train_batch_size] for i in range(0, N, cfg.train_batch_size)]
+            per_update = len(micro) // cfg.gradient_updates
+            for u in range(cfg.gradient_updates):
+                chunk = micro[u * per_update:(u + 1) * per_update]
+                accum = len(chunk) * n_train
+                for rows in chunk:
+                    adv = adv_all[rows].to(self.device)
+                    for k in range(n_train):
+                        j = tsel[rows, k]
+                        loss, out, kl = self.step_loss(samples, rows, j, adv)
+                        (loss.mean() / accum).backward()
+                        stats["loss"].append(float(loss.mean()))
+                        stats["clip"].extend(out.clipped.float().tolist())
+                        stats["log_rho"].extend(out.log_rho.detach().float().tolist())
+                        if kl is not None:
+                            stats["kl"].extend(kl.detach().tolist())
+                gn, g1 = self._optimizer_step()
+                stats["grad_norm"].append(gn)
+                stats["g1_mean"].append(g1[0])
+                stats["g1_var"].append(g1[1])
+        lr = np.asarray(stats["log_rho"], dtype=np.float64)
+        rho = np.exp(lr)
+        row = {
+            "epoch": epoch,
+            "reward_mean": float(np.mean(samples.all_rewards)),
+            "reward_std": float(np.std(samples.all_rewards)),
+            "loss": float(np.mean(stats["loss"])),
+            "clipfrac": float(np.mean(stats["clip"])),
+            "approx_kl": float(0.5 * np.mean(lr**2)),
+            "rho_mean": float(rho.mean()), "rho_min": float(rho.min()), "rho_max": float(rho.max()),
+            "rho_std": float(rho.std()),
+            "log_rho_abs_mean": float(np.abs(lr).mean()),
+            "grad_norm": float(np.mean(stats["grad_norm"])),
+            "grad_first_abs_mean": float(np.mean(stats["g1_mean"])),
+            "grad_first_abs_var": float(np.mean(stats["g1_var"])),
+            "kl_ref": float(np.mean(stats["kl"])) if stats["kl"] else float("nan"),
+            "adv_abs_mean": float(np.abs(samples.advantages).mean()),
+        }
+        return row
+
+    def _optimizer_step(self) -> tuple[float, tuple[float, float]]:
+        """All-reduce (average) gradients, clip, AdamW step. Returns grad norm and first-layer |g| stats."""
+        if self.world > 1:
+            import torch.distributed as dist
+
+            for p in self.params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+                p.grad /= self.world
+        first = next((p for p in self.params if p.grad is not None), None)
+        g1 = (float(first.grad.abs().mean()), float(first.grad.abs().var())) if first is not None else (0.0, 0.0)
+        gn = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(gn), g1
+
+    # ------------------------------------------------------------------------------------
+    # reference model (KL), autocast
+    # ------------------------------------------------------------------------------------
+    def _reference(self):
+        den = self.adapter.denoiser
+        if self.ref_denoiser is None and ck.is_lora(den):
+            return _LoraDisabled(den)
+        return nullcontext()
+
+    def _ref_predict(self, x_t, t, cond, n):
+        if self.ref_denoiser is None:
+            return self.adapter.predict(x_t, t, cond, self.null.repeat(n), self.cfg.cfg)
+        live = self.adapter.denoiser
+        self.adapter.denoiser = self.ref_denoiser
+        try:
+            return self.adapter.predict(x_t, t, cond, self.null.repeat(n), self.cfg.cfg)
+        finally:
+            self.adapter.denoiser = live
+
+    def _autocast(self):
+        if self.device.type != "cuda" or self.cfg.mixed_precision == "no":
+            return nullcontext()
+        dtype = torch.float16 if self.cfg.mixed_precision == "fp16" else torch.bfloat16
+        return torch.autocast("cuda", dtype=dtype)
+
+    # ------------------------------------------------------------------------------------
+    # 3./4. checkpoints, logs, resume
+    # ------------------------------------------------------------------------------------
+    def save_checkpoint(self, epoch: int, row: dict[str, Any]) -> Path | None:
+        if not self.is_main:
+            return None
+        meta = {"epoch": epoch, "reward_mean": row["reward_mean"], "model": self.cfg.model,
+                "objective": self.cfg.objective, "lora_rank": self.cfg.lora_rank}
+        state = {"epoch": epoch, "optimizer": self.optimizer.state_dict(), "tracker": self.tracker.state_dict()}
+        return ck.save_checkpoint(ck.checkpoint_dir(self.out, epoch), self.adapter.denoiser, meta, state)
+
+    def log_epoch(self, row: dict[str, Any]) -> None:
+        if not self.is_main:
+            return
+        self.log_rows.append(row)
+        atomic_write_parquet(self.out / LOG_FILE, pd.DataFrame(self.log_rows))
+        if self.writer is not None:
+            for k, v in row.items():
+                if k != "epoch" and isinstance(v, float) and math.isfinite(v):
+                    self.writer.add_scalar(k, v, row["epoch"])
+            self.writer.flush()
+
+    def _resume(self) -> None:
+        latest = ck.latest_checkpoint(self.out)
+        if latest is None:
+            raise UserError(f"--resume: no complete checkpoint in {self.out}/checkpoints; start without --resume")
+        saved = ck.load_run_config(self.out)
+        mismatch = [k for k, v in self.cfg.to_dict().items() if k not in ("epochs", "device") and saved.get(k) != v]
+        if mismatch:
+            raise UserError(f"--resume: config differs from the run's config.yaml in {', '.join(mismatch)}; "
+                            "resume with the same settings (only epochs may change)")
+        state = torch.load(latest / ck.STATE_FILE, map_location="cpu", weights_only=False)
+        if "peft_state" in state:
+            from peft.utils import set_peft_model_state_dict
+
+            set_peft_model_state_dict(self.adapter.denoiser, state["peft_state"])
+        else:
+            ck.load_weights_into(self.adapter, latest)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.tracker.load_state_dict(state["tracker"])
+        self.start_epoch = int(state["epoch"]) + 1
+        if (self.out / LOG_FILE).exists():
+            log = pd.read_parquet(self.out / LOG_FILE)
+            self.log_rows = log[log["epoch"] <= state["epoch"]].to_dict("records")
+
+    def run(self) -> pd.DataFrame:
+        """Train epochs ``start_epoch..epochs``; returns the log."""
+        cfg = self.cfg
+        if self.is_main:
+            n = cfg.samples_per_epoch * self.world
+            print(f"[pcpo-eval] {cfg.objective} on {cfg.model}: {n} samples/epoch x {cfg.sample_steps} steps, "
+                  f"{cfg.gradient_updates} updates/epoch, {sum(p.numel() for p in self.params):,} trainable params, "
+                  f"{self.world} process(es), epochs {self.start_epoch}..{cfg.epochs}", flush=True)
+        for epoch in range(self.start_epoch, cfg.epochs + 1):
+            t0 = time.perf_counter()
+            samples = self.sample_epoch(epoch)
+            t1 = time.perf_counter()
+            row = self.train_epoch(epoch, samples)
+            row["sample_time_s"] = t1 - t0
+            row["wall_time_s"] = time.perf_counter() - t0
+            row["peak_rss_mb"] = _peak_rss_mb()
+            self.log_epoch(row)
+            if epoch % cfg.checkpoint_every == 0 or epoch == cfg.epochs:
+                self.save_checkpoint(epoch, row)
+            if self.world > 1:
+                import torch.distributed as dist
+
+                dist.barrier()
+            if self.is_main:
+                print(f"epoch {epoch:4d}  reward {row['reward_mean']:+.4f} +- {row['reward_std']:.4f}  "
+                      f"clipfrac {row['clipfrac']:.3f}  kl {row['approx_kl']:.2e}  {row['wall_time_s']:.1f}s", flush=True)
+        if self.writer is not None:
+            self.writer.close()
+        return pd.DataFrame(self.log_rows)
+
+
+class _LoraDisabled:
+    """Context: run a peft-LoRA'd diffusers model with its adapters disabled (reference policy)."""
+
+    def __init__(self, den: torch.nn.Module) -> None:
+        self.den = den
+
+    def __enter__(self) -> None:
+        self.den.disable_adapters()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.den.enable_adapters()
+
+
+def _peak_rss_mb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _init_distributed(device: str) -> tuple[int, int]:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return 0, 1
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        use_cuda = torch.cuda.is_available() and device != "cpu"
+        dist.init_process_group("nccl" if use_cuda else "gloo")
+    return dist.get_rank(), dist.get_world_size()
+
+
+def _pick_device(device: str, rank: int) -> torch.device:
+    if device == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
+        return torch.device("cpu")
+    return torch.device(device)
+
+
+def train(config: TrainConfig, out_dir: str | Path, resume: bool = False) -> pd.DataFrame:
+    """Library entry point: train a run into ``out_dir`` (see module docstring)."""
+    return Trainer(config, out_dir, resume=resume).run()
