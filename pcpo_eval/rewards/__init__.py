@@ -36,6 +36,8 @@ REGISTRY: dict[str, str] = {
     "pickscore": "pcpo_eval.rewards.preference:pickscore",
     "imagereward": "pcpo_eval.rewards.preference:imagereward",
     "clipscore": "pcpo_eval.rewards.preference:clipscore",
+    # DDPO's prompt-alignment reward (LLaVA answer + BERTScore recall) via a local LLaVA server.
+    "llava_bertscore": "pcpo_eval.rewards.llava:llava_bertscore",
 }
 
 

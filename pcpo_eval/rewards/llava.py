@@ -1,0 +1,57 @@
+"""DDPO's prompt-alignment reward ("BERT" in the paper's setups 3-4): LLaVA caption + BERTScore.
+
+Client for the LLaVA reward server used by ddpo-pytorch (kvablack/LLaVA-server): images are
+sent as JPEG (quality 80) with the query "Answer concisely: what is going on in this image?" and
+the reference answer "The image contains {prompt}"; the server replies with BERTScore
+precision/recall/F1 of LLaVA's answer, and the reward is the recall (DDPO's convention).
+The wire format is a pickled dict over HTTP POST, as that server expects; only talk to a
+server you run yourself (``PCPO_LLAVA_URL``, default ``http://127.0.0.1:8085``).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import urllib.error
+import urllib.request
+
+import numpy as np
+import torch
+from PIL import Image
+
+from pcpo_eval.errors import MissingWeightsError
+
+QUERY = "Answer concisely: what is going on in this image?"
+
+
+def llava_bertscore(url: str | None = None, batch_size: int = 16, timeout: float = 120.0):
+    """Reward fn: BERTScore recall of LLaVA's answer against "The image contains {prompt}"."""
+    url = url or os.environ.get("PCPO_LLAVA_URL", "http://127.0.0.1:8085")
+
+    def _post(payload: dict) -> dict:
+        req = urllib.request.Request(url, data=pickle.dumps(payload), method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 (user-run local server)
+                return pickle.loads(resp.read())  # noqa: S301 (the server's documented protocol)
+        except (urllib.error.URLError, OSError) as exc:
+            raise MissingWeightsError(
+                f"LLaVA reward server not reachable at {url} ({exc}); start kvablack/LLaVA-server and set PCPO_LLAVA_URL"
+            ) from None
+
+    def reward(images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+        arr = images.permute(0, 2, 3, 1).cpu().numpy().astype(np.uint8)
+        scores: list[float] = []
+        for i in range(0, len(arr), batch_size):
+            jpegs = []
+            for im in arr[i:i + batch_size]:
+                buf = io.BytesIO()
+                Image.fromarray(im).save(buf, format="JPEG", quality=80)
+                jpegs.append(buf.getvalue())
+            chunk = prompts[i:i + batch_size]
+            out = _post({"images": jpegs, "queries": [[QUERY]] * len(chunk),
+                         "answers": [[f"The image contains {p}"] for p in chunk]})
+            scores.extend(np.asarray(out["recall"], dtype=np.float64).reshape(-1).tolist())
+        return torch.tensor(scores, dtype=torch.float32)
+
+    return reward
