@@ -607,7 +607,7 @@ def _blip_tokenizer_from(path: Path) -> Callable[[], Any]:
         tokenizer = BertTokenizer.from_pretrained(str(path), local_files_only=True)
         tokenizer.add_special_tokens({"bos_token": "[DEC]"})
         tokenizer.add_special_tokens({"additional_special_tokens": ["[ENC]"]})
-        tokenizer.enc_token_id = tokenizer.additional_special_tokens_ids[0]
+        tokenizer.enc_token_id = tokenizer.convert_tokens_to_ids("[ENC]")  # = additional_special_tokens_ids[0]
         return tokenizer
 
     return init_tokenizer
