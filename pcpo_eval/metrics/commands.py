@@ -1,0 +1,108 @@
+"""CLI commands ``metrics`` and ``features`` (thin shell over :mod:`pcpo_eval.metrics.workers`).
+
+Both run single-process, or multi-process under ``torchrun --nproc_per_node K`` (gloo backend):
+batches and prompts are dealt to the ranks, sufficient statistics are all-reduced, rank 0 writes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import typer
+
+DEFAULT_METRICS = "fid,fd_dinov2,is,lpips"
+
+
+def maybe_init_distributed() -> None:
+    """Join the ``torchrun`` process group (gloo, CPU) when WORLD_SIZE > 1."""
+    import torch.distributed as dist
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+        dist.init_process_group("gloo")
+
+
+def _options(
+    batch_size: int,
+    device: str,
+    cache_dir: Path | None,
+    inception_weights: Path | None,
+    dinov2_path: Path | None,
+    lpips_trunk: str | None,
+    is_splits: int = 10,
+) -> Any:
+    from pcpo_eval.metrics.workers import MetricsOptions
+
+    ext: dict[str, dict[str, Any]] = {}
+    if inception_weights is not None:
+        ext["inception"] = {"weights_path": inception_weights}
+    if dinov2_path is not None:
+        ext["dinov2"] = {"weights_path": dinov2_path}
+    return MetricsOptions(
+        batch_size=batch_size,
+        device=device,
+        is_splits=is_splits,
+        cache_dir=cache_dir,
+        extractor_options=ext,
+        lpips_trunk=lpips_trunk,
+    )
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``metrics`` and ``features`` to the ``pcpo-eval`` app."""
+
+    @app.command("metrics")
+    def metrics_cmd(
+        image_set: Path = typer.Argument(..., help="image set directory (manifest.parquet + images/)"),
+        reference: Path | None = typer.Option(None, "--reference", help="reference image set (base model) for FD"),
+        metrics: str = typer.Option(
+            DEFAULT_METRICS,
+            "--metrics",
+            help="comma-separated: fid,fd_dinov2,fd_toy,is,is_toy,lpips,lpips_toy,hps,pickscore,imagereward,clipscore,aesthetic",
+        ),
+        out: Path = typer.Option(..., "--out", help="output directory (metrics.json, per_prompt.parquet, per_image.parquet)"),
+        as_json: bool = typer.Option(False, "--json", help="also print metrics.json to stdout"),
+        batch_size: int = typer.Option(32, "--batch-size"),
+        device: str = typer.Option("cpu", "--device"),
+        is_splits: int = typer.Option(10, "--is-splits", help="Inception Score splits (torch-fidelity default 10)"),
+        cache_dir: Path | None = typer.Option(None, "--cache-dir", help="feature cache root [IMAGE_SET/.pcpo_cache]"),
+        inception_weights: Path | None = typer.Option(None, "--inception-weights", help="[$PCPO_INCEPTION_WEIGHTS]"),
+        dinov2_path: Path | None = typer.Option(None, "--dinov2-path", help="[$PCPO_DINOV2_PATH]"),
+        lpips_trunk: str | None = typer.Option(None, "--lpips-trunk", help="AlexNet weights [$PCPO_LPIPS_ALEX_WEIGHTS]"),
+    ) -> None:
+        """FID, FD-DINOv2, IS, LPIPS diversity and preference scores, overall and per prompt."""
+        from pcpo_eval.metrics.workers import rank, run_metrics
+
+        maybe_init_distributed()
+        opts = _options(batch_size, device, cache_dir, inception_weights, dinov2_path, lpips_trunk, is_splits)
+        result = run_metrics(image_set, metrics, out, reference, opts)
+        if rank() == 0:
+            if as_json:
+                typer.echo(json.dumps(result, indent=2, default=str))
+            else:
+                for name, value in result["metrics"].items():
+                    typer.echo(f"{name:>14s}  {value:.6g}")
+                typer.echo(f"wrote {out}/metrics.json, per_prompt.parquet, per_image.parquet")
+
+    @app.command("features")
+    def features_cmd(
+        image_set: Path = typer.Argument(..., help="image set directory"),
+        extractor: str = typer.Option(..., "--extractor", help="inception | dinov2 | toy"),
+        out: Path = typer.Option(..., "--out", help="output .npy (N, d) float32, manifest order"),
+        batch_size: int = typer.Option(32, "--batch-size"),
+        device: str = typer.Option("cpu", "--device"),
+        cache_dir: Path | None = typer.Option(None, "--cache-dir", help="feature cache root [IMAGE_SET/.pcpo_cache]"),
+        weights: Path | None = typer.Option(None, "--weights", help="weights file/dir of the extractor"),
+    ) -> None:
+        """Export an image set's features in manifest order, for your own analyses."""
+        from pcpo_eval.metrics.workers import export_features, rank
+
+        maybe_init_distributed()
+        opts = _options(batch_size, device, cache_dir, None, None, None)
+        if weights is not None:
+            opts.extractor_options[extractor] = {"weights_path": weights}
+        feats = export_features(image_set, extractor, out, opts)
+        if rank() == 0:
+            typer.echo(f"wrote {out}: {feats.shape[0]} x {feats.shape[1]} float32 ({extractor})")

@@ -1,0 +1,158 @@
+"""Reading image sets in the generator's contract layout, with the bad-input checks of issue 6.
+
+``SET/manifest.parquet`` (``prompt_id``, ``prompt``, ``seed``, ``path`` relative to SET,
+``image_sha256``, ...) and PNGs under ``SET/images/``. Handling of bad input (documented in
+docs/metrics.md):
+
+- missing/unreadable/truncated image, or bytes whose sha256 differs from the manifest: UserError
+  naming the file (the sha256 check is what makes the hash-keyed feature cache safe);
+- grayscale / palette / RGBA / other modes: converted with PIL ``convert("RGB")`` (alpha dropped),
+  exactly what clean-fid and dgm-eval do; the count is reported in the settings;
+- images of a size different from the set's first image: UserError (a set has one resolution;
+  LPIPS pairs need equal sizes). Set and reference may differ in size (extractors resize);
+- manifest without the required columns, duplicated (prompt_id, seed), or one prompt_id with two
+  prompt texts: UserError.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from PIL import Image, UnidentifiedImageError
+
+from pcpo_eval.errors import UserError
+
+REQUIRED_COLUMNS = ("prompt_id", "prompt", "seed", "path", "image_sha256")
+
+
+@dataclass
+class ReadStats:
+    """What the reader had to do to images (reported with the metrics)."""
+
+    converted_to_rgb: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self.converted_to_rgb)
+
+
+@dataclass
+class ImageSet:
+    """An image set: its root and manifest (rows in manifest order)."""
+
+    root: Path
+    manifest: pd.DataFrame
+    size: tuple[int, int] = (0, 0)  # (width, height) of the first image
+    read_stats: ReadStats = field(default_factory=ReadStats)
+
+    @classmethod
+    def load(cls, root: str | Path) -> ImageSet:
+        """Open ``root/manifest.parquet`` and validate it (no image is decoded except the first)."""
+        root = Path(root)
+        path = root / "manifest.parquet"
+        if not path.is_file():
+            raise UserError(f"{root} is not an image set: {path} not found (create it with `pcpo-eval generate`)")
+        try:
+            df = pd.read_parquet(path)
+        except Exception as exc:  # pyarrow raises several types for corrupt files
+            raise UserError(f"cannot read {path}: {type(exc).__name__}: {exc}".splitlines()[0]) from exc
+        missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
+        if missing:
+            raise UserError(f"{path} lacks columns {missing}; an image set manifest needs {list(REQUIRED_COLUMNS)}")
+        if len(df) == 0:
+            raise UserError(f"{path} lists no images")
+        df = df.reset_index(drop=True)
+        df["prompt_id"] = df["prompt_id"].astype(np.int64)
+        dup = df.duplicated(["prompt_id", "seed"])
+        if dup.any():
+            row = df[dup].iloc[0]
+            raise UserError(f"{path}: prompt_id {row.prompt_id} seed {row.seed} appears twice; regenerate the manifest")
+        texts = df.groupby("prompt_id")["prompt"].nunique()
+        if (texts > 1).any():
+            pid = int(texts[texts > 1].index[0])
+            raise UserError(f"{path}: prompt_id {pid} has several prompt texts; one id must map to one prompt")
+        first = root / str(df["path"].iloc[0])
+        try:
+            with Image.open(first) as im:
+                size = im.size
+        except (OSError, UnidentifiedImageError) as exc:
+            raise UserError(f"unreadable image {first}: {exc}".splitlines()[0]) from exc
+        return cls(root=root, manifest=df, size=size)
+
+    def __len__(self) -> int:
+        return len(self.manifest)
+
+    @property
+    def shas(self) -> list[str]:
+        return self.manifest["image_sha256"].astype(str).tolist()
+
+    def prompts(self) -> dict[int, str]:
+        """prompt_id -> prompt text."""
+        first = self.manifest.drop_duplicates("prompt_id")
+        return dict(zip(first["prompt_id"].astype(int), first["prompt"].astype(str), strict=True))
+
+    def rows_by_prompt(self) -> dict[int, np.ndarray]:
+        """prompt_id -> row indices (manifest order), prompts sorted by id."""
+        groups = self.manifest.groupby("prompt_id", sort=True).indices
+        return {int(k): np.asarray(v) for k, v in groups.items()}
+
+    def read_image(self, row: int) -> np.ndarray:
+        """Decode one image as (H, W, 3) uint8 after the checks in the module docstring."""
+        rec = self.manifest.iloc[row]
+        path = self.root / str(rec["path"])
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise UserError(f"cannot read image {path}: {exc.strerror or exc}") from exc
+        if hashlib.sha256(data).hexdigest() != str(rec["image_sha256"]):
+            raise UserError(f"{path} does not match its image_sha256 in the manifest; the set was modified, regenerate it")
+        try:
+            with Image.open(io.BytesIO(data)) as im:
+                im.load()
+                if im.mode != "RGB":
+                    self.read_stats.converted_to_rgb[im.mode] = self.read_stats.converted_to_rgb.get(im.mode, 0) + 1
+                    im = im.convert("RGB")
+                arr = np.asarray(im, dtype=np.uint8)
+        except (OSError, UnidentifiedImageError, SyntaxError) as exc:
+            raise UserError(f"unreadable or truncated image {path}: {exc}".splitlines()[0]) from exc
+        if (arr.shape[1], arr.shape[0]) != self.size:
+            raise UserError(
+                f"{path} is {arr.shape[1]}x{arr.shape[0]} but the set's images are {self.size[0]}x{self.size[1]}; "
+                "an image set must have one resolution"
+            )
+        return arr
+
+    def read_batch(self, rows: np.ndarray | list[int]) -> torch.Tensor:
+        """Decode rows as a uint8 (B, 3, H, W) tensor."""
+        arrs = [self.read_image(int(r)) for r in rows]
+        return torch.from_numpy(np.stack(arrs)).permute(0, 3, 1, 2).contiguous()
+
+
+def check_same_prompts(a: ImageSet, b: ImageSet, what: str = "reference") -> None:
+    """UserError unless both sets have the same prompt_id -> prompt mapping."""
+    pa, pb = a.prompts(), b.prompts()
+    if pa == pb:
+        return
+    only_a = sorted(set(pa) - set(pb))
+    only_b = sorted(set(pb) - set(pa))
+    if only_a or only_b:
+        raise UserError(
+            f"prompts differ from the {what}: prompt_ids {only_a[:5]} only in {a.root}, {only_b[:5]} only in {b.root}; "
+            "per-prompt FD needs the same prompts in both sets"
+        )
+    pid = next(k for k in pa if pa[k] != pb[k])
+    raise UserError(f"prompt_id {pid} is {pa[pid]!r} in {a.root} but {pb[pid]!r} in the {what}; use a matching {what}")
+
+
+def check_min_images(s: ImageSet, minimum: int, metric: str) -> None:
+    """UserError if some prompt has fewer than ``minimum`` images."""
+    for pid, rows in s.rows_by_prompt().items():
+        if len(rows) < minimum:
+            raise UserError(
+                f"prompt_id {pid} has {len(rows)} image(s) in {s.root}; {metric} needs at least {minimum} per prompt"
+            )
