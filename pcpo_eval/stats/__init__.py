@@ -1,0 +1,76 @@
+"""Statistics: LMMs with Satterthwaite t-tests, multiple-testing adjustment, speed-up and
+reward-matched checkpoint selection (issue 7). Pure functions; the CLI lives in ``commands.py``.
+
+Heavy imports (statsmodels) happen on first use of the LMM functions.
+"""
+
+from __future__ import annotations
+
+from pcpo_eval.stats.adjust import benjamini_hochberg, holm
+from pcpo_eval.stats.select import (
+    Bracket,
+    CheckpointChoice,
+    Selection,
+    bracket,
+    match_checkpoint,
+    run_checkpoints,
+    select_checkpoints,
+)
+from pcpo_eval.stats.speedup import (
+    SpeedupRow,
+    SpeedupTable,
+    epochs_to_target,
+    load_log,
+    moving_average,
+    speedup_pct,
+    speedup_table,
+)
+
+_LMM_NAMES = {
+    "fit_lmm",
+    "fit_lmm_many",
+    "lrt",
+    "lrt_from_fits",
+    "adjust_across_metrics",
+    "qq_plot",
+    "LMMResult",
+    "FixedEffect",
+    "LRTResult",
+}
+
+
+def __getattr__(name: str):  # lazy: statsmodels/patsy only when an LMM is fitted
+    if name in _LMM_NAMES:
+        from pcpo_eval.stats import lmm
+
+        return getattr(lmm, name)
+    raise AttributeError(f"module 'pcpo_eval.stats' has no attribute {name!r}")
+
+
+__all__ = [
+    "Bracket",
+    "CheckpointChoice",
+    "FixedEffect",
+    "LMMResult",
+    "LRTResult",
+    "Selection",
+    "SpeedupRow",
+    "SpeedupTable",
+    "adjust_across_metrics",
+    "benjamini_hochberg",
+    "bracket",
+    "epochs_to_target",
+    "fit_lmm",
+    "fit_lmm_many",
+    "holm",
+    "load_log",
+    "lrt",
+    "lrt_from_fits",
+    "match_checkpoint",
+    "moving_average",
+    "qq_plot",
+    "run_checkpoints",
+    "select_checkpoints",
+    "speedup_pct",
+    "speedup_table",
+]

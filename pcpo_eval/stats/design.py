@@ -1,0 +1,233 @@
+"""Input validation and design matrices for the LMM (formula -> y, X, random-effects blocks).
+
+Every problem in user data is raised as a one-line :class:`~pcpo_eval.errors.UserError` naming the
+column or problem: a formula naming missing columns, a non-numeric or constant response, NaNs in
+used columns, a grouping with one level.
+
+Coding (stated in every result): ``treatment`` is patsy's default (first level, in sorted order, is
+the reference; term names ``a[T.level]``); with an interaction the main-effect coefficient is the
+effect at the *reference level of the other factor*. ``sum`` wraps each bare categorical column
+in ``C(col, Sum)`` (deviation coding, term names ``C(a, Sum)[S.level]``; main effects are then
+averaged over the other factor's levels). Factors the user already wrapped (``C(a, ...)``) and
+numeric columns are left as written: a 0/1 numeric column is a covariate, not a factor.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from pcpo_eval.errors import UserError
+from pcpo_eval.stats.lmm_core import REBlock
+
+CODINGS = ("treatment", "sum")
+
+#: Functions a formula may call besides patsy's builtins (C, I, Q, center, standardize, Sum, ...).
+_FORMULA_ENV = {"np": np, "log": np.log, "exp": np.exp, "sqrt": np.sqrt, "abs": np.abs}
+
+
+@dataclass(frozen=True)
+class Design:
+    """Everything one LMM fit needs, validated."""
+
+    response: str
+    y: np.ndarray
+    X: np.ndarray
+    fixed_names: tuple[str, ...]
+    blocks: tuple[REBlock, ...]
+    reference_levels: dict[str, str]
+    used_columns: tuple[str, ...]
+
+
+def _is_categorical(s: pd.Series) -> bool:
+    return not pd.api.types.is_numeric_dtype(s) or pd.api.types.is_bool_dtype(s)
+
+
+def _names_in(code: str) -> set[str]:
+    try:
+        tree = ast.parse(code, mode="eval")
+    except SyntaxError as exc:
+        raise UserError(f"cannot parse formula term {code!r}: {exc.msg}") from None
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+
+
+def _known_names() -> set[str]:
+    import patsy.builtins
+
+    return set(patsy.builtins.__all__) | set(_FORMULA_ENV) | set(dir(builtins))
+
+
+def parse_formula(formula: str, columns: list[str]) -> tuple[object, str, list[str]]:
+    """Parse ``formula`` with patsy; return (ModelDesc, response column, columns used on the RHS).
+
+    Raises a UserError naming any variable that is not a column of the data.
+    """
+    import patsy
+
+    if "~" not in formula:
+        raise UserError(f"formula {formula!r} has no '~'; write it as 'y ~ a * b'")
+    try:
+        desc = patsy.ModelDesc.from_formula(formula)
+    except patsy.PatsyError as exc:
+        raise UserError(f"cannot parse formula {formula!r}: {str(exc).splitlines()[0]}") from None
+    lhs_codes = [f.code for t in desc.lhs_termlist for f in t.factors]
+    if len(lhs_codes) != 1:
+        raise UserError(f"formula {formula!r} must have exactly one response on the left of '~'")
+    known = _known_names()
+    cols = set(columns)
+    used: list[str] = []
+    for code in lhs_codes + [f.code for t in desc.rhs_termlist for f in t.factors]:
+        for name in sorted(_names_in(code)):
+            if name in cols:
+                if name not in used:
+                    used.append(name)
+            elif name not in known:
+                raise UserError(
+                    f"formula names column {name!r} that is not in the data (columns: {', '.join(columns)})"
+                )
+    response = lhs_codes[0]
+    if response not in cols:
+        raise UserError(f"response {response!r} must be a column of the data (columns: {', '.join(columns)})")
+    rhs_used = [c for c in used if c != response]
+    return desc, response, rhs_used
+
+
+def _apply_coding(desc: object, data: pd.DataFrame, coding: str) -> object:
+    """Return a ModelDesc whose bare categorical factors use ``coding`` (see module docstring)."""
+    import patsy
+
+    if coding not in CODINGS:
+        raise UserError(f"unknown coding {coding!r}; valid: {', '.join(CODINGS)}")
+    if coding == "treatment":
+        return desc
+    terms = []
+    for term in desc.rhs_termlist:
+        factors = []
+        for f in term.factors:
+            code = f.code
+            if code in data.columns and _is_categorical(data[code]):
+                f = patsy.EvalFactor(f"C({code}, Sum)")
+            factors.append(f)
+        terms.append(patsy.Term(factors))
+    return patsy.ModelDesc(desc.lhs_termlist, terms)
+
+
+def check_columns(data: pd.DataFrame, columns: list[str]) -> None:
+    """NaNs in any used column are an error (no silent row dropping)."""
+    for c in columns:
+        n_bad = int(data[c].isna().sum())
+        if n_bad:
+            raise UserError(f"column {c!r} has {n_bad} missing/NaN values; drop or fill those rows first")
+
+
+def build_design(
+    data: pd.DataFrame,
+    formula: str,
+    groups: list[str],
+    coding: str = "treatment",
+    re_formula: str | None = None,
+) -> Design:
+    """Validate ``data`` and build y, X and the random-effects blocks for one fit."""
+    import patsy
+
+    if not isinstance(data, pd.DataFrame) or len(data) == 0:
+        raise UserError("the data table is empty")
+    columns = [str(c) for c in data.columns]
+    desc, response, rhs_used = parse_formula(formula, columns)
+    desc = _apply_coding(desc, data, coding)
+    if not groups:
+        raise UserError("give at least one grouping column (--group), e.g. the prompt id")
+    for g in groups:
+        if g not in data.columns:
+            raise UserError(f"grouping column {g!r} is not in the data (columns: {', '.join(columns)})")
+    if len(set(groups)) != len(groups):
+        raise UserError(f"grouping columns repeated: {groups}")
+    re_used: list[str] = []
+    if re_formula is not None:
+        if len(groups) != 1:
+            raise UserError("random slopes (--re-formula) are supported with a single --group only")
+        re_rhs = re_formula.split("~", 1)[-1]
+        re_desc_probe = parse_formula(f"{response} ~ {re_rhs}", columns)
+        re_used = re_desc_probe[2]
+    used = [response] + rhs_used + [c for c in re_used if c not in rhs_used] + list(groups)
+    check_columns(data, used)
+
+    yv = data[response]
+    if not pd.api.types.is_numeric_dtype(yv) or pd.api.types.is_bool_dtype(yv):
+        raise UserError(f"response column {response!r} is not numeric (dtype {yv.dtype})")
+    y = yv.to_numpy(dtype=np.float64)
+    if not np.all(np.isfinite(y)):
+        raise UserError(f"response column {response!r} has infinite values")
+    if np.ptp(y) == 0.0:
+        raise UserError(f"response column {response!r} is constant ({y[0]:g}); nothing to model")
+
+    env = patsy.EvalEnvironment([_FORMULA_ENV])
+    try:
+        Xdf = patsy.dmatrix(
+            patsy.ModelDesc([], desc.rhs_termlist),
+            data,
+            eval_env=env,
+            return_type="dataframe",
+            NA_action="raise",
+        )
+    except patsy.PatsyError as exc:
+        raise UserError(f"cannot build the design of {formula!r}: {str(exc).splitlines()[0]}") from None
+    X = Xdf.to_numpy(dtype=np.float64)
+    if X.shape[1] == 0:
+        raise UserError(f"formula {formula!r} has no fixed effects")
+    rank = np.linalg.matrix_rank(X)
+    if rank < X.shape[1]:
+        raise UserError(
+            f"fixed-effects design of {formula!r} is rank deficient ({rank} < {X.shape[1]} columns): "
+            "some terms are collinear or a factor combination has no rows"
+        )
+
+    reference_levels: dict[str, str] = {}
+    for c in rhs_used:
+        if _is_categorical(data[c]):
+            levels = sorted(pd.unique(data[c]).tolist(), key=str)
+            reference_levels[c] = str(levels[0]) if coding == "treatment" else "(sum-to-zero)"
+
+    blocks = []
+    for g in groups:
+        codes, uniques = pd.factorize(data[g], sort=True)
+        if len(uniques) < 2:
+            raise UserError(
+                f"grouping column {g!r} has only one level ({uniques[0]!r}); a random effect needs >= 2"
+            )
+        if re_formula is None:
+            design = np.ones((len(data), 1))
+            names: tuple[str, ...] = ("(Intercept)",)
+        else:
+            re_rhs = re_formula.split("~", 1)[-1]
+            zdf = patsy.dmatrix(re_rhs, data, eval_env=env, return_type="dataframe", NA_action="raise")
+            design = zdf.to_numpy(dtype=np.float64)
+            names = tuple("(Intercept)" if n == "Intercept" else n for n in zdf.columns)
+            if design.shape[1] == 0:
+                raise UserError(f"random-effects formula {re_formula!r} has no terms")
+        blocks.append(REBlock(g, codes.astype(np.int64), len(uniques), design, names))
+
+    fixed_names = tuple("(Intercept)" if n == "Intercept" else n for n in Xdf.columns)
+    return Design(response, y, X, fixed_names, tuple(blocks), reference_levels, tuple(used))
+
+
+def read_table(path: str) -> pd.DataFrame:
+    """Read a CSV or Parquet table; anything else is a UserError."""
+    from pathlib import Path
+
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"data file {path} does not exist")
+    suffix = p.suffix.lower()
+    try:
+        if suffix == ".csv":
+            return pd.read_csv(p)
+        if suffix in (".parquet", ".pq"):
+            return pd.read_parquet(p)
+    except Exception as exc:  # malformed file: one line, no traceback
+        raise UserError(f"cannot read {path}: {type(exc).__name__}: {str(exc).splitlines()[0]}") from None
+    raise UserError(f"data file {path} must be .csv or .parquet")

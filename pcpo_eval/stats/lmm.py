@@ -1,0 +1,573 @@
+"""Linear mixed models for per-prompt / per-image scores, with lmerTest-style inference.
+
+The paper (Sec. 4 and App. "Per-Prompt Analysis") fits e.g. ``FID ~ algorithm * batch + (1|prompt)``
+by REML and reports coefficients with p-values; this module reproduces R's
+``lmerTest::lmer`` output:
+
+1. Fit with statsmodels ``MixedLM`` (REML by default, ML for likelihood-ratio tests), trying the
+   optimizers in :data:`OPTIMIZERS` until one converges. Crossed groupings (``--group prompt
+   --group seed``) use statsmodels' recipe: one all-encompassing group plus one variance component
+   per factor. Random slopes: ``re_formula`` with a single grouping.
+2. Polish the optimum on lme4's profiled deviance (:mod:`pcpo_eval.stats.lmm_core`) so estimates
+   agree with lme4 to its own precision, and re-derive SEs there: Cov(beta) = sigma^2 (X'V^-1X)^-1.
+3. Per fixed term: t = estimate / SE with Satterthwaite df (:mod:`pcpo_eval.stats.satterthwaite`),
+   two-sided p from t(df), 95% CI estimate +- t_{0.975, df} SE (lmerTest ``confint`` of the
+   contrast), plus the Wald z p-value and CI statsmodels would report.
+4. Flags that are reported, never hidden: ``converged`` (an optimizer claimed convergence *and* the
+   profiled-deviance gradient is small) and ``singular`` (a variance parameter on the boundary,
+   lme4's ``isSingular`` with tol 1e-4 on theta).
+
+The REML criterion equals lme4's (``-2 * REML log-lik``, which is also statsmodels' ``-2 * llf``).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from scipy import stats as sst
+
+from pcpo_eval.errors import UserError
+from pcpo_eval.stats.adjust import benjamini_hochberg, holm
+from pcpo_eval.stats.design import Design, build_design
+from pcpo_eval.stats.lmm_core import LMMCore, theta_from_cov, theta_lower_bounds
+from pcpo_eval.stats.satterthwaite import satterthwaite_dfs
+
+#: statsmodels optimizers tried in order until one converges (Nelder-Mead alone fails on slopes).
+OPTIMIZERS = ("lbfgs", "bfgs", "cg", "powell", "nm")
+SINGULAR_TOL = 1e-4  # lme4::isSingular default on theta
+GRAD_TOL = 2e-3  # lme4's check.conv.grad tolerance on the profiled deviance gradient
+QQ_MAX_POINTS = 2000
+
+
+@dataclass(frozen=True)
+class FixedEffect:
+    """One fixed-effects coefficient with its t-test (Satterthwaite df) and Wald z-test."""
+
+    term: str
+    estimate: float
+    se: float
+    df: float
+    t: float
+    p: float
+    ci_low: float
+    ci_high: float
+    z_p: float
+    z_ci_low: float
+    z_ci_high: float
+
+    def to_dict(self) -> dict[str, float]:
+        """The per-term JSON shape of the CLI: estimate, se, df, t, p, ci_low, ci_high."""
+        return {k: getattr(self, k) for k in ("estimate", "se", "df", "t", "p", "ci_low", "ci_high")}
+
+
+@dataclass(frozen=True)
+class FitAttempt:
+    """One optimizer run, kept so a non-converged or rescued fit is visible."""
+
+    optimizer: str
+    converged: bool
+    deviance: float
+    warnings: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ResidualDiagnostics:
+    """Conditional residuals y - X beta - Z b (standardized by sigma) and their Q-Q data."""
+
+    mean: float
+    sd: float
+    skewness: float
+    excess_kurtosis: float
+    max_abs_std: float
+    normality_test: str
+    normality_p: float
+    qq_theoretical: tuple[float, ...]
+    qq_sample: tuple[float, ...]
+    qq_r: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """Numbers only (the Q-Q points are for plotting, not the JSON)."""
+        d = asdict(self)
+        d.pop("qq_theoretical")
+        d.pop("qq_sample")
+        return d
+
+
+@dataclass(frozen=True)
+class LMMResult:
+    """A fitted LMM, ready to render (the HTML report only formats this object)."""
+
+    formula: str
+    response: str
+    groups: tuple[str, ...]
+    re_formula: str | None
+    coding: str
+    reference_levels: dict[str, str]
+    reml: bool
+    fixed: tuple[FixedEffect, ...]
+    random_sd: dict[str, float]  # "group" or "group:coef" -> SD, plus "Residual"
+    random_corr: dict[str, list[list[float]]]
+    icc: dict[str, float]
+    deviance: float  # -2 log-lik (REML criterion when reml)
+    loglik: float
+    n_params: int  # fixed + variance parameters (for LRT / AIC)
+    converged: bool
+    singular: bool
+    hessian_ok: bool
+    optimizer: str
+    attempts: tuple[FitAttempt, ...]
+    max_grad: float
+    n_obs: int
+    n_groups: dict[str, int]
+    theta: tuple[float, ...]
+    diagnostics: ResidualDiagnostics | None = field(default=None, compare=False)
+
+    @property
+    def reml_criterion(self) -> float | None:
+        """lme4's REML criterion (None for an ML fit)."""
+        return self.deviance if self.reml else None
+
+    def term(self, name: str) -> FixedEffect:
+        """The fixed effect named ``name`` (UserError listing valid names otherwise)."""
+        for fe in self.fixed:
+            if fe.term == name:
+                return fe
+        raise UserError(f"no fixed term {name!r}; terms: {', '.join(f.term for f in self.fixed)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON shape of ``pcpo-eval lmm --json`` (issue 7), plus coding / fit details."""
+        return {
+            "formula": self.formula,
+            "method": "REML" if self.reml else "ML",
+            "coding": self.coding,
+            "reference_levels": dict(self.reference_levels),
+            "fixed": {fe.term: fe.to_dict() for fe in self.fixed},
+            "wald": {
+                fe.term: {"p": fe.z_p, "ci_low": fe.z_ci_low, "ci_high": fe.z_ci_high} for fe in self.fixed
+            },
+            "random": dict(self.random_sd),
+            "random_corr": {k: v for k, v in self.random_corr.items()},
+            "icc": dict(self.icc),
+            "reml_criterion": self.reml_criterion,
+            "deviance": self.deviance,
+            "loglik": self.loglik,
+            "converged": self.converged,
+            "singular": self.singular,
+            "hessian_ok": self.hessian_ok,
+            "optimizer": self.optimizer,
+            "max_grad": self.max_grad,
+            "n_obs": self.n_obs,
+            "n_groups": dict(self.n_groups),
+            "diagnostics": self.diagnostics.to_dict() if self.diagnostics else None,
+        }
+
+    def to_frame(self) -> pd.DataFrame:
+        """Fixed-effects table (one row per term) with the t-test and Wald z columns."""
+        return pd.DataFrame([asdict(fe) for fe in self.fixed]).set_index("term")
+
+    def summary(self) -> str:
+        """Plain-text rendering in the spirit of ``summary(lmerTest::lmer(...))``."""
+        lines = [
+            f"Linear mixed model fit by {'REML' if self.reml else 'maximum likelihood'}; "
+            f"t-tests use Satterthwaite's method",
+            f"Formula: {self.formula}  groups: {' x '.join(self.groups)}"
+            + (f"  random slopes: {self.re_formula}" if self.re_formula else ""),
+            f"Coding: {self.coding}"
+            + (
+                "  (reference levels: "
+                + ", ".join(f"{k}={v}" for k, v in self.reference_levels.items())
+                + ")"
+                if self.reference_levels
+                else ""
+            ),
+            f"{'REML criterion' if self.reml else 'Deviance'}: {self.deviance:.4f}   "
+            f"obs: {self.n_obs}   groups: " + ", ".join(f"{k} {v}" for k, v in self.n_groups.items()),
+            f"Converged: {'yes' if self.converged else 'NO'}   Singular: {'YES' if self.singular else 'no'}"
+            f"   optimizer: {self.optimizer}   max|grad|: {self.max_grad:.2e}",
+            "",
+            "Random effects (SD):",
+        ]
+        for k, v in self.random_sd.items():
+            lines.append(f"  {k:<28s} {v:12.6g}")
+        lines.append("")
+        lines.append(
+            self.to_frame()[["estimate", "se", "df", "t", "p", "ci_low", "ci_high"]].to_string(
+                float_format=lambda x: f"{x:.6g}"
+            )
+        )
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary()
+
+
+# -- fitting --------------------------------------------------------------------------------
+
+
+def _statsmodels_model(d: Design) -> Any:
+    """statsmodels MixedLM for the design: one group, or crossed via one group + VC per factor."""
+    from statsmodels.regression.mixed_linear_model import MixedLM, VCSpec
+
+    n = len(d.y)
+    if len(d.blocks) == 1:
+        b = d.blocks[0]
+        return MixedLM(d.y, d.X, groups=b.codes, exog_re=b.design)
+    names, colnames, mats = [], [], []
+    for b in d.blocks:
+        ind = np.zeros((n, b.n_levels))
+        ind[np.arange(n), b.codes] = 1.0
+        names.append(b.name)
+        colnames.append([[f"{b.name}[{i}]" for i in range(b.n_levels)]])
+        mats.append([ind])
+    return MixedLM(
+        d.y, d.X, groups=np.zeros(n), exog_re=np.zeros((n, 0)), exog_vc=VCSpec(names, colnames, mats)
+    )
+
+
+def _theta_from_statsmodels(d: Design, res: Any) -> np.ndarray:
+    """Map a statsmodels fit to lme4's theta (relative Cholesky entries)."""
+    scale = float(res.scale)
+    if len(d.blocks) == 1:
+        cov = np.atleast_2d(np.asarray(res.cov_re, dtype=np.float64))
+        return theta_from_cov(cov / scale)
+    return np.sqrt(np.clip(np.asarray(res.vcomp, dtype=np.float64), 0.0, None) / scale)
+
+
+def _run_statsmodels(d: Design, reml: bool) -> tuple[list[FitAttempt], list[tuple[FitAttempt, np.ndarray]]]:
+    """Try :data:`OPTIMIZERS` in order; stop at the first converged fit."""
+    model = _statsmodels_model(d)
+    attempts, thetas = [], []
+    for method in OPTIMIZERS:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                res = model.fit(reml=reml, method=method)
+                dev = float(-2.0 * res.llf)
+                theta = _theta_from_statsmodels(d, res)
+                ok = bool(res.converged) and np.isfinite(dev) and np.all(np.isfinite(theta))
+            except (np.linalg.LinAlgError, ValueError, FloatingPointError) as exc:
+                attempts.append(FitAttempt(method, False, float("nan"), (f"{type(exc).__name__}: {exc}",)))
+                continue
+        msgs = tuple(dict.fromkeys(str(w.message).splitlines()[0] for w in caught))
+        att = FitAttempt(method, ok, dev, msgs)
+        attempts.append(att)
+        if np.all(np.isfinite(theta)) and np.isfinite(dev):
+            thetas.append((att, theta))
+        if ok:
+            break
+    return attempts, thetas
+
+
+def _projected_grad(core: LMMCore, theta: np.ndarray, reml: bool) -> float:
+    """max |d dev / d theta| by central differences, ignoring components pushing into a bound."""
+    lb = theta_lower_bounds(list(core.blocks))
+    g = np.zeros_like(theta)
+    for i in range(theta.size):
+        h = 1e-6 * max(1.0, abs(theta[i]))
+        e = np.zeros_like(theta)
+        e[i] = h
+        if np.isfinite(lb[i]) and theta[i] - h < lb[i]:
+            g[i] = (core.profiled_deviance(theta + e, reml) - core.profiled_deviance(theta, reml)) / h
+            g[i] = min(g[i], 0.0)  # at the bound only a negative slope (improvement inward) counts
+        else:
+            g[i] = (core.profiled_deviance(theta + e, reml) - core.profiled_deviance(theta - e, reml)) / (
+                2 * h
+            )
+    return float(np.max(np.abs(g))) if g.size else 0.0
+
+
+def _diagnostics(core: LMMCore, theta: np.ndarray, sigma: float) -> ResidualDiagnostics:
+    fitted, _ = core.conditional_fitted(theta)
+    r = (core.y - fitted) / sigma
+    n = r.size
+    if 3 <= n <= 5000:
+        test, pval = "shapiro-wilk", float(sst.shapiro(r).pvalue)
+    elif n > 5000:
+        test, pval = "dagostino-pearson", float(sst.normaltest(r).pvalue)
+    else:
+        test, pval = "none", float("nan")
+    (osm, osr), (_, _, rr) = sst.probplot(r, dist="norm")
+    if n > QQ_MAX_POINTS:  # evenly spaced order statistics keep the tails
+        idx = np.unique(np.linspace(0, n - 1, QQ_MAX_POINTS).round().astype(int))
+        osm, osr = osm[idx], osr[idx]
+    return ResidualDiagnostics(
+        mean=float(np.mean(r)),
+        sd=float(np.std(r, ddof=1)),
+        skewness=float(sst.skew(r)),
+        excess_kurtosis=float(sst.kurtosis(r)),
+        max_abs_std=float(np.max(np.abs(r))),
+        normality_test=test,
+        normality_p=pval,
+        qq_theoretical=tuple(float(v) for v in osm),
+        qq_sample=tuple(float(v) for v in osr),
+        qq_r=float(rr),
+    )
+
+
+def fit_lmm(
+    df: pd.DataFrame,
+    formula: str,
+    groups: list[str],
+    coding: str = "treatment",
+    reml: bool = True,
+    re_formula: str | None = None,
+    diagnostics: bool = True,
+) -> LMMResult:
+    """Fit ``formula`` with random intercepts per grouping (crossed if several) or random slopes.
+
+    Parameters
+    ----------
+    df : table with the response, fixed-effect and grouping columns (no NaNs in those).
+    formula : patsy formula of the fixed part, e.g. ``"fid ~ algorithm * batch"``.
+    groups : grouping columns; several = crossed random intercepts (e.g. ``["prompt", "seed"]``).
+    coding : ``"treatment"`` or ``"sum"`` for bare categorical columns (see :mod:`.design`).
+    reml : REML (default, as in the paper) or ML (for likelihood-ratio tests).
+    re_formula : random-slopes formula for a single grouping, e.g. ``"~Days"`` (R: ``(Days|g)``).
+    """
+    from threadpoolctl import threadpool_limits
+
+    d = build_design(df, formula, list(groups), coding, re_formula)
+    # Small dense algebra: BLAS threads only add contention (10x slower on a shared 2-core box).
+    with threadpool_limits(limits=1, user_api="blas"):
+        return _fit(d, formula, list(groups), coding, reml, re_formula, diagnostics)
+
+
+def _fit(
+    d: Design,
+    formula: str,
+    groups: list[str],
+    coding: str,
+    reml: bool,
+    re_formula: str | None,
+    diagnostics: bool,
+) -> LMMResult:
+    core = LMMCore(d.y, d.X, list(d.blocks))
+    attempts, thetas = _run_statsmodels(d, reml)
+    if not thetas:
+        theta0 = np.where(np.isfinite(theta_lower_bounds(list(d.blocks))), 1.0, 0.0)
+        start_name, sm_ok = "default start", False
+    else:
+        converged = [t for t in thetas if t[0].converged]
+        att, theta0 = converged[0] if converged else min(thetas, key=lambda t: t[0].deviance)
+        start_name, sm_ok = att.optimizer, att.converged
+
+    # Polish on lme4's profiled deviance; keep whichever point has the lower deviance.
+    theta_sm = np.maximum(theta0, np.where(np.isfinite(theta_lower_bounds(list(d.blocks))), 0.0, -np.inf))
+    dev_sm = core.profiled_deviance(theta_sm, reml)
+    theta_pol, dev_pol, pol_ok = core.fit_theta(theta_sm, reml)
+    if np.isfinite(dev_pol) and dev_pol <= dev_sm:
+        theta, dev = theta_pol, dev_pol
+        optimizer = f"statsmodels:{start_name} + lme4-deviance polish (L-BFGS-B, Nelder-Mead)"
+    else:
+        theta, dev = theta_sm, dev_sm
+        optimizer = f"statsmodels:{start_name}"
+    max_grad = _projected_grad(core, theta, reml)
+    converged_flag = bool((sm_ok or pol_ok) and np.isfinite(dev) and max_grad < GRAD_TOL)
+
+    state = core.solve(theta)
+    sigma = core.sigma_hat(theta, reml)
+    varpar = np.r_[theta, sigma]
+    vcov = core.vcov_beta(varpar)
+    se = np.sqrt(np.diag(vcov))
+    p = len(state.beta)
+    dfs, _, hess_ok = satterthwaite_dfs(
+        lambda vp: core.deviance_vp(vp, reml), core.vcov_beta, varpar, np.eye(p)
+    )
+
+    fixed = []
+    zq = sst.norm.ppf(0.975)
+    for i, name in enumerate(d.fixed_names):
+        est, s, dfi = float(state.beta[i]), float(se[i]), float(dfs[i])
+        t = est / s
+        tq = sst.t.ppf(0.975, dfi) if np.isfinite(dfi) else float("nan")
+        fixed.append(
+            FixedEffect(
+                term=name,
+                estimate=est,
+                se=s,
+                df=dfi,
+                t=t,
+                p=float(2.0 * sst.t.sf(abs(t), dfi)) if np.isfinite(dfi) else float("nan"),
+                ci_low=est - tq * s,
+                ci_high=est + tq * s,
+                z_p=float(2.0 * sst.norm.sf(abs(t))),
+                z_ci_low=est - zq * s,
+                z_ci_high=est + zq * s,
+            )
+        )
+
+    random_sd: dict[str, float] = {}
+    random_corr: dict[str, list[list[float]]] = {}
+    intercept_var: dict[str, float] = {}
+    for b, cov in zip(d.blocks, core.block_covariances(theta, sigma), strict=True):
+        sds = np.sqrt(np.diag(cov))
+        for j, cname in enumerate(b.coef_names):
+            key = b.name if cname == "(Intercept)" else f"{b.name}:{cname}"
+            random_sd[key] = float(sds[j])
+            if cname == "(Intercept)":
+                intercept_var[b.name] = float(cov[j, j])
+        if b.k > 1:
+            with np.errstate(invalid="ignore", divide="ignore"):
+                corr = cov / np.outer(sds, sds)
+            random_corr[b.name] = [[float(v) for v in row] for row in corr]
+    random_sd["Residual"] = float(sigma)
+    total = sum(intercept_var.values()) + sigma**2
+    icc = {g: v / total for g, v in intercept_var.items()}
+
+    diag_theta = []
+    i = 0
+    for b in d.blocks:
+        for j in range(b.k):
+            for r in range(j, b.k):
+                if r == j:
+                    diag_theta.append(theta[i])
+                i += 1
+    singular = bool(np.any(np.asarray(diag_theta) < SINGULAR_TOL))
+
+    return LMMResult(
+        formula=formula,
+        response=d.response,
+        groups=tuple(groups),
+        re_formula=re_formula,
+        coding=coding,
+        reference_levels=d.reference_levels,
+        reml=reml,
+        fixed=tuple(fixed),
+        random_sd=random_sd,
+        random_corr=random_corr,
+        icc=icc,
+        deviance=float(dev),
+        loglik=float(-0.5 * dev),
+        n_params=p + core.n_theta + 1,
+        converged=converged_flag,
+        singular=singular,
+        hessian_ok=hess_ok,
+        optimizer=optimizer,
+        attempts=tuple(attempts),
+        max_grad=max_grad,
+        n_obs=len(d.y),
+        n_groups={b.name: b.n_levels for b in d.blocks},
+        theta=tuple(float(v) for v in theta),
+        diagnostics=_diagnostics(core, theta, sigma) if diagnostics else None,
+    )
+
+
+# -- likelihood-ratio test ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LRTResult:
+    """Likelihood-ratio test of nested models, both fitted by ML (R: ``anova(m0, m1)``)."""
+
+    full_formula: str
+    reduced_formula: str
+    loglik_full: float
+    loglik_reduced: float
+    chi2: float
+    df: int
+    p: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict for JSON."""
+        return asdict(self)
+
+
+def lrt_from_fits(full: LMMResult, reduced: LMMResult) -> LRTResult:
+    """LRT from two ML fits of nested models: chi2 = 2 (l_full - l_reduced), df = extra params."""
+    if full.reml or reduced.reml:
+        raise UserError("likelihood-ratio tests of fixed effects need ML fits (reml=False), not REML")
+    if full.n_obs != reduced.n_obs:
+        raise UserError(f"models are fitted to different data ({full.n_obs} vs {reduced.n_obs} rows)")
+    missing = {f.term for f in reduced.fixed} - {f.term for f in full.fixed}
+    if missing or full.n_params <= reduced.n_params:
+        raise UserError(
+            f"{reduced.formula!r} is not nested in {full.formula!r}"
+            + (f" (terms {sorted(missing)} not in the full model)" if missing else "")
+        )
+    chi2 = max(0.0, 2.0 * (full.loglik - reduced.loglik))
+    dfd = full.n_params - reduced.n_params
+    return LRTResult(
+        full.formula, reduced.formula, full.loglik, reduced.loglik, chi2, dfd, float(sst.chi2.sf(chi2, dfd))
+    )
+
+
+def lrt(
+    df: pd.DataFrame,
+    full_formula: str,
+    reduced_formula: str,
+    groups: list[str],
+    coding: str = "treatment",
+    re_formula: str | None = None,
+) -> LRTResult:
+    """Refit both models by ML and test the reduced (nested) one against the full one."""
+    full = fit_lmm(df, full_formula, groups, coding, reml=False, re_formula=re_formula, diagnostics=False)
+    red = fit_lmm(df, reduced_formula, groups, coding, reml=False, re_formula=re_formula, diagnostics=False)
+    return lrt_from_fits(full, red)
+
+
+# -- several metrics -------------------------------------------------------------------------
+
+
+def adjust_across_metrics(results: Mapping[str, LMMResult]) -> dict[str, dict[str, dict[str, float]]]:
+    """Holm and BH adjusted p-values; one family per fixed term across the metrics.
+
+    The paper's LMM tables list, per effect (algorithm, batch, interaction), one p-value per
+    metric (FID, FD-DINO, IS, LPIPS); the multiplicity family is that column. Returns
+    ``{metric: {term: {"p", "p_holm", "p_bh"}}}``.
+    """
+    out: dict[str, dict[str, dict[str, float]]] = {m: {} for m in results}
+    terms: list[str] = []
+    for r in results.values():
+        terms += [f.term for f in r.fixed if f.term not in terms]
+    for term in terms:
+        metrics = [m for m, r in results.items() if any(f.term == term for f in r.fixed)]
+        pv = np.array([results[m].term(term).p for m in metrics])
+        ph, pb = holm(pv), benjamini_hochberg(pv)
+        for m, a, b, c in zip(metrics, pv, ph, pb, strict=True):
+            out[m][term] = {"p": float(a), "p_holm": float(b), "p_bh": float(c)}
+    return out
+
+
+def fit_lmm_many(
+    df: pd.DataFrame,
+    responses: Sequence[str],
+    rhs: str,
+    groups: list[str],
+    coding: str = "treatment",
+    reml: bool = True,
+    re_formula: str | None = None,
+) -> tuple[dict[str, LMMResult], dict[str, dict[str, dict[str, float]]]]:
+    """Fit ``response ~ rhs`` for each response; return the fits and Holm/BH-adjusted p-values."""
+    if not responses:
+        raise UserError("give at least one response column")
+    fits = {r: fit_lmm(df, f"{r} ~ {rhs}", groups, coding, reml, re_formula) for r in responses}
+    return fits, adjust_across_metrics(fits)
+
+
+def qq_plot(result: LMMResult, path: str) -> None:
+    """Write a normal Q-Q plot of the standardized conditional residuals (PNG/SVG/PDF by suffix)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from pcpo_eval.io import atomic_save_figure
+
+    if result.diagnostics is None:
+        raise UserError("this fit has no residual diagnostics; refit with diagnostics=True")
+    dg = result.diagnostics
+    fig, ax = plt.subplots(figsize=(4, 4))
+    ax.scatter(dg.qq_theoretical, dg.qq_sample, s=6)
+    lim = [min(dg.qq_theoretical[0], dg.qq_sample[0]), max(dg.qq_theoretical[-1], dg.qq_sample[-1])]
+    ax.plot(lim, lim, color="gray", lw=1)
+    ax.set_xlabel("normal quantiles")
+    ax.set_ylabel("standardized residuals")
+    ax.set_title(f"{result.response}: Q-Q (r = {dg.qq_r:.3f})")
+    fig.tight_layout()
+    atomic_save_figure(path, fig, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,212 @@
+"""Reward-matched checkpoint selection (paper Sec. 4: quality "at matched reward levels"; App.
+"Human Preference Study": PCPO epoch 120 vs the two baseline checkpoints that bracket its reward,
+epochs 180 (lower) and 240 (higher)).
+
+For each run directory (``RUN/log.parquet`` + ``RUN/checkpoints/epoch_XXXX/checkpoint.json``):
+
+* the reward of a saved checkpoint is the run's smoothed training reward at that epoch (trailing
+  moving average of ``reward_mean``, window 5, as in :mod:`pcpo_eval.stats.speedup`); without a
+  log the raw ``reward_mean`` of ``checkpoint.json`` is used and ``reward_source`` says so;
+* matched checkpoint: the first saved checkpoint (in epoch order) whose reward reaches the target;
+  if none does, the checkpoint whose reward is nearest to it (``reached = False``); the gap is
+  ``reward - target``;
+* bracketing: given a reference checkpoint (PCPO) with reward r*, each other run's ``above`` is
+  its first saved checkpoint with reward >= r* and ``below`` the saved checkpoint just before it
+  (so reward < r*); a run that never reaches r* has ``below`` = its last checkpoint and no
+  ``above``; one that starts above r* has no ``below``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from pcpo_eval.errors import UserError
+from pcpo_eval.stats.speedup import load_log, moving_average
+
+_CKPT_RE = re.compile(r"^epoch_(\d+)$")
+
+
+@dataclass(frozen=True)
+class RunCheckpoint:
+    """A saved checkpoint with the reward used for matching."""
+
+    run: str
+    epoch: int
+    path: str
+    reward: float
+    reward_raw: float
+
+
+@dataclass(frozen=True)
+class CheckpointChoice:
+    """The checkpoint matched to a target reward."""
+
+    run: str
+    epoch: int
+    path: str
+    reward: float
+    target: float
+    gap: float
+    reached: bool
+    reward_source: str
+
+
+@dataclass(frozen=True)
+class Bracket:
+    """Checkpoints of one run just below / above a reference reward (either may be None)."""
+
+    run: str
+    reference_reward: float
+    below: RunCheckpoint | None
+    above: RunCheckpoint | None
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Result of :func:`select_checkpoints`."""
+
+    target: float
+    window: int
+    choices: tuple[CheckpointChoice, ...]
+    reference: CheckpointChoice | None
+    brackets: tuple[Bracket, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON shape of ``pcpo-eval select --json``."""
+        return {
+            "target": self.target,
+            "window": self.window,
+            "runs": [asdict(c) for c in self.choices],
+            "reference": asdict(self.reference) if self.reference else None,
+            "brackets": [asdict(b) for b in self.brackets],
+        }
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per run: chosen epoch, reward, gap, reached."""
+        return pd.DataFrame([asdict(c) for c in self.choices])
+
+    def to_markdown(self) -> str:
+        """Small markdown table (plus the bracketing rows when a reference was given)."""
+        lines = [
+            f"Target reward {self.target:g} (smoothed, window {self.window})",
+            "",
+            "| Run | Epoch | Reward | Gap | Reached |",
+            "|---|---:|---:|---:|:---:|",
+        ]
+        for c in self.choices:
+            lines.append(
+                f"| {c.run} | {c.epoch} | {c.reward:.4g} | {c.gap:+.3g} | {'yes' if c.reached else 'no'} |"
+            )
+        if self.reference is not None:
+            r = self.reference
+            lines += [
+                "",
+                f"Bracketing around reference {r.run} epoch {r.epoch} (reward {r.reward:.4g}):",
+                "",
+                "| Run | Below (epoch, reward) | Above (epoch, reward) |",
+                "|---|---:|---:|",
+            ]
+            for b in self.brackets:
+
+                def fmt(c: RunCheckpoint | None) -> str:
+                    return "-" if c is None else f"{c.epoch}, {c.reward:.4g}"
+
+                lines.append(f"| {b.run} | {fmt(b.below)} | {fmt(b.above)} |")
+        return "\n".join(lines)
+
+
+def run_checkpoints(run_dir: str | Path, window: int = 5) -> tuple[list[RunCheckpoint], str]:
+    """Saved checkpoints of a run, in epoch order, with smoothed rewards; and the reward source."""
+    run = Path(run_dir)
+    if not run.is_dir():
+        raise UserError(f"run directory {run} does not exist")
+    ck_root = run / "checkpoints"
+    dirs = sorted(
+        (int(m.group(1)), d)
+        for d in (ck_root.iterdir() if ck_root.is_dir() else [])
+        if (m := _CKPT_RE.match(d.name))
+    )
+    if not dirs:
+        raise UserError(f"run {run} has no saved checkpoints (expected {ck_root}/epoch_XXXX/)")
+    raw: dict[int, float] = {}
+    for ep, d in dirs:
+        meta = d / "checkpoint.json"
+        if meta.is_file():
+            try:
+                info = json.loads(meta.read_text())
+            except json.JSONDecodeError as exc:
+                raise UserError(f"{meta} is not valid JSON: {exc.msg}") from None
+            if "reward_mean" in info and info["reward_mean"] is not None:
+                raw[ep] = float(info["reward_mean"])
+    log_path = run / "log.parquet"
+    out: list[RunCheckpoint] = []
+    if log_path.is_file():
+        log = load_log(log_path)
+        sm = dict(
+            zip(log["epoch"].astype(int), moving_average(log["reward_mean"].to_numpy(), window), strict=True)
+        )
+        rw = dict(zip(log["epoch"].astype(int), log["reward_mean"].astype(float), strict=True))
+        source = f"log.parquet (moving average, window {window})"
+        for ep, d in dirs:
+            if ep not in sm:
+                raise UserError(
+                    f"run {run}: checkpoint epoch {ep} is not in log.parquet (epochs {min(sm)}..{max(sm)})"
+                )
+            out.append(RunCheckpoint(str(run), ep, str(d), float(sm[ep]), float(rw[ep])))
+    else:
+        source = "checkpoint.json reward_mean (unsmoothed: no log.parquet)"
+        for ep, d in dirs:
+            if ep not in raw:
+                raise UserError(f"run {run}: no log.parquet and {d}/checkpoint.json lacks 'reward_mean'")
+            out.append(RunCheckpoint(str(run), ep, str(d), raw[ep], raw[ep]))
+    return out, source
+
+
+def match_checkpoint(cks: Sequence[RunCheckpoint], target: float, source: str) -> CheckpointChoice:
+    """First checkpoint reaching ``target``, else the nearest one (pure; see module docstring)."""
+    rewards = np.array([c.reward for c in cks])
+    hit = np.nonzero(rewards >= target)[0]
+    i = int(hit[0]) if hit.size else int(np.argmin(np.abs(rewards - target)))
+    c = cks[i]
+    return CheckpointChoice(
+        c.run, c.epoch, c.path, c.reward, float(target), c.reward - float(target), bool(hit.size), source
+    )
+
+
+def bracket(cks: Sequence[RunCheckpoint], reference_reward: float) -> Bracket:
+    """Checkpoints just below / above ``reference_reward`` around the first crossing (pure)."""
+    rewards = np.array([c.reward for c in cks])
+    hit = np.nonzero(rewards >= reference_reward)[0]
+    if not hit.size:
+        return Bracket(cks[-1].run, reference_reward, cks[-1], None)
+    i = int(hit[0])
+    return Bracket(cks[i].run, reference_reward, cks[i - 1] if i > 0 else None, cks[i])
+
+
+def select_checkpoints(
+    run_dirs: Sequence[str | Path], target: float, window: int = 5, reference: str | Path | None = None
+) -> Selection:
+    """Reward-matched checkpoint per run; with ``reference`` (a PCPO run) also the bracketing."""
+    if not run_dirs:
+        raise UserError("give at least one run directory")
+    choices = []
+    per_run = []
+    for rd in run_dirs:
+        cks, src = run_checkpoints(rd, window)
+        per_run.append(cks)
+        choices.append(match_checkpoint(cks, target, src))
+    ref_choice = None
+    brackets: list[Bracket] = []
+    if reference is not None:
+        rcks, rsrc = run_checkpoints(reference, window)
+        ref_choice = match_checkpoint(rcks, target, rsrc)
+        brackets = [bracket(cks, ref_choice.reward) for cks in per_run]
+    return Selection(float(target), window, tuple(choices), ref_choice, tuple(brackets))
