@@ -1,27 +1,69 @@
-"""Flow-matching SDE step (DanceGRPO / Flow-GRPO) with Gaussian log-probabilities.
+"""Flow-matching sampling: DanceGRPO / Flow-GRPO SDE steps with log-probabilities, and the ODE.
 
-Rectified-flow convention x_t = (1 - t) x_0 + t * noise, velocity u = noise - x_0, sampling
-from t = 1 down to 0 with positive step ``dt = t_i - t_{i+1}``. The reverse SDE (paper Eq.
-``eq:flow-sde``) discretized with Euler-Maruyama (paper App. "Proof of Eq. logrho-flow")::
+Rectified-flow convention (diffusers' ``FlowMatchEulerDiscreteScheduler``, SD3, FLUX)::
 
-    s_theta   = -(x + (1 - t) u) / t                       score from x0_hat = x - t u
-    mu        = x - u dt + (sigma^2 / 2) s_theta dt
-              = x (1 - sigma^2 dt / (2 t)) - u dt (1 + sigma^2 (1 - t) / (2 t))
-    std       = sigma * sqrt(dt)
+    x_t = (1 - t) x_0 + t * noise,     velocity u = noise - x_0,     t: 1 (noise) -> 0 (data)
 
-identical to Flow-GRPO's ``sde_step_with_logprob`` (there with dt < 0) and DanceGRPO's
-``flux_step`` (sigma = eta).
+Sampling walks a time grid t_0 = 1 > t_1 > ... > t_N = 0 with positive steps
+``dt_i = t_i - t_{i+1}``. The reverse SDE (paper Eq. ``eq:flow-sde``) discretized with
+Euler-Maruyama (paper App. "Proof of Eq. logrho-flow")::
+
+    notation here        paper / Flow-GRPO ``sde_step_with_logprob`` / DanceGRPO ``flux_step``
+    t, dt                t_i, Delta t_i          sigma, -dt (they use dt < 0)
+    sigma                sigma_{t_i}             std_dev_t / sqrt(-dt) (Flow-GRPO), eta (DanceGRPO)
+    s_theta              score -(x + (1 - t) u) / t     from x0_hat = x - t u  (Eq. score-function)
+    mu                   x - u dt + (sigma^2 / 2) s_theta dt
+                       = x (1 - sigma^2 dt / (2 t)) - u dt (1 + sigma^2 (1 - t) / (2 t))
+    std                  sigma * sqrt(dt)
+    x_{i+1}              mu + std * eps,  eps ~ N(0, I)
+    log p                Gaussian density of x_{i+1}, averaged over non-batch dims (both codebases)
+
+``sigma`` per step (:func:`pcpo_eval.credit.flow_sde_sigma`): ``dance`` sigma = eta (DanceGRPO);
+``flowgrpo`` sigma_t = eta sqrt(t / (1 - t)) with Flow-GRPO's t = 1 handling (the ``t`` in
+``1 - t`` is replaced by the first grid time below 1, ``sigma_max = t_1``, as in its
+``sde_step_with_logprob``; the weight used for zeta follows the paper, see ``credit.T1_CONVENTIONS``);
+``ode`` (or eta = 0) the deterministic Euler step ``x - u dt`` of diffusers' scheduler (Flow-GRPO
+evaluates with noise level 0).
+
+Time grids (:func:`flow_time_grid`):
+
+* ``shifted``: DanceGRPO's ``t = shift u / (1 + (shift - 1) u)``, u = linspace(1, 0, N + 1);
+* ``scheduler``: the adapter's own ``FlowMatchEulerDiscreteScheduler`` after ``set_timesteps(N)``
+  (SD3 / Flow-GRPO; FLUX's resolution-dependent dynamic shift with ``mu = calculate_shift(seq_len)``
+  and ``sigmas = linspace(1, 1/N, N)`` exactly as ``FluxPipeline``), plus the terminal 0.
+
+Model time: adapters of ``prediction == "velocity"`` take ``t`` as the continuous time in [0, 1]
+(float, shape (B,)); each adapter converts to its network's convention (SD3: ``1000 t``).
+
+Randomness (same contract as :mod:`pcpo_eval.samplers.ddim`): each sample owns one
+``torch.Generator``; its initial noise ``randn(latent_shape, generator=g)`` and then each stochastic
+step's noise are drawn from it in order, so an image depends only on its generator.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
 import torch
 
-from pcpo_eval.samplers.ddim import _bcast, gaussian_log_prob
+from pcpo_eval.credit import flow_sde_sigma, shifted_sigmas
+from pcpo_eval.errors import UserError
+from pcpo_eval.models.base import ModelAdapter, PromptEmbeds
+from pcpo_eval.samplers.ddim import _bcast, gaussian_log_prob, initial_noise
+
+SDES: tuple[str, ...] = ("dance", "flowgrpo", "ode")
+GRIDS: tuple[str, ...] = ("auto", "shifted", "scheduler")
+
+
+# --------------------------------------------------------------------------------------------
+# one step (pure functions)
+# --------------------------------------------------------------------------------------------
 
 
 def flow_sde_mean(x: torch.Tensor, u: torch.Tensor, t, dt, sigma) -> torch.Tensor:
-    """Euler-Maruyama mean of the reverse SDE for one step (t > 0, dt > 0)."""
+    """Euler-Maruyama mean of the reverse SDE for one step (t > 0, dt > 0), see module notation."""
     t, dt, sigma = _bcast(t, x), _bcast(dt, x), _bcast(sigma, x)
     return x * (1 - sigma**2 * dt / (2 * t)) - u * dt * (1 + sigma**2 * (1 - t) / (2 * t))
 
@@ -35,3 +77,215 @@ def flow_log_prob(x: torch.Tensor, u: torch.Tensor, x_next: torch.Tensor, t, dt,
     """log p(x_next | x) under the SDE step, averaged over non-batch dims (DanceGRPO/Flow-GRPO)."""
     std = _bcast(sigma, x) * torch.sqrt(_bcast(dt, x))
     return gaussian_log_prob(x_next, flow_sde_mean(x, u, t, dt, sigma), std)
+
+
+def flow_ode_step(x: torch.Tensor, u: torch.Tensor, dt) -> torch.Tensor:
+    """Deterministic Euler step ``x + (t_{i+1} - t_i) u`` (diffusers ``FlowMatchEulerDiscreteScheduler.step``)."""
+    return x - u * _bcast(dt, x)
+
+
+def flow_kl_to_reference(u: torch.Tensor, u_ref: torch.Tensor, t, dt, sigma) -> torch.Tensor:
+    """KL of one SDE step against the reference policy, averaged over dims (Flow-GRPO Eq. 3).
+
+    ``||mu - mu_ref||^2 / (2 std^2)`` with std = sigma sqrt(dt); equal to the paper's appendix form
+    ``dt/2 (sigma (1 - t) / (2 t) + 1 / sigma)^2 ||u - u_ref||^2 = w(t)^2 / 2 ||u - u_ref||^2``.
+    (The mean's x-term cancels, so ``x`` is not needed.)
+    """
+    t, dt, sigma = _bcast(t, u), _bcast(dt, u), _bcast(sigma, u)
+    coef = dt * (1 + sigma**2 * (1 - t) / (2 * t))
+    d = coef * (u - u_ref)
+    return (d**2 / (2 * sigma**2 * dt)).mean(dim=tuple(range(1, u.ndim)))
+
+
+# --------------------------------------------------------------------------------------------
+# schedules
+# --------------------------------------------------------------------------------------------
+
+
+def scheduler_time_grid(scheduler_config: dict[str, Any], steps: int, image_seq_len: int | None = None) -> np.ndarray:
+    """N+1 times from diffusers' ``FlowMatchEulerDiscreteScheduler`` (SD3 / FLUX pipelines).
+
+    Without dynamic shifting this is ``set_timesteps(N)`` (SD3: static ``shift``); with it, FLUX's
+    ``sigmas = linspace(1, 1/N, N)`` and ``mu = calculate_shift(image_seq_len, ...)``.
+    """
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    cfg = {k: v for k, v in dict(scheduler_config).items() if not k.startswith("_")}
+    sched = FlowMatchEulerDiscreteScheduler.from_config(cfg)
+    if sched.config.use_dynamic_shifting:
+        from diffusers.pipelines.flux.pipeline_flux import calculate_shift
+
+        if image_seq_len is None:
+            raise ValueError("dynamic shifting needs image_seq_len")
+        mu = calculate_shift(image_seq_len, sched.config.base_image_seq_len, sched.config.max_image_seq_len,
+                             sched.config.base_shift, sched.config.max_shift)
+        sched.set_timesteps(sigmas=np.linspace(1.0, 1.0 / steps, steps), mu=mu)
+    else:
+        sched.set_timesteps(steps)
+    grid = sched.sigmas.double().numpy()
+    return grid
+
+
+def flow_time_grid(
+    adapter: ModelAdapter | None, steps: int, grid: str = "shifted", shift: float | None = None
+) -> np.ndarray:
+    """The N+1 decreasing times t_0 = 1 ... t_N = 0 for ``grid`` ``shifted`` or ``scheduler``.
+
+    ``shifted`` uses ``shift`` (default: the adapter's scheduler ``shift``, else 3.0 as DanceGRPO).
+    """
+    if not isinstance(steps, (int, np.integer)) or steps < 1:
+        raise UserError(f"--steps must be an integer >= 1 (got {steps})")
+    if grid == "shifted":
+        if shift is None:
+            shift = float((adapter.scheduler_config if adapter is not None else {}).get("shift", 3.0))
+        if not shift > 0:
+            raise UserError(f"--shift must be > 0 (got {shift})")
+        return shifted_sigmas(int(steps), float(shift))
+    if grid == "scheduler":
+        if adapter is None:
+            raise ValueError("the scheduler grid needs an adapter")
+        seq = getattr(adapter, "image_seq_len", None)
+        return scheduler_time_grid(adapter.scheduler_config, int(steps), seq)
+    raise UserError(f"unknown flow time grid {grid!r}; choose one of: {', '.join(GRIDS[1:])}")
+
+
+def default_grid(sde: str) -> str:
+    """DanceGRPO samples on its shifted grid; Flow-GRPO and ODE evaluation (also eta = 0) on the model's scheduler."""
+    return "shifted" if sde == "dance" else "scheduler"
+
+
+def step_sigmas(times: np.ndarray, sde: str, eta: float) -> np.ndarray:
+    """Per-step SDE sigma_{t_i} (N,) for a grid of N+1 times; zeros for the ODE / eta = 0."""
+    if sde not in SDES:
+        raise UserError(f"unknown --sde {sde!r}; choose one of: {', '.join(SDES)}")
+    t, t_next = times[:-1], times[1:]
+    if sde == "ode" or eta == 0:
+        return np.zeros_like(t)
+    if eta < 0:
+        raise UserError(f"--eta must be >= 0 (got {eta})")
+    return flow_sde_sigma(t, sde, float(eta), t_next)
+
+
+# --------------------------------------------------------------------------------------------
+# sampling loop
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class FlowSample:
+    """Output of :func:`sample_flow`.
+
+    ``latents`` is the final x_0 (B, C, H, W); ``times`` the N+1 grid; per step (N,): ``t``,
+    ``dt`` (> 0), ``sigmas`` (SDE sigma_{t_i}; 0 for the ODE) and ``std`` = sigma sqrt(dt). With
+    ``record=True`` also ``trajectory`` (B, N+1, C, H, W) from x_1 to x_0, ``noise`` (B, N, C, H, W)
+    the unit noise of each step (zeros for deterministic steps), ``model_outputs`` (B, N, C, H, W)
+    the guided velocities of the sampling policy and ``log_probs`` (B, N) (zeros when deterministic).
+    """
+
+    latents: torch.Tensor
+    times: torch.Tensor
+    t: torch.Tensor
+    dt: torch.Tensor
+    sigmas: torch.Tensor
+    std: torch.Tensor
+    sde: str
+    eta: float
+    trajectory: torch.Tensor | None = None
+    noise: torch.Tensor | None = None
+    model_outputs: torch.Tensor | None = None
+    log_probs: torch.Tensor | None = None
+
+
+@torch.no_grad()
+def sample_flow(
+    adapter: ModelAdapter,
+    cond: PromptEmbeds,
+    uncond: PromptEmbeds | None,
+    *,
+    cfg: float,
+    steps: int,
+    eta: float,
+    generators: list[torch.Generator],
+    sde: str = "dance",
+    shift: float | None = None,
+    grid: str = "auto",
+    record: bool = False,
+    x_T: torch.Tensor | None = None,
+    times: np.ndarray | None = None,
+) -> FlowSample:
+    """Sample B latents of a velocity model with the SDE ``sde`` (or the ODE), optionally recorded.
+
+    ``eta = 0`` or ``sde="ode"`` gives deterministic Euler sampling (evaluation). ``grid="auto"``
+    is ``shifted`` for the DanceGRPO SDE and ``scheduler`` otherwise (Flow-GRPO, ODE / eta = 0); ``times`` (N+1 values, 1 -> 0)
+    overrides the grid. ``x_T`` overrides the initial noise (a prompt group can share it); the
+    step noise still comes from ``generators``. CFG is on the velocity: u_u + cfg (u_c - u_u).
+    """
+    if adapter.prediction != "velocity":
+        raise UserError(f"model {adapter.name!r} predicts {adapter.prediction}; use the DDIM sampler")
+    B = len(cond)
+    if len(generators) != B:
+        raise ValueError(f"need one generator per sample ({B}), got {len(generators)}")
+    if sde not in SDES:
+        raise UserError(f"unknown --sde {sde!r}; choose one of: {', '.join(SDES)}")
+    if grid not in GRIDS:
+        raise UserError(f"unknown flow time grid {grid!r}; choose one of: {', '.join(GRIDS)}")
+    effective = "ode" if eta == 0 else sde
+    if times is None:
+        times = flow_time_grid(adapter, steps, default_grid(effective) if grid == "auto" else grid, shift)
+    times = np.asarray(times, dtype=np.float64)
+    if times.ndim != 1 or len(times) < 2 or not np.all(np.diff(times) < 0) or times[-1] < 0 or times[0] > 1:
+        raise UserError("flow time grid must decrease strictly from <= 1 to >= 0")
+    sig = step_sigmas(times, sde, eta)
+    t_np, dt_np = times[:-1], times[:-1] - times[1:]
+    std_np = sig * np.sqrt(dt_np)
+    device, dtype = adapter.device, adapter.dtype
+    x = (initial_noise(generators, adapter.latent_shape) if x_T is None else x_T.float().cpu()).to(device, dtype)
+    traj, noises, logps, outs = [x], [], [], []
+    for i in range(len(t_np)):
+        t, dt, s, sd = float(t_np[i]), float(dt_np[i]), float(sig[i]), float(std_np[i])
+        tt = torch.full((B,), t, device=device, dtype=torch.float32)
+        u = adapter.predict(x, tt, cond, uncond, cfg).to(x.dtype)
+        if record:
+            outs.append(u)
+        if s > 0:
+            mean = flow_sde_mean(x.float(), u.float(), t, dt, s)
+            z = torch.stack([torch.randn(adapter.latent_shape, generator=g, dtype=torch.float32) for g in generators])
+            z = z.to(device)
+            x_next = mean + sd * z
+            if record:
+                noises.append(z.to(dtype))
+                logps.append(gaussian_log_prob(x_next, mean, sd))
+            x_next = x_next.to(dtype)
+        else:
+            x_next = flow_ode_step(x, u, dt)
+            if record:
+                noises.append(torch.zeros_like(x))
+                logps.append(torch.zeros(B, device=device))
+        x = x_next
+        if record:
+            traj.append(x)
+    f64 = lambda a: torch.as_tensor(np.asarray(a), dtype=torch.float64)  # noqa: E731
+    out = FlowSample(latents=x, times=f64(times), t=f64(t_np), dt=f64(dt_np), sigmas=f64(sig), std=f64(std_np),
+                     sde=effective, eta=float(eta))
+    if record:
+        out.trajectory = torch.stack(traj, dim=1)
+        out.noise = torch.stack(noises, dim=1)
+        out.model_outputs = torch.stack(outs, dim=1)
+        out.log_probs = torch.stack(logps, dim=1)
+    return out
+
+
+def pcpo_flow_scale(t: np.ndarray, dt: np.ndarray, sigma: np.ndarray, sde: str, eta: float,
+                    times: np.ndarray, t1: str = "neighbor") -> tuple[np.ndarray, np.ndarray, float]:
+    """(native weight w(t_i), PCPO scale w~/w, zeta) for the steps of a sampled grid (Prop. 2).
+
+    ``w`` is the weight of the sampler's actual step (Eq. logrho-flow with its sigma), so the
+    decomposition reproduces log rho exactly; ``w~ = zeta dt_i`` with zeta from
+    :func:`pcpo_eval.credit.flow_credit` over all N steps of ``times`` (t1 convention for Flow-GRPO).
+    """
+    from pcpo_eval.credit import flow_credit, flow_native_weight
+
+    w = flow_native_weight(t, dt, sigma)
+    credit = flow_credit(sde, len(times) - 1, eta, 1.0, times=times, t1=t1)
+    return w, credit.pcpo_weight / w, float(credit.zeta)
+
