@@ -1,0 +1,103 @@
+"""Inception extractor: clean-fid resize + torch-fidelity architecture, with random weights in a file."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from pcpo_eval.errors import MissingWeightsError
+from pcpo_eval.features import make_extractor
+from pcpo_eval.features.base import clean_resize
+from pcpo_eval.features.inception import TFInceptionTrunk, is_torchscript
+
+
+@pytest.fixture(scope="module")
+def random_weights(tmp_path_factory):
+    """Randomly initialized TF-Inception state dict (non-trivial BN stats) saved like the real .pth."""
+    torch.set_num_threads(1)
+    torch.manual_seed(0)  # nn.Module default init uses the global generator; fixed for reproducibility
+    trunk = TFInceptionTrunk()
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, buf in trunk.named_buffers():
+            if name.endswith("running_mean"):
+                buf.copy_(torch.randn(buf.shape, generator=gen) * 0.1)
+            elif name.endswith("running_var"):
+                buf.copy_(torch.rand(buf.shape, generator=gen) + 0.5)
+    path = tmp_path_factory.mktemp("w") / "pt_inception-2015-12-05-6726825d.pth"
+    torch.save(trunk.state_dict(), path)
+    return path
+
+
+def _images(n: int, size: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, 256, (n, 3, size, size), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
+
+
+def test_clean_resize_equals_cleanfid_resizer() -> None:
+    from cleanfid.resize import build_resizer
+
+    imgs = _images(2, 64, 0)
+    ours = clean_resize(imgs, 299)
+    fn = build_resizer("clean")
+    for i in range(2):
+        ref = fn(imgs[i].permute(1, 2, 0).numpy())
+        np.testing.assert_array_equal(ours[i].permute(1, 2, 0).numpy(), ref)
+
+
+def test_features_and_logits_match_torch_fidelity(random_weights) -> None:
+    from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
+
+    ref = FeatureExtractorInceptionV3(
+        "inception-v3-compat", ["2048", "logits_unbiased"], feature_extractor_weights_path=str(random_weights)
+    )
+    ext = make_extractor("inception", weights_path=random_weights)
+    assert not is_torchscript(random_weights)
+    # at 299x299 both resizes are the identity, so this isolates normalization + network + dtype
+    imgs = _images(3, 299, 1)
+    out = ext.extract(imgs)
+    with torch.no_grad():
+        f_ref, l_ref = ref(imgs)
+    assert out["features"].shape == (3, 2048) and out["logits"].shape == (3, 1008)
+    torch.testing.assert_close(out["features"], f_ref, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(out["logits"], l_ref, rtol=1e-4, atol=1e-5)
+    s = ext.settings()
+    assert s["weights_sha256"] and "clean" in s["resize"] and s["extractor"] == "inception"
+
+
+def test_fid_value_matches_torch_fidelity_statistics(random_weights) -> None:
+    from torch_fidelity.metric_fid import fid_features_to_statistics, fid_statistics_to_metric
+
+    from pcpo_eval.metrics.frechet import frechet_distance_from_features
+
+    ext = make_extractor("inception", weights_path=random_weights)
+    # first 64 dims: torch-fidelity's sqrtm at d=2048 alone takes ~30 s (see the benchmark instead)
+    a = ext(_images(6, 299, 2)).double()[:, :64]
+    b = ext(_images(6, 299, 3)).double()[:, :64]
+    ref = fid_statistics_to_metric(fid_features_to_statistics(a), fid_features_to_statistics(b), verbose=False)
+    assert frechet_distance_from_features(a.numpy(), b.numpy()) == pytest.approx(
+        ref["frechet_inception_distance"], rel=1e-4
+    )
+
+
+def test_non_299_input_uses_clean_resize(random_weights) -> None:
+    ext = make_extractor("inception", weights_path=random_weights)
+    imgs = _images(2, 40, 4)
+    x = (clean_resize(imgs, 299) - 128) / 128
+    with torch.no_grad():
+        pool, _ = ext.trunk(x)
+    torch.testing.assert_close(ext(imgs), pool)
+
+
+def test_absent_weights_raise_one_line(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("PCPO_INCEPTION_WEIGHTS", str(tmp_path / "nope.pth"))
+    with pytest.raises(MissingWeightsError) as err:
+        make_extractor("inception")
+    assert "\n" not in str(err.value) and "PCPO_INCEPTION_WEIGHTS" in str(err.value)
+
+
+def test_wrong_file_is_rejected(tmp_path) -> None:
+    bad = tmp_path / "bad.pth"
+    torch.save({"foo": torch.zeros(1)}, bad)
+    with pytest.raises(MissingWeightsError, match="not a converted TF Inception"):
+        make_extractor("inception", weights_path=bad)

@@ -1,0 +1,41 @@
+"""Toy extractor and registry (with a stand-in of the toy classifier's interface)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from metrics_helpers import StandInToyClassifier  # noqa: E402
+
+from pcpo_eval.errors import UserError  # noqa: E402
+from pcpo_eval.features import REGISTRY, make_extractor  # noqa: E402
+
+
+def test_registry_names_and_unknown_name() -> None:
+    assert set(REGISTRY) == {"inception", "dinov2", "toy"}
+    with pytest.raises(UserError, match="choose one of: dinov2, inception, toy"):
+        make_extractor("vgg")
+
+
+def test_toy_extractor_wraps_classifier() -> None:
+    clf = StandInToyClassifier(seed=0)
+    ext = make_extractor("toy", classifier=clf)
+    imgs = torch.randint(0, 256, (4, 3, 32, 32), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    out = ext.extract(imgs)
+    ref = clf(imgs)
+    torch.testing.assert_close(out["features"], ref["features"])
+    torch.testing.assert_close(out["logits"], ref["logits"])
+    assert ext.dim == 12 and ext.has_logits and len(ext.layers(imgs)) == 2
+    # the weights hash identifies the network
+    assert ext.settings()["weights_sha256"] == make_extractor("toy", classifier=StandInToyClassifier(0)).settings()["weights_sha256"]
+    assert ext.settings()["weights_sha256"] != make_extractor("toy", classifier=StandInToyClassifier(1)).settings()["weights_sha256"]
+
+
+def test_input_contract_is_checked() -> None:
+    ext = make_extractor("toy", classifier=StandInToyClassifier())
+    with pytest.raises(UserError, match="uint8"):
+        ext(torch.zeros(1, 3, 8, 8))
