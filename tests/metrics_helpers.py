@@ -109,3 +109,26 @@ class StandInToyClassifier(nn.Module):
 
 
 TOY_PROMPTS = {0: "red circle", 1: "blue square", 2: "green triangle"}
+
+
+class SlowStandInToyClassifier(StandInToyClassifier):
+    """The stand-in with a pause per call (so a test can SIGKILL a run mid-way); same weights/hash."""
+
+    def __init__(self, seed: int = 0, pause: float = 0.3) -> None:
+        super().__init__(seed)
+        self.pause = pause
+
+    def forward(self, images: torch.Tensor) -> dict[str, torch.Tensor | list[torch.Tensor]]:
+        import time
+
+        time.sleep(self.pause)
+        return super().forward(images)
+
+
+def fake_reward(**options: object) -> Callable[[torch.Tensor, list[str]], torch.Tensor]:
+    """A reward with the shared signature: mean brightness plus prompt length / 100."""
+
+    def fn(images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+        return images.float().mean(dim=(1, 2, 3)) / 255.0 + torch.tensor([len(p) / 100 for p in prompts])
+
+    return fn

@@ -56,8 +56,11 @@ def test_env_var_and_absent_weights(tiny_dinov2_dir, tmp_path, monkeypatch) -> N
         make_extractor("dinov2")
     monkeypatch.delenv("PCPO_DINOV2_PATH")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
-    # the default path comes from huggingface_hub's constants (read at import): only check the message
-    empty = tmp_path / "empty"
-    empty.mkdir()
+    monkeypatch.setenv("PCPO_WEIGHTS_DIR", str(tmp_path))
+    with pytest.raises(MissingWeightsError, match="PCPO_DINOV2_PATH"):
+        make_extractor("dinov2")
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("{}")  # a folder that looks right but holds no model
     with pytest.raises(MissingWeightsError, match="cannot load DINOv2"):
-        make_extractor("dinov2", weights_path=empty)
+        make_extractor("dinov2", weights_path=broken)

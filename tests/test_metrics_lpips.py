@@ -89,8 +89,9 @@ def test_lpips_toy_equals_naive_uniform_weight_definition() -> None:
 
 def test_real_trunk_is_never_downloaded(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("TORCH_HOME", str(tmp_path))
-    monkeypatch.delenv("PCPO_LPIPS_ALEX_WEIGHTS", raising=False)
-    with pytest.raises(MissingWeightsError, match="PCPO_LPIPS_ALEX_WEIGHTS"):
+    monkeypatch.setenv("PCPO_WEIGHTS_DIR", str(tmp_path))
+    monkeypatch.delenv("PCPO_ALEXNET_WEIGHTS", raising=False)
+    with pytest.raises(MissingWeightsError, match="PCPO_ALEXNET_WEIGHTS"):
         make_lpips_embedder(None)
 
 

@@ -9,8 +9,6 @@ are recorded with every metric value.
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,7 +16,7 @@ import torch
 from PIL import Image
 from torch import nn
 
-from pcpo_eval.errors import MissingWeightsError, UserError
+from pcpo_eval.errors import UserError
 
 
 class FeatureExtractor(nn.Module):
@@ -91,38 +89,3 @@ def pil_uint8_resize(images: torch.Tensor, size: int) -> torch.Tensor:
     for i in range(arr.shape[0]):
         out[i] = np.asarray(Image.fromarray(arr[i], mode="RGB").resize((size, size), resample=Image.BICUBIC))
     return torch.from_numpy(out).permute(0, 3, 1, 2).contiguous()
-
-
-def resolve_weights(
-    explicit: str | os.PathLike | None,
-    env_var: str,
-    defaults: list[Path],
-    what: str,
-    how: str,
-) -> Path:
-    """Find a weights file/dir: explicit argument, then ``env_var``, then ``defaults`` in order.
-
-    Raises :class:`MissingWeightsError` (one line: what was looked for and how to get it).
-    Nothing is ever downloaded.
-    """
-    if explicit is not None:
-        path = Path(explicit).expanduser()
-        if not path.exists():
-            raise MissingWeightsError(f"{what} weights not found at {path}; {how}")
-        return path
-    env = os.environ.get(env_var)
-    if env:
-        path = Path(env).expanduser()
-        if not path.exists():
-            raise MissingWeightsError(f"{what} weights not found at ${env_var}={path}; {how}")
-        return path
-    for path in defaults:
-        if path.exists():
-            return path
-    looked = ", ".join(str(p) for p in defaults)
-    raise MissingWeightsError(f"{what} weights not found (set ${env_var}; looked in {looked}); {how}")
-
-
-def torch_hub_checkpoints() -> Path:
-    """``$TORCH_HOME/hub/checkpoints`` (torch's standard download cache)."""
-    return Path(torch.hub.get_dir()) / "checkpoints"

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from pcpo_eval.errors import MissingWeightsError
-from pcpo_eval.features.base import FeatureExtractor, check_uint8_images, pil_uint8_resize, resolve_weights
+from pcpo_eval.features.base import FeatureExtractor, check_uint8_images, pil_uint8_resize
 from pcpo_eval.io import sha256_file
 
 ENV_VAR = "PCPO_DINOV2_PATH"
@@ -37,22 +37,15 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
-def default_paths() -> list[Path]:
-    """Snapshot directories of ``facebook/dinov2-large`` in the local Hugging Face cache."""
-    try:
-        from huggingface_hub.constants import HF_HUB_CACHE
-
-        cache = Path(HF_HUB_CACHE)
-    except ImportError:  # pragma: no cover - huggingface_hub ships with transformers
-        cache = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")) / "hub"
-    snapshots = cache / ("models--" + HF_REPO.replace("/", "--")) / "snapshots"
-    found = sorted(snapshots.glob("*/config.json")) if snapshots.exists() else []
-    return [p.parent for p in found] or [snapshots]
-
-
 def locate_weights(weights_path: str | os.PathLike | None = None) -> Path:
-    """Resolve the DINOv2 model directory (explicit path > $PCPO_DINOV2_PATH > HF cache)."""
-    return resolve_weights(weights_path, ENV_VAR, default_paths(), "DINOv2 ViT-L/14", HOW_TO_GET)
+    """Resolve the DINOv2 model folder with :func:`pcpo_eval.weights.locate` (backend ``dinov2``).
+
+    Order: explicit path > ``$PCPO_DINOV2_PATH`` > ``$PCPO_WEIGHTS_DIR/dinov2-large`` > the HF hub
+    cache snapshot of ``facebook/dinov2-large``.
+    """
+    from pcpo_eval.weights import locate
+
+    return locate("dinov2", weights_path)
 
 
 def weights_digest(model_dir: Path) -> str:

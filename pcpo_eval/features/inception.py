@@ -24,7 +24,6 @@ torchvision's ImageNet Inception is a different network and is NOT accepted.
 from __future__ import annotations
 
 import os
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pcpo_eval.errors import MissingWeightsError
-from pcpo_eval.features.base import FeatureExtractor, check_uint8_images, clean_resize, resolve_weights
+from pcpo_eval.features.base import FeatureExtractor, check_uint8_images, clean_resize
 from pcpo_eval.io import sha256_file
 
 #: environment variable naming the Inception weights file (.pt TorchScript or .pth state dict)
@@ -49,19 +48,15 @@ HOW_TO_GET = (
 INPUT_SIZE = 299
 
 
-def default_paths() -> list[Path]:
-    """Where the weights are looked for, in order (clean-fid's cache first, then torch hub's)."""
-    from pcpo_eval.features.base import torch_hub_checkpoints
-
-    tmp = Path(tempfile.gettempdir())
-    hub = torch_hub_checkpoints()
-    return [Path("/tmp") / TORCHSCRIPT_NAME, tmp / TORCHSCRIPT_NAME, *(hub / n for n in CONVERTED_NAMES)]
-
-
 def locate_weights(weights_path: str | os.PathLike | None = None) -> Path:
-    """Resolve the Inception weights file (explicit path > $PCPO_INCEPTION_WEIGHTS > caches)."""
-    paths = list(dict.fromkeys(default_paths()))
-    return resolve_weights(weights_path, ENV_VAR, paths, "Inception (FID)", HOW_TO_GET)
+    """Resolve the Inception weights file with :func:`pcpo_eval.weights.locate` (backend ``inception``).
+
+    Order: explicit path > ``$PCPO_INCEPTION_WEIGHTS`` > ``$PCPO_WEIGHTS_DIR`` > torch hub cache
+    (``weights-/pt_inception-2015-12-05-6726825d.pth``) > clean-fid's ``/tmp/inception-2015-12-05.pt``.
+    """
+    from pcpo_eval.weights import locate
+
+    return locate("inception", weights_path)
 
 
 def is_torchscript(path: Path) -> bool:

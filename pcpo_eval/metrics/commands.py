@@ -70,7 +70,7 @@ def register(app: typer.Typer) -> None:
         cache_dir: Path | None = typer.Option(None, "--cache-dir", help="feature cache root [IMAGE_SET/.pcpo_cache]"),
         inception_weights: Path | None = typer.Option(None, "--inception-weights", help="[$PCPO_INCEPTION_WEIGHTS]"),
         dinov2_path: Path | None = typer.Option(None, "--dinov2-path", help="[$PCPO_DINOV2_PATH]"),
-        lpips_trunk: str | None = typer.Option(None, "--lpips-trunk", help="AlexNet weights [$PCPO_LPIPS_ALEX_WEIGHTS]"),
+        lpips_trunk: str | None = typer.Option(None, "--lpips-trunk", help="AlexNet weights [$PCPO_ALEXNET_WEIGHTS]"),
     ) -> None:
         """FID, FD-DINOv2, IS, LPIPS diversity and preference scores, overall and per prompt."""
         from pcpo_eval.metrics.workers import rank, run_metrics

@@ -38,15 +38,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from pcpo_eval.features.base import check_uint8_images, resolve_weights, torch_hub_checkpoints
+from pcpo_eval.features.base import check_uint8_images
 from pcpo_eval.io import sha256_file
 
-ALEX_ENV_VAR = "PCPO_LPIPS_ALEX_WEIGHTS"
-ALEX_FILE = "alexnet-owt-7be5be79.pth"
-ALEX_HOW = (
-    f"run `python -c 'import torchvision; torchvision.models.alexnet(weights=\"IMAGENET1K_V1\")'` on a connected "
-    f"machine and copy {ALEX_FILE} into $TORCH_HOME/hub/checkpoints, or point ${ALEX_ENV_VAR} at it"
-)
 EPS = 1e-10  # lpips.normalize_tensor
 
 
@@ -166,8 +160,11 @@ class ToyLpipsEmbedder(nn.Module):
 
 
 def locate_alexnet(weights_path: str | os.PathLike | None = None) -> Path:
-    """Local torchvision AlexNet weights (explicit > $PCPO_LPIPS_ALEX_WEIGHTS > $TORCH_HOME cache)."""
-    return resolve_weights(weights_path, ALEX_ENV_VAR, [torch_hub_checkpoints() / ALEX_FILE], "LPIPS AlexNet", ALEX_HOW)
+    """Local torchvision AlexNet weights via :func:`pcpo_eval.weights.locate` (backend ``lpips_alex``:
+    explicit > ``$PCPO_ALEXNET_WEIGHTS`` > ``$PCPO_WEIGHTS_DIR`` > ``$TORCH_HOME/hub/checkpoints``)."""
+    from pcpo_eval.weights import locate
+
+    return locate("lpips_alex", weights_path)
 
 
 def lin_weights_path(net: str = "alex", version: str = "0.1") -> Path:
