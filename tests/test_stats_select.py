@@ -1,0 +1,100 @@
+"""Reward-matched checkpoint selection and bracketing over run directories (contract layout)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from pcpo_eval.stats.select import select_checkpoints
+from pcpo_eval.stats.speedup import moving_average
+
+
+def _make_run(root: Path, name: str, rewards, save_every: int = 20, with_log: bool = True) -> Path:
+    run = root / name
+    (run / "checkpoints").mkdir(parents=True)
+    epochs = np.arange(1, len(rewards) + 1)
+    if with_log:
+        pd.DataFrame({"epoch": epochs, "reward_mean": rewards, "clipfrac": 0.0}).to_parquet(
+            run / "log.parquet"
+        )
+    for e in epochs[save_every - 1 :: save_every]:
+        d = run / "checkpoints" / f"epoch_{e:04d}"
+        d.mkdir()
+        (d / "checkpoint.json").write_text(
+            json.dumps({"epoch": int(e), "reward_mean": float(rewards[e - 1])})
+        )
+    return run
+
+
+def _ramp(n, slope, noise_seed=None):
+    r = 5.0 + slope * np.arange(1, n + 1)
+    if noise_seed is not None:
+        r = r + np.random.default_rng(noise_seed).normal(0, 0.05, n)
+    return r
+
+
+def test_first_reaching_checkpoint_and_gap(tmp_path):
+    rewards = _ramp(120, 0.02, noise_seed=0)
+    run = _make_run(tmp_path, "base", rewards)
+    sel = select_checkpoints([run], target=6.0, window=5)
+    c = sel.choices[0]
+    sm = moving_average(rewards, 5)
+    saved = np.arange(20, 121, 20)
+    first = saved[np.argmax(sm[saved - 1] >= 6.0)]
+    assert c.reached and c.epoch == first
+    assert c.reward == pytest.approx(sm[first - 1])
+    assert c.gap == pytest.approx(sm[first - 1] - 6.0)
+    assert c.path.endswith(f"epoch_{first:04d}")
+
+
+def test_nearest_when_not_reached(tmp_path):
+    run = _make_run(tmp_path, "slow", _ramp(100, 0.005))
+    sel = select_checkpoints([run], target=9.0)
+    c = sel.choices[0]
+    assert not c.reached and c.epoch == 100 and c.gap < 0
+
+
+def test_bracketing_like_the_human_study(tmp_path):
+    # PCPO reaches its reward by epoch 120; the baseline crosses it between its checkpoints 180 and 240
+    pcpo = _make_run(tmp_path, "pcpo", _ramp(240, 0.02), save_every=60)
+    base = _make_run(tmp_path, "base", _ramp(300, 0.0115), save_every=60)
+    sel = select_checkpoints([base], target=7.3, reference=pcpo)
+    assert sel.reference is not None and sel.reference.epoch == 120
+    b = sel.brackets[0]
+    assert (b.below.epoch, b.above.epoch) == (180, 240)
+    assert b.below.reward < sel.reference.reward <= b.above.reward
+    md = sel.to_markdown()
+    assert "Bracketing" in md and "| 180," in md
+
+
+def test_checkpoint_json_fallback_without_log(tmp_path):
+    run = _make_run(tmp_path, "nolog", _ramp(60, 0.05), with_log=False)
+    c = select_checkpoints([run], target=6.5).choices[0]
+    assert "unsmoothed" in c.reward_source and c.epoch == 40
+
+
+def test_cli_select_json(tmp_path, cli):
+    a = _make_run(tmp_path, "a", _ramp(100, 0.02))
+    b = _make_run(tmp_path, "b", _ramp(100, 0.03))
+    r = cli("select", a, b, "--target", "6.2", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    # smoothed ramp 5 + s (e - 2) reaches 6.2 at epoch 62 (a) and 42 (b): next saved 80 and 60
+    assert [x["epoch"] for x in d["runs"]] == [80, 60]
+    assert all(x["reached"] for x in d["runs"])
+
+
+def test_cli_select_bad_input(tmp_path, cli):
+    r = cli("select", tmp_path / "missing", "--target", "1")
+    assert r.returncode == 2 and "does not exist" in r.stderr
+    (tmp_path / "empty").mkdir()
+    r = cli("select", tmp_path / "empty", "--target", "1")
+    assert r.returncode == 2 and "no saved checkpoints" in r.stderr
+    run = _make_run(tmp_path, "badlog", _ramp(40, 0.1))
+    pd.DataFrame({"epoch": [1, 2], "reward": [1.0, 2.0]}).to_parquet(run / "log.parquet")
+    r = cli("select", run, "--target", "1")
+    assert r.returncode == 2 and "lacks column 'reward_mean'" in r.stderr
