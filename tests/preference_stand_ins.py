@@ -45,7 +45,9 @@ def tiny_open_clip_checkpoint(tmp_dir: Path, seed: int = 0, module_prefix: bool 
 
     name = register_tiny_open_clip(tmp_dir)
     torch.manual_seed(seed)  # open_clip initialises from the global RNG; tests only
-    model = open_clip.create_model(name, pretrained_text=False, pretrained_image=False)
+    from pcpo_eval.rewards.preference import open_clip_offline_kwargs
+
+    model = open_clip.create_model(name, **open_clip_offline_kwargs())
     with torch.no_grad():  # open_clip's init leaves a tiny logit_scale/pos-embeddings; spread features
         for p in model.parameters():
             p.add_(0.02 * torch.randn_like(p))

@@ -68,6 +68,15 @@ def _pil(images: torch.Tensor) -> list[Image.Image]:
     return [Image.fromarray(x.permute(1, 2, 0).numpy()) for x in images]
 
 
+def _tv_processor(clip_dir):
+    """transformers' torchvision-backend CLIP image processor (5.x: the default; 4.x: the Fast one)."""
+    import transformers
+
+    major = int(transformers.__version__.split(".")[0])
+    cls = transformers.CLIPImageProcessor if major >= 5 else transformers.CLIPImageProcessorFast
+    return cls.from_pretrained(clip_dir)
+
+
 def _pooled(out) -> torch.Tensor:  # transformers 4.x returns a tensor, 5.x an output object
     return out if isinstance(out, torch.Tensor) else out.pooler_output
 
@@ -97,9 +106,7 @@ def test_image_cfg_from_hf_config():
 
 @pytest.mark.parametrize("size", [224, 512, 64, (200, 300)])
 def test_preprocess_matches_transformers_clip_processor(files, size):
-    from transformers import CLIPImageProcessor
-
-    proc = CLIPImageProcessor.from_pretrained(files["clip_dir"])
+    proc = _tv_processor(files["clip_dir"])
     imgs = random_images(3, size, seed=3)
     ref = proc(images=list(imgs), return_tensors="pt")["pixel_values"]
     ours = preprocess_images(imgs, image_cfg_from_hf(proc.to_dict()))
@@ -198,10 +205,10 @@ def test_hps_wrong_checkpoint_is_user_error(files, tmp_path):
 
 
 def _hf_reference(clip_dir, images, prompts):
-    from transformers import AutoTokenizer, CLIPImageProcessor, CLIPModel
+    from transformers import AutoTokenizer, CLIPModel
 
     model = CLIPModel.from_pretrained(clip_dir).eval()
-    proc = CLIPImageProcessor.from_pretrained(clip_dir)
+    proc = _tv_processor(clip_dir)
     tok = AutoTokenizer.from_pretrained(clip_dir)
     with torch.no_grad():
         px = proc(images=list(images), return_tensors="pt")["pixel_values"]

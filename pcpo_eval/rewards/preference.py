@@ -309,6 +309,20 @@ def _torch_load(path: Path) -> Any:
 # ==================================================================================================
 
 
+def open_clip_offline_kwargs() -> dict[str, bool]:
+    """``create_model`` flags that stop open_clip fetching tower weights (2.x: pretrained_hf, 3.x: _text)."""
+    import inspect
+
+    import open_clip
+
+    params = inspect.signature(open_clip.create_model).parameters
+    flags = {"pretrained_image": False}
+    for name in ("pretrained_text", "pretrained_hf"):
+        if name in params:
+            flags[name] = False
+    return flags
+
+
 class OpenClipTower(nn.Module):
     """An open_clip CLIP model + tokenizer + its validation preprocessing, on tensors.
 
@@ -323,11 +337,7 @@ class OpenClipTower(nn.Module):
 
         try:
             self.model = open_clip.create_model(
-                model_name,
-                pretrained=str(weights),
-                device=device,
-                pretrained_image=False,
-                pretrained_text=False,
+                model_name, pretrained=str(weights), device=device, **open_clip_offline_kwargs()
             )
         except RuntimeError as exc:
             if "not found in built-ins" in str(exc):
