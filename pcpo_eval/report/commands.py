@@ -1,0 +1,90 @@
+"""CLI commands ``study``, ``report`` and ``demo`` (thin shell over :mod:`pcpo_eval.study`)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import typer
+
+from pcpo_eval.errors import UserError
+
+DEMO_SPEC = Path("analysis") / "toy_study.yaml"
+DEMO_OUT = Path("reports") / "demo"
+
+
+def find_demo_spec() -> Path:
+    """``analysis/toy_study.yaml`` in the working directory, else in the source checkout."""
+    for root in (Path.cwd(), Path(__file__).resolve().parents[2]):
+        if (root / DEMO_SPEC).is_file():
+            return root / DEMO_SPEC
+    raise UserError(f"{DEMO_SPEC} not found; run `pcpo-eval demo` from the pcpo-eval checkout")
+
+
+def summary_lines(study_dir: Path) -> list[str]:
+    """A few lines from ``results.json``: speed-ups and the compared factor's LMM effects."""
+    import json
+
+    res = json.loads((study_dir / "results.json").read_text())
+    lines = []
+    for block in res.get("speedup", []):
+        for row in block["table"]["targets"]:
+            sp = f"{row['speedup_pct']:+.1f}%" if row.get("speedup_pct") is not None else row.get("status", "")
+            lines.append(f"  speed-up [{block['cell']}] target {row['target']:g}: baseline {row['baseline_mean']} "
+                         f"vs PCPO {row['pcpo_mean']} epochs -> {sp}")
+    lmm = res.get("lmm", {})
+    factor = res.get("study", {}).get("compare", {}).get("factor", "")
+    key = "p_bh" if lmm.get("adjust") == "bh" else "p_holm"
+    for m, fit in lmm.get("fits", {}).items():
+        if "error" in fit:
+            lines.append(f"  LMM {m}: fit failed ({fit['error']})")
+            continue
+        for fe in fit["fixed"]:
+            if fe["term"].startswith(f"{factor}[") and ":" not in fe["term"]:
+                p_adj = lmm.get("adjusted", {}).get(m, {}).get(fe["term"], {}).get(key)
+                lines.append(f"  LMM {m}: {fe['term']} = {fe['estimate']:.4g} (p = {fe['p']:.3g}, adj. p = {p_adj:.3g})")
+    return lines
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``study``, ``report`` and ``demo`` to the ``pcpo-eval`` app."""
+
+    @app.command("study")
+    def study_cmd(
+        spec: Path = typer.Argument(..., help="study spec (YAML), e.g. analysis/toy_study.yaml"),
+        out: Path | None = typer.Option(None, "--out", help="study directory [studies/<name>]"),
+        stages: str = typer.Option("all", "--stages", help="comma-separated subset of train,select,generate,metrics,stats,report"),
+    ) -> None:
+        """Train -> select -> generate -> metrics -> stats -> report; re-running continues after a crash."""
+        from pcpo_eval.study import STAGES, run_study
+
+        chosen = STAGES if stages == "all" else tuple(s.strip() for s in stages.split(",") if s.strip())
+        path = run_study(spec, out, chosen, log=lambda s: typer.echo(s))
+        typer.echo(f"study done: {path}")
+
+    @app.command("report")
+    def report_cmd(
+        study_dir: Path = typer.Argument(..., help="study directory (holds results.json)"),
+        out: Path | None = typer.Option(None, "-o", "--out", help="HTML file [STUDY_DIR/report.html]"),
+    ) -> None:
+        """Write the self-contained HTML report of a finished study."""
+        from pcpo_eval.report.html import write_report
+
+        typer.echo(f"wrote {write_report(study_dir, out)}")
+
+    @app.command("demo")
+    def demo_cmd(
+        out: Path = typer.Option(DEMO_OUT, "--out", help="study directory"),
+    ) -> None:
+        """The main job on the embedded toy world: analysis/toy_study.yaml end to end, then the report."""
+        import torch
+
+        from pcpo_eval.study import run_study
+
+        torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+        t0 = time.perf_counter()
+        path = run_study(find_demo_spec(), out, log=lambda s: typer.echo(s))
+        typer.echo(f"\nreport: {path.resolve()}")
+        for line in summary_lines(out):
+            typer.echo(line)
+        typer.echo(f"demo finished in {time.perf_counter() - t0:.0f} s")
