@@ -62,6 +62,17 @@ def lora_prefix(denoiser: torch.nn.Module) -> str:
     return "unet" if "UNet" in type(denoiser).__name__ else "transformer"
 
 
+def _lora_metadata(denoiser: torch.nn.Module, prefix: str) -> dict[str, str]:
+    """safetensors metadata diffusers' ``load_lora_weights`` reads for the LoRA config (keeps lora_alpha != r)."""
+    from diffusers.loaders.lora_base import LORA_ADAPTER_METADATA_KEY
+
+    cfg = denoiser.peft_config["default"].to_dict()
+    cfg = {k: sorted(v) if isinstance(v, set) else v for k, v in cfg.items()}
+    return {"format": "pt",
+            LORA_ADAPTER_METADATA_KEY: json.dumps({f"{prefix}.{k}": v for k, v in cfg.items()}, default=str,
+                                                  sort_keys=True)}
+
+
 def save_checkpoint(
     ckpt: Path, denoiser: torch.nn.Module, meta: dict[str, Any], training_state: dict[str, Any] | None = None
 ) -> Path:
@@ -78,8 +89,11 @@ def save_checkpoint(
 
             peft_sd = get_peft_model_state_dict(denoiser)
             prefix = lora_prefix(denoiser)
-            layers = convert_state_dict_to_diffusers(peft_sd)
-            save_file({f"{prefix}.{k}": v.detach().cpu().contiguous() for k, v in layers.items()}, tmp / LORA_FILE)
+            # UNets: the diffusers key format of SD-1.x LoRA scripts; transformers (SD3/FLUX): peft keys as
+            # diffusers' own SD3/FLUX LoRA scripts save them (converting them leaves a mixed, half-loadable format)
+            layers = convert_state_dict_to_diffusers(peft_sd) if prefix == "unet" else peft_sd
+            save_file({f"{prefix}.{k}": v.detach().cpu().contiguous() for k, v in layers.items()}, tmp / LORA_FILE,
+                      metadata=_lora_metadata(denoiser, prefix))
             weights = LORA_FILE
             if training_state is not None:
                 training_state = {**training_state, "peft_state": {k: v.detach().cpu() for k, v in peft_sd.items()}}
