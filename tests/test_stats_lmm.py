@@ -289,3 +289,22 @@ def test_diagnostics_and_qq_plot(m2, tmp_path):
     out = tmp_path / "qq.png"
     qq_plot(m2, str(out))
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_large_crossed_design_uses_core_and_agrees(monkeypatch):
+    """Above MAX_DENSE_VC statsmodels is skipped; the core alone gives the same fit."""
+    import pcpo_eval.stats.lmm as lmm
+
+    rng = np.random.default_rng(4)
+    df = pd.DataFrame(
+        [(p, s, a) for p in range(8) for s in range(6) for a in ("base", "pcpo")],
+        columns=["prompt", "seed", "alg"],
+    )
+    df["y"] = rng.normal(0, 1, 8)[df.prompt] + rng.normal(0, 0.5, 6)[df.seed] + rng.normal(0, 1, len(df))
+    ref = lmm.fit_lmm(df, "y ~ alg", ["prompt", "seed"], diagnostics=False)
+    monkeypatch.setattr(lmm, "MAX_DENSE_VC", 10)
+    big = lmm.fit_lmm(df, "y ~ alg", ["prompt", "seed"], diagnostics=False)
+    assert "statsmodels skipped" in big.optimizer and big.attempts == ()
+    assert big.converged
+    assert big.deviance == pytest.approx(ref.deviance, rel=1e-9)
+    _close([f.se for f in big.fixed], [f.se for f in ref.fixed], 1e-5)

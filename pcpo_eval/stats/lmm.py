@@ -42,6 +42,7 @@ OPTIMIZERS = ("lbfgs", "bfgs", "cg", "powell", "nm")
 SINGULAR_TOL = 1e-4  # lme4::isSingular default on theta
 GRAD_TOL = 2e-3  # lme4's check.conv.grad tolerance on the profiled deviance gradient
 QQ_MAX_POINTS = 2000
+MAX_DENSE_VC = 3e7  # rows x levels above which statsmodels' dense crossed VC design is skipped
 
 
 @dataclass(frozen=True)
@@ -347,10 +348,18 @@ def _fit(
     diagnostics: bool,
 ) -> LMMResult:
     core = LMMCore(d.y, d.X, list(d.blocks))
-    attempts, thetas = _run_statsmodels(d, reml)
+    dense_vc = len(d.y) * sum(b.n_levels for b in d.blocks) if len(d.blocks) > 1 else 0
+    if dense_vc > MAX_DENSE_VC:
+        # statsmodels' crossed recipe needs dense (n, levels) indicator matrices; beyond this size
+        # the lme4-style core (sparse Z, cost independent of n) fits alone, and says so.
+        attempts, thetas = [], []
+        skipped = f"statsmodels skipped: dense crossed design of {dense_vc:.2g} cells > {MAX_DENSE_VC:.0e}"
+    else:
+        attempts, thetas = _run_statsmodels(d, reml)
+        skipped = ""
     if not thetas:
         theta0 = np.where(np.isfinite(theta_lower_bounds(list(d.blocks))), 1.0, 0.0)
-        start_name, sm_ok = "default start", False
+        start_name, sm_ok = skipped or "all optimizers failed; default start", False
     else:
         converged = [t for t in thetas if t[0].converged]
         att, theta0 = converged[0] if converged else min(thetas, key=lambda t: t[0].deviance)
@@ -360,12 +369,13 @@ def _fit(
     theta_sm = np.maximum(theta0, np.where(np.isfinite(theta_lower_bounds(list(d.blocks))), 0.0, -np.inf))
     dev_sm = core.profiled_deviance(theta_sm, reml)
     theta_pol, dev_pol, pol_ok = core.fit_theta(theta_sm, reml)
+    start = f"statsmodels:{start_name}" if thetas else start_name
     if np.isfinite(dev_pol) and dev_pol <= dev_sm:
         theta, dev = theta_pol, dev_pol
-        optimizer = f"statsmodels:{start_name} + lme4-deviance polish (L-BFGS-B, Nelder-Mead)"
+        optimizer = f"{start} + lme4-deviance polish (L-BFGS-B, Nelder-Mead)"
     else:
         theta, dev = theta_sm, dev_sm
-        optimizer = f"statsmodels:{start_name}"
+        optimizer = start
     max_grad = _projected_grad(core, theta, reml)
     converged_flag = bool((sm_ok or pol_ok) and np.isfinite(dev) and max_grad < GRAD_TOL)
 
