@@ -155,6 +155,8 @@ def read_prompt_file(path: str | Path) -> PromptSet:
             raise UserError(
                 f"prompt file {str(path)!r} has no 'prompt' column (columns: {', '.join(map(str, df.columns))})"
             )
+        if len(df) == 0:
+            raise UserError(f"prompt file {str(path)!r} contains no prompts; add at least one")
         if df["prompt"].isna().any():
             row = int(df.index[df["prompt"].isna()][0])
             raise UserError(f"prompt file {str(path)!r}: row {row} has an empty prompt; fill or remove it")

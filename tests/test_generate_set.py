@@ -1,0 +1,210 @@
+"""generate_set end to end on the stand-in model: identical hashes across batch sizes and process
+counts, the output contract, resume after deletion and after SIGKILL, and bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from generate_standin import StandInAdapter
+from PIL import Image
+
+from pcpo_eval.errors import UserError
+from pcpo_eval.generate import MANIFEST_COLUMNS, generate_set, read_png_text
+from pcpo_eval.io import sha256_file
+from pcpo_eval.prompts import PromptSet, simple_animals
+
+TESTS = Path(__file__).resolve().parent
+WORKER = TESTS / "generate_worker.py"
+N_PROMPTS, N_SEEDS, STEPS, MICRO = 10, 4, 3, 4
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _prompts(n: int = N_PROMPTS) -> PromptSet:
+    a = simple_animals()
+    return PromptSet("standin", a.prompt_ids[:n], a.prompts[:n])
+
+
+def _render(out: Path, batch_size: int, **kw) -> pd.DataFrame:
+    generate_set(
+        StandInAdapter(), _prompts(), N_SEEDS, out, batch_size=batch_size, steps=STEPS,
+        micro_batch=MICRO, progress=False, **kw,
+    )  # fmt: skip
+    return pd.read_parquet(out / "manifest.parquet")
+
+
+@pytest.fixture(scope="module")
+def reference_set(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("ref") / "set"
+    _render(out, batch_size=8)
+    return out
+
+
+def _hashes(df: pd.DataFrame) -> dict[tuple[int, int], str]:
+    return {(r.prompt_id, r.seed): r.image_sha256 for r in df.itertuples()}
+
+
+def test_output_contract(reference_set):
+    out = reference_set
+    df = pd.read_parquet(out / "manifest.parquet")
+    assert list(df.columns) == MANIFEST_COLUMNS and len(df) == N_PROMPTS * N_SEEDS
+    assert df[["prompt_id", "seed"]].duplicated().sum() == 0
+    row = df[(df.prompt_id == 3) & (df.seed == 2)].iloc[0]
+    assert row.path == "images/p00003/s0000002.png" and row.prompt == "monkey"
+    path = out / row.path
+    assert sha256_file(path) == row.image_sha256
+    with Image.open(path) as im:
+        assert im.format == "PNG" and im.mode == "RGB" and im.size == (8, 8)
+    text = read_png_text(path)
+    meta = json.loads(text["pcpo_eval"])
+    assert text["prompt"] == "monkey" and meta["seed"] == 2 and meta["prompt_id"] == 3
+    assert meta["steps"] == STEPS and meta["cfg"] == 5.0 and meta["micro_batch"] == MICRO
+    info = json.loads((out / "set.json").read_text())
+    assert info["status"] == "complete" and info["settings"]["model_hash"] == row.model_hash
+    assert info["run"]["n_images"] == 40 and not (out / ".progress").exists()
+    assert not list(out.rglob("*.tmp"))
+
+
+def test_bit_identical_for_batch_sizes_1_and_37(reference_set, tmp_path):
+    ref = _hashes(pd.read_parquet(reference_set / "manifest.parquet"))
+    for bs in (1, 37):
+        assert _hashes(_render(tmp_path / f"bs{bs}", batch_size=bs)) == ref
+
+
+def test_rerun_skips_and_resume_after_deleting_images(reference_set, tmp_path):
+    out = tmp_path / "set"
+    shutil.copytree(reference_set, out)
+    before = sha256_file(out / "images/p00000/s0000000.png")
+    s = generate_set(
+        StandInAdapter(), _prompts(), N_SEEDS, out, batch_size=8, steps=STEPS, micro_batch=MICRO, progress=False
+    )
+    assert s.n_rendered == 0 and s.n_skipped == 40
+    for rel in ("images/p00000/s0000000.png", "images/p00007/s0000003.png"):
+        (out / rel).unlink()
+    s = generate_set(
+        StandInAdapter(), _prompts(), N_SEEDS, out, batch_size=8, steps=STEPS, micro_batch=MICRO, progress=False
+    )
+    assert s.n_rendered == 2
+    assert sha256_file(out / "images/p00000/s0000000.png") == before
+    assert _hashes(pd.read_parquet(out / "manifest.parquet")) == _hashes(
+        pd.read_parquet(reference_set / "manifest.parquet")
+    )
+
+
+def test_different_settings_are_refused_without_writing(reference_set, tmp_path):
+    out = tmp_path / "set"
+    shutil.copytree(reference_set, out)
+    mtime = (out / "set.json").stat().st_mtime_ns
+    with pytest.raises(UserError, match="steps=3"):
+        generate_set(StandInAdapter(), _prompts(), N_SEEDS, out, steps=4, micro_batch=MICRO, progress=False)
+    with pytest.raises(UserError, match="model_hash"):
+        generate_set(StandInAdapter(1), _prompts(), N_SEEDS, out, steps=STEPS, micro_batch=MICRO, progress=False)
+    other = PromptSet("x", (0,), ("a zebra",))  # id 0 was "cat"
+    with pytest.raises(UserError, match="prompt_id 0"):
+        generate_set(StandInAdapter(), other, N_SEEDS, out, steps=STEPS, micro_batch=MICRO, progress=False)
+    assert (out / "set.json").stat().st_mtime_ns == mtime
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"seeds": "3-1"}, "A <= B"),
+        ({"seeds": "x"}, "malformed"),
+        ({"prompts": "DUPLICATE"}, "duplicate prompt_id"),
+        ({"prompts": "EMPTY"}, "no prompts"),
+        ({"batch_size": 0}, "batch-size"),
+        ({"sampler": "euler"}, "unknown sampler"),
+    ],
+)
+def test_bad_input_writes_nothing(tmp_path, kwargs, match):
+    (tmp_path / "dup.csv").write_text("prompt_id,prompt\n1,a\n1,b\n")
+    (tmp_path / "empty.txt").write_text("")
+    files = {"DUPLICATE": tmp_path / "dup.csv", "EMPTY": tmp_path / "empty.txt"}
+    args = {"prompts": _prompts(), "seeds": 2, "batch_size": 4, "sampler": "auto", **kwargs}
+    args["prompts"] = files.get(args["prompts"], args["prompts"]) if isinstance(args["prompts"], str) else args["prompts"]
+    out = tmp_path / "out"
+    with pytest.raises(UserError, match=match):
+        generate_set(
+            StandInAdapter(), args["prompts"], args["seeds"], out, batch_size=args["batch_size"],
+            sampler=args["sampler"], steps=2, progress=False,
+        )  # fmt: skip
+    assert not out.exists()
+
+
+def test_foreign_directory_is_refused(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(UserError, match="not an image set"):
+        generate_set(StandInAdapter(), _prompts(2), 1, tmp_path, steps=2, progress=False)
+
+
+def _worker_cmd(out: Path, n_seeds: int, batch: int) -> list[str]:
+    return [sys.executable, str(WORKER), str(out), str(N_PROMPTS), str(n_seeds), str(batch), str(STEPS), str(MICRO)]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(TESTS.parent))
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    return env
+
+
+@pytest.mark.parametrize("kill_after", [1, 23])
+def test_sigkill_then_resume_gives_the_same_set(reference_set, tmp_path, kill_after):
+    """SIGKILL a rendering subprocess once >= kill_after PNGs exist; the re-run completes the set."""
+    out = tmp_path / "set"
+    proc = subprocess.Popen(_worker_cmd(out, N_SEEDS, 1), env=_env(), stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 240
+    try:
+        while len(list(out.glob("images/*/*.png"))) < kill_after:
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            assert time.monotonic() < deadline, "worker too slow"
+            time.sleep(0.02)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert not (out / "manifest.parquet").exists()
+    n_done = len(list(out.glob("images/*/*.png")))
+    assert n_done < N_PROMPTS * N_SEEDS
+    for png in out.glob("images/*/*.png"):  # every image that exists is complete
+        with Image.open(png) as im:
+            im.load()
+    s = generate_set(
+        StandInAdapter(), _prompts(), N_SEEDS, out, batch_size=8, steps=STEPS, micro_batch=MICRO, progress=False
+    )
+    assert s.n_skipped == n_done and s.n_rendered == N_PROMPTS * N_SEEDS - n_done
+    assert _hashes(pd.read_parquet(out / "manifest.parquet")) == _hashes(
+        pd.read_parquet(reference_set / "manifest.parquet")
+    )
+    assert not list(out.rglob("*.tmp"))
+
+
+def test_two_processes_torchrun_match_one_process(reference_set, tmp_path):
+    torchrun = Path(sys.executable).with_name("torchrun")
+    if not torchrun.exists():
+        pytest.skip("torchrun not installed")
+    out = tmp_path / "set2"
+    cmd = [str(torchrun), "--standalone", "--nproc_per_node=2", *_worker_cmd(out, N_SEEDS, 8)[1:]]
+    res = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=400)
+    assert res.returncode == 0, res.stderr[-3000:]
+    df = pd.read_parquet(out / "manifest.parquet")
+    assert _hashes(df) == _hashes(pd.read_parquet(reference_set / "manifest.parquet"))
+    assert json.loads((out / "set.json").read_text())["run"]["world_size"] == 2
+    assert np.all(df.pixel_sha256.str.len() == 64)
