@@ -167,7 +167,11 @@ def _compute_into_cache(
     first_row: dict[str, int] = {}
     for row, k in enumerate(keys):
         first_row.setdefault(k, row)
+    # every rank must see the same list of missing keys: scan between two barriers, before anyone writes
+    barrier()
+    cache.refresh()
     missing = cache.missing(keys)
+    barrier()
     report.cached += len(first_row) - len(missing)
     batches = [missing[i : i + batch_size] for i in range(0, len(missing), batch_size)]
     for batch in batches[rank() :: world_size()]:
