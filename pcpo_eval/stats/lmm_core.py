@@ -150,14 +150,23 @@ class LMMCore:
         self.n_theta = sum(b.n_theta for b in blocks)
 
     # -- parameter maps -------------------------------------------------------------------
-    def lambda_matrix(self, theta: np.ndarray) -> sp.csc_matrix:
-        """Lambda_theta = blockdiag_k(I_{levels_k} kron T_k) as a sparse (q, q) matrix."""
+    def _lambda_template(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Sparsity pattern of Lambda and, per stored entry, its index into theta (lme4's Lind)."""
         parts, i = [], 0
         for b in self.blocks:
-            t = tril_from_theta(theta[i : i + b.n_theta], b.k)
+            marks = tril_from_theta(np.arange(i + 1, i + b.n_theta + 1, dtype=np.float64), b.k)
             i += b.n_theta
-            parts.append(sp.kron(sp.identity(b.n_levels, format="csc"), sp.csc_matrix(t), format="csc"))
-        return sp.block_diag(parts, format="csc")
+            parts.append(sp.kron(sp.identity(b.n_levels, format="csc"), sp.csc_matrix(marks), format="csc"))
+        lam = sp.block_diag(parts, format="csc")
+        lam.sort_indices()
+        return lam.data.astype(np.int64) - 1, lam.indices.copy(), lam.indptr.copy()
+
+    def lambda_matrix(self, theta: np.ndarray) -> sp.csc_matrix:
+        """Lambda_theta = blockdiag_k(I_{levels_k} kron T_k) as a sparse (q, q) matrix."""
+        if not hasattr(self, "_lind"):
+            self._lind, self._lam_indices, self._lam_indptr = self._lambda_template()
+        data = np.asarray(theta, dtype=np.float64)[self._lind]
+        return sp.csc_matrix((data, self._lam_indices, self._lam_indptr), shape=(self.q, self.q))
 
     def block_covariances(self, theta: np.ndarray, sigma: float) -> list[np.ndarray]:
         """Cov(b) per block: sigma^2 T_k T_k'."""
