@@ -147,6 +147,7 @@ class RunSpec:
     levels: dict[str, str]
     overrides: dict[str, Any]
     run_dir: str | None = None  #: existing run directory (not trained by the study)
+    config: str | None = None  #: train config file (a level's ``config:`` key, else ``train.config``)
 
 
 @dataclass(frozen=True)
@@ -259,6 +260,17 @@ def _model_missing(model: str) -> str | None:
                 "(set PCPO_SD1_PATH or see `pcpo-eval weights`)")
 
 
+def _yaml_or_empty(path: str | None) -> dict[str, Any]:
+    """A train config file's mapping ({} if unset, missing or malformed: reported elsewhere)."""
+    if path is None or not Path(path).is_file():
+        return {}
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except yaml.YAMLError:
+        return {"__invalid_yaml__": path}
+    return data if isinstance(data, dict) else {"__invalid_yaml__": path}
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise UserError(f"study spec {path} not found; see analysis/ for examples")
@@ -312,19 +324,13 @@ def load_spec(path: str | Path, check_weights: bool = True) -> StudySpec:
     if not isinstance(train_overrides, dict):
         problems.append("train.overrides must be a mapping of config keys to values")
         train_overrides = {}
-    base_cfg: dict[str, Any] = {}
-    if train_config is not None:
-        if not Path(train_config).is_file():
-            problems.append(f"train.config {train.get('config')} not found (paths are relative to the spec or the working directory)")
-        else:
-            try:
-                base_cfg = yaml.safe_load(Path(train_config).read_text()) or {}
-            except yaml.YAMLError as exc:
-                problems.append(f"train.config {train_config} is not valid YAML: {str(exc).splitlines()[0]}")
+    if train_config is not None and not Path(train_config).is_file():
+        problems.append(f"train.config {train.get('config')} not found (paths are relative to the spec or the working directory)")
 
     # -- design --------------------------------------------------------------------------------
     design = top.get("design")
     factors: dict[str, dict[str, dict[str, Any]]] = {}
+    level_configs: dict[tuple[str, str], str] = {}
     if not isinstance(design, dict) or not design:
         problems.append("design must map each factor to its levels, e.g. design: {algorithm: {DDPO: {objective: ppo_clip}, PCPO: {objective: pcpo}}}")
     else:
@@ -345,6 +351,12 @@ def load_spec(path: str | Path, check_weights: bool = True) -> StudySpec:
                 if not isinstance(ov, dict):
                     problems.append(f"design.{fac}.{lv} must be a mapping of config overrides")
                     ov = {}
+                ov = dict(ov)
+                if "config" in ov:  # a level may switch the train config file (e.g. paper setup 1 vs 2)
+                    cpath = _resolve_path(base, str(ov.pop("config")))
+                    level_configs[(fac, str(lv))] = cpath
+                    if not Path(cpath).is_file():
+                        problems.append(f"design.{fac}.{lv}.config {cpath} not found")
                 factors[fac][str(lv)] = ov
 
     # -- comparison ----------------------------------------------------------------------------
@@ -398,14 +410,15 @@ def load_spec(path: str | Path, check_weights: bool = True) -> StudySpec:
             levels = dict(zip(factors, combo, strict=True))
             rname = _safe_name("__".join(f"{f}-{lv}" for f, lv in levels.items()))
             overrides: dict[str, Any] = {}
+            cfg_file = train_config
             for f, lv in levels.items():
                 overrides.update(factors[f][lv])
-            runs.append(RunSpec(rname, levels, overrides, existing.get(combo)))
+                cfg_file = level_configs.get((f, lv), cfg_file)
+            runs.append(RunSpec(rname, levels, overrides, existing.get(combo), cfg_file))
         to_train = [r for r in runs if r.run_dir is None]
-        if to_train and train_config is None and not train_overrides:
-            problems.append(f"{len(to_train)} run(s) have no run_dir and train.config is not set")
+        run_cfgs = {r.name: {**_yaml_or_empty(r.config), **train_overrides, **r.overrides} for r in runs}
         for r in to_train:
-            cfg = {**base_cfg, **train_overrides, **r.overrides}
+            cfg = run_cfgs[r.name]
             try:
                 from pcpo_eval.train_config import config_from_dict
 
@@ -413,12 +426,13 @@ def load_spec(path: str | Path, check_weights: bool = True) -> StudySpec:
             except UserError as exc:
                 problems.append(f"run {r.name}: {exc}")
         if check_weights:
-            rewards = {str(c.get("reward", "jpeg_compressibility")) for c in
-                       ({**base_cfg, **train_overrides, **r.overrides} for r in to_train)}
+            rewards = {str(run_cfgs[r.name].get("reward", "jpeg_compressibility")) for r in to_train}
+            for pset in sorted({str(run_cfgs[r.name].get("prompts", "toy")) for r in to_train}):
+                if Path(pset).suffix and not Path(pset).is_file():
+                    problems.append(f"training prompt file {pset} not found")
             for rw in sorted(rewards):
                 problems += [f"training reward {rw}: {m}" for m in _backend_missing(METRIC_BACKENDS.get(rw, ()))]
-            models = {str(c.get("model", "toy")) for c in
-                      ({**base_cfg, **train_overrides, **r.overrides} for r in runs)}
+            models = {str(run_cfgs[r.name].get("model", "toy")) for r in to_train}
             for m in sorted(models):
                 if (msg := _model_missing(m)) is not None:
                     problems.append(msg)
@@ -467,8 +481,16 @@ def load_spec(path: str | Path, check_weights: bool = True) -> StudySpec:
     for m in metrics:
         if m not in METRIC_BACKENDS:
             problems.append(f"unknown metric {m!r} (choose from {', '.join(METRIC_BACKENDS)})")
-        elif check_weights:
-            problems += [f"metric {m}: {msg}" for msg in _backend_missing(METRIC_BACKENDS[m])]
+    pref_metrics = [str(m) for m in ((top.get("preference") or {}).get("metrics") or [])] if isinstance(
+        top.get("preference"), dict) else []
+    if check_weights:  # one problem per absent backend, naming every metric that needs it
+        users: dict[str, list[str]] = {}
+        for m in [*metrics, *pref_metrics]:
+            for b in METRIC_BACKENDS.get(m, ()):
+                if m not in users.setdefault(b, []):
+                    users[b].append(m)
+        for b, ms in users.items():
+            problems += [f"metric(s) {', '.join(ms)}: {msg}" for msg in _backend_missing([b])]
     mo = unknown("metric_options", top.get("metric_options"), _METRIC_OPTION_KEYS)
 
     # -- statistics ----------------------------------------------------------------------------
@@ -495,12 +517,12 @@ def load_spec(path: str | Path, check_weights: bool = True) -> StudySpec:
         for m in pm:
             if m not in PREFERENCE_METRICS:
                 problems.append(f"preference metric {m!r} (choose from {', '.join(PREFERENCE_METRICS)})")
-            elif check_weights:
-                problems += [f"preference metric {m}: {msg}" for msg in _backend_missing(METRIC_BACKENDS[m])]
         if "prompts" not in pr:
             problems.append("preference.prompts is required (a prompt set name or file)")
         else:
             p = str(pr["prompts"])
+            if Path(p).suffix and not Path(_resolve_path(base, p) or p).is_file():
+                problems.append(f"preference.prompts file {p} not found")
             pref_spec = PreferenceSpec(**{**pr, "metrics": pm or ("hps",), "seeds": str(pr.get("seeds", "1")),
                                           "prompts": _resolve_path(base, p) if Path(p).suffix else p})
     gr = unknown("grid", top.get("grid"), _fields(GridSpec))
@@ -599,10 +621,7 @@ class Study:
     def train_config(self, run: RunSpec):
         from pcpo_eval.train_config import config_from_dict
 
-        data: dict[str, Any] = {}
-        if self.spec.train_config:
-            data = yaml.safe_load(Path(self.spec.train_config).read_text()) or {}
-        return config_from_dict({**data, **self.spec.train_overrides, **run.overrides})
+        return config_from_dict({**_yaml_or_empty(run.config), **self.spec.train_overrides, **run.overrides})
 
     # -- bookkeeping ---------------------------------------------------------------------------
     def _save_state(self) -> None:

@@ -1,0 +1,292 @@
+"""Study pipeline: spec validation (every problem at once), stage skipping and crash recovery.
+
+Stage logic is tested with fast stand-ins for the trainer, generator and metric workers (they
+write the documented run / image-set / metrics layouts); the real toy-model study is the one
+``slow`` test at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from PIL import Image
+
+from pcpo_eval.errors import UserError
+from pcpo_eval.study import STAGES, StageError, load_spec, parse_lmm_formula, run_study
+
+
+@pytest.fixture(autouse=True)
+def no_weights(tmp_path, monkeypatch):
+    """Empty weight caches: real backends are absent whatever the machine holds."""
+    for var in ("HF_HOME", "TORCH_HOME", "PCPO_WEIGHTS_DIR", "XDG_CACHE_HOME"):
+        monkeypatch.setenv(var, str(tmp_path / "empty_cache"))
+    for var in ("HF_HUB_CACHE", "PCPO_INCEPTION_WEIGHTS", "PCPO_DINOV2_PATH", "PCPO_HPS_WEIGHTS"):
+        monkeypatch.delenv(var, raising=False)
+
+
+def write_spec(path: Path, **changes) -> Path:
+    prompts = path.parent / "prompts.txt"
+    prompts.write_text("a red cube\na <b>blue</b> ball & <script>alert(1)</script>\na green cone\n")
+    spec = {
+        "name": "unit",
+        "description": "stand-in study",
+        "train": {"overrides": {"epochs": 12, "checkpoint_every": 2}},
+        "design": {"algorithm": {"DDPO": {"objective": "ppo_clip"}, "PCPO": {"objective": "pcpo"}},
+                   "batch": {"16": {"sample_batch_size": 16}, "32": {"sample_batch_size": 32}}},
+        "compare": {"factor": "algorithm", "baseline": "DDPO", "pcpo": "PCPO"},
+        "targets": [0.3, 0.5],
+        "select_target": 0.5,
+        "eval": {"prompts": str(prompts), "seeds": "4", "steps": 4},
+        "metrics": ["fd_toy", "lpips_toy"],
+        "lmm": {"formula": "value ~ algorithm * batch + (1|prompt)"},
+        "grid": {"prompts": 2, "seeds": 2},
+    }
+    spec.update(changes)
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+# ------------------------------------------------------------------------------------------------
+# validation
+# ------------------------------------------------------------------------------------------------
+
+
+def test_valid_spec_expands_factorial(tmp_path):
+    spec = load_spec(write_spec(tmp_path / "s.yaml"))
+    assert len(spec.runs) == 4
+    assert {r.name for r in spec.runs} == {"algorithm-DDPO__batch-16", "algorithm-DDPO__batch-32",
+                                           "algorithm-PCPO__batch-16", "algorithm-PCPO__batch-32"}
+    r = next(r for r in spec.runs if r.levels == {"algorithm": "PCPO", "batch": "32"})
+    assert r.overrides == {"objective": "pcpo", "sample_batch_size": 32}
+    assert spec.cell_key(r) == "batch=32" and spec.role(r) == "pcpo"
+
+
+def test_every_problem_listed_at_once(tmp_path):
+    path = write_spec(
+        tmp_path / "bad.yaml",
+        colour="blue",  # unknown top-level key
+        eval={"prompts": "toy", "seeds": "4", "stepz": 3},  # unknown eval key
+        runs=[{"levels": {"algorithm": "DDPO", "batch": "16"}, "run_dir": str(tmp_path / "nope")}],  # missing run
+        compare={"factor": "algorithm", "baseline": "DDPO", "pcpo": "PPO"},  # bad level
+        metrics=["fid", "fd_toy", "bogus"],  # fid: inception weights absent; bogus: unknown
+        lmm={"formula": "value ~ algorithm * lr + (1|prompt)"},  # lr is not a column
+        targets=[0.3, "high"],
+    )
+    with pytest.raises(UserError) as ei:
+        load_spec(path)
+    msg = str(ei.value)
+    assert "\n" not in msg
+    for needle in ("unknown key(s) colour", "unknown key(s) stepz in eval", "missing run", "compare.pcpo 'PPO'",
+                   "unknown metric 'bogus'", "inception weights not found", "names 'lr'", "target 'high'"):
+        assert needle in msg, needle
+    assert "has 8 problem(s)" in msg
+
+
+def test_bad_train_overrides_are_reported_per_run(tmp_path):
+    path = write_spec(tmp_path / "s.yaml", train={"overrides": {"epochs": 0, "learning_rte": 1}})
+    with pytest.raises(UserError, match=r"run algorithm-DDPO__batch-16: unknown config key\(s\) learning_rte"):
+        load_spec(path)
+
+
+def test_baseline_must_be_reference_level(tmp_path):
+    path = write_spec(tmp_path / "s.yaml", compare={"factor": "algorithm", "baseline": "PCPO", "pcpo": "DDPO"})
+    with pytest.raises(UserError, match="must sort first"):
+        load_spec(path)
+
+
+def test_parse_lmm_formula():
+    assert parse_lmm_formula("value ~ a * b + (1|prompt)") == ("value ~ a * b", ["prompt"], None)
+    assert parse_lmm_formula("value ~ a + (1|prompt) + (1 | seed)") == ("value ~ a", ["prompt", "seed"], None)
+    assert parse_lmm_formula("value ~ a + (a|prompt)") == ("value ~ a", ["prompt"], "~a")
+
+
+def test_unreachable_target_of_existing_runs(tmp_path):
+    runs = []
+    for alg in ("DDPO", "PCPO"):
+        for b in ("16", "32"):
+            rd = tmp_path / f"run_{alg}_{b}"
+            _write_run(rd, 8, 0.05 if alg == "DDPO" else 0.08, 2)
+            runs.append({"levels": {"algorithm": alg, "batch": b}, "run_dir": str(rd)})
+    path = write_spec(tmp_path / "s.yaml", runs=runs, targets=[0.3, 5.0], select_target=0.3)
+    with pytest.raises(UserError, match=r"target 5 is reached by no run \(best smoothed reward"):
+        load_spec(path)
+    spec = load_spec(write_spec(tmp_path / "s.yaml", runs=runs, targets=[0.3], select_target=0.3))
+    assert all(r.run_dir for r in spec.runs)
+
+
+# ------------------------------------------------------------------------------------------------
+# stand-ins for the heavy pieces (they write the documented layouts)
+# ------------------------------------------------------------------------------------------------
+
+
+def _write_run(rd: Path, epochs: int, rate: float, every: int, upto: int | None = None) -> None:
+    """A run directory: log.parquet (reward rising at ``rate`` per epoch) + checkpoints."""
+    upto = epochs if upto is None else upto
+    e = np.arange(1, upto + 1)
+    rng = np.random.default_rng(int(rate * 1000))
+    log = pd.DataFrame({
+        "epoch": e, "reward_mean": rate * e + rng.normal(0, 0.005, upto), "reward_std": 0.1 + 0 * e,
+        "clipfrac": 0.2 + 0 * e, "approx_kl": 1e-4 * e, "rho_mean": 1.0 + 0 * e, "rho_min": 0.9 + 0 * e,
+        "rho_max": 1.1 + 0 * e, "rho_std": 0.02 + 0 * e, "grad_first_abs_mean": 1e-3 * e,
+        "grad_first_abs_var": 1e-6 * e, "wall_time_s": 0.1 + 0 * e,
+    })  # fmt: skip
+    rd.mkdir(parents=True, exist_ok=True)
+    (rd / "config.yaml").write_text("model: toy\n")
+    log.to_parquet(rd / "log.parquet", index=False)
+    for ep in [*range(every, upto + 1, every), *([upto] if upto == epochs else [])]:
+        ck = rd / "checkpoints" / f"epoch_{ep:04d}"
+        ck.mkdir(parents=True, exist_ok=True)
+        (ck / "checkpoint.json").write_text(json.dumps({"epoch": ep, "reward_mean": float(log.reward_mean[ep - 1])}))
+
+
+class Fakes:
+    """Counting stand-ins; ``fail_train_once`` / ``fail_metrics_on`` simulate crashes."""
+
+    def __init__(self) -> None:
+        self.train_calls: list[tuple[str, bool]] = []
+        self.generate_calls: list[str] = []
+        self.metrics_calls: list[str] = []
+        self.fail_train_once: str | None = None
+        self.fail_metrics_on: str | None = None
+
+    def train(self, cfg, out_dir, resume=False):
+        out = Path(out_dir)
+        self.train_calls.append((out.name, resume))
+        rate = 0.1 if cfg.objective == "pcpo" else 0.07
+        if self.fail_train_once and self.fail_train_once in out.name:
+            self.fail_train_once = None
+            _write_run(out, cfg.epochs, rate, cfg.checkpoint_every, upto=cfg.epochs // 2)
+            raise RuntimeError("simulated crash mid-training")
+        _write_run(out, cfg.epochs, rate, cfg.checkpoint_every)
+        return pd.read_parquet(out / "log.parquet")
+
+    def generate_set(self, model, prompts, seeds, out_dir, **kw):
+        from pcpo_eval.generate import image_rel_path, parse_seeds
+        from pcpo_eval.prompts import load_prompts
+
+        out = Path(out_dir)
+        self.generate_calls.append(str(model))
+        ps = load_prompts(prompts)
+        rows = []
+        for pid, prompt in zip(ps.prompt_ids, ps.prompts, strict=True):
+            for s in parse_seeds(seeds):
+                rel = image_rel_path(pid, s)
+                (out / rel).parent.mkdir(parents=True, exist_ok=True)
+                Image.new("RGB", (8, 8), (pid * 40 % 255, s * 50 % 255, 100)).save(out / rel)
+                rows.append({"prompt_id": pid, "prompt": prompt, "seed": s, "path": rel, "image_sha256": "x"})
+        pd.DataFrame(rows).to_parquet(out / "manifest.parquet", index=False)
+        (out / "set.json").write_text(json.dumps({"model": str(model)}))
+
+    def run_metrics(self, image_set, metrics, out_dir, reference=None, options=None):
+        sdir = Path(image_set)
+        self.metrics_calls.append(str(sdir))
+        if self.fail_metrics_on and self.fail_metrics_on in str(sdir):
+            raise RuntimeError("simulated metrics crash")
+        man = pd.read_parquet(sdir / "manifest.parquet")
+        pids = sorted(man.prompt_id.unique())
+        rng = np.random.default_rng(zlib.crc32(str(sdir).encode()))
+        pcpo = "PCPO" in str(sdir)
+        pp = pd.DataFrame({"prompt_id": pids, "prompt": [f"p{p}" for p in pids],
+                           "fd_toy": [5.0 + p - 3.0 * pcpo + rng.normal(0, 0.1) for p in pids],
+                           "lpips_toy": [0.4 + 0.01 * p + rng.normal(0, 0.01) for p in pids]})
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        pp.to_parquet(out / "per_prompt.parquet", index=False)
+        res = {"metrics": {m: float(pp[m].mean()) for m in metrics}, "settings": {"metrics": list(metrics)}}
+        (out / "metrics.json").write_text(json.dumps(res))
+        return res
+
+
+@pytest.fixture
+def fakes(monkeypatch):
+    import pcpo_eval.credit_plot
+    import pcpo_eval.generate
+    import pcpo_eval.metrics.workers
+    import pcpo_eval.trainer
+
+    f = Fakes()
+    monkeypatch.setattr(pcpo_eval.trainer, "train", f.train)
+    monkeypatch.setattr(pcpo_eval.generate, "generate_set", f.generate_set)
+    monkeypatch.setattr(pcpo_eval.metrics.workers, "run_metrics", f.run_metrics)
+    import io
+
+    buf = io.BytesIO()
+    Image.new("RGB", (4, 4), "white").save(buf, format="PNG")
+    monkeypatch.setattr(pcpo_eval.credit_plot, "credit_figure_png", lambda *a, **k: buf.getvalue())
+    return f
+
+
+def test_stages_run_then_skip_finished_work(tmp_path, fakes):
+    spec = write_spec(tmp_path / "s.yaml")
+    out = tmp_path / "study"
+    logs: list[str] = []
+    report = run_study(spec, out, log=logs.append)
+    assert report == out / "report.html" and report.is_file()
+    assert len(fakes.train_calls) == 4 and not any(r for _, r in fakes.train_calls)
+    assert len(fakes.generate_calls) == 5 and len(fakes.metrics_calls) == 5  # base + 4 checkpoints
+    res = json.loads((out / "results.json").read_text())
+    assert {b["cell"] for b in res["speedup"]} == {"batch=16", "batch=32"}
+    row = res["speedup"][0]["table"]["targets"][1]  # target 0.5 (window 5): epoch 10 vs 7
+    assert row["baseline_mean"] > row["pcpo_mean"] and row["speedup_pct"] > 0
+    assert set(res["lmm"]["fits"]) == {"fd_toy", "lpips_toy"}
+    fe = {f["term"]: f for f in res["lmm"]["fits"]["fd_toy"]["fixed"]}
+    assert fe["algorithm[T.PCPO]"]["estimate"] == pytest.approx(-3.0, abs=0.5)
+    assert res["raw_scores"]["significance"]["batch=16"]["fd_toy"]["significant"] is True
+    html = report.read_text()
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html and "<script>" not in html
+
+    # second run: nothing is recomputed
+    state = json.loads((out / "study_state.json").read_text())
+    logs.clear()
+    run_study(spec, out, log=logs.append)
+    assert len(fakes.train_calls) == 4 and len(fakes.generate_calls) == 5 and len(fakes.metrics_calls) == 5
+    assert json.loads((out / "study_state.json").read_text()) == state
+    assert sum("skipped" in line for line in logs) == 4 + 5 + 5 + 3  # runs, sets, metrics, select/stats/report
+
+
+def test_crash_names_stage_and_rerun_continues(tmp_path, fakes):
+    spec = write_spec(tmp_path / "s.yaml")
+    out = tmp_path / "study"
+    fakes.fail_train_once = "algorithm-PCPO__batch-16"
+    with pytest.raises(StageError, match=r"study stage 'train' failed: RuntimeError: simulated crash"):
+        run_study(spec, out, log=lambda s: None)
+    assert (out / "logs" / "train.error.txt").is_file()
+    done_before = [n for n, _ in fakes.train_calls]
+    assert (out / "runs" / "algorithm-DDPO__batch-16" / "log.parquet").is_file()  # earlier output kept
+
+    fakes.fail_metrics_on = "algorithm-PCPO__batch-32"
+    with pytest.raises(StageError, match="study stage 'metrics' failed"):
+        run_study(spec, out, log=lambda s: None)
+    new = fakes.train_calls[len(done_before):]
+    assert ("algorithm-PCPO__batch-16", True) in new  # resumed from its checkpoint
+    assert all(name not in done_before or name == "algorithm-PCPO__batch-16" for name, _ in new)
+    n_metrics = len(fakes.metrics_calls)
+
+    fakes.fail_metrics_on = None
+    run_study(spec, out, log=lambda s: None)
+    assert len(fakes.metrics_calls) == n_metrics + 1  # only the failed set is measured again
+    assert (out / "report.html").is_file()
+
+
+def test_unreachable_target_after_training(tmp_path, fakes):
+    spec = write_spec(tmp_path / "s.yaml", targets=[0.3, 2.0], select_target=0.3)
+    with pytest.raises(StageError, match=r"'train' failed: target 2 is reached by no run"):
+        run_study(spec, tmp_path / "study", log=lambda s: None)
+    assert len(fakes.train_calls) == 4 and not fakes.generate_calls
+
+
+def test_study_cli_validation_error(tmp_path, cli):
+    path = write_spec(tmp_path / "s.yaml", metrics=["nope"])
+    res = cli("study", str(path), "--out", str(tmp_path / "o"))
+    assert res.returncode == 2 and "unknown metric 'nope'" in res.stderr
+    assert not (tmp_path / "o").exists()  # nothing written before validation passes
+
+
+def test_stage_names():
+    assert STAGES == ("train", "select", "generate", "metrics", "stats", "report")
