@@ -605,6 +605,7 @@ class Study:
         self.out = Path(out)
         self.log = log
         self.state: dict[str, Any] = {}
+        self.timings: dict[str, float] = {}  #: wall seconds of each stage in this invocation
         if (self.out / STATE_FILE).is_file():
             self.state = json.loads((self.out / STATE_FILE).read_text())
 
@@ -652,7 +653,10 @@ class Study:
                     msg = f"{type(exc).__name__}: {msg} (traceback in {tb})"
                 raise StageError(f"study stage '{stage}' failed: {msg}; outputs of earlier stages are kept in "
                                  f"{self.out}, re-run the same command to continue") from exc
-            self.log(f"[study] stage {stage} done in {time.perf_counter() - t0:.1f}s")
+            dt = time.perf_counter() - t0
+            self.timings[stage] = round(dt, 2)
+            atomic_write_json(self.out / "timings.json", self.timings)
+            self.log(f"[study] stage {stage} done in {dt:.1f}s")
         return self.out / REPORT_FILE if "report" in stages else self.out
 
     # -- 1. train ------------------------------------------------------------------------------

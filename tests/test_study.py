@@ -290,3 +290,33 @@ def test_study_cli_validation_error(tmp_path, cli):
 
 def test_stage_names():
     assert STAGES == ("train", "select", "generate", "metrics", "stats", "report")
+
+
+@pytest.mark.slow
+def test_toy_study_end_to_end(tmp_path):
+    """A small real study on the toy model: 4 trained runs, sets, toy metrics, LMMs, report."""
+    pytest.importorskip("pcpo_eval.toy.classifier", reason="toy world not in this checkout")
+    import torch
+
+    torch.set_num_threads(2)
+    demo = yaml.safe_load((Path(__file__).parents[1] / "analysis" / "toy_study.yaml").read_text())
+    demo["train"]["overrides"].update({"epochs": 6, "checkpoint_every": 2})
+    demo["eval"].update({"seeds": 3, "max_prompts": 12})
+    demo["metric_options"] = {"batch_size": 64, "is_splits": 3}
+    demo["grid"] = {"prompts": 2, "seeds": 2}
+    spec = tmp_path / "toy.yaml"
+    spec.write_text(yaml.safe_dump(demo, sort_keys=False))
+    # targets the first epochs reach: the log decides, so use the runs' own early rewards
+    out = tmp_path / "study"
+    demo["targets"] = [-1e9]
+    demo["select_target"] = -1e9
+    spec.write_text(yaml.safe_dump(demo, sort_keys=False))
+    report = run_study(spec, out, log=lambda s: None)
+    res = json.loads((out / "results.json").read_text())
+    assert len(res["traces"]) == 4 and all(len(t["epoch"]) == 6 for t in res["traces"])
+    assert set(res["lmm"]["fits"]) == {"fd_toy", "is_toy", "lpips_toy"}
+    assert all("fixed" in f or "error" in f for f in res["lmm"]["fits"].values())
+    man = pd.read_parquet(out / "sets" / "base" / "manifest.parquet")
+    assert len(man) == 12 * 3
+    html = report.read_text()
+    assert "<script" not in html and html.count("data:image/png;base64,") >= 4 + 3 * 2 * 2
