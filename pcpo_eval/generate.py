@@ -65,7 +65,7 @@ from pcpo_eval.seeding import sample_generator
 #: Columns of ``SET/manifest.parquet`` (the image-set contract plus the sampler settings).
 MANIFEST_COLUMNS = [
     "prompt_id", "prompt", "seed", "path", "image_sha256", "pixel_sha256", "height", "width",
-    "model", "model_hash", "sampler", "steps", "cfg", "eta", "sigma_schedule", "micro_batch",
+    "model", "model_hash", "sampler", "steps", "cfg", "eta", "schedule", "micro_batch",
 ]  # fmt: skip
 
 #: Seed derivation recorded with every set (see :mod:`pcpo_eval.seeding`).
@@ -186,6 +186,12 @@ class FixedBatchAdapter(ModelAdapter):
         self.latent_shape = tuple(inner.latent_shape)
         self.lora_target_modules = list(getattr(inner, "lora_target_modules", []))
 
+    def __getattr__(self, name: str) -> Any:
+        """Other adapter attributes (``image_seq_len``, ``spec``, ...) come from the wrapped one."""
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
     def encode_prompts(self, prompts: list[str]) -> PromptEmbeds:
         if self.micro_batch == 0:
             return self.inner.encode_prompts(prompts)
@@ -301,6 +307,12 @@ class IRGAdapter(ModelAdapter):
         self.latent_shape = tuple(reference.latent_shape)
         self.lora_target_modules = list(getattr(reference, "lora_target_modules", []))
 
+    def __getattr__(self, name: str) -> Any:
+        """Other adapter attributes (``image_seq_len``, ...) come from the reference."""
+        if name == "reference":
+            raise AttributeError(name)
+        return getattr(self.reference, name)
+
     def encode_prompts(self, prompts: list[str]) -> PromptEmbeds:
         return self.reference.encode_prompts(prompts)
 
@@ -357,13 +369,18 @@ def _load_single(spec: str, device: str) -> ModelAdapter:
 
 
 def default_irg_reference(checkpoint_spec: str) -> str:
-    """The base model a checkpoint was fine-tuned from (the IRG reference when ``@REF`` is omitted)."""
-    with contextlib.suppress(ImportError, AttributeError):
-        from pcpo_eval import checkpoints
+    """The base model a checkpoint was fine-tuned from (the IRG reference when ``@REF`` is omitted).
 
-        fn = checkpoints.base_model_spec
-        return fn(checkpoint_spec)
-    return "base"
+    Read from the checkpoint's ``checkpoint.json`` (``model``) or its run's ``config.yaml``
+    (``model``); ``base`` when the spec is not a checkpoint.
+    """
+    from pcpo_eval import checkpoints
+
+    ckpt = checkpoints.resolve_checkpoint(checkpoint_spec)
+    if ckpt is None:
+        return "base"
+    meta = checkpoints.read_meta(ckpt)
+    return str(meta.get("model") or checkpoints.load_run_config(checkpoints.run_dir_of(ckpt)).get("model", "base"))
 
 
 def load_generation_model(spec: str, device: str = "cpu") -> ModelAdapter:
@@ -384,26 +401,26 @@ def load_generation_model(spec: str, device: str = "cpu") -> ModelAdapter:
 # ---------------------------------------------------------------------------------------------
 
 
-def _sample_ddim(adapter, cond, uncond, *, cfg, steps, eta, generators, sigma_schedule) -> torch.Tensor:
+def _sample_ddim(adapter, cond, uncond, *, cfg, steps, eta, generators, schedule) -> torch.Tensor:
+    """DDIM (:func:`pcpo_eval.samplers.ddim.sample_ddim`); ``schedule`` = sigma schedule ddim|pcpo."""
     from pcpo_eval.samplers.ddim import sample_ddim
 
     return sample_ddim(
-        adapter, cond, uncond, cfg=cfg, steps=steps, eta=eta, generators=generators, sigma_schedule=sigma_schedule
+        adapter, cond, uncond, cfg=cfg, steps=steps, eta=eta, generators=generators, sigma_schedule=schedule
     ).latents
 
 
-def _sample_flow(adapter, cond, uncond, *, cfg, steps, eta, generators, sigma_schedule) -> torch.Tensor:
-    try:
-        from pcpo_eval.samplers.flow import sample_flow
-    except ImportError:
-        raise UserError(
-            f"model {adapter.name!r} predicts velocity; flow sampling (pcpo_eval.samplers.flow, issue 9) "
-            "is not built yet, use an eps-prediction model"
-        ) from None
-    return sample_flow(adapter, cond, uncond, cfg=cfg, steps=steps, eta=eta, generators=generators).latents
+def _sample_flow(adapter, cond, uncond, *, cfg, steps, eta, generators, schedule) -> torch.Tensor:
+    """Flow matching (:func:`pcpo_eval.samplers.flow.sample_flow`); ``schedule`` = SDE dance|flowgrpo|ode."""
+    from pcpo_eval.samplers.flow import sample_flow
+
+    return sample_flow(adapter, cond, uncond, cfg=cfg, steps=steps, eta=eta, generators=generators, sde=schedule).latents
 
 
-#: Sampler name -> fn(adapter, cond, uncond, *, cfg, steps, eta, generators, sigma_schedule) -> latents.
+#: Per sampler: its noise-schedule choices (first = default) for ``generate_set(schedule=...)``.
+SCHEDULES: dict[str, tuple[str, ...]] = {"ddim": ("ddim", "pcpo"), "flow": ("ode", "dance", "flowgrpo")}
+
+#: Sampler name -> fn(adapter, cond, uncond, *, cfg, steps, eta, generators, schedule) -> latents.
 SAMPLERS: dict[str, Callable[..., torch.Tensor]] = {"ddim": _sample_ddim, "flow": _sample_flow}
 _PREDICTION_SAMPLER = {"eps": "ddim", "velocity": "flow"}
 
@@ -483,7 +500,7 @@ class GenerationSettings:
     steps: int
     cfg: float
     eta: float
-    sigma_schedule: str
+    schedule: str
     micro_batch: int
     device: str
     seed_derivation: str = SEED_DERIVATION
@@ -672,7 +689,7 @@ def generate_set(
     cfg: float = 5.0,
     eta: float = 1.0,
     sampler: str = "auto",
-    sigma_schedule: str = "ddim",
+    schedule: str | None = None,
     micro_batch: int = DEFAULT_MICRO_BATCH,
     device: str = "cpu",
     model_name: str | None = None,
@@ -694,7 +711,9 @@ def generate_set(
         batch_size: images sampled together (speed only: images do not depend on it).
         steps, cfg, eta: sampler steps, CFG weight w (eps_u + w (eps_c - eps_u)), DDIM eta.
         sampler: ``auto`` (by the model's prediction type), ``ddim`` or ``flow``.
-        sigma_schedule: DDIM's ``ddim`` eta schedule or PCPO's ``pcpo`` re-solved sigmas.
+        schedule: the sampler's noise schedule (:data:`SCHEDULES`; default its first entry):
+            DDIM ``ddim`` (eta schedule) or ``pcpo`` (PCPO's re-solved sigmas); flow ``ode``
+            (deterministic Euler, Flow-GRPO's evaluation), ``dance`` or ``flowgrpo`` SDEs.
         micro_batch: fixed row count of every model call (part of the settings).
         model_name: the ``model`` column when ``model_spec`` is an adapter (default its name).
         max_prompt_tokens, max_prompts: CLIP-length filter and truncation of the prompt set.
@@ -720,8 +739,11 @@ def generate_set(
     else:
         adapter, spec_str = load_generation_model(str(model_spec), device), str(model_spec)
     sampler_name = resolve_sampler(sampler, adapter.prediction)
-    if sigma_schedule not in ("ddim", "pcpo"):
-        raise UserError(f"unknown sigma schedule {sigma_schedule!r}; choose one of: ddim, pcpo")
+    schedule = SCHEDULES[sampler_name][0] if schedule is None else schedule
+    if schedule not in SCHEDULES[sampler_name]:
+        raise UserError(
+            f"unknown {sampler_name} schedule {schedule!r}; choose one of: {', '.join(SCHEDULES[sampler_name])}"
+        )
     settings = GenerationSettings(
         model=spec_str,
         model_hash=adapter_hash(adapter),
@@ -731,7 +753,7 @@ def generate_set(
         steps=int(steps),
         cfg=float(cfg),
         eta=float(eta),
-        sigma_schedule=sigma_schedule,
+        schedule=schedule,
         micro_batch=int(micro_batch),
         device=torch.device(device).type,
     )
@@ -780,7 +802,7 @@ def generate_set(
         with torch.inference_mode():
             for s in range(0, len(todo), batch_size):
                 batch = todo[s : s + batch_size]
-                latents = _render_latents(fixed, batch, uncond_row, sampler_name, cfg, steps, eta, sigma_schedule)
+                latents = _render_latents(fixed, batch, uncond_row, sampler_name, cfg, steps, eta, schedule)
                 images = fixed.decode(latents).to("cpu", torch.uint8).numpy()
                 for it, img in zip(batch, images, strict=True):
                     writer.submit(it, img)
@@ -833,7 +855,7 @@ def _render_latents(
     cfg: float,
     steps: int,
     eta: float,
-    sigma_schedule: str,
+    schedule: str,
 ) -> torch.Tensor:
     """Latents of one batch: per-item generators, deduplicated prompt encoding, the sampler."""
     uniq = list(dict.fromkeys(it.prompt for it in batch))
@@ -842,7 +864,7 @@ def _render_latents(
     uncond = None if uncond_row is None else uncond_row.repeat(len(batch))
     generators = [sample_generator(it.prompt_id, it.seed) for it in batch]
     return SAMPLERS[sampler_name](
-        fixed, cond, uncond, cfg=cfg, steps=steps, eta=eta, generators=generators, sigma_schedule=sigma_schedule
+        fixed, cond, uncond, cfg=cfg, steps=steps, eta=eta, generators=generators, schedule=schedule
     )
 
 
@@ -874,7 +896,7 @@ def _write_manifest(out: Path, items: Sequence[WorkItem], settings: GenerationSe
         rows.append(rec)
     df = pd.DataFrame(rows)
     s = asdict(settings)
-    for col in ("model", "model_hash", "sampler", "steps", "cfg", "eta", "sigma_schedule", "micro_batch"):
+    for col in ("model", "model_hash", "sampler", "steps", "cfg", "eta", "schedule", "micro_batch"):
         df[col] = s[col]
     df = df[MANIFEST_COLUMNS].astype({"prompt_id": "int64", "seed": "int64", "height": "int64", "width": "int64"})
     atomic_write_parquet(out / "manifest.parquet", df)

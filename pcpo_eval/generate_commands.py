@@ -21,7 +21,9 @@ def generate(
     cfg: float = typer.Option(5.0, "--cfg", help="classifier-free guidance weight w"),
     eta: float = typer.Option(1.0, "--eta", help="DDIM eta (0 = deterministic ODE)"),
     sampler: str = typer.Option("auto", "--sampler", help="auto | ddim | flow"),
-    sigma_schedule: str = typer.Option("ddim", "--sigma-schedule", help="ddim | pcpo (DDIM only)"),
+    schedule: str | None = typer.Option(
+        None, "--schedule", help="DDIM: ddim (default) | pcpo; flow: ode (default) | dance | flowgrpo"
+    ),
     micro_batch: int = typer.Option(16, "--micro-batch", help="fixed rows per model call (0 = off)"),
     device: str = typer.Option("cpu", "--device", help="torch device"),
     max_prompt_tokens: int | None = typer.Option(
@@ -36,7 +38,7 @@ def generate(
     summary = generate_set(
         model, prompts, seeds, out,
         batch_size=batch_size, steps=steps, cfg=cfg, eta=eta, sampler=sampler,
-        sigma_schedule=sigma_schedule, micro_batch=micro_batch, device=device,
+        schedule=schedule, micro_batch=micro_batch, device=device,
         max_prompt_tokens=max_prompt_tokens, max_prompts=max_prompts, progress=progress,
     )  # fmt: skip
     if summary.rank == 0:

@@ -165,7 +165,7 @@ def _env() -> dict[str, str]:
     return env
 
 
-@pytest.mark.parametrize("kill_after", [1, 23])
+@pytest.mark.parametrize("kill_after", [1, pytest.param(23, marks=pytest.mark.slow)])
 def test_sigkill_then_resume_gives_the_same_set(reference_set, tmp_path, kill_after):
     """SIGKILL a rendering subprocess once >= kill_after PNGs exist; the re-run completes the set."""
     out = tmp_path / "set"
@@ -208,3 +208,31 @@ def test_two_processes_torchrun_match_one_process(reference_set, tmp_path):
     assert _hashes(df) == _hashes(pd.read_parquet(reference_set / "manifest.parquet"))
     assert json.loads((out / "set.json").read_text())["run"]["world_size"] == 2
     assert np.all(df.pixel_sha256.str.len() == 64)
+
+
+@pytest.mark.parametrize("schedule", ["ode", "dance"])
+def test_flow_model_sets_are_batch_invariant(tmp_path, schedule):
+    """Velocity models go through the flow sampler; ODE and SDE images do not depend on batch size."""
+    flow = pytest.importorskip("pcpo_eval.toy.flow")
+    adapter = flow.load_toy_flow(random_init=True)
+    hashes = []
+    for bs in (1, 5):
+        s = generate_set(
+            adapter, _prompts(3), 2, tmp_path / f"b{bs}", batch_size=bs, steps=3, cfg=4.5, eta=0.7,
+            schedule=schedule, micro_batch=MICRO, progress=False,
+        )  # fmt: skip
+        assert s.settings.sampler == "flow" and s.settings.schedule == schedule
+        hashes.append(_hashes(pd.read_parquet(tmp_path / f"b{bs}" / "manifest.parquet")))
+    assert hashes[0] == hashes[1] and len(hashes[0]) == 6
+    with pytest.raises(UserError, match="schedule"):
+        generate_set(adapter, _prompts(3), 1, tmp_path / "bad", schedule="pcpo", progress=False)
+
+
+def test_cli_generate_bad_input_is_one_line(cli, tmp_path):
+    res = cli("generate", "--model", "toy", "--prompts", "simple_animals", "--seeds", "5-2", "--out", tmp_path / "o")
+    assert res.returncode == 2 and res.stderr.startswith("error: ") and res.stderr.count("\n") == 1
+    assert not (tmp_path / "o").exists()
+    (tmp_path / "dup.csv").write_text("prompt_id,prompt\n1,a\n1,b\n")
+    res = cli("generate", "--model", "toy", "--prompts", tmp_path / "dup.csv", "--seeds", "2", "--out", tmp_path / "o")
+    assert res.returncode == 2 and "duplicate prompt_id 1" in res.stderr
+    assert not (tmp_path / "o").exists()
