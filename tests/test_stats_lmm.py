@@ -308,3 +308,14 @@ def test_large_crossed_design_uses_core_and_agrees(monkeypatch):
     assert big.converged
     assert big.deviance == pytest.approx(ref.deviance, rel=1e-9)
     _close([f.se for f in big.fixed], [f.se for f in ref.fixed], 1e-5)
+
+
+def test_conditional_modes_match_lme4_ranef(sleepstudy, m1):
+    """BLUPs behind the residual diagnostics: R ranef(m1)$Subject rows 308 and 309."""
+    from pcpo_eval.stats.design import build_design
+    from pcpo_eval.stats.lmm_core import LMMCore
+
+    d = build_design(sleepstudy, "Reaction ~ Days", ["Subject"], "treatment", "~Days")
+    core = LMMCore(d.y, d.X, list(d.blocks))
+    _, b = core.conditional_fitted(np.array(m1.theta))
+    _close(b[:4], [2.2585654, 9.1989719, -40.3985769, -8.6197032], 1e-4)

@@ -201,8 +201,8 @@ class LMMCore:
         beta = np.linalg.solve(xtvx, rhs)
         cu2 = float(w_y @ minv_wy)
         cb2 = float(rhs @ beta)
-        u_minv = minv_wy - minv_wx @ beta  # M^{-1}(w_y - W_X beta); u = L' u_minv
-        u = L.T @ u_minv
+        # u = L'^{-1}(c_u - R_ZX beta) = L'^{-1} L^{-1} (w_y - W_X beta) = M^{-1}(w_y - W_X beta)
+        u = minv_wy - minv_wx @ beta
         pwrss = self.yty - cu2 - cb2
         return PLSState(
             beta=beta,
