@@ -1,0 +1,50 @@
+"""Model specs -> adapters: ``toy``, ``toy:PATH``, ``sd1:PATH_OR_HF_ID`` (sd3/flux added later).
+
+``load_model(spec)`` splits ``kind[:arg]`` and calls ``REGISTRY[kind](arg, device, dtype)``. Real
+models load only from local files (a directory or the HF cache, ``local_files_only=True``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from pcpo_eval.errors import UserError
+from pcpo_eval.models.base import ModelAdapter
+
+Factory = Callable[[str | None, str | torch.device, torch.dtype], ModelAdapter]
+
+
+def _toy(arg: str | None, device: str | torch.device, dtype: torch.dtype) -> ModelAdapter:
+    from pcpo_eval.models.toy import ToyAdapter
+
+    return ToyAdapter.from_dir(arg or None, device=device, dtype=dtype)
+
+
+def _sd1(arg: str | None, device: str | torch.device, dtype: torch.dtype) -> ModelAdapter:
+    from pcpo_eval.models.sd1 import SD1Adapter
+
+    if not arg:
+        raise UserError("model spec 'sd1' needs a location: sd1:PATH_OR_HF_ID "
+                        "(e.g. sd1:runwayml/stable-diffusion-v1-5 from the HF cache, or sd1:/models/sd15)")
+    return SD1Adapter.from_pretrained(arg, device=device, dtype=dtype)
+
+
+#: kind -> factory(arg, device, dtype). Other engineers add "sd3" / "flux" here.
+REGISTRY: dict[str, Factory] = {"toy": _toy, "sd1": _sd1}
+
+
+def parse_spec(spec: str) -> tuple[str, str | None]:
+    """``"toy"`` -> ("toy", None); ``"sd1:/x"`` -> ("sd1", "/x")."""
+    kind, sep, arg = spec.partition(":")
+    return kind.strip().lower(), (arg if sep else None)
+
+
+def load_model(spec: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> ModelAdapter:
+    """Load the adapter for ``spec`` (``toy``, ``toy:PATH``, ``sd1:PATH_OR_HF_ID``, ...)."""
+    kind, arg = parse_spec(spec)
+    if kind not in REGISTRY:
+        raise UserError(f"unknown model spec {spec!r}; valid kinds: {', '.join(sorted(REGISTRY))} "
+                        "(e.g. 'toy', 'toy:PATH', 'sd1:PATH_OR_HF_ID')")
+    return REGISTRY[kind](arg, device, dtype)

@@ -1,0 +1,65 @@
+"""Adapter for the embedded toy text-to-image model (see ``pcpo_eval/toy/model.py``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pcpo_eval.models.base import ModelAdapter, PromptEmbeds
+from pcpo_eval.toy import model as toy_model
+from pcpo_eval.toy.text import ToyTextEncoder, ToyTokenizer
+
+
+class ToyAdapter(ModelAdapter):
+    """The toy UNet + text encoder behind :class:`ModelAdapter`.
+
+    ``encode_prompts`` accepts toy prompts ("red circle") and ``""`` (the CFG null prompt); an
+    unknown word raises :class:`pcpo_eval.errors.UserError`. The text encoder is frozen (it is not
+    part of ``denoiser``), as in DDPO where only the UNet (LoRA) is trained.
+    """
+
+    name = "toy"
+    prediction = "eps"
+    #: LoRA targets: the mid-block attention projections plus every ResNet conv and time/text
+    #: projection (the toy UNet has one attention block, so attention-only LoRA would be tiny).
+    default_lora_targets = ["to_q", "to_k", "to_v", "to_out.0", "conv1", "conv2", "time_emb_proj"]
+
+    def __init__(self, unet: torch.nn.Module, text_encoder: ToyTextEncoder,
+                 scheduler_config: dict[str, Any], source: str = "toy") -> None:
+        self.denoiser = unet
+        self.text_encoder = text_encoder.requires_grad_(False).eval()
+        self.tokenizer = ToyTokenizer(text_encoder.config.max_length)
+        self.scheduler_config = dict(scheduler_config)
+        self.latent_shape = toy_model.LATENT_SHAPE
+        self.lora_target_modules = list(self.default_lora_targets)
+        self.source = source
+
+    @classmethod
+    def from_dir(cls, weights_dir: str | Path | None = None, device: str | torch.device = "cpu",
+                 dtype: torch.dtype = torch.float32) -> ToyAdapter:
+        """Load from a toy weights directory (default: the shipped weights)."""
+        wd = Path(weights_dir) if weights_dir is not None else toy_model.WEIGHTS_DIR
+        unet = toy_model.load_unet(wd).to(device=device, dtype=dtype)
+        enc = toy_model.load_text_encoder(wd).to(device=device, dtype=dtype)
+        sched = toy_model.load_json(wd / "scheduler_config.json")
+        return cls(unet, enc, sched, source=str(wd))
+
+    @torch.no_grad()
+    def encode_prompts(self, prompts: list[str]) -> PromptEmbeds:
+        ids = self.tokenizer(list(prompts)).to(self.device)
+        hidden, pooled = self.text_encoder(ids)
+        return PromptEmbeds(hidden.to(self.dtype), pooled.to(self.dtype))
+
+    def denoise(self, x_t: torch.Tensor, t: torch.Tensor, cond: PromptEmbeds) -> torch.Tensor:
+        if t.ndim == 0:
+            t = t.expand(x_t.shape[0])
+        return self.denoiser(x_t, t, encoder_hidden_states=cond.hidden, class_labels=cond.pooled).sample
+
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        return toy_model.latents_to_images(latents)
+
+    def encode_images(self, images: torch.Tensor) -> torch.Tensor:
+        """uint8 images (B, 3, 32, 32) -> latents (exact inverse of :meth:`decode` up to rounding)."""
+        return toy_model.images_to_latents(images).to(self.device, self.dtype)
