@@ -16,8 +16,17 @@ Each objective maps one training step's tensors to a per-sample loss and ``log r
 
 Scale convention: log-probabilities are averaged over the latent dimensions (DDPO), so the
 decomposition is averaged the same way and the clip range ``xi`` means the same thing for all
-four objectives. For flow models, ``weight_scale`` multiplies log rho by w~(t)/w(t) (PCPO's
-proportional weights zeta*dt over the native ones, Prop. 2) inside the hinge.
+four objectives.
+
+Flow models (paper Eq. ``eq:logrho-flow``, Prop. 2): ``pcpo`` keeps the sampler and rescales the
+log ratio inside the hinge by ``s_i = w~(t_i) / w(t_i)`` with w~ = zeta * dt_i (credit module)::
+
+    loss = max(0, xi |A| - A s_i log rho) = s_i * max(0, (xi / s_i) |A| - A log rho)
+    s_i log rho = -[ w~ (u_theta - u_old) . eps + 1/2 w~ w ||u_theta - u_old||^2 ]
+
+so the first-order (credit) term carries exactly the proportional weight zeta*dt_i, the gradient of
+step i is scaled by s_i, and the hinge deactivates at |log rho| = xi / s_i. ``StepLoss.log_rho``
+stays the unscaled log rho (the true policy ratio, for the rho statistics).
 """
 
 from __future__ import annotations
@@ -84,9 +93,12 @@ def hinge_from_log_rho(
 ) -> StepLoss:
     """eps-matching loss max(0, xi|A| + A Delta) = log-hinge on log rho (Eq. ``eq:epsilon-matching``).
 
-    ``weight_scale`` (flow PCPO) rescales log rho so the step's effective weight is zeta*dt_i.
+    ``weight_scale`` (flow PCPO, s_i = zeta dt_i / w(t_i)) multiplies log rho inside the hinge,
+    ``max(0, xi|A| - A s_i log rho)``, so the step's effective weight is zeta*dt_i (module docstring).
+    The returned ``log_rho`` is the unscaled one; ``clipped`` refers to the scaled hinge.
     """
-    return log_hinge_loss(log_rho * weight_scale, adv, clip_range)
+    out = log_hinge_loss(log_rho * weight_scale, adv, clip_range)
+    return StepLoss(out.loss, log_rho, out.clipped)
 
 
 def get_objective(name: str) -> Callable[..., StepLoss]:
