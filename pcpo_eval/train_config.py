@@ -15,11 +15,13 @@ from typing import Any
 
 import yaml
 
+from pcpo_eval.credit import FLOW_SDES, T1_CONVENTIONS
 from pcpo_eval.errors import UserError
 from pcpo_eval.objectives import OBJECTIVES
 
 ADVANTAGES = ("per_prompt", "group")
 PRECISIONS = ("no", "fp16", "bf16")
+FLOW_GRIDS = ("auto", "shifted", "scheduler")  # samplers.flow.GRIDS (kept here: no torch import)
 
 
 @dataclass
@@ -39,6 +41,11 @@ class TrainConfig:
     sample_batch_size: int = 16  #: images per sampling batch, per process
     sample_batches_per_epoch: int = 2  #: sampling batches per epoch, per process
     credit_convention: str = "residual"  #: weight convention of PCPO's sigma~ (credit.py)
+    # --- flow-matching models (prediction == "velocity"; samplers/flow.py) -----------------
+    sde: str = "dance"  #: dance (DanceGRPO, sigma = eta) | flowgrpo (sigma_t = eta sqrt(t/(1-t)))
+    flow_shift: float = 3.0  #: time shift of the ``shifted`` grid (DanceGRPO FLUX: 3)
+    flow_grid: str = "auto"  #: auto (shifted for dance, the model's scheduler for flowgrpo) | shifted | scheduler
+    flow_t1: str = "neighbor"  #: Flow-GRPO t=1 weight convention for PCPO's zeta (credit.T1_CONVENTIONS)
     # --- advantages -----------------------------------------------------------------------
     advantage: str = "per_prompt"  #: per_prompt (DDPO stat tracker) | group (GRPO)
     images_per_prompt: int = 4  #: group size for advantage=group (prompts per epoch = images/this)
@@ -79,6 +86,10 @@ class TrainConfig:
         need(self.advantage in ADVANTAGES, f"advantage={self.advantage!r} (choose {', '.join(ADVANTAGES)})")
         need(self.mixed_precision in PRECISIONS, f"mixed_precision={self.mixed_precision!r} (choose {', '.join(PRECISIONS)})")
         need(self.credit_convention in ("residual", "unit"), "credit_convention must be residual or unit")
+        need(self.sde in FLOW_SDES, f"sde={self.sde!r} (choose {', '.join(FLOW_SDES)})")
+        need(self.flow_grid in FLOW_GRIDS, f"flow_grid={self.flow_grid!r} (choose {', '.join(FLOW_GRIDS)})")
+        need(self.flow_t1 in T1_CONVENTIONS, f"flow_t1={self.flow_t1!r} (choose {', '.join(T1_CONVENTIONS)})")
+        need(self.flow_shift > 0, f"flow_shift must be > 0 (got {self.flow_shift})")
         for name in ("epochs", "sample_steps", "sample_batch_size", "sample_batches_per_epoch", "train_batch_size",
                      "gradient_updates", "num_inner_epochs", "checkpoint_every"):
             need(int(getattr(self, name)) >= 1, f"{name} must be >= 1 (got {getattr(self, name)})")
