@@ -2,7 +2,8 @@
 
 Read top to bottom; each stage is a method tests can call on its own:
 
-1. ``sample_epoch``   sample trajectories with per-step log-probs (DDIM, or PCPO's sigma~), CFG
+1. ``sample_epoch``   sample trajectories with per-step log-probs (DDIM, or PCPO's sigma~; for
+                      velocity models the DanceGRPO / Flow-GRPO SDE of ``samplers/flow.py``), CFG
                       as DDPO; rewards; advantages (DDPO per-prompt tracker or GRPO groups).
 2. ``train_epoch``    per-sample shuffled timesteps (``timestep_fraction``), the selected
                       objective (``objectives.py``), gradient accumulation over samples x
@@ -41,6 +42,7 @@ from pcpo_eval.io import atomic_write_parquet, atomic_write_text
 from pcpo_eval.models.base import ModelAdapter, PromptEmbeds
 from pcpo_eval.objectives import get_objective, kl_gaussian_means, uses_decomposition
 from pcpo_eval.samplers.ddim import ddim_mean, gaussian_log_prob, sample_ddim
+from pcpo_eval.samplers.flow import flow_kl_to_reference, flow_log_prob, pcpo_flow_scale, sample_flow
 from pcpo_eval.train_config import TrainConfig
 
 LOG_FILE = "log.parquet"
@@ -56,7 +58,13 @@ def keyed_generator(*parts: Any) -> torch.Generator:
 
 @dataclass
 class EpochSamples:
-    """One epoch's trajectories on this process (N samples, S steps)."""
+    """One epoch's trajectories on this process (N samples, S steps).
+
+    For velocity (flow) models ``eps_old`` holds the guided velocities u_old, ``timesteps`` the
+    continuous times t_i (float64), ``sigmas`` the SDE sigma_{t_i}, ``dts`` the steps dt_i, and
+    ``alpha_bar``/``alpha_bar_prev`` are NaN (unused); ``flow_w`` / ``flow_scale`` are the native
+    weights w(t_i) and PCPO's w~/w (Prop. 2) of each step.
+    """
 
     prompts: list[str]
     prompt_ids: np.ndarray  # (N,)
@@ -73,6 +81,10 @@ class EpochSamples:
     advantages: np.ndarray  # (N,)
     all_rewards: np.ndarray  # rewards of all processes (for logging)
     images: torch.Tensor  # (N, 3, H, W) uint8
+    prediction: str = "eps"  # "eps" (DDIM) or "velocity" (flow SDE)
+    dts: torch.Tensor | None = None  # (S,) float64 flow steps dt_i > 0
+    flow_w: torch.Tensor | None = None  # (S,) native weights w(t_i) (Eq. logrho-flow)
+    flow_scale: torch.Tensor | None = None  # (S,) zeta dt_i / w(t_i) (PCPO reweighting)
 
 
 class Trainer:
@@ -162,9 +174,15 @@ class Trainer:
                     for j in range(len(bp))
                 ])
             with self._autocast():
-                s = sample_ddim(ad, cond, self.null.repeat(len(bp)), cfg=cfg.cfg, steps=cfg.sample_steps,
-                                eta=cfg.sample_eta, generators=gens, sigma_schedule=cfg.sigma_schedule(),
-                                convention=cfg.credit_convention, record=True, x_T=x_T)
+                if ad.prediction == "velocity":
+                    # PCPO on flow models keeps the sampler; its reweighting is in the objective
+                    s = sample_flow(ad, cond, self.null.repeat(len(bp)), cfg=cfg.cfg, steps=cfg.sample_steps,
+                                    eta=cfg.sample_eta, generators=gens, sde=cfg.sde, shift=cfg.flow_shift,
+                                    grid=cfg.flow_grid, record=True, x_T=x_T)
+                else:
+                    s = sample_ddim(ad, cond, self.null.repeat(len(bp)), cfg=cfg.cfg, steps=cfg.sample_steps,
+                                    eta=cfg.sample_eta, generators=gens, sigma_schedule=cfg.sigma_schedule(),
+                                    convention=cfg.credit_convention, record=True, x_T=x_T)
             images = ad.decode(s.latents.float())
             parts.append((cond, s, images))
         cond = PromptEmbeds.cat([p[0] for p in parts])
@@ -188,12 +206,20 @@ class Trainer:
         adv = adv_all[self.rank * n:(self.rank + 1) * n]
         s0 = parts[0][1]
         cat = lambda name: torch.cat([getattr(p[1], name) for p in parts]).float()  # noqa: E731
-        return EpochSamples(
+        common = dict(
             prompts=prompts, prompt_ids=pids, cond=cond, trajectory=cat("trajectory"), noise=cat("noise"),
-            eps_old=cat("model_outputs"), log_probs=cat("log_probs"), timesteps=s0.timesteps,
-            alpha_bar=s0.alpha_bar, alpha_bar_prev=s0.alpha_bar_prev, sigmas=s0.sigmas, rewards=rewards,
+            eps_old=cat("model_outputs"), log_probs=cat("log_probs"), rewards=rewards,
             advantages=adv, all_rewards=all_rewards, images=images.cpu(),
         )
+        if ad.prediction == "velocity":
+            w, scale, _ = pcpo_flow_scale(s0.t.numpy(), s0.dt.numpy(), s0.sigmas.numpy(), cfg.sde, cfg.sample_eta,
+                                          s0.times.numpy(), cfg.flow_t1)
+            nan = torch.full_like(s0.t, float("nan"))
+            return EpochSamples(**common, timesteps=s0.t, alpha_bar=nan, alpha_bar_prev=nan, sigmas=s0.sigmas,
+                                prediction="velocity", dts=s0.dt, flow_w=torch.as_tensor(w),
+                                flow_scale=torch.as_tensor(scale))
+        return EpochSamples(**common, timesteps=s0.timesteps, alpha_bar=s0.alpha_bar,
+                            alpha_bar_prev=s0.alpha_bar_prev, sigmas=s0.sigmas)
 
     def _gather(self, prompts: list[str], rewards: np.ndarray, pids: np.ndarray):
         if self.world == 1:
@@ -215,6 +241,8 @@ class Trainer:
 
     def step_loss(self, samples: EpochSamples, rows: torch.Tensor, j: torch.Tensor, adv: torch.Tensor):
         """Objective for samples ``rows`` at their step indices ``j`` (both (b,) long tensors)."""
+        if samples.prediction == "velocity":
+            return self._flow_step_loss(samples, rows, j, adv)
         ad, cfg = self.adapter, self.cfg
         dev = self.device
         x_t = samples.trajectory[rows, j].to(dev)
@@ -242,6 +270,44 @@ class Trainer:
             with torch.no_grad(), self._reference():
                 ref_eps = self._ref_predict(x_t, t, cond, len(rows)).float()
             kl = kl_gaussian_means(ddim_mean(x_t, eps, ab, abp, sig), ddim_mean(x_t, ref_eps, ab, abp, sig), sig)
+            loss = loss + cfg.beta_kl * kl
+        return loss, out, kl
+
+    def _flow_step_loss(self, samples: EpochSamples, rows: torch.Tensor, j: torch.Tensor, adv: torch.Tensor):
+        """Flow-model objective (DanceGRPO / Flow-GRPO SDE step, paper Eq. logrho-flow and Prop. 2).
+
+        * ``ppo_clip`` / ``log_hinge``: log rho = logp - logp_old with the Gaussian step density.
+        * ``eps_matching``: log rho = -[w (u_theta - u_old) . eps + 1/2 ||w (u_theta - u_old)||^2]
+          with the native weight w(t_i) of the sampled step (exact, no exp).
+        * ``pcpo``: the same log rho, scaled inside the hinge by w~/w with w~ = zeta dt_i
+          (``objectives.hinge_from_log_rho(weight_scale=...)``), so the credit of each step is
+          proportional to its interval. The sampler is unchanged.
+
+        Flow-GRPO's KL penalty ``beta_kl * ||mu - mu_ref||^2 / (2 std^2)`` against the base weights
+        (LoRA disabled, or a frozen copy for full fine-tunes) is added when ``beta_kl > 0``.
+        """
+        ad, cfg, dev = self.adapter, self.cfg, self.device
+        from pcpo_eval.objectives import eps_matching_log_rho
+
+        x_t = samples.trajectory[rows, j].to(dev)
+        x_next = samples.trajectory[rows, j + 1].to(dev)
+        t, dt, sig = (v[j].to(dev, torch.float32) for v in (samples.timesteps, samples.dts, samples.sigmas))
+        cond = samples.cond.index(rows.to(samples.cond.hidden.device))
+        with self._autocast():
+            u = ad.predict(x_t, t, cond, self.null.repeat(len(rows)), cfg.cfg).float()
+        if uses_decomposition(cfg.objective):
+            w = samples.flow_w[j].to(dev, torch.float32)
+            log_rho = eps_matching_log_rho(u, samples.eps_old[rows, j].to(dev), samples.noise[rows, j].to(dev), w)
+            scale = samples.flow_scale[j].to(dev, torch.float32) if cfg.objective == "pcpo" else 1.0
+            out = self.objective(log_rho, adv, cfg.clip_range, weight_scale=scale)
+        else:
+            logp = flow_log_prob(x_t, u, x_next, t, dt, sig)
+            out = self.objective(logp - samples.log_probs[rows, j].to(dev), adv, cfg.clip_range)
+        loss, kl = out.loss, None
+        if cfg.beta_kl > 0:
+            with torch.no_grad(), self._reference():
+                u_ref = self._ref_predict(x_t, t, cond, len(rows)).float()
+            kl = flow_kl_to_reference(u, u_ref, t, dt, sig)
             loss = loss + cfg.beta_kl * kl
         return loss, out, kl
 
