@@ -1,0 +1,154 @@
+"""Trainer on the toy flow model: DanceGRPO / Flow-GRPO SDE log-probs, PCPO reweighting, KL, short runs."""
+
+from __future__ import annotations
+
+import math
+import sys
+import types
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from pcpo_eval.credit import flow_credit
+from pcpo_eval.errors import UserError
+from pcpo_eval.samplers.flow import flow_kl_to_reference, flow_log_prob, flow_sde_mean
+from pcpo_eval.toy.flow import load_toy_flow
+from pcpo_eval.train_config import config_from_dict
+from pcpo_eval.trainer import Trainer
+
+PROMPTS = ["red circle", "blue square", "green triangle", "yellow star"]
+
+
+def redness(images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+    """Toy reward: mean red minus mean green/blue, in [-1, 1] (B,) float32."""
+    x = images.float() / 255.0
+    return (x[:, 0] - 0.5 * (x[:, 1] + x[:, 2])).mean((1, 2)).float()
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    """Route model 'toyflow' to a random-init toy flow model and reward 'redness' to the test reward."""
+    import pcpo_eval.rewards as rewards
+
+    try:
+        import pcpo_eval.models.registry as registry
+    except ModuleNotFoundError:  # the model registry lands with the toy world
+        registry = types.ModuleType("pcpo_eval.models.registry")
+        monkeypatch.setitem(sys.modules, "pcpo_eval.models.registry", registry)
+    monkeypatch.setattr(registry, "load_model", lambda spec, device="cpu", **kw: load_toy_flow(device, random_init=True, image_size=16),
+                        raising=False)
+    real = rewards.make_reward
+    monkeypatch.setattr(rewards, "make_reward", lambda name, **o: redness if name == "redness" else real(name, **o))
+    p = tmp_path / "prompts.txt"
+    p.write_text("\n".join(PROMPTS) + "\n")
+    return tmp_path, str(p)
+
+
+def _cfg(prompts, **kw):
+    base = dict(model="toyflow", prompts=prompts, reward="redness", epochs=2, sample_steps=6, sample_eta=0.3,
+                sde="dance", flow_shift=3.0, cfg=2.0, sample_batch_size=4, sample_batches_per_epoch=1,
+                advantage="group", images_per_prompt=2, train_batch_size=2, gradient_updates=1,
+                learning_rate=3e-3, clip_range=1e-3, lora_rank=2, lora_alpha=4.0, train_last_step=False,
+                timestep_fraction=1.0, device="cpu")
+    return config_from_dict({**base, **kw})
+
+
+def _perturb_lora(tr, scale=0.05):
+    g = torch.Generator().manual_seed(123)
+    with torch.no_grad():
+        for n, p in tr.adapter.denoiser.named_parameters():
+            if "lora_B" in n:
+                p.add_(scale * torch.randn(p.shape, generator=g))
+
+
+@pytest.mark.parametrize("sde,eta,objective", [("dance", 0.3, "ppo_clip"), ("flowgrpo", 0.7, "pcpo")])
+def test_logprob_is_gaussian_density_and_log_rho_zero_at_theta_old(env, sde, eta, objective):
+    tmp, prompts = env
+    tr = Trainer(_cfg(prompts, sde=sde, sample_eta=eta, objective=objective), tmp / "run")
+    s = tr.sample_epoch(1)
+    assert s.prediction == "velocity" and s.log_probs.shape == (4, 6)
+    for j in range(6):
+        t, dt, sig = float(s.timesteps[j]), float(s.dts[j]), float(s.sigmas[j])
+        x, xn = s.trajectory[:, j].double(), s.trajectory[:, j + 1].double()
+        mu = flow_sde_mean(x, s.eps_old[:, j].double(), t, dt, sig)
+        sd = sig * math.sqrt(dt)
+        direct = (-((xn - mu) ** 2) / (2 * sd**2) - math.log(sd) - 0.5 * math.log(2 * math.pi)).mean((1, 2, 3))
+        np.testing.assert_allclose(s.log_probs[:, j].double().numpy(), direct.numpy(), rtol=1e-4, atol=1e-4)
+    rows, adv = torch.arange(4), torch.as_tensor(s.advantages, dtype=torch.float32)
+    with torch.no_grad():
+        for j in range(6):
+            _, out, _ = tr.step_loss(s, rows, torch.full((4,), j), adv)
+            assert out.log_rho.abs().max().item() < 1e-4
+
+
+def test_pcpo_hinge_uses_zeta_dt_over_native_weight(env):
+    tmp, prompts = env
+    tr = Trainer(_cfg(prompts, objective="pcpo", sde="flowgrpo", sample_eta=0.7), tmp / "run")
+    s = tr.sample_epoch(1)
+    _perturb_lora(tr)
+    credit = flow_credit("flowgrpo", 6, 0.7, 3.0, times=np.append(s.timesteps.numpy(), 0.0))
+    rows, adv = torch.arange(4), torch.as_tensor(s.advantages, dtype=torch.float32)
+    with torch.no_grad():
+        for j in range(6):
+            jj = torch.full((4,), j)
+            _, out, _ = tr.step_loss(s, rows, jj, adv)
+            t, dt, sig = float(s.timesteps[j]), float(s.dts[j]), float(s.sigmas[j])
+            x, xn = s.trajectory[:, j], s.trajectory[:, j + 1]
+            u = tr.adapter.predict(x, torch.full((4,), t), s.cond, tr.null.repeat(4), 2.0)
+            exact = flow_log_prob(x.double(), u.double(), xn.double(), t, dt, sig) - flow_log_prob(
+                x.double(), s.eps_old[:, j].double(), xn.double(), t, dt, sig)
+            np.testing.assert_allclose(out.log_rho.numpy(), exact.numpy(), rtol=2e-3, atol=1e-5)
+            w = math.sqrt(dt) / sig * (1 + (1 - t) * sig**2 / (2 * t))
+            scale = credit.zeta * dt / w
+            ref = torch.clamp(1e-3 * adv.abs() - adv * scale * out.log_rho, min=0)
+            np.testing.assert_allclose(out.loss.numpy(), ref.numpy(), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(s.flow_scale.numpy() * s.flow_w.numpy(), credit.pcpo_weight, rtol=1e-10)
+
+
+def test_kl_penalty_against_base_weights(env):
+    tmp, prompts = env
+    tr = Trainer(_cfg(prompts, sde="flowgrpo", sample_eta=0.7, beta_kl=0.04, objective="ppo_clip"), tmp / "run")
+    s = tr.sample_epoch(1)
+    rows, adv, jj = torch.arange(4), torch.as_tensor(s.advantages, dtype=torch.float32), torch.full((4,), 2)
+    with torch.no_grad():
+        _, _, kl0 = tr.step_loss(s, rows, jj, adv)
+    assert kl0.abs().max().item() < 1e-10  # LoRA B = 0 at init: policy == base
+    _perturb_lora(tr)
+    t, dt, sig = float(s.timesteps[2]), float(s.dts[2]), float(s.sigmas[2])
+    x = s.trajectory[:, 2]
+    with torch.no_grad():
+        loss, out, kl = tr.step_loss(s, rows, jj, adv)
+        u = tr.adapter.predict(x, torch.full((4,), t), s.cond, tr.null.repeat(4), 2.0)
+        tr.adapter.denoiser.disable_adapters()
+        u_ref = tr.adapter.predict(x, torch.full((4,), t), s.cond, tr.null.repeat(4), 2.0)
+        tr.adapter.denoiser.enable_adapters()
+    assert kl.min().item() > 0
+    np.testing.assert_allclose(kl.numpy(), flow_kl_to_reference(u, u_ref, t, dt, sig).numpy(), rtol=1e-4)
+    np.testing.assert_allclose(loss.numpy(), (out.loss + 0.04 * kl).numpy(), rtol=1e-6)
+
+
+@pytest.mark.parametrize("objective", ["ppo_clip", "pcpo"])
+def test_short_dancegrpo_and_pcpo_runs_log_rewards_and_clipfrac(env, objective):
+    tmp, prompts = env
+    cfg = _cfg(prompts, objective=objective, epochs=3, sample_steps=4, timestep_fraction=0.7)
+    tr = Trainer(cfg, tmp / objective)
+    assert tr._train_steps() == [0, 1, 2]  # DanceGRPO never trains the last step (int(3 * 0.7) = 2 trained)
+    log = tr.run()
+    disk = pd.read_parquet(tmp / objective / "log.parquet")
+    assert list(disk["epoch"]) == [1, 2, 3]
+    for col in ("reward_mean", "reward_std", "clipfrac", "approx_kl", "wall_time_s", "rho_mean", "grad_norm"):
+        assert np.all(np.isfinite(disk[col].to_numpy())), col
+    assert 0.0 <= disk["clipfrac"].min() and disk["clipfrac"].max() <= 1.0
+    assert disk["grad_norm"].max() > 0
+    assert len(log) == 3 and (tmp / objective / "checkpoints" / "epoch_0003" / "checkpoint.json").is_file()
+
+
+def test_flow_config_keys_are_validated():
+    with pytest.raises(UserError, match="dance, flowgrpo"):
+        config_from_dict({"sde": "brownian"})
+    with pytest.raises(UserError, match="flow_grid"):
+        config_from_dict({"flow_grid": "linear"})
+    with pytest.raises(UserError, match="flow_shift"):
+        config_from_dict({"flow_shift": 0})
