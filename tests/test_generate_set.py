@@ -236,3 +236,16 @@ def test_cli_generate_bad_input_is_one_line(cli, tmp_path):
     res = cli("generate", "--model", "toy", "--prompts", tmp_path / "dup.csv", "--seeds", "2", "--out", tmp_path / "o")
     assert res.returncode == 2 and "duplicate prompt_id 1" in res.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_irg_set_with_zero_weight_reproduces_the_reference_pixels(reference_set, tmp_path):
+    """eps_ref + 0 * (eps_ft - eps_ref) == eps_ref exactly, so the images equal the reference set's."""
+    from pcpo_eval.generate import IRGAdapter
+
+    irg = IRGAdapter(StandInAdapter(), [(StandInAdapter(1), 0.0)])
+    s = generate_set(irg, _prompts(), N_SEEDS, tmp_path / "irg", batch_size=8, steps=STEPS, micro_batch=MICRO,
+                     progress=False)  # fmt: skip
+    ref = pd.read_parquet(reference_set / "manifest.parquet")
+    got = pd.read_parquet(tmp_path / "irg" / "manifest.parquet")
+    assert list(got.pixel_sha256) == list(ref.pixel_sha256)
+    assert s.settings.model_hash != ref.model_hash.iloc[0]  # a different model identity
