@@ -97,15 +97,15 @@ def main() -> None:
 
     from pcpo_eval.errors import UserError
     from pcpo_eval.generate import generate_set, plan_items
-    from pcpo_eval.prompts import PromptSet, simple_animals
+    from pcpo_eval.prompts import PromptSet, toy_prompts
 
     try:
         adapter, model_desc = load_bench_model(args.model)
     except (UserError, ImportError) as exc:
         print(f"(model {args.model!r} unavailable: {exc}; using the stand-in)", file=sys.stderr)
         adapter, model_desc = load_bench_model("standin")
-    animals = simple_animals()
-    ps = PromptSet("bench", animals.prompt_ids[: args.prompts], animals.prompts[: args.prompts])
+    toy = toy_prompts()
+    ps = PromptSet("bench", toy.prompt_ids[: args.prompts], toy.prompts[: args.prompts])
     items = plan_items(ps, list(range(args.seeds)))
     n = len(items)
     cfg, eta = 5.0, 1.0
