@@ -69,3 +69,19 @@ def test_from_features_helper_and_small_n_error() -> None:
     assert frechet_distance_from_features(x, y) > 2.0
     with pytest.raises(ValueError):
         gaussian_stats(x[:1])
+
+
+def test_cholesky_and_eigh_paths_agree() -> None:
+    from pcpo_eval.metrics.frechet import _psd_sqrt, trace_sqrt_product
+
+    rng = np.random.default_rng(4)
+    x, y = rng.normal(size=(200, 30)), rng.normal(size=(150, 30)) * 2
+    s1, s2 = np.cov(x, rowvar=False), np.cov(y, rowvar=False)
+    tr, _, _, method = trace_sqrt_product(s1, s2)
+    assert method == "cholesky"
+    root, _, _ = _psd_sqrt(s1)
+    ev = np.linalg.eigvalsh(root @ s2 @ root)
+    assert tr == pytest.approx(np.sqrt(np.clip(ev, 0, None)).sum(), rel=1e-10)
+    singular = np.cov(rng.normal(size=(10, 30)), rowvar=False)
+    singular[0, 0] -= 1e-3  # make it indefinite: Cholesky must fail and eigh take over
+    assert trace_sqrt_product(singular, s2)[3] == "eigh"

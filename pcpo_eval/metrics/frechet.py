@@ -3,9 +3,10 @@
     FD = ||mu1 - mu2||^2 + tr(S1) + tr(S2) - 2 tr((S1 S2)^{1/2})        (Heusel et al., 2017)
 
 The trace of the matrix square root comes from eigenvalues instead of ``scipy.linalg.sqrtm`` (the
-path clean-fid and dgm-eval use): S1 S2 is similar to the symmetric PSD matrix
-M = S1^{1/2} S2 S1^{1/2}, so tr((S1 S2)^{1/2}) = sum_i sqrt(lambda_i(M)). Two symmetric
-eigendecompositions are faster and more robust than a Schur-based sqrtm of a non-symmetric matrix
+path clean-fid and dgm-eval use): for any R with R R^T = S1, S1 S2 = R (R^T S2 R) R^{-1} is similar
+to the symmetric PSD matrix M = R^T S2 R, so tr((S1 S2)^{1/2}) = sum_i sqrt(lambda_i(M)).
+R = Cholesky factor of S1 (fast path) or its symmetric root (rank-deficient S1). A symmetric
+eigenvalue problem is faster and more robust than a Schur-based sqrtm of a non-symmetric matrix
 (torch-fidelity / torchmetrics use ``eigvals(S1 @ S2)``, the same identity). Tiny negative
 eigenvalues from round-off are clipped to 0 and *reported* in :class:`FrechetResult`, not hidden.
 Means/covariances: float64, ddof=1 (numpy ``cov`` default, as in clean-fid).
@@ -29,6 +30,8 @@ class FrechetResult:
     #: sum of |negative eigenvalues| clipped to 0 in S1 and in M (round-off indicator)
     clipped_negative_mass: float
     n_clipped: int
+    #: "cholesky" (S1 positive definite) or "eigh" (rank-deficient S1)
+    method: str = "cholesky"
 
 
 def gaussian_stats(features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -47,15 +50,31 @@ def _psd_sqrt(s: np.ndarray) -> tuple[np.ndarray, float, int]:
     return root, float(-w[neg].sum()), int(neg.sum())
 
 
-def trace_sqrt_product(sigma1: np.ndarray, sigma2: np.ndarray) -> tuple[float, float, int]:
-    """tr((S1 S2)^{1/2}) via eigenvalues of S1^{1/2} S2 S1^{1/2}; returns (trace, clipped mass, n clipped)."""
+def trace_sqrt_product(sigma1: np.ndarray, sigma2: np.ndarray) -> tuple[float, float, int, str]:
+    """tr((S1 S2)^{1/2}) = sum sqrt(eig(R^T S2 R)) for any R with R R^T = S1.
+
+    R is the Cholesky factor L of S1 when S1 is positive definite (one ``potrf``, two triangular
+    multiplies, one eigenvalues-only ``syevd``: the fast path), else the symmetric root from
+    ``eigh`` (rank-deficient S1, e.g. per-prompt FD with N < d). Returns (trace, clipped negative
+    eigenvalue mass, number clipped, method).
+    """
     s1 = np.asarray(sigma1, dtype=np.float64)
     s2 = np.asarray(sigma2, dtype=np.float64)
-    root1, mass1, n1 = _psd_sqrt((s1 + s1.T) / 2)
-    m = root1 @ s2 @ root1
+    s1 = (s1 + s1.T) / 2
+    s2 = np.ascontiguousarray((s2 + s2.T) / 2)
+    try:
+        low = scipy.linalg.cholesky(s1, lower=True, check_finite=False)
+        # M = L^T S2 L via BLAS trmm (triangular, half the flops of a general matmul)
+        right = scipy.linalg.blas.dtrmm(1.0, low, s2, side=1, lower=1)
+        m = scipy.linalg.blas.dtrmm(1.0, low, right, side=0, lower=1, trans_a=1)
+        mass1, n1, method = 0.0, 0, "cholesky"
+    except np.linalg.LinAlgError:
+        root1, mass1, n1 = _psd_sqrt(s1)
+        m = root1 @ s2 @ root1
+        method = "eigh"
     ev = scipy.linalg.eigh((m + m.T) / 2, eigvals_only=True, check_finite=False, driver="evd")
     neg = ev < 0
-    return float(np.sqrt(np.clip(ev, 0, None)).sum()), mass1 + float(-ev[neg].sum()), n1 + int(neg.sum())
+    return float(np.sqrt(np.clip(ev, 0, None)).sum()), mass1 + float(-ev[neg].sum()), n1 + int(neg.sum()), method
 
 
 def frechet_distance_details(
@@ -68,9 +87,9 @@ def frechet_distance_details(
         raise ValueError(f"shape mismatch: mu {mu1.shape} vs {mu2.shape}, sigma {sigma1.shape} vs {sigma2.shape}")
     diff = mu1 - mu2
     mean_term = float(diff @ diff)
-    tr_sqrt, mass, n = trace_sqrt_product(sigma1, sigma2)
+    tr_sqrt, mass, n, method = trace_sqrt_product(sigma1, sigma2)
     trace_term = float(np.trace(sigma1) + np.trace(sigma2) - 2.0 * tr_sqrt)
-    return FrechetResult(mean_term + trace_term, mean_term, trace_term, mass, n)
+    return FrechetResult(mean_term + trace_term, mean_term, trace_term, mass, n, method)
 
 
 def frechet_distance(mu1: np.ndarray, sigma1: np.ndarray, mu2: np.ndarray, sigma2: np.ndarray) -> float:

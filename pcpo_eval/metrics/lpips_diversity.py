@@ -15,9 +15,9 @@ unordered pairs collapses the Gram matrix to two running sums,
 
     sum_{i<j} d_ij = n * sum_i ||g_i||^2 - ||sum_i g_i||^2,
 
-so the per-prompt mean needs only (n, sum ||g||^2, sum g) in float64: memory is O(D) whatever the
-number of images (1112 per prompt in the paper), and accumulators of different batches or ranks
-merge by addition. :func:`pairwise_distances` keeps the explicit block-wise Gram path (for
+so the per-prompt mean needs only running first and second moments of g (kept as n, mean and
+centered M2 for stability, :class:`PairwiseAccumulator`): memory is O(D) whatever the number of
+images (1112 per prompt in the paper), and accumulators of different batches or ranks merge exactly. :func:`pairwise_distances` keeps the explicit block-wise Gram path (for
 distance matrices and tests).
 
 ``lpips`` uses AlexNet + the v0.1 linear layers shipped in the ``lpips`` wheel; the AlexNet trunk is
@@ -50,60 +50,73 @@ def normalize_channels(feat: torch.Tensor, eps: float = EPS) -> torch.Tensor:
 
 
 def embed_layers(layers: Sequence[torch.Tensor], weights: Sequence[torch.Tensor | None]) -> torch.Tensor:
-    """g = concat_l sqrt(w_l) * normalize(f_l) / sqrt(H_l W_l), float64 (N, D).
+    """g = concat_l sqrt(w_l) * normalize(f_l) / sqrt(H_l W_l) as an (N, D) tensor.
 
     ``weights[l]`` is the (C_l,) non-negative linear weight of layer l (``None`` = uniform 1).
+    Computed in the trunk's float32 like ``lpips`` itself; the pair sums are accumulated in float64
+    by :class:`PairwiseAccumulator`.
     """
     parts = []
     for feat, w in zip(layers, weights, strict=True):
-        f = normalize_channels(feat.float()).double()
+        f = normalize_channels(feat.float())
+        scale = 1.0 / math.sqrt(feat.shape[2] * feat.shape[3])
         if w is not None:
-            w = w.detach().double().reshape(1, -1, 1, 1).to(f.device)
+            w = w.detach().float().reshape(1, -1, 1, 1).to(f.device)
             if (w < 0).any():
                 raise ValueError("LPIPS linear weights must be non-negative for the Gram identity")
-            f = f * torch.sqrt(w)
-        parts.append(f.flatten(1) / math.sqrt(feat.shape[2] * feat.shape[3]))
+            f = f * (torch.sqrt(w) * scale)
+        else:
+            f = f * scale
+        parts.append(f.flatten(1))
     return torch.cat(parts, dim=1)
 
 
 @dataclass
 class PairwiseAccumulator:
-    """Running (n, sum ||g||^2, sum g) of one prompt's embeddings; mean over unordered pairs."""
+    """Running (n, mean g, M2 = sum ||g_i - mean||^2) of one prompt's embeddings.
+
+    sum_{i<j} ||g_i - g_j||^2 = n * M2, so the mean over unordered pairs is 2 M2 / (n - 1). Batches
+    and ranks merge with Chan et al.'s parallel-variance update (no cancellation between large
+    sums): M2 = M2_a + M2_b + ||mean_a - mean_b||^2 n_a n_b / (n_a + n_b). Within a batch the
+    centered squares are summed in the trunk's float32 (all terms >= 0); merges are float64.
+    """
 
     n: int = 0
-    sum_sq: float = 0.0
-    sum_vec: torch.Tensor | None = field(default=None)
+    m2: float = 0.0
+    mean: torch.Tensor | None = field(default=None)
 
     def update(self, g: torch.Tensor) -> PairwiseAccumulator:
-        g = g.double()
-        self.n += g.shape[0]
-        self.sum_sq += float((g * g).sum())
-        s = g.sum(dim=0)
-        self.sum_vec = s if self.sum_vec is None else self.sum_vec + s
-        return self
+        mb = g.mean(dim=0)
+        centered = g - mb
+        return self.merge(PairwiseAccumulator(g.shape[0], float((centered * centered).sum()), mb.double()))
 
     def merge(self, other: PairwiseAccumulator) -> PairwiseAccumulator:
-        if other.sum_vec is not None:
-            self.n += other.n
-            self.sum_sq += other.sum_sq
-            self.sum_vec = other.sum_vec.clone() if self.sum_vec is None else self.sum_vec + other.sum_vec
+        if other.mean is None or other.n == 0:
+            return self
+        if self.mean is None or self.n == 0:
+            self.n, self.m2, self.mean = other.n, other.m2, other.mean.clone()
+            return self
+        n = self.n + other.n
+        delta = other.mean - self.mean
+        self.m2 += other.m2 + float(delta @ delta) * self.n * other.n / n
+        self.mean = self.mean + delta * (other.n / n)
+        self.n = n
         return self
 
     @property
     def n_pairs(self) -> int:
         return self.n * (self.n - 1) // 2
 
-    def mean(self) -> float:
+    def mean_distance(self) -> float:
         """Mean LPIPS over the n(n-1)/2 unordered pairs (n >= 2)."""
-        if self.n < 2 or self.sum_vec is None:
+        if self.n < 2:
             raise ValueError(f"LPIPS diversity needs at least 2 images, have {self.n}")
-        total = self.n * self.sum_sq - float(self.sum_vec @ self.sum_vec)
-        return max(total, 0.0) / self.n_pairs
+        return 2.0 * self.m2 / (self.n - 1)
 
 
 def mean_pairwise_distance(g: torch.Tensor) -> float:
     """Mean ||g_i - g_j||^2 over unordered pairs of the rows of ``g``."""
-    return PairwiseAccumulator().update(g).mean()
+    return PairwiseAccumulator().update(g).mean_distance()
 
 
 def pairwise_distances(g: torch.Tensor, block: int = 256) -> torch.Tensor:
@@ -222,7 +235,7 @@ def lpips_diversity(embedder: Callable[[torch.Tensor], torch.Tensor], images: to
     acc = PairwiseAccumulator()
     for i in range(0, images.shape[0], batch):
         acc.update(embedder(images[i : i + batch]))
-    return acc.mean()
+    return acc.mean_distance()
 
 
 def naive_lpips_diversity(model: nn.Module, images: torch.Tensor, batch: int = 64) -> float:

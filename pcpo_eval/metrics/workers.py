@@ -250,7 +250,11 @@ def fd_overall(x: np.ndarray, y: np.ndarray) -> tuple[float, dict[str, float]]:
     sx = GaussianStats(x.shape[1]).update(x[rank() :: world_size()]).all_reduce()
     sy = GaussianStats(y.shape[1]).update(y[rank() :: world_size()]).all_reduce()
     res = frechet_distance_details(sx.mean(), sx.cov(), sy.mean(), sy.cov())
-    return res.value, {"clipped_negative_eigen_mass": res.clipped_negative_mass, "n_clipped": res.n_clipped}
+    return res.value, {
+        "clipped_negative_eigen_mass": res.clipped_negative_mass,
+        "n_clipped": res.n_clipped,
+        "method": res.method,
+    }
 
 
 def fd_per_prompt(x: np.ndarray, y: np.ndarray, rows_x: dict[int, np.ndarray], rows_y: dict[int, np.ndarray]) -> dict[int, float]:
@@ -279,7 +283,7 @@ def lpips_per_prompt(
         acc = PairwiseAccumulator()
         for i in range(0, len(rows), options.lpips_batch):
             acc.update(embedder(image_set.read_batch(rows[i : i + options.lpips_batch])))
-        mine[pid] = acc.mean()
+        mine[pid] = acc.mean_distance()
         atomic_write_json(path, {"prompt_id": pid, "n": acc.n, "lpips": mine[pid]})
     return {k: v for part in gather_objects(mine) for k, v in part.items()}
 
@@ -380,7 +384,7 @@ def compute_metrics(
         settings["frechet"] = {
             "dtype": "float64",
             "covariance_ddof": 1,
-            "trace_sqrt": "eigenvalues of S1^1/2 S2 S1^1/2 (scipy eigh), negatives clipped and reported",
+            "trace_sqrt": "sum sqrt(eigvalsh(R^T S2 R)), R = cholesky(S1) or eigh root if singular; negatives clipped and reported",
             "per_prompt": "FD of each prompt's images vs the reference's images of the same prompt",
             "diagnostics": fd_diag,
         }
