@@ -51,7 +51,9 @@ def bench_fd(d: int, n: int) -> dict[str, float]:
 
 def bench_lpips(n: int, size: int) -> dict[str, float]:
     emb = make_lpips_embedder("random", seed=0)
-    imgs = torch.randint(0, 256, (n, 3, size, size), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    imgs = torch.randint(
+        0, 256, (n, 3, size, size), dtype=torch.uint8, generator=torch.Generator().manual_seed(0)
+    )
     t_ours, v_ours = _time(lambda: lpips_diversity(emb, imgs, batch=16), repeat=3)
     t_ref, v_ref = _time(lambda: naive_lpips_diversity(emb.model, imgs, batch=64))
     return {"t_ours": t_ours, "t_ref": t_ref, "v_ours": float(v_ours), "v_ref": float(v_ref)}
@@ -69,7 +71,9 @@ def main() -> None:
     lp = bench_lpips(args.lpips_n, args.lpips_size)
     pairs = args.lpips_n * (args.lpips_n - 1) // 2
     print("## Metric kernels (FD trace-sqrt, LPIPS diversity)\n")
-    print(f"Measured on this machine, 1 thread (torch {torch.__version__}); best of 3 for ours, 1 run for the reference.\n")
+    print(
+        f"Measured on this machine, 1 thread (torch {torch.__version__}); best of 3 for ours, 1 run for the reference.\n"
+    )
     print("| kernel | setting | reference path | ref time (s) | ours (s) | speed-up | rel. diff |")
     print("|---|---|---|---|---|---|---|")
     print(
@@ -81,7 +85,9 @@ def main() -> None:
         f"| {lp['t_ref']:.2f} | {lp['t_ours']:.3f} | {lp['t_ref'] / lp['t_ours']:.0f}x | "
         f"{abs(lp['v_ours'] - lp['v_ref']) / abs(lp['v_ref']):.1e} |"
     )
-    print(f"\nFD value {fd['v_ours']:.6f} (ours) vs {fd['v_ref']:.6f} (sqrtm); LPIPS {lp['v_ours']:.6f} vs {lp['v_ref']:.6f}.")
+    print(
+        f"\nFD value {fd['v_ours']:.6f} (ours) vs {fd['v_ref']:.6f} (sqrtm); LPIPS {lp['v_ours']:.6f} vs {lp['v_ref']:.6f}."
+    )
 
 
 if __name__ == "__main__":

@@ -24,7 +24,9 @@ from torch import nn
 def default_image(prompt_id: int, seed: int, size: int = 32) -> np.ndarray:
     """A (size, size, 3) uint8 image whose colour depends on the prompt and texture on the seed."""
     rng = np.random.default_rng(prompt_id * 100_003 + seed)
-    base = np.array([(prompt_id * 53) % 256, (prompt_id * 97) % 256, (prompt_id * 29) % 256], dtype=np.float64)
+    base = np.array(
+        [(prompt_id * 53) % 256, (prompt_id * 97) % 256, (prompt_id * 29) % 256], dtype=np.float64
+    )
     img = base + rng.normal(0, 40, size=(size, size, 3))
     return np.clip(img, 0, 255).astype(np.uint8)
 
@@ -65,7 +67,9 @@ def make_image_set(
     return root
 
 
-def rewrite_image(root: Path, row: int, arr_or_bytes: np.ndarray | bytes, mode: str | None = None, update_sha: bool = True) -> None:
+def rewrite_image(
+    root: Path, row: int, arr_or_bytes: np.ndarray | bytes, mode: str | None = None, update_sha: bool = True
+) -> None:
     """Replace one image of a set (optionally keeping the manifest hash stale)."""
     df = pd.read_parquet(root / "manifest.parquet")
     path = root / df.loc[row, "path"]
@@ -101,7 +105,9 @@ class StandInToyClassifier(nn.Module):
     def forward(self, images: torch.Tensor) -> dict[str, torch.Tensor | list[torch.Tensor]]:
         x = images.float() / 255.0
         if x.shape[-1] != self.size or x.shape[-2] != self.size:
-            x = nn.functional.interpolate(x, size=(self.size, self.size), mode="bilinear", align_corners=False)
+            x = nn.functional.interpolate(
+                x, size=(self.size, self.size), mode="bilinear", align_corners=False
+            )
         a1 = torch.relu(self.conv1(x))
         a2 = torch.relu(self.conv2(a1))
         feats = torch.tanh(self.fc(a2.mean(dim=(2, 3))))

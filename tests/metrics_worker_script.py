@@ -32,10 +32,19 @@ if mode == "extract":
 elif mode == "metrics":
     maybe_init_distributed()
     opts = MetricsOptions(
-        batch_size=4, cache_dir=sys.argv[4], lpips_batch=3, extractor_options={"toy": {"classifier": StandInToyClassifier(0)}}
+        batch_size=4,
+        cache_dir=sys.argv[4],
+        lpips_batch=3,
+        extractor_options={"toy": {"classifier": StandInToyClassifier(0)}},
     )
     res = compute_metrics(sys.argv[2], "fd_toy,is_toy,lpips_toy,hps", sys.argv[3], opts)
     if rank() == 0:
         Path(sys.argv[5]).write_text(
-            json.dumps({"metrics": res.metrics, "per_prompt": res.per_prompt.to_dict("list"), "world": res.settings["world_size"]})
+            json.dumps(
+                {
+                    "metrics": res.metrics,
+                    "per_prompt": res.per_prompt.to_dict("list"),
+                    "world": res.settings["world_size"],
+                }
+            )
         )

@@ -16,7 +16,12 @@ def tiny_dinov2_dir(tmp_path_factory):
 
     torch.manual_seed(0)
     cfg = Dinov2Config(
-        hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, patch_size=14, image_size=56
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        patch_size=14,
+        image_size=56,
     )
     model = Dinov2Model(cfg).eval()
     path = tmp_path_factory.mktemp("dinov2")
@@ -40,7 +45,9 @@ def test_matches_dgm_eval_path(tiny_dinov2_dir) -> None:
     from transformers import Dinov2Model
 
     ext = make_extractor("dinov2", weights_path=tiny_dinov2_dir)
-    imgs = torch.randint(0, 256, (3, 3, 100, 80), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    imgs = torch.randint(
+        0, 256, (3, 3, 100, 80), dtype=torch.uint8, generator=torch.Generator().manual_seed(0)
+    )
     ours = ext(imgs)
     ref = _dgm_eval_reference(Dinov2Model.from_pretrained(tiny_dinov2_dir).eval(), imgs)
     assert ours.shape == (3, 32) and ext.dim == 32

@@ -31,7 +31,9 @@ def random_weights(tmp_path_factory):
 
 
 def _images(n: int, size: int, seed: int) -> torch.Tensor:
-    return torch.randint(0, 256, (n, 3, size, size), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
+    return torch.randint(
+        0, 256, (n, 3, size, size), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed)
+    )
 
 
 def test_clean_resize_equals_cleanfid_resizer() -> None:
@@ -74,7 +76,9 @@ def test_fid_value_matches_torch_fidelity_statistics(random_weights) -> None:
     # first 64 dims: torch-fidelity's sqrtm at d=2048 alone takes ~30 s (see the benchmark instead)
     a = ext(_images(6, 299, 2)).double()[:, :64]
     b = ext(_images(6, 299, 3)).double()[:, :64]
-    ref = fid_statistics_to_metric(fid_features_to_statistics(a), fid_features_to_statistics(b), verbose=False)
+    ref = fid_statistics_to_metric(
+        fid_features_to_statistics(a), fid_features_to_statistics(b), verbose=False
+    )
     assert frechet_distance_from_features(a.numpy(), b.numpy()) == pytest.approx(
         ref["frechet_inception_distance"], rel=1e-4
     )

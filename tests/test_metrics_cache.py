@@ -39,7 +39,9 @@ def test_cache_roundtrip_and_order(tmp_path) -> None:
     cache.write_chunk(["k3"], {"features": np.array([[3.0]])})
     again = FeatureCache(tmp_path, "x", {"a": 1})
     assert len(again) == 3 and again.missing(["k1", "k4", "k4"]) == ["k4"]
-    np.testing.assert_array_equal(again.gather(["k1", "k3", "k2", "k1"], ["features"])["features"][:, 0], [1, 3, 2, 1])
+    np.testing.assert_array_equal(
+        again.gather(["k1", "k3", "k2", "k1"], ["features"])["features"][:, 0], [1, 3, 2, 1]
+    )
     assert FeatureCache(tmp_path, "x", {"a": 2}).dir != again.dir
 
 
@@ -65,7 +67,9 @@ def test_sigkill_then_rerun_resumes(tmp_path) -> None:
     ext = make_extractor("toy", classifier=StandInToyClassifier(0))
     feats = extract_set(ImageSet.load(s), ext, opts, report=report)["features"]
     assert report.cached == done and report.computed == 24 - done
-    fresh = extract_set(ImageSet.load(s), ext, MetricsOptions(batch_size=5, cache_dir=tmp_path / "fresh"))["features"]
+    fresh = extract_set(ImageSet.load(s), ext, MetricsOptions(batch_size=5, cache_dir=tmp_path / "fresh"))[
+        "features"
+    ]
     np.testing.assert_allclose(feats, fresh, rtol=1e-5, atol=1e-6)  # batch composition moves the last bits
 
 
@@ -79,13 +83,33 @@ def test_torchrun_two_processes_equal_one(tmp_path, monkeypatch) -> None:
     a = make_image_set(tmp_path / "a", TOY_PROMPTS, list(range(10)))
     b = make_image_set(tmp_path / "b", TOY_PROMPTS, list(range(50, 60)))
     out = tmp_path / "two.json"
-    cmd = [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(SCRIPT), "metrics"]
-    r = subprocess.run([*cmd, str(a), str(b), str(tmp_path / "c2"), str(out)], env=_env(), capture_output=True, text=True, timeout=300)
+    cmd = [
+        PYTHON,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        str(SCRIPT),
+        "metrics",
+    ]
+    r = subprocess.run(
+        [*cmd, str(a), str(b), str(tmp_path / "c2"), str(out)],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     two = json.loads(out.read_text())
     assert two["world"] == 2
     monkeypatch.setitem(rewards.REGISTRY, "hps", "metrics_helpers:fake_reward")
-    opts = MetricsOptions(batch_size=4, cache_dir=tmp_path / "c1", lpips_batch=3, extractor_options={"toy": {"classifier": StandInToyClassifier(0)}})
+    opts = MetricsOptions(
+        batch_size=4,
+        cache_dir=tmp_path / "c1",
+        lpips_batch=3,
+        extractor_options={"toy": {"classifier": StandInToyClassifier(0)}},
+    )
     import torch
 
     threads = torch.get_num_threads()

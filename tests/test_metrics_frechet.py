@@ -17,12 +17,16 @@ from pcpo_eval.metrics.state import GaussianStats
 
 def test_closed_form_scaled_identity() -> None:
     # mu1 = 0, S1 = I4 vs mu2 = 1, S2 = 4 I4: ||1||^2 = 4, tr = 4 + 16 - 2*8 = 4 -> 8
-    assert frechet_distance(np.zeros(4), np.eye(4), np.ones(4), 4 * np.eye(4)) == pytest.approx(8.0, abs=1e-12)
+    assert frechet_distance(np.zeros(4), np.eye(4), np.ones(4), 4 * np.eye(4)) == pytest.approx(
+        8.0, abs=1e-12
+    )
 
 
 def test_closed_form_correlated() -> None:
     s1 = np.array([[2.0, 1.0], [1.0, 2.0]])
-    assert frechet_distance(np.zeros(2), s1, np.zeros(2), np.eye(2)) == pytest.approx(4 - 2 * np.sqrt(3), abs=1e-12)
+    assert frechet_distance(np.zeros(2), s1, np.zeros(2), np.eye(2)) == pytest.approx(
+        4 - 2 * np.sqrt(3), abs=1e-12
+    )
 
 
 def test_matches_scipy_sqrtm_and_cleanfid_on_random_data() -> None:

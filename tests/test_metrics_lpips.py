@@ -31,7 +31,9 @@ def embedder():
 
 
 def _images(n: int, size: int = 48, seed: int = 0) -> torch.Tensor:
-    return torch.randint(0, 256, (n, 3, size, size), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
+    return torch.randint(
+        0, 256, (n, 3, size, size), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed)
+    )
 
 
 def test_lin_layers_come_from_the_wheel(embedder) -> None:
@@ -56,7 +58,9 @@ def test_block_gram_matrix_equals_pairwise_calls(embedder) -> None:
     x = imgs.float() / 127.5 - 1
     with torch.no_grad():
         for i, j in [(0, 1), (2, 5), (4, 3), (1, 5)]:
-            assert float(d[i, j]) == pytest.approx(float(embedder.model(x[i : i + 1], x[j : j + 1])), rel=1e-5)
+            assert float(d[i, j]) == pytest.approx(
+                float(embedder.model(x[i : i + 1], x[j : j + 1])), rel=1e-5
+            )
     assert torch.allclose(d, d.T) and torch.all(d.diagonal() == 0)
 
 
@@ -80,7 +84,10 @@ def test_lpips_toy_equals_naive_uniform_weight_definition() -> None:
     for i in range(5):
         for j in range(i + 1, 5):
             d = sum(
-                ((normalize_channels(f[i : i + 1]) - normalize_channels(f[j : j + 1])) ** 2).sum(1).mean().item()
+                ((normalize_channels(f[i : i + 1]) - normalize_channels(f[j : j + 1])) ** 2)
+                .sum(1)
+                .mean()
+                .item()
                 for f in layers
             )
             total, pairs = total + d, pairs + 1

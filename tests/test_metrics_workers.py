@@ -93,7 +93,9 @@ def test_values_match_direct_computation(sets, tmp_path) -> None:
     assert res.metrics["lpips"] == pytest.approx(float(np.mean(res.per_prompt["lpips"])), rel=1e-12)
     # rewards: per image and per-prompt means
     imgs_all = sa.read_batch(range(len(sa)))
-    expected = imgs_all.float().mean(dim=(1, 2, 3)) / 255 + torch.tensor([len(p) / 100 for p in sa.manifest["prompt"]])
+    expected = imgs_all.float().mean(dim=(1, 2, 3)) / 255 + torch.tensor(
+        [len(p) / 100 for p in sa.manifest["prompt"]]
+    )
     np.testing.assert_allclose(res.per_image["hps"], expected.numpy(), rtol=1e-6)
     assert res.metrics["hps"] == pytest.approx(float(expected.mean()), rel=1e-6)
 

@@ -53,7 +53,9 @@ class FeatureExtractor(nn.Module):
 
 def check_uint8_images(images: torch.Tensor) -> None:
     """Validate the extractor input contract: uint8 tensor (N, 3, H, W)."""
-    if not (torch.is_tensor(images) and images.dtype == torch.uint8 and images.dim() == 4 and images.shape[1] == 3):
+    if not (
+        torch.is_tensor(images) and images.dtype == torch.uint8 and images.dim() == 4 and images.shape[1] == 3
+    ):
         shape = tuple(images.shape) if torch.is_tensor(images) else type(images).__name__
         dtype = images.dtype if torch.is_tensor(images) else "-"
         raise UserError(f"feature extractors take uint8 images of shape (N, 3, H, W); got {shape} {dtype}")

@@ -66,7 +66,9 @@ class DinoV2Extractor(FeatureExtractor):
 
     name = "dinov2"
 
-    def __init__(self, weights_path: str | os.PathLike | None = None, device: str | torch.device = "cpu") -> None:
+    def __init__(
+        self, weights_path: str | os.PathLike | None = None, device: str | torch.device = "cpu"
+    ) -> None:
         super().__init__()
         from transformers import Dinov2Model
 
@@ -74,7 +76,9 @@ class DinoV2Extractor(FeatureExtractor):
         try:
             model = Dinov2Model.from_pretrained(str(path), local_files_only=True)
         except (OSError, ValueError) as exc:
-            raise MissingWeightsError(f"cannot load DINOv2 from {path} ({type(exc).__name__}); {HOW_TO_GET}") from exc
+            raise MissingWeightsError(
+                f"cannot load DINOv2 from {path} ({type(exc).__name__}); {HOW_TO_GET}"
+            ) from exc
         self.device = torch.device(device)
         self.model = model.eval().requires_grad_(False).to(self.device)
         self.dim = int(model.config.hidden_size)

@@ -127,7 +127,9 @@ class InceptionExtractor(FeatureExtractor):
     name = "inception"
     dim = 2048
 
-    def __init__(self, weights_path: str | os.PathLike | None = None, device: str | torch.device = "cpu") -> None:
+    def __init__(
+        self, weights_path: str | os.PathLike | None = None, device: str | torch.device = "cpu"
+    ) -> None:
         super().__init__()
         path = locate_weights(weights_path)
         self.device = torch.device(device)

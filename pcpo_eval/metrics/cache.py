@@ -40,7 +40,9 @@ class FeatureCache:
             if not (self.dir / "settings.json").exists():
                 atomic_write_json(self.dir / "settings.json", settings)
         except OSError as exc:
-            raise UserError(f"cannot write the feature cache at {self.dir} ({exc.strerror}); pass --cache-dir") from exc
+            raise UserError(
+                f"cannot write the feature cache at {self.dir} ({exc.strerror}); pass --cache-dir"
+            ) from exc
         self._index: dict[str, tuple[Path, int]] = {}
         self.refresh()
 
@@ -51,7 +53,12 @@ class FeatureCache:
             try:
                 with np.load(path) as z:
                     keys = z["keys"]
-            except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:  # cannot happen with atomic writes
+            except (
+                OSError,
+                ValueError,
+                KeyError,
+                zipfile.BadZipFile,
+            ) as exc:  # cannot happen with atomic writes
                 print(f"warning: ignoring unreadable cache chunk {path}: {exc}", file=sys.stderr)
                 continue
             for i, k in enumerate(keys.tolist()):

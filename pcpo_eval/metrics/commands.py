@@ -56,21 +56,33 @@ def register(app: typer.Typer) -> None:
     @app.command("metrics")
     def metrics_cmd(
         image_set: Path = typer.Argument(..., help="image set directory (manifest.parquet + images/)"),
-        reference: Path | None = typer.Option(None, "--reference", help="reference image set (base model) for FD"),
+        reference: Path | None = typer.Option(
+            None, "--reference", help="reference image set (base model) for FD"
+        ),
         metrics: str = typer.Option(
             DEFAULT_METRICS,
             "--metrics",
             help="comma-separated: fid,fd_dinov2,fd_toy,is,is_toy,lpips,lpips_toy,hps,pickscore,imagereward,clipscore,aesthetic",
         ),
-        out: Path = typer.Option(..., "--out", help="output directory (metrics.json, per_prompt.parquet, per_image.parquet)"),
+        out: Path = typer.Option(
+            ..., "--out", help="output directory (metrics.json, per_prompt.parquet, per_image.parquet)"
+        ),
         as_json: bool = typer.Option(False, "--json", help="also print metrics.json to stdout"),
         batch_size: int = typer.Option(32, "--batch-size"),
         device: str = typer.Option("cpu", "--device"),
-        is_splits: int = typer.Option(10, "--is-splits", help="Inception Score splits (torch-fidelity default 10)"),
-        cache_dir: Path | None = typer.Option(None, "--cache-dir", help="feature cache root [IMAGE_SET/.pcpo_cache]"),
-        inception_weights: Path | None = typer.Option(None, "--inception-weights", help="[$PCPO_INCEPTION_WEIGHTS]"),
+        is_splits: int = typer.Option(
+            10, "--is-splits", help="Inception Score splits (torch-fidelity default 10)"
+        ),
+        cache_dir: Path | None = typer.Option(
+            None, "--cache-dir", help="feature cache root [IMAGE_SET/.pcpo_cache]"
+        ),
+        inception_weights: Path | None = typer.Option(
+            None, "--inception-weights", help="[$PCPO_INCEPTION_WEIGHTS]"
+        ),
         dinov2_path: Path | None = typer.Option(None, "--dinov2-path", help="[$PCPO_DINOV2_PATH]"),
-        lpips_trunk: str | None = typer.Option(None, "--lpips-trunk", help="AlexNet weights [$PCPO_ALEXNET_WEIGHTS]"),
+        lpips_trunk: str | None = typer.Option(
+            None, "--lpips-trunk", help="AlexNet weights [$PCPO_ALEXNET_WEIGHTS]"
+        ),
     ) -> None:
         """FID, FD-DINOv2, IS, LPIPS diversity and preference scores, overall and per prompt."""
         from pcpo_eval.metrics.workers import rank, run_metrics
@@ -93,7 +105,9 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(..., "--out", help="output .npy (N, d) float32, manifest order"),
         batch_size: int = typer.Option(32, "--batch-size"),
         device: str = typer.Option("cpu", "--device"),
-        cache_dir: Path | None = typer.Option(None, "--cache-dir", help="feature cache root [IMAGE_SET/.pcpo_cache]"),
+        cache_dir: Path | None = typer.Option(
+            None, "--cache-dir", help="feature cache root [IMAGE_SET/.pcpo_cache]"
+        ),
         weights: Path | None = typer.Option(None, "--weights", help="weights file/dir of the extractor"),
     ) -> None:
         """Export an image set's features in manifest order, for your own analyses."""

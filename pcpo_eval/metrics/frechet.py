@@ -74,7 +74,12 @@ def trace_sqrt_product(sigma1: np.ndarray, sigma2: np.ndarray) -> tuple[float, f
         method = "eigh"
     ev = scipy.linalg.eigh((m + m.T) / 2, eigvals_only=True, check_finite=False, driver="evd")
     neg = ev < 0
-    return float(np.sqrt(np.clip(ev, 0, None)).sum()), mass1 + float(-ev[neg].sum()), n1 + int(neg.sum()), method
+    return (
+        float(np.sqrt(np.clip(ev, 0, None)).sum()),
+        mass1 + float(-ev[neg].sum()),
+        n1 + int(neg.sum()),
+        method,
+    )
 
 
 def frechet_distance_details(
@@ -82,9 +87,14 @@ def frechet_distance_details(
 ) -> FrechetResult:
     """Frechet distance with diagnostics (all float64)."""
     mu1, mu2 = np.atleast_1d(np.asarray(mu1, np.float64)), np.atleast_1d(np.asarray(mu2, np.float64))
-    sigma1, sigma2 = np.atleast_2d(np.asarray(sigma1, np.float64)), np.atleast_2d(np.asarray(sigma2, np.float64))
+    sigma1, sigma2 = (
+        np.atleast_2d(np.asarray(sigma1, np.float64)),
+        np.atleast_2d(np.asarray(sigma2, np.float64)),
+    )
     if mu1.shape != mu2.shape or sigma1.shape != sigma2.shape or sigma1.shape != (mu1.size, mu1.size):
-        raise ValueError(f"shape mismatch: mu {mu1.shape} vs {mu2.shape}, sigma {sigma1.shape} vs {sigma2.shape}")
+        raise ValueError(
+            f"shape mismatch: mu {mu1.shape} vs {mu2.shape}, sigma {sigma1.shape} vs {sigma2.shape}"
+        )
     diff = mu1 - mu2
     mean_term = float(diff @ diff)
     tr_sqrt, mass, n, method = trace_sqrt_product(sigma1, sigma2)

@@ -56,14 +56,18 @@ class ImageSet:
         root = Path(root)
         path = root / "manifest.parquet"
         if not path.is_file():
-            raise UserError(f"{root} is not an image set: {path} not found (create it with `pcpo-eval generate`)")
+            raise UserError(
+                f"{root} is not an image set: {path} not found (create it with `pcpo-eval generate`)"
+            )
         try:
             df = pd.read_parquet(path)
         except Exception as exc:  # pyarrow raises several types for corrupt files
             raise UserError(f"cannot read {path}: {type(exc).__name__}: {exc}".splitlines()[0]) from exc
         missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
         if missing:
-            raise UserError(f"{path} lacks columns {missing}; an image set manifest needs {list(REQUIRED_COLUMNS)}")
+            raise UserError(
+                f"{path} lacks columns {missing}; an image set manifest needs {list(REQUIRED_COLUMNS)}"
+            )
         if len(df) == 0:
             raise UserError(f"{path} lists no images")
         df = df.reset_index(drop=True)
@@ -71,11 +75,15 @@ class ImageSet:
         dup = df.duplicated(["prompt_id", "seed"])
         if dup.any():
             row = df[dup].iloc[0]
-            raise UserError(f"{path}: prompt_id {row.prompt_id} seed {row.seed} appears twice; regenerate the manifest")
+            raise UserError(
+                f"{path}: prompt_id {row.prompt_id} seed {row.seed} appears twice; regenerate the manifest"
+            )
         texts = df.groupby("prompt_id")["prompt"].nunique()
         if (texts > 1).any():
             pid = int(texts[texts > 1].index[0])
-            raise UserError(f"{path}: prompt_id {pid} has several prompt texts; one id must map to one prompt")
+            raise UserError(
+                f"{path}: prompt_id {pid} has several prompt texts; one id must map to one prompt"
+            )
         first = root / str(df["path"].iloc[0])
         try:
             with Image.open(first) as im:
@@ -110,12 +118,16 @@ class ImageSet:
         except OSError as exc:
             raise UserError(f"cannot read image {path}: {exc.strerror or exc}") from exc
         if hashlib.sha256(data).hexdigest() != str(rec["image_sha256"]):
-            raise UserError(f"{path} does not match its image_sha256 in the manifest; the set was modified, regenerate it")
+            raise UserError(
+                f"{path} does not match its image_sha256 in the manifest; the set was modified, regenerate it"
+            )
         try:
             with Image.open(io.BytesIO(data)) as im:
                 im.load()
                 if im.mode != "RGB":
-                    self.read_stats.converted_to_rgb[im.mode] = self.read_stats.converted_to_rgb.get(im.mode, 0) + 1
+                    self.read_stats.converted_to_rgb[im.mode] = (
+                        self.read_stats.converted_to_rgb.get(im.mode, 0) + 1
+                    )
                     im = im.convert("RGB")
                 arr = np.asarray(im, dtype=np.uint8)
         except (OSError, UnidentifiedImageError, SyntaxError) as exc:
@@ -146,7 +158,9 @@ def check_same_prompts(a: ImageSet, b: ImageSet, what: str = "reference") -> Non
             "per-prompt FD needs the same prompts in both sets"
         )
     pid = next(k for k in pa if pa[k] != pb[k])
-    raise UserError(f"prompt_id {pid} is {pa[pid]!r} in {a.root} but {pb[pid]!r} in the {what}; use a matching {what}")
+    raise UserError(
+        f"prompt_id {pid} is {pa[pid]!r} in {a.root} but {pb[pid]!r} in the {what}; use a matching {what}"
+    )
 
 
 def check_min_images(s: ImageSet, minimum: int, metric: str) -> None:

@@ -128,7 +128,9 @@ def pairwise_distances(g: torch.Tensor, block: int = 256) -> torch.Tensor:
     for i in range(0, n, block):
         for j in range(0, n, block):
             gram = g[i : i + block] @ g[j : j + block].T
-            out[i : i + block, j : j + block] = (sq[i : i + block, None] + sq[None, j : j + block] - 2 * gram).clamp_min(0)
+            out[i : i + block, j : j + block] = (
+                sq[i : i + block, None] + sq[None, j : j + block] - 2 * gram
+            ).clamp_min(0)
     out.fill_diagonal_(0)
     return out
 
@@ -187,7 +189,9 @@ def lin_weights_path(net: str = "alex", version: str = "0.1") -> Path:
     return Path(lpips.__file__).parent / "weights" / f"v{version}" / f"{net}.pth"
 
 
-def build_lpips_model(trunk: str | os.PathLike | None = None, seed: int = 0) -> tuple[nn.Module, dict[str, Any]]:
+def build_lpips_model(
+    trunk: str | os.PathLike | None = None, seed: int = 0
+) -> tuple[nn.Module, dict[str, Any]]:
     """``lpips.LPIPS(net="alex", version="0.1")`` with the wheel's linear layers and a local trunk.
 
     ``trunk``: a path to torchvision AlexNet weights, ``None`` (locate them) or ``"random"`` (a
@@ -230,7 +234,9 @@ def make_lpips_embedder(
     return LpipsEmbedder(model, info, device)
 
 
-def lpips_diversity(embedder: Callable[[torch.Tensor], torch.Tensor], images: torch.Tensor, batch: int = 32) -> float:
+def lpips_diversity(
+    embedder: Callable[[torch.Tensor], torch.Tensor], images: torch.Tensor, batch: int = 32
+) -> float:
     """Mean LPIPS over all unordered pairs of ``images`` (uint8 NCHW), trunk once per image."""
     acc = PairwiseAccumulator()
     for i in range(0, images.shape[0], batch):

@@ -60,7 +60,10 @@ METRICS: dict[str, MetricSpec] = {
     "is_toy": MetricSpec("is", "toy"),
     "lpips": MetricSpec("lpips", "alex"),
     "lpips_toy": MetricSpec("lpips", "toy"),
-    **{name: MetricSpec("reward", name) for name in ("hps", "pickscore", "imagereward", "clipscore", "aesthetic")},
+    **{
+        name: MetricSpec("reward", name)
+        for name in ("hps", "pickscore", "imagereward", "clipscore", "aesthetic")
+    },
 }
 
 
@@ -135,7 +138,9 @@ def validate_request(
     if "lpips" in kinds:
         check_min_images(image_set, 2, "LPIPS diversity")
     if "is" in kinds and len(image_set) < options.is_splits:
-        raise UserError(f"IS with {options.is_splits} splits needs at least {options.is_splits} images, have {len(image_set)}")
+        raise UserError(
+            f"IS with {options.is_splits} splits needs at least {options.is_splits} images, have {len(image_set)}"
+        )
     if options.batch_size < 1 or options.lpips_batch < 1:
         raise UserError("batch sizes must be >= 1")
 
@@ -192,7 +197,10 @@ def extract_set(
 ) -> dict[str, np.ndarray]:
     """Per-image extractor outputs (``features``, ``logits``) in manifest order, through the cache."""
     report = report if report is not None else ExtractionReport()
-    settings = {**extractor.settings(), "outputs": ["features", "logits"] if extractor.has_logits else ["features"]}
+    settings = {
+        **extractor.settings(),
+        "outputs": ["features", "logits"] if extractor.has_logits else ["features"],
+    }
     cache = FeatureCache(cache_root(image_set, options) / "features", extractor.name, settings)
 
     def compute(rows: list[int]) -> dict[str, np.ndarray]:
@@ -229,8 +237,14 @@ def score_set(
     report = report if report is not None else ExtractionReport()
     fn = load_reward(name, options.reward_options.get(name, {}))
     info = getattr(fn, "info", None) or getattr(fn, "settings", None) or {}
-    settings = {"reward": name, **(info if isinstance(info, dict) else {}), **options.reward_options.get(name, {})}
-    cache = FeatureCache(cache_root(image_set, options) / "rewards", name, {k: str(v) for k, v in settings.items()})
+    settings = {
+        "reward": name,
+        **(info if isinstance(info, dict) else {}),
+        **options.reward_options.get(name, {}),
+    }
+    cache = FeatureCache(
+        cache_root(image_set, options) / "rewards", name, {k: str(v) for k, v in settings.items()}
+    )
     prompts = image_set.manifest["prompt"].astype(str).tolist()
 
     def compute(rows: list[int]) -> dict[str, np.ndarray]:
@@ -257,7 +271,9 @@ def fd_overall(x: np.ndarray, y: np.ndarray) -> tuple[float, dict[str, float]]:
     }
 
 
-def fd_per_prompt(x: np.ndarray, y: np.ndarray, rows_x: dict[int, np.ndarray], rows_y: dict[int, np.ndarray]) -> dict[int, float]:
+def fd_per_prompt(
+    x: np.ndarray, y: np.ndarray, rows_x: dict[int, np.ndarray], rows_y: dict[int, np.ndarray]
+) -> dict[int, float]:
     """FD per prompt against the reference's images of the same prompt (prompts dealt to ranks)."""
     mine = {}
     for pid in sorted(rows_x)[rank() :: world_size()]:
@@ -271,7 +287,11 @@ def lpips_per_prompt(
     image_set: ImageSet, embedder: Any, embedder_settings: dict[str, Any], options: MetricsOptions
 ) -> dict[int, float]:
     """Mean pairwise LPIPS per prompt; each finished prompt is cached, so a re-run skips it."""
-    root = cache_root(image_set, options) / "lpips" / f"{embedder.name}-{settings_digest(embedder_settings)[:16]}"
+    root = (
+        cache_root(image_set, options)
+        / "lpips"
+        / f"{embedder.name}-{settings_digest(embedder_settings)[:16]}"
+    )
     shas = image_set.shas
     mine = {}
     for pid, rows in sorted(image_set.rows_by_prompt().items())[rank() :: world_size()]:
@@ -320,12 +340,23 @@ def compute_metrics(
     sources = {METRICS[m].source for m in names if METRICS[m].kind in ("fd", "is")}
     if "lpips_toy" in names:
         sources.add("toy")
-    extractors = {src: make_extractor(src, device=options.device, **options.extractor_options.get(src, {})) for src in sorted(sources)}
-    lpips_embedder = make_lpips_embedder(options.lpips_trunk, device=options.device) if "lpips" in names else None
+    extractors = {
+        src: make_extractor(src, device=options.device, **options.extractor_options.get(src, {}))
+        for src in sorted(sources)
+    }
+    lpips_embedder = (
+        make_lpips_embedder(options.lpips_trunk, device=options.device) if "lpips" in names else None
+    )
 
     rows_s = s.rows_by_prompt()
     prompts = s.prompts()
-    per_prompt = pd.DataFrame({"prompt_id": list(rows_s), "prompt": [prompts[p] for p in rows_s], "n_images": [len(r) for r in rows_s.values()]})
+    per_prompt = pd.DataFrame(
+        {
+            "prompt_id": list(rows_s),
+            "prompt": [prompts[p] for p in rows_s],
+            "n_images": [len(r) for r in rows_s.values()],
+        }
+    )
     per_image = s.manifest[["prompt_id", "prompt", "seed", "path", "image_sha256"]].copy()
     out: dict[str, float] = {}
     settings: dict[str, Any] = {
@@ -344,7 +375,9 @@ def compute_metrics(
 
     feats: dict[str, dict[str, np.ndarray]] = {}
     for src, ext in extractors.items():
-        wanted = tuple(["features"] + (["logits"] if any(METRICS[m] == MetricSpec("is", src) for m in names) else []))
+        wanted = tuple(
+            ["features"] + (["logits"] if any(METRICS[m] == MetricSpec("is", src) for m in names) else [])
+        )
         feats[src] = extract_set(s, ext, options, wanted, report)
 
     fd_diag: dict[str, Any] = {}
@@ -361,7 +394,10 @@ def compute_metrics(
             logits = feats[spec.source]["logits"]
             res = inception_score(logits, options.is_splits, True, options.is_seed)
             out[m], out[f"{m}_std"] = res.mean, res.std
-            vals = [inception_score(logits[r], min(options.is_splits, len(r)), True, options.is_seed) for r in rows_s.values()]
+            vals = [
+                inception_score(logits[r], min(options.is_splits, len(r)), True, options.is_seed)
+                for r in rows_s.values()
+            ]
             per_prompt[m] = [v.mean for v in vals]
             per_prompt[f"{m}_std"] = [v.std for v in vals]
         elif spec.kind == "lpips":
@@ -369,12 +405,19 @@ def compute_metrics(
                 emb, emb_settings = lpips_embedder, lpips_embedder.info
             else:
                 toy = extractors["toy"]
-                emb_settings = {"layers": "toy classifier layers, unit-normalized channels, uniform weights", **toy.settings()}
+                emb_settings = {
+                    "layers": "toy classifier layers, unit-normalized channels, uniform weights",
+                    **toy.settings(),
+                }
                 emb = ToyLpipsEmbedder(toy.layers, emb_settings)
             pp = lpips_per_prompt(s, emb, emb_settings, options)
             per_prompt[m] = [pp[p] for p in rows_s]
             out[m] = float(np.mean(per_prompt[m]))
-            settings[f"{m}_settings"] = {**emb_settings, "pairs": "all unordered pairs per prompt", "aggregate": "mean over prompts"}
+            settings[f"{m}_settings"] = {
+                **emb_settings,
+                "pairs": "all unordered pairs per prompt",
+                "aggregate": "mean over prompts",
+            }
         else:
             scores = score_set(s, spec.source, options, report)
             per_image[m] = scores
@@ -399,14 +442,20 @@ def compute_metrics(
             "n": len(s),
         }
     if any(METRICS[m].kind == "reward" for m in names):
-        settings["rewards"] = {m: options.reward_options.get(m, {}) for m in names if METRICS[m].kind == "reward"}
+        settings["rewards"] = {
+            m: options.reward_options.get(m, {}) for m in names if METRICS[m].kind == "reward"
+        }
         settings["reward_aggregate"] = "mean over images (per prompt: mean over the prompt's images)"
     conversions: dict[str, int] = {}
     for part in gather_objects(s.read_stats.as_dict()):
         for k, v in part.items():
             conversions[k] = conversions.get(k, 0) + v
     settings["converted_to_rgb"] = conversions
-    settings["options"] = {"batch_size": options.batch_size, "device": options.device, "lpips_batch": options.lpips_batch}
+    settings["options"] = {
+        "batch_size": options.batch_size,
+        "device": options.device,
+        "lpips_batch": options.lpips_batch,
+    }
     settings["versions"] = {"torch": torch.__version__, "python": platform.python_version()}
     return MetricsResult(out, settings, per_prompt, per_image)
 
