@@ -1,4 +1,5 @@
-"""Model specs -> adapters: ``toy``, ``toy:PATH``, ``sd1:PATH_OR_HF_ID`` (sd3/flux added later).
+"""Model specs -> adapters: ``toy``, ``toy:PATH``, ``sd1:PATH_OR_HF_ID``, ``toyflow[:PATH]``,
+``sd3[:PATH_OR_HF_ID]`` (default SD3.5-Medium), ``flux[:PATH_OR_HF_ID]`` (default FLUX.1-dev).
 
 ``load_model(spec)`` splits ``kind[:arg]`` and calls ``REGISTRY[kind](arg, device, dtype)``. Real
 models load only from local files (a directory or the HF cache, ``local_files_only=True``).
@@ -31,8 +32,26 @@ def _sd1(arg: str | None, device: str | torch.device, dtype: torch.dtype) -> Mod
     return SD1Adapter.from_pretrained(arg, device=device, dtype=dtype)
 
 
-#: kind -> factory(arg, device, dtype). Other engineers add "sd3" / "flux" here.
-REGISTRY: dict[str, Factory] = {"toy": _toy, "sd1": _sd1}
+def _toyflow(arg: str | None, device: str | torch.device, dtype: torch.dtype) -> ModelAdapter:
+    from pcpo_eval.toy.flow import ToyFlowAdapter
+
+    return ToyFlowAdapter.from_dir(arg or None, device=device, dtype=dtype)
+
+
+def _sd3(arg: str | None, device: str | torch.device, dtype: torch.dtype) -> ModelAdapter:
+    from pcpo_eval.models.sd3 import DEFAULT_SD3, SD3Adapter
+
+    return SD3Adapter.from_pretrained(arg or DEFAULT_SD3, device=device, dtype=dtype)
+
+
+def _flux(arg: str | None, device: str | torch.device, dtype: torch.dtype) -> ModelAdapter:
+    from pcpo_eval.models.flux import DEFAULT_FLUX, FluxAdapter
+
+    return FluxAdapter.from_pretrained(arg or DEFAULT_FLUX, device=device, dtype=dtype)
+
+
+#: kind -> factory(arg, device, dtype).
+REGISTRY: dict[str, Factory] = {"toy": _toy, "sd1": _sd1, "toyflow": _toyflow, "sd3": _sd3, "flux": _flux}
 
 
 def parse_spec(spec: str) -> tuple[str, str | None]:
@@ -46,5 +65,5 @@ def load_model(spec: str, device: str | torch.device = "cpu", dtype: torch.dtype
     kind, arg = parse_spec(spec)
     if kind not in REGISTRY:
         raise UserError(f"unknown model spec {spec!r}; valid kinds: {', '.join(sorted(REGISTRY))} "
-                        "(e.g. 'toy', 'toy:PATH', 'sd1:PATH_OR_HF_ID')")
+                        "(e.g. 'toy', 'toy:PATH', 'sd1:PATH_OR_HF_ID', 'toyflow', 'sd3:PATH_OR_HF_ID', 'flux:PATH_OR_HF_ID')")
     return REGISTRY[kind](arg, device, dtype)
