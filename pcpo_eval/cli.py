@@ -28,6 +28,7 @@ app = typer.Typer(
 COMMAND_MODULES = [
     "pcpo_eval.credit_commands",
     "pcpo_eval.toy.commands",
+    "pcpo_eval.toy.flow_commands",
     "pcpo_eval.train_commands",
     "pcpo_eval.generate_commands",
     "pcpo_eval.metrics.commands",
