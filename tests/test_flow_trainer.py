@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import math
-import sys
-import types
 
 import numpy as np
 import pandas as pd
@@ -18,8 +16,6 @@ from pcpo_eval.toy.flow import load_toy_flow
 from pcpo_eval.train_config import config_from_dict
 from pcpo_eval.trainer import Trainer
 
-PROMPTS = ["red circle", "blue square", "green triangle", "yellow star"]
-
 
 def redness(images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
     """Toy reward: mean red minus mean green/blue, in [-1, 1] (B,) float32."""
@@ -29,25 +25,19 @@ def redness(images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
 
 @pytest.fixture
 def env(tmp_path, monkeypatch):
-    """Route model 'toyflow' to a random-init toy flow model and reward 'redness' to the test reward."""
+    """Model 'toyflow' -> a random-init toy flow model (fast, independent of the shipped weights);
+    reward 'redness' -> the test reward."""
+    import pcpo_eval.models.registry as registry
     import pcpo_eval.rewards as rewards
 
-    try:
-        import pcpo_eval.models.registry as registry
-    except ModuleNotFoundError:  # the model registry lands with the toy world
-        registry = types.ModuleType("pcpo_eval.models.registry")
-        monkeypatch.setitem(sys.modules, "pcpo_eval.models.registry", registry)
-    monkeypatch.setattr(registry, "load_model", lambda spec, device="cpu", **kw: load_toy_flow(device, random_init=True, image_size=16),
-                        raising=False)
+    monkeypatch.setitem(registry.REGISTRY, "toyflow", lambda arg, device, dtype: load_toy_flow(device, random_init=True))
     real = rewards.make_reward
     monkeypatch.setattr(rewards, "make_reward", lambda name, **o: redness if name == "redness" else real(name, **o))
-    p = tmp_path / "prompts.txt"
-    p.write_text("\n".join(PROMPTS) + "\n")
-    return tmp_path, str(p)
+    return tmp_path, "toy"
 
 
 def _cfg(prompts, **kw):
-    base = dict(model="toyflow", prompts=prompts, reward="redness", epochs=2, sample_steps=6, sample_eta=0.3,
+    base = dict(model="toyflow", prompts=prompts, reward="redness", epochs=2, sample_steps=4, sample_eta=0.3,
                 sde="dance", flow_shift=3.0, cfg=2.0, sample_batch_size=4, sample_batches_per_epoch=1,
                 advantage="group", images_per_prompt=2, train_batch_size=2, gradient_updates=1,
                 learning_rate=3e-3, clip_range=1e-3, lora_rank=2, lora_alpha=4.0, train_last_step=False,
@@ -68,8 +58,8 @@ def test_logprob_is_gaussian_density_and_log_rho_zero_at_theta_old(env, sde, eta
     tmp, prompts = env
     tr = Trainer(_cfg(prompts, sde=sde, sample_eta=eta, objective=objective), tmp / "run")
     s = tr.sample_epoch(1)
-    assert s.prediction == "velocity" and s.log_probs.shape == (4, 6)
-    for j in range(6):
+    assert s.prediction == "velocity" and s.log_probs.shape == (4, 4)
+    for j in range(4):
         t, dt, sig = float(s.timesteps[j]), float(s.dts[j]), float(s.sigmas[j])
         x, xn = s.trajectory[:, j].double(), s.trajectory[:, j + 1].double()
         mu = flow_sde_mean(x, s.eps_old[:, j].double(), t, dt, sig)
@@ -78,7 +68,7 @@ def test_logprob_is_gaussian_density_and_log_rho_zero_at_theta_old(env, sde, eta
         np.testing.assert_allclose(s.log_probs[:, j].double().numpy(), direct.numpy(), rtol=1e-4, atol=1e-4)
     rows, adv = torch.arange(4), torch.as_tensor(s.advantages, dtype=torch.float32)
     with torch.no_grad():
-        for j in range(6):
+        for j in range(4):
             _, out, _ = tr.step_loss(s, rows, torch.full((4,), j), adv)
             assert out.log_rho.abs().max().item() < 1e-4
 
@@ -88,10 +78,10 @@ def test_pcpo_hinge_uses_zeta_dt_over_native_weight(env):
     tr = Trainer(_cfg(prompts, objective="pcpo", sde="flowgrpo", sample_eta=0.7), tmp / "run")
     s = tr.sample_epoch(1)
     _perturb_lora(tr)
-    credit = flow_credit("flowgrpo", 6, 0.7, 3.0, times=np.append(s.timesteps.numpy(), 0.0))
+    credit = flow_credit("flowgrpo", 4, 0.7, 3.0, times=np.append(s.timesteps.numpy(), 0.0))
     rows, adv = torch.arange(4), torch.as_tensor(s.advantages, dtype=torch.float32)
     with torch.no_grad():
-        for j in range(6):
+        for j in range(4):
             jj = torch.full((4,), j)
             _, out, _ = tr.step_loss(s, rows, jj, adv)
             t, dt, sig = float(s.timesteps[j]), float(s.dts[j]), float(s.sigmas[j])
@@ -132,9 +122,9 @@ def test_kl_penalty_against_base_weights(env):
 @pytest.mark.parametrize("objective", ["ppo_clip", "pcpo"])
 def test_short_dancegrpo_and_pcpo_runs_log_rewards_and_clipfrac(env, objective):
     tmp, prompts = env
-    cfg = _cfg(prompts, objective=objective, epochs=3, sample_steps=4, timestep_fraction=0.7)
+    cfg = _cfg(prompts, objective=objective, epochs=3, sample_steps=3, timestep_fraction=0.5)
     tr = Trainer(cfg, tmp / objective)
-    assert tr._train_steps() == [0, 1, 2]  # DanceGRPO never trains the last step (int(3 * 0.7) = 2 trained)
+    assert tr._train_steps() == [0, 1]  # DanceGRPO never trains the last step (int(2 * 0.5) = 1 trained)
     log = tr.run()
     disk = pd.read_parquet(tmp / objective / "log.parquet")
     assert list(disk["epoch"]) == [1, 2, 3]
