@@ -1,6 +1,6 @@
 """The toy classifier: the toy world's feature network (``fd_toy``, ``is_toy``, ``lpips_toy``).
 
-A small CNN over the 45 toy classes (color x shape, :data:`pcpo_eval.toy.data.TOY_PROMPTS`
+A small CNN (conv-BN-ReLU, ~75k parameters) over the 45 toy classes (color x shape, :data:`pcpo_eval.toy.data.TOY_PROMPTS`
 order), trained on procedural data only. ``forward(images_uint8_nchw)`` returns a dict
 
 * ``"features"``: (N, 128) penultimate features (for the toy Frechet distance, ``fd_toy``),
@@ -37,18 +37,25 @@ class ClassifierConfig:
         return asdict(self)
 
 
+def _conv(c_in: int, c_out: int) -> list[nn.Module]:
+    return [nn.Conv2d(c_in, c_out, 3, padding=1), nn.BatchNorm2d(c_out), nn.ReLU()]
+
+
 class ToyClassifier(nn.Module):
-    """conv stages 32x32 -> 16x16 -> 8x8, global average pool, 128-d features, linear head."""
+    """conv-BN-ReLU stages at 32x32 -> 16x16 -> 8x8, [avg, max] global pooling, 128-d features.
+
+    Max pooling next to average pooling makes "is there a corner / a hole anywhere" cheap to
+    express; with average pooling alone and no normalization the net learned shapes ~10x slower.
+    """
 
     def __init__(self, config: ClassifierConfig = ClassifierConfig()) -> None:
         super().__init__()
         self.config = config
         w1, w2, w3 = config.widths
-        self.stage1 = nn.Sequential(nn.Conv2d(3, w1, 3, padding=1), nn.ReLU())
-        self.stage2 = nn.Sequential(nn.MaxPool2d(2), nn.Conv2d(w1, w2, 3, padding=1), nn.ReLU())
-        self.stage3 = nn.Sequential(nn.MaxPool2d(2), nn.Conv2d(w2, w3, 3, padding=1), nn.ReLU(),
-                                    nn.Conv2d(w3, w3, 3, padding=1), nn.ReLU())
-        self.fc = nn.Sequential(nn.Linear(w3, config.feature_dim), nn.ReLU())
+        self.stage1 = nn.Sequential(*_conv(3, w1))
+        self.stage2 = nn.Sequential(nn.MaxPool2d(2), *_conv(w1, w2), *_conv(w2, w2))
+        self.stage3 = nn.Sequential(nn.MaxPool2d(2), *_conv(w2, w3), *_conv(w3, w3))
+        self.fc = nn.Sequential(nn.Linear(2 * w3, config.feature_dim), nn.ReLU())
         self.head = nn.Linear(config.feature_dim, config.num_classes)
 
     def preprocess(self, images: torch.Tensor) -> torch.Tensor:
@@ -65,7 +72,7 @@ class ToyClassifier(nn.Module):
         l1 = self.stage1(x)
         l2 = self.stage2(l1)
         l3 = self.stage3(l2)
-        feats = self.fc(l3.mean(dim=(2, 3)))
+        feats = self.fc(torch.cat([l3.mean(dim=(2, 3)), l3.amax(dim=(2, 3))], dim=1))
         return {"features": feats, "logits": self.head(feats), "layers": [l1, l2, l3]}
 
     def forward(self, images: torch.Tensor) -> dict[str, torch.Tensor | list[torch.Tensor]]:

@@ -37,7 +37,7 @@ class ClassifierTrainConfig:
     seed: int = 0
     steps: int = 600
     batch_size: int = 64
-    lr: float = 2e-3
+    lr: float = 3e-3
     n_per_prompt: int = 200  # training images per prompt (indices 0..n-1)
     noise_std_max: float = 0.06  # max std of the Gaussian pixel-noise augmentation (in [-1,1] units)
 
@@ -45,7 +45,7 @@ class ClassifierTrainConfig:
 @dataclass(frozen=True)
 class DiffusionTrainConfig:
     seed: int = 0
-    steps: int = 4000
+    steps: int = 2000
     batch_size: int = 64
     lr: float = 2e-3
     warmup: int = 100

@@ -1,0 +1,55 @@
+"""DDPO's JPEG rewards (kvablack/ddpo-pytorch ``rewards.py``).
+
+``jpeg_incompressibility(image)`` = size in kB (bytes / 1000, DDPO's ``buffer.tell() / 1000``) of
+the image saved by PIL as JPEG at quality 95; ``jpeg_compressibility`` is its negative.
+Non-differentiable; prompts are ignored.
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import torch
+from PIL import Image
+
+from pcpo_eval.errors import UserError
+
+JPEG_QUALITY = 95
+
+
+def _check(images: torch.Tensor) -> None:
+    if not (isinstance(images, torch.Tensor) and images.dtype == torch.uint8 and images.ndim == 4
+            and images.shape[1] == 3):
+        got = (getattr(images, "dtype", type(images)), tuple(getattr(images, "shape", ())))
+        raise UserError(f"rewards take uint8 images (B, 3, H, W); got {got}")
+
+
+def jpeg_size_kb(images: torch.Tensor, quality: int = JPEG_QUALITY) -> torch.Tensor:
+    """JPEG (quality 95) file size in kB of each uint8 (B, 3, H, W) image -> float32 (B,)."""
+    _check(images)
+    arr = images.detach().cpu().permute(0, 2, 3, 1).numpy()
+    sizes = []
+    for img in arr:
+        buf = io.BytesIO()
+        Image.fromarray(np.ascontiguousarray(img)).save(buf, format="JPEG", quality=quality)
+        sizes.append(buf.tell() / 1000.0)
+    return torch.tensor(sizes, dtype=torch.float32)
+
+
+def jpeg_incompressibility(**_options):
+    """Reward factory: JPEG size in kB (larger = less compressible)."""
+
+    def fn(images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+        return jpeg_size_kb(images)
+
+    return fn
+
+
+def jpeg_compressibility(**_options):
+    """Reward factory: minus the JPEG size in kB (larger = more compressible)."""
+
+    def fn(images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+        return -jpeg_size_kb(images)
+
+    return fn

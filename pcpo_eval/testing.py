@@ -1,0 +1,103 @@
+"""Tiny, randomly initialized models for everyone's tests (built from configs, no download).
+
+* :func:`tiny_toy_adapter` -- the toy architecture with random weights (fast, 48x8x8 latents).
+* :func:`tiny_toy_classifier` -- the toy classifier architecture with random weights.
+* :func:`tiny_sd1_pipeline` / :func:`tiny_sd1_adapter` -- an SD-1.x pipeline at toy scale (UNet
+  32/64 channels on 8x8x4 latents, a 2-block VAE -> 16x16 images, a 2-layer CLIP text encoder
+  and a CLIP BPE tokenizer whose character-level vocab is written locally).
+* :func:`save_tiny_sd1` -- ``save_pretrained`` of that pipeline, to exercise ``sd1:DIR`` loading.
+"""
+
+from __future__ import annotations
+
+import json
+import string
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def _seeded(seed: int, build):
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return build()
+
+
+def tiny_toy_adapter(seed: int = 0):
+    """A ToyAdapter with the toy architecture and random weights (not the shipped ones)."""
+    from pcpo_eval.models.toy import ToyAdapter
+    from pcpo_eval.toy import model as toy_model
+
+    unet = toy_model.build_unet(seed=seed).eval()
+    enc = toy_model.build_text_encoder(seed=seed + 1).eval()
+    return ToyAdapter(unet, enc, toy_model.scheduler_config(), source=f"random(seed={seed})")
+
+
+def tiny_toy_classifier(seed: int = 0):
+    """The toy classifier architecture with random weights, eval mode."""
+    from pcpo_eval.toy.classifier import ToyClassifier
+
+    return _seeded(seed, ToyClassifier).eval().requires_grad_(False)
+
+
+def write_tiny_clip_tokenizer(directory: str | Path) -> Path:
+    """Write a character-level CLIP BPE vocab (``vocab.json``, ``merges.txt``) into ``directory``."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    chars = list(string.ascii_lowercase + string.digits + ".,!?'-")
+    tokens = ["<|startoftext|>", "<|endoftext|>", "!"] + chars + [c + "</w>" for c in chars]
+    vocab = {t: i for i, t in enumerate(dict.fromkeys(tokens))}
+    (directory / "vocab.json").write_text(json.dumps(vocab))
+    (directory / "merges.txt").write_text("#version: 0.2\n")
+    return directory
+
+
+def tiny_sd1_components(seed: int = 0) -> dict[str, Any]:
+    """UNet, VAE, text encoder, tokenizer and DDIM scheduler of a tiny SD-1.x pipeline."""
+    from diffusers import AutoencoderKL, DDIMScheduler, UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
+
+    unet = _seeded(seed, lambda: UNet2DConditionModel(
+        sample_size=8, in_channels=4, out_channels=4, block_out_channels=(32, 64), layers_per_block=1,
+        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"), up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+        cross_attention_dim=32, attention_head_dim=8, norm_num_groups=32))
+    vae = _seeded(seed + 1, lambda: AutoencoderKL(
+        block_out_channels=[32, 64], in_channels=3, out_channels=3, latent_channels=4, sample_size=16,
+        down_block_types=["DownEncoderBlock2D", "DownEncoderBlock2D"],
+        up_block_types=["UpDecoderBlock2D", "UpDecoderBlock2D"], norm_num_groups=32))
+    tok_dir = write_tiny_clip_tokenizer(tempfile.mkdtemp(prefix="tiny_clip_tok_"))
+    tokenizer = CLIPTokenizer(str(tok_dir / "vocab.json"), str(tok_dir / "merges.txt"), model_max_length=77)
+    text_encoder = _seeded(seed + 2, lambda: CLIPTextModel(CLIPTextConfig(
+        bos_token_id=0, eos_token_id=1, pad_token_id=1, hidden_size=32, intermediate_size=37,
+        layer_norm_eps=1e-5, num_attention_heads=4, num_hidden_layers=2, vocab_size=len(tokenizer),
+        max_position_embeddings=77)))
+    scheduler = DDIMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
+                              clip_sample=False, set_alpha_to_one=False, steps_offset=1)
+    return {"unet": unet.eval(), "vae": vae.eval(), "text_encoder": text_encoder.eval(), "tokenizer": tokenizer,
+            "scheduler": scheduler}
+
+
+def tiny_sd1_pipeline(seed: int = 0):
+    """A tiny randomly initialized ``StableDiffusionPipeline`` (no safety checker)."""
+    from diffusers import StableDiffusionPipeline
+
+    pipe = StableDiffusionPipeline(**tiny_sd1_components(seed), safety_checker=None, feature_extractor=None,
+                                   requires_safety_checker=False)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def tiny_sd1_adapter(seed: int = 0):
+    """An :class:`pcpo_eval.models.sd1.SD1Adapter` around :func:`tiny_sd1_pipeline`."""
+    from pcpo_eval.models.sd1 import SD1Adapter
+
+    return SD1Adapter(tiny_sd1_pipeline(seed), source=f"tiny-random(seed={seed})")
+
+
+def save_tiny_sd1(directory: str | Path, seed: int = 0) -> Path:
+    """``save_pretrained`` the tiny pipeline into ``directory`` (for ``load_model('sd1:DIR')``)."""
+    directory = Path(directory)
+    tiny_sd1_pipeline(seed).save_pretrained(str(directory), safe_serialization=True)
+    return directory
