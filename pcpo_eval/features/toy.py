@@ -21,8 +21,8 @@ def state_dict_sha256(module: nn.Module) -> str:
     """Deterministic sha256 of a module's state dict."""
     h = hashlib.sha256()
     for key, value in sorted(module.state_dict().items()):
-        t = value.detach().cpu().contiguous()
-        h.update(f"{key}:{t.dtype}:{tuple(t.shape)}\n".encode())
+        t = value.detach().cpu().reshape(-1).contiguous()  # 1-d: 0-dim buffers cannot be viewed as bytes
+        h.update(f"{key}:{value.dtype}:{tuple(value.shape)}\n".encode())
         h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return h.hexdigest()
 
