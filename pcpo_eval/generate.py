@@ -42,6 +42,7 @@ import contextlib
 import hashlib
 import io
 import json
+import math
 import os
 import re
 import time
@@ -74,7 +75,36 @@ SEED_DERIVATION = "sha256('pcpo-eval/sample/v1/{prompt_id}/{seed}')[:8] little-e
 #: Largest seed / prompt id that fits the fixed-width file names.
 MAX_SEED = 9_999_999
 
+#: Rows x latent elements per model call that ``micro_batch=None`` aims for: 16 rows of SD-1.x
+#: latents (4 x 64 x 64), i.e. batch 8 with CFG, the common GPU setting.
+AUTO_MICRO_BATCH_ELEMENTS = 16 * 4 * 64 * 64
 DEFAULT_MICRO_BATCH = 16
+
+
+def auto_micro_batch(latent_shape: Sequence[int]) -> int:
+    """Default rows per model call from the latent size: a power of two in [2, 64].
+
+    ``2**floor(log2(AUTO_MICRO_BATCH_ELEMENTS / numel))``: SD-1.x 512 px -> 16, SD3 512 px -> 4,
+    SD3 / FLUX 1024 px -> 2, the toy model (48 x 8 x 8) -> 64. Depends only on the model, so it is
+    as reproducible as a fixed number (and recorded in the settings).
+    """
+    numel = int(np.prod(latent_shape))
+    rows = 2 ** int(np.floor(np.log2(max(AUTO_MICRO_BATCH_ELEMENTS / numel, 1.0))))
+    return int(min(64, max(2, rows)))
+
+
+def effective_batch_size(batch_size: int, micro_batch: int, cfg: float) -> int:
+    """Items per sampler call: ``batch_size`` rounded up so its rows fill whole micro-batches.
+
+    With CFG every item is 2 rows (eps_u and eps_c in one call). A partly filled micro-batch is
+    padded and costs as much as a full one, so rounding up is free in time, and memory per model
+    call stays bounded by ``micro_batch`` rows. Images never depend on this number.
+    """
+    if micro_batch == 0:
+        return batch_size
+    rows = 2 if cfg != 1.0 else 1
+    unit = micro_batch // math.gcd(micro_batch, rows)
+    return -(-batch_size // unit) * unit
 
 
 # ---------------------------------------------------------------------------------------------
@@ -690,7 +720,7 @@ def generate_set(
     eta: float = 1.0,
     sampler: str = "auto",
     schedule: str | None = None,
-    micro_batch: int = DEFAULT_MICRO_BATCH,
+    micro_batch: int | None = None,
     device: str = "cpu",
     model_name: str | None = None,
     max_prompt_tokens: int | None = None,
@@ -708,13 +738,15 @@ def generate_set(
         prompts: a built-in set name, a prompt file, or a PromptSet (:func:`load_prompts`).
         seeds: ``N``, ``"A-B"`` or a list (:func:`parse_seeds`).
         out_dir: the set directory (created; resumed if it holds a compatible set).
-        batch_size: images sampled together (speed only: images do not depend on it).
+        batch_size: images sampled together, rounded up to fill whole micro-batches
+            (:func:`effective_batch_size`); speed only, images do not depend on it.
         steps, cfg, eta: sampler steps, CFG weight w (eps_u + w (eps_c - eps_u)), DDIM eta.
         sampler: ``auto`` (by the model's prediction type), ``ddim`` or ``flow``.
         schedule: the sampler's noise schedule (:data:`SCHEDULES`; default its first entry):
             DDIM ``ddim`` (eta schedule) or ``pcpo`` (PCPO's re-solved sigmas); flow ``ode``
             (deterministic Euler, Flow-GRPO's evaluation), ``dance`` or ``flowgrpo`` SDEs.
-        micro_batch: fixed row count of every model call (part of the settings).
+        micro_batch: fixed row count of every model call (part of the settings); ``None`` ->
+            :func:`auto_micro_batch` of the model's latent shape; ``0`` turns fixed shapes off.
         model_name: the ``model`` column when ``model_spec`` is an adapter (default its name).
         max_prompt_tokens, max_prompts: CLIP-length filter and truncation of the prompt set.
         progress: tqdm bar on rank 0.
@@ -738,6 +770,8 @@ def generate_set(
         adapter, spec_str = model_spec, model_name or model_spec.name
     else:
         adapter, spec_str = load_generation_model(str(model_spec), device), str(model_spec)
+    if micro_batch is None:
+        micro_batch = auto_micro_batch(adapter.latent_shape)
     sampler_name = resolve_sampler(sampler, adapter.prediction)
     schedule = SCHEDULES[sampler_name][0] if schedule is None else schedule
     if schedule not in SCHEDULES[sampler_name]:
@@ -780,6 +814,7 @@ def generate_set(
         "n_seeds": len(seed_list),
         "n_images": len(items),
         "batch_size": batch_size,
+        "effective_batch_size": effective_batch_size(batch_size, int(micro_batch), cfg),
         "world_size": world_size,
         "torch_version": torch.__version__,
     }
@@ -800,8 +835,9 @@ def generate_set(
     last_flush = time.monotonic()
     try:
         with torch.inference_mode():
-            for s in range(0, len(todo), batch_size):
-                batch = todo[s : s + batch_size]
+            step = run_info["effective_batch_size"]
+            for s in range(0, len(todo), step):
+                batch = todo[s : s + step]
                 latents = _render_latents(fixed, batch, uncond_row, sampler_name, cfg, steps, eta, schedule)
                 images = fixed.decode(latents).to("cpu", torch.uint8).numpy()
                 for it, img in zip(batch, images, strict=True):

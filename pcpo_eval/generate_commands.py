@@ -16,7 +16,9 @@ def generate(
     ),
     seeds: str = typer.Option(..., "--seeds", help="N (seeds 0..N-1) or A-B (inclusive)"),
     out: Path = typer.Option(..., "--out", help="set directory (resumed if it holds the same settings)"),
-    batch_size: int = typer.Option(8, "--batch-size", help="images sampled together (speed only)"),
+    batch_size: int = typer.Option(
+        8, "--batch-size", help="images sampled together, rounded up to whole micro-batches (speed only)"
+    ),
     steps: int = typer.Option(50, "--steps", help="sampler steps"),
     cfg: float = typer.Option(5.0, "--cfg", help="classifier-free guidance weight w"),
     eta: float = typer.Option(1.0, "--eta", help="DDIM eta (0 = deterministic ODE)"),
@@ -24,7 +26,9 @@ def generate(
     schedule: str | None = typer.Option(
         None, "--schedule", help="DDIM: ddim (default) | pcpo; flow: ode (default) | dance | flowgrpo"
     ),
-    micro_batch: int = typer.Option(16, "--micro-batch", help="fixed rows per model call (0 = off)"),
+    micro_batch: int | None = typer.Option(
+        None, "--micro-batch", help="fixed rows per model call (default: by latent size, 16 for SD-1.x; 0 = off)"
+    ),
     device: str = typer.Option("cpu", "--device", help="torch device"),
     max_prompt_tokens: int | None = typer.Option(
         None, "--max-prompt-tokens", help="drop prompts longer than this many CLIP tokens (77: paper's MJHQ filter)"

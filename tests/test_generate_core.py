@@ -11,6 +11,8 @@ from generate_standin import StandInAdapter
 from pcpo_eval.errors import UserError
 from pcpo_eval.generate import (
     FixedBatchAdapter,
+    auto_micro_batch,
+    effective_batch_size,
     IRGAdapter,
     WorkItem,
     _render_latents,
@@ -172,3 +174,13 @@ def test_items_are_independent_of_batch_neighbours():
         a = _render_latents(fixed, [target], uncond, "ddim", 5.0, 3, 1.0, "ddim")
         b = _render_latents(fixed, [*others, target], uncond, "ddim", 5.0, 3, 1.0, "ddim")[-1:]
     assert torch.equal(a, b)
+
+
+def test_auto_micro_batch_and_effective_batch_size():
+    assert auto_micro_batch((4, 64, 64)) == 16  # SD-1.x 512 px: batch 8 with CFG
+    assert auto_micro_batch((16, 64, 64)) == 4 and auto_micro_batch((16, 128, 128)) == 2
+    assert auto_micro_batch((48, 8, 8)) == 64 and auto_micro_batch((3, 2, 2)) == 64
+    assert effective_batch_size(8, 16, cfg=5.0) == 8  # 16 rows: one full micro-batch
+    assert effective_batch_size(37, 16, cfg=5.0) == 40 and effective_batch_size(1, 16, cfg=1.0) == 16
+    assert effective_batch_size(5, 3, cfg=5.0) == 6  # 2 rows per item, unit lcm(3, 2) / 2 = 3
+    assert effective_batch_size(37, 0, cfg=5.0) == 37  # micro-batching off
