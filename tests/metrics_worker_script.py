@@ -16,7 +16,7 @@ import torch  # noqa: E402
 from metrics_helpers import SlowStandInToyClassifier, StandInToyClassifier  # noqa: E402
 
 from pcpo_eval import rewards  # noqa: E402
-from pcpo_eval.metrics.commands import maybe_init_distributed  # noqa: E402
+from pcpo_eval.metrics.commands import finalize_distributed, maybe_init_distributed  # noqa: E402
 from pcpo_eval.metrics.imageset import ImageSet  # noqa: E402
 from pcpo_eval.metrics.workers import MetricsOptions, compute_metrics, extract_set, rank  # noqa: E402
 
@@ -48,3 +48,4 @@ elif mode == "metrics":
                 }
             )
         )
+    finalize_distributed()

@@ -24,6 +24,15 @@ def maybe_init_distributed() -> None:
         dist.init_process_group("gloo")
 
 
+def finalize_distributed() -> None:
+    """Leave the process group cleanly (a process exiting with live gloo threads aborts)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def _options(
     batch_size: int,
     device: str,
@@ -89,8 +98,12 @@ def register(app: typer.Typer) -> None:
 
         maybe_init_distributed()
         opts = _options(batch_size, device, cache_dir, inception_weights, dinov2_path, lpips_trunk, is_splits)
-        result = run_metrics(image_set, metrics, out, reference, opts)
-        if rank() == 0:
+        try:
+            result = run_metrics(image_set, metrics, out, reference, opts)
+            is_main = rank() == 0
+        finally:
+            finalize_distributed()
+        if is_main:
             if as_json:
                 typer.echo(json.dumps(result, indent=2, default=str))
             else:
@@ -117,6 +130,10 @@ def register(app: typer.Typer) -> None:
         opts = _options(batch_size, device, cache_dir, None, None, None)
         if weights is not None:
             opts.extractor_options[extractor] = {"weights_path": weights}
-        feats = export_features(image_set, extractor, out, opts)
-        if rank() == 0:
+        try:
+            feats = export_features(image_set, extractor, out, opts)
+            is_main = rank() == 0
+        finally:
+            finalize_distributed()
+        if is_main:
             typer.echo(f"wrote {out}: {feats.shape[0]} x {feats.shape[1]} float32 ({extractor})")
