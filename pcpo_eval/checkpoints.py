@@ -84,15 +84,14 @@ def save_checkpoint(
     tmp = Path(tempfile.mkdtemp(prefix=f".{ckpt.name}.", dir=ckpt.parent))
     try:
         if is_lora(denoiser):
-            from diffusers.utils import convert_state_dict_to_diffusers
             from peft.utils import get_peft_model_state_dict
 
             peft_sd = get_peft_model_state_dict(denoiser)
             prefix = lora_prefix(denoiser)
-            # UNets: the diffusers key format of SD-1.x LoRA scripts; transformers (SD3/FLUX): peft keys as
-            # diffusers' own SD3/FLUX LoRA scripts save them (converting them leaves a mixed, half-loadable format)
-            layers = convert_state_dict_to_diffusers(peft_sd) if prefix == "unet" else peft_sd
-            save_file({f"{prefix}.{k}": v.detach().cpu().contiguous() for k, v in layers.items()}, tmp / LORA_FILE,
+            # peft key names (lora_A/lora_B) behind the component prefix (``unet.``/``transformer.``), which
+            # diffusers' load_lora_weights / load_lora_adapter read for UNets and transformers alike. The legacy
+            # ``lora.down/up`` conversion of older SD-1.x scripts drops UNet mid-block attention LoRA on reload.
+            save_file({f"{prefix}.{k}": v.detach().cpu().contiguous() for k, v in peft_sd.items()}, tmp / LORA_FILE,
                       metadata=_lora_metadata(denoiser, prefix))
             weights = LORA_FILE
             if training_state is not None:

@@ -102,7 +102,10 @@ class Trainer:
         self.adapter: ModelAdapter = load_model(config.model, device=self.device)
         self.adapter.denoiser.train()
         if config.lora_rank > 0:
-            self.adapter.add_lora(config.lora_rank, config.lora_alpha)
+            # peft's LoRA init draws from the global RNG: fork it and seed from the config, so runs repeat
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(config.seed)
+                self.adapter.add_lora(config.lora_rank, config.lora_alpha)
         else:
             self.adapter.denoiser.requires_grad_(True)
         self.params = self.adapter.trainable_parameters()
@@ -336,7 +339,7 @@ class Trainer:
                         j = tsel[rows, k]
                         loss, out, kl = self.step_loss(samples, rows, j, adv)
                         (loss.mean() / accum).backward()
-                        stats["loss"].append(float(loss.mean()))
+                        stats["loss"].append(float(loss.detach().mean()))
                         stats["clip"].extend(out.clipped.float().tolist())
                         stats["log_rho"].extend(out.log_rho.detach().float().tolist())
                         if kl is not None:

@@ -1,0 +1,187 @@
+"""Trainer on the toy model: log-probs, objectives, resume, NaN rewards, configs, 2 processes."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from pcpo_eval import checkpoints as ck
+from pcpo_eval.errors import UserError
+from pcpo_eval.objectives import eps_matching_log_rho, log_hinge_loss, ppo_clip_loss
+from pcpo_eval.samplers.ddim import ddim_mean
+from pcpo_eval.train_config import TrainConfig, config_from_dict, load_config
+from pcpo_eval.trainer import Trainer
+
+TINY = dict(
+    model="toy", prompts="toy", reward="jpeg_compressibility", epochs=2, sample_steps=4, cfg=3.0,
+    sample_batch_size=4, sample_batches_per_epoch=1, train_batch_size=2, gradient_updates=1,
+    learning_rate=3e-4, clip_range=1e-2, lora_rank=2, lora_alpha=2.0, checkpoint_every=1,
+)
+
+
+def tiny(**kw) -> TrainConfig:
+    return config_from_dict({**TINY, **kw})
+
+
+@pytest.mark.parametrize("objective", ["ppo_clip", "pcpo"])
+def test_logprob_matches_gaussian_and_log_rho_zero_at_theta_old(tmp_path, objective):
+    tr = Trainer(tiny(objective=objective), tmp_path / "run")
+    s = tr.sample_epoch(1)
+    N, S = s.log_probs.shape
+    assert S == 4 and N == 4
+    # stored log-prob == direct Gaussian density of the recorded transition (float64 reference)
+    for j in range(S):
+        x_t, x_prev = s.trajectory[:, j].double(), s.trajectory[:, j + 1].double()
+        mu = ddim_mean(x_t, s.eps_old[:, j].double(), float(s.alpha_bar[j]), float(s.alpha_bar_prev[j]),
+                       float(s.sigmas[j]))
+        sd = float(s.sigmas[j])
+        direct = (-((x_prev - mu) ** 2) / (2 * sd**2) - math.log(sd) - 0.5 * math.log(2 * math.pi)).mean((1, 2, 3))
+        np.testing.assert_allclose(s.log_probs[:, j].double().numpy(), direct.numpy(), rtol=1e-4, atol=1e-4)
+    # first inner update: theta == theta_old -> log rho == 0 (float error only)
+    tr.adapter.denoiser.train()
+    rows = torch.arange(N)
+    adv = torch.as_tensor(s.advantages, dtype=torch.float32)
+    with torch.no_grad():
+        for j in range(S):
+            _, out, _ = tr.step_loss(s, rows, torch.full((N,), j), adv)
+            assert out.log_rho.abs().max().item() < 1e-4
+
+
+def test_pcpo_samples_with_constant_weight_schedule(tmp_path):
+    from pcpo_eval.credit import ddim_C
+
+    tr = Trainer(tiny(objective="pcpo", sample_steps=10), tmp_path / "run")
+    s = tr.sample_epoch(1)
+    w = ddim_C(s.alpha_bar.numpy(), s.alpha_bar_prev.numpy(), s.sigmas.numpy()) / s.sigmas.numpy() ** 2
+    from pcpo_eval.credit import ddim_schedule, pcpo_ddim_credit
+
+    credit = pcpo_ddim_credit(ddim_schedule(tr.adapter.scheduler_config, 10, 1.0))
+    ok = np.setdiff1d(np.arange(10), credit.fallback_steps)
+    np.testing.assert_allclose(w[ok], credit.w_target, rtol=1e-6)
+
+
+def test_objectives_small_cases():
+    lr = torch.tensor([0.0, 0.1, -0.1])
+    adv = torch.tensor([1.0, 1.0, -1.0])
+    ppo = ppo_clip_loss(lr, adv, 0.05)
+    assert ppo.clipped.tolist() == [False, True, True]
+    np.testing.assert_allclose(ppo.loss.numpy(), [-1.0, -1.05, 0.95], rtol=1e-6)  # A=-1: max(0.905, 0.95)
+    h = log_hinge_loss(lr, adv, 0.05)
+    np.testing.assert_allclose(h.loss.numpy(), [0.05, 0.0, 0.0], atol=1e-7)
+    # decomposition: zero difference -> zero log rho
+    e = torch.randn(2, 3, 4, 4)
+    assert eps_matching_log_rho(e, e, torch.randn_like(e), 2.0).abs().max() == 0
+
+
+def test_resume_equals_uninterrupted(tmp_path):
+    full = Trainer(tiny(epochs=3), tmp_path / "full").run()
+    part = Trainer(tiny(epochs=2), tmp_path / "part").run()
+    assert len(part) == 2
+    resumed = Trainer(tiny(epochs=3), tmp_path / "part", resume=True).run()
+    assert len(resumed) == 3
+    cols = ["epoch", "reward_mean", "reward_std", "clipfrac", "approx_kl", "loss", "grad_norm"]
+    pd.testing.assert_frame_equal(full[cols], resumed[cols])
+    from safetensors.torch import load_file
+
+    a = load_file(str(ck.checkpoint_dir(tmp_path / "full", 3) / ck.LORA_FILE))
+    b = load_file(str(ck.checkpoint_dir(tmp_path / "part", 3) / ck.LORA_FILE))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_run_dir_contents_and_lora_reload(tmp_path):
+    run = tmp_path / "run"
+    log = Trainer(tiny(epochs=2), run).run()
+    for col in ["epoch", "reward_mean", "reward_std", "clipfrac", "approx_kl", "wall_time_s", "rho_mean", "rho_min",
+                "rho_max", "rho_std", "grad_norm", "grad_first_abs_mean", "grad_first_abs_var"]:
+        assert col in log.columns and log[col].notna().all(), col
+    assert (run / "config.yaml").is_file() and any((run / "tb").iterdir())
+    assert pd.read_parquet(run / "log.parquet").shape[0] == 2
+    cks = ck.list_checkpoints(run)
+    assert [p.name for p in cks] == ["epoch_0001", "epoch_0002"]
+    keys = __import__("safetensors.torch", fromlist=["load_file"]).load_file(str(cks[-1] / ck.LORA_FILE)).keys()
+    assert all(k.startswith("unet.") for k in keys)
+    # the checkpoint reloads onto a fresh base model through diffusers' LoRA loader, same outputs
+    model = ck.load_model_from_spec(str(cks[-1]))
+    tr = Trainer(tiny(epochs=2), tmp_path / "other")
+    from peft.utils import set_peft_model_state_dict
+
+    state = torch.load(cks[-1] / ck.STATE_FILE, weights_only=False)
+    set_peft_model_state_dict(tr.adapter.denoiser, state["peft_state"])
+    tr.adapter.denoiser.eval()
+    x = torch.randn(2, *model.latent_shape, generator=torch.Generator().manual_seed(0))
+    c = model.encode_prompts(["red circle", "blue square"]) if hasattr(model, "encode_prompts") else None
+    t = torch.tensor([500, 500])
+    with torch.no_grad():
+        torch.testing.assert_close(model.denoise(x, t, c), tr.adapter.denoise(x, t, c), rtol=1e-5, atol=1e-6)
+
+
+def test_nan_reward_rejects_epoch_without_checkpoint(tmp_path):
+    tr = Trainer(tiny(epochs=1), tmp_path / "run")
+    tr.reward_fn = lambda images, prompts: torch.full((len(prompts),), float("nan"))
+    with pytest.raises(UserError, match="NaN/inf .* prompt"):
+        tr.run()
+    assert ck.list_checkpoints(tmp_path / "run") == []
+
+
+def test_config_validation_messages(tmp_path):
+    with pytest.raises(UserError, match="unknown config key.*valid keys"):
+        config_from_dict({"epoch": 3})
+    with pytest.raises(UserError, match="objective='sgd'.*ppo_clip, log_hinge, eps_matching, pcpo"):
+        config_from_dict({"objective": "sgd"})
+    with pytest.raises(UserError, match="train_batch_size=3 must divide"):
+        config_from_dict({"sample_batch_size": 4, "sample_batches_per_epoch": 1, "train_batch_size": 3})
+    with pytest.raises(UserError, match="gradient_updates=3"):
+        config_from_dict({"sample_batch_size": 4, "sample_batches_per_epoch": 1, "train_batch_size": 1,
+                          "gradient_updates": 3})
+    with pytest.raises(UserError, match="epochs: cannot read"):
+        load_config(None, ["epochs=two"])
+    with pytest.raises(UserError, match="not KEY=VALUE"):
+        load_config(None, ["epochs"])
+    with pytest.raises(UserError, match="not found"):
+        load_config(tmp_path / "nope.yaml")
+
+
+@pytest.mark.parametrize("path", sorted(Path(__file__).parents[1].glob("train/configs/*.yaml")), ids=lambda p: p.name)
+def test_shipped_configs_validate(path):
+    load_config(path)
+
+
+def test_unknown_reward_lists_choices(tmp_path):
+    with pytest.raises(UserError, match="unknown reward 'nope'.*jpeg_compressibility"):
+        Trainer(tiny(reward="nope"), tmp_path / "run")
+
+
+def test_cli_train_and_bad_override(tmp_path, cli):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("\n".join(f"{k}: {v}" for k, v in TINY.items()) + "\n")
+    r = cli("train", cfg, "--out", tmp_path / "run", "epochs=1", "objective=pcpo")
+    assert r.returncode == 0, r.stderr
+    assert "done:" in r.stdout and (tmp_path / "run" / "log.parquet").is_file()
+    r = cli("train", cfg, "--out", tmp_path / "run2", "objective=sgd")
+    assert r.returncode == 2 and "objective='sgd'" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    r = cli("train", cfg, "--out", tmp_path / "run")
+    assert r.returncode == 2 and "--resume" in r.stderr
+
+
+@pytest.mark.slow
+def test_two_processes_gloo(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("\n".join(f"{k}: {v}" for k, v in {**TINY, "device": "cpu"}.items()) + "\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    res = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
+         "-m", "pcpo_eval", "train", str(cfg), "--out", str(tmp_path / "run"), "epochs=1"],
+        capture_output=True, text=True, env=env, timeout=600,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    log = pd.read_parquet(tmp_path / "run" / "log.parquet")
+    assert len(log) == 1 and np.isfinite(log["reward_mean"]).all()
+    assert ck.list_checkpoints(tmp_path / "run")
