@@ -105,3 +105,32 @@ def test_wrong_file_is_rejected(tmp_path) -> None:
     torch.save({"foo": torch.zeros(1)}, bad)
     with pytest.raises(MissingWeightsError, match="not a converted TF Inception"):
         make_extractor("inception", weights_path=bad)
+
+
+def test_torchscript_file_is_called_like_cleanfid(random_weights, tmp_path) -> None:
+    """A TorchScript file with NVIDIA's interface (``layers``, ``output``) is detected and used."""
+    trunk = TFInceptionTrunk()
+    trunk.load_state_dict(torch.load(random_weights, weights_only=True))
+    trunk.eval()
+
+    class Nvidia(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            names = [n for n, _ in trunk.named_children() if n != "fc"]
+            self.layers = torch.nn.Sequential(*[getattr(trunk, n) for n in names])
+            self.output = trunk.fc
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.layers(x)
+
+    path = tmp_path / "inception-2015-12-05.pt"
+    torch.jit.trace(Nvidia().eval(), torch.zeros(1, 3, 299, 299)).save(str(path))
+    assert is_torchscript(path)
+    ts = make_extractor("inception", weights_path=path)
+    assert ts.settings()["weights_format"].startswith("torchscript")
+    imgs = _images(2, 299, 5)
+    with torch.no_grad():
+        pool, logits = trunk((imgs.float() - 128) / 128)
+    out = ts.extract(imgs)
+    torch.testing.assert_close(out["features"], pool, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(out["logits"], logits, rtol=1e-4, atol=1e-5)

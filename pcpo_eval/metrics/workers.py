@@ -232,8 +232,11 @@ def load_reward(name: str, options: dict[str, Any]) -> Any:
 
 def score_set(
     image_set: ImageSet, name: str, options: MetricsOptions, report: ExtractionReport | None = None
-) -> np.ndarray:
-    """Per-image preference scores (float32, manifest order) through a cache keyed by image + prompt."""
+) -> tuple[np.ndarray, dict[str, Any]]:
+    """Per-image preference scores (float32, manifest order) through a cache keyed by image + prompt.
+
+    Returns the scores and the reward's settings (its ``settings``/``info`` dict: model, weights).
+    """
     report = report if report is not None else ExtractionReport()
     fn = load_reward(name, options.reward_options.get(name, {}))
     info = getattr(fn, "info", None) or getattr(fn, "settings", None) or {}
@@ -253,7 +256,8 @@ def score_set(
         return {"score": torch.as_tensor(scores).detach().float().cpu().numpy().reshape(len(rows))}
 
     _compute_into_cache(cache, image_set, reward_keys(image_set), options.batch_size, compute, report)
-    return cache.gather(reward_keys(image_set), ["score"])["score"]
+    plain = {k: v if isinstance(v, str | int | float | bool | None) else str(v) for k, v in settings.items()}
+    return cache.gather(reward_keys(image_set), ["score"])["score"], plain
 
 
 # ----------------------------------------------------------------------------- stage 3: metrics
@@ -381,6 +385,7 @@ def compute_metrics(
         feats[src] = extract_set(s, ext, options, wanted, report)
 
     fd_diag: dict[str, Any] = {}
+    reward_settings: dict[str, Any] = {}
     for m in names:
         spec = METRICS[m]
         if spec.kind == "fd":
@@ -419,7 +424,7 @@ def compute_metrics(
                 "aggregate": "mean over prompts",
             }
         else:
-            scores = score_set(s, spec.source, options, report)
+            scores, reward_settings[m] = score_set(s, spec.source, options, report)
             per_image[m] = scores
             per_prompt[m] = [float(np.mean(scores[r])) for r in rows_s.values()]
             out[m] = float(np.mean(scores))
@@ -442,9 +447,7 @@ def compute_metrics(
             "n": len(s),
         }
     if any(METRICS[m].kind == "reward" for m in names):
-        settings["rewards"] = {
-            m: options.reward_options.get(m, {}) for m in names if METRICS[m].kind == "reward"
-        }
+        settings["rewards"] = reward_settings
         settings["reward_aggregate"] = "mean over images (per prompt: mean over the prompt's images)"
     conversions: dict[str, int] = {}
     for part in gather_objects(s.read_stats.as_dict()):
