@@ -27,7 +27,7 @@ def main() -> None:
     ps = PromptSet("standin", animals.prompt_ids[: int(n_prompts)], animals.prompts[: int(n_prompts)])
     generate_set(
         StandInAdapter(), ps, int(n_seeds), out, batch_size=int(batch), steps=int(steps),
-        micro_batch=int(micro), progress=False, flush_every_s=0.0,
+        micro_batch=int(micro), progress=False, flush_every_s=0.5,
     )  # fmt: skip
 
 

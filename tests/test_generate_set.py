@@ -214,18 +214,22 @@ def test_two_processes_torchrun_match_one_process(reference_set, tmp_path):
 def test_flow_model_sets_are_batch_invariant(tmp_path, schedule):
     """Velocity models go through the flow sampler; ODE and SDE images do not depend on batch size."""
     flow = pytest.importorskip("pcpo_eval.toy.flow")
+    from pcpo_eval.prompts import toy_prompts
+
     adapter = flow.load_toy_flow(random_init=True)
+    toy = toy_prompts()
+    prompts = PromptSet("toy3", toy.prompt_ids[:3], toy.prompts[:3])
     hashes = []
     for bs in (1, 5):
         s = generate_set(
-            adapter, _prompts(3), 2, tmp_path / f"b{bs}", batch_size=bs, steps=3, cfg=4.5, eta=0.7,
+            adapter, prompts, 2, tmp_path / f"b{bs}", batch_size=bs, steps=3, cfg=4.5, eta=0.7,
             schedule=schedule, micro_batch=MICRO, progress=False,
         )  # fmt: skip
         assert s.settings.sampler == "flow" and s.settings.schedule == schedule
         hashes.append(_hashes(pd.read_parquet(tmp_path / f"b{bs}" / "manifest.parquet")))
     assert hashes[0] == hashes[1] and len(hashes[0]) == 6
     with pytest.raises(UserError, match="schedule"):
-        generate_set(adapter, _prompts(3), 1, tmp_path / "bad", schedule="pcpo", progress=False)
+        generate_set(adapter, prompts, 1, tmp_path / "bad", schedule="pcpo", progress=False)
 
 
 def test_cli_generate_bad_input_is_one_line(cli, tmp_path):
@@ -249,3 +253,20 @@ def test_irg_set_with_zero_weight_reproduces_the_reference_pixels(reference_set,
     got = pd.read_parquet(tmp_path / "irg" / "manifest.parquet")
     assert list(got.pixel_sha256) == list(ref.pixel_sha256)
     assert s.settings.model_hash != ref.model_hash.iloc[0]  # a different model identity
+
+
+def test_unrecorded_truncated_image_is_rendered_again(reference_set, tmp_path):
+    """A file cut short (possible only after a power loss) and not in any record is re-rendered."""
+    out = tmp_path / "set"
+    shutil.copytree(reference_set, out)
+    (out / "manifest.parquet").unlink()  # no records: every image must prove itself by decoding
+    victim = out / "images/p00002/s0000001.png"
+    data = victim.read_bytes()
+    victim.write_bytes(data[: len(data) // 2])
+    s = generate_set(
+        StandInAdapter(), _prompts(), N_SEEDS, out, batch_size=8, steps=STEPS, micro_batch=MICRO, progress=False
+    )
+    assert s.n_rendered == 1 and victim.read_bytes() == data
+    assert _hashes(pd.read_parquet(out / "manifest.parquet")) == _hashes(
+        pd.read_parquet(reference_set / "manifest.parquet")
+    )
