@@ -773,7 +773,7 @@ class Study:
                 continue
             self.log(f"  set {out.relative_to(self.out)} <- {model}")
             generate_set(model, prompts, seeds, out, batch_size=ev.batch_size, steps=s["steps"], cfg=s["cfg"],
-                         eta=s["eta"], sigma_schedule=s["sigma_schedule"], device=ev.device, max_prompts=maxp,
+                         eta=s["eta"], schedule=s["sigma_schedule"], device=ev.device, max_prompts=maxp,
                          max_prompt_tokens=maxtok, progress=False)
 
     # -- 4. metrics ----------------------------------------------------------------------------

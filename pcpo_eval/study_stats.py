@@ -94,8 +94,8 @@ def fit_metric_lmms(data: pd.DataFrame, metrics: list[str], formula: str, coding
         d = data.assign(value=data[m].astype(float))
         try:
             fits[m] = fit_lmm(d, fixed, groups, coding=coding, re_formula=re_formula)
-        except UserError as exc:
-            errors[m] = str(exc)
+        except Exception as exc:  # recorded and shown in the report, never fatal or hidden
+            errors[m] = str(exc) if isinstance(exc, UserError) else f"{type(exc).__name__}: {exc}"
     adjusted = adjust_across_metrics(fits) if fits else {}
     out = {m: dataclasses.asdict(f) | {"reml_criterion": f.reml_criterion} for m, f in fits.items()}
     out.update({m: {"error": e} for m, e in errors.items()})
@@ -120,8 +120,8 @@ def simple_effects(study: Study, data: pd.DataFrame) -> dict[str, dict[str, Any]
             try:
                 fits[m] = fit_lmm(d.assign(value=d[m].astype(float)), f"value ~ {sp.compare_factor}", groups,
                                   coding="treatment", diagnostics=False)
-            except UserError as exc:
-                errs[m] = str(exc)
+            except Exception as exc:  # recorded, never fatal
+                errs[m] = str(exc) if isinstance(exc, UserError) else f"{type(exc).__name__}: {exc}"
         adj = adjust_across_metrics(fits) if fits else {}
         term = f"{sp.compare_factor}[T.{sp.pcpo}]"
         cell_out: dict[str, Any] = {}

@@ -81,7 +81,9 @@ def register(app: typer.Typer) -> None:
 
         from pcpo_eval.study import run_study
 
-        torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+        # One thread: the toy tensors are tiny, and on a shared 2-core machine two OpenMP threads
+        # were measured 30x slower than one (spin-waiting under load).
+        torch.set_num_threads(1)
         t0 = time.perf_counter()
         path = run_study(find_demo_spec(), out, log=lambda s: typer.echo(s))
         typer.echo(f"\nreport: {path.resolve()}")
