@@ -41,8 +41,10 @@ class ToyAdapter(ModelAdapter):
                  dtype: torch.dtype = torch.float32) -> ToyAdapter:
         """Load from a toy weights directory (default: the shipped weights)."""
         wd = Path(weights_dir) if weights_dir is not None else toy_model.WEIGHTS_DIR
-        unet = toy_model.load_unet(wd).to(device=device, dtype=dtype)
-        enc = toy_model.load_text_encoder(wd).to(device=device, dtype=dtype)
+        unet = toy_model.load_unet(wd).to(device)
+        enc = toy_model.load_text_encoder(wd).to(device)
+        if dtype != torch.float32:
+            unet, enc = unet.to(dtype=dtype), enc.to(dtype=dtype)
         sched = toy_model.load_json(wd / "scheduler_config.json")
         return cls(unet, enc, sched, source=str(wd))
 

@@ -45,7 +45,7 @@ class ClassifierTrainConfig:
 @dataclass(frozen=True)
 class DiffusionTrainConfig:
     seed: int = 0
-    steps: int = 2000
+    steps: int = 1500
     batch_size: int = 64
     lr: float = 2e-3
     warmup: int = 100
