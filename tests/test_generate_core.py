@@ -11,11 +11,11 @@ from generate_standin import StandInAdapter
 from pcpo_eval.errors import UserError
 from pcpo_eval.generate import (
     FixedBatchAdapter,
-    auto_micro_batch,
-    effective_batch_size,
     IRGAdapter,
     WorkItem,
     _render_latents,
+    auto_micro_batch,
+    effective_batch_size,
     irg_combine,
     parse_irg_spec,
     parse_seeds,
