@@ -101,3 +101,16 @@ def test_pretrain_is_reproducible(tmp_path):
     from pcpo_eval.models.registry import load_model
 
     assert load_model(f"toy:{tmp_path / 'a'}").latent_shape == toy_model.LATENT_SHAPE
+
+
+def test_run_check_reports_consistent_figures():
+    """run_check on random tiny models (2 DDIM steps): figures are consistent with their definition."""
+    from pcpo_eval.testing import tiny_toy_adapter, tiny_toy_classifier
+    from pcpo_eval.toy.check import run_check
+
+    res = run_check(tiny_toy_adapter(0), tiny_toy_classifier(0), n_seeds=2, steps=2)
+    assert res.n_images == 90 and len(res.per_prompt_accuracy) == 45
+    assert res.accuracy == pytest.approx(sum(res.per_prompt_accuracy.values()) / 45)
+    assert 0 <= res.accuracy <= min(res.color_accuracy, res.shape_accuracy) <= 1
+    assert res.fd_toy > 0 and res.sampling_time_s > 0 and res.passed == (res.accuracy >= 0.8)
+    assert json.loads(json.dumps(res.to_dict()))["steps"] == 2

@@ -20,7 +20,7 @@ def register(app: typer.Typer) -> None:
         steps: int = typer.Option(None, help="diffusion training steps (default: the shipped recipe)"),
         classifier_steps: int = typer.Option(None, help="classifier training steps (default: the shipped recipe)"),
         stage: str = typer.Option("all", help="all | classifier | diffusion"),
-        threads: int = typer.Option(2, help="torch threads (the shipped weights were trained with 2)"),
+        threads: int = typer.Option(1, help="torch threads (the shipped weights were trained with 1)"),
     ) -> None:
         """Train the toy classifier and diffusion model from scratch (reproducible by seed)."""
         from dataclasses import replace
