@@ -4,8 +4,9 @@ Every problem in user data is raised as a one-line :class:`~pcpo_eval.errors.Use
 column or problem: a formula naming missing columns, a non-numeric or constant response, NaNs in
 used columns, a grouping with one level.
 
-Coding (stated in every result): ``treatment`` is patsy's default (first level, in sorted order, is
-the reference; term names ``a[T.level]``); with an interaction the main-effect coefficient is the
+Coding (stated in every result): ``treatment`` is patsy's default (the first level is the
+reference: a pandas Categorical's ``categories`` order, else sorted values; term names
+``a[T.level]``; :func:`reference_levels_of` reads it back from the built design); with an interaction the main-effect coefficient is the
 effect at the *reference level of the other factor*. ``sum`` wraps each bare categorical column
 in ``C(col, Sum)`` (deviation coding, term names ``C(a, Sum)[S.level]``; main effects are then
 averaged over the other factor's levels). Factors the user already wrapped (``C(a, ...)``) and
@@ -116,6 +117,58 @@ def _apply_coding(desc: object, data: pd.DataFrame, coding: str) -> object:
     return patsy.ModelDesc(desc.lhs_termlist, terms)
 
 
+SUM_TO_ZERO = "(sum-to-zero)"
+FULL_DUMMY = "(none: one column per level)"
+
+
+def _contrast_reference(categories: tuple, matrix: np.ndarray) -> str:
+    """Reference label of one factor from the contrast matrix patsy used (rows = levels).
+
+    Treatment coding: the level whose row is all zeros (its coefficient is absorbed by the
+    intercept). Sum coding: :data:`SUM_TO_ZERO` (the last level's row is all -1). Full-rank dummy
+    coding (no intercept): :data:`FULL_DUMMY`. Any other contrast is named ``(custom contrast)``.
+    """
+    k, m = matrix.shape
+    if m == k:
+        return FULL_DUMMY
+    zero_rows = np.flatnonzero(np.all(matrix == 0.0, axis=1))
+    if m == k - 1 and zero_rows.size == 1:
+        rest = np.delete(matrix, zero_rows[0], axis=0)
+        if np.array_equal(rest, np.eye(m)):
+            return str(categories[zero_rows[0]])
+    if m == k - 1 and np.array_equal(matrix[:-1], np.eye(m)) and np.all(matrix[-1] == -1.0):
+        return SUM_TO_ZERO
+    return "(custom contrast)"
+
+
+def reference_levels_of(design_info: object, columns: list[str]) -> dict[str, str]:
+    """Reference level of every categorical factor, read from the fitted patsy design itself.
+
+    patsy orders levels by the pandas Categorical's ``categories`` (ordered or not), by sorted
+    value otherwise (numerically for a numeric column wrapped in ``C()``), and honours
+    ``Treatment(reference=...)`` / ``levels=``; reading the contrast matrices it actually used
+    (rather than re-sorting the values) keeps the report in step with the coefficients. A factor
+    is keyed by its data column when it uses exactly one (``batch``, ``C(batch)``,
+    ``C(batch, Sum)``), else by its formula code. The coding of a factor's first term that
+    drops a level (its main effect, normally) is reported.
+    """
+    cols = set(columns)
+    label_of: dict[object, str] = {}  # factor -> label, in first-seen order
+    for subterms in design_info.term_codings.values():
+        for sub in subterms:
+            for factor, cm in sub.contrast_matrices.items():
+                cats = tuple(design_info.factor_infos[factor].categories)
+                label = _contrast_reference(cats, np.asarray(cm.matrix, dtype=np.float64))
+                if label_of.get(factor, FULL_DUMMY) == FULL_DUMMY:
+                    label_of[factor] = label
+    out: dict[str, str] = {}
+    for factor, label in label_of.items():
+        named = _names_in(factor.code) & cols
+        key = next(iter(named)) if len(named) == 1 else factor.code
+        out[factor.code if key in out else key] = label
+    return out
+
+
 def check_columns(data: pd.DataFrame, columns: list[str]) -> None:
     """NaNs in any used column are an error (no silent row dropping)."""
     for c in columns:
@@ -186,11 +239,7 @@ def build_design(
             "some terms are collinear or a factor combination has no rows"
         )
 
-    reference_levels: dict[str, str] = {}
-    for c in rhs_used:
-        if _is_categorical(data[c]):
-            levels = sorted(pd.unique(data[c]).tolist(), key=str)
-            reference_levels[c] = str(levels[0]) if coding == "treatment" else "(sum-to-zero)"
+    reference_levels = reference_levels_of(Xdf.design_info, columns)
 
     blocks = []
     for g in groups:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -42,6 +42,7 @@ OPTIMIZERS = ("lbfgs", "bfgs", "cg", "powell", "nm")
 SINGULAR_TOL = 1e-4  # lme4::isSingular default on theta
 GRAD_TOL = 2e-3  # lme4's check.conv.grad tolerance on the profiled deviance gradient
 QQ_MAX_POINTS = 2000
+PRECISION_ULPS = 1e4  # residual SD below this many ulps of max|y| is rounding noise (noted, not converged)
 MAX_DENSE_VC = 3e7  # rows x levels above which statsmodels' dense crossed VC design is skipped
 
 
@@ -127,6 +128,7 @@ class LMMResult:
     n_groups: dict[str, int]
     theta: tuple[float, ...]
     diagnostics: ResidualDiagnostics | None = field(default=None, compare=False)
+    notes: tuple[str, ...] = ()  # why converged is False / what is degenerate, in words
 
     @property
     def reml_criterion(self) -> float | None:
@@ -164,6 +166,7 @@ class LMMResult:
             "max_grad": self.max_grad,
             "n_obs": self.n_obs,
             "n_groups": dict(self.n_groups),
+            "notes": list(self.notes),
             "diagnostics": self.diagnostics.to_dict() if self.diagnostics else None,
         }
 
@@ -190,6 +193,7 @@ class LMMResult:
             f"obs: {self.n_obs}   groups: " + ", ".join(f"{k} {v}" for k, v in self.n_groups.items()),
             f"Converged: {'yes' if self.converged else 'NO'}   Singular: {'YES' if self.singular else 'no'}"
             f"   optimizer: {self.optimizer}   max|grad|: {self.max_grad:.2e}",
+            *(f"Note: {n}" for n in self.notes),
             "",
             "Random effects (SD):",
         ]
@@ -338,6 +342,35 @@ def fit_lmm(
         return _fit(d, formula, list(groups), coding, reml, re_formula, diagnostics)
 
 
+def _standardize_response(d: Design) -> tuple[Design, np.ndarray, float, list[str]]:
+    """Refit-invariant rescaling y' = (y - X b_ols) / s, s = OLS residual SD.
+
+    An LMM is equivariant under y -> a y + X c: theta (relative Cholesky factors), t, df and p are
+    unchanged; beta -> a beta + c, SEs, SDs -> a x, and the deviance shifts by (n - p) log a^2
+    (REML) or n log a^2 (ML). Fitting on y' keeps every quantity O(1), so a nearly constant
+    response (per-prompt IS ~1 + 1e-9 noise) neither loses r^2 to cancellation nor meets the
+    absolute steps of the optimizers and of numDeriv's derivatives (1e-4 near zero) at the scale
+    of its residual SD. Returns (design on y', shift c = b_ols, scale a = s, notes).
+    """
+    n, p = d.X.shape
+    b_ols = np.linalg.lstsq(d.X, d.y, rcond=None)[0]
+    r = d.y - d.X @ b_ols
+    s = float(np.sqrt(r @ r / max(n - p, 1)))
+    if not s > 0.0:
+        raise UserError(
+            f"response column {d.response!r} is exactly determined by the fixed effects "
+            "(residual SD 0); nothing to model"
+        )
+    notes = []
+    y_mag = float(np.max(np.abs(d.y)))
+    if s < PRECISION_ULPS * np.finfo(float).eps * y_mag:
+        notes.append(
+            f"residual SD {s:.3g} is within {PRECISION_ULPS:.0f} ulps of the response magnitude "
+            f"{y_mag:.3g}: the variation is floating-point rounding, estimates are not meaningful"
+        )
+    return replace(d, y=r / s), b_ols, s, notes
+
+
 def _fit(
     d: Design,
     formula: str,
@@ -347,6 +380,9 @@ def _fit(
     re_formula: str | None,
     diagnostics: bool,
 ) -> LMMResult:
+    d, shift, scale, notes = _standardize_response(d)
+    n_obs, p = d.X.shape
+    log_jac = (n_obs - p if reml else n_obs) * np.log(scale**2)  # deviance(y) - deviance(y')
     core = LMMCore(d.y, d.X, list(d.blocks))
     dense_vc = len(d.y) * sum(b.n_levels for b in d.blocks) if len(d.blocks) > 1 else 0
     if dense_vc > MAX_DENSE_VC:
@@ -356,6 +392,7 @@ def _fit(
         skipped = f"statsmodels skipped: dense crossed design of {dense_vc:.2g} cells > {MAX_DENSE_VC:.0e}"
     else:
         attempts, thetas = _run_statsmodels(d, reml)
+        attempts = [replace(a, deviance=a.deviance + log_jac) for a in attempts]
         skipped = ""
     if not thetas:
         theta0 = np.where(np.isfinite(theta_lower_bounds(list(d.blocks))), 1.0, 0.0)
@@ -377,22 +414,37 @@ def _fit(
         theta, dev = theta_sm, dev_sm
         optimizer = start
     max_grad = _projected_grad(core, theta, reml)
-    converged_flag = bool((sm_ok or pol_ok) and np.isfinite(dev) and max_grad < GRAD_TOL)
+    if not (sm_ok or pol_ok):
+        notes.append("no optimizer reported convergence")
+    if not np.isfinite(dev):
+        notes.append("the deviance at the optimum is not finite")
+    if not max_grad < GRAD_TOL:
+        notes.append(f"max |gradient| of the profiled deviance {max_grad:.2g} >= {GRAD_TOL:g}")
+    converged_flag = bool(not notes)
 
+    # Everything below is computed on y' and mapped back to y (see _standardize_response).
     state = core.solve(theta)
-    sigma = core.sigma_hat(theta, reml)
-    varpar = np.r_[theta, sigma]
-    vcov = core.vcov_beta(varpar)
-    se = np.sqrt(np.diag(vcov))
-    p = len(state.beta)
+    sigma_s = core.sigma_hat(theta, reml)
+    varpar = np.r_[theta, sigma_s]
+    se = scale * np.sqrt(np.diag(core.vcov_beta(varpar)))
+    beta = shift + scale * state.beta
+    sigma = scale * sigma_s
+    dev = float(dev) + log_jac
+    # Satterthwaite df on y' / sigma' (residual SD exactly 1): df is invariant to that rescaling,
+    # and it keeps sigma away from numDeriv's absolute step (1e-4) for parameters near zero when a
+    # random effect dwarfs the residual (sigma' << 1 after the OLS-based standardization).
+    sat_core = LMMCore(core.y / sigma_s, core.X, list(d.blocks)) if sigma_s > 0 else core
+    sat_varpar = np.r_[theta, 1.0] if sigma_s > 0 else varpar
     dfs, _, hess_ok = satterthwaite_dfs(
-        lambda vp: core.deviance_vp(vp, reml), core.vcov_beta, varpar, np.eye(p)
+        lambda vp: sat_core.deviance_vp(vp, reml), sat_core.vcov_beta, sat_varpar, np.eye(p)
     )
+    if not np.all(np.isfinite(dfs)):
+        notes.append("Satterthwaite df not computable (deviance Hessian not finite)")
 
     fixed = []
     zq = sst.norm.ppf(0.975)
     for i, name in enumerate(d.fixed_names):
-        est, s, dfi = float(state.beta[i]), float(se[i]), float(dfs[i])
+        est, s, dfi = float(beta[i]), float(se[i]), float(dfs[i])
         t = est / s
         tq = sst.t.ppf(0.975, dfi) if np.isfinite(dfi) else float("nan")
         fixed.append(
@@ -460,10 +512,11 @@ def _fit(
         optimizer=optimizer,
         attempts=tuple(attempts),
         max_grad=max_grad,
-        n_obs=len(d.y),
+        n_obs=n_obs,
         n_groups={b.name: b.n_levels for b in d.blocks},
         theta=tuple(float(v) for v in theta),
-        diagnostics=_diagnostics(core, theta, sigma) if diagnostics else None,
+        diagnostics=_diagnostics(core, theta, sigma_s) if diagnostics else None,
+        notes=tuple(notes),
     )
 
 

@@ -38,6 +38,12 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
+#: Relative size of r^2 next to y'y below which r^2 is recomputed from residuals (see ``solve``).
+PWRSS_CANCEL_TOL = 1e-6
+#: diag(X'V^-1X) / diag(X'X) below which the blocked Cholesky solve is redone by QR.
+XTVX_CANCEL_TOL = 1e-8
+MAX_QR_CELLS = 5e7  # (n + q) x (q + p + 1) doubles for the QR fallback (400 MB)
+
 
 @dataclass(frozen=True)
 class REBlock:
@@ -196,14 +202,25 @@ class LMMCore:
         minv_wy, minv_wx = sol[:, 0], sol[:, 1:]
         xtvx = self.XtX - w_x.T @ minv_wx  # R_X'R_X = X'X - R_ZX'R_ZX
         xtvx = 0.5 * (xtvx + xtvx.T)
+        if not np.min(np.diag(xtvx) / np.diag(self.XtX)) > XTVX_CANCEL_TOL:
+            return self._solve_qr(lam)
         rhs = self.Xty - w_x.T @ minv_wy  # X'y - R_ZX'c_u
-        RX = np.linalg.cholesky(xtvx)
+        try:
+            RX = np.linalg.cholesky(xtvx)
+        except np.linalg.LinAlgError:
+            return self._solve_qr(lam)
         beta = np.linalg.solve(xtvx, rhs)
         cu2 = float(w_y @ minv_wy)
         cb2 = float(rhs @ beta)
         # u = L'^{-1}(c_u - R_ZX beta) = L'^{-1} L^{-1} (w_y - W_X beta) = M^{-1}(w_y - W_X beta)
         u = minv_wy - minv_wx @ beta
         pwrss = self.yty - cu2 - cb2
+        if not pwrss > PWRSS_CANCEL_TOL * self.yty:
+            # r^2 = y'y - c_u'c_u - c_b'c_b lost most of its digits to cancellation (residuals tiny
+            # next to y, e.g. a nearly constant response): recompute it from its definition,
+            # ||y - X beta - Z Lambda u||^2 + ||u||^2, at O(n) cost instead of O(q^3).
+            resid = self.y - self.X @ beta - self.Z @ (lam @ u)
+            pwrss = float(resid @ resid + u @ u)
         return PLSState(
             beta=beta,
             u=u,
@@ -213,9 +230,37 @@ class LMMCore:
             xtvx=xtvx,
         )
 
+    def _solve_qr(self, lam: sp.csc_matrix) -> PLSState:
+        """The same PLS solve by a Householder QR of the augmented system (numerically stable).
+
+        R of ``[[Z Lambda, X, y], [I_q, 0, 0]]`` holds L' (q x q), R_ZX, R_X, c_u, c_beta and r in
+        its last diagonal entry (lme4 paper Sec. 3.5), with no X'X - R_ZX'R_ZX subtraction: used
+        when that subtraction has cancelled (a random effect dwarfing the residual, theta ~ 1e9).
+        Dense in (n + q) x (q + p + 1), so refused above :data:`MAX_QR_CELLS`.
+        """
+        q, p, n = self.q, self.p, self.n
+        if (n + q) * (q + p + 1) > MAX_QR_CELLS:
+            raise np.linalg.LinAlgError("X'V^-1X lost its precision and the design is too large for QR")
+        top = np.column_stack([np.asarray((self.Z @ lam).todense()), self.X, self.y])
+        bottom = np.column_stack([np.eye(q), np.zeros((q, p + 1))])
+        R = np.linalg.qr(np.vstack([top, bottom]), mode="r")
+        r11, r12, r22 = R[:q, :q], R[:q, q : q + p], R[q : q + p, q : q + p]
+        beta = np.linalg.solve(r22, R[q : q + p, -1])
+        u = np.linalg.solve(r11, R[:q, -1] - r12 @ beta)
+        return PLSState(
+            beta=beta,
+            u=u,
+            pwrss=float(R[-1, -1] ** 2),
+            logdet_L2=2.0 * float(np.sum(np.log(np.abs(np.diag(r11))))),
+            logdet_RX2=2.0 * float(np.sum(np.log(np.abs(np.diag(r22))))),
+            xtvx=r22.T @ r22,
+        )
+
     def profiled_deviance(self, theta: np.ndarray, reml: bool = True) -> float:
         """Deviance profiled over beta and sigma: lme4's REML criterion / ML deviance (eqs. 34, 41)."""
         s = self.solve(theta)
+        if not s.pwrss > 0.0:  # exact fit: the likelihood is unbounded, no finite deviance
+            return float("inf")
         if reml:
             nmp = self.n - self.p
             return nmp * (1.0 + np.log(2.0 * np.pi * s.pwrss / nmp)) + s.logdet_L2 + s.logdet_RX2
@@ -229,6 +274,8 @@ class LMMCore:
     def deviance_vp(self, varpar: np.ndarray, reml: bool = True) -> float:
         """Deviance at varpar = (theta..., sigma), sigma not profiled (lmerTest ``devfun_vp``)."""
         theta, sigma = np.asarray(varpar[:-1]), float(varpar[-1])
+        if not sigma > 0.0:  # boundary sigma = 0 (or a numerical step past it): deviance is +inf
+            return float("inf")
         s = self.solve(theta)
         s2 = sigma**2
         dev = s.logdet_L2 + s.pwrss / s2 + self.n * np.log(2.0 * np.pi * s2)

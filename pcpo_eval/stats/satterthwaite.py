@@ -122,10 +122,12 @@ def satterthwaite_dfs(
     varpar = np.asarray(varpar, dtype=np.float64)
     h = hessian(deviance_vp, varpar)
     h = 0.5 * (h + h.T)
+    p = contrasts.shape[1]
+    if not np.all(np.isfinite(h)):  # a step left the parameter space: no df, reported as NaN
+        return np.full(contrasts.shape[0], np.nan), np.full_like(h, np.nan), False
     eig = np.linalg.eigvalsh(h)
     ok = bool(np.all(eig > 0))
     a_mat = 2.0 * (np.linalg.inv(h) if ok else np.linalg.pinv(h))
-    p = contrasts.shape[1]
     jac = jacobian(lambda vp: vcov_beta(vp).ravel(), varpar)  # (p*p, k)
     jac = jac.reshape(p, p, -1)
     v = vcov_beta(varpar)
