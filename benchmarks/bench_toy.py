@@ -56,8 +56,9 @@ def time_fwd_bwd(unet, x, t, hidden, pooled, reps: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="fewer repetitions, 4 seeds instead of 16")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads (issue budget: 2)")
     args = ap.parse_args()
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     from pcpo_eval.models.registry import load_model
     from pcpo_eval.toy.check import DEFAULT_CFG, DEFAULT_ETA, DEFAULT_STEPS, sample_toy_images
 
@@ -87,7 +88,7 @@ def main() -> None:
     load = os.getloadavg()[0]
 
     print("## Toy world speed (issue 3 budget)\n")
-    print(f"torch {torch.__version__}, 2 threads; CPU contention: 1-min load average {load:.1f}, "
+    print(f"torch {torch.__version__}, {args.threads} thread(s); CPU contention: 1-min load average {load:.1f}, "
           f"512^2 matmul probe {g0:.1f} / {g1:.1f} GFLOPS (before / after).\n")
     print("| measurement | toy model | reference | ratio (toy / ref) | budget |")
     print("|---|---|---|---|---|")
