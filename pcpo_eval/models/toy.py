@@ -31,7 +31,15 @@ class ToyAdapter(ModelAdapter):
         self.denoiser = unet
         self.text_encoder = text_encoder.requires_grad_(False).eval()
         self.tokenizer = ToyTokenizer(text_encoder.config.max_length)
-        self.scheduler_config = dict(scheduler_config)
+        # the raw UNet may predict v; the adapter always returns eps (see denoise), so the config
+        # it exposes to samplers says epsilon; raw_scheduler_config is the UNet's own.
+        self.raw_scheduler_config = dict(scheduler_config)
+        self.raw_prediction = scheduler_config.get("prediction_type", "epsilon")
+        self.scheduler_config = {**scheduler_config, "prediction_type": "epsilon"}
+        from diffusers import DDIMScheduler
+
+        acp = DDIMScheduler.from_config(self.scheduler_config).alphas_cumprod
+        self._sqrt_ab, self._sqrt_1mab = acp.sqrt(), (1 - acp).sqrt()
         self.latent_shape = toy_model.LATENT_SHAPE
         self.lora_target_modules = list(self.default_lora_targets)
         self.source = source
@@ -57,7 +65,14 @@ class ToyAdapter(ModelAdapter):
     def denoise(self, x_t: torch.Tensor, t: torch.Tensor, cond: PromptEmbeds) -> torch.Tensor:
         if t.ndim == 0:
             t = t.expand(x_t.shape[0])
-        return self.denoiser(x_t, t, encoder_hidden_states=cond.hidden, class_labels=cond.pooled).sample
+        out = self.denoiser(x_t, t, encoder_hidden_states=cond.hidden, class_labels=cond.pooled).sample
+        if self.raw_prediction == "v_prediction":
+            # eps = sqrt(ab_t) v + sqrt(1 - ab_t) x_t  (exact inverse of the v target)
+            idx = t.long().cpu()
+            a = self._sqrt_ab[idx].to(out.device, out.dtype).view(-1, 1, 1, 1)
+            s = self._sqrt_1mab[idx].to(out.device, out.dtype).view(-1, 1, 1, 1)
+            out = a * out + s * x_t.to(out.dtype)
+        return out
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         return toy_model.latents_to_images(latents)

@@ -14,7 +14,13 @@ Design (chosen to meet the CPU budget of issue 3, measured in ``benchmarks/bench
   Text conditioning enters twice: the pooled text embedding is added to the time embedding
   (``class_embed_type="projection"``) and the token states are attended to by one
   cross-attention transformer in the mid block (lowest resolution, 4x4).
-* **Scheduler**: diffusers ``DDIMScheduler`` config, eps prediction, 1000 train steps, cosine
+* **v-prediction** (Salimans & Ho 2022): the UNet predicts v = sqrt(ab) eps - sqrt(1-ab) x0 and the
+  adapter returns eps = sqrt(ab) v + sqrt(1-ab) x_t, so samplers, objectives and credit math see an
+  eps model. At high noise eps ~ x_t is then carried by the parameterization instead of the
+  network: with eps-prediction the 48-channel latent had to pass through the UNet unchanged, which
+  a small UNet could not learn (eps-MSE plateaued, samples were noise).
+* **Scheduler**: diffusers ``DDIMScheduler`` config (prediction_type v_prediction for the raw UNet;
+  the adapter exposes it as epsilon), 1000 train steps, cosine
   ("squaredcos_cap_v2") betas (Nichol & Dhariwal: better than linear for small pixel images),
   ``leading`` spacing with ``steps_offset=1`` like SD, ``set_alpha_to_one=False``, no clipping.
 
@@ -72,7 +78,7 @@ def scheduler_config() -> dict[str, Any]:
         beta_schedule="squaredcos_cap_v2",
         beta_start=0.0001,
         beta_end=0.02,
-        prediction_type="epsilon",
+        prediction_type="v_prediction",
         clip_sample=False,
         set_alpha_to_one=False,
         steps_offset=1,

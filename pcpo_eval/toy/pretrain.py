@@ -5,8 +5,9 @@ order, noise and timesteps; parameter init under a forked, seeded RNG):
 
 1. :func:`train_classifier`: the toy classifier, cross-entropy on procedural images with light
    Gaussian pixel noise (so it stays calibrated on imperfect model samples).
-2. :func:`train_diffusion`: UNet + text encoder jointly, the DDPM eps-prediction loss
-   ``|| eps - eps_theta(sqrt(ab_t) x0 + sqrt(1 - ab_t) eps, t, c) ||^2`` (Ho et al. 2020,
+2. :func:`train_diffusion`: UNet + text encoder jointly, the v-prediction loss
+   ``|| v - v_theta(sqrt(ab_t) x0 + sqrt(1 - ab_t) eps, t, c) ||^2`` with
+   v = sqrt(ab_t) eps - sqrt(1 - ab_t) x0 (Salimans & Ho 2022; DDPM otherwise as in Ho et al. 2020,
    "L_simple"), uniform t, the prompt replaced by ``""`` with probability ``p_uncond`` (CFG
    training, Ho & Salimans 2022); AdamW, linear warm-up + cosine decay, EMA weights are saved.
 
@@ -139,7 +140,9 @@ def train_diffusion(cfg: DiffusionTrainConfig, log=print, checkpoint_dir: Path |
         x_t = sqrt_ab[t].view(-1, 1, 1, 1) * x0 + sqrt_1mab[t].view(-1, 1, 1, 1) * eps
         hidden, pooled = enc(ids)
         pred = unet(x_t, t, encoder_hidden_states=hidden, class_labels=pooled).sample
-        loss = F.mse_loss(pred, eps)
+        # v-prediction target (Salimans & Ho 2022): v = sqrt(ab) eps - sqrt(1 - ab) x0
+        v = sqrt_ab[t].view(-1, 1, 1, 1) * eps - sqrt_1mab[t].view(-1, 1, 1, 1) * x0
+        loss = F.mse_loss(pred, v)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
