@@ -55,6 +55,13 @@ class ToyFlowAdapter(ToyAdapter):
     name = "toyflow"
     prediction = "velocity"
 
+    def __init__(self, unet: torch.nn.Module, text_encoder: Any, scheduler_config: dict[str, Any],
+                 source: str = "toyflow") -> None:
+        super().__init__(unet, text_encoder, scheduler_config, source=source)
+        # ToyAdapter rewrites its scheduler config to eps prediction; the flow model keeps its own
+        self.scheduler_config = dict(scheduler_config)
+        self.raw_prediction = "velocity"
+
     @classmethod
     def from_dir(cls, weights_dir: str | Path | None = None, device: str | torch.device = "cpu",
                  dtype: torch.dtype = torch.float32) -> ToyFlowAdapter:
