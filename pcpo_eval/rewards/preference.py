@@ -633,7 +633,7 @@ def load_imagereward_model(
     except Exception as exc:  # ImportError, or the package's own imports failing (timm / transformers)
         raise UserError(
             "imagereward needs the optional 'image-reward' package, which failed to import "
-            f"({type(exc).__name__}: {str(exc)[:120]}); install it as README.md (section "Optional extra preference") describes"
+            f"({type(exc).__name__}: {str(exc)[:120]}); install it as README.md (section 'Optional extra preference') describes"
         ) from exc
     from unittest import mock
 
