@@ -46,7 +46,7 @@ class ClassifierTrainConfig:
 @dataclass(frozen=True)
 class DiffusionTrainConfig:
     seed: int = 0
-    steps: int = 3000
+    steps: int = 6000
     batch_size: int = 64
     lr: float = 2e-3
     warmup: int = 100
