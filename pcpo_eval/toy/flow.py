@@ -36,7 +36,7 @@ from pcpo_eval.models.base import PromptEmbeds
 from pcpo_eval.models.toy import ToyAdapter
 from pcpo_eval.toy import data as toy_data
 from pcpo_eval.toy import model as toy_model
-from pcpo_eval.toy.pretrain import DiffusionTrainConfig
+from pcpo_eval.toy.pretrain import DiffusionTrainConfig, step_with_ema
 from pcpo_eval.toy.text import ToyTokenizer
 
 WEIGHTS_DIR = toy_model.WEIGHTS_DIR / "flow"
@@ -134,14 +134,7 @@ def train_flow(cfg: DiffusionTrainConfig = DiffusionTrainConfig(), log=print) ->
         noise = torch.randn(latents[idx].shape, generator=gen)
         hidden, pooled = enc(ids)
         loss = flow_matching_loss(unet, hidden, pooled, latents[idx], t, noise)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-        opt.step()
-        decay = min(cfg.ema_decay, (1 + step) / (10 + step))
-        with torch.no_grad():
-            for pe, p in ema_pairs:
-                pe.lerp_(p, 1 - decay)
+        step_with_ema(loss, opt, params, ema_pairs, step, cfg.grad_clip, cfg.ema_decay)
         losses.append(loss.item())
         if step % 100 == 0 or step == cfg.steps - 1:
             log(f"flow step {step} loss {sum(losses[-100:]) / len(losses[-100:]):.4f} ({time.perf_counter() - t0:.0f}s)")

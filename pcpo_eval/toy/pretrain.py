@@ -98,6 +98,20 @@ def train_classifier(cfg: ClassifierTrainConfig, log=print) -> tuple[ToyClassifi
     return net, stats
 
 
+def step_with_ema(loss: torch.Tensor, opt: torch.optim.Optimizer, params: list[torch.nn.Parameter],
+                  ema_pairs: list[tuple[torch.Tensor, torch.Tensor]], step: int, grad_clip: float,
+                  ema_decay: float) -> None:
+    """Backward, clip, optimizer step, then EMA update with warm-up decay min(d, (1+s)/(10+s))."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, grad_clip)
+    opt.step()
+    decay = min(ema_decay, (1 + step) / (10 + step))
+    with torch.no_grad():
+        for pe, p in ema_pairs:
+            pe.lerp_(p, 1 - decay)
+
+
 def train_diffusion(cfg: DiffusionTrainConfig, log=print, checkpoint_dir: Path | None = None,
                     checkpoint_every: int = 0):
     """Train UNet + text encoder from scratch; returns (ema_unet, ema_text_encoder, stats)."""
@@ -143,14 +157,7 @@ def train_diffusion(cfg: DiffusionTrainConfig, log=print, checkpoint_dir: Path |
         # v-prediction target (Salimans & Ho 2022): v = sqrt(ab) eps - sqrt(1 - ab) x0
         v = sqrt_ab[t].view(-1, 1, 1, 1) * eps - sqrt_1mab[t].view(-1, 1, 1, 1) * x0
         loss = F.mse_loss(pred, v)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-        opt.step()
-        decay = min(cfg.ema_decay, (1 + step) / (10 + step))
-        with torch.no_grad():
-            for pe, p in ema_pairs:
-                pe.lerp_(p, 1 - decay)
+        step_with_ema(loss, opt, params, ema_pairs, step, cfg.grad_clip, cfg.ema_decay)
         losses.append(loss.item())
         if step % 50 == 0 or step == cfg.steps - 1:
             recent = sum(losses[-50:]) / len(losses[-50:])
