@@ -27,12 +27,26 @@ _KEY_FORMAT = "pcpo-eval/sample/v1/{prompt_id}/{seed}"
 _MASK_63 = (1 << 63) - 1
 
 
+def keyed_seed(key: str) -> int:
+    """63-bit seed from the first 8 bytes (little-endian) of SHA-256 of ``key``."""
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little") & _MASK_63
+
+
+def keyed_generator(namespace: str, *parts: object) -> torch.Generator:
+    """CPU generator seeded by ``keyed_seed("pcpo-eval/{namespace}/" + "/".join(parts))``.
+
+    The trainer's streams use namespace ``train/v1`` with parts (seed, epoch, rank, purpose, index).
+    """
+    g = torch.Generator()
+    g.manual_seed(keyed_seed(f"pcpo-eval/{namespace}/" + "/".join(map(str, parts))))
+    return g
+
+
 def sample_seed(prompt_id: int, seed: int) -> int:
     """The 63-bit generator seed of image ``(prompt_id, seed)`` (pure, stable across runs)."""
     if int(prompt_id) < 0 or int(seed) < 0:
         raise ValueError(f"prompt_id and seed must be non-negative, got ({prompt_id}, {seed})")
-    key = _KEY_FORMAT.format(prompt_id=int(prompt_id), seed=int(seed)).encode()
-    return int.from_bytes(hashlib.sha256(key).digest()[:8], "little") & _MASK_63
+    return keyed_seed(_KEY_FORMAT.format(prompt_id=int(prompt_id), seed=int(seed)))
 
 
 def sample_generator(prompt_id: int, seed: int, device: str | torch.device = "cpu") -> torch.Generator:

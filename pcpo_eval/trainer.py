@@ -20,7 +20,6 @@ are gathered for the advantage statistics, gradients are averaged.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 import time
@@ -43,17 +42,15 @@ from pcpo_eval.models.base import ModelAdapter, PromptEmbeds
 from pcpo_eval.objectives import get_objective, kl_gaussian_means, uses_decomposition
 from pcpo_eval.samplers.ddim import ddim_mean, gaussian_log_prob, sample_ddim
 from pcpo_eval.samplers.flow import flow_kl_to_reference, flow_log_prob, pcpo_flow_scale, sample_flow
+from pcpo_eval.seeding import keyed_generator as _keyed_generator
 from pcpo_eval.train_config import TrainConfig
 
 LOG_FILE = "log.parquet"
 
 
 def keyed_generator(*parts: Any) -> torch.Generator:
-    """CPU generator seeded by SHA-256 of the key parts (no global RNG; stable across processes)."""
-    key = "pcpo-eval/train/v1/" + "/".join(map(str, parts))
-    g = torch.Generator()
-    g.manual_seed(int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little") & ((1 << 63) - 1))
-    return g
+    """The trainer's random streams: ``seeding.keyed_generator("train/v1", *parts)`` (no global RNG)."""
+    return _keyed_generator("train/v1", *parts)
 
 
 @dataclass
