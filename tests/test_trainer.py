@@ -213,3 +213,11 @@ def test_sd1_lora_checkpoint_loads_with_diffusers_load_lora_weights(tmp_path):
     got = get_peft_model_state_dict(pipe.unet, adapter_name=next(iter(pipe.unet.peft_config)))
     assert want.keys() == got.keys()
     assert all(torch.equal(want[k], got[k]) for k in want)
+
+
+def test_resume_errors_name_the_problem(tmp_path, runs):
+    with pytest.raises(UserError, match="no complete checkpoint"):
+        Trainer(tiny(), tmp_path / "empty", resume=True)
+    root = runs[0]
+    with pytest.raises(UserError, match="config differs .* learning_rate"):
+        Trainer(tiny(epochs=4, learning_rate=1e-3), root / "full", resume=True)
