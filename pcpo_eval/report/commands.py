@@ -42,7 +42,9 @@ def summary_lines(study_dir: Path) -> list[str]:
         for fe in fit["fixed"]:
             if fe["term"].startswith(f"{factor}[") and ":" not in fe["term"]:
                 p_adj = lmm.get("adjusted", {}).get(m, {}).get(fe["term"], {}).get(key)
-                lines.append(f"  LMM {m}: {fe['term']} = {fe['estimate']:.4g} (p = {fe['p']:.3g}, adj. p = {p_adj:.3g})")
+                flag = "" if fit.get("converged", True) else " [not converged: see the report's notes]"
+                lines.append(f"  LMM {m}: {fe['term']} = {fe['estimate']:.4g} (p = {fe['p']:.3g}, "
+                             f"adj. p = {p_adj:.3g}){flag}")
     return lines
 
 

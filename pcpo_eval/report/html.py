@@ -216,7 +216,7 @@ def _lmm_view(lmm: dict[str, Any], labels: dict[str, str]) -> dict[str, Any]:
             p_adj = adjusted.get(m, {}).get(term, {}).get(key)
             rows.append({"metric": labels.get(m, m), "estimate": fe["estimate"], "se": fe["se"], "df": fe["df"],
                          "t": fe["t"], "p": fe["p"], "p_adj": p_adj,
-                         "significant": p_adj is not None and p_adj < alpha})
+                         "significant": bool(f.get("converged", True)) and p_adj is not None and p_adj < alpha})
         effects.append({"term": term, "label": pretty_term(term), "rows": rows})
     diags = []
     for m, f in fits.items():
