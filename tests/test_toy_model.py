@@ -117,3 +117,57 @@ def test_run_check_reports_consistent_figures():
     assert 0 <= res.accuracy <= min(res.color_accuracy, res.shape_accuracy) <= 1
     assert res.fd_toy > 0 and res.sampling_time_s > 0 and res.passed == (res.accuracy >= 0.8)
     assert json.loads(json.dumps(res.to_dict()))["steps"] == 2
+
+
+@pytest.mark.parametrize("prediction_type", ["sample", "v_prediction", "epsilon"])
+def test_adapter_converts_raw_prediction_to_eps(prediction_type):
+    """The adapter's eps is the exact inverse of the raw target: x0 = (x_t - sqrt(1-ab) eps)/sqrt(ab)."""
+    from pcpo_eval.models.toy import ToyAdapter
+
+    unet = toy_model.build_unet(seed=3).eval()
+    enc = toy_model.build_text_encoder(seed=4).eval()
+    ad = ToyAdapter(unet, enc, toy_model.scheduler_config(prediction_type))
+    assert ad.scheduler_config["prediction_type"] == "epsilon"
+    g = torch.Generator().manual_seed(0)
+    x_t = torch.randn(3, *ad.latent_shape, generator=g)
+    t = torch.tensor([1, 400, 981])
+    cond = ad.encode_prompts(["red circle", "", "blue ring"])
+    with torch.no_grad():
+        raw = unet(x_t, t, encoder_hidden_states=cond.hidden, class_labels=cond.pooled).sample
+        eps = ad.denoise(x_t, t, cond)
+    ab = ad._sqrt_ab[t].view(-1, 1, 1, 1) ** 2
+    x0 = (x_t - (1 - ab).sqrt() * eps) / ab.sqrt()
+    if prediction_type == "sample":  # float32 round trip through 1/sqrt(1-ab) ~ 100 at t=1
+        torch.testing.assert_close(x0, raw, rtol=0, atol=5e-3)
+        torch.testing.assert_close(x0[1:], raw[1:], rtol=1e-4, atol=1e-4)
+    elif prediction_type == "v_prediction":
+        torch.testing.assert_close(ab.sqrt() * eps - (1 - ab).sqrt() * x0, raw, rtol=1e-4, atol=1e-4)
+    else:
+        torch.testing.assert_close(eps, raw)
+
+
+def test_patch_size_is_configurable():
+    imgs = toy_data.render_batch([3, 9], [0, 1])
+    lat = toy_model.images_to_latents(imgs, patch=2)
+    assert lat.shape == (2, 12, 16, 16)
+    torch.testing.assert_close(toy_model.latents_to_images(lat), imgs, atol=0, rtol=0)
+    unet = toy_model.build_unet(seed=0, widths=(16, 32), patch=2)
+    assert unet.config.in_channels == 12 and unet.config.sample_size == 16
+
+
+def test_toy_flow_x0_parameterization_gives_velocity():
+    """Flow toy model with x0 output: u = (x_t - x0_hat) / t, exact for x_t = (1-t) x0 + t noise."""
+    from pcpo_eval.toy.flow import ToyFlowAdapter, flow_scheduler_config
+
+    unet = toy_model.build_unet(seed=5).eval()
+    ad = ToyFlowAdapter(unet, toy_model.build_text_encoder(seed=6), flow_scheduler_config(), parameterization="sample")
+    g = torch.Generator().manual_seed(1)
+    x_t = torch.randn(2, *ad.latent_shape, generator=g)
+    t = torch.tensor([0.3, 0.9])
+    cond = ad.encode_prompts(["red circle", "white cross"])
+    with torch.no_grad():
+        raw = unet(x_t, 1000.0 * t, encoder_hidden_states=cond.hidden, class_labels=cond.pooled).sample
+        u = ad.denoise(x_t, t, cond)
+    torch.testing.assert_close(x_t - t.view(-1, 1, 1, 1) * u, raw, rtol=1e-5, atol=1e-5)
+    with pytest.raises(Exception, match="parameterization"):
+        ToyFlowAdapter(unet, toy_model.build_text_encoder(seed=6), flow_scheduler_config(), parameterization="eps")

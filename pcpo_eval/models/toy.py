@@ -40,7 +40,14 @@ class ToyAdapter(ModelAdapter):
 
         acp = DDIMScheduler.from_config(self.scheduler_config).alphas_cumprod
         self._sqrt_ab, self._sqrt_1mab = acp.sqrt(), (1 - acp).sqrt()
-        self.latent_shape = toy_model.LATENT_SHAPE
+        if self.raw_prediction not in ("epsilon", "v_prediction", "sample"):
+            from pcpo_eval.errors import UserError
+
+            raise UserError(f"toy scheduler prediction_type {self.raw_prediction!r} is not supported; "
+                            "use epsilon, v_prediction or sample in scheduler_config.json")
+        ucfg = unet.config
+        self.patch = round((ucfg.in_channels // 3) ** 0.5)
+        self.latent_shape = (ucfg.in_channels, ucfg.sample_size, ucfg.sample_size)
         self.lora_target_modules = list(self.default_lora_targets)
         self.source = source
 
@@ -66,17 +73,20 @@ class ToyAdapter(ModelAdapter):
         if t.ndim == 0:
             t = t.expand(x_t.shape[0])
         out = self.denoiser(x_t, t, encoder_hidden_states=cond.hidden, class_labels=cond.pooled).sample
+        if self.raw_prediction == "epsilon":
+            return out
+        idx = t.long().cpu()
+        a = self._sqrt_ab[idx].to(out.device, out.dtype).view(-1, 1, 1, 1)
+        s = self._sqrt_1mab[idx].to(out.device, out.dtype).view(-1, 1, 1, 1)
         if self.raw_prediction == "v_prediction":
             # eps = sqrt(ab_t) v + sqrt(1 - ab_t) x_t  (exact inverse of the v target)
-            idx = t.long().cpu()
-            a = self._sqrt_ab[idx].to(out.device, out.dtype).view(-1, 1, 1, 1)
-            s = self._sqrt_1mab[idx].to(out.device, out.dtype).view(-1, 1, 1, 1)
-            out = a * out + s * x_t.to(out.dtype)
-        return out
+            return a * out + s * x_t.to(out.dtype)
+        # "sample" (x0 prediction): eps = (x_t - sqrt(ab_t) x0) / sqrt(1 - ab_t)
+        return (x_t.to(out.dtype) - a * out) / s
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         return toy_model.latents_to_images(latents)
 
     def encode_images(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 images (B, 3, 32, 32) -> latents (exact inverse of :meth:`decode` up to rounding)."""
-        return toy_model.images_to_latents(images).to(self.device, self.dtype)
+        return toy_model.images_to_latents(images, self.patch).to(self.device, self.dtype)

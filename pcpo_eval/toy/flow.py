@@ -56,11 +56,18 @@ class ToyFlowAdapter(ToyAdapter):
     prediction = "velocity"
 
     def __init__(self, unet: torch.nn.Module, text_encoder: Any, scheduler_config: dict[str, Any],
-                 source: str = "toyflow") -> None:
-        super().__init__(unet, text_encoder, scheduler_config, source=source)
+                 source: str = "toyflow", parameterization: str = "velocity") -> None:
+        super().__init__(unet, text_encoder, {}, source=source)
         # ToyAdapter rewrites its scheduler config to eps prediction; the flow model keeps its own
         self.scheduler_config = dict(scheduler_config)
-        self.raw_prediction = "velocity"
+        if parameterization not in ("velocity", "sample"):
+            from pcpo_eval.errors import UserError
+
+            raise UserError(f"toy flow parameterization {parameterization!r} is not supported; "
+                            "use velocity or sample in the weights' meta.json")
+        #: what the raw UNet predicts: ``velocity`` (u = noise - x0) or ``sample`` (x0; the adapter
+        #: returns u = (x_t - x0_hat) / t, exact for x_t = (1 - t) x0 + t noise)
+        self.raw_prediction = parameterization
 
     @classmethod
     def from_dir(cls, weights_dir: str | Path | None = None, device: str | torch.device = "cpu",
@@ -74,14 +81,19 @@ class ToyFlowAdapter(ToyAdapter):
         unet = toy_model.load_unet(wd).to(device=device, dtype=dtype)
         enc = toy_model.load_text_encoder(wd).to(device=device, dtype=dtype)
         sched = toy_model.load_json(wd / "scheduler_config.json")
-        return cls(unet, enc, sched, source=str(wd))
+        meta = toy_model.load_json(wd / "meta.json") if (wd / "meta.json").is_file() else {}
+        return cls(unet, enc, sched, source=str(wd), parameterization=meta.get("parameterization", "velocity"))
 
     def denoise(self, x_t: torch.Tensor, t: torch.Tensor, cond: PromptEmbeds) -> torch.Tensor:
         """Velocity at continuous times ``t`` in [0, 1] (the UNet gets the float timestep 1000 t)."""
         if t.ndim == 0:
             t = t.expand(x_t.shape[0])
         timestep = 1000.0 * t.to(x_t.device, torch.float32)
-        return self.denoiser(x_t, timestep, encoder_hidden_states=cond.hidden, class_labels=cond.pooled).sample
+        out = self.denoiser(x_t, timestep, encoder_hidden_states=cond.hidden, class_labels=cond.pooled).sample
+        if self.raw_prediction == "velocity":
+            return out
+        # x0 prediction: u = (x_t - x0_hat) / t (samplers never evaluate t = 0)
+        return (x_t - out) / t.to(out.device, out.dtype).clamp_min(1e-4).view(-1, 1, 1, 1)
 
 
 def load_toy_flow(device: str | torch.device = "cpu", weights_dir: str | Path | None = None,
@@ -95,12 +107,21 @@ def load_toy_flow(device: str | torch.device = "cpu", weights_dir: str | Path | 
 
 
 def flow_matching_loss(unet: torch.nn.Module, hidden: torch.Tensor, pooled: torch.Tensor, x0: torch.Tensor,
-                       t: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-    """Rectified-flow loss ``|| u_theta((1-t) x0 + t noise, t, c) - (noise - x0) ||^2`` (mean)."""
+                       t: torch.Tensor, noise: torch.Tensor, parameterization: str = "velocity",
+                       gamma: float = 5.0) -> torch.Tensor:
+    """Rectified-flow loss for ``x_t = (1-t) x0 + t noise``.
+
+    ``velocity``: ``|| u_theta(x_t, t, c) - (noise - x0) ||^2`` (mean). ``sample``: the network
+    predicts x0; since ``u - u_hat = (x0_hat - x0) / t`` the velocity loss is the x0 loss times
+    ``1 / t^2``, capped at ``gamma`` (Min-SNR, Hang et al. 2023) so near-clean steps do not dominate.
+    """
     tt = t.view(-1, 1, 1, 1)
     x_t = (1 - tt) * x0 + tt * noise
     pred = unet(x_t, 1000.0 * t, encoder_hidden_states=hidden, class_labels=pooled).sample
-    return F.mse_loss(pred, noise - x0)
+    if parameterization == "velocity":
+        return F.mse_loss(pred, noise - x0)
+    w = (1.0 / t.square().clamp_min(1e-8)).clamp(max=gamma)
+    return (w * (pred - x0).square().mean(dim=(1, 2, 3))).mean()
 
 
 def _lr_at(step: int, total: int, warmup: int, base: float) -> float:
@@ -113,16 +134,17 @@ def _lr_at(step: int, total: int, warmup: int, base: float) -> float:
 def train_flow(cfg: DiffusionTrainConfig = DiffusionTrainConfig(), log=print) -> tuple[Any, Any, dict[str, Any]]:
     """Train UNet + text encoder from scratch for velocity; returns (ema_unet, ema_text_encoder, stats)."""
     gen = torch.Generator().manual_seed(cfg.seed)
-    unet = toy_model.build_unet(seed=cfg.seed).train()
+    unet = toy_model.build_unet(seed=cfg.seed, widths=cfg.widths, patch=cfg.patch).train()
     enc = toy_model.build_text_encoder(seed=cfg.seed + 1).train()
     ema_unet, ema_enc = copy.deepcopy(unet).eval().requires_grad_(False), copy.deepcopy(enc).eval().requires_grad_(False)
     images, labels = toy_data.dataset(cfg.n_per_prompt)
-    latents = toy_model.images_to_latents(images)
+    latents = toy_model.images_to_latents(images, cfg.patch)
     tok = ToyTokenizer(enc.config.max_length)
     ids_all, null_ids = tok(list(toy_data.TOY_PROMPTS)), tok([""])[0]
     params = list(unet.parameters()) + list(enc.parameters())
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     ema_pairs = list(zip(list(ema_unet.parameters()) + list(ema_enc.parameters()), params, strict=True))
+    param = "sample" if cfg.prediction_type == "sample" else "velocity"
     t0, losses = time.perf_counter(), []
     for step in range(cfg.steps):
         for g in opt.param_groups:
@@ -133,13 +155,13 @@ def train_flow(cfg: DiffusionTrainConfig = DiffusionTrainConfig(), log=print) ->
         t = torch.rand(cfg.batch_size, generator=gen)
         noise = torch.randn(latents[idx].shape, generator=gen)
         hidden, pooled = enc(ids)
-        loss = flow_matching_loss(unet, hidden, pooled, latents[idx], t, noise)
+        loss = flow_matching_loss(unet, hidden, pooled, latents[idx], t, noise, param, cfg.min_snr_gamma)
         step_with_ema(loss, opt, params, ema_pairs, step, cfg.grad_clip, cfg.ema_decay)
         losses.append(loss.item())
         if step % 100 == 0 or step == cfg.steps - 1:
             log(f"flow step {step} loss {sum(losses[-100:]) / len(losses[-100:]):.4f} ({time.perf_counter() - t0:.0f}s)")
     stats = {"flow_wall_time_s": time.perf_counter() - t0, "final_loss": sum(losses[-100:]) / len(losses[-100:]),
-             "flow_config": asdict(cfg), "torch": torch.__version__, "threads": torch.get_num_threads()}
+             "flow_config": asdict(cfg), "parameterization": param, "torch": torch.__version__, "threads": torch.get_num_threads()}
     return ema_unet, ema_enc, stats
 
 

@@ -16,7 +16,7 @@ def register(app: typer.Typer) -> None:
     def pretrain_cmd(
         out: Path = typer.Option(None, "--out", help="weights directory (default: the shipped pcpo_eval/toy/weights/flow)"),
         seed: int = typer.Option(0, help="seed (data order, noise, times, init)"),
-        steps: int = typer.Option(3000, help="training steps (the shipped weights: see weights/flow/meta.json)"),
+        steps: int = typer.Option(4000, help="training steps (the shipped weights: see weights/flow/meta.json)"),
         threads: int = typer.Option(1, help="torch threads"),
     ) -> None:
         """Train the toy flow model (toy UNet + text encoder, velocity loss) from scratch."""

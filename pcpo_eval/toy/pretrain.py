@@ -5,11 +5,13 @@ order, noise and timesteps; parameter init under a forked, seeded RNG):
 
 1. :func:`train_classifier`: the toy classifier, cross-entropy on procedural images with light
    Gaussian pixel noise (so it stays calibrated on imperfect model samples).
-2. :func:`train_diffusion`: UNet + text encoder jointly, the v-prediction loss
-   ``|| v - v_theta(sqrt(ab_t) x0 + sqrt(1 - ab_t) eps, t, c) ||^2`` with
-   v = sqrt(ab_t) eps - sqrt(1 - ab_t) x0 (Salimans & Ho 2022; DDPM otherwise as in Ho et al. 2020,
-   "L_simple"), uniform t, the prompt replaced by ``""`` with probability ``p_uncond`` (CFG
-   training, Ho & Salimans 2022); AdamW, linear warm-up + cosine decay, EMA weights are saved.
+2. :func:`train_diffusion`: UNet + text encoder jointly. Default target x0 ("sample"), loss
+   ``min(SNR_t + 1, gamma) || x0 - x0_theta(sqrt(ab_t) x0 + sqrt(1 - ab_t) eps, t, c) ||^2``, which
+   is the v-prediction loss (Salimans & Ho 2022; it equals (SNR + 1) times the x0 loss) capped at
+   gamma = 5 as in Min-SNR (Hang et al. 2023); ``prediction_type="v_prediction"`` trains the plain
+   v loss. DDPM otherwise as in Ho et al. 2020, uniform t, the prompt replaced by ``""`` with
+   probability ``p_uncond`` (CFG training, Ho & Salimans 2022); AdamW, linear warm-up + cosine
+   decay, EMA weights are saved.
 
 Bit-exact reproduction additionally requires the same torch build and thread count (float
 reductions differ across BLAS thread counts); the run records both in ``meta.json``.
@@ -46,7 +48,7 @@ class ClassifierTrainConfig:
 @dataclass(frozen=True)
 class DiffusionTrainConfig:
     seed: int = 0
-    steps: int = 6000
+    steps: int = 4000
     batch_size: int = 64
     lr: float = 2e-3
     warmup: int = 100
@@ -55,6 +57,16 @@ class DiffusionTrainConfig:
     ema_decay: float = 0.998
     n_per_prompt: int = 300
     grad_clip: float = 1.0
+    prediction_type: str = "sample"  # raw UNet target: "sample" (x0) or "v_prediction"
+    min_snr_gamma: float = 5.0  # x0 loss weight min(SNR_t + 1, gamma) ("sample" only)
+    widths: tuple[int, ...] = (48, 64)
+    patch: int = 4
+
+    def __post_init__(self) -> None:
+        if self.prediction_type not in ("sample", "v_prediction"):
+            raise ValueError(f"prediction_type must be 'sample' or 'v_prediction', not {self.prediction_type!r}")
+        if self.patch not in (1, 2, 4, 8):
+            raise ValueError(f"patch must divide 32 (1, 2, 4 or 8), not {self.patch}")
 
 
 def _lr_at(step: int, total: int, warmup: int, base: float) -> float:
@@ -118,7 +130,7 @@ def train_diffusion(cfg: DiffusionTrainConfig, log=print, checkpoint_dir: Path |
     from diffusers import DDIMScheduler
 
     gen = torch.Generator().manual_seed(cfg.seed)
-    unet = toy_model.build_unet(seed=cfg.seed)
+    unet = toy_model.build_unet(seed=cfg.seed, widths=cfg.widths, patch=cfg.patch)
     enc = toy_model.build_text_encoder(seed=cfg.seed + 1)
     unet.train()
     enc.train()
@@ -131,7 +143,8 @@ def train_diffusion(cfg: DiffusionTrainConfig, log=print, checkpoint_dir: Path |
     n_train = sched.config.num_train_timesteps
 
     images, labels = toy_data.dataset(cfg.n_per_prompt)
-    latents = toy_model.images_to_latents(images)
+    latents = toy_model.images_to_latents(images, cfg.patch)
+    snr_w = (sched.alphas_cumprod / (1 - sched.alphas_cumprod) + 1).clamp(max=cfg.min_snr_gamma)
     tok = ToyTokenizer(enc.config.max_length)
     ids_all = tok(list(toy_data.TOY_PROMPTS))
     null_ids = tok([""])[0]
@@ -154,16 +167,23 @@ def train_diffusion(cfg: DiffusionTrainConfig, log=print, checkpoint_dir: Path |
         x_t = sqrt_ab[t].view(-1, 1, 1, 1) * x0 + sqrt_1mab[t].view(-1, 1, 1, 1) * eps
         hidden, pooled = enc(ids)
         pred = unet(x_t, t, encoder_hidden_states=hidden, class_labels=pooled).sample
-        # v-prediction target (Salimans & Ho 2022): v = sqrt(ab) eps - sqrt(1 - ab) x0
-        v = sqrt_ab[t].view(-1, 1, 1, 1) * eps - sqrt_1mab[t].view(-1, 1, 1, 1) * x0
-        loss = F.mse_loss(pred, v)
+        if cfg.prediction_type == "v_prediction":
+            # v target (Salimans & Ho 2022): v = sqrt(ab) eps - sqrt(1 - ab) x0
+            v = sqrt_ab[t].view(-1, 1, 1, 1) * eps - sqrt_1mab[t].view(-1, 1, 1, 1) * x0
+            loss = F.mse_loss(pred, v)
+        else:
+            # x0 target, weight min(SNR + 1, gamma): the v loss (= (SNR + 1) x0 loss) capped as in
+            # Min-SNR (Hang et al. 2023), so low-noise steps do not dominate
+            per = (pred - x0).square().mean(dim=(1, 2, 3))
+            loss = (snr_w[t] * per).mean()
         step_with_ema(loss, opt, params, ema_pairs, step, cfg.grad_clip, cfg.ema_decay)
         losses.append(loss.item())
         if step % 50 == 0 or step == cfg.steps - 1:
             recent = sum(losses[-50:]) / len(losses[-50:])
             log(f"diffusion step {step} loss {recent:.4f} ({time.perf_counter() - t0:.0f}s)")
         if checkpoint_dir is not None and checkpoint_every and (step + 1) % checkpoint_every == 0:
-            toy_model.save_diffusion(checkpoint_dir, ema_unet, ema_enc, {"step": step + 1, "partial": True})
+            toy_model.save_diffusion(checkpoint_dir / f"step_{step + 1}", ema_unet, ema_enc,
+                                     {"step": step + 1, "partial": True}, cfg.prediction_type)
     stats = {"diffusion_wall_time_s": time.perf_counter() - t0, "final_loss": sum(losses[-100:]) / len(losses[-100:]),
              "diffusion_config": asdict(cfg)}
     return ema_unet, ema_enc, stats
@@ -194,7 +214,8 @@ def pretrain(out: Path | None = None, diffusion: DiffusionTrainConfig = Diffusio
     if "diffusion" in stages:
         unet, enc, stats = train_diffusion(diffusion, log, checkpoint_dir, checkpoint_every)
         meta.update(stats)
-        toy_model.save_diffusion(out, unet, enc, meta)
+        meta["parameterization"] = diffusion.prediction_type
+        toy_model.save_diffusion(out, unet, enc, meta, diffusion.prediction_type)
     else:
         from pcpo_eval.io import atomic_write_json
 
