@@ -8,7 +8,7 @@ noises; the per-epoch difference ``reward(run) - reward(base)`` is the paired ga
 starting model. Printed: per-epoch gains, the mean gain over epochs 6-10 and how many of epochs
 2-10 are above the base (epoch 1 samples from the untouched model in both runs: gain 0).
 
-Usage: ``.venv/bin/python benchmarks/bench_toy_rl.py [--epochs 10] [--lr 1e-2]``
+Usage: ``.venv/bin/python benchmarks/bench_toy_rl.py [--epochs 10] [--lr 3e-3]`` (the toy configs' lr)
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def run(config: str, out: Path, **overrides: object) -> list[float]:
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--epochs", type=int, default=10)
-    ap.add_argument("--lr", type=float, default=1e-2)
+    ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
