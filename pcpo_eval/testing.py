@@ -101,3 +101,23 @@ def save_tiny_sd1(directory: str | Path, seed: int = 0) -> Path:
     directory = Path(directory)
     tiny_sd1_pipeline(seed).save_pretrained(str(directory), safe_serialization=True)
     return directory
+
+
+def isolate_weight_caches(tmp_path, monkeypatch) -> None:
+    """Point every weight-cache root at empty temp dirs and clear all backend env vars (tests).
+
+    Nothing real is then ever found, and ``HF_HUB_OFFLINE=1`` makes any stray hub call fail
+    instead of downloading.
+    """
+    from pcpo_eval import weights as W
+
+    for b in W.BACKENDS.values():
+        monkeypatch.delenv(b.env_var, raising=False)
+    for var in ("HF_HUB_CACHE", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    monkeypatch.setenv("PCPO_WEIGHTS_DIR", str(tmp_path / "pcpo"))
+    monkeypatch.setattr(W.tempfile, "gettempdir", lambda: str(tmp_path / "sys_tmp"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 import torch
 
-from pcpo_eval import weights as W
 from pcpo_eval.errors import MissingWeightsError, UserError
 from pcpo_eval.rewards import REGISTRY, make_reward
 from pcpo_eval.rewards import ocr as O
@@ -24,15 +23,9 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(autouse=True)
 def isolated_caches(tmp_path, monkeypatch):
     """Empty cache roots and no backend env vars, so nothing real is ever found (or downloaded)."""
-    for b in W.BACKENDS.values():
-        monkeypatch.delenv(b.env_var, raising=False)
-    for var in ("HF_HUB_CACHE", "XDG_CACHE_HOME"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
-    monkeypatch.setenv("PCPO_WEIGHTS_DIR", str(tmp_path / "pcpo"))
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    from pcpo_eval.testing import isolate_weight_caches
+
+    isolate_weight_caches(tmp_path, monkeypatch)
     return tmp_path
 
 

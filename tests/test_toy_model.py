@@ -171,3 +171,11 @@ def test_toy_flow_x0_parameterization_gives_velocity():
     torch.testing.assert_close(x_t - t.view(-1, 1, 1, 1) * u, raw, rtol=1e-5, atol=1e-5)
     with pytest.raises(Exception, match="parameterization"):
         ToyFlowAdapter(unet, toy_model.build_text_encoder(seed=6), flow_scheduler_config(), parameterization="eps")
+
+
+def test_adapter_rejects_unknown_prediction_type():
+    from pcpo_eval.errors import UserError
+    from pcpo_eval.models.toy import ToyAdapter
+
+    with pytest.raises(UserError, match="prediction_type 'x0' is not supported; use epsilon, v_prediction or sample"):
+        ToyAdapter(toy_model.build_unet(seed=0), toy_model.build_text_encoder(seed=1), toy_model.scheduler_config("x0"))

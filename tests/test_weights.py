@@ -14,15 +14,9 @@ from pcpo_eval.errors import MissingWeightsError, UserError
 @pytest.fixture(autouse=True)
 def isolated_caches(tmp_path, monkeypatch):
     """Point every cache root at empty temp dirs and clear all backend env vars."""
-    for b in W.BACKENDS.values():
-        monkeypatch.delenv(b.env_var, raising=False)
-    for var in ("HF_HUB_CACHE", "XDG_CACHE_HOME"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
-    monkeypatch.setenv("PCPO_WEIGHTS_DIR", str(tmp_path / "pcpo"))
-    monkeypatch.setattr(W.tempfile, "gettempdir", lambda: str(tmp_path / "sys_tmp"))
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    from pcpo_eval.testing import isolate_weight_caches
+
+    isolate_weight_caches(tmp_path, monkeypatch)
     return tmp_path
 
 
