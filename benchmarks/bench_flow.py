@@ -50,7 +50,7 @@ def run(objective: str) -> dict:
 
 
 def zeta_table() -> list[tuple[str, float, float]]:
-    from pcpo_eval.credit import flow_credit
+    from pcpo_eval.credit.flow import flow_credit
 
     return [("DanceGRPO SDE, N=16, eta=0.3, shift 3", flow_credit("dance", 16, 0.3, 3.0).zeta, 13.343),
             ("Flow-GRPO SDE, N=10, eta=0.7, shift 3 (t=1: neighbor)", flow_credit("flowgrpo", 10, 0.7, 3.0).zeta, 4.315)]

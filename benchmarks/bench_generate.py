@@ -35,7 +35,7 @@ def load_bench_model(spec: str):
         from generate_standin import StandInAdapter
 
         return StandInAdapter(), "stand-in tiny UNet (tests/generate_standin.py)"
-    from pcpo_eval.generate import load_generation_model
+    from pcpo_eval.generate.loading import load_generation_model
 
     return load_generation_model(spec), spec
 
@@ -96,7 +96,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     from pcpo_eval.errors import UserError
-    from pcpo_eval.generate import auto_micro_batch, effective_batch_size, generate_set, plan_items
+    from pcpo_eval.generate.fixed_batch import auto_micro_batch, effective_batch_size
+    from pcpo_eval.generate.plan import plan_items
+    from pcpo_eval.generate.runner import generate_set
     from pcpo_eval.prompts import PromptSet, toy_prompts
 
     try:

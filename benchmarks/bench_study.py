@@ -24,9 +24,10 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
-    from pcpo_eval.report.commands import find_demo_spec
     from pcpo_eval.report.html import write_report
-    from pcpo_eval.study import STAGES, run_study
+    from pcpo_eval.study.commands import find_demo_spec
+    from pcpo_eval.study.runner import run_study
+    from pcpo_eval.study.spec import STAGES
 
     spec = find_demo_spec()
     with tempfile.TemporaryDirectory(prefix="bench_study_") as tmp:

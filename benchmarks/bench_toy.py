@@ -60,7 +60,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from pcpo_eval.models.registry import load_model
-    from pcpo_eval.toy.check import DEFAULT_CFG, DEFAULT_ETA, DEFAULT_STEPS, sample_toy_images
+    from pcpo_eval.toylab.check import DEFAULT_CFG, DEFAULT_ETA, DEFAULT_STEPS, sample_toy_images
 
     g0 = gflops_probe()
     adapter = load_model("toy")

@@ -25,8 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def run(config: str, out: Path, **overrides: object) -> list[float]:
-    from pcpo_eval.train_config import load_config
-    from pcpo_eval.trainer import train
+    from pcpo_eval.train.config import load_config
+    from pcpo_eval.train.trainer import train
 
     cfg = load_config(ROOT / "train" / "configs" / config, [f"{k}={v}" for k, v in overrides.items()])
     log = train(cfg, out)

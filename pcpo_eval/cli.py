@@ -26,25 +26,19 @@ app = typer.Typer(
 
 #: Modules that contribute commands, in the order the data flows through the package.
 COMMAND_MODULES = [
-    "pcpo_eval.credit_commands",
-    "pcpo_eval.toy.commands",
-    "pcpo_eval.toy.flow_commands",
-    "pcpo_eval.train_commands",
-    "pcpo_eval.generate_commands",
+    "pcpo_eval.weights.commands",
+    "pcpo_eval.credit.commands",
+    "pcpo_eval.train.commands",
+    "pcpo_eval.generate.commands",
     "pcpo_eval.metrics.commands",
-    "pcpo_eval.weights",
     "pcpo_eval.stats.commands",
-    "pcpo_eval.report.commands",
+    "pcpo_eval.study.commands",
+    "pcpo_eval.toylab.commands",
+    "pcpo_eval.toylab.flow_commands",
 ]
 
 for _name in COMMAND_MODULES:
-    try:
-        _module = importlib.import_module(_name)
-    except ModuleNotFoundError as _exc:  # area not built yet in this checkout
-        if _exc.name != _name and not _name.startswith(str(_exc.name)):
-            raise
-        continue
-    _module.register(app)
+    importlib.import_module(_name).register(app)
 
 
 def main() -> None:

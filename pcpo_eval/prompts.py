@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pcpo_eval.errors import UserError
+from pcpo_eval.registry import optional_module
 
 #: CLIP text encoders' context length (start + 75 BPE tokens + end).
 CLIP_MAX_TOKENS = 77
@@ -217,10 +218,10 @@ def approx_clip_token_count(prompt: str) -> int:
 
 def clip_token_counter() -> tuple[Callable[[str], int], str]:
     """``(count, name)``: exact CLIP BPE counts via open_clip's bundled vocabulary, else the bound."""
-    try:
-        from open_clip.tokenizer import SimpleTokenizer
-    except ImportError:
+    if optional_module("open_clip") is None:
         return approx_clip_token_count, "approx-lower-bound"
+    from open_clip.tokenizer import SimpleTokenizer
+
     tok = SimpleTokenizer()
     return (lambda p: 2 + len(tok.encode(p))), "open_clip-bpe"
 

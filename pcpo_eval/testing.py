@@ -109,7 +109,7 @@ def isolate_weight_caches(tmp_path, monkeypatch) -> None:
     Nothing real is then ever found, and ``HF_HUB_OFFLINE=1`` makes any stray hub call fail
     instead of downloading.
     """
-    from pcpo_eval import weights as W
+    import pcpo_eval.weights.locate as W
 
     for b in W.BACKENDS.values():
         monkeypatch.delenv(b.env_var, raising=False)

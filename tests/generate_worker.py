@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from generate_standin import StandInAdapter  # noqa: E402
 
-from pcpo_eval.generate import generate_set  # noqa: E402
+from pcpo_eval.generate.runner import generate_set  # noqa: E402
 from pcpo_eval.prompts import PromptSet, simple_animals  # noqa: E402
 
 

@@ -15,10 +15,12 @@ sys.path.insert(0, str(Path(__file__).parent))
 import torch  # noqa: E402
 from metrics_helpers import SlowStandInToyClassifier, StandInToyClassifier  # noqa: E402
 
-from pcpo_eval import rewards  # noqa: E402
-from pcpo_eval.metrics.commands import finalize_distributed, maybe_init_distributed  # noqa: E402
-from pcpo_eval.metrics.imageset import ImageSet  # noqa: E402
-from pcpo_eval.metrics.workers import MetricsOptions, compute_metrics, extract_set, rank  # noqa: E402
+from pcpo_eval import (
+    dist,  # noqa: E402
+    rewards,  # noqa: E402
+)
+from pcpo_eval.imageset import ImageSet  # noqa: E402
+from pcpo_eval.metrics.workers import MetricsOptions, compute_metrics, extract_set  # noqa: E402
 
 torch.set_num_threads(1)
 rewards.REGISTRY["hps"] = "metrics_helpers:fake_reward"
@@ -30,7 +32,7 @@ if mode == "extract":
     ext = make_extractor("toy", classifier=SlowStandInToyClassifier(0))
     extract_set(ImageSet.load(sys.argv[2]), ext, opts)
 elif mode == "metrics":
-    maybe_init_distributed()
+    dist.init()
     opts = MetricsOptions(
         batch_size=4,
         cache_dir=sys.argv[4],
@@ -38,7 +40,7 @@ elif mode == "metrics":
         extractor_options={"toy": {"classifier": StandInToyClassifier(0)}},
     )
     res = compute_metrics(sys.argv[2], "fd_toy,is_toy,lpips_toy,hps", sys.argv[3], opts)
-    if rank() == 0:
+    if dist.is_main():
         Path(sys.argv[5]).write_text(
             json.dumps(
                 {
@@ -48,4 +50,4 @@ elif mode == "metrics":
                 }
             )
         )
-    finalize_distributed()
+    dist.finalize()

@@ -12,17 +12,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pcpo_eval.credit import (
+from pcpo_eval.credit.ddim import (
     SD1_DDIM_CONFIG,
     ddim_C,
     ddim_schedule,
     ddim_weight,
-    flow_credit,
-    flow_native_weight,
     pcpo_ddim_credit,
     pcpo_sigma_roots,
-    shifted_sigmas,
 )
+from pcpo_eval.credit.flow import flow_credit, flow_native_weight, shifted_sigmas
 from pcpo_eval.errors import UserError
 from pcpo_eval.samplers.ddim import ddim_mean
 from pcpo_eval.samplers.flow import flow_sde_mean

@@ -76,8 +76,8 @@ def test_decode_matches_pipeline_postprocess(adapter):
 
 
 def test_lora_attach_train_save_and_reload_with_diffusers(tmp_path):
-    from pcpo_eval import checkpoints as ck
     from pcpo_eval.models.sd3 import tiny_sd3_adapter, tiny_sd3_pipeline
+    from pcpo_eval.train import checkpoints as ck
 
     ad = tiny_sd3_adapter()
     n_before = sum(p.numel() for p in ad.denoiser.parameters())

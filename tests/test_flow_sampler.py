@@ -9,9 +9,8 @@ import pytest
 import torch
 from flow_helpers import LinearVelocityAdapter
 
-from pcpo_eval.credit import flow_credit, flow_native_weight, shifted_sigmas
+from pcpo_eval.credit.flow import flow_credit, flow_native_weight, shifted_sigmas
 from pcpo_eval.errors import UserError
-from pcpo_eval.objectives import eps_matching_log_rho, kl_gaussian_means
 from pcpo_eval.samplers.flow import (
     flow_kl_to_reference,
     flow_log_prob,
@@ -21,6 +20,7 @@ from pcpo_eval.samplers.flow import (
     scheduler_time_grid,
     step_sigmas,
 )
+from pcpo_eval.train.objectives import eps_matching_log_rho, kl_gaussian_means
 
 PROMPTS = ["a red circle", "blue square", "green star"]
 

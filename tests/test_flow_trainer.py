@@ -9,12 +9,12 @@ import pandas as pd
 import pytest
 import torch
 
-from pcpo_eval.credit import flow_credit
+from pcpo_eval.credit.flow import flow_credit
 from pcpo_eval.errors import UserError
+from pcpo_eval.models.toy_flow import load_toy_flow
 from pcpo_eval.samplers.flow import flow_kl_to_reference, flow_log_prob, flow_sde_mean
-from pcpo_eval.toy.flow import load_toy_flow
-from pcpo_eval.train_config import config_from_dict
-from pcpo_eval.trainer import Trainer
+from pcpo_eval.train.config import config_from_dict
+from pcpo_eval.train.trainer import Trainer
 
 
 def redness(images: torch.Tensor, prompts: list[str]) -> torch.Tensor:

@@ -9,22 +9,13 @@ import torch
 from generate_standin import StandInAdapter
 
 from pcpo_eval.errors import UserError
-from pcpo_eval.generate import (
-    FixedBatchAdapter,
-    IRGAdapter,
-    WorkItem,
-    _render_latents,
-    auto_micro_batch,
-    effective_batch_size,
-    irg_combine,
-    parse_irg_spec,
-    parse_seeds,
-    plan_items,
-    resolve_sampler,
-    shard_items,
-)
+from pcpo_eval.generate.fixed_batch import FixedBatchAdapter, auto_micro_batch, effective_batch_size
+from pcpo_eval.generate.irg import IRGAdapter, irg_combine, parse_irg_spec
+from pcpo_eval.generate.plan import WorkItem, parse_seeds, plan_items, shard_items
+from pcpo_eval.generate.runner import _render_latents
 from pcpo_eval.models.base import PromptEmbeds
 from pcpo_eval.prompts import PromptSet, simple_animals
+from pcpo_eval.samplers import resolve_sampler
 from pcpo_eval.seeding import sample_generator, sample_seed
 
 

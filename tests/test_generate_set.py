@@ -20,7 +20,9 @@ from generate_standin import StandInAdapter
 from PIL import Image
 
 from pcpo_eval.errors import UserError
-from pcpo_eval.generate import MANIFEST_COLUMNS, generate_set, read_png_text
+from pcpo_eval.generate.png import read_png_text
+from pcpo_eval.generate.runner import generate_set
+from pcpo_eval.imageset import MANIFEST_COLUMNS
 from pcpo_eval.io import sha256_file
 from pcpo_eval.prompts import PromptSet, simple_animals
 
@@ -213,10 +215,10 @@ def test_two_processes_torchrun_match_one_process(reference_set, tmp_path):
 @pytest.mark.parametrize("schedule", ["ode", "dance"])
 def test_flow_model_sets_are_batch_invariant(tmp_path, schedule):
     """Velocity models go through the flow sampler; ODE and SDE images do not depend on batch size."""
-    flow = pytest.importorskip("pcpo_eval.toy.flow")
+    from pcpo_eval.models.toy_flow import load_toy_flow
     from pcpo_eval.prompts import toy_prompts
 
-    adapter = flow.load_toy_flow(random_init=True)
+    adapter = load_toy_flow(random_init=True)
     toy = toy_prompts()
     prompts = PromptSet("toy3", toy.prompt_ids[:3], toy.prompts[:3])
     hashes = []
@@ -244,7 +246,7 @@ def test_cli_generate_bad_input_is_one_line(cli, tmp_path):
 
 def test_irg_set_with_zero_weight_reproduces_the_reference_pixels(reference_set, tmp_path):
     """eps_ref + 0 * (eps_ft - eps_ref) == eps_ref exactly, so the images equal the reference set's."""
-    from pcpo_eval.generate import IRGAdapter
+    from pcpo_eval.generate.irg import IRGAdapter
 
     irg = IRGAdapter(StandInAdapter(), [(StandInAdapter(1), 0.0)])
     s = generate_set(irg, _prompts(), N_SEEDS, tmp_path / "irg", batch_size=8, steps=STEPS, micro_batch=MICRO,

@@ -8,10 +8,8 @@ import pandas as pd
 import pytest
 import torch
 
-pytest.importorskip("pcpo_eval.models.registry")
-
-from pcpo_eval.checkpoints import save_checkpoint  # noqa: E402
-from pcpo_eval.models.registry import load_model  # noqa: E402
+from pcpo_eval.models.registry import load_model
+from pcpo_eval.train.checkpoints import save_checkpoint  # noqa: E402
 
 ARGS = ["--prompts", "toy", "--max-prompts", "3", "--seeds", "2", "--steps", "3", "--no-progress"]
 

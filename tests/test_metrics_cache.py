@@ -18,8 +18,8 @@ from metrics_helpers import TOY_PROMPTS, StandInToyClassifier, make_image_set  #
 
 from pcpo_eval import rewards  # noqa: E402
 from pcpo_eval.features import make_extractor  # noqa: E402
+from pcpo_eval.imageset import ImageSet  # noqa: E402
 from pcpo_eval.metrics.cache import FeatureCache  # noqa: E402
-from pcpo_eval.metrics.imageset import ImageSet  # noqa: E402
 from pcpo_eval.metrics.workers import ExtractionReport, MetricsOptions, compute_metrics, extract_set  # noqa: E402
 
 SCRIPT = Path(__file__).parent / "metrics_worker_script.py"

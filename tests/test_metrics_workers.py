@@ -16,8 +16,8 @@ from metrics_helpers import TOY_PROMPTS, StandInToyClassifier, make_image_set, r
 
 from pcpo_eval import rewards  # noqa: E402
 from pcpo_eval.errors import MissingWeightsError, UserError  # noqa: E402
+from pcpo_eval.imageset import ImageSet  # noqa: E402
 from pcpo_eval.metrics.frechet import frechet_distance_from_features  # noqa: E402
-from pcpo_eval.metrics.imageset import ImageSet  # noqa: E402
 from pcpo_eval.metrics.inception_score import inception_score  # noqa: E402
 from pcpo_eval.metrics.lpips_diversity import make_lpips_embedder, naive_lpips_diversity  # noqa: E402
 from pcpo_eval.metrics.workers import ExtractionReport, MetricsOptions, compute_metrics, run_metrics  # noqa: E402

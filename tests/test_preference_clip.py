@@ -20,7 +20,7 @@ from preference_stand_ins import (
     tiny_open_clip_checkpoint,
 )
 
-from pcpo_eval import weights as W
+import pcpo_eval.weights.locate as W
 from pcpo_eval.errors import MissingWeightsError, UserError
 from pcpo_eval.rewards import make_reward
 from pcpo_eval.rewards.preference import (

@@ -18,7 +18,7 @@ from PIL import Image
 from preference_stand_ins import random_images
 from torch import nn
 
-from pcpo_eval import weights as W
+import pcpo_eval.weights.locate as W
 from pcpo_eval.errors import MissingWeightsError, UserError
 from pcpo_eval.rewards import make_reward
 from pcpo_eval.rewards.preference import (

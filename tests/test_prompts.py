@@ -41,7 +41,7 @@ def test_nouns_activities_matches_ddpo_prompt_fn():
 
 
 def test_toy_prompts_follow_toy_world():
-    data = pytest.importorskip("pcpo_eval.toy.data")
+    from pcpo_eval.toy import data
     ps = load_prompts("toy")
     assert list(ps.prompts) == list(data.TOY_PROMPTS) and len(ps) == 45
 

@@ -11,7 +11,7 @@ from report_helpers import EVIL_PROMPT, EVIL_RUN, synthetic_results
 
 from pcpo_eval.errors import UserError
 from pcpo_eval.report.html import fmt_num, fmt_p, pretty_term, render_report, write_report
-from pcpo_eval.study_stats import to_jsonable
+from pcpo_eval.study.results import to_jsonable
 
 
 class _Collect(HTMLParser):

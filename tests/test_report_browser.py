@@ -19,7 +19,7 @@ from PIL import Image
 from report_helpers import EVIL_PROMPT, synthetic_results
 
 from pcpo_eval.report.html import write_report
-from pcpo_eval.study_stats import to_jsonable
+from pcpo_eval.study.results import to_jsonable
 
 CHROMIUM = "/usr/bin/chromium"
 pytestmark = pytest.mark.skipif(

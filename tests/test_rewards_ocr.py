@@ -382,7 +382,7 @@ def test_paddleocr_3x_predict_results(tmp_path, monkeypatch):
 
 
 def test_setup8_config_names_a_registered_reward_that_needs_local_weights():
-    from pcpo_eval.train_config import load_config
+    from pcpo_eval.train.config import load_config
 
     cfg = load_config(REPO / "train" / "configs" / "setup8_flowgrpo_sd35_ocr.yaml")
     assert cfg.reward == "ocr" and "ocr" in REGISTRY

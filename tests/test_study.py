@@ -18,7 +18,9 @@ import yaml
 from PIL import Image
 
 from pcpo_eval.errors import UserError
-from pcpo_eval.study import STAGES, StageError, load_spec, parse_lmm_formula, run_study
+from pcpo_eval.stats.formula import parse_lmm_formula
+from pcpo_eval.study.runner import StageError, run_study
+from pcpo_eval.study.spec import STAGES, load_spec
 
 
 @pytest.fixture(autouse=True)
@@ -167,7 +169,8 @@ class Fakes:
         return pd.read_parquet(out / "log.parquet")
 
     def generate_set(self, model, prompts, seeds, out_dir, **kw):
-        from pcpo_eval.generate import image_rel_path, parse_seeds
+        from pcpo_eval.generate.plan import parse_seeds
+        from pcpo_eval.imageset import image_rel_path
         from pcpo_eval.prompts import load_prompts
 
         out = Path(out_dir)
@@ -205,20 +208,20 @@ class Fakes:
 
 @pytest.fixture
 def fakes(monkeypatch):
-    import pcpo_eval.credit_plot
-    import pcpo_eval.generate
+    import pcpo_eval.credit.plot
+    import pcpo_eval.generate.runner
     import pcpo_eval.metrics.workers
-    import pcpo_eval.trainer
+    import pcpo_eval.train.trainer
 
     f = Fakes()
-    monkeypatch.setattr(pcpo_eval.trainer, "train", f.train)
-    monkeypatch.setattr(pcpo_eval.generate, "generate_set", f.generate_set)
+    monkeypatch.setattr(pcpo_eval.train.trainer, "train", f.train)
+    monkeypatch.setattr(pcpo_eval.generate.runner, "generate_set", f.generate_set)
     monkeypatch.setattr(pcpo_eval.metrics.workers, "run_metrics", f.run_metrics)
     import io
 
     buf = io.BytesIO()
     Image.new("RGB", (4, 4), "white").save(buf, format="PNG")
-    monkeypatch.setattr(pcpo_eval.credit_plot, "credit_figure_png", lambda *a, **k: buf.getvalue())
+    monkeypatch.setattr(pcpo_eval.credit.plot, "credit_figure_png", lambda *a, **k: buf.getvalue())
     return f
 
 
@@ -295,7 +298,6 @@ def test_stage_names():
 @pytest.mark.slow
 def test_toy_study_end_to_end(tmp_path):
     """A small real study on the toy model: 4 trained runs, sets, toy metrics, LMMs, report."""
-    pytest.importorskip("pcpo_eval.toy.classifier", reason="toy world not in this checkout")
     import torch
 
     torch.set_num_threads(1)  # tiny tensors; 2 threads spin-wait badly on a loaded 2-core machine

@@ -42,8 +42,8 @@ def test_classifier_contract_and_accuracy():
 def test_shipped_model_samples_its_prompts():
     """A few prompts through the shared sampler: determinism and class accuracy of the samples."""
     from pcpo_eval.models.registry import load_model
-    from pcpo_eval.toy.check import sample_toy_images
     from pcpo_eval.toy.classifier import load_toy_classifier
+    from pcpo_eval.toylab.check import sample_toy_images
 
     adapter = load_model("toy")
     pids, seeds = [0, 12, 26, 44], [0, 0, 0, 0]
@@ -89,7 +89,7 @@ def test_pretrain_is_reproducible(tmp_path):
     """Two tiny pretraining runs with one seed give identical weights (bit-exact, same threads)."""
     from safetensors.torch import load_file
 
-    from pcpo_eval.toy.pretrain import ClassifierTrainConfig, DiffusionTrainConfig, pretrain
+    from pcpo_eval.toylab.pretrain import ClassifierTrainConfig, DiffusionTrainConfig, pretrain
 
     d = DiffusionTrainConfig(steps=2, batch_size=4, n_per_prompt=1, warmup=1)
     c = ClassifierTrainConfig(steps=2, batch_size=4, n_per_prompt=1)
@@ -109,7 +109,7 @@ def test_pretrain_is_reproducible(tmp_path):
 def test_run_check_reports_consistent_figures():
     """run_check on random tiny models (2 DDIM steps): figures are consistent with their definition."""
     from pcpo_eval.testing import tiny_toy_adapter, tiny_toy_classifier
-    from pcpo_eval.toy.check import run_check
+    from pcpo_eval.toylab.check import run_check
 
     res = run_check(tiny_toy_adapter(0), tiny_toy_classifier(0), n_seeds=2, steps=2)
     assert res.n_images == 90 and len(res.per_prompt_accuracy) == 45
@@ -157,7 +157,7 @@ def test_patch_size_is_configurable():
 
 def test_toy_flow_x0_parameterization_gives_velocity():
     """Flow toy model with x0 output: u = (x_t - x0_hat) / t, exact for x_t = (1-t) x0 + t noise."""
-    from pcpo_eval.toy.flow import ToyFlowAdapter, flow_scheduler_config
+    from pcpo_eval.models.toy_flow import ToyFlowAdapter, flow_scheduler_config
 
     unet = toy_model.build_unet(seed=5).eval()
     ad = ToyFlowAdapter(unet, toy_model.build_text_encoder(seed=6), flow_scheduler_config(), parameterization="sample")

@@ -13,12 +13,12 @@ import pandas as pd
 import pytest
 import torch
 
-from pcpo_eval import checkpoints as ck
 from pcpo_eval.errors import UserError
-from pcpo_eval.objectives import eps_matching_log_rho, log_hinge_loss, ppo_clip_loss
 from pcpo_eval.samplers.ddim import ddim_mean
-from pcpo_eval.train_config import TrainConfig, config_from_dict, load_config
-from pcpo_eval.trainer import Trainer
+from pcpo_eval.train import checkpoints as ck
+from pcpo_eval.train.config import TrainConfig, config_from_dict, load_config
+from pcpo_eval.train.objectives import eps_matching_log_rho, log_hinge_loss, ppo_clip_loss
+from pcpo_eval.train.trainer import Trainer
 
 TINY = dict(
     model="toy", prompts="toy", reward="jpeg_compressibility", epochs=2, sample_steps=4, cfg=3.0,
@@ -56,12 +56,12 @@ def test_logprob_matches_gaussian_and_log_rho_zero_at_theta_old(tmp_path, object
 
 
 def test_pcpo_samples_with_constant_weight_schedule(tmp_path):
-    from pcpo_eval.credit import ddim_C
+    from pcpo_eval.credit.ddim import ddim_C
 
     tr = Trainer(tiny(objective="pcpo", sample_steps=10), tmp_path / "run")
     s = tr.sample_epoch(1)
     w = ddim_C(s.alpha_bar.numpy(), s.alpha_bar_prev.numpy(), s.sigmas.numpy()) / s.sigmas.numpy() ** 2
-    from pcpo_eval.credit import ddim_schedule, pcpo_ddim_credit
+    from pcpo_eval.credit.ddim import ddim_schedule, pcpo_ddim_credit
 
     credit = pcpo_ddim_credit(ddim_schedule(tr.adapter.scheduler_config, 10, 1.0))
     ok = np.setdiff1d(np.arange(10), credit.fallback_steps)

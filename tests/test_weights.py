@@ -7,7 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from pcpo_eval import weights as W
+import pcpo_eval.weights.locate as W
 from pcpo_eval.errors import MissingWeightsError, UserError
 
 
@@ -147,7 +147,9 @@ def test_cli_weights_json_and_table(isolated_caches, monkeypatch):
     import typer
 
     app = typer.Typer()
-    W.register(app)
+    from pcpo_eval.weights.commands import register
+
+    register(app)
 
     @app.command("noop")
     def _noop() -> None:  # a second command keeps typer in multi-command mode

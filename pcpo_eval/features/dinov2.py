@@ -43,7 +43,7 @@ def locate_weights(weights_path: str | os.PathLike | None = None) -> Path:
     Order: explicit path > ``$PCPO_DINOV2_PATH`` > ``$PCPO_WEIGHTS_DIR/dinov2-large`` > the HF hub
     cache snapshot of ``facebook/dinov2-large``.
     """
-    from pcpo_eval.weights import locate
+    from pcpo_eval.weights.locate import locate
 
     return locate("dinov2", weights_path)
 

@@ -54,7 +54,7 @@ def locate_weights(weights_path: str | os.PathLike | None = None) -> Path:
     Order: explicit path > ``$PCPO_INCEPTION_WEIGHTS`` > ``$PCPO_WEIGHTS_DIR`` > torch hub cache
     (``weights-/pt_inception-2015-12-05-6726825d.pth``) > clean-fid's ``/tmp/inception-2015-12-05.pt``.
     """
-    from pcpo_eval.weights import locate
+    from pcpo_eval.weights.locate import locate
 
     return locate("inception", weights_path)
 

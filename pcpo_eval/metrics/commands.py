@@ -7,30 +7,12 @@ batches and prompts are dealt to the ranks, sufficient statistics are all-reduce
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import typer
 
 DEFAULT_METRICS = "fid,fd_dinov2,is,lpips"
-
-
-def maybe_init_distributed() -> None:
-    """Join the ``torchrun`` process group (gloo, CPU) when WORLD_SIZE > 1."""
-    import torch.distributed as dist
-
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
-        dist.init_process_group("gloo")
-
-
-def finalize_distributed() -> None:
-    """Leave the process group cleanly (a process exiting with live gloo threads aborts)."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
 
 
 def _options(
@@ -94,15 +76,16 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         """FID, FD-DINOv2, IS, LPIPS diversity and preference scores, overall and per prompt."""
-        from pcpo_eval.metrics.workers import rank, run_metrics
+        from pcpo_eval import dist
+        from pcpo_eval.metrics.workers import run_metrics
 
-        maybe_init_distributed()
+        dist.init(device)
         opts = _options(batch_size, device, cache_dir, inception_weights, dinov2_path, lpips_trunk, is_splits)
         try:
             result = run_metrics(image_set, metrics, out, reference, opts)
-            is_main = rank() == 0
+            is_main = dist.is_main()
         finally:
-            finalize_distributed()
+            dist.finalize()
         if is_main:
             if as_json:
                 typer.echo(json.dumps(result, indent=2, default=str))
@@ -124,16 +107,17 @@ def register(app: typer.Typer) -> None:
         weights: Path | None = typer.Option(None, "--weights", help="weights file/dir of the extractor"),
     ) -> None:
         """Export an image set's features in manifest order, for your own analyses."""
-        from pcpo_eval.metrics.workers import export_features, rank
+        from pcpo_eval import dist
+        from pcpo_eval.metrics.workers import export_features
 
-        maybe_init_distributed()
+        dist.init(device)
         opts = _options(batch_size, device, cache_dir, None, None, None)
         if weights is not None:
             opts.extractor_options[extractor] = {"weights_path": weights}
         try:
             feats = export_features(image_set, extractor, out, opts)
-            is_main = rank() == 0
+            is_main = dist.is_main()
         finally:
-            finalize_distributed()
+            dist.finalize()
         if is_main:
             typer.echo(f"wrote {out}: {feats.shape[0]} x {feats.shape[1]} float32 ({extractor})")

@@ -177,7 +177,7 @@ class ToyLpipsEmbedder(nn.Module):
 def locate_alexnet(weights_path: str | os.PathLike | None = None) -> Path:
     """Local torchvision AlexNet weights via :func:`pcpo_eval.weights.locate` (backend ``lpips_alex``:
     explicit > ``$PCPO_ALEXNET_WEIGHTS`` > ``$PCPO_WEIGHTS_DIR`` > ``$TORCH_HOME/hub/checkpoints``)."""
-    from pcpo_eval.weights import locate
+    from pcpo_eval.weights.locate import locate
 
     return locate("lpips_alex", weights_path)
 

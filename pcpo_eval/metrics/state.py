@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import torch.distributed as dist
+
+from pcpo_eval import dist
 
 
 @dataclass
@@ -56,14 +57,10 @@ class GaussianStats:
 
     def all_reduce(self) -> GaussianStats:
         """Sum the statistics over all ranks (no-op without an initialized process group)."""
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        if dist.world_size() > 1:
             for name in ("sum", "outer"):
-                t = torch.from_numpy(getattr(self, name))
-                dist.all_reduce(t, op=dist.ReduceOp.SUM)
-                setattr(self, name, t.numpy())
-            n = torch.tensor([self.n], dtype=torch.int64)
-            dist.all_reduce(n, op=dist.ReduceOp.SUM)
-            self.n = int(n.item())
+                setattr(self, name, dist.all_reduce_sum(torch.from_numpy(getattr(self, name))).numpy())
+            self.n = int(dist.all_reduce_sum(torch.tensor([self.n], dtype=torch.int64)).item())
         return self
 
     def mean(self) -> np.ndarray:

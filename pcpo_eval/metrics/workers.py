@@ -30,41 +30,18 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
-import torch.distributed as dist
 
+from pcpo_eval import dist
 from pcpo_eval.errors import UserError
 from pcpo_eval.features import FeatureExtractor, make_extractor
+from pcpo_eval.imageset import ImageSet, check_min_images, check_same_prompts
 from pcpo_eval.io import atomic_write, atomic_write_json, atomic_write_parquet
+from pcpo_eval.metrics.base import METRICS, MetricSpec
 from pcpo_eval.metrics.cache import FeatureCache, settings_digest
 from pcpo_eval.metrics.frechet import frechet_distance_details
-from pcpo_eval.metrics.imageset import ImageSet, check_min_images, check_same_prompts
 from pcpo_eval.metrics.inception_score import DEFAULT_SEED, DEFAULT_SPLITS, inception_score
 from pcpo_eval.metrics.lpips_diversity import PairwiseAccumulator, ToyLpipsEmbedder, make_lpips_embedder
 from pcpo_eval.metrics.state import GaussianStats
-
-
-@dataclass(frozen=True)
-class MetricSpec:
-    """kind: fd | is | lpips | reward; source: extractor / embedder / reward name."""
-
-    kind: str
-    source: str
-
-
-#: output name -> how it is computed
-METRICS: dict[str, MetricSpec] = {
-    "fid": MetricSpec("fd", "inception"),
-    "fd_dinov2": MetricSpec("fd", "dinov2"),
-    "fd_toy": MetricSpec("fd", "toy"),
-    "is": MetricSpec("is", "inception"),
-    "is_toy": MetricSpec("is", "toy"),
-    "lpips": MetricSpec("lpips", "alex"),
-    "lpips_toy": MetricSpec("lpips", "toy"),
-    **{
-        name: MetricSpec("reward", name)
-        for name in ("hps", "pickscore", "imagereward", "clipscore", "aesthetic")
-    },
-}
 
 
 @dataclass
@@ -87,28 +64,6 @@ class MetricsOptions:
 
 
 # ----------------------------------------------------------------------------- distributed helpers
-
-
-def rank() -> int:
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-
-
-def world_size() -> int:
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-
-
-def barrier() -> None:
-    if world_size() > 1:
-        dist.barrier()
-
-
-def gather_objects(obj: Any) -> list[Any]:
-    """All ranks' ``obj`` (a one-element list without a process group)."""
-    if world_size() == 1:
-        return [obj]
-    out: list[Any] = [None] * world_size()
-    dist.all_gather_object(out, obj)
-    return out
 
 
 # ----------------------------------------------------------------------------- validation
@@ -173,18 +128,18 @@ def _compute_into_cache(
     for row, k in enumerate(keys):
         first_row.setdefault(k, row)
     # every rank must see the same list of missing keys: scan between two barriers, before anyone writes
-    barrier()
+    dist.barrier()
     cache.refresh()
     missing = cache.missing(keys)
-    barrier()
+    dist.barrier()
     report.cached += len(first_row) - len(missing)
     batches = [missing[i : i + batch_size] for i in range(0, len(missing), batch_size)]
-    for batch in batches[rank() :: world_size()]:
+    for batch in batches[dist.rank() :: dist.world_size()]:
         rows = [first_row[k] for k in batch]
         arrays = compute(rows)
         cache.write_chunk(batch, {k: np.asarray(v) for k, v in arrays.items()})
         report.computed += len(batch)
-    barrier()
+    dist.barrier()
     cache.refresh()
 
 
@@ -265,8 +220,8 @@ def score_set(
 
 def fd_overall(x: np.ndarray, y: np.ndarray) -> tuple[float, dict[str, float]]:
     """FD of two whole sets; sufficient statistics of each rank's row shard are all-reduced."""
-    sx = GaussianStats(x.shape[1]).update(x[rank() :: world_size()]).all_reduce()
-    sy = GaussianStats(y.shape[1]).update(y[rank() :: world_size()]).all_reduce()
+    sx = GaussianStats(x.shape[1]).update(x[dist.rank() :: dist.world_size()]).all_reduce()
+    sy = GaussianStats(y.shape[1]).update(y[dist.rank() :: dist.world_size()]).all_reduce()
     res = frechet_distance_details(sx.mean(), sx.cov(), sy.mean(), sy.cov())
     return res.value, {
         "clipped_negative_eigen_mass": res.clipped_negative_mass,
@@ -280,11 +235,11 @@ def fd_per_prompt(
 ) -> dict[int, float]:
     """FD per prompt against the reference's images of the same prompt (prompts dealt to ranks)."""
     mine = {}
-    for pid in sorted(rows_x)[rank() :: world_size()]:
+    for pid in sorted(rows_x)[dist.rank() :: dist.world_size()]:
         sx = GaussianStats(x.shape[1]).update(x[rows_x[pid]])
         sy = GaussianStats(y.shape[1]).update(y[rows_y[pid]])
         mine[pid] = frechet_distance_details(sx.mean(), sx.cov(), sy.mean(), sy.cov()).value
-    return {k: v for part in gather_objects(mine) for k, v in part.items()}
+    return {k: v for part in dist.gather_objects(mine) for k, v in part.items()}
 
 
 def lpips_per_prompt(
@@ -298,7 +253,7 @@ def lpips_per_prompt(
     )
     shas = image_set.shas
     mine = {}
-    for pid, rows in sorted(image_set.rows_by_prompt().items())[rank() :: world_size()]:
+    for pid, rows in sorted(image_set.rows_by_prompt().items())[dist.rank() :: dist.world_size()]:
         key = hashlib.sha256("\n".join(shas[r] for r in rows).encode()).hexdigest()[:24]
         path = root / f"prompt-{key}.json"
         if path.exists():
@@ -309,7 +264,7 @@ def lpips_per_prompt(
             acc.update(embedder(image_set.read_batch(rows[i : i + options.lpips_batch])))
         mine[pid] = acc.mean_distance()
         atomic_write_json(path, {"prompt_id": pid, "n": acc.n, "lpips": mine[pid]})
-    return {k: v for part in gather_objects(mine) for k, v in part.items()}
+    return {k: v for part in dist.gather_objects(mine) for k, v in part.items()}
 
 
 @dataclass
@@ -369,7 +324,7 @@ def compute_metrics(
         "n_images": len(s),
         "n_reference": len(ref) if ref is not None else None,
         "n_prompts": len(rows_s),
-        "world_size": world_size(),
+        "world_size": dist.world_size(),
         "metrics": names,
         "extractors": {k: e.settings() for k, e in extractors.items()},
     }
@@ -450,7 +405,7 @@ def compute_metrics(
         settings["rewards"] = reward_settings
         settings["reward_aggregate"] = "mean over images (per prompt: mean over the prompt's images)"
     conversions: dict[str, int] = {}
-    for part in gather_objects(s.read_stats.as_dict()):
+    for part in dist.gather_objects(s.read_stats.as_dict()):
         for k, v in part.items():
             conversions[k] = conversions.get(k, 0) + v
     settings["converted_to_rgb"] = conversions
@@ -468,7 +423,7 @@ def compute_metrics(
 
 def write_outputs(result: MetricsResult, out_dir: str | Path) -> None:
     """Rank 0 writes the Parquet tables, then ``metrics.json`` (each atomically)."""
-    if rank() != 0:
+    if not dist.is_main():
         return
     out = Path(out_dir)
     atomic_write_parquet(out / "per_prompt.parquet", result.per_prompt)
@@ -512,7 +467,7 @@ def export_features(
     s = ImageSet.load(image_set)
     ext = make_extractor(extractor, device=options.device, **options.extractor_options.get(extractor, {}))
     feats = extract_set(s, ext, options)["features"]
-    if rank() == 0:
+    if dist.is_main():
         with atomic_write(out, "wb") as fh:
             np.save(fh, feats)
     return feats

@@ -33,7 +33,7 @@ def _sd1(arg: str | None, device: str | torch.device, dtype: torch.dtype) -> Mod
 
 
 def _toyflow(arg: str | None, device: str | torch.device, dtype: torch.dtype) -> ModelAdapter:
-    from pcpo_eval.toy.flow import ToyFlowAdapter
+    from pcpo_eval.models.toy_flow import ToyFlowAdapter
 
     return ToyFlowAdapter.from_dir(arg or None, device=device, dtype=dtype)
 

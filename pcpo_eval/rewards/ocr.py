@@ -50,8 +50,9 @@ import numpy as np
 import torch
 
 from pcpo_eval.errors import MissingWeightsError, UserError
+from pcpo_eval.registry import optional_module
 from pcpo_eval.rewards.preference import check_inputs
-from pcpo_eval.weights import locate
+from pcpo_eval.weights.locate import locate
 
 #: A recogniser maps a batch of RGB uint8 (H, W, 3) arrays to one raw text per image; ``None`` marks
 #: an image whose recognition failed (scored as Flow-GRPO's exception branch: reward 0).
@@ -113,11 +114,8 @@ def levenshtein(a: str, b: str) -> int:
     Uses the optional ``levenshtein`` package (C++, the one Flow-GRPO imports) when installed, else
     an equivalent pure-Python dynamic programme (tested against a brute-force reference).
     """
-    try:
-        from Levenshtein import distance
-    except ImportError:
-        return _levenshtein_dp(a, b)
-    return int(distance(a, b))
+    lev = optional_module("Levenshtein")
+    return _levenshtein_dp(a, b) if lev is None else int(lev.distance(a, b))
 
 
 def ocr_distance(recognized: str, target: str) -> int:
@@ -190,13 +188,12 @@ def paddleocr_recogniser(
         raise UserError(f"unknown on_error {on_error!r}; choose one of: zero, raise")
     det = locate("paddleocr_det", det_model_dir)
     rec = locate("paddleocr_rec", rec_model_dir)
-    try:
-        import paddleocr
-    except ImportError as exc:
+    paddleocr = optional_module("paddleocr")
+    if paddleocr is None:
         raise MissingWeightsError(
             "recogniser 'paddleocr' needs the paddleocr and paddlepaddle packages: "
             "pip install 'pcpo-eval[ocr]' paddlepaddle, or use recogniser='trocr'"
-        ) from exc
+        )
     version = str(getattr(paddleocr, "__version__", "2"))
     major = int(version.split(".")[0]) if version.split(".")[0].isdigit() else 2
     dev = _device_str(device)

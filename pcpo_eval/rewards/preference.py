@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pcpo_eval.errors import MissingWeightsError, UserError
-from pcpo_eval.weights import locate
+from pcpo_eval.weights.locate import locate
 
 #: OpenAI CLIP normalisation (open_clip ``OPENAI_DATASET_MEAN/STD``; ImageReward; CLIP processors).
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from pcpo_eval.credit import DDIMSchedule, ddim_schedule, pcpo_ddim_credit
+from pcpo_eval.credit.ddim import DDIMSchedule, ddim_schedule, pcpo_ddim_credit
 from pcpo_eval.errors import UserError
 from pcpo_eval.models.base import ModelAdapter, PromptEmbeds
 

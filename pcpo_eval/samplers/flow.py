@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pcpo_eval.credit import flow_sde_sigma, shifted_sigmas
+from pcpo_eval.credit.flow import flow_sde_sigma, shifted_sigmas
 from pcpo_eval.errors import UserError
 from pcpo_eval.models.base import ModelAdapter, PromptEmbeds
 from pcpo_eval.samplers.ddim import _bcast, gaussian_log_prob, initial_noise
@@ -283,7 +283,7 @@ def pcpo_flow_scale(t: np.ndarray, dt: np.ndarray, sigma: np.ndarray, sde: str, 
     decomposition reproduces log rho exactly; ``w~ = zeta dt_i`` with zeta from
     :func:`pcpo_eval.credit.flow_credit` over all N steps of ``times`` (t1 convention for Flow-GRPO).
     """
-    from pcpo_eval.credit import flow_credit, flow_native_weight
+    from pcpo_eval.credit.flow import flow_credit, flow_native_weight
 
     w = flow_native_weight(t, dt, sigma)
     credit = flow_credit(sde, len(times) - 1, eta, 1.0, times=times, t1=t1)

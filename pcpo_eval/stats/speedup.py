@@ -267,3 +267,20 @@ def speedup_table(
         speedup_row([d for _, d in b], [d for _, d in p], t, window, higher_is_better) for t in targets
     )
     return SpeedupTable(rows, window, len(b), len(p), tuple(n for n, _ in b), tuple(n for n, _ in p))
+
+
+def unreachable_targets(run_dirs: Sequence[str | Path], targets: Sequence[float], window: int) -> list[str]:
+    """Problems for targets that no run's smoothed reward reaches (paper: first epoch reaching it)."""
+    best = float("-inf")
+    for rd in run_dirs:
+        try:
+            log = load_log(Path(rd) / "log.parquet")
+        except UserError:
+            continue
+        best = max(best, float(moving_average(log["reward_mean"].to_numpy(), window).max()))
+    out = []
+    for t in dict.fromkeys(targets):
+        if t == t and not best >= t:  # NaN-safe
+            out.append(f"target {t:g} is reached by no run (best smoothed reward {best:.4g}, window {window}); "
+                       "lower it or train longer")
+    return out

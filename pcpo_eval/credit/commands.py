@@ -44,7 +44,7 @@ def ddim_cmd(
     plot: Annotated[Path | None, typer.Option(help="Write Figure 2 (a)-(d) to this PNG.")] = None,
 ) -> None:
     """DDIM native weights w(t) and PCPO's re-solved sigma~_t (paper Prop. 1, Fig. 2a-b)."""
-    from pcpo_eval.credit import ddim_schedule, pcpo_ddim_credit
+    from pcpo_eval.credit.ddim import ddim_schedule, pcpo_ddim_credit
 
     if scheduler_config is not None:
         try:
@@ -65,7 +65,7 @@ def ddim_cmd(
     credit = pcpo_ddim_credit(ddim_schedule(cfg, steps, eta), convention, w_target, fallback)  # type: ignore[arg-type]
     summary = credit.to_dict()
     if plot is not None:
-        from pcpo_eval.credit_plot import save_credit_figure
+        from pcpo_eval.credit.plot import save_credit_figure
 
         save_credit_figure(plot, ddim=credit)
     _emit(
@@ -89,12 +89,12 @@ def flow_cmd(
     plot: Annotated[Path | None, typer.Option(help="Write Figure 2 (a)-(d) to this PNG.")] = None,
 ) -> None:
     """Flow SDE native weights and PCPO's proportional weights zeta*dt (paper Prop. 2, Fig. 2c-d)."""
-    from pcpo_eval.credit import flow_credit
+    from pcpo_eval.credit.flow import flow_credit
 
     credit = flow_credit(sde, steps, eta, shift, t1=t1)
     summary = credit.to_dict()
     if plot is not None:
-        from pcpo_eval.credit_plot import save_credit_figure
+        from pcpo_eval.credit.plot import save_credit_figure
 
         save_credit_figure(plot, flows=[credit])
     _emit(

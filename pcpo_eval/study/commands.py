@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from pcpo_eval.errors import UserError
+from pcpo_eval.report.summary import summary_lines
 
 DEMO_SPEC = Path("analysis") / "toy_study.yaml"
 DEMO_OUT = Path("reports") / "demo"
@@ -21,33 +22,6 @@ def find_demo_spec() -> Path:
     raise UserError(f"{DEMO_SPEC} not found; run `pcpo-eval demo` from the pcpo-eval checkout")
 
 
-def summary_lines(study_dir: Path) -> list[str]:
-    """A few lines from ``results.json``: speed-ups and the compared factor's LMM effects."""
-    import json
-
-    res = json.loads((study_dir / "results.json").read_text())
-    lines = []
-    for block in res.get("speedup", []):
-        for row in block["table"]["targets"]:
-            sp = f"{row['speedup_pct']:+.1f}%" if row.get("speedup_pct") is not None else row.get("status", "")
-            lines.append(f"  speed-up [{block['cell']}] target {row['target']:g}: baseline {row['baseline_mean']} "
-                         f"vs PCPO {row['pcpo_mean']} epochs -> {sp}")
-    lmm = res.get("lmm", {})
-    factor = res.get("study", {}).get("compare", {}).get("factor", "")
-    key = "p_bh" if lmm.get("adjust") == "bh" else "p_holm"
-    for m, fit in lmm.get("fits", {}).items():
-        if "error" in fit:
-            lines.append(f"  LMM {m}: fit failed ({fit['error']})")
-            continue
-        for fe in fit["fixed"]:
-            if fe["term"].startswith(f"{factor}[") and ":" not in fe["term"]:
-                p_adj = lmm.get("adjusted", {}).get(m, {}).get(fe["term"], {}).get(key)
-                flag = "" if fit.get("converged", True) else " [not converged: see the report's notes]"
-                lines.append(f"  LMM {m}: {fe['term']} = {fe['estimate']:.4g} (p = {fe['p']:.3g}, "
-                             f"adj. p = {p_adj:.3g}){flag}")
-    return lines
-
-
 def register(app: typer.Typer) -> None:
     """Add ``study``, ``report`` and ``demo`` to the ``pcpo-eval`` app."""
 
@@ -58,7 +32,8 @@ def register(app: typer.Typer) -> None:
         stages: str = typer.Option("all", "--stages", help="comma-separated subset of train,select,generate,metrics,stats,report"),
     ) -> None:
         """Train -> select -> generate -> metrics -> stats -> report; re-running continues after a crash."""
-        from pcpo_eval.study import STAGES, run_study
+        from pcpo_eval.study.runner import run_study
+        from pcpo_eval.study.spec import STAGES
 
         chosen = STAGES if stages == "all" else tuple(s.strip() for s in stages.split(",") if s.strip())
         path = run_study(spec, out, chosen, log=lambda s: typer.echo(s))
@@ -81,7 +56,7 @@ def register(app: typer.Typer) -> None:
         """The main job on the embedded toy world: analysis/toy_study.yaml end to end, then the report."""
         import torch
 
-        from pcpo_eval.study import run_study
+        from pcpo_eval.study.runner import run_study
 
         # One thread: the toy tensors are tiny, and on a shared 2-core machine two OpenMP threads
         # were measured 30x slower than one (spin-waiting under load).

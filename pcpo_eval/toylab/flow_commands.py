@@ -25,8 +25,8 @@ def register(app: typer.Typer) -> None:
         import torch
 
         from pcpo_eval.errors import UserError
-        from pcpo_eval.toy.flow import pretrain_flow
-        from pcpo_eval.toy.pretrain import DiffusionTrainConfig
+        from pcpo_eval.toylab.flow import pretrain_flow
+        from pcpo_eval.toylab.pretrain import DiffusionTrainConfig
 
         if steps < 1:
             raise UserError(f"--steps must be >= 1 (got {steps})")
@@ -47,7 +47,7 @@ def register(app: typer.Typer) -> None:
         """Sample every toy prompt and report the toy classifier's accuracy and the sampling time."""
         import torch
 
-        from pcpo_eval.toy.flow import check_flow
+        from pcpo_eval.toylab.flow import check_flow
 
         torch.set_num_threads(threads)
         res = check_flow(weights, n_seeds=seeds, steps=steps, eta=eta, cfg=cfg)

@@ -15,9 +15,9 @@ from typing import Any
 
 import yaml
 
-from pcpo_eval.credit import FLOW_SDES, T1_CONVENTIONS
+from pcpo_eval.credit.flow import FLOW_SDES, T1_CONVENTIONS
 from pcpo_eval.errors import UserError
-from pcpo_eval.objectives import OBJECTIVES
+from pcpo_eval.train.objectives import OBJECTIVES
 
 ADVANTAGES = ("per_prompt", "group")
 PRECISIONS = ("no", "fp16", "bf16")

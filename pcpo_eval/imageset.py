@@ -170,3 +170,15 @@ def check_min_images(s: ImageSet, minimum: int, metric: str) -> None:
             raise UserError(
                 f"prompt_id {pid} has {len(rows)} image(s) in {s.root}; {metric} needs at least {minimum} per prompt"
             )
+
+
+#: Columns of ``SET/manifest.parquet`` (the image-set contract plus the sampler settings).
+MANIFEST_COLUMNS = [
+    "prompt_id", "prompt", "seed", "path", "image_sha256", "pixel_sha256", "height", "width",
+    "model", "model_hash", "sampler", "steps", "cfg", "eta", "schedule", "micro_batch",
+]  # fmt: skip
+
+
+def image_rel_path(prompt_id: int, seed: int) -> str:
+    """``images/p{prompt_id:05d}/s{seed:07d}.png``."""
+    return f"images/p{prompt_id:05d}/s{seed:07d}.png"

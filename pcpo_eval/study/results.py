@@ -33,7 +33,7 @@ from pcpo_eval.errors import UserError
 from pcpo_eval.io import atomic_write_bytes
 
 if TYPE_CHECKING:
-    from pcpo_eval.study import Study
+    from pcpo_eval.study.runner import Study
 
 TRACE_COLUMNS = (
     "reward_mean", "reward_std", "clipfrac", "approx_kl", "rho_mean", "rho_min", "rho_max", "rho_std",
@@ -83,7 +83,7 @@ def per_prompt_frame(study: Study) -> pd.DataFrame:
 def fit_metric_lmms(data: pd.DataFrame, metrics: list[str], formula: str, coding: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """Fit the spec's LMM per metric; failures are recorded (message), never hidden or fatal."""
     from pcpo_eval.stats import adjust_across_metrics, fit_lmm
-    from pcpo_eval.study import parse_lmm_formula
+    from pcpo_eval.stats.formula import parse_lmm_formula
 
     fixed, groups, re_formula = parse_lmm_formula(formula)
     fits, errors = {}, {}
@@ -105,7 +105,7 @@ def fit_metric_lmms(data: pd.DataFrame, metrics: list[str], formula: str, coding
 def simple_effects(study: Study, data: pd.DataFrame) -> dict[str, dict[str, Any]]:
     """Per cell: PCPO-vs-baseline effect per metric, ``value ~ factor + (1|groups)`` on the cell's rows."""
     from pcpo_eval.stats import adjust_across_metrics, fit_lmm
-    from pcpo_eval.study import parse_lmm_formula
+    from pcpo_eval.stats.formula import parse_lmm_formula
 
     sp = study.spec
     _, groups, _ = parse_lmm_formula(sp.lmm.formula)
@@ -227,7 +227,7 @@ def grids(study: Study) -> list[dict[str, Any]]:
                 cols.append({"label": f"{c['levels'][sp.compare_factor]} (E{int(c['epoch'])})", "role": role,
                              "set": f"sets/{c['name']}/epoch_{int(c['epoch']):04d}", "epoch": int(c["epoch"]),
                              "reward": float(c["reward"])})
-        from pcpo_eval.generate import image_rel_path
+        from pcpo_eval.imageset import image_rel_path
 
         rows = [{"prompt_id": int(p), "prompt": str(prompts[p]), "seeds": [int(s) for s in seeds],
                  "images": [[f"{col['set']}/{image_rel_path(int(p), int(s))}" for s in seeds] for col in cols]}
@@ -252,8 +252,8 @@ def speedups(study: Study) -> list[dict[str, Any]]:
 
 def build_results(study: Study) -> dict[str, Any]:
     """Everything the report formats (JSON-able)."""
-    from pcpo_eval.credit_plot import credit_figure_png
-    from pcpo_eval.study import METRIC_LABELS
+    from pcpo_eval.credit.plot import credit_figure_png
+    from pcpo_eval.metrics.base import METRIC_LABELS
 
     sp = study.spec
     data = per_prompt_frame(study)

@@ -28,7 +28,7 @@ def register(app: typer.Typer) -> None:
         import torch
 
         from pcpo_eval.errors import UserError
-        from pcpo_eval.toy.pretrain import ClassifierTrainConfig, DiffusionTrainConfig, pretrain
+        from pcpo_eval.toylab.pretrain import ClassifierTrainConfig, DiffusionTrainConfig, pretrain
 
         stages = {"all": ("classifier", "diffusion"), "classifier": ("classifier",), "diffusion": ("diffusion",)}
         if stage not in stages:
@@ -50,7 +50,7 @@ def register(app: typer.Typer) -> None:
         import torch
 
         from pcpo_eval.errors import UserError
-        from pcpo_eval.toy.check import ACCURACY_BAR, run_check
+        from pcpo_eval.toylab.check import ACCURACY_BAR, run_check
 
         if seeds < 2:
             raise UserError("--seeds must be >= 2 (fd_toy needs a covariance)")

@@ -37,7 +37,7 @@ def generate(
     progress: bool = typer.Option(True, "--progress/--no-progress", help="progress bar on rank 0"),
 ) -> None:
     """Render every (prompt, seed) image: bit-identical for any batch size or process count."""
-    from pcpo_eval.generate import generate_set
+    from pcpo_eval.generate.runner import generate_set
 
     summary = generate_set(
         model, prompts, seeds, out,

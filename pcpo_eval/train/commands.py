@@ -17,8 +17,8 @@ def train_cmd(
     resume: Annotated[bool, typer.Option(help="Continue from the run's latest checkpoint.")] = False,
 ) -> None:
     """Train a DDPO / DanceGRPO / PCPO run (one process, or under torchrun / accelerate launch)."""
-    from pcpo_eval.train_config import load_config
-    from pcpo_eval.trainer import train
+    from pcpo_eval.train.config import load_config
+    from pcpo_eval.train.trainer import train
 
     cfg = load_config(config, overrides or [])
     log = train(cfg, out, resume=resume)

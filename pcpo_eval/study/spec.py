@@ -1,47 +1,13 @@
-"""One command from an experiment spec to a report: ``pcpo-eval study STUDY.yaml [--out DIR]``.
-
-A study is the paper's evaluation protocol (Sec. 4, App. "Evaluation Details") as data:
-
-1. **train**     every cell of a factorial design (e.g. algorithm x batch size x seed) is a run:
-                 the study's train config plus the cell's overrides, trained with
-                 :func:`pcpo_eval.trainer.train` into ``OUT/runs/<run>``, or an existing run
-                 directory. Finished runs are skipped, interrupted ones resumed (``--resume``).
-                 Afterwards every reward target must be reached by at least one run.
-2. **select**    reward-matched checkpoint per run at ``select_target``
-                 (:func:`pcpo_eval.stats.select_checkpoints`, smoothed reward, window 5).
-3. **generate**  seed-controlled image sets (:func:`pcpo_eval.generate.generate_set`) of the base
-                 model and of each selected checkpoint, same prompts and seeds
-                 (``OUT/sets/base``, ``OUT/sets/<run>/epoch_NNNN``); optional preference sets on
-                 unseen prompts. The generator itself skips finished images.
-4. **metrics**   per-prompt and overall metrics of every set against the base set
-                 (:func:`pcpo_eval.metrics.workers.run_metrics`) into ``OUT/metrics/...``.
-5. **stats**     speed-up tables (paper Table 1/5), raw scores per condition (Table 2) with
-                 simple-effect significance, one LMM per metric (Tables 3-4; e.g.
-                 ``value ~ algorithm * batch + (1|prompt)``) with Holm/BH across metrics, training
-                 traces, the credit figure: ``OUT/results.json`` + ``OUT/figures/``.
-6. **report**    ``OUT/report.html`` (:mod:`pcpo_eval.report.html`), formatting ``results.json``.
-
-Every stage skips finished work (``OUT/study_state.json`` holds a fingerprint of each stage's inputs),
-so re-running the same command after a crash continues where it stopped. A failing stage is
-named in the error and everything written before it is kept.
-
-Spec validation (:func:`load_spec`) collects *every* problem (unknown keys, missing run
-directories, bad levels, unknown metrics, absent weights of metrics / rewards / models, targets no
-existing run reaches) into one :class:`~pcpo_eval.errors.UserError` before any work starts;
-targets of runs still to be trained are checked right after the train stage.
+"""The study spec: dataclasses, validation (:func:`load_spec`) that lists every problem at once.
 """
+
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import itertools
-import json
 import re
-import shutil
-import time
-import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,36 +15,14 @@ from typing import Any
 import yaml
 
 from pcpo_eval.errors import UserError
-from pcpo_eval.io import atomic_write_json, atomic_write_text, sha256_file
+from pcpo_eval.metrics.base import METRIC_BACKENDS, PREFERENCE_METRICS
+from pcpo_eval.stats.formula import parse_lmm_formula
+from pcpo_eval.stats.speedup import unreachable_targets
 
 STAGES = ("train", "select", "generate", "metrics", "stats", "report")
 STATE_FILE = "study_state.json"
 RESULTS_FILE = "results.json"
 REPORT_FILE = "report.html"
-
-#: metric name -> weights backends (pcpo_eval.weights) it needs; toy metrics ship their weights.
-METRIC_BACKENDS: dict[str, tuple[str, ...]] = {
-    "fid": ("inception",),
-    "is": ("inception",),
-    "fd_dinov2": ("dinov2",),
-    "lpips": ("lpips_alex",),
-    "fd_toy": (),
-    "is_toy": (),
-    "lpips_toy": (),
-    "hps": ("hps",),
-    "pickscore": ("pickscore", "pickscore_processor"),
-    "imagereward": ("imagereward", "imagereward_med_config", "bert_base_uncased"),
-    "clipscore": ("clipscore",),
-    "aesthetic": ("aesthetic", "clip_vit_l14"),
-}
-#: preference metrics (scores of the images alone; no reference set needed)
-PREFERENCE_METRICS = ("hps", "pickscore", "imagereward", "clipscore", "aesthetic")
-#: display names in the report's tables (paper style)
-METRIC_LABELS = {
-    "fid": "FID", "fd_dinov2": "FD-DINOv2", "is": "IS*", "lpips": "LPIPS", "fd_toy": "FD (toy)",
-    "is_toy": "IS* (toy)", "lpips_toy": "LPIPS (toy)", "hps": "HPSv2.1", "pickscore": "PickScore",
-    "imagereward": "ImgRwd", "clipscore": "CLIPScore", "aesthetic": "Aesthetic",
-}  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------------
@@ -216,24 +160,9 @@ def _safe_name(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._=-]+", "_", text).strip("_") or "run"
 
 
-def parse_lmm_formula(formula: str) -> tuple[str, list[str], str | None]:
-    """Split lme4 syntax into (fixed formula, grouping columns, random-slopes formula).
-
-    ``value ~ a * b + (1|prompt)`` -> (``value ~ a * b``, [``prompt``], None);
-    ``(1|prompt) + (1|seed)`` -> crossed intercepts; ``(x|g)`` -> random slopes ``~x`` on ``g``.
-    """
-    random = re.findall(r"\(\s*([^()|]+?)\s*\|\s*([A-Za-z_][A-Za-z0-9_]*)\s*\)", formula)
-    fixed = re.sub(r"\+?\s*\(\s*[^()|]+?\s*\|\s*[A-Za-z_][A-Za-z0-9_]*\s*\)", "", formula).strip()
-    fixed = re.sub(r"\s*\+\s*$", "", fixed)
-    groups = [g for _, g in random]
-    slopes = [s.strip() for s, _ in random if s.strip() not in ("1",)]
-    re_formula = f"~{slopes[0]}" if slopes else None
-    return fixed, groups, re_formula
-
-
 def _backend_missing(backends: Sequence[str]) -> list[str]:
     """Names of weights backends that cannot be located (with the locator's one-line hint)."""
-    from pcpo_eval.weights import status
+    from pcpo_eval.weights.locate import status
 
     out = []
     for b in backends:
@@ -248,7 +177,7 @@ def _model_missing(model: str) -> str | None:
     kind, _, arg = str(model).partition(":")
     if kind != "sd1" or not arg:
         return None
-    from pcpo_eval.weights import hf_snapshot_file, locate
+    from pcpo_eval.weights.locate import hf_snapshot_file, locate
 
     if Path(arg).expanduser().is_dir() or hf_snapshot_file(arg, "model_index.json") is not None:
         return None
@@ -420,7 +349,7 @@ def load_spec(path: str | Path, check_weights: bool = True) -> StudySpec:
         for r in to_train:
             cfg = run_cfgs[r.name]
             try:
-                from pcpo_eval.train_config import config_from_dict
+                from pcpo_eval.train.config import config_from_dict
 
                 config_from_dict(cfg)
             except UserError as exc:
@@ -468,7 +397,7 @@ def load_spec(path: str | Path, check_weights: bool = True) -> StudySpec:
         eval_spec = EvalSpec(**{**ev, "seeds": str(ev.get("seeds", EvalSpec.seeds)),
                                 "prompts": _resolve_path(base, str(ev.get("prompts", "toy"))) if
                                 Path(str(ev.get("prompts", "toy"))).suffix else str(ev.get("prompts", "toy"))})
-        from pcpo_eval.generate import parse_seeds
+        from pcpo_eval.generate.plan import parse_seeds
 
         parse_seeds(eval_spec.seeds)
     except (TypeError, UserError) as exc:
@@ -554,309 +483,3 @@ def load_spec(path: str | Path, check_weights: bool = True) -> StudySpec:
         source=str(path.resolve()),
         raw=data,
     )
-
-
-def unreachable_targets(run_dirs: Sequence[str | Path], targets: Sequence[float], window: int) -> list[str]:
-    """Problems for targets that no run's smoothed reward reaches (paper: first epoch reaching it)."""
-    from pcpo_eval.stats import load_log, moving_average
-
-    best = float("-inf")
-    for rd in run_dirs:
-        try:
-            log = load_log(Path(rd) / "log.parquet")
-        except UserError:
-            continue
-        best = max(best, float(moving_average(log["reward_mean"].to_numpy(), window).max()))
-    out = []
-    for t in dict.fromkeys(targets):
-        if t == t and not best >= t:  # NaN-safe
-            out.append(f"target {t:g} is reached by no run (best smoothed reward {best:.4g}, window {window}); "
-                       "lower it or train longer")
-    return out
-
-
-# ------------------------------------------------------------------------------------------------
-# Stage runner
-# ------------------------------------------------------------------------------------------------
-
-
-class StageError(UserError):
-    """A study stage failed; earlier outputs are kept and a re-run continues."""
-
-    exit_code = 1
-
-
-def _fingerprint(parts: Sequence[Any]) -> str:
-    h = hashlib.sha256()
-    for p in parts:
-        if isinstance(p, Path):
-            h.update(sha256_file(p).encode() if p.is_file() else b"<missing>")
-        else:
-            h.update(json.dumps(p, sort_keys=True, default=str).encode())
-        h.update(b"\0")
-    return h.hexdigest()
-
-
-class Study:
-    """Runs the stages of a :class:`StudySpec` into ``out`` (see the module docstring)."""
-
-    def __init__(self, spec: StudySpec, out: str | Path, log: Callable[[str], None] = print) -> None:
-        self.spec = spec
-        self.out = Path(out)
-        self.log = log
-        self.state: dict[str, Any] = {}
-        self.timings: dict[str, float] = {}  #: wall seconds of each stage in this invocation
-        if (self.out / STATE_FILE).is_file():
-            self.state = json.loads((self.out / STATE_FILE).read_text())
-
-    # -- paths ---------------------------------------------------------------------------------
-    def run_dir(self, run: RunSpec) -> Path:
-        return Path(run.run_dir) if run.run_dir else self.out / "runs" / run.name
-
-    def set_dir(self, label: str, pref: bool = False) -> Path:
-        return self.out / ("pref_sets" if pref else "sets") / label
-
-    def metrics_dir(self, label: str, pref: bool = False) -> Path:
-        return self.out / ("pref_metrics" if pref else "metrics") / label
-
-    def train_config(self, run: RunSpec):
-        from pcpo_eval.train_config import config_from_dict
-
-        return config_from_dict({**_yaml_or_empty(run.config), **self.spec.train_overrides, **run.overrides})
-
-    # -- bookkeeping ---------------------------------------------------------------------------
-    def _save_state(self) -> None:
-        atomic_write_json(self.out / STATE_FILE, self.state)
-
-    def _done(self, stage: str, fp: str) -> bool:
-        return self.state.get(stage, {}).get("fingerprint") == fp
-
-    def _mark(self, stage: str, fp: str, seconds: float, **info: Any) -> None:
-        self.state[stage] = {"fingerprint": fp, "seconds": round(seconds, 2), "finished": time.strftime("%Y-%m-%d %H:%M:%S"), **info}
-        self._save_state()
-
-    def run(self, stages: Sequence[str] = STAGES) -> Path:
-        """Run ``stages`` in order; returns the report path (or the study dir)."""
-        self.out.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(self.out / "study.yaml", yaml.safe_dump(self.spec.raw, sort_keys=False))
-        atomic_write_json(self.out / "spec.resolved.json", self.spec.to_dict())
-        for stage in stages:
-            t0 = time.perf_counter()
-            self.log(f"[study] stage {stage} ...")
-            try:
-                getattr(self, f"stage_{stage}")()
-            except Exception as exc:
-                tb = self.out / "logs" / f"{stage}.error.txt"
-                atomic_write_text(tb, traceback.format_exc())
-                msg = str(exc).splitlines()[0] if str(exc).strip() else type(exc).__name__
-                if not isinstance(exc, UserError):
-                    msg = f"{type(exc).__name__}: {msg} (traceback in {tb})"
-                raise StageError(f"study stage '{stage}' failed: {msg}; outputs of earlier stages are kept in "
-                                 f"{self.out}, re-run the same command to continue") from exc
-            dt = time.perf_counter() - t0
-            self.timings[stage] = round(dt, 2)
-            atomic_write_json(self.out / "timings.json", self.timings)
-            self.log(f"[study] stage {stage} done in {dt:.1f}s")
-        return self.out / REPORT_FILE if "report" in stages else self.out
-
-    # -- 1. train ------------------------------------------------------------------------------
-    def run_complete(self, run: RunSpec) -> bool:
-        """A trained run is complete when its log and last checkpoint cover ``epochs``."""
-        from pcpo_eval.checkpoints import latest_checkpoint, read_meta
-
-        rd = self.run_dir(run)
-        if run.run_dir:
-            return True
-        latest = latest_checkpoint(rd)
-        if latest is None or not (rd / "log.parquet").is_file():
-            return False
-        return int(read_meta(latest)["epoch"]) >= int(self.train_config(run).epochs)
-
-    def stage_train(self) -> None:
-        from pcpo_eval.checkpoints import latest_checkpoint
-        from pcpo_eval.trainer import train
-
-        for run in self.spec.runs:
-            rd = self.run_dir(run)
-            if run.run_dir:
-                self.log(f"  {run.name}: existing run {rd}")
-                continue
-            if self.run_complete(run):
-                self.log(f"  {run.name}: complete, skipped")
-                continue
-            cfg = self.train_config(run)
-            resume = latest_checkpoint(rd) is not None
-            if not resume and rd.exists():  # crashed before its first checkpoint: start over
-                shutil.rmtree(rd)
-            self.log(f"  {run.name}: {'resuming' if resume else 'training'} ({cfg.objective}, {cfg.epochs} epochs)")
-            train(cfg, rd, resume=resume)
-        problems = unreachable_targets([self.run_dir(r) for r in self.spec.runs],
-                                       [*self.spec.targets, self.spec.select_target], self.spec.window)
-        if problems:
-            raise UserError("; ".join(problems))
-
-    # -- 2. select -----------------------------------------------------------------------------
-    def stage_select(self) -> None:
-        from pcpo_eval.stats import select_checkpoints
-
-        sp = self.spec
-        logs = [self.run_dir(r) / "log.parquet" for r in sp.runs]
-        fp = _fingerprint([sp.select_target, sp.window, *logs])
-        if self._done("select", fp) and (self.out / "selection.json").is_file():
-            self.log("  selection unchanged, skipped")
-            return
-        rows = []
-        for cell in self.cells():
-            runs = [r for r in sp.runs if sp.cell_key(r) == cell]
-            pc = [r for r in runs if sp.role(r) == "pcpo"]
-            selection = select_checkpoints([self.run_dir(r) for r in runs], sp.select_target, sp.window,
-                                           reference=self.run_dir(pc[0]) if pc else None)
-            d = selection.to_dict()
-            for r, c in zip(runs, d["runs"], strict=True):
-                c["name"] = r.name
-                c["levels"] = r.levels
-                c["role"] = sp.role(r)
-                c["cell"] = cell
-                rows.append(c)
-            for b in d["brackets"]:
-                b["cell"] = cell
-        atomic_write_json(self.out / "selection.json", {"target": sp.select_target, "window": sp.window, "runs": rows})
-        self._mark("select", fp, 0.0)
-        for c in rows:
-            self.log(f"  {c['name']}: epoch {c['epoch']} (reward {c['reward']:.4g}, gap {c['gap']:+.3g})")
-
-    def cells(self) -> list[str]:
-        return list(dict.fromkeys(self.spec.cell_key(r) for r in self.spec.runs))
-
-    def selection(self) -> list[dict[str, Any]]:
-        p = self.out / "selection.json"
-        if not p.is_file():
-            raise UserError(f"{p} missing; run the select stage first")
-        return json.loads(p.read_text())["runs"]
-
-    def eval_sets(self) -> list[tuple[str, str, dict[str, Any] | None]]:
-        """(label, model spec, selection row) for the base model and each selected checkpoint."""
-        first = self.spec.runs[0]
-        model = self.train_config(first).model if not first.run_dir else _run_model(first.run_dir)
-        out: list[tuple[str, str, dict[str, Any] | None]] = [("base", model, None)]
-        for c in self.selection():
-            out.append((f"{c['name']}/epoch_{int(c['epoch']):04d}", c["path"], c))
-        return out
-
-    # -- 3. generate ---------------------------------------------------------------------------
-    def sampling(self) -> dict[str, Any]:
-        ev = self.spec.eval
-        first = self.spec.runs[0]
-        cfg = self.train_config(first) if not first.run_dir else None
-        steps = ev.steps or (cfg.sample_steps if cfg else 50)
-        return {"steps": int(steps), "cfg": float(ev.cfg if ev.cfg is not None else (cfg.cfg if cfg else 5.0)),
-                "eta": float(ev.eta if ev.eta is not None else (cfg.sample_eta if cfg else 1.0)),
-                "sigma_schedule": ev.sigma_schedule}
-
-    def stage_generate(self) -> None:
-        from pcpo_eval.generate import generate_set, parse_seeds
-        from pcpo_eval.prompts import load_prompts
-
-        ev, sp = self.spec.eval, self.spec
-        s = self.sampling()
-        n_expected = len(load_prompts(ev.prompts, limit=ev.max_prompts)) * len(parse_seeds(ev.seeds))
-        jobs = [(label, model, False, ev.prompts, ev.seeds, ev.max_prompts, None) for label, model, _ in self.eval_sets()]
-        if sp.preference is not None:
-            pr = sp.preference
-            jobs += [(label, model, True, pr.prompts, pr.seeds, pr.max_prompts, pr.max_prompt_tokens)
-                     for label, model, _ in self.eval_sets()]
-        for label, model, pref, prompts, seeds, maxp, maxtok in jobs:
-            out = self.set_dir(label, pref)
-            n = n_expected if not pref else None
-            if _set_complete(out, n):
-                self.log(f"  set {out.relative_to(self.out)}: complete, skipped")
-                continue
-            self.log(f"  set {out.relative_to(self.out)} <- {model}")
-            generate_set(model, prompts, seeds, out, batch_size=ev.batch_size, steps=s["steps"], cfg=s["cfg"],
-                         eta=s["eta"], schedule=s["sigma_schedule"], device=ev.device, max_prompts=maxp,
-                         max_prompt_tokens=maxtok, progress=False)
-
-    # -- 4. metrics ----------------------------------------------------------------------------
-    def stage_metrics(self) -> None:
-        from pcpo_eval.metrics.workers import METRICS, MetricsOptions, run_metrics
-
-        sp = self.spec
-        opts = MetricsOptions(batch_size=sp.metric_batch_size, device=sp.eval.device, is_splits=sp.is_splits)
-        base = self.set_dir("base")
-        jobs = [(label, False, list(sp.metrics)) for label, _, _ in self.eval_sets()]
-        if sp.preference is not None:
-            jobs += [(label, True, list(sp.preference.metrics)) for label, _, _ in self.eval_sets()]
-        for label, pref, names in jobs:
-            out = self.metrics_dir(label, pref)
-            sdir = self.set_dir(label, pref)
-            fp = _fingerprint([names, sdir / "manifest.parquet", None if pref else base / "manifest.parquet"])
-            done = out / "metrics.json"
-            if done.is_file() and json.loads(done.read_text()).get("study_fingerprint") == fp:
-                self.log(f"  metrics {out.relative_to(self.out)}: done, skipped")
-                continue
-            self.log(f"  metrics {out.relative_to(self.out)} ({', '.join(names)})")
-            needs_ref = any(METRICS[m].kind == "fd" for m in names)
-            result = run_metrics(sdir, names, out, base if needs_ref else None, opts)
-            atomic_write_json(done, {**result, "study_fingerprint": fp})
-
-    # -- 5. stats ------------------------------------------------------------------------------
-    def stage_stats(self) -> None:
-        from pcpo_eval.study_stats import build_results
-
-        sp = self.spec
-        inputs = [self.out / "selection.json", *(self.run_dir(r) / "log.parquet" for r in sp.runs)]
-        for label, _, _ in self.eval_sets():
-            inputs.append(self.metrics_dir(label) / "metrics.json")
-            if sp.preference is not None:
-                inputs.append(self.metrics_dir(label, True) / "metrics.json")
-        fp = _fingerprint([sp.to_dict(), *inputs])
-        if self._done("stats", fp) and (self.out / RESULTS_FILE).is_file():
-            self.log("  statistics unchanged, skipped")
-            return
-        t0 = time.perf_counter()
-        results = build_results(self)
-        atomic_write_json(self.out / RESULTS_FILE, results)
-        self._mark("stats", fp, time.perf_counter() - t0)
-
-    # -- 6. report -----------------------------------------------------------------------------
-    def stage_report(self) -> None:
-        from pcpo_eval.report.html import write_report
-
-        fp = _fingerprint([self.out / RESULTS_FILE])
-        if self._done("report", fp) and (self.out / REPORT_FILE).is_file():
-            self.log("  report unchanged, skipped")
-            return
-        write_report(self.out, self.out / REPORT_FILE)
-        self._mark("report", fp, 0.0)
-
-
-def _run_model(run_dir: str | Path) -> str:
-    from pcpo_eval.checkpoints import load_run_config
-
-    return str(load_run_config(run_dir).get("model", "toy"))
-
-
-def _set_complete(out: Path, n_expected: int | None) -> bool:
-    """A set is complete when its manifest lists the expected number of images."""
-    man = out / "manifest.parquet"
-    if not man.is_file() or not (out / "set.json").is_file():
-        return False
-    if n_expected is None:
-        return True
-    import pandas as pd
-
-    return len(pd.read_parquet(man, columns=["prompt_id"])) == n_expected
-
-
-def run_study(spec_path: str | Path, out: str | Path | None = None, stages: Sequence[str] = STAGES,
-              log: Callable[[str], None] = print) -> Path:
-    """Validate ``spec_path`` (every problem at once), then run ``stages`` into ``out``.
-
-    ``out`` defaults to ``studies/<name>``. Returns the report path.
-    """
-    spec = load_spec(spec_path)
-    bad = [s for s in stages if s not in STAGES]
-    if bad:
-        raise UserError(f"unknown stage(s) {', '.join(bad)}; stages: {', '.join(STAGES)}")
-    out_dir = Path(out) if out is not None else Path("studies") / _safe_name(spec.name)
-    return Study(spec, out_dir, log).run(stages)

@@ -21,7 +21,6 @@ are gathered for the advantage statistics, gradients are averaged.
 from __future__ import annotations
 
 import math
-import os
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -33,17 +32,18 @@ import pandas as pd
 import torch
 import yaml
 
-from pcpo_eval import checkpoints as ck
-from pcpo_eval.advantages import PerPromptStatTracker, clamp_advantages, group_advantages
-from pcpo_eval.credit import ddim_C
+from pcpo_eval import dist
+from pcpo_eval.credit.ddim import ddim_C
 from pcpo_eval.errors import UserError
 from pcpo_eval.io import atomic_write_parquet, atomic_write_text
 from pcpo_eval.models.base import ModelAdapter, PromptEmbeds
-from pcpo_eval.objectives import get_objective, kl_gaussian_means, uses_decomposition
 from pcpo_eval.samplers.ddim import ddim_mean, gaussian_log_prob, sample_ddim
 from pcpo_eval.samplers.flow import flow_kl_to_reference, flow_log_prob, pcpo_flow_scale, sample_flow
 from pcpo_eval.seeding import keyed_generator as _keyed_generator
-from pcpo_eval.train_config import TrainConfig
+from pcpo_eval.train import checkpoints as ck
+from pcpo_eval.train.advantages import PerPromptStatTracker, clamp_advantages, group_advantages
+from pcpo_eval.train.config import TrainConfig
+from pcpo_eval.train.objectives import get_objective, kl_gaussian_means, uses_decomposition
 
 LOG_FILE = "log.parquet"
 
@@ -88,8 +88,8 @@ class Trainer:
     def __init__(self, config: TrainConfig, out_dir: str | Path, resume: bool = False) -> None:
         self.cfg = config.validate()
         self.out = Path(out_dir)
-        self.rank, self.world = _init_distributed(config.device)
-        self.device = _pick_device(config.device, self.rank)
+        self.rank, self.world = dist.init(config.device)
+        self.device = dist.pick_device(config.device, self.rank)
         from pcpo_eval.models.registry import load_model
         from pcpo_eval.prompts import load_prompts
         from pcpo_eval.rewards import make_reward
@@ -224,10 +224,7 @@ class Trainer:
     def _gather(self, prompts: list[str], rewards: np.ndarray, pids: np.ndarray):
         if self.world == 1:
             return prompts, rewards, pids
-        import torch.distributed as dist
-
-        out: list[Any] = [None] * self.world
-        dist.all_gather_object(out, (prompts, rewards.tolist(), pids.tolist()))
+        out = dist.gather_objects((prompts, rewards.tolist(), pids.tolist()))
         return ([p for o in out for p in o[0]], np.array([r for o in out for r in o[1]], dtype=np.float64),
                 np.array([i for o in out for i in o[2]]))
 
@@ -256,7 +253,7 @@ class Trainer:
         if uses_decomposition(cfg.objective):
             C = torch.as_tensor(ddim_C(samples.alpha_bar[j].numpy(), samples.alpha_bar_prev[j].numpy(),
                                        samples.sigmas[j].numpy()), dtype=torch.float32, device=dev)
-            from pcpo_eval.objectives import eps_matching_log_rho
+            from pcpo_eval.train.objectives import eps_matching_log_rho
 
             log_rho = eps_matching_log_rho(eps, samples.eps_old[rows, j].to(dev), samples.noise[rows, j].to(dev),
                                            C / sig)
@@ -287,7 +284,7 @@ class Trainer:
         (LoRA disabled, or a frozen copy for full fine-tunes) is added when ``beta_kl > 0``.
         """
         ad, cfg, dev = self.adapter, self.cfg, self.device
-        from pcpo_eval.objectives import eps_matching_log_rho
+        from pcpo_eval.train.objectives import eps_matching_log_rho
 
         x_t = samples.trajectory[rows, j].to(dev)
         x_next = samples.trajectory[rows, j + 1].to(dev)
@@ -368,13 +365,16 @@ class Trainer:
     def _optimizer_step(self) -> tuple[float, tuple[float, float]]:
         """All-reduce (average) gradients, clip, AdamW step. Returns grad norm and first-layer |g| stats."""
         if self.world > 1:
-            import torch.distributed as dist
-
+            # One flat bucket, one all-reduce (not one collective per tensor).
             for p in self.params:
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
-                dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
-                p.grad /= self.world
+            grads = [p.grad for p in self.params]
+            flat = dist.all_reduce_sum(torch.cat([g.reshape(-1) for g in grads])) / self.world
+            offset = 0
+            for g in grads:
+                g.copy_(flat[offset : offset + g.numel()].view_as(g))
+                offset += g.numel()
         first = next((p for p in self.params if p.grad is not None), None)
         g1 = (float(first.grad.abs().mean()), float(first.grad.abs().var())) if first is not None else (0.0, 0.0)
         gn = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
@@ -471,10 +471,7 @@ class Trainer:
             self.log_epoch(row)
             if epoch % cfg.checkpoint_every == 0 or epoch == cfg.epochs:
                 self.save_checkpoint(epoch, row)
-            if self.world > 1:
-                import torch.distributed as dist
-
-                dist.barrier()
+            dist.barrier()
             if self.is_main:
                 print(f"epoch {epoch:4d}  reward {row['reward_mean']:+.4f} +- {row['reward_std']:.4f}  "
                       f"clipfrac {row['clipfrac']:.3f}  kl {row['approx_kl']:.2e}  {row['wall_time_s']:.1f}s", flush=True)
@@ -500,26 +497,6 @@ def _peak_rss_mb() -> float:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-
-
-def _init_distributed(device: str) -> tuple[int, int]:
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
-        return 0, 1
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        use_cuda = torch.cuda.is_available() and device != "cpu"
-        dist.init_process_group("nccl" if use_cuda else "gloo")
-    return dist.get_rank(), dist.get_world_size()
-
-
-def _pick_device(device: str, rank: int) -> torch.device:
-    if device == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
-        return torch.device("cpu")
-    return torch.device(device)
 
 
 def train(config: TrainConfig, out_dir: str | Path, resume: bool = False) -> pd.DataFrame:

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pcpo_eval.credit import DDIMCredit, FlowCredit, ddim_schedule, flow_credit, pcpo_ddim_credit
+from pcpo_eval.credit.ddim import DDIMCredit, ddim_schedule, pcpo_ddim_credit
+from pcpo_eval.credit.flow import FlowCredit, flow_credit
 from pcpo_eval.io import atomic_write_bytes
 
 NATIVE, PCPO = "tab:blue", "tab:orange"

@@ -1,0 +1,166 @@
+"""Flow-SDE credit math (paper Eq. logrho-flow, Prop. 2, Fig. 2c-d): native weights and zeta*dt.
+
+    w(t_i) = sqrt(dt_i) / sigma_{t_i} * (1 + (1 - t_i) sigma_{t_i}^2 / (2 t_i))
+    zeta   = sum_i w(t_i);   PCPO weight w~(t_i) = zeta * dt_i
+
+with ``sigma = eta`` (DanceGRPO) or ``sigma_t = eta sqrt(t / (1 - t))`` (Flow-GRPO).
+"""
+
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from pcpo_eval.errors import UserError
+
+FLOW_SDES: tuple[str, ...] = ("dance", "flowgrpo")
+
+
+# --------------------------------------------------------------------------------------------
+# Flow-matching SDEs
+# --------------------------------------------------------------------------------------------
+
+
+def shifted_sigmas(steps: int, shift: float) -> np.ndarray:
+    """DanceGRPO / SD3 time shift: ``t = shift u / (1 + (shift-1) u)``, u = linspace(1, 0, N+1).
+
+    Returns the N+1 times t_0 = 1 > t_1 > ... > t_N = 0 (reference notes, DanceGRPO FLUX).
+    """
+    u = np.linspace(1.0, 0.0, steps + 1)
+    return shift * u / (1.0 + (shift - 1.0) * u)
+
+
+def flow_sde_sigma(t: np.ndarray, sde: str, eta: float, t_next: np.ndarray | None = None) -> np.ndarray:
+    """SDE noise scale sigma_{t_i} per step.
+
+    * ``dance``: sigma = eta (DanceGRPO).
+    * ``flowgrpo``: sigma_t = eta * sqrt(t / (1 - t)). At t = 1 (division by zero) Flow-GRPO's
+      ``sde_step_with_logprob`` substitutes the next time: sigma = eta * sqrt(1 / (1 - t_1)),
+      i.e. t in the denominator is replaced by ``sigma_max = t_1`` (the first sigma below 1).
+      We follow that convention (``t_next`` gives t_1; defaults to the next entry of ``t``).
+    """
+    t = np.asarray(t, dtype=np.float64)
+    if sde == "dance":
+        return np.full_like(t, float(eta))
+    if sde == "flowgrpo":
+        if t_next is None:
+            t_next = np.append(t[1:], 0.0)
+        sigma_max = float(np.max(t[t < 1.0])) if np.any(t < 1.0) else float(t_next[0])
+        denom_t = np.where(t >= 1.0, sigma_max, t)
+        return eta * np.sqrt(t / (1.0 - denom_t))
+    raise UserError(f"unknown --sde {sde!r}; choose one of: {', '.join(FLOW_SDES)}")
+
+
+def flow_native_weight(t: np.ndarray, dt: np.ndarray, sigma: np.ndarray) -> np.ndarray:
+    """w(t_i) = sqrt(dt_i)/sigma_{t_i} * (1 + (1 - t_i) sigma_{t_i}^2 / (2 t_i)) (Eq. logrho-flow)."""
+    return np.sqrt(dt) / sigma * (1.0 + (1.0 - t) * sigma**2 / (2.0 * t))
+
+
+@dataclass(frozen=True)
+class FlowCredit:
+    """Native and proportional (PCPO) weights of a flow-matching SDE (Prop. 2)."""
+
+    sde: str
+    eta: float
+    shift: float
+    t: np.ndarray  # (N,) current times t_i (1 -> ~0)
+    dt: np.ndarray  # (N,) positive step sizes t_i - t_{i+1}
+    sigma: np.ndarray
+    native_weight: np.ndarray
+    pcpo_weight: np.ndarray  # zeta * dt_i
+    zeta: float
+    t1: str = "neighbor"
+
+    @property
+    def mean_native_weight(self) -> float:
+        return float(np.mean(self.native_weight))
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready summary (the ``pcpo-eval credit flow --json`` format)."""
+        steps = [
+            {
+                "index": i,
+                "t": float(self.t[i]),
+                "dt": float(self.dt[i]),
+                "sigma": float(self.sigma[i]),
+                "native_weight": float(self.native_weight[i]),
+                "pcpo_weight": float(self.pcpo_weight[i]),
+            }
+            for i in range(len(self.t))
+        ]
+        d = {k: v for k, v in asdict(self).items() if k in ("sde", "eta", "shift")}
+        return {
+            "sampler": "flow_sde",
+            **d,
+            "num_steps": len(self.t),
+            "t1_convention": self.t1 if self.sde == "flowgrpo" else None,
+            "t1_convention_note": T1_CONVENTIONS[self.t1] if self.sde == "flowgrpo" else None,
+            "zeta": self.zeta,
+            "mean_native_weight": self.mean_native_weight,
+            "steps": steps,
+        }
+
+
+T1_CONVENTIONS: dict[str, str] = {
+    "neighbor": (
+        "Flow-GRPO sigma_t = eta*sqrt(t/(1-t)) is infinite at t=1; the weight of the t=1 step is approximated "
+        "by the weight of the next step (t_1). This reproduces the paper's zeta = 4.315 (N=10, eta=0.7, shift 3)."
+    ),
+    "sigma_max": (
+        "Flow-GRPO sigma_t = eta*sqrt(t/(1-t)) is infinite at t=1; as in Flow-GRPO's sde_step_with_logprob the "
+        "t in the denominator is replaced by the first time below 1 (sigma_max = t_1); zeta = 4.297 for N=10, "
+        "eta=0.7, shift 3 (0.4% below the paper's 4.315)."
+    ),
+}
+
+
+def _validate_flow(steps: int, eta: float, shift: float) -> None:
+    if not isinstance(steps, (int, np.integer)) or steps < 1:
+        raise UserError(f"--steps must be an integer >= 1 (got {steps})")
+    if not eta > 0:
+        raise UserError(f"--eta must be > 0 (got {eta})")
+    if not shift > 0:
+        raise UserError(f"--shift must be > 0 (got {shift})")
+
+
+def flow_credit(
+    sde: str = "dance",
+    steps: int = 16,
+    eta: float = 0.3,
+    shift: float = 3.0,
+    times: np.ndarray | None = None,
+    t1: str = "neighbor",
+) -> FlowCredit:
+    """Native weights and PCPO proportional weights ``zeta * dt_i`` for a flow SDE (Prop. 2).
+
+    ``times`` (N+1 decreasing values from 1 to 0) overrides the shifted schedule of
+    :func:`shifted_sigmas`. zeta sums the native weights over all N steps, so the proportional
+    weights have the same total (the proof of Prop. 2).
+
+    ``t1`` picks how the Flow-GRPO step at t = 1 is weighted (see :data:`T1_CONVENTIONS`):
+    ``neighbor`` (default; the paper's figure and zeta) or ``sigma_max`` (the sampler's sigma).
+    The sampler itself always uses the ``sigma_max`` sigma; only the weight differs.
+    """
+    _validate_flow(steps, eta, shift)
+    if t1 not in T1_CONVENTIONS:
+        raise UserError(f"unknown --t1 {t1!r}; choose one of: {', '.join(T1_CONVENTIONS)}")
+    if sde not in FLOW_SDES:
+        raise UserError(f"unknown --sde {sde!r}; choose one of: {', '.join(FLOW_SDES)}")
+    grid = shifted_sigmas(steps, shift) if times is None else np.asarray(times, dtype=np.float64)
+    t, t_next = grid[:-1], grid[1:]
+    dt = t - t_next
+    sigma = flow_sde_sigma(t, sde, eta, t_next)
+    native = flow_native_weight(t, dt, sigma)
+    if sde == "flowgrpo" and t1 == "neighbor" and len(t) > 1:
+        native = np.where(t >= 1.0, native[np.argmax(t < 1.0)], native)
+    pcpo, zeta = proportional_weights(dt, native)
+    return FlowCredit(sde, float(eta), float(shift), t, dt, sigma, native, pcpo, zeta, t1)
+
+
+def proportional_weights(dt: np.ndarray, native: np.ndarray) -> tuple[np.ndarray, float]:
+    """``(zeta * dt_i, zeta)`` with ``zeta = sum_i native_i`` (Prop. 2, Eq. optimalw)."""
+    zeta = float(np.sum(native))
+    return zeta * np.asarray(dt, dtype=np.float64), zeta

@@ -1,0 +1,89 @@
+"""The one torch.distributed set-up: join the process group torchrun / accelerate describe.
+
+``torchrun`` and ``accelerate launch`` set ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``
+and ``MASTER_PORT``; :func:`init` joins the group they describe (NCCL when CUDA is used, gloo on
+CPU), and the helpers below work with or without a group (a single process is rank 0 of 1), so
+library code never branches on how it was launched.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+def env_world_size() -> int:
+    """``WORLD_SIZE`` as set by the launcher (1 when launched as a plain process)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def init(device: str | torch.device = "cpu") -> tuple[int, int]:
+    """Join the launcher's process group when ``WORLD_SIZE > 1``; return ``(rank, world_size)``.
+
+    The backend is NCCL for a CUDA device and gloo otherwise. Idempotent.
+    """
+    if is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    if env_world_size() <= 1:
+        return 0, 1
+    use_cuda = torch.cuda.is_available() and str(device) not in ("cpu",) and not str(device).startswith("cpu")
+    dist.init_process_group("nccl" if use_cuda else "gloo")
+    return dist.get_rank(), dist.get_world_size()
+
+
+def is_initialized() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def rank() -> int:
+    return dist.get_rank() if is_initialized() else 0
+
+
+def world_size() -> int:
+    return dist.get_world_size() if is_initialized() else 1
+
+
+def is_main() -> bool:
+    """True on rank 0 (the process that writes shared outputs)."""
+    return rank() == 0
+
+
+def barrier() -> None:
+    if world_size() > 1:
+        dist.barrier()
+
+
+def gather_objects(obj: Any) -> list[Any]:
+    """All ranks' ``obj`` in rank order (a one-element list without a process group)."""
+    if world_size() == 1:
+        return [obj]
+    out: list[Any] = [None] * world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """Sum ``tensor`` over ranks in place (a no-op for one process); returns it."""
+    if world_size() > 1:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
+def finalize() -> None:
+    """Leave the process group cleanly (a process exiting with live gloo threads aborts)."""
+    if is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def pick_device(device: str, local_rank: int | None = None) -> torch.device:
+    """``auto`` -> this process's CUDA device (``LOCAL_RANK``) when CUDA is available, else CPU."""
+    if device == "auto":
+        if torch.cuda.is_available():
+            lr = int(os.environ.get("LOCAL_RANK", rank() if local_rank is None else local_rank))
+            return torch.device("cuda", lr % torch.cuda.device_count())
+        return torch.device("cpu")
+    return torch.device(device)

@@ -1,0 +1,125 @@
+"""Fixed-size model calls: images never depend on the batch size or the number of processes.
+"""
+
+import math
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from pcpo_eval.errors import UserError
+from pcpo_eval.models.base import ModelAdapter, PromptEmbeds
+
+#: Rows x latent elements per model call that ``micro_batch=None`` aims for: 16 rows of SD-1.x
+#: latents (4 x 64 x 64), i.e. batch 8 with CFG, the common GPU setting.
+AUTO_MICRO_BATCH_ELEMENTS = 16 * 4 * 64 * 64
+DEFAULT_MICRO_BATCH = 16
+
+
+def auto_micro_batch(latent_shape: Sequence[int]) -> int:
+    """Default rows per model call from the latent size: a power of two in [2, 64].
+
+    ``2**floor(log2(AUTO_MICRO_BATCH_ELEMENTS / numel))``: SD-1.x 512 px -> 16, SD3 512 px -> 4,
+    SD3 / FLUX 1024 px -> 2, the toy model (48 x 8 x 8) -> 64. Depends only on the model, so it is
+    as reproducible as a fixed number (and recorded in the settings).
+    """
+    numel = int(np.prod(latent_shape))
+    rows = 2 ** int(np.floor(np.log2(max(AUTO_MICRO_BATCH_ELEMENTS / numel, 1.0))))
+    return int(min(64, max(2, rows)))
+
+
+def effective_batch_size(batch_size: int, micro_batch: int, cfg: float) -> int:
+    """Items per sampler call: ``batch_size`` rounded up so its rows fill whole micro-batches.
+
+    With CFG every item is 2 rows (eps_u and eps_c in one call). A partly filled micro-batch is
+    padded and costs as much as a full one, so rounding up is free in time, and memory per model
+    call stays bounded by ``micro_batch`` rows. Images never depend on this number.
+    """
+    if micro_batch == 0:
+        return batch_size
+    rows = 2 if cfg != 1.0 else 1
+    unit = micro_batch // math.gcd(micro_batch, rows)
+    return -(-batch_size // unit) * unit
+
+
+# Fixed-shape execution
+# ---------------------------------------------------------------------------------------------
+
+
+def _pad_rows(x: torch.Tensor, m: int) -> torch.Tensor:
+    """Pad the batch dim to ``m`` rows with copies of row 0 (rows never interact in a forward)."""
+    k = x.shape[0]
+    if k == m:
+        return x
+    return torch.cat([x, x[:1].expand(m - k, *x.shape[1:])])
+
+
+def _chunks(n: int, m: int) -> Iterator[slice]:
+    for s in range(0, n, m):
+        yield slice(s, min(s + m, n))
+
+
+class FixedBatchAdapter(ModelAdapter):
+    """Runs the wrapped adapter only on batches of exactly ``micro_batch`` rows.
+
+    ``denoise`` (and so ``predict`` with its 2B CFG batch), ``encode_prompts`` and ``decode``
+    split their input into chunks of ``micro_batch`` rows, pad the last chunk with copies of its
+    first row, and drop the padding from the output. The result for each row is then identical
+    for any outer batch size (rows of one forward pass do not interact; the kernels only see one
+    shape). ``micro_batch=0`` turns this off (model calls see the user's batch; images may then
+    differ in the last bits between batch sizes).
+    """
+
+    def __init__(self, inner: ModelAdapter, micro_batch: int = DEFAULT_MICRO_BATCH) -> None:
+        if micro_batch < 0:
+            raise UserError(f"micro_batch={micro_batch}; use a positive number of rows (0 = off)")
+        self.inner = inner
+        self.micro_batch = int(micro_batch)
+        self.name = inner.name
+        self.prediction = inner.prediction
+        self.denoiser = inner.denoiser
+        self.scheduler_config = inner.scheduler_config
+        self.latent_shape = tuple(inner.latent_shape)
+        self.lora_target_modules = list(getattr(inner, "lora_target_modules", []))
+
+    def __getattr__(self, name: str) -> Any:
+        """Other adapter attributes (``image_seq_len``, ``spec``, ...) come from the wrapped one."""
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def encode_prompts(self, prompts: list[str]) -> PromptEmbeds:
+        if self.micro_batch == 0:
+            return self.inner.encode_prompts(prompts)
+        m, out = self.micro_batch, []
+        for sl in _chunks(len(prompts), m):
+            chunk = list(prompts[sl])
+            k = len(chunk)
+            emb = self.inner.encode_prompts(chunk + [""] * (m - k))
+            out.append(emb.index(slice(0, k)))
+        return PromptEmbeds.cat(out)
+
+    def denoise(self, x_t: torch.Tensor, t: torch.Tensor, cond: PromptEmbeds) -> torch.Tensor:
+        if self.micro_batch == 0:
+            return self.inner.denoise(x_t, t, cond)
+        m, out = self.micro_batch, []
+        for sl in _chunks(x_t.shape[0], m):
+            k = sl.stop - sl.start
+            c = cond.index(sl)
+            c = PromptEmbeds(_pad_rows(c.hidden, m), None if c.pooled is None else _pad_rows(c.pooled, m))
+            out.append(self.inner.denoise(_pad_rows(x_t[sl], m), _pad_rows(t[sl], m), c)[:k])
+        return torch.cat(out)
+
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        m = self.micro_batch
+        if m == 0:
+            return self.inner.decode(latents)
+        return torch.cat(
+            [self.inner.decode(_pad_rows(latents[sl], m))[: sl.stop - sl.start] for sl in _chunks(len(latents), m)]
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Implicit Reward Guidance
+# ---------------------------------------------------------------------------------------------

@@ -1,0 +1,1 @@
+"""Training: configs, objectives, advantages, checkpoints and the compact PCPO / baseline trainer."""

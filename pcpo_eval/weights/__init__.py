@@ -1,0 +1,1 @@
+"""Real-model weights: :mod:`.backends` (the table), :mod:`.locate` (the resolver), :mod:`.commands`."""
