@@ -1,0 +1,134 @@
+"""The package tree is the data flow: no import cycles, no import from a lower stage to a higher one.
+
+Every ``import`` in the package counts, including the ones inside functions (a lazy import is
+still a dependency). Stages are ranked in data-flow order; a module may import its own stage and
+any stage ranked below it. Only ``study`` (the orchestrator) sees every stage; ``cli`` assembles
+the areas' ``commands`` modules. No library module imports ``typer`` (only ``commands`` modules
+and ``cli``).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import networkx as nx
+import pytest
+
+PKG = Path(__file__).resolve().parents[1] / "pcpo_eval"
+
+#: Stage (top-level module or subpackage of pcpo_eval) -> rank in the data flow.
+RANKS: dict[str, int] = {
+    # flat base modules
+    "errors": 0, "io": 1, "seeding": 1, "dist": 1, "registry": 1,
+    "toy": 2,  # the toy world: data, text, model, classifier (no pipeline code)
+    "imageset": 3, "prompts": 3, "weights": 3,
+    # the pipeline
+    "models": 4, "credit": 4,
+    "samplers": 5,
+    "features": 6, "rewards": 6,
+    "train": 7,
+    "generate": 8,
+    "metrics": 9,
+    "stats": 10,
+    "report": 11,
+    "toylab": 12,  # applications over the toy world: pretraining and checks
+    "study": 13,  # the orchestrator: the only stage that knows all others
+    "testing": 14, "cli": 15, "__main__": 16, "__init__": 16,
+}  # fmt: skip
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(PKG.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """Every pcpo_eval module this file imports (``from a import b`` counts ``a.b`` if it is a module)."""
+    out: set[str] = set()
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.startswith("pcpo_eval")}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("pcpo_eval"):
+            out.add(node.module)
+            for a in node.names:
+                sub = f"{node.module}.{a.name}"
+                if (PKG.parent / sub.replace(".", "/")).with_suffix(".py").exists() or (
+                    PKG.parent / sub.replace(".", "/") / "__init__.py"
+                ).exists():
+                    out.add(sub)
+    return out
+
+
+def _graph() -> nx.DiGraph:
+    g = nx.DiGraph()
+    for path in PKG.rglob("*.py"):
+        name = _module_name(path)
+        g.add_node(name)
+        for dep in _imports(path):
+            if dep != name and dep != "pcpo_eval":
+                g.add_edge(name, dep)
+    return g
+
+
+def _stage(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def test_every_stage_is_ranked():
+    stages = {_stage(m) for m in _graph().nodes}
+    assert stages <= set(RANKS), f"unranked stages: {sorted(stages - set(RANKS))}; add them to RANKS"
+
+
+def test_no_module_import_cycles():
+    cycles = list(nx.simple_cycles(_graph()))
+    assert not cycles, f"import cycles: {cycles[:5]}"
+
+
+def test_no_upward_imports_between_stages():
+    bad = []
+    for a, b in _graph().edges:
+        sa, sb = _stage(a), _stage(b)
+        if sa != sb and RANKS[sb] >= RANKS[sa]:
+            bad.append(f"{a} -> {b}")
+    assert not bad, "imports from a lower stage to a higher (or equal-rank) one:\n" + "\n".join(sorted(bad))
+
+
+def test_only_command_modules_import_typer():
+    offenders = []
+    for path in PKG.rglob("*.py"):
+        if path.name in ("commands.py", "flow_commands.py", "cli.py"):
+            continue
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if any(n == "typer" or n.startswith("typer.") for n in names):
+                offenders.append(_module_name(path))
+    assert not offenders, f"library modules importing typer: {sorted(set(offenders))}"
+
+
+def test_no_bare_import_error_fallbacks():
+    """``except ImportError`` can hide a real error inside an installed package; use
+    :func:`pcpo_eval.registry.optional_module` instead."""
+    offenders = []
+    for path in PKG.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ExceptHandler) and isinstance(node.type, ast.Name) and node.type.id == "ImportError":
+                offenders.append(f"{_module_name(path)}:{node.lineno}")
+    assert not offenders, offenders
+
+
+@pytest.mark.parametrize("stage", ["study"])
+def test_only_the_orchestrator_sees_every_pipeline_stage(stage):
+    pipeline = {"train", "generate", "metrics", "stats", "report"}
+    seen: dict[str, set[str]] = {}
+    for a, b in _graph().edges:
+        seen.setdefault(_stage(a), set()).add(_stage(b))
+    full = [s for s, deps in seen.items() if pipeline - {s} <= deps and s not in ("cli", "testing")]
+    assert full == [stage], f"stages that import every pipeline stage: {full}"
