@@ -113,3 +113,34 @@ def test_deviance_at_zero_sigma_is_infinite_not_an_exception():
     )
     assert core.deviance_vp(np.array([0.5, 0.0])) == np.inf
     assert np.isfinite(core.deviance_vp(np.array([0.5, 1.0])))
+
+
+def test_not_estimable_fits_print_no_p_value():
+    """A metric with only rounding-level variation (per-prompt IS of single-class sets) gets no p."""
+    rng = np.random.default_rng(3)
+    rows = [(p, a, 1.0 + 1e-15 * rng.normal()) for p in range(10) for a in ("DDPO", "PCPO") for _ in range(2)]
+    df = pd.DataFrame(rows, columns=["prompt", "algorithm", "value"])
+    r = fit_lmm(df, "value ~ algorithm", ["prompt"])
+    d = r.to_dict()
+    assert r.estimable is False and d["estimable"] is False and "rounding" in d["reason"]
+    assert all(v["p"] is None for v in d["fixed"].values())
+    text = r.summary()
+    assert "NOT ESTIMABLE" in text and " p " not in text.split("Random effects")[1]
+
+
+def test_singular_fit_is_not_estimable_and_leaves_the_family():
+    """A grouping estimated at zero variance: no p-value, and Holm/BH over the other metrics only."""
+    from pcpo_eval.stats.lmm import adjust_across_metrics
+
+    rng = np.random.default_rng(0)
+    peff = rng.normal(0, 2, 10)
+    # "flat": every prompt has the same mean (+-e around 0.5 within each prompt), so the prompt variance is 0.
+    rows = [(p, a, 50 + peff[p] - 3 * (a == "B") + rng.normal(), 0.5 + (0.01 + 0.001 * p) * s)
+            for p in range(10) for a in ("A", "B") for s in (-1, 1)]
+    df = pd.DataFrame(rows, columns=["prompt", "algorithm", "fid", "flat"])
+    good = fit_lmm(df, "fid ~ algorithm", ["prompt"])
+    sing = fit_lmm(df, "flat ~ algorithm", ["prompt"])
+    assert good.estimable and sing.singular and not sing.estimable and "singular" in sing.reason
+    adj = adjust_across_metrics({"fid": good, "flat": sing})
+    assert adj["flat"]["algorithm[T.B]"] == {"p": None, "p_holm": None, "p_bh": None}
+    assert adj["fid"]["algorithm[T.B]"]["p_holm"] == pytest.approx(adj["fid"]["algorithm[T.B]"]["p"])

@@ -70,7 +70,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Linear mixed model with Satterthwaite t-tests (lme4/lmerTest conventions)."""
         from pcpo_eval.stats.design import read_table
-        from pcpo_eval.stats.lmm import fit_lmm, fit_lmm_many, qq_plot
+        from pcpo_eval.stats.lmm import fit_lmm, fit_lmm_many, many_summary, qq_plot
 
         df = read_table(data)
         if response:
@@ -81,13 +81,7 @@ def register(app: typer.Typer) -> None:
             payload = {"metrics": {k: v.to_dict() for k, v in fits.items()}, "adjusted": adjusted}
             if qq:
                 raise UserError("--qq needs a single response (drop --response or fit one metric)")
-            text = "\n\n".join(v.summary() for v in fits.values())
-            text += "\n\nAdjusted p-values (family: one term across metrics)\n"
-            for m, terms in adjusted.items():
-                for t, v in terms.items():
-                    text += (
-                        f"  {m:<14s} {t:<32s} p={v['p']:.4g}  holm={v['p_holm']:.4g}  bh={v['p_bh']:.4g}\n"
-                    )
+            text = many_summary(fits, adjusted)
         else:
             res = fit_lmm(df, formula, list(group), coding, not ml, re_formula)
             payload = res.to_dict()

@@ -16,6 +16,14 @@ by REML and reports coefficients with p-values; this module reproduces R's
 4. Flags that are reported, never hidden: ``converged`` (an optimizer claimed convergence *and* the
    profiled-deviance gradient is small) and ``singular`` (a variance parameter on the boundary,
    lme4's ``isSingular`` with tol 1e-4 on theta).
+5. The guard: a fit is ``estimable`` only if it converged, is not singular, its response varies
+   by more than rounding, and every Satterthwaite df is finite. Otherwise the estimates are kept
+   for inspection but no p-value exists: ``to_dict`` gives ``p: null`` with the ``reason``, the
+   text summary prints "NOT ESTIMABLE: <reason>" instead of p-values, and the fit is left out of
+   the Holm / BH family. A singular fit is excluded because a grouping whose variance sits on the
+   boundary at 0 makes its rows count as independent replicates (e.g. ``(1|run)`` estimated at 0
+   with 3 runs per arm turns prompts into replicates of the algorithm effect), which is exactly
+   the anti-conservative test the guard exists to prevent.
 
 The REML criterion equals lme4's (``-2 * REML log-lik``, which is also statsmodels' ``-2 * llf``).
 """
@@ -131,6 +139,27 @@ class LMMResult:
     notes: tuple[str, ...] = ()  # why converged is False / what is degenerate, in words
 
     @property
+    def reasons(self) -> tuple[str, ...]:
+        """Why this fit gives no p-values (empty when it is estimable); see the module's point 5."""
+        out = list(self.notes)
+        if self.singular:
+            zero = [k for k, v in self.random_sd.items() if k != "Residual" and v <= SINGULAR_TOL * self.random_sd["Residual"]]
+            out.append(f"singular fit: variance of {', '.join(zero) or 'a random effect'} estimated at 0 (boundary)")
+        if not self.hessian_ok and not any("Satterthwaite" in n for n in out):
+            out.append("Satterthwaite df not computable (deviance Hessian not finite)")
+        return tuple(out)
+
+    @property
+    def estimable(self) -> bool:
+        """True when the fit's p-values mean something (converged, not singular, finite df)."""
+        return not self.reasons
+
+    @property
+    def reason(self) -> str | None:
+        """The reasons joined in one line, or None when estimable."""
+        return "; ".join(self.reasons) or None
+
+    @property
     def reml_criterion(self) -> float | None:
         """lme4's REML criterion (None for an ML fit)."""
         return self.deviance if self.reml else None
@@ -143,16 +172,20 @@ class LMMResult:
         raise UserError(f"no fixed term {name!r}; terms: {', '.join(f.term for f in self.fixed)}")
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON shape of ``pcpo-eval lmm --json`` (issue 7), plus coding / fit details."""
+        """JSON shape of ``pcpo-eval lmm --json``, plus coding / fit details (``p: null`` when not estimable)."""
+        ok = self.estimable
         return {
             "formula": self.formula,
             "method": "REML" if self.reml else "ML",
             "coding": self.coding,
             "reference_levels": dict(self.reference_levels),
-            "fixed": {fe.term: fe.to_dict() for fe in self.fixed},
+            "fixed": {fe.term: {**fe.to_dict(), "p": fe.p if ok else None} for fe in self.fixed},
             "wald": {
-                fe.term: {"p": fe.z_p, "ci_low": fe.z_ci_low, "ci_high": fe.z_ci_high} for fe in self.fixed
+                fe.term: {"p": fe.z_p if ok else None, "ci_low": fe.z_ci_low, "ci_high": fe.z_ci_high}
+                for fe in self.fixed
             },
+            "estimable": ok,
+            "reason": self.reason,
             "random": dict(self.random_sd),
             "random_corr": {k: v for k, v in self.random_corr.items()},
             "icc": dict(self.icc),
@@ -194,17 +227,15 @@ class LMMResult:
             f"Converged: {'yes' if self.converged else 'NO'}   Singular: {'YES' if self.singular else 'no'}"
             f"   optimizer: {self.optimizer}   max|grad|: {self.max_grad:.2e}",
             *(f"Note: {n}" for n in self.notes),
+            *([] if self.estimable else [f"NOT ESTIMABLE: {self.reason}; no p-values are reported"]),
             "",
             "Random effects (SD):",
         ]
         for k, v in self.random_sd.items():
             lines.append(f"  {k:<28s} {v:12.6g}")
         lines.append("")
-        lines.append(
-            self.to_frame()[["estimate", "se", "df", "t", "p", "ci_low", "ci_high"]].to_string(
-                float_format=lambda x: f"{x:.6g}"
-            )
-        )
+        cols = ["estimate", "se", "df", "t", "p", "ci_low", "ci_high"] if self.estimable else ["estimate", "se"]
+        lines.append(self.to_frame()[cols].to_string(float_format=lambda x: f"{x:.6g}"))
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -380,10 +411,83 @@ def _fit(
     re_formula: str | None,
     diagnostics: bool,
 ) -> LMMResult:
+    """1. standardize y, 2. fit theta, 3. beta / SE / Satterthwaite df, 4. random effects, 5. assemble."""
     d, shift, scale, notes = _standardize_response(d)
     n_obs, p = d.X.shape
     log_jac = (n_obs - p if reml else n_obs) * np.log(scale**2)  # deviance(y) - deviance(y')
     core = LMMCore(d.y, d.X, list(d.blocks))
+    fit = _fit_theta(d, core, reml, log_jac)
+    notes += fit.notes
+    converged = not notes  # an optimizer's claim, a small gradient, and more than rounding in y
+    theta = fit.theta
+
+    # Everything below is computed on y' and mapped back to y (see _standardize_response).
+    state = core.solve(theta)
+    sigma_s = core.sigma_hat(theta, reml)
+    varpar = np.r_[theta, sigma_s]
+    se = scale * np.sqrt(np.diag(core.vcov_beta(varpar)))
+    beta = shift + scale * state.beta
+    sigma = scale * sigma_s
+    # Satterthwaite df on y' / sigma' (residual SD exactly 1): df is invariant to that rescaling,
+    # and it keeps sigma away from numDeriv's absolute step (1e-4) for parameters near zero when a
+    # random effect dwarfs the residual (sigma' << 1 after the OLS-based standardization).
+    sat_core = LMMCore(core.y / sigma_s, core.X, list(d.blocks)) if sigma_s > 0 else core
+    sat_varpar = np.r_[theta, 1.0] if sigma_s > 0 else varpar
+    dfs, _, hess_ok = satterthwaite_dfs(
+        lambda vp: sat_core.deviance_vp(vp, reml), sat_core.vcov_beta, sat_varpar, np.eye(p)
+    )
+    if not np.all(np.isfinite(dfs)):
+        notes.append("Satterthwaite df not computable (deviance Hessian not finite)")
+    random_sd, random_corr, icc, singular = _random_effects(d, core, theta, sigma)
+    dev = float(fit.deviance) + log_jac
+    return LMMResult(
+        formula=formula,
+        response=d.response,
+        groups=tuple(groups),
+        re_formula=re_formula,
+        coding=coding,
+        reference_levels=d.reference_levels,
+        reml=reml,
+        fixed=_fixed_effects_table(d.fixed_names, beta, se, dfs),
+        random_sd=random_sd,
+        random_corr=random_corr,
+        icc=icc,
+        deviance=dev,
+        loglik=float(-0.5 * dev),
+        n_params=p + core.n_theta + 1,
+        converged=converged,
+        singular=singular,
+        hessian_ok=hess_ok,
+        optimizer=fit.optimizer,
+        attempts=fit.attempts,
+        max_grad=fit.max_grad,
+        n_obs=n_obs,
+        n_groups={b.name: b.n_levels for b in d.blocks},
+        theta=tuple(float(v) for v in theta),
+        diagnostics=_diagnostics(core, theta, sigma_s) if diagnostics else None,
+        notes=tuple(notes),
+    )
+
+
+@dataclass(frozen=True)
+class _ThetaFit:
+    theta: np.ndarray
+    deviance: float  # on the standardized response y'
+    optimizer: str
+    attempts: tuple[FitAttempt, ...]
+    max_grad: float
+    notes: tuple[str, ...]  # convergence problems, in words
+    converged: bool
+
+
+def _fit_theta(d: Design, core: LMMCore, reml: bool, log_jac: float) -> _ThetaFit:
+    """statsmodels' optimizers as a start, then a polish on lme4's profiled deviance; convergence checks.
+
+    Keeps whichever point has the lower deviance. ``converged`` requires an optimizer's claim *and*
+    a small projected gradient (lme4's ``check.conv.grad``), so a fit is never called converged on
+    an optimizer's word alone.
+    """
+    lower = np.where(np.isfinite(theta_lower_bounds(list(d.blocks))), 0.0, -np.inf)
     dense_vc = len(d.y) * sum(b.n_levels for b in d.blocks) if len(d.blocks) > 1 else 0
     if dense_vc > MAX_DENSE_VC:
         # statsmodels' crossed recipe needs dense (n, levels) indicator matrices; beyond this size
@@ -395,15 +499,14 @@ def _fit(
         attempts = [replace(a, deviance=a.deviance + log_jac) for a in attempts]
         skipped = ""
     if not thetas:
-        theta0 = np.where(np.isfinite(theta_lower_bounds(list(d.blocks))), 1.0, 0.0)
+        theta0 = np.where(np.isfinite(lower), 1.0, 0.0)
         start_name, sm_ok = skipped or "all optimizers failed; default start", False
     else:
         converged = [t for t in thetas if t[0].converged]
         att, theta0 = converged[0] if converged else min(thetas, key=lambda t: t[0].deviance)
         start_name, sm_ok = att.optimizer, att.converged
 
-    # Polish on lme4's profiled deviance; keep whichever point has the lower deviance.
-    theta_sm = np.maximum(theta0, np.where(np.isfinite(theta_lower_bounds(list(d.blocks))), 0.0, -np.inf))
+    theta_sm = np.maximum(theta0, lower)
     dev_sm = core.profiled_deviance(theta_sm, reml)
     theta_pol, dev_pol, pol_ok = core.fit_theta(theta_sm, reml)
     start = f"statsmodels:{start_name}" if thetas else start_name
@@ -414,36 +517,23 @@ def _fit(
         theta, dev = theta_sm, dev_sm
         optimizer = start
     max_grad = _projected_grad(core, theta, reml)
+    notes = []
     if not (sm_ok or pol_ok):
         notes.append("no optimizer reported convergence")
     if not np.isfinite(dev):
         notes.append("the deviance at the optimum is not finite")
     if not max_grad < GRAD_TOL:
         notes.append(f"max |gradient| of the profiled deviance {max_grad:.2g} >= {GRAD_TOL:g}")
-    converged_flag = bool(not notes)
+    return _ThetaFit(theta, float(dev), optimizer, tuple(attempts), max_grad, tuple(notes), not notes)
 
-    # Everything below is computed on y' and mapped back to y (see _standardize_response).
-    state = core.solve(theta)
-    sigma_s = core.sigma_hat(theta, reml)
-    varpar = np.r_[theta, sigma_s]
-    se = scale * np.sqrt(np.diag(core.vcov_beta(varpar)))
-    beta = shift + scale * state.beta
-    sigma = scale * sigma_s
-    dev = float(dev) + log_jac
-    # Satterthwaite df on y' / sigma' (residual SD exactly 1): df is invariant to that rescaling,
-    # and it keeps sigma away from numDeriv's absolute step (1e-4) for parameters near zero when a
-    # random effect dwarfs the residual (sigma' << 1 after the OLS-based standardization).
-    sat_core = LMMCore(core.y / sigma_s, core.X, list(d.blocks)) if sigma_s > 0 else core
-    sat_varpar = np.r_[theta, 1.0] if sigma_s > 0 else varpar
-    dfs, _, hess_ok = satterthwaite_dfs(
-        lambda vp: sat_core.deviance_vp(vp, reml), sat_core.vcov_beta, sat_varpar, np.eye(p)
-    )
-    if not np.all(np.isfinite(dfs)):
-        notes.append("Satterthwaite df not computable (deviance Hessian not finite)")
 
+def _fixed_effects_table(
+    names: Sequence[str], beta: np.ndarray, se: np.ndarray, dfs: np.ndarray
+) -> tuple[FixedEffect, ...]:
+    """Per term: t = estimate / SE, two-sided p from t(df), 95% CI with t_{0.975, df} (lmerTest), Wald z."""
     fixed = []
     zq = sst.norm.ppf(0.975)
-    for i, name in enumerate(d.fixed_names):
+    for i, name in enumerate(names):
         est, s, dfi = float(beta[i]), float(se[i]), float(dfs[i])
         t = est / s
         tq = sst.t.ppf(0.975, dfi) if np.isfinite(dfi) else float("nan")
@@ -462,7 +552,13 @@ def _fit(
                 z_ci_high=est + zq * s,
             )
         )
+    return tuple(fixed)
 
+
+def _random_effects(
+    d: Design, core: LMMCore, theta: np.ndarray, sigma: float
+) -> tuple[dict[str, float], dict[str, list[list[float]]], dict[str, float], bool]:
+    """Random-effect SDs ("group" / "group:coef" + "Residual"), correlations, ICCs, lme4's isSingular."""
     random_sd: dict[str, float] = {}
     random_corr: dict[str, list[list[float]]] = {}
     intercept_var: dict[str, float] = {}
@@ -480,44 +576,15 @@ def _fit(
     random_sd["Residual"] = float(sigma)
     total = sum(intercept_var.values()) + sigma**2
     icc = {g: v / total for g, v in intercept_var.items()}
-
-    diag_theta = []
-    i = 0
+    # isSingular: a diagonal element of a relative Cholesky factor (theta) at the boundary.
+    diag_theta, i = [], 0
     for b in d.blocks:
         for j in range(b.k):
             for r in range(j, b.k):
                 if r == j:
                     diag_theta.append(theta[i])
                 i += 1
-    singular = bool(np.any(np.asarray(diag_theta) < SINGULAR_TOL))
-
-    return LMMResult(
-        formula=formula,
-        response=d.response,
-        groups=tuple(groups),
-        re_formula=re_formula,
-        coding=coding,
-        reference_levels=d.reference_levels,
-        reml=reml,
-        fixed=tuple(fixed),
-        random_sd=random_sd,
-        random_corr=random_corr,
-        icc=icc,
-        deviance=float(dev),
-        loglik=float(-0.5 * dev),
-        n_params=p + core.n_theta + 1,
-        converged=converged_flag,
-        singular=singular,
-        hessian_ok=hess_ok,
-        optimizer=optimizer,
-        attempts=tuple(attempts),
-        max_grad=max_grad,
-        n_obs=n_obs,
-        n_groups={b.name: b.n_levels for b in d.blocks},
-        theta=tuple(float(v) for v in theta),
-        diagnostics=_diagnostics(core, theta, sigma_s) if diagnostics else None,
-        notes=tuple(notes),
-    )
+    return random_sd, random_corr, icc, bool(np.any(np.asarray(diag_theta) < SINGULAR_TOL))
 
 
 # -- likelihood-ratio test ---------------------------------------------------------------------
@@ -581,14 +648,20 @@ def adjust_across_metrics(results: Mapping[str, LMMResult]) -> dict[str, dict[st
 
     The paper's LMM tables list, per effect (algorithm, batch, interaction), one p-value per
     metric (FID, FD-DINO, IS, LPIPS); the multiplicity family is that column. Returns
-    ``{metric: {term: {"p", "p_holm", "p_bh"}}}``.
+    ``{metric: {term: {"p", "p_holm", "p_bh"}}}``; a fit that is not estimable gets ``None``s and
+    does not count in the family.
     """
-    out: dict[str, dict[str, dict[str, float]]] = {m: {} for m in results}
+    out: dict[str, dict[str, dict[str, float | None]]] = {m: {} for m in results}
     terms: list[str] = []
     for r in results.values():
         terms += [f.term for f in r.fixed if f.term not in terms]
     for term in terms:
-        metrics = [m for m, r in results.items() if any(f.term == term for f in r.fixed)]
+        for m, r in results.items():  # not estimable: outside the family, no p at all
+            if not r.estimable and any(f.term == term for f in r.fixed):
+                out[m][term] = {"p": None, "p_holm": None, "p_bh": None}
+        metrics = [m for m, r in results.items() if r.estimable and any(f.term == term for f in r.fixed)]
+        if not metrics:
+            continue
         pv = np.array([results[m].term(term).p for m in metrics])
         ph, pb = holm(pv), benjamini_hochberg(pv)
         for m, a, b, c in zip(metrics, pv, ph, pb, strict=True):
@@ -610,6 +683,19 @@ def fit_lmm_many(
         raise UserError("give at least one response column")
     fits = {r: fit_lmm(df, f"{r} ~ {rhs}", groups, coding, reml, re_formula) for r in responses}
     return fits, adjust_across_metrics(fits)
+
+
+def many_summary(fits: Mapping[str, LMMResult], adjusted: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
+    """Text of several fits plus the adjusted p-values ("not estimable" where a fit gives none)."""
+    text = "\n\n".join(v.summary() for v in fits.values())
+    text += "\n\nAdjusted p-values (family: one term across the estimable metrics)\n"
+    for m, terms in adjusted.items():
+        for term, v in terms.items():
+            if v["p"] is None:
+                text += f"  {m:<14s} {term:<32s} not estimable: {fits[m].reason}\n"
+            else:
+                text += f"  {m:<14s} {term:<32s} p={v['p']:.4g}  holm={v['p_holm']:.4g}  bh={v['p_bh']:.4g}\n"
+    return text
 
 
 def qq_plot(result: LMMResult, path: str) -> None:

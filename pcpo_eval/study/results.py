@@ -133,8 +133,9 @@ def simple_effects(study: Study, data: pd.DataFrame) -> dict[str, dict[str, Any]
                 continue
             a = adj[m][term]
             p_adj = a["p_holm"] if sp.lmm.adjust == "holm" else a["p_bh"]
-            cell_out[m] = {"estimate": fe.estimate, "se": fe.se, "df": fe.df, "p": fe.p, "p_adj": p_adj,
-                           "significant": bool(f.converged and p_adj < sp.lmm.alpha), "converged": f.converged}
+            cell_out[m] = {"estimate": fe.estimate, "se": fe.se, "df": fe.df, "p": fe.p if f.estimable else None,
+                           "p_adj": p_adj, "significant": bool(f.estimable and p_adj is not None and p_adj < sp.lmm.alpha),
+                           "converged": f.converged, "estimable": f.estimable, "reason": f.reason}
         cell_out.update({m: {"error": e} for m, e in errs.items()})
         out[cell] = cell_out
     return out
