@@ -12,7 +12,7 @@ from pcpo_eval.errors import UserError
 from pcpo_eval.generate.fixed_batch import FixedBatchAdapter, auto_micro_batch, effective_batch_size
 from pcpo_eval.generate.irg import IRGAdapter, irg_combine, parse_irg_spec
 from pcpo_eval.generate.plan import WorkItem, parse_seeds, plan_items, shard_items
-from pcpo_eval.generate.runner import _render_latents
+from pcpo_eval.generate.runner import render_latents
 from pcpo_eval.models.base import PromptEmbeds
 from pcpo_eval.prompts import PromptSet, simple_animals
 from pcpo_eval.samplers import resolve_sampler
@@ -150,7 +150,7 @@ def test_latents_bit_identical_for_batch_sizes_1_8_37():
     with torch.inference_mode():
         for bs in (1, 8, 37):
             outs[bs] = torch.cat(
-                [_render_latents(fixed, items[s : s + bs], uncond, "ddim", 5.0, 3, 1.0, "ddim") for s in range(0, 40, bs)]
+                [render_latents(fixed, items[s : s + bs], uncond, "ddim", 5.0, 3, 1.0, "ddim") for s in range(0, 40, bs)]
             )
     assert torch.equal(outs[1], outs[8]) and torch.equal(outs[1], outs[37])
 
@@ -162,8 +162,8 @@ def test_items_are_independent_of_batch_neighbours():
     target = WorkItem(3, "monkey", 5)
     others = [WorkItem(i, p, 0) for i, p in enumerate(["cat", "dog", "horse", "bird", "fox"])]
     with torch.inference_mode():
-        a = _render_latents(fixed, [target], uncond, "ddim", 5.0, 3, 1.0, "ddim")
-        b = _render_latents(fixed, [*others, target], uncond, "ddim", 5.0, 3, 1.0, "ddim")[-1:]
+        a = render_latents(fixed, [target], uncond, "ddim", 5.0, 3, 1.0, "ddim")
+        b = render_latents(fixed, [*others, target], uncond, "ddim", 5.0, 3, 1.0, "ddim")[-1:]
     assert torch.equal(a, b)
 
 

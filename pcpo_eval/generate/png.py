@@ -1,4 +1,9 @@
-"""Lossless PNG output: encode with metadata, write atomically (no per-file fsync), verify.
+"""PNG bytes and files: the generator's only image format (lossless, with text metadata).
+
+Owns :func:`encode_png` (uint8 (3, H, W) -> PNG bytes with iTXt chunks), :func:`write_image_file`
+(temp file + ``os.replace``, no per-file fsync: see :mod:`pcpo_eval.generate`), and the readers
+:func:`png_is_readable`, :func:`read_png_text`, :func:`read_png_pixels`, :func:`pixel_sha256`.
+Knows nothing of settings or set directories (that is :mod:`.setdir`).
 """
 
 import contextlib
@@ -10,10 +15,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-# ---------------------------------------------------------------------------------------------
-# PNG output
-# ---------------------------------------------------------------------------------------------
 
 
 def encode_png(image_chw: torch.Tensor | np.ndarray, text: dict[str, str]) -> bytes:
@@ -76,7 +77,8 @@ def pixel_sha256(image_chw: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(np.asarray(image_chw).transpose(1, 2, 0)).tobytes()).hexdigest()
 
 
-def _png_pixels(path: Path) -> np.ndarray:
+def read_png_pixels(path: Path) -> np.ndarray:
+    """The uint8 (3, H, W) RGB pixels of a PNG (the layout :func:`encode_png` takes)."""
     from PIL import Image
 
     with Image.open(path) as im:

@@ -1,24 +1,37 @@
-"""The set directory: settings (what determines pixels), per-image records, resume checks, manifest.
+"""The set directory on disk: settings, per-image records, resume checks, set.json and the manifest.
+
+Owns everything :func:`~pcpo_eval.generate.runner.generate_set` reads or writes in ``SET/`` besides
+the PNG bytes themselves (:mod:`.png`): :class:`GenerationSettings` (what determines pixels),
+:func:`image_record` / :func:`png_text` (one image's manifest row and PNG metadata), the checks run
+before anything is written (:func:`check_out_dir`, :func:`check_existing_prompts`), resume state
+(:func:`load_records`, :func:`is_done`, :func:`remove_stale_tmp`, :func:`flush_records`), and the
+two set.json writes (:func:`begin_set` while rendering, :func:`write_manifest` at the end). The
+layout is the image-set contract of :mod:`pcpo_eval.imageset` (``MANIFEST_COLUMNS``).
 """
 
 import contextlib
 import json
+import os
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from pcpo_eval.errors import UserError
 from pcpo_eval.generate.plan import WorkItem
-from pcpo_eval.generate.png import read_png_text
+from pcpo_eval.generate.png import pixel_sha256, png_is_readable, read_png_pixels, read_png_text
 from pcpo_eval.imageset import MANIFEST_COLUMNS
+from pcpo_eval.io import atomic_write_json, atomic_write_parquet, sha256_file
 
 #: Seed derivation recorded with every set (see :mod:`pcpo_eval.seeding`).
 SEED_DERIVATION = "sha256('pcpo-eval/sample/v1/{prompt_id}/{seed}')[:8] little-endian & (2**63-1)"
 
+#: Known image records by ``(prompt_id, seed)``: manifest rows (``MANIFEST_COLUMNS`` subset).
+Records = dict[tuple[int, int], dict[str, Any]]
+
 
 # ---------------------------------------------------------------------------------------------
-# Settings, records, summary
+# Settings and per-image metadata
 # ---------------------------------------------------------------------------------------------
 
 
@@ -49,43 +62,26 @@ class GenerationSettings:
         return d
 
 
-@dataclass
-class GenerateSummary:
-    """What :func:`generate_set` did (returned on every rank; counts are for this rank's share)."""
-
-    out_dir: Path
-    n_images: int
-    n_rendered: int
-    n_skipped: int
-    seconds: float
-    rank: int
-    world_size: int
-    settings: GenerationSettings
-    n_prompts: int
-    n_seeds: int
-    n_prompts_dropped: int = 0
-    manifest_path: Path | None = None
-    images_per_second: float = field(default=0.0)
-
-
-def _record(item: WorkItem, image_sha: str, pix_sha: str, h: int, w: int) -> dict[str, Any]:
+def image_record(item: WorkItem, image_sha: str, pix_sha: str, h: int, w: int) -> dict[str, Any]:
+    """One image's record: the per-image manifest columns (the settings columns come at the end)."""
     return {
         "prompt_id": item.prompt_id, "prompt": item.prompt, "seed": item.seed, "path": item.rel_path,
         "image_sha256": image_sha, "pixel_sha256": pix_sha, "height": h, "width": w,
     }  # fmt: skip
 
 
-def _png_text(item: WorkItem, settings: GenerationSettings) -> dict[str, str]:
+def png_text(item: WorkItem, settings: GenerationSettings) -> dict[str, str]:
+    """The PNG text chunks: ``prompt``, and ``pcpo_eval`` = JSON of the item and every setting."""
     meta = {"prompt_id": item.prompt_id, "seed": item.seed, "prompt": item.prompt, **asdict(settings)}
     return {"prompt": item.prompt, "pcpo_eval": json.dumps(meta, sort_keys=True)}
 
 
 # ---------------------------------------------------------------------------------------------
-# Set directory state
+# Checks before anything is written
 # ---------------------------------------------------------------------------------------------
 
 
-def _check_out_dir(out: Path, settings: GenerationSettings) -> None:
+def check_out_dir(out: Path, settings: GenerationSettings) -> None:
     """Refuse a directory that is not ours or holds images of other settings (nothing written)."""
     if not out.exists():
         return
@@ -112,37 +108,7 @@ def _check_out_dir(out: Path, settings: GenerationSettings) -> None:
         )
 
 
-def _remove_stale_tmp(out: Path) -> int:
-    """Delete temp files left by a killed atomic write (never counted as images)."""
-    n = 0
-    for p in list((out / "images").glob("*/.*.tmp")) + list(out.glob(".*.tmp")) + list(out.glob(".progress/.*.tmp")):
-        with contextlib.suppress(FileNotFoundError):
-            p.unlink()
-            n += 1
-    return n
-
-
-def _load_records(out: Path) -> dict[tuple[int, int], dict[str, Any]]:
-    """Known image records from a previous manifest and any per-process progress files."""
-    import pandas as pd
-
-    recs: dict[tuple[int, int], dict[str, Any]] = {}
-    files = ([out / "manifest.parquet"] if (out / "manifest.parquet").exists() else []) + sorted(
-        (out / ".progress").glob("*.parquet")
-    )
-    for f in files:
-        try:
-            df = pd.read_parquet(f)
-        except Exception:  # noqa: BLE001 - a damaged progress file only costs re-hashing
-            continue
-        for r in df.to_dict("records"):
-            recs[(int(r["prompt_id"]), int(r["seed"]))] = {k: r[k] for k in r if k in MANIFEST_COLUMNS}
-    return recs
-
-
-def _check_existing_prompts(
-    out: Path, items: Sequence[WorkItem], records: dict[tuple[int, int], dict[str, Any]]
-) -> None:
+def check_existing_prompts(out: Path, items: Sequence[WorkItem], records: Records) -> None:
     """An existing image must have been rendered for the same prompt text as requested now."""
     for it in items:
         rec = records.get((it.prompt_id, it.seed))
@@ -161,3 +127,115 @@ def _check_existing_prompts(
                 f"{it.rel_path} in {str(out)!r} was rendered for prompt {old!r}, but prompt_id {it.prompt_id} is "
                 f"now {it.prompt!r}; use a new --out directory"
             )
+
+
+# ---------------------------------------------------------------------------------------------
+# Resume state
+# ---------------------------------------------------------------------------------------------
+
+
+def load_records(out: Path) -> Records:
+    """Known image records from a previous manifest and any per-process progress files."""
+    import pandas as pd
+
+    recs: Records = {}
+    files = ([out / "manifest.parquet"] if (out / "manifest.parquet").exists() else []) + sorted(
+        (out / ".progress").glob("*.parquet")
+    )
+    for f in files:
+        try:
+            df = pd.read_parquet(f)
+        except Exception:  # noqa: BLE001 - a damaged progress file only costs re-hashing
+            continue
+        for r in df.to_dict("records"):
+            recs[(int(r["prompt_id"]), int(r["seed"]))] = {k: r[k] for k in r if k in MANIFEST_COLUMNS}
+    return recs
+
+
+def remove_stale_tmp(out: Path) -> int:
+    """Delete temp files left by a killed atomic write (never counted as images)."""
+    n = 0
+    for p in list((out / "images").glob("*/.*.tmp")) + list(out.glob(".*.tmp")) + list(out.glob(".progress/.*.tmp")):
+        with contextlib.suppress(FileNotFoundError):
+            p.unlink()
+            n += 1
+    return n
+
+
+def is_done(out: Path, item: WorkItem, records: Records) -> bool:
+    """An image counts as done if it exists and has a record, or exists and decodes.
+
+    A file that exists but does not decode (only possible after a power loss, since files are
+    renamed into place complete) is removed so it is rendered again.
+    """
+    path = out / item.rel_path
+    if not path.exists():
+        return False
+    rec = records.get((item.prompt_id, item.seed))
+    if rec is not None and rec.get("path") == item.rel_path:
+        return True
+    if png_is_readable(path):
+        return True
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    return False
+
+
+def flush_records(path: Path, records: list[dict[str, Any]]) -> None:
+    """Make the images written so far durable (``os.sync``), then atomically rewrite their records."""
+    if not records:
+        return
+    import pandas as pd
+
+    os.sync()
+    atomic_write_parquet(path, pd.DataFrame(records))
+
+
+# ---------------------------------------------------------------------------------------------
+# set.json and the manifest (rank 0)
+# ---------------------------------------------------------------------------------------------
+
+
+def begin_set(out: Path, settings: GenerationSettings, run_info: dict[str, Any]) -> None:
+    """Rank 0, before rendering: create ``out``, drop stale temp files, write a ``rendering`` set.json.
+
+    An existing set.json (a resumed set; :func:`check_out_dir` made sure its settings match) is kept.
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    remove_stale_tmp(out)
+    if not (out / "set.json").exists():
+        atomic_write_json(out / "set.json", {"status": "rendering", "settings": asdict(settings), "run": run_info})
+
+
+def write_manifest(out: Path, items: Sequence[WorkItem], settings: GenerationSettings, run_info: dict) -> None:
+    """Rank 0, after all shares are rendered: manifest.parquet and set.json, atomically."""
+    import pandas as pd
+
+    records = load_records(out)
+    rows = []
+    for it in sorted(items, key=lambda i: (i.prompt_id, i.seed)):
+        path = out / it.rel_path
+        rec = records.get((it.prompt_id, it.seed))
+        if rec is None or rec.get("path") != it.rel_path:
+            if not path.exists():
+                raise RuntimeError(f"{path} missing after rendering (a worker failed?); re-run to complete the set")
+            pix = read_png_pixels(path)
+            rec = image_record(it, sha256_file(path), pixel_sha256(pix), pix.shape[1], pix.shape[2])
+        elif not path.exists():
+            raise RuntimeError(f"{path} missing after rendering (a worker failed?); re-run to complete the set")
+        rows.append(rec)
+    df = pd.DataFrame(rows)
+    s = asdict(settings)
+    for col in ("model", "model_hash", "sampler", "steps", "cfg", "eta", "schedule", "micro_batch"):
+        df[col] = s[col]
+    df = df[MANIFEST_COLUMNS].astype({"prompt_id": "int64", "seed": "int64", "height": "int64", "width": "int64"})
+    atomic_write_parquet(out / "manifest.parquet", df)
+    atomic_write_json(
+        out / "set.json",
+        {"status": "complete", "settings": s, "run": run_info, "manifest": "manifest.parquet"},
+    )
+    for f in (out / ".progress").glob("*.parquet"):
+        with contextlib.suppress(FileNotFoundError):
+            f.unlink()
+    with contextlib.suppress(OSError):
+        (out / ".progress").rmdir()
