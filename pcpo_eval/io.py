@@ -1,8 +1,9 @@
-"""Atomic file output: nothing already written is ever half-overwritten.
+"""File I/O: atomic output, the one YAML-mapping reader, the one JSON cleaner.
 
 Every writer in the package goes through :func:`atomic_write` (write to a temporary file in the
 same directory, fsync, then ``os.replace``), so a crash or SIGKILL leaves either the old file or
-the complete new one.
+the complete new one. Config and spec files are read by :func:`read_yaml_mapping`; result objects
+become strict JSON through :func:`to_jsonable`.
 """
 
 from __future__ import annotations
@@ -10,11 +11,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from pcpo_eval.errors import UserError
 
 
 def _current_umask() -> int:
@@ -81,6 +85,41 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
         while block := fh.read(chunk):
             h.update(block)
     return h.hexdigest()
+
+
+def read_yaml_mapping(path: str | os.PathLike, what: str, hint: str) -> dict[str, Any]:
+    """The mapping in YAML file ``path`` (an empty file is ``{}``).
+
+    A missing file, invalid YAML or a non-mapping raise a one-line UserError naming ``what``
+    (e.g. ``study spec``); ``hint`` is the fix appended to the not-found message.
+    """
+    import yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"{what} {p} not found; {hint}")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise UserError(f"{what} {p} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{what} {p} must be a mapping of keys to values")
+    return data
+
+
+def to_jsonable(x: Any) -> Any:
+    """Strict-JSON copy, recursively: numpy scalars and arrays -> Python, NaN/inf -> None."""
+    if isinstance(x, dict):
+        return {str(k): to_jsonable(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [to_jsonable(v) for v in x]
+    import numpy as np
+
+    if isinstance(x, np.generic | np.ndarray):  # -> Python scalar / nested lists
+        return to_jsonable(x.tolist())
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
 
 
 def _json_default(obj: Any) -> Any:

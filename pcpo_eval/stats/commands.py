@@ -7,30 +7,17 @@ text or JSON (``--json``). Bad input raises :class:`~pcpo_eval.errors.UserError`
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
 import typer
 
 from pcpo_eval.errors import UserError
-
-
-def _clean(obj: Any) -> Any:
-    """JSON-safe copy: numpy scalars -> Python, NaN/inf -> None (strict JSON has no NaN)."""
-    if isinstance(obj, dict):
-        return {str(k): _clean(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_clean(v) for v in obj]
-    if hasattr(obj, "item") and callable(obj.item):
-        obj = obj.item()
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj
+from pcpo_eval.io import to_jsonable
 
 
 def dumps(obj: Any) -> str:
     """Indented strict JSON of a result's ``to_dict()``."""
-    return json.dumps(_clean(obj), indent=2, allow_nan=False)
+    return json.dumps(to_jsonable(obj), indent=2, allow_nan=False)
 
 
 def _write(out: str | None, text: str) -> None:

@@ -17,6 +17,7 @@ import yaml
 
 from pcpo_eval.credit.flow import FLOW_SDES, T1_CONVENTIONS
 from pcpo_eval.errors import UserError
+from pcpo_eval.io import read_yaml_mapping
 from pcpo_eval.train.objectives import OBJECTIVES
 
 ADVANTAGES = ("per_prompt", "group")
@@ -183,18 +184,13 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
     return out
 
 
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """The raw key -> value mapping of a YAML train config (validated by :func:`config_from_dict`)."""
+    return read_yaml_mapping(path, "config file", "see train/configs/ for examples")
+
+
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> TrainConfig:
     """Load a YAML config (None = defaults), apply KEY=VALUE overrides, validate."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise UserError(f"config file {p} not found; see train/configs/ for examples")
-        try:
-            data = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise UserError(f"config file {p} is not valid YAML: {str(exc).splitlines()[0]}") from None
-        if not isinstance(data, dict):
-            raise UserError(f"config file {p} must be a mapping of keys to values")
+    data = read_config_file(path) if path is not None else {}
     data.update(parse_overrides(overrides or []))
     return config_from_dict(data)
