@@ -67,6 +67,21 @@ def test_valid_spec_expands_factorial(tmp_path):
     r = next(r for r in spec.runs if r.levels == {"algorithm": "PCPO", "batch": "32"})
     assert r.overrides == {"objective": "pcpo", "sample_batch_size": 32}
     assert spec.cell_key(r) == "batch=32" and spec.role(r) == "pcpo"
+    # resolved once at validation: defaults < train.overrides < the cell's level overrides
+    assert (r.train.objective, r.train.sample_batch_size, r.train.epochs, r.train.checkpoint_every) == ("pcpo", 32, 12, 2)
+    assert spec.base_model == "toy" and spec.eval.sigma_schedule == "ddim"  # unset = the ddim sampler's default
+    assert spec.cells() == ["batch=16", "batch=32"]
+
+
+def test_train_config_file_read_once_with_overrides_on_top(tmp_path):
+    cfg = tmp_path / "base.yaml"
+    cfg.write_text("epochs: 30\nlearning_rate: 0.003\nsample_steps: 6\n")
+    spec = load_spec(write_spec(tmp_path / "s.yaml", train={"config": "base.yaml", "overrides": {"epochs": 4}}))
+    assert {(r.train.epochs, r.train.learning_rate, r.train.sample_steps) for r in spec.runs} == {(4, 0.003, 6)}
+    assert spec.sampling()["steps"] == 4  # eval.steps of the spec; cfg / eta from the first run's config
+    cfg.write_text("epochs: [1\n")
+    with pytest.raises(UserError, match=r"has 1 problem\(s\): \(1\) config file .*base.yaml is not valid YAML"):
+        load_spec(tmp_path / "s.yaml")
 
 
 def test_every_problem_listed_at_once(tmp_path):

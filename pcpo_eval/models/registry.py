@@ -7,6 +7,7 @@ models load only from local files (a directory or the HF cache, ``local_files_on
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 
 import torch
@@ -58,6 +59,23 @@ def parse_spec(spec: str) -> tuple[str, str | None]:
     """``"toy"`` -> ("toy", None); ``"sd1:/x"`` -> ("sd1", "/x")."""
     kind, sep, arg = spec.partition(":")
     return kind.strip().lower(), (arg if sep else None)
+
+
+#: kind -> "module:AdapterClass"; the class attribute ``prediction`` (eps | velocity) picks the sampler.
+ADAPTER_CLASSES: dict[str, str] = {
+    "toy": "pcpo_eval.models.toy:ToyAdapter", "sd1": "pcpo_eval.models.sd1:SD1Adapter",
+    "toyflow": "pcpo_eval.models.toy_flow:ToyFlowAdapter", "sd3": "pcpo_eval.models.sd3:SD3Adapter",
+    "flux": "pcpo_eval.models.flux:FluxAdapter",
+}  # fmt: skip
+
+
+def prediction_of(spec: str) -> str:
+    """The prediction type (``eps`` | ``velocity``) of a model spec, from its adapter class (no weights loaded)."""
+    kind, _ = parse_spec(spec)
+    if kind not in ADAPTER_CLASSES:
+        raise UserError(f"unknown model spec {spec!r}; valid kinds: {', '.join(sorted(REGISTRY))}")
+    module, _, cls = ADAPTER_CLASSES[kind].partition(":")
+    return str(getattr(importlib.import_module(module), cls).prediction)
 
 
 def load_model(spec: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> ModelAdapter:

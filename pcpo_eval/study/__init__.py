@@ -30,6 +30,7 @@ directories, bad levels, unknown metrics, absent weights of metrics / rewards / 
 existing run reaches) into one :class:`~pcpo_eval.errors.UserError` before any work starts;
 targets of runs still to be trained are checked right after the train stage.
 
-Modules: :mod:`.spec` (the spec and its validation), :mod:`.runner` (the stages), :mod:`.results`
-(``results.json``), :mod:`.commands` (``study``, ``report``, ``demo``).
+Modules: :mod:`.spec` (the spec and its validation; each run carries its resolved train config),
+:mod:`.layout` (the paths of a study directory), :mod:`.runner` (the stages), :mod:`.results`
+(``results.json`` from the spec and the layout), :mod:`.commands` (``study``, ``report``, ``demo``).
 """

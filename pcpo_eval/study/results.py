@@ -20,38 +20,23 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import platform
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from pcpo_eval.errors import UserError
-from pcpo_eval.io import atomic_write_bytes
-
-if TYPE_CHECKING:
-    from pcpo_eval.study.runner import Study
+from pcpo_eval.io import atomic_write_bytes, to_jsonable
+from pcpo_eval.study.layout import StudyLayout, set_label
+from pcpo_eval.study.spec import StudySpec
 
 TRACE_COLUMNS = (
     "reward_mean", "reward_std", "clipfrac", "approx_kl", "rho_mean", "rho_min", "rho_max", "rho_std",
     "grad_first_abs_mean", "grad_first_abs_var", "wall_time_s",
 )  # fmt: skip
-
-
-def to_jsonable(x: Any) -> Any:
-    """JSON-safe floats (NaN/inf -> None), recursively."""
-    if isinstance(x, dict):
-        return {str(k): to_jsonable(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [to_jsonable(v) for v in x]
-    if isinstance(x, np.generic):
-        x = x.item()
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    return x
 
 
 def _metrics_json(path: Path) -> dict[str, Any]:
@@ -60,14 +45,12 @@ def _metrics_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-def per_prompt_frame(study: Study) -> pd.DataFrame:
+def per_prompt_frame(sp: StudySpec, layout: StudyLayout) -> pd.DataFrame:
     """One row per (run, prompt) of the reward-matched sets: factor levels, prompt, metric columns."""
-    sp = study.spec
     frames = []
     by_name = {r.name: r for r in sp.runs}
-    for c in study.selection():
-        label = f"{c['name']}/epoch_{int(c['epoch']):04d}"
-        pp = pd.read_parquet(study.metrics_dir(label) / "per_prompt.parquet")
+    for c in layout.selection():
+        pp = pd.read_parquet(layout.metrics_dir(set_label(c["name"], c["epoch"])) / "per_prompt.parquet")
         run = by_name[c["name"]]
         df = pd.DataFrame({"run": run.name, "prompt_id": pp["prompt_id"].astype(int),
                            "prompt": [f"p{int(i)}" for i in pp["prompt_id"]]})
@@ -102,15 +85,14 @@ def fit_metric_lmms(data: pd.DataFrame, metrics: list[str], formula: str, coding
     return out, adjusted
 
 
-def simple_effects(study: Study, data: pd.DataFrame) -> dict[str, dict[str, Any]]:
+def simple_effects(sp: StudySpec, data: pd.DataFrame) -> dict[str, dict[str, Any]]:
     """Per cell: PCPO-vs-baseline effect per metric, ``value ~ factor + (1|groups)`` on the cell's rows."""
     from pcpo_eval.stats import adjust_across_metrics, fit_lmm
     from pcpo_eval.stats.formula import parse_lmm_formula
 
-    sp = study.spec
     _, groups, _ = parse_lmm_formula(sp.lmm.formula)
     out: dict[str, dict[str, Any]] = {}
-    for cell in study.cells():
+    for cell in sp.cells():
         names = [r.name for r in sp.runs if sp.cell_key(r) == cell and sp.role(r) in ("baseline", "pcpo")]
         d = data[data["run"].isin(names)]
         fits, errs = {}, {}
@@ -141,20 +123,19 @@ def simple_effects(study: Study, data: pd.DataFrame) -> dict[str, dict[str, Any]
     return out
 
 
-def raw_scores(study: Study, significance: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def raw_scores(sp: StudySpec, layout: StudyLayout, significance: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Table-2 rows: base, then per cell baseline and PCPO (mean over replicates; SD if several)."""
-    sp = study.spec
-    sel = {c["name"]: c for c in study.selection()}
-    base = _metrics_json(study.metrics_dir("base") / "metrics.json")["metrics"]
+    sel = {c["name"]: c for c in layout.selection()}
+    base = _metrics_json(layout.metrics_dir("base") / "metrics.json")["metrics"]
     rows = [{"cell": "", "method": "Base model", "role": "base", "n_runs": 1, "epochs": [],
              "values": {m: base.get(m) for m in sp.metrics}, "sd": {}, "significant": {}}]
-    for cell in study.cells():
+    for cell in sp.cells():
         for role, level in (("baseline", sp.baseline), ("pcpo", sp.pcpo)):
             runs = [r for r in sp.runs if sp.cell_key(r) == cell and sp.role(r) == role]
             vals: dict[str, list[float]] = {m: [] for m in sp.metrics}
             for r in runs:
                 c = sel[r.name]
-                mj = _metrics_json(study.metrics_dir(f"{r.name}/epoch_{int(c['epoch']):04d}") / "metrics.json")["metrics"]
+                mj = _metrics_json(layout.metrics_dir(set_label(r.name, c["epoch"])) / "metrics.json")["metrics"]
                 for m in sp.metrics:
                     if mj.get(m) is not None:
                         vals[m].append(float(mj[m]))
@@ -174,13 +155,13 @@ def raw_scores(study: Study, significance: dict[str, dict[str, Any]]) -> dict[st
                      f"across metrics, p < {sp.lmm.alpha:g}")}
 
 
-def preference_table(study: Study) -> dict[str, Any] | None:
-    sp = study.spec
+def preference_table(sp: StudySpec, layout: StudyLayout) -> dict[str, Any] | None:
+    """Table-6 rows: preference scores of the base model and each selected checkpoint (best marked)."""
     if sp.preference is None:
         return None
     rows = []
-    for label, _, c in study.eval_sets():
-        mj = _metrics_json(study.metrics_dir(label, pref=True) / "metrics.json")["metrics"]
+    for label, _, c in layout.eval_sets(sp.base_model):
+        mj = _metrics_json(layout.metrics_dir(label, pref=True) / "metrics.json")["metrics"]
         rows.append({"label": "Base model" if c is None else f"{c['name']} (E{int(c['epoch'])})",
                      "role": "base" if c is None else c["role"], "cell": "" if c is None else c["cell"],
                      "values": {m: mj.get(m) for m in sp.preference.metrics}})
@@ -192,44 +173,43 @@ def preference_table(study: Study) -> dict[str, Any] | None:
             "rows": rows}
 
 
-def traces(study: Study) -> list[dict[str, Any]]:
+def traces(sp: StudySpec, layout: StudyLayout) -> list[dict[str, Any]]:
     """Per run: log columns by epoch, and reward / clip fraction smoothed with the study's window."""
     from pcpo_eval.stats import load_log, moving_average
 
     out = []
-    for r in study.spec.runs:
-        log = load_log(study.run_dir(r) / "log.parquet")
-        tr: dict[str, Any] = {"run": r.name, "role": study.spec.role(r), "cell": study.spec.cell_key(r),
+    for r in sp.runs:
+        log = load_log(layout.run_dir(r) / "log.parquet")
+        tr: dict[str, Any] = {"run": r.name, "role": sp.role(r), "cell": sp.cell_key(r),
                               "levels": r.levels, "epoch": log["epoch"].astype(int).tolist()}
         for col in TRACE_COLUMNS:
             if col in log.columns:
                 tr[col] = log[col].astype(float).tolist()
-        tr["reward_smoothed"] = moving_average(log["reward_mean"].to_numpy(), study.spec.window).tolist()
+        tr["reward_smoothed"] = moving_average(log["reward_mean"].to_numpy(), sp.window).tolist()
         if "clipfrac" in log.columns:
-            tr["clipfrac_smoothed"] = moving_average(log["clipfrac"].to_numpy(), study.spec.window).tolist()
+            tr["clipfrac_smoothed"] = moving_average(log["clipfrac"].to_numpy(), sp.window).tolist()
         out.append(tr)
     return out
 
 
-def grids(study: Study) -> list[dict[str, Any]]:
+def grids(sp: StudySpec, layout: StudyLayout) -> list[dict[str, Any]]:
     """Same prompts and seeds for base / baseline / PCPO at matched reward, per cell (paths into OUT)."""
-    sp = study.spec
-    man = pd.read_parquet(study.set_dir("base") / "manifest.parquet")
+    from pcpo_eval.imageset import image_rel_path
+
+    man = pd.read_parquet(layout.set_dir("base") / "manifest.parquet")
     pids = sorted(man["prompt_id"].unique().tolist())[: sp.grid.prompts]
     seeds = sorted(man["seed"].unique().tolist())[: sp.grid.seeds]
     prompts = dict(zip(man["prompt_id"], man["prompt"], strict=False))
-    sel = study.selection()
+    sel = layout.selection()
     out = []
-    for cell in study.cells():
+    for cell in sp.cells():
         cols = [{"label": "Base model", "role": "base", "set": "sets/base", "epoch": None, "reward": None}]
         for role in ("baseline", "pcpo"):
             c = next((c for c in sel if c["cell"] == cell and c["role"] == role), None)
             if c is not None:
                 cols.append({"label": f"{c['levels'][sp.compare_factor]} (E{int(c['epoch'])})", "role": role,
-                             "set": f"sets/{c['name']}/epoch_{int(c['epoch']):04d}", "epoch": int(c["epoch"]),
+                             "set": f"sets/{set_label(c['name'], c['epoch'])}", "epoch": int(c["epoch"]),
                              "reward": float(c["reward"])})
-        from pcpo_eval.imageset import image_rel_path
-
         rows = [{"prompt_id": int(p), "prompt": str(prompts[p]), "seeds": [int(s) for s in seeds],
                  "images": [[f"{col['set']}/{image_rel_path(int(p), int(s))}" for s in seeds] for col in cols]}
                 for p in pids]
@@ -237,30 +217,29 @@ def grids(study: Study) -> list[dict[str, Any]]:
     return out
 
 
-def speedups(study: Study) -> list[dict[str, Any]]:
+def speedups(sp: StudySpec, layout: StudyLayout) -> list[dict[str, Any]]:
+    """Per cell: the speed-up table (paper Table 1/5) of its baseline vs PCPO runs."""
     from pcpo_eval.stats import speedup_table
 
-    sp = study.spec
     out = []
-    for cell in study.cells():
-        b = [study.run_dir(r) for r in sp.runs if sp.cell_key(r) == cell and sp.role(r) == "baseline"]
-        p = [study.run_dir(r) for r in sp.runs if sp.cell_key(r) == cell and sp.role(r) == "pcpo"]
+    for cell in sp.cells():
+        b = [layout.run_dir(r) for r in sp.runs if sp.cell_key(r) == cell and sp.role(r) == "baseline"]
+        p = [layout.run_dir(r) for r in sp.runs if sp.cell_key(r) == cell and sp.role(r) == "pcpo"]
         if b and p:
             t = speedup_table(b, p, list(sp.targets), sp.window)
             out.append({"cell": cell, "baseline": sp.baseline, "pcpo": sp.pcpo, "table": t.to_dict()})
     return out
 
 
-def build_results(study: Study) -> dict[str, Any]:
-    """Everything the report formats (JSON-able)."""
+def build_results(sp: StudySpec, layout: StudyLayout) -> dict[str, Any]:
+    """Everything the report formats (JSON-able), from the spec and the files under ``layout.out``."""
     from pcpo_eval.credit.plot import credit_figure_png
     from pcpo_eval.metrics.base import METRIC_LABELS
 
-    sp = study.spec
-    data = per_prompt_frame(study)
+    data = per_prompt_frame(sp, layout)
     fits, adjusted = fit_metric_lmms(data, list(sp.metrics), sp.lmm.formula, sp.lmm.coding)
-    sig = simple_effects(study, data)
-    fig = study.out / "figures" / "credit.png"
+    sig = simple_effects(sp, data)
+    fig = layout.credit_figure
     if not fig.is_file():
         atomic_write_bytes(fig, credit_figure_png())
     spec_yaml = Path(sp.source).read_text() if Path(sp.source).is_file() else ""
@@ -268,22 +247,22 @@ def build_results(study: Study) -> dict[str, Any]:
         "study": {"name": sp.name, "description": sp.description, "source": sp.source, "spec_yaml": spec_yaml,
                   "created": time.strftime("%Y-%m-%d %H:%M:%S"), "factors": {k: list(v) for k, v in sp.factors.items()},
                   "compare": {"factor": sp.compare_factor, "baseline": sp.baseline, "pcpo": sp.pcpo},
-                  "replicate": sp.replicate, "runs": [{"name": r.name, "levels": r.levels, "run_dir": str(study.run_dir(r)),
+                  "replicate": sp.replicate, "runs": [{"name": r.name, "levels": r.levels, "run_dir": str(layout.run_dir(r)),
                                                        "trained_by_study": r.run_dir is None} for r in sp.runs],
-                  "sampling": study.sampling(), "eval": dataclasses.asdict(sp.eval), "targets": list(sp.targets),
+                  "sampling": sp.sampling(), "eval": dataclasses.asdict(sp.eval), "targets": list(sp.targets),
                   "select_target": sp.select_target, "window": sp.window,
                   "versions": {"python": platform.python_version()}},
         "metric_labels": {**METRIC_LABELS},
         "metrics": list(sp.metrics),
-        "speedup": speedups(study),
-        "selection": json.loads((study.out / "selection.json").read_text()),
-        "raw_scores": raw_scores(study, sig),
+        "speedup": speedups(sp, layout),
+        "selection": json.loads(layout.selection_file.read_text()),
+        "raw_scores": raw_scores(sp, layout, sig),
         "lmm": {"formula": sp.lmm.formula, "coding": sp.lmm.coding, "df_method": "Satterthwaite (lmerTest)",
                 "estimation": "REML", "adjust": sp.lmm.adjust, "alpha": sp.lmm.alpha, "fits": fits,
                 "adjusted": adjusted, "n_rows": len(data)},
-        "preference": preference_table(study),
-        "traces": traces(study),
-        "figures": {"credit": "figures/credit.png"},
-        "grids": grids(study),
+        "preference": preference_table(sp, layout),
+        "traces": traces(sp, layout),
+        "figures": {"credit": fig.relative_to(layout.out).as_posix()},
+        "grids": grids(sp, layout),
     }
     return to_jsonable(results)

@@ -18,17 +18,8 @@ import yaml
 from pcpo_eval.errors import UserError
 from pcpo_eval.io import atomic_write_json, atomic_write_text, sha256_file
 from pcpo_eval.stats.speedup import unreachable_targets
-from pcpo_eval.study.spec import (
-    REPORT_FILE,
-    RESULTS_FILE,
-    STAGES,
-    STATE_FILE,
-    RunSpec,
-    StudySpec,
-    _safe_name,
-    _yaml_or_empty,
-    load_spec,
-)
+from pcpo_eval.study.layout import StudyLayout
+from pcpo_eval.study.spec import STAGES, RunSpec, StudySpec, _safe_name, load_spec
 
 # ------------------------------------------------------------------------------------------------
 # Stage runner
@@ -57,31 +48,17 @@ class Study:
 
     def __init__(self, spec: StudySpec, out: str | Path, log: Callable[[str], None] = print) -> None:
         self.spec = spec
-        self.out = Path(out)
+        self.layout = StudyLayout(Path(out))
+        self.out = self.layout.out
         self.log = log
         self.state: dict[str, Any] = {}
         self.timings: dict[str, float] = {}  #: wall seconds of each stage in this invocation
-        if (self.out / STATE_FILE).is_file():
-            self.state = json.loads((self.out / STATE_FILE).read_text())
-
-    # -- paths ---------------------------------------------------------------------------------
-    def run_dir(self, run: RunSpec) -> Path:
-        return Path(run.run_dir) if run.run_dir else self.out / "runs" / run.name
-
-    def set_dir(self, label: str, pref: bool = False) -> Path:
-        return self.out / ("pref_sets" if pref else "sets") / label
-
-    def metrics_dir(self, label: str, pref: bool = False) -> Path:
-        return self.out / ("pref_metrics" if pref else "metrics") / label
-
-    def train_config(self, run: RunSpec):
-        from pcpo_eval.train.config import config_from_dict
-
-        return config_from_dict({**_yaml_or_empty(run.config), **self.spec.train_overrides, **run.overrides})
+        if self.layout.state_file.is_file():
+            self.state = json.loads(self.layout.state_file.read_text())
 
     # -- bookkeeping ---------------------------------------------------------------------------
     def _save_state(self) -> None:
-        atomic_write_json(self.out / STATE_FILE, self.state)
+        atomic_write_json(self.layout.state_file, self.state)
 
     def _done(self, stage: str, fp: str) -> bool:
         return self.state.get(stage, {}).get("fingerprint") == fp
@@ -112,40 +89,40 @@ class Study:
             self.timings[stage] = round(dt, 2)
             atomic_write_json(self.out / "timings.json", self.timings)
             self.log(f"[study] stage {stage} done in {dt:.1f}s")
-        return self.out / REPORT_FILE if "report" in stages else self.out
+        return self.layout.report_file if "report" in stages else self.out
 
     # -- 1. train ------------------------------------------------------------------------------
     def run_complete(self, run: RunSpec) -> bool:
         """A trained run is complete when its log and last checkpoint cover ``epochs``."""
         from pcpo_eval.train.checkpoints import latest_checkpoint, read_meta
 
-        rd = self.run_dir(run)
-        if run.run_dir:
+        if run.train is None:  # an existing run directory
             return True
+        rd = self.layout.run_dir(run)
         latest = latest_checkpoint(rd)
         if latest is None or not (rd / "log.parquet").is_file():
             return False
-        return int(read_meta(latest)["epoch"]) >= int(self.train_config(run).epochs)
+        return int(read_meta(latest)["epoch"]) >= int(run.train.epochs)
 
     def stage_train(self) -> None:
         from pcpo_eval.train.checkpoints import latest_checkpoint
         from pcpo_eval.train.trainer import train
 
         for run in self.spec.runs:
-            rd = self.run_dir(run)
-            if run.run_dir:
+            rd = self.layout.run_dir(run)
+            if run.train is None:
                 self.log(f"  {run.name}: existing run {rd}")
                 continue
             if self.run_complete(run):
                 self.log(f"  {run.name}: complete, skipped")
                 continue
-            cfg = self.train_config(run)
+            cfg = run.train
             resume = latest_checkpoint(rd) is not None
             if not resume and rd.exists():  # crashed before its first checkpoint: start over
                 shutil.rmtree(rd)
             self.log(f"  {run.name}: {'resuming' if resume else 'training'} ({cfg.objective}, {cfg.epochs} epochs)")
             train(cfg, rd, resume=resume)
-        problems = unreachable_targets([self.run_dir(r) for r in self.spec.runs],
+        problems = unreachable_targets([self.layout.run_dir(r) for r in self.spec.runs],
                                        [*self.spec.targets, self.spec.select_target], self.spec.window)
         if problems:
             raise UserError("; ".join(problems))
@@ -154,18 +131,18 @@ class Study:
     def stage_select(self) -> None:
         from pcpo_eval.stats import select_checkpoints
 
-        sp = self.spec
-        logs = [self.run_dir(r) / "log.parquet" for r in sp.runs]
+        sp, lay = self.spec, self.layout
+        logs = [lay.run_dir(r) / "log.parquet" for r in sp.runs]
         fp = _fingerprint([sp.select_target, sp.window, *logs])
-        if self._done("select", fp) and (self.out / "selection.json").is_file():
+        if self._done("select", fp) and lay.selection_file.is_file():
             self.log("  selection unchanged, skipped")
             return
         rows = []
-        for cell in self.cells():
+        for cell in sp.cells():
             runs = [r for r in sp.runs if sp.cell_key(r) == cell]
             pc = [r for r in runs if sp.role(r) == "pcpo"]
-            selection = select_checkpoints([self.run_dir(r) for r in runs], sp.select_target, sp.window,
-                                           reference=self.run_dir(pc[0]) if pc else None)
+            selection = select_checkpoints([lay.run_dir(r) for r in runs], sp.select_target, sp.window,
+                                           reference=lay.run_dir(pc[0]) if pc else None)
             d = selection.to_dict()
             for r, c in zip(runs, d["runs"], strict=True):
                 c["name"] = r.name
@@ -175,54 +152,28 @@ class Study:
                 rows.append(c)
             for b in d["brackets"]:
                 b["cell"] = cell
-        atomic_write_json(self.out / "selection.json", {"target": sp.select_target, "window": sp.window, "runs": rows})
+        atomic_write_json(lay.selection_file, {"target": sp.select_target, "window": sp.window, "runs": rows})
         self._mark("select", fp, 0.0)
         for c in rows:
             self.log(f"  {c['name']}: epoch {c['epoch']} (reward {c['reward']:.4g}, gap {c['gap']:+.3g})")
 
-    def cells(self) -> list[str]:
-        return list(dict.fromkeys(self.spec.cell_key(r) for r in self.spec.runs))
-
-    def selection(self) -> list[dict[str, Any]]:
-        p = self.out / "selection.json"
-        if not p.is_file():
-            raise UserError(f"{p} missing; run the select stage first")
-        return json.loads(p.read_text())["runs"]
-
-    def eval_sets(self) -> list[tuple[str, str, dict[str, Any] | None]]:
-        """(label, model spec, selection row) for the base model and each selected checkpoint."""
-        first = self.spec.runs[0]
-        model = self.train_config(first).model if not first.run_dir else _run_model(first.run_dir)
-        out: list[tuple[str, str, dict[str, Any] | None]] = [("base", model, None)]
-        for c in self.selection():
-            out.append((f"{c['name']}/epoch_{int(c['epoch']):04d}", c["path"], c))
-        return out
-
     # -- 3. generate ---------------------------------------------------------------------------
-    def sampling(self) -> dict[str, Any]:
-        ev = self.spec.eval
-        first = self.spec.runs[0]
-        cfg = self.train_config(first) if not first.run_dir else None
-        steps = ev.steps or (cfg.sample_steps if cfg else 50)
-        return {"steps": int(steps), "cfg": float(ev.cfg if ev.cfg is not None else (cfg.cfg if cfg else 5.0)),
-                "eta": float(ev.eta if ev.eta is not None else (cfg.sample_eta if cfg else 1.0)),
-                "sigma_schedule": ev.sigma_schedule}
-
     def stage_generate(self) -> None:
         from pcpo_eval.generate.plan import parse_seeds
         from pcpo_eval.generate.runner import generate_set
         from pcpo_eval.prompts import load_prompts
 
         ev, sp = self.spec.eval, self.spec
-        s = self.sampling()
+        s = sp.sampling()
+        sets = self.layout.eval_sets(sp.base_model)
         n_expected = len(load_prompts(ev.prompts, limit=ev.max_prompts)) * len(parse_seeds(ev.seeds))
-        jobs = [(label, model, False, ev.prompts, ev.seeds, ev.max_prompts, None) for label, model, _ in self.eval_sets()]
+        jobs = [(label, model, False, ev.prompts, ev.seeds, ev.max_prompts, None) for label, model, _ in sets]
         if sp.preference is not None:
             pr = sp.preference
             jobs += [(label, model, True, pr.prompts, pr.seeds, pr.max_prompts, pr.max_prompt_tokens)
-                     for label, model, _ in self.eval_sets()]
+                     for label, model, _ in sets]
         for label, model, pref, prompts, seeds, maxp, maxtok in jobs:
-            out = self.set_dir(label, pref)
+            out = self.layout.set_dir(label, pref)
             n = n_expected if not pref else None
             if _set_complete(out, n):
                 self.log(f"  set {out.relative_to(self.out)}: complete, skipped")
@@ -237,15 +188,16 @@ class Study:
         from pcpo_eval.metrics.base import METRICS
         from pcpo_eval.metrics.workers import MetricsOptions, run_metrics
 
-        sp = self.spec
+        sp, lay = self.spec, self.layout
         opts = MetricsOptions(batch_size=sp.metric_batch_size, device=sp.eval.device, is_splits=sp.is_splits)
-        base = self.set_dir("base")
-        jobs = [(label, False, list(sp.metrics)) for label, _, _ in self.eval_sets()]
+        base = lay.set_dir("base")
+        sets = lay.eval_sets(sp.base_model)
+        jobs = [(label, False, list(sp.metrics)) for label, _, _ in sets]
         if sp.preference is not None:
-            jobs += [(label, True, list(sp.preference.metrics)) for label, _, _ in self.eval_sets()]
+            jobs += [(label, True, list(sp.preference.metrics)) for label, _, _ in sets]
         for label, pref, names in jobs:
-            out = self.metrics_dir(label, pref)
-            sdir = self.set_dir(label, pref)
+            out = lay.metrics_dir(label, pref)
+            sdir = lay.set_dir(label, pref)
             fp = _fingerprint([names, sdir / "manifest.parquet", None if pref else base / "manifest.parquet"])
             done = out / "metrics.json"
             if done.is_file() and json.loads(done.read_text()).get("study_fingerprint") == fp:
@@ -260,37 +212,31 @@ class Study:
     def stage_stats(self) -> None:
         from pcpo_eval.study.results import build_results
 
-        sp = self.spec
-        inputs = [self.out / "selection.json", *(self.run_dir(r) / "log.parquet" for r in sp.runs)]
-        for label, _, _ in self.eval_sets():
-            inputs.append(self.metrics_dir(label) / "metrics.json")
+        sp, lay = self.spec, self.layout
+        inputs = [lay.selection_file, *(lay.run_dir(r) / "log.parquet" for r in sp.runs)]
+        for label, _, _ in lay.eval_sets(sp.base_model):
+            inputs.append(lay.metrics_dir(label) / "metrics.json")
             if sp.preference is not None:
-                inputs.append(self.metrics_dir(label, True) / "metrics.json")
+                inputs.append(lay.metrics_dir(label, True) / "metrics.json")
         fp = _fingerprint([sp.to_dict(), *inputs])
-        if self._done("stats", fp) and (self.out / RESULTS_FILE).is_file():
+        if self._done("stats", fp) and lay.results_file.is_file():
             self.log("  statistics unchanged, skipped")
             return
         t0 = time.perf_counter()
-        results = build_results(self)
-        atomic_write_json(self.out / RESULTS_FILE, results)
+        results = build_results(sp, lay)
+        atomic_write_json(lay.results_file, results)
         self._mark("stats", fp, time.perf_counter() - t0)
 
     # -- 6. report -----------------------------------------------------------------------------
     def stage_report(self) -> None:
         from pcpo_eval.report.html import write_report
 
-        fp = _fingerprint([self.out / RESULTS_FILE])
-        if self._done("report", fp) and (self.out / REPORT_FILE).is_file():
+        fp = _fingerprint([self.layout.results_file])
+        if self._done("report", fp) and self.layout.report_file.is_file():
             self.log("  report unchanged, skipped")
             return
-        write_report(self.out, self.out / REPORT_FILE)
+        write_report(self.out, self.layout.report_file)
         self._mark("report", fp, 0.0)
-
-
-def _run_model(run_dir: str | Path) -> str:
-    from pcpo_eval.train.checkpoints import load_run_config
-
-    return str(load_run_config(run_dir).get("model", "toy"))
 
 
 def _set_complete(out: Path, n_expected: int | None) -> bool:

@@ -1,4 +1,14 @@
-"""The study spec: dataclasses, validation (:func:`load_spec`) that lists every problem at once.
+"""The study spec: dataclasses, and validation (:func:`load_spec`) that lists every problem at once.
+
+:func:`load_spec` reads the YAML once and hands each section to its parser (``_parse_train``,
+``_parse_design``, ``_parse_compare``, ``_parse_runs``, ``_expand_runs``, ``_parse_targets``,
+``_parse_eval``, ``_parse_metrics``, ``_parse_lmm``, ``_parse_preference``, ``_check_weights``).
+Each parser takes its raw section and the shared ``problems`` list (plus the facts parsed before
+it that it depends on), appends one line per problem and returns a usable value, so one pass
+reports everything; ``load_spec`` then raises one :class:`~pcpo_eval.errors.UserError`.
+
+Every run to be trained carries its *resolved* :class:`~pcpo_eval.train.config.TrainConfig`
+(train config file + ``train.overrides`` + the cell's level overrides), built here once.
 """
 
 
@@ -10,14 +20,14 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import yaml
+from typing import Any, NamedTuple
 
 from pcpo_eval.errors import UserError
+from pcpo_eval.io import read_yaml_mapping
 from pcpo_eval.metrics.base import METRIC_BACKENDS, PREFERENCE_METRICS
 from pcpo_eval.stats.formula import parse_lmm_formula
 from pcpo_eval.stats.speedup import unreachable_targets
+from pcpo_eval.train.config import TrainConfig, config_from_dict, read_config_file
 
 STAGES = ("train", "select", "generate", "metrics", "stats", "report")
 STATE_FILE = "study_state.json"
@@ -35,7 +45,10 @@ class EvalSpec:
     """Image sets for the quality metrics: the same prompts and seeds for every model.
 
     ``steps``/``cfg``/``eta`` default to the train config's sampling settings. Every set is sampled
-    with DDIM's sigma schedule (``sigma_schedule``) so models differ only in their weights.
+    with one noise schedule (``sigma_schedule``) so models differ only in their weights: a choice of
+    :data:`pcpo_eval.samplers.SCHEDULES` for the runs' sampler (``ddim``/``pcpo`` for eps-prediction
+    models, ``ode``/``dance``/``flowgrpo`` for velocity models). Unset, :func:`load_spec` fills in
+    that sampler's default (its first entry: ``ddim`` resp. ``ode``).
     """
 
     prompts: str = "toy"
@@ -44,7 +57,7 @@ class EvalSpec:
     steps: int | None = None
     cfg: float | None = None
     eta: float | None = None
-    sigma_schedule: str = "ddim"
+    sigma_schedule: str | None = None
     batch_size: int = 16
     device: str = "cpu"
 
@@ -92,6 +105,7 @@ class RunSpec:
     overrides: dict[str, Any]
     run_dir: str | None = None  #: existing run directory (not trained by the study)
     config: str | None = None  #: train config file (a level's ``config:`` key, else ``train.config``)
+    train: TrainConfig | None = None  #: resolved train config of a run the study trains (None: run_dir)
 
 
 @dataclass(frozen=True)
@@ -104,6 +118,7 @@ class StudySpec:
     train_overrides: dict[str, Any]
     factors: dict[str, tuple[str, ...]]
     runs: tuple[RunSpec, ...]
+    base_model: str  #: model spec of the first run (the ``base`` image set)
     compare_factor: str
     baseline: str
     pcpo: str
@@ -132,14 +147,33 @@ class StudySpec:
         parts = [f"{f}={run.levels[f]}" for f in self.cell_factors]
         return ", ".join(parts) if parts else "all"
 
+    def cells(self) -> list[str]:
+        """Comparison cells in design order."""
+        return list(dict.fromkeys(self.cell_key(r) for r in self.runs))
+
     def role(self, run: RunSpec) -> str:
         """``baseline``, ``pcpo`` or ``other`` (a third level of the compared factor)."""
         lv = run.levels[self.compare_factor]
         return "baseline" if lv == self.baseline else "pcpo" if lv == self.pcpo else "other"
 
+    def sampling(self) -> dict[str, Any]:
+        """Eval sampler settings: the eval section, else the first run's train config, else SD defaults."""
+        ev, cfg = self.eval, self.runs[0].train
+        steps = ev.steps or (cfg.sample_steps if cfg else 50)
+        return {"steps": int(steps), "cfg": float(ev.cfg if ev.cfg is not None else (cfg.cfg if cfg else 5.0)),
+                "eta": float(ev.eta if ev.eta is not None else (cfg.sample_eta if cfg else 1.0)),
+                "sigma_schedule": ev.sigma_schedule}
+
     def to_dict(self) -> dict[str, Any]:
         """Resolved spec (JSON-able), saved as ``OUT/spec.resolved.json``."""
         return dataclasses.asdict(self) | {"raw": None}
+
+
+class _Compare(NamedTuple):
+    factor: str
+    baseline: str
+    pcpo: str
+    replicate: str | None
 
 
 _TOP_KEYS = {
@@ -150,6 +184,14 @@ _TRAIN_KEYS = {"config", "overrides"}
 _COMPARE_KEYS = {"factor", "baseline", "pcpo"}
 _RUN_KEYS = {"levels", "run_dir", "overrides"}
 _METRIC_OPTION_KEYS = {"batch_size", "is_splits"}
+_RESERVED_COLUMNS = ("value", "prompt", "prompt_id", "run")
+
+Factors = dict[str, dict[str, dict[str, Any]]]  #: factor -> level -> config overrides
+
+
+# ------------------------------------------------------------------------------------------------
+# Small helpers
+# ------------------------------------------------------------------------------------------------
 
 
 def _fields(cls: type) -> set[str]:
@@ -158,6 +200,37 @@ def _fields(cls: type) -> set[str]:
 
 def _safe_name(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._=-]+", "_", text).strip("_") or "run"
+
+
+def _section(name: str, d: Any, allowed: set[str], problems: list[str]) -> dict[str, Any]:
+    """The known keys of mapping ``d`` ({} if absent); a non-mapping or unknown keys are problems."""
+    if d is None:
+        return {}
+    if not isinstance(d, dict):
+        problems.append(f"{name} must be a mapping")
+        return {}
+    bad = sorted(set(map(str, d)) - allowed)
+    if bad:
+        problems.append(f"unknown key(s) {', '.join(bad)} in {name} (valid: {', '.join(sorted(allowed))})")
+    return {str(k): v for k, v in d.items() if str(k) in allowed}
+
+
+def _resolve_path(base: Path, p: str | None) -> str | None:
+    """Paths in a spec are relative to the spec file's folder, else to the working directory."""
+    if p is None:
+        return None
+    q = Path(str(p)).expanduser()
+    if q.is_absolute():
+        return str(q)
+    for root in (base, Path.cwd()):
+        if (root / q).exists():
+            return str((root / q).resolve())
+    return str(q)
+
+
+def _prompt_source(base: Path, prompts: str) -> str:
+    """A prompt set name as is; a prompt file (has a suffix) resolved like every spec path."""
+    return (_resolve_path(base, prompts) or prompts) if Path(prompts).suffix else prompts
 
 
 def _backend_missing(backends: Sequence[str]) -> list[str]:
@@ -189,132 +262,98 @@ def _model_missing(model: str) -> str | None:
                 "(set PCPO_SD1_PATH or see `pcpo-eval weights`)")
 
 
-def _yaml_or_empty(path: str | None) -> dict[str, Any]:
-    """A train config file's mapping ({} if unset, missing or malformed: reported elsewhere)."""
-    if path is None or not Path(path).is_file():
-        return {}
-    try:
-        data = yaml.safe_load(Path(path).read_text()) or {}
-    except yaml.YAMLError:
-        return {"__invalid_yaml__": path}
-    return data if isinstance(data, dict) else {"__invalid_yaml__": path}
+# ------------------------------------------------------------------------------------------------
+# Section parsers: each appends its problems and returns a usable value
+# ------------------------------------------------------------------------------------------------
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise UserError(f"study spec {path} not found; see analysis/ for examples")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise UserError(f"study spec {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
-    if not isinstance(data, dict):
-        raise UserError(f"study spec {path} must be a mapping of keys to values")
-    return data
-
-
-def _resolve_path(base: Path, p: str | None) -> str | None:
-    """Paths in a spec are relative to the spec file's folder, else to the working directory."""
-    if p is None:
-        return None
-    q = Path(str(p)).expanduser()
-    if q.is_absolute():
-        return str(q)
-    for root in (base, Path.cwd()):
-        if (root / q).exists():
-            return str((root / q).resolve())
-    return str(q)
-
-
-def load_spec(path: str | Path, check_weights: bool = True) -> StudySpec:
-    """Read and validate a study spec; raise ONE UserError listing every problem found."""
-    path = Path(path)
-    data = _read_yaml(path)
-    problems: list[str] = []
-    base = path.parent.resolve()
-
-    def unknown(section: str, d: Any, allowed: set[str]) -> dict[str, Any]:
-        if d is None:
-            return {}
-        if not isinstance(d, dict):
-            problems.append(f"{section} must be a mapping")
-            return {}
-        bad = sorted(set(map(str, d)) - allowed)
-        if bad:
-            problems.append(f"unknown key(s) {', '.join(bad)} in {section} (valid: {', '.join(sorted(allowed))})")
-        return {str(k): v for k, v in d.items() if str(k) in allowed}
-
-    top = unknown("the spec", data, _TOP_KEYS)
-    name = str(top.get("name") or path.stem)
-
-    # -- training ------------------------------------------------------------------------------
-    train = unknown("train", top.get("train"), _TRAIN_KEYS)
-    train_config = _resolve_path(base, train.get("config"))
-    train_overrides = train.get("overrides") or {}
-    if not isinstance(train_overrides, dict):
+def _parse_train(section: Any, base: Path, problems: list[str]) -> tuple[str | None, dict[str, Any]]:
+    """``train: {config, overrides}`` -> (resolved config file or None, overrides)."""
+    train = _section("train", section, _TRAIN_KEYS, problems)
+    config = _resolve_path(base, train.get("config"))
+    overrides = train.get("overrides") or {}
+    if not isinstance(overrides, dict):
         problems.append("train.overrides must be a mapping of config keys to values")
-        train_overrides = {}
-    if train_config is not None and not Path(train_config).is_file():
+        overrides = {}
+    if config is not None and not Path(config).is_file():
         problems.append(f"train.config {train.get('config')} not found (paths are relative to the spec or the working directory)")
+    return config, dict(overrides)
 
-    # -- design --------------------------------------------------------------------------------
-    design = top.get("design")
-    factors: dict[str, dict[str, dict[str, Any]]] = {}
+
+def _parse_levels(fac: str, levels: dict[Any, Any], base: Path, problems: list[str],
+                  level_configs: dict[tuple[str, str], str]) -> dict[str, dict[str, Any]]:
+    """One factor's ``level -> overrides``; a level's ``config:`` key switches the train config file."""
+    out: dict[str, dict[str, Any]] = {}
+    for lv, ov in levels.items():
+        if ov is None:
+            ov = {}
+        if not isinstance(ov, dict):
+            problems.append(f"design.{fac}.{lv} must be a mapping of config overrides")
+            ov = {}
+        ov = dict(ov)
+        if "config" in ov:  # e.g. paper setup 1 vs 2
+            cpath = _resolve_path(base, str(ov.pop("config"))) or ""
+            level_configs[(fac, str(lv))] = cpath
+            if not Path(cpath).is_file():
+                problems.append(f"design.{fac}.{lv}.config {cpath} not found")
+        out[str(lv)] = ov
+    return out
+
+
+def _parse_design(section: Any, base: Path, problems: list[str]) -> tuple[Factors, dict[tuple[str, str], str]]:
+    """``design: {factor: {level: overrides}}`` (or a list of levels) -> (factors, level config files)."""
+    factors: Factors = {}
     level_configs: dict[tuple[str, str], str] = {}
-    if not isinstance(design, dict) or not design:
+    if not isinstance(section, dict) or not section:
         problems.append("design must map each factor to its levels, e.g. design: {algorithm: {DDPO: {objective: ppo_clip}, PCPO: {objective: pcpo}}}")
-    else:
-        for fac, levels in design.items():
-            fac = str(fac)
-            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", fac) or fac in ("value", "prompt", "prompt_id", "run"):
-                problems.append(f"design factor {fac!r}: use an identifier other than value/prompt/prompt_id/run")
-                continue
-            if isinstance(levels, list):
-                levels = {str(v): {} for v in levels}
-            if not isinstance(levels, dict) or not levels:
-                problems.append(f"design.{fac} must map each level to its config overrides (or list the levels)")
-                continue
-            factors[fac] = {}
-            for lv, ov in levels.items():
-                if ov is None:
-                    ov = {}
-                if not isinstance(ov, dict):
-                    problems.append(f"design.{fac}.{lv} must be a mapping of config overrides")
-                    ov = {}
-                ov = dict(ov)
-                if "config" in ov:  # a level may switch the train config file (e.g. paper setup 1 vs 2)
-                    cpath = _resolve_path(base, str(ov.pop("config")))
-                    level_configs[(fac, str(lv))] = cpath
-                    if not Path(cpath).is_file():
-                        problems.append(f"design.{fac}.{lv}.config {cpath} not found")
-                factors[fac][str(lv)] = ov
+        return factors, level_configs
+    for fac, levels in section.items():
+        fac = str(fac)
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", fac) or fac in _RESERVED_COLUMNS:
+            problems.append(f"design factor {fac!r}: use an identifier other than value/prompt/prompt_id/run")
+            continue
+        if isinstance(levels, list):
+            levels = {str(v): {} for v in levels}
+        if not isinstance(levels, dict) or not levels:
+            problems.append(f"design.{fac} must map each level to its config overrides (or list the levels)")
+            continue
+        factors[fac] = _parse_levels(fac, levels, base, problems, level_configs)
+    return factors, level_configs
 
-    # -- comparison ----------------------------------------------------------------------------
-    cmp_ = unknown("compare", top.get("compare"), _COMPARE_KEYS)
-    compare_factor = str(cmp_.get("factor", "algorithm"))
-    if factors and compare_factor not in factors:
-        problems.append(f"compare.factor {compare_factor!r} is not a design factor ({', '.join(factors)})")
-    levels_c = list(factors.get(compare_factor, {}))
-    baseline = str(cmp_.get("baseline", levels_c[0] if levels_c else ""))
-    pcpo = str(cmp_.get("pcpo", levels_c[1] if len(levels_c) > 1 else ""))
-    if levels_c:
+
+def _parse_compare(section: Any, replicate: Any, factors: Factors, problems: list[str]) -> _Compare:
+    """``compare: {factor, baseline, pcpo}`` and ``replicate``; the baseline must be the reference level."""
+    cmp_ = _section("compare", section, _COMPARE_KEYS, problems)
+    factor = str(cmp_.get("factor", "algorithm"))
+    if factors and factor not in factors:
+        problems.append(f"compare.factor {factor!r} is not a design factor ({', '.join(factors)})")
+    levels = list(factors.get(factor, {}))
+    baseline = str(cmp_.get("baseline", levels[0] if levels else ""))
+    pcpo = str(cmp_.get("pcpo", levels[1] if len(levels) > 1 else ""))
+    if levels:
         for role, lv in (("baseline", baseline), ("pcpo", pcpo)):
-            if lv not in levels_c:
-                problems.append(f"compare.{role} {lv!r} is not a level of {compare_factor} ({', '.join(levels_c)})")
-        if baseline in levels_c and sorted(levels_c)[0] != baseline:
-            problems.append(f"compare.baseline {baseline!r} must sort first among {compare_factor}'s levels "
+            if lv not in levels:
+                problems.append(f"compare.{role} {lv!r} is not a level of {factor} ({', '.join(levels)})")
+        if baseline in levels and sorted(levels)[0] != baseline:
+            problems.append(f"compare.baseline {baseline!r} must sort first among {factor}'s levels "
                             f"(treatment coding's reference level); rename the levels")
-    replicate = top.get("replicate")
     if replicate is not None:
         replicate = str(replicate)
         if factors and replicate not in factors:
             problems.append(f"replicate {replicate!r} is not a design factor ({', '.join(factors)})")
-        if replicate == compare_factor:
+        if replicate == factor:
             problems.append("replicate must differ from compare.factor")
+    return _Compare(factor, baseline, pcpo, replicate)
 
-    # -- runs ----------------------------------------------------------------------------------
+
+def _parse_runs(section: Any, factors: Factors, base: Path, problems: list[str]) -> dict[tuple[str, ...], str]:
+    """``runs: [{levels, run_dir}]`` -> existing run directory per design cell (levels in factor order)."""
+    if section is not None and not isinstance(section, list):
+        problems.append("runs must be a list of {levels: {...}, run_dir: DIR}")
+        return {}
     existing: dict[tuple[str, ...], str] = {}
-    for i, r in enumerate(top.get("runs") or []):
-        r = unknown(f"runs[{i}]", r, _RUN_KEYS)
+    for i, r in enumerate(section or []):
+        r = _section(f"runs[{i}]", r, _RUN_KEYS, problems)
         lv = {str(k): str(v) for k, v in (r.get("levels") or {}).items()}
         if factors and set(lv) != set(factors):
             problems.append(f"runs[{i}].levels must give a level for each factor ({', '.join(factors)})")
@@ -327,46 +366,58 @@ def load_spec(path: str | Path, check_weights: bool = True) -> StudySpec:
         if rd is None:
             problems.append(f"runs[{i}] needs run_dir (an existing run directory)")
             continue
-        rdp = Path(rd)
-        if not (rdp / "log.parquet").is_file() or not (rdp / "checkpoints").is_dir():
+        if not (Path(rd) / "log.parquet").is_file() or not (Path(rd) / "checkpoints").is_dir():
             problems.append(f"runs[{i}].run_dir {r.get('run_dir')}: missing run (needs log.parquet and checkpoints/)")
             continue
         existing[tuple(lv[f] for f in factors)] = rd
+    return existing
 
+
+def _read_train_file(path: str | None, problems: list[str]) -> dict[str, Any] | None:
+    """A train config file's mapping ({} without a file); None if unusable (the problem is listed once)."""
+    if path is None:
+        return {}
+    if not Path(path).is_file():
+        return None  # reported by _parse_train / _parse_design
+    try:
+        return read_config_file(path)
+    except UserError as exc:
+        problems.append(str(exc))
+        return None
+
+
+def _expand_runs(factors: Factors, level_configs: dict[tuple[str, str], str], train_config: str | None,
+                 train_overrides: dict[str, Any], existing: dict[tuple[str, ...], str],
+                 problems: list[str]) -> list[RunSpec]:
+    """Every cell of the factorial design -> a RunSpec: an existing run dir, or a resolved TrainConfig
+    (config file, then ``train.overrides``, then the cell's level overrides; later wins)."""
+    files: dict[str | None, dict[str, Any] | None] = {}
     runs: list[RunSpec] = []
-    if factors:
-        for combo in itertools.product(*[list(v) for v in factors.values()]):
-            levels = dict(zip(factors, combo, strict=True))
-            rname = _safe_name("__".join(f"{f}-{lv}" for f, lv in levels.items()))
-            overrides: dict[str, Any] = {}
-            cfg_file = train_config
-            for f, lv in levels.items():
-                overrides.update(factors[f][lv])
-                cfg_file = level_configs.get((f, lv), cfg_file)
-            runs.append(RunSpec(rname, levels, overrides, existing.get(combo), cfg_file))
-        to_train = [r for r in runs if r.run_dir is None]
-        run_cfgs = {r.name: {**_yaml_or_empty(r.config), **train_overrides, **r.overrides} for r in runs}
-        for r in to_train:
-            cfg = run_cfgs[r.name]
-            try:
-                from pcpo_eval.train.config import config_from_dict
+    if not factors:  # reported by _parse_design
+        return runs
+    for combo in itertools.product(*[list(v) for v in factors.values()]):
+        levels = dict(zip(factors, combo, strict=True))
+        name = _safe_name("__".join(f"{f}-{lv}" for f, lv in levels.items()))
+        overrides: dict[str, Any] = {}
+        cfg_file = train_config
+        for f, lv in levels.items():
+            overrides.update(factors[f][lv])
+            cfg_file = level_configs.get((f, lv), cfg_file)
+        train = None
+        if combo not in existing:
+            if cfg_file not in files:
+                files[cfg_file] = _read_train_file(cfg_file, problems)
+            if (base_cfg := files[cfg_file]) is not None:
+                try:
+                    train = config_from_dict({**base_cfg, **train_overrides, **overrides})
+                except UserError as exc:
+                    problems.append(f"run {name}: {exc}")
+        runs.append(RunSpec(name, levels, overrides, existing.get(combo), cfg_file, train))
+    return runs
 
-                config_from_dict(cfg)
-            except UserError as exc:
-                problems.append(f"run {r.name}: {exc}")
-        if check_weights:
-            rewards = {str(run_cfgs[r.name].get("reward", "jpeg_compressibility")) for r in to_train}
-            for pset in sorted({str(run_cfgs[r.name].get("prompts", "toy")) for r in to_train}):
-                if Path(pset).suffix and not Path(pset).is_file():
-                    problems.append(f"training prompt file {pset} not found")
-            for rw in sorted(rewards):
-                problems += [f"training reward {rw}: {m}" for m in _backend_missing(METRIC_BACKENDS.get(rw, ()))]
-            models = {str(run_cfgs[r.name].get("model", "toy")) for r in to_train}
-            for m in sorted(models):
-                if (msg := _model_missing(m)) is not None:
-                    problems.append(msg)
 
-    # -- targets -------------------------------------------------------------------------------
+def _parse_targets(top: dict[str, Any], runs: Sequence[RunSpec], problems: list[str]) -> tuple[list[float], float, int]:
+    """``targets``, ``select_target`` (default: the last target) and ``window``; existing runs must reach them."""
     window = top.get("window", 5)
     if not isinstance(window, int) or window < 1:
         problems.append(f"window must be a positive integer (got {window!r})")
@@ -389,97 +440,188 @@ def load_spec(path: str | Path, check_weights: bool = True) -> StudySpec:
         select_target = float("nan")
     if runs and all(r.run_dir for r in runs):
         problems += unreachable_targets([r.run_dir for r in runs], [*targets, select_target], window)
+    return targets, select_target, int(window)
 
-    # -- evaluation ----------------------------------------------------------------------------
-    ev = unknown("eval", top.get("eval"), _fields(EvalSpec))
-    eval_spec = EvalSpec()
+
+def _run_models(runs: Sequence[RunSpec], problems: list[str]) -> list[str | None]:
+    """Each run's base model spec: its resolved train config's, or an existing run's saved config's."""
+    from pcpo_eval.train.checkpoints import load_run_config
+
+    models: list[str | None] = []
+    for r in runs:
+        model = r.train.model if r.train is not None else None
+        if r.run_dir is not None:
+            try:
+                model = str(load_run_config(r.run_dir).get("model", "toy"))
+            except UserError as exc:
+                problems.append(f"runs: {exc}")
+        models.append(model)
+    return models
+
+
+def _eval_sampler(models: Sequence[str | None], problems: list[str]) -> str | None:
+    """THE sampler (:func:`pcpo_eval.samplers.resolve_sampler`) of the runs' models; None if unknown or mixed."""
+    from pcpo_eval.models.registry import prediction_of
+    from pcpo_eval.samplers import resolve_sampler
+
+    samplers: dict[str, list[str]] = {}
+    for m in dict.fromkeys(m for m in models if m is not None):
+        try:
+            samplers.setdefault(resolve_sampler("auto", prediction_of(m)), []).append(m)
+        except UserError as exc:
+            problems.append(f"model {m!r}: {exc}")
+    if len(samplers) > 1:
+        problems.append("the runs' models need different samplers ("
+                        + "; ".join(f"{s}: {', '.join(ms)}" for s, ms in samplers.items())
+                        + "); one eval schedule cannot serve them all, so study one model family per spec")
+        return None
+    return next(iter(samplers), None)
+
+
+def _parse_eval(section: Any, base: Path, models: Sequence[str | None], problems: list[str]) -> EvalSpec:
+    """``eval:`` -> EvalSpec; seeds parsed, the schedule checked against the runs' sampler
+    (:data:`pcpo_eval.samplers.SCHEDULES`) and defaulted to that sampler's first schedule."""
+    from pcpo_eval.generate.plan import parse_seeds
+    from pcpo_eval.samplers import SCHEDULES
+
+    ev = _section("eval", section, _fields(EvalSpec), problems)
+    spec = EvalSpec()
     try:
-        eval_spec = EvalSpec(**{**ev, "seeds": str(ev.get("seeds", EvalSpec.seeds)),
-                                "prompts": _resolve_path(base, str(ev.get("prompts", "toy"))) if
-                                Path(str(ev.get("prompts", "toy"))).suffix else str(ev.get("prompts", "toy"))})
-        from pcpo_eval.generate.plan import parse_seeds
-
-        parse_seeds(eval_spec.seeds)
+        spec = EvalSpec(**{**ev, "seeds": str(ev.get("seeds", EvalSpec.seeds)),
+                           "prompts": _prompt_source(base, str(ev.get("prompts", "toy")))})
+        parse_seeds(spec.seeds)
     except (TypeError, UserError) as exc:
         problems.append(f"eval: {exc}")
-    if eval_spec.sigma_schedule not in ("ddim", "pcpo"):
-        problems.append(f"eval.sigma_schedule {eval_spec.sigma_schedule!r} (choose ddim or pcpo)")
-    metrics = [str(m) for m in (top.get("metrics") or [])]
+    sampler = _eval_sampler(models, problems)
+    if sampler is None:
+        return spec
+    choices = SCHEDULES[sampler]
+    schedule = choices[0] if spec.sigma_schedule is None else str(spec.sigma_schedule)
+    if schedule not in choices:
+        model = next(m for m in models if m is not None)
+        problems.append(f"eval.sigma_schedule {schedule!r} does not fit the {sampler} sampler of model {model!r} "
+                        f"(choose {', '.join(choices)}; unset = {choices[0]})")
+    return dataclasses.replace(spec, sigma_schedule=schedule)
+
+
+def _parse_metrics(names: Any, options: Any, problems: list[str]) -> tuple[tuple[str, ...], int, int]:
+    """``metrics: [...]`` and ``metric_options: {batch_size, is_splits}``."""
+    if names is not None and not isinstance(names, list):
+        problems.append(f"metrics must be a list, e.g. [fid, fd_dinov2, is, lpips] (got {names!r})")
+        names = []
+    metrics = tuple(str(m) for m in (names or []))
     if not metrics:
         problems.append("metrics must list at least one metric, e.g. [fid, fd_dinov2, is, lpips]")
     for m in metrics:
         if m not in METRIC_BACKENDS:
             problems.append(f"unknown metric {m!r} (choose from {', '.join(METRIC_BACKENDS)})")
-    pref_metrics = [str(m) for m in ((top.get("preference") or {}).get("metrics") or [])] if isinstance(
-        top.get("preference"), dict) else []
-    if check_weights:  # one problem per absent backend, naming every metric that needs it
-        users: dict[str, list[str]] = {}
-        for m in [*metrics, *pref_metrics]:
-            for b in METRIC_BACKENDS.get(m, ()):
-                if m not in users.setdefault(b, []):
-                    users[b].append(m)
-        for b, ms in users.items():
-            problems += [f"metric(s) {', '.join(ms)}: {msg}" for msg in _backend_missing([b])]
-    mo = unknown("metric_options", top.get("metric_options"), _METRIC_OPTION_KEYS)
+    mo = _section("metric_options", options, _METRIC_OPTION_KEYS, problems)
+    sizes = {"batch_size": 32, "is_splits": 10}
+    for key in sizes:
+        v = mo.get(key, sizes[key])
+        if not isinstance(v, int) or v < 1:
+            problems.append(f"metric_options.{key} must be a positive integer (got {v!r})")
+        else:
+            sizes[key] = v
+    return metrics, sizes["batch_size"], sizes["is_splits"]
 
-    # -- statistics ----------------------------------------------------------------------------
-    lm = unknown("lmm", top.get("lmm"), _fields(LMMSpec))
-    lmm_spec = LMMSpec(**lm)
-    fixed, groups, _ = parse_lmm_formula(lmm_spec.formula)
+
+def _parse_lmm(section: Any, factors: Factors, problems: list[str]) -> LMMSpec:
+    """``lmm: {formula, coding, alpha, adjust}``; the formula may name only per-prompt data columns."""
+    spec = LMMSpec(**_section("lmm", section, _fields(LMMSpec), problems))
+    fixed, groups, _ = parse_lmm_formula(spec.formula)
     if not groups:
-        problems.append(f"lmm.formula {lmm_spec.formula!r} needs a random effect, e.g. + (1|prompt)")
+        problems.append(f"lmm.formula {spec.formula!r} needs a random effect, e.g. + (1|prompt)")
     if not fixed.replace(" ", "").startswith("value~"):
-        problems.append(f"lmm.formula {lmm_spec.formula!r} must model 'value' (the metric), e.g. value ~ algorithm * batch + (1|prompt)")
+        problems.append(f"lmm.formula {spec.formula!r} must model 'value' (the metric), e.g. value ~ algorithm * batch + (1|prompt)")
     columns = set(factors) | {"value", "prompt", "prompt_id"}
-    names = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", lmm_spec.formula)) - {"C", "Sum", "Treatment", "I"}
+    names = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", spec.formula)) - {"C", "Sum", "Treatment", "I"}
     for n in sorted(names - columns):
         problems.append(f"lmm.formula names {n!r}, not a column of the per-prompt data ({', '.join(sorted(columns))})")
-    if lmm_spec.coding not in ("treatment", "sum"):
-        problems.append(f"lmm.coding {lmm_spec.coding!r} (choose treatment or sum)")
-    if lmm_spec.adjust not in ("holm", "bh"):
-        problems.append(f"lmm.adjust {lmm_spec.adjust!r} (choose holm or bh)")
+    if spec.coding not in ("treatment", "sum"):
+        problems.append(f"lmm.coding {spec.coding!r} (choose treatment or sum)")
+    if spec.adjust not in ("holm", "bh"):
+        problems.append(f"lmm.adjust {spec.adjust!r} (choose holm or bh)")
+    return spec
 
-    pref_spec = None
-    if top.get("preference") is not None:
-        pr = unknown("preference", top.get("preference"), _fields(PreferenceSpec))
-        pm = tuple(str(m) for m in (pr.get("metrics") or ()))
-        for m in pm:
-            if m not in PREFERENCE_METRICS:
-                problems.append(f"preference metric {m!r} (choose from {', '.join(PREFERENCE_METRICS)})")
-        if "prompts" not in pr:
-            problems.append("preference.prompts is required (a prompt set name or file)")
-        else:
-            p = str(pr["prompts"])
-            if Path(p).suffix and not Path(_resolve_path(base, p) or p).is_file():
-                problems.append(f"preference.prompts file {p} not found")
-            pref_spec = PreferenceSpec(**{**pr, "metrics": pm or ("hps",), "seeds": str(pr.get("seeds", "1")),
-                                          "prompts": _resolve_path(base, p) if Path(p).suffix else p})
-    gr = unknown("grid", top.get("grid"), _fields(GridSpec))
 
+def _parse_preference(section: Any, base: Path, problems: list[str]) -> PreferenceSpec | None:
+    """``preference: {prompts, seeds, metrics, ...}`` (optional); its prompt file is checked with the weights."""
+    if section is None:
+        return None
+    pr = _section("preference", section, _fields(PreferenceSpec), problems)
+    metrics = tuple(str(m) for m in (pr.get("metrics") or ()))
+    for m in metrics:
+        if m not in PREFERENCE_METRICS:
+            problems.append(f"preference metric {m!r} (choose from {', '.join(PREFERENCE_METRICS)})")
+    if "prompts" not in pr:
+        problems.append("preference.prompts is required (a prompt set name or file)")
+        return None
+    return PreferenceSpec(**{**pr, "metrics": metrics or ("hps",), "seeds": str(pr.get("seeds", "1")),
+                             "prompts": _prompt_source(base, str(pr["prompts"]))})
+
+
+def _check_weights(runs: Sequence[RunSpec], metrics: Sequence[str], preference: PreferenceSpec | None,
+                   problems: list[str]) -> None:
+    """External assets: training prompt files, reward / metric backends, base models, preference prompts."""
+    cfgs = [r.train for r in runs if r.train is not None]
+    for pset in sorted({c.prompts for c in cfgs}):
+        if Path(pset).suffix and not Path(pset).is_file():
+            problems.append(f"training prompt file {pset} not found")
+    for rw in sorted({c.reward for c in cfgs}):
+        problems += [f"training reward {rw}: {m}" for m in _backend_missing(METRIC_BACKENDS.get(rw, ()))]
+    for m in sorted({c.model for c in cfgs}):
+        if (msg := _model_missing(m)) is not None:
+            problems.append(msg)
+    if preference is not None and Path(preference.prompts).suffix and not Path(preference.prompts).is_file():
+        problems.append(f"preference.prompts file {preference.prompts} not found")
+    users: dict[str, list[str]] = {}  # one problem per absent backend, naming every metric that needs it
+    for m in [*metrics, *(preference.metrics if preference is not None else ())]:
+        for b in METRIC_BACKENDS.get(m, ()):
+            if m not in users.setdefault(b, []):
+                users[b].append(m)
+    for b, ms in users.items():
+        problems += [f"metric(s) {', '.join(ms)}: {msg}" for msg in _backend_missing([b])]
+
+
+# ------------------------------------------------------------------------------------------------
+# The spec
+# ------------------------------------------------------------------------------------------------
+
+
+def load_spec(path: str | Path, check_weights: bool = True) -> StudySpec:
+    """Read and validate a study spec; raise ONE UserError listing every problem found.
+
+    ``check_weights=False`` skips :func:`_check_weights` (weights, reward backends, external prompt files).
+    """
+    path = Path(path)
+    data = read_yaml_mapping(path, "study spec", "see analysis/ for examples")
+    base = path.parent.resolve()
+    problems: list[str] = []
+    top = _section("the spec", data, _TOP_KEYS, problems)
+    train_config, train_overrides = _parse_train(top.get("train"), base, problems)
+    factors, level_configs = _parse_design(top.get("design"), base, problems)
+    compare = _parse_compare(top.get("compare"), top.get("replicate"), factors, problems)
+    existing = _parse_runs(top.get("runs"), factors, base, problems)
+    runs = _expand_runs(factors, level_configs, train_config, train_overrides, existing, problems)
+    targets, select_target, window = _parse_targets(top, runs, problems)
+    models = _run_models(runs, problems)
+    eval_spec = _parse_eval(top.get("eval"), base, models, problems)
+    metrics, metric_batch_size, is_splits = _parse_metrics(top.get("metrics"), top.get("metric_options"), problems)
+    lmm = _parse_lmm(top.get("lmm"), factors, problems)
+    preference = _parse_preference(top.get("preference"), base, problems)
+    grid = GridSpec(**_section("grid", top.get("grid"), _fields(GridSpec), problems))
+    if check_weights:
+        _check_weights(runs, metrics, preference, problems)
     if problems:
         raise UserError(f"study spec {path} has {len(problems)} problem(s): "
                         + "; ".join(f"({i}) {p}" for i, p in enumerate(problems, 1)))
     return StudySpec(
-        name=name,
-        description=str(top.get("description", "")),
-        train_config=train_config,
-        train_overrides=dict(train_overrides),
-        factors={f: tuple(v) for f, v in factors.items()},
-        runs=tuple(runs),
-        compare_factor=compare_factor,
-        baseline=baseline,
-        pcpo=pcpo,
-        replicate=replicate,
-        targets=tuple(targets),
-        select_target=select_target,
-        window=int(window),
-        eval=eval_spec,
-        metrics=tuple(metrics),
-        metric_batch_size=int(mo.get("batch_size", 32)),
-        is_splits=int(mo.get("is_splits", 10)),
-        lmm=lmm_spec,
-        preference=pref_spec,
-        grid=GridSpec(**gr),
-        source=str(path.resolve()),
-        raw=data,
+        name=str(top.get("name") or path.stem), description=str(top.get("description", "")),
+        train_config=train_config, train_overrides=train_overrides,
+        factors={f: tuple(v) for f, v in factors.items()}, runs=tuple(runs), base_model=str(models[0]),
+        compare_factor=compare.factor, baseline=compare.baseline, pcpo=compare.pcpo, replicate=compare.replicate,
+        targets=tuple(targets), select_target=select_target, window=window, eval=eval_spec, metrics=metrics,
+        metric_batch_size=metric_batch_size, is_splits=is_splits, lmm=lmm, preference=preference, grid=grid,
+        source=str(path.resolve()), raw=data,
     )

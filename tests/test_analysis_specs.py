@@ -1,0 +1,81 @@
+"""Every shipped study spec (analysis/*.yaml) validates, and its eval schedule is one THE sampler
+catalogue (:data:`pcpo_eval.samplers.SCHEDULES`) offers for the spec's model family; a schedule of
+the wrong family is rejected at validation, before any run is trained.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pcpo_eval.errors import UserError
+from pcpo_eval.models.registry import prediction_of
+from pcpo_eval.samplers import SCHEDULES, resolve_sampler
+from pcpo_eval.study.spec import load_spec
+from pcpo_eval.testing import isolate_weight_caches
+
+ANALYSIS = Path(__file__).resolve().parents[1] / "analysis"
+SPECS = sorted(ANALYSIS.glob("*.yaml"))
+#: Specs on the paper's real models: their weights and data files are not part of the checkout.
+REAL_WEIGHT_SPECS = {"ddpo_aesthetic.yaml", "dancegrpo_hps.yaml"}
+
+
+@pytest.fixture(autouse=True)
+def _no_real_weights(tmp_path, monkeypatch):
+    """Empty weight caches: the toy specs must validate with weights checked on any machine."""
+    isolate_weight_caches(tmp_path, monkeypatch)
+
+
+def test_every_spec_is_listed():
+    assert {p.name for p in SPECS} >= REAL_WEIGHT_SPECS | {"toy_study.yaml", "toy_flow_study.yaml"}
+
+
+@pytest.mark.parametrize("path", SPECS, ids=[p.stem for p in SPECS])
+def test_spec_validates_and_schedule_fits_model_family(path):
+    spec = load_spec(path, check_weights=path.name not in REAL_WEIGHT_SPECS)
+    sampler = resolve_sampler("auto", prediction_of(spec.base_model))
+    assert spec.eval.sigma_schedule in SCHEDULES[sampler]
+    if "sigma_schedule" not in (yaml.safe_load(path.read_text()).get("eval") or {}):
+        assert spec.eval.sigma_schedule == SCHEDULES[sampler][0]  # unset = the sampler's default
+    assert spec.sampling()["sigma_schedule"] == spec.eval.sigma_schedule
+    for run in spec.runs:  # every trained run carries its resolved train config, of the same family
+        assert run.train is not None and prediction_of(run.train.model) == prediction_of(spec.base_model)
+
+
+def test_toy_flow_spec_defaults_to_the_ode():
+    spec = load_spec(ANALYSIS / "toy_flow_study.yaml")
+    assert spec.base_model == "toyflow" and spec.eval.sigma_schedule == "ode"
+
+
+def _flow_spec(tmp_path: Path, **eval_changes) -> Path:
+    data = yaml.safe_load((ANALYSIS / "toy_flow_study.yaml").read_text())
+    data["train"]["config"] = str(ANALYSIS.parent / "train" / "configs" / "toy_flow_dancegrpo.yaml")
+    data["eval"].update(eval_changes)
+    path = tmp_path / "flow.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def test_flow_model_with_ddim_schedule_is_rejected_at_validation(tmp_path):
+    with pytest.raises(UserError) as ei:
+        load_spec(_flow_spec(tmp_path, sigma_schedule="ddim"))
+    msg = str(ei.value)
+    assert "\n" not in msg and "has 1 problem(s)" in msg
+    assert "eval.sigma_schedule 'ddim' does not fit the flow sampler of model 'toyflow'" in msg
+    assert "choose ode, dance, flowgrpo" in msg
+
+
+def test_flow_model_accepts_a_flow_sde(tmp_path):
+    assert load_spec(_flow_spec(tmp_path, sigma_schedule="dance")).eval.sigma_schedule == "dance"
+
+
+def test_eps_model_rejects_a_flow_schedule(tmp_path):
+    data = yaml.safe_load((ANALYSIS / "toy_study.yaml").read_text())
+    data["eval"]["sigma_schedule"] = "ode"
+    path = tmp_path / "toy.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    with pytest.raises(UserError, match=r"eval.sigma_schedule 'ode' does not fit the ddim sampler of model 'toy' "
+                                        r"\(choose ddim, pcpo; unset = ddim\)"):
+        load_spec(path)
