@@ -2,7 +2,7 @@
 
 ``SET/manifest.parquet`` (``prompt_id``, ``prompt``, ``seed``, ``path`` relative to SET,
 ``image_sha256``, ...) and PNGs under ``SET/images/``. Handling of bad input (documented in
-README, "Metrics"):
+docs/metrics.md):
 
 - missing/unreadable/truncated image, or bytes whose sha256 differs from the manifest: UserError
   naming the file (the sha256 check is what makes the hash-keyed feature cache safe);

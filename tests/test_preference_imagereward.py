@@ -155,7 +155,7 @@ def test_imagereward_missing_files(tmp_path, monkeypatch):
 def test_imagereward_without_package_names_the_extra(tmp_path, tokenizer_dir):
     (tmp_path / "ImageReward.pt").write_bytes(b"x")
     (tmp_path / "med_config.json").write_text("{}")
-    with pytest.raises(UserError, match="image-reward.*README.md"):
+    with pytest.raises(UserError, match="image-reward.*docs/preference.md"):
         make_reward("imagereward", weights=str(tmp_path), tokenizer_path=str(tokenizer_dir))
 
 

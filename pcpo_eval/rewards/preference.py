@@ -26,7 +26,7 @@ edge to 224 with antialiased bicubic (``torchvision.transforms.v2.functional.res
 which is exactly what transformers' torchvision-backend ``CLIPImageProcessor`` does), center crop,
 ``/255``, normalise with the model's mean / std. The PIL-based reference transforms (open_clip's,
 ImageReward's) differ from this only by PIL's uint8 rounding inside the resize (see
-README "Preference models" for measured differences); images already at 224x224 are bit-identical.
+docs/preference.md, "Preprocessing", for measured differences); images already at 224x224 are bit-identical.
 """
 
 from __future__ import annotations
@@ -633,7 +633,7 @@ def load_imagereward_model(
     except Exception as exc:  # ImportError, or the package's own imports failing (timm / transformers)
         raise UserError(
             "imagereward needs the optional 'image-reward' package, which failed to import "
-            f"({type(exc).__name__}: {str(exc)[:120]}); install it as README.md (section 'Optional extra preference') describes"
+            f"({type(exc).__name__}: {str(exc)[:120]}); install it as docs/preference.md (section 'Optional extra preference') describes"
         ) from exc
     from unittest import mock
 

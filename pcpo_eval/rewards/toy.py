@@ -15,7 +15,7 @@ It is a published perceptual statistic that, like the LAION aesthetic predictor,
 saturated, high-contrast pictures regardless of the prompt. It is hackable in the same way
 (larger, more saturated objects, color drift away from the prompt, e.g. white shapes score low):
 pair it with ``toy_alignment`` to watch the trade-off. Typical values on the procedural data are
-~0.3-1.2 (see README, "The toy world").
+~0.3-1.2 (see docs/toy-world.md).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ Design (chosen to meet the CPU budget of issue 3, measured in ``benchmarks/bench
   returns eps = (x_t - sqrt(ab) x0_hat) / sqrt(1 - ab), so samplers, objectives and credit math see
   an eps model. eps-prediction makes the UNet pass x_t through at high noise (eps ~ x_t) and
   v-prediction at low noise (v ~ eps); a 48-channel UNet did neither well (eps: samples were noise;
-  v: samples kept grain, 0.69 class accuracy). x0 needs no pass-through (1.0 accuracy, README).
+  v: samples kept grain, 0.69 class accuracy). x0 needs no pass-through (1.0 accuracy, docs/toy-world.md).
 * **Scheduler**: diffusers ``DDIMScheduler`` config (prediction_type sample for the raw UNet;
   the adapter exposes it as epsilon), 1000 train steps, cosine
   ("squaredcos_cap_v2") betas (Nichol & Dhariwal: better than linear for small pixel images),
