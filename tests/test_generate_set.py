@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import FrozenInstanceError
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +22,7 @@ from PIL import Image
 
 from pcpo_eval.errors import UserError
 from pcpo_eval.generate.png import read_png_text
-from pcpo_eval.generate.runner import generate_set
+from pcpo_eval.generate.runner import GenerationRequest, generate_set
 from pcpo_eval.imageset import MANIFEST_COLUMNS
 from pcpo_eval.io import sha256_file
 from pcpo_eval.prompts import PromptSet, simple_animals
@@ -133,20 +134,39 @@ def test_different_settings_are_refused_without_writing(reference_set, tmp_path)
         ({"prompts": "EMPTY"}, "no prompts"),
         ({"batch_size": 0}, "batch-size"),
         ({"sampler": "euler"}, "unknown sampler"),
+        ({"steps": 0}, "^--steps 0;"),
+        ({"steps": 2.5}, "^--steps 2.5;"),
+        ({"cfg": float("nan")}, "^--cfg nan;"),  # used to render a complete set of black images
+        ({"cfg": float("-inf")}, "^--cfg -inf;"),
+        ({"eta": float("nan")}, "^--eta nan;"),  # used to fail in the sampler after writing set.json
+        ({"eta": float("inf")}, "^--eta inf;"),
+        ({"eta": -0.5}, "^--eta -0.5;"),
+        ({"micro_batch": -1}, "^--micro-batch -1;"),
     ],
 )
 def test_bad_input_writes_nothing(tmp_path, kwargs, match):
     (tmp_path / "dup.csv").write_text("prompt_id,prompt\n1,a\n1,b\n")
     (tmp_path / "empty.txt").write_text("")
     files = {"DUPLICATE": tmp_path / "dup.csv", "EMPTY": tmp_path / "empty.txt"}
-    args = {"prompts": _prompts(), "seeds": 2, "batch_size": 4, "sampler": "auto", **kwargs}
+    args = {"prompts": _prompts(), "seeds": 2, "batch_size": 4, "sampler": "auto", "steps": 2, **kwargs}
     args["prompts"] = files.get(args["prompts"], args["prompts"]) if isinstance(args["prompts"], str) else args["prompts"]
     out = tmp_path / "out"
-    with pytest.raises(UserError, match=match):
-        generate_set(
-            StandInAdapter(), args["prompts"], args["seeds"], out, batch_size=args["batch_size"],
-            sampler=args["sampler"], steps=2, progress=False,
-        )  # fmt: skip
+    with pytest.raises(UserError, match=match) as info:
+        generate_set(StandInAdapter(), args.pop("prompts"), args.pop("seeds"), out, progress=False, **args)
+    assert "\n" not in str(info.value)
+    assert not out.exists()
+
+
+def test_bad_numbers_are_refused_before_the_model_is_loaded(tmp_path):
+    """GenerationRequest checks numbers at construction: a model spec that cannot load is never tried."""
+    out = tmp_path / "out"
+    with pytest.raises(UserError, match="^--cfg nan;"):
+        generate_set(tmp_path / "no_such_run", "toy", 2, out, cfg=float("nan"), progress=False)
+    with pytest.raises(UserError, match="^--eta nan;"):
+        GenerationRequest("toy", "toy", 2, out, eta=float("nan"))
+    request = GenerationRequest("toy", "toy", 2, out, steps=np.int64(3), cfg=np.float32(4.5))  # numpy numbers pass
+    with pytest.raises(FrozenInstanceError):
+        request.cfg = float("nan")  # type: ignore[misc]
     assert not out.exists()
 
 
@@ -242,6 +262,10 @@ def test_cli_generate_bad_input_is_one_line(cli, tmp_path):
     res = cli("generate", "--model", "toy", "--prompts", tmp_path / "dup.csv", "--seeds", "2", "--out", tmp_path / "o")
     assert res.returncode == 2 and "duplicate prompt_id 1" in res.stderr
     assert not (tmp_path / "o").exists()
+    for flag in ("--cfg", "--eta"):
+        res = cli("generate", "--model", "toy", "--prompts", "toy", "--seeds", "2", "--out", tmp_path / "o", flag, "nan")
+        assert res.returncode == 2 and res.stderr.startswith(f"error: {flag} nan; use a finite")
+        assert res.stderr.count("\n") == 1 and not (tmp_path / "o").exists()
 
 
 def test_irg_set_with_zero_weight_reproduces_the_reference_pixels(reference_set, tmp_path):

@@ -9,11 +9,13 @@ bytes are :mod:`.png`'s; the design is in :mod:`pcpo_eval.generate`.
 """
 
 import hashlib
+import math
 import time
 import uuid
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from numbers import Integral, Real
 from pathlib import Path
 from typing import Any
 
@@ -102,12 +104,26 @@ class GenerationRequest:
     world_size: int | None = None
 
     def __post_init__(self) -> None:
-        if self.batch_size < 1:
-            raise UserError(f"--batch-size {self.batch_size}; use a positive number")
-        if self.steps < 1:
-            raise UserError(f"--steps {self.steps}; use a positive number of sampler steps")
-        if self.eta < 0:
-            raise UserError(f"--eta {self.eta}; eta must be >= 0")
+        if not _is_count(self.batch_size, 1):
+            raise UserError(f"--batch-size {self.batch_size}; use a whole number >= 1")
+        if not _is_count(self.steps, 1):
+            raise UserError(f"--steps {self.steps}; use a whole number of sampler steps >= 1")
+        if not _is_finite(self.cfg):
+            raise UserError(f"--cfg {self.cfg}; use a finite guidance weight (1 = no guidance)")
+        if not _is_finite(self.eta) or self.eta < 0:
+            raise UserError(f"--eta {self.eta}; use a finite eta >= 0 (0 = deterministic)")
+        if self.micro_batch is not None and not _is_count(self.micro_batch, 0):
+            raise UserError(f"--micro-batch {self.micro_batch}; use a whole number of rows >= 0 (0 = off)")
+
+
+def _is_count(value: Any, least: int) -> bool:
+    """``value`` is an integer (a float such as 2.5 or NaN is not) and >= ``least``."""
+    return isinstance(value, Integral) and value >= least
+
+
+def _is_finite(value: Any) -> bool:
+    """``value`` is a real number, not NaN or +-inf (a NaN guidance weight renders all-black images)."""
+    return isinstance(value, Real) and math.isfinite(value)
 
 
 @dataclass
