@@ -5,7 +5,7 @@ Both render the same prompts x seeds with the same model, batch size, steps, CFG
 - reference: diffusers' ``DDIMScheduler`` (``set_timesteps`` + ``step(..., eta, generator=[...])``)
   around the adapter's guided ``predict`` (one 2B call per step), ``decode``, then
   ``PIL.Image.save`` of each PNG (no metadata, no hashing, no atomic rename);
-- ours: :func:`pcpo_eval.generate.generate_set` (fixed micro-batches, per-(prompt, seed)
+- ours: :func:`pcpo_eval.generate.runner.generate_set` (fixed micro-batches, per-(prompt, seed)
   generators, PNG text metadata, atomic writes, hashes, manifest, set.json).
 
 The runs alternate (ref, ours, ref, ours, ...) and the median images/s of each is reported, so

@@ -1,8 +1,8 @@
 """Subprocess entry for the generator tests (SIGKILL resume, torchrun sharding).
 
 Usage: python tests/generate_worker.py OUT N_PROMPTS N_SEEDS BATCH STEPS MICRO_BATCH
-Renders the stand-in model's set with :func:`pcpo_eval.generate.generate_set`; under torchrun
-the process group (gloo) comes from the environment.
+Renders the stand-in model's set with :func:`pcpo_eval.generate.runner.generate_set`; under
+torchrun the process group (gloo) comes from the environment.
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""``pcpo-eval generate``: render a prompt x seed image set (thin shell over :mod:`pcpo_eval.generate`)."""
+"""``pcpo-eval generate``: render a prompt x seed image set.
+
+Owns the command's options and its one-line summary; everything else is
+:func:`pcpo_eval.generate.runner.generate_set` (a :class:`UserError` from it becomes exit code 2).
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,8 @@
 """Fixed-size model calls: images never depend on the batch size or the number of processes.
+
+Owns :class:`FixedBatchAdapter` (every model call on exactly ``micro_batch`` rows, the last chunk
+padded), :func:`auto_micro_batch` (the default ``micro_batch`` from the latent size) and
+:func:`effective_batch_size` (items per sampler call, rounded up to whole micro-batches).
 """
 
 import math
@@ -43,6 +47,7 @@ def effective_batch_size(batch_size: int, micro_batch: int, cfg: float) -> int:
     return -(-batch_size // unit) * unit
 
 
+# ---------------------------------------------------------------------------------------------
 # Fixed-shape execution
 # ---------------------------------------------------------------------------------------------
 
@@ -118,8 +123,3 @@ class FixedBatchAdapter(ModelAdapter):
         return torch.cat(
             [self.inner.decode(_pad_rows(latents[sl], m))[: sl.stop - sl.start] for sl in _chunks(len(latents), m)]
         )
-
-
-# ---------------------------------------------------------------------------------------------
-# Implicit Reward Guidance
-# ---------------------------------------------------------------------------------------------

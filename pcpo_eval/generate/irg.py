@@ -3,6 +3,10 @@
     eps_IRG = eps_ref + sum_i lambda_i (eps_theta_i - eps_ref)      (velocity alike for flows)
 
 selected with the model spec ``irg:CKPT_1=LAMBDA_1,CKPT_2=LAMBDA_2[@REFERENCE]``.
+
+Owns :class:`IRGSpec` / :func:`parse_irg_spec` (the spec), :func:`irg_combine` (the formula, a
+pure function), :class:`IRGAdapter` (the formula as a model) and :func:`default_irg_reference`
+(a checkpoint's base model). Loading the models of a spec is :mod:`.loading`'s.
 """
 
 from collections.abc import Sequence

@@ -1,4 +1,9 @@
 """Model loading and hashing for generation: ``--model`` specs -> adapters, ``model_hash``.
+
+Owns :func:`load_generation_model` (a plain model / checkpoint spec through
+:func:`pcpo_eval.train.checkpoints.load_model_from_spec`, or ``irg:...`` through :mod:`.irg`),
+:func:`adapter_hash` (the set's ``model_hash``: the denoiser's weights, recursively for IRG) and
+:func:`module_sha256`.
 """
 
 import hashlib
@@ -11,10 +16,6 @@ from pcpo_eval.errors import UserError
 from pcpo_eval.generate.fixed_batch import FixedBatchAdapter
 from pcpo_eval.generate.irg import IRGAdapter, default_irg_reference, parse_irg_spec
 from pcpo_eval.models.base import ModelAdapter
-
-# ---------------------------------------------------------------------------------------------
-# Model loading and hashing
-# ---------------------------------------------------------------------------------------------
 
 
 def module_sha256(module: nn.Module) -> str:

@@ -1,6 +1,8 @@
-"""Seeds and work items: parse ``--seeds``, list (prompt, seed) items seed-major, shard them over processes.
+"""The plan of a set: which images, in which order, on which process.
 
-No torch here, so a study can validate seeds cheaply.
+Owns :func:`parse_seeds` (``--seeds`` -> seeds; :data:`MAX_SEED`), :class:`WorkItem` (one
+(prompt_id, prompt, seed) and its path in the image-set contract), :func:`plan_items` (seed-major)
+and :func:`shard_items` (``i % world == rank``). No torch here, so a study can validate seeds cheaply.
 """
 
 import re
@@ -74,6 +76,3 @@ def plan_items(prompts: PromptSet, seeds: Sequence[int]) -> list[WorkItem]:
 def shard_items(items: Sequence[WorkItem], rank: int, world: int) -> list[WorkItem]:
     """The deterministic share of process ``rank``: items ``i`` with ``i % world == rank``."""
     return list(items[rank::world])
-
-
-# ---------------------------------------------------------------------------------------------
