@@ -20,7 +20,8 @@ from pcpo_eval import (
     rewards,  # noqa: E402
 )
 from pcpo_eval.imageset import ImageSet  # noqa: E402
-from pcpo_eval.metrics.workers import MetricsOptions, compute_metrics, extract_set  # noqa: E402
+from pcpo_eval.metrics.extract import MetricsOptions, extract_set  # noqa: E402
+from pcpo_eval.metrics.workers import compute_metrics  # noqa: E402
 
 torch.set_num_threads(1)
 rewards.REGISTRY["hps"] = "metrics_helpers:fake_reward"

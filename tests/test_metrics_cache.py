@@ -20,7 +20,8 @@ from pcpo_eval import rewards  # noqa: E402
 from pcpo_eval.features import make_extractor  # noqa: E402
 from pcpo_eval.imageset import ImageSet  # noqa: E402
 from pcpo_eval.metrics.cache import FeatureCache  # noqa: E402
-from pcpo_eval.metrics.workers import ExtractionReport, MetricsOptions, compute_metrics, extract_set  # noqa: E402
+from pcpo_eval.metrics.extract import ExtractionReport, MetricsOptions, extract_set  # noqa: E402
+from pcpo_eval.metrics.workers import compute_metrics  # noqa: E402
 
 SCRIPT = Path(__file__).parent / "metrics_worker_script.py"
 PYTHON = sys.executable

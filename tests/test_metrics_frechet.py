@@ -1,4 +1,4 @@
-"""Frechet distance: closed forms (shared notes), scipy sqrtm / clean-fid reference, mergeable stats."""
+"""Frechet distance: closed forms (shared notes), scipy sqrtm / clean-fid reference, zero clamp, mergeable stats."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 
 from pcpo_eval.metrics.frechet import (
+    FD_ZERO_RTOL,
+    clamp_rounding,
     frechet_distance,
     frechet_distance_details,
     frechet_distance_from_features,
@@ -46,14 +48,36 @@ def test_matches_scipy_sqrtm_and_cleanfid_on_random_data() -> None:
     assert frechet_distance(mu2, s2, mu1, s1) == pytest.approx(ours, rel=1e-9)
 
 
-def test_self_distance_is_zero_and_rank_deficient_is_reported() -> None:
-    rng = np.random.default_rng(1)
-    x = rng.normal(size=(20, 50))  # N < d: singular covariance
+@pytest.mark.parametrize("n", [20, 80])  # N < d (singular covariance) and N > d
+def test_identical_sets_give_exactly_zero(n: int) -> None:
+    x = np.random.default_rng(1).normal(size=(n, 50))
     mu, cov = gaussian_stats(x)
-    res = frechet_distance_details(mu, cov, mu, cov)
-    # sqrt of round-off eigenvalues (~1e-15) in the null space bounds the error, as for sqrtm
-    assert abs(res.value) < 1e-6 * np.trace(cov)
-    assert res.n_clipped >= 0 and res.clipped_negative_mass >= 0
+    res = frechet_distance_details(mu, cov, mu, cov.copy())
+    assert res.value == 0.0 and str(res.value) == "0.0" and res.method == "identical"
+    assert frechet_distance_from_features(x, x.copy()) == 0.0
+
+
+def test_rounding_below_zero_is_clamped_and_reported() -> None:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(20, 50)).astype(np.float32)  # N < d: eigh path, sqrt of round-off eigenvalues
+    y = x[rng.permutation(20)]  # the same Gaussian, summed in another order: not bitwise equal
+    mu1, s1 = gaussian_stats(x)
+    mu2, s2 = gaussian_stats(y)
+    res = frechet_distance_details(mu1, s1, mu2, s2)
+    scale = float(np.trace(s1) + np.trace(s2))
+    assert res.method == "eigh" and -FD_ZERO_RTOL * scale <= res.raw_value < 0  # -1.5e-06 before the clamp
+    assert res.value == 0.0 and res.clamped_to_zero
+    assert res.diagnostics()["raw_value"] == res.raw_value and res.diagnostics()["clamped_to_zero"] is True
+
+
+def test_clamp_only_touches_rounding_level_negatives() -> None:
+    assert clamp_rounding(-1e-7, 1.0) == (0.0, True)
+    assert clamp_rounding(-1e-5, 1.0) == (-1e-5, False)  # a real numerical problem stays visible
+    assert clamp_rounding(1e-9, 1.0) == (1e-9, False)  # a tiny positive distance is a distance
+    value, clamped = clamp_rounding(float("nan"), 1.0)
+    assert np.isnan(value) and not clamped
+    res = frechet_distance_details(np.zeros(2), np.eye(2), np.ones(2), np.eye(2))
+    assert res.value == res.raw_value == pytest.approx(2.0) and not res.clamped_to_zero
 
 
 def test_gaussian_stats_merge_equals_numpy() -> None:

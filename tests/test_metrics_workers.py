@@ -17,10 +17,11 @@ from metrics_helpers import TOY_PROMPTS, StandInToyClassifier, make_image_set, r
 from pcpo_eval import rewards  # noqa: E402
 from pcpo_eval.errors import MissingWeightsError, UserError  # noqa: E402
 from pcpo_eval.imageset import ImageSet  # noqa: E402
+from pcpo_eval.metrics.extract import ExtractionReport, MetricsOptions  # noqa: E402
 from pcpo_eval.metrics.frechet import frechet_distance_from_features  # noqa: E402
 from pcpo_eval.metrics.inception_score import inception_score  # noqa: E402
 from pcpo_eval.metrics.lpips_diversity import make_lpips_embedder, naive_lpips_diversity  # noqa: E402
-from pcpo_eval.metrics.workers import ExtractionReport, MetricsOptions, compute_metrics, run_metrics  # noqa: E402
+from pcpo_eval.metrics.workers import compute_metrics, run_metrics  # noqa: E402
 
 SEEDS = list(range(12))
 
@@ -58,14 +59,15 @@ def test_set_against_itself_and_outputs(sets, tmp_path) -> None:
     a, _ = sets
     out = tmp_path / "out"
     res = run_metrics(a, "fd_toy,is_toy,lpips_toy,hps", out, reference=a, options=_opts(tmp_path))
-    assert abs(res["metrics"]["fd_toy"]) < 1e-6
+    assert res["metrics"]["fd_toy"] == 0.0  # exactly: a set against itself
     on_disk = json.loads((out / "metrics.json").read_text())
     assert set(on_disk) == {"metrics", "settings"} and on_disk["metrics"].keys() == res["metrics"].keys()
     st = on_disk["settings"]
     assert st["inception_score"]["splits"] == 10 and st["inception_score"]["shuffle_seed"] == 2020
     assert st["extractors"]["toy"]["weights_sha256"] and st["n_images"] == 36
     pp = pd.read_parquet(out / "per_prompt.parquet")
-    assert list(pp["prompt_id"]) == [0, 1, 2] and np.all(np.abs(pp["fd_toy"]) < 1e-6)
+    assert list(pp["prompt_id"]) == [0, 1, 2] and list(pp["fd_toy"]) == [0.0, 0.0, 0.0]
+    assert st["frechet"]["diagnostics"]["fd_toy"]["method"] == "identical"
     assert {"is_toy", "is_toy_std", "lpips_toy", "hps", "n_images", "n_reference"} <= set(pp.columns)
     pi = pd.read_parquet(out / "per_image.parquet")
     assert len(pi) == 36 and "hps" in pi.columns

@@ -12,6 +12,8 @@ from typing import Any
 
 import typer
 
+from pcpo_eval.metrics.base import METRICS
+
 DEFAULT_METRICS = "fid,fd_dinov2,is,lpips"
 
 
@@ -43,7 +45,11 @@ def _options(
 
 def register(app: typer.Typer) -> None:
     """Add ``metrics`` and ``features`` to the ``pcpo-eval`` app."""
+    _register_metrics(app)
+    _register_features(app)
 
+
+def _register_metrics(app: typer.Typer) -> None:
     @app.command("metrics")
     def metrics_cmd(
         image_set: Path = typer.Argument(..., help="image set directory (manifest.parquet + images/)"),
@@ -53,7 +59,7 @@ def register(app: typer.Typer) -> None:
         metrics: str = typer.Option(
             DEFAULT_METRICS,
             "--metrics",
-            help="comma-separated: fid,fd_dinov2,fd_toy,is,is_toy,lpips,lpips_toy,hps,pickscore,imagereward,clipscore,aesthetic",
+            help=f"comma-separated: {','.join(METRICS)}",
         ),
         out: Path = typer.Option(
             ..., "--out", help="output directory (metrics.json, per_prompt.parquet, per_image.parquet)"
@@ -94,6 +100,8 @@ def register(app: typer.Typer) -> None:
                     typer.echo(f"{name:>14s}  {value:.6g}")
                 typer.echo(f"wrote {out}/metrics.json, per_prompt.parquet, per_image.parquet")
 
+
+def _register_features(app: typer.Typer) -> None:
     @app.command("features")
     def features_cmd(
         image_set: Path = typer.Argument(..., help="image set directory"),

@@ -10,14 +10,32 @@ eigenvalue problem is faster and more robust than a Schur-based sqrtm of a non-s
 (torch-fidelity / torchmetrics use ``eigvals(S1 @ S2)``, the same identity). Tiny negative
 eigenvalues from round-off are clipped to 0 and *reported* in :class:`FrechetResult`, not hidden.
 Means/covariances: float64, ddof=1 (numpy ``cov`` default, as in clean-fid).
+
+FD >= 0, but it is a difference of terms of size ``scale = ||mu1-mu2||^2 + tr(S1) + tr(S2)``, and
+eigenvalues that are 0 in exact arithmetic come out as +-eps (their square roots, ~sqrt(eps), add
+up), so a set against itself can give -1e-6. A value in ``[-FD_ZERO_RTOL * scale, 0)`` is
+returned as exactly 0.0 and the raw value is kept in :class:`FrechetResult` (``clamped_to_zero``,
+``raw_value``); a more negative value is returned as is (a real numerical problem, not rounding).
+Two bitwise-identical Gaussians short-cut to 0.0 (``method="identical"``): FD(N, N) = 0 exactly.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import scipy.linalg
+
+from pcpo_eval import dist
+from pcpo_eval.features import FeatureExtractor
+from pcpo_eval.metrics.base import MetricInfo
+from pcpo_eval.metrics.extract import MetricsOptions, extract_set
+from pcpo_eval.metrics.metric import EvalData, Metric, MetricValues
+from pcpo_eval.metrics.state import GaussianStats
+
+#: relative tolerance of the rounding clamp: raw FD in [-FD_ZERO_RTOL * scale, 0) -> 0.0
+FD_ZERO_RTOL = 1e-6
 
 
 @dataclass(frozen=True)
@@ -30,8 +48,22 @@ class FrechetResult:
     #: sum of |negative eigenvalues| clipped to 0 in S1 and in M (round-off indicator)
     clipped_negative_mass: float
     n_clipped: int
-    #: "cholesky" (S1 positive definite) or "eigh" (rank-deficient S1)
+    #: "cholesky" (S1 positive definite), "eigh" (rank-deficient S1) or "identical" (same Gaussians)
     method: str = "cholesky"
+    #: FD before the rounding clamp (``value`` is 0.0 when ``clamped_to_zero``)
+    raw_value: float = 0.0
+    #: a tiny negative raw value (within FD_ZERO_RTOL * scale of 0) was reported as 0.0
+    clamped_to_zero: bool = False
+
+    def diagnostics(self) -> dict[str, float | int | str | bool]:
+        """The numerical details a metrics.json records next to the value."""
+        return {
+            "clipped_negative_eigen_mass": self.clipped_negative_mass,
+            "n_clipped": self.n_clipped,
+            "method": self.method,
+            "raw_value": self.raw_value,
+            "clamped_to_zero": self.clamped_to_zero,
+        }
 
 
 def gaussian_stats(features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -95,11 +127,22 @@ def frechet_distance_details(
         raise ValueError(
             f"shape mismatch: mu {mu1.shape} vs {mu2.shape}, sigma {sigma1.shape} vs {sigma2.shape}"
         )
+    if np.array_equal(mu1, mu2) and np.array_equal(sigma1, sigma2):
+        return FrechetResult(0.0, 0.0, 0.0, 0.0, 0, "identical", 0.0, False)
     diff = mu1 - mu2
     mean_term = float(diff @ diff)
     tr_sqrt, mass, n, method = trace_sqrt_product(sigma1, sigma2)
     trace_term = float(np.trace(sigma1) + np.trace(sigma2) - 2.0 * tr_sqrt)
-    return FrechetResult(mean_term + trace_term, mean_term, trace_term, mass, n, method)
+    raw = mean_term + trace_term
+    value, clamped = clamp_rounding(raw, mean_term + float(np.trace(sigma1) + np.trace(sigma2)))
+    return FrechetResult(value, mean_term, trace_term, mass, n, method, raw, clamped)
+
+
+def clamp_rounding(raw: float, scale: float, rtol: float = FD_ZERO_RTOL) -> tuple[float, bool]:
+    """(0.0, True) for a raw FD in [-rtol * scale, 0) (round-off of a zero distance), else (raw, False)."""
+    if -rtol * abs(scale) <= raw < 0.0:
+        return 0.0, True
+    return raw, False
 
 
 def frechet_distance(mu1: np.ndarray, sigma1: np.ndarray, mu2: np.ndarray, sigma2: np.ndarray) -> float:
@@ -118,3 +161,73 @@ def frechet_distance_sqrtm(mu1: np.ndarray, sigma1: np.ndarray, mu2: np.ndarray,
 def frechet_distance_from_features(x: np.ndarray, y: np.ndarray) -> float:
     """FD between two (N, d) feature arrays."""
     return frechet_distance(*gaussian_stats(x), *gaussian_stats(y))
+
+
+# ----------------------------------------------------------------------------- the metric (kind "fd")
+
+
+class FrechetDistanceMetric(Metric):
+    """FID / FD-DINOv2 / fd_toy of the set against the reference set, overall and per prompt.
+
+    States: ``set_stats`` / ``ref_stats`` (:class:`GaussianStats` of this rank's row shard, summed
+    over ranks: the whole-set FD) and ``per_prompt`` (``{prompt_id: FrechetResult}`` of the
+    prompts dealt to this rank, each against the reference's images of the same prompt; merged).
+    """
+
+    kind = "fd"
+
+    def __init__(
+        self, info: MetricInfo, extractors: dict[str, FeatureExtractor], options: MetricsOptions
+    ) -> None:
+        super().__init__(info)
+        self.extractor = extractors[info.source]
+        self.add_state("set_stats", GaussianStats(self.extractor.dim), "sum")
+        self.add_state("ref_stats", GaussianStats(self.extractor.dim), "sum")
+        self.add_state("per_prompt", {}, "merge")
+        self.result: FrechetResult | None = None
+
+    @staticmethod
+    def extractor_outputs(info: MetricInfo) -> dict[str, tuple[str, ...]]:
+        return {info.source: ("features",)}
+
+    def update(self, data: EvalData) -> None:
+        if data.reference is None:
+            raise ValueError(f"{self.name} needs a reference set (validate_request checks this)")
+        x = data.outputs[self.info.source]["features"]
+        y = extract_set(data.reference, self.extractor, data.options, ("features",), data.report)["features"]
+        shard = slice(dist.rank(), None, dist.world_size())
+        self.set_stats.update(x[shard])
+        self.ref_stats.update(y[shard])
+        rows_y = data.reference.rows_by_prompt()
+        for pid in data.my_prompts():
+            self.per_prompt[pid] = _fd_of(
+                GaussianStats(x.shape[1]).update(x[data.rows[pid]]),
+                GaussianStats(y.shape[1]).update(y[rows_y[pid]]),
+            )
+
+    def compute(self) -> MetricValues:
+        self.result = _fd_of(self.set_stats, self.ref_stats)
+        per_prompt = {pid: r.value for pid, r in self.per_prompt.items()}
+        return MetricValues({self.name: self.result.value}, {self.name: per_prompt})
+
+    def settings(self) -> dict[str, Any]:
+        if self.result is None:
+            raise RuntimeError("settings() before compute()")
+        diagnostics = {
+            **self.result.diagnostics(),
+            "per_prompt_clamped_to_zero": sum(r.clamped_to_zero for r in self.per_prompt.values()),
+        }
+        return {
+            "frechet": {
+                "dtype": "float64",
+                "covariance_ddof": 1,
+                "trace_sqrt": "sum sqrt(eigvalsh(R^T S2 R)), R = cholesky(S1) or eigh root if singular; negatives clipped and reported",
+                "per_prompt": "FD of each prompt's images vs the reference's images of the same prompt",
+                "zero_clamp": f"FD in [-{FD_ZERO_RTOL:g} * (|mu1-mu2|^2 + tr S1 + tr S2), 0) is reported as 0.0 (raw_value kept)",
+                "diagnostics": {self.name: diagnostics},
+            }
+        }
+
+
+def _fd_of(a: GaussianStats, b: GaussianStats) -> FrechetResult:
+    return frechet_distance_details(a.mean(), a.cov(), b.mean(), b.cov())

@@ -9,18 +9,22 @@
    ``exp(mean_x sum_y p (log p - log q))`` with ``q`` the chunk's mean p;
 4. mean and population std (``np.std``, ddof=0) over chunks.
 
-``is_toy`` uses the same function on the toy classifier's logits.
+``is_toy`` uses the same function on the toy classifier's logits. Per prompt, the prompt's images
+are split into min(splits, n) chunks (see :func:`pcpo_eval.metrics.base.per_prompt_problem`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
-DEFAULT_SPLITS = 10
-DEFAULT_SEED = 2020
+from pcpo_eval.features import FeatureExtractor
+from pcpo_eval.metrics.base import IS_DEFAULT_SEED, IS_DEFAULT_SPLITS, MetricInfo
+from pcpo_eval.metrics.extract import MetricsOptions
+from pcpo_eval.metrics.metric import EvalData, Metric, MetricValues
 
 
 @dataclass(frozen=True)
@@ -34,9 +38,9 @@ class InceptionScore:
 
 def inception_score(
     logits: np.ndarray | torch.Tensor,
-    splits: int = DEFAULT_SPLITS,
+    splits: int = IS_DEFAULT_SPLITS,
     shuffle: bool = True,
-    seed: int = DEFAULT_SEED,
+    seed: int = IS_DEFAULT_SEED,
 ) -> InceptionScore:
     """IS mean/std from (N, K) logits; ``splits`` must not exceed N."""
     x = torch.as_tensor(np.asarray(logits)).double()
@@ -56,3 +60,57 @@ def inception_score(
         log_q = p_c.mean(dim=0, keepdim=True).log()
         scores.append(float((p_c * (log_p_c - log_q)).sum(dim=1).mean().exp()))
     return InceptionScore(float(np.mean(scores)), float(np.std(scores)), n, splits, seed if shuffle else None)
+
+
+# ----------------------------------------------------------------------------- the metric (kind "is")
+
+
+class InceptionScoreMetric(Metric):
+    """IS / is_toy overall and per prompt (mean and split std), torch-fidelity conventions.
+
+    State ``logits`` is replicated: every rank reads all of them back from the shared feature
+    cache, and the shuffled splits need the whole set, so each rank computes the same numbers.
+    """
+
+    kind = "is"
+
+    def __init__(
+        self, info: MetricInfo, extractors: dict[str, FeatureExtractor], options: MetricsOptions
+    ) -> None:
+        super().__init__(info)
+        self.splits, self.seed = options.is_splits, options.is_seed
+        self.add_state("logits", np.zeros((0, 0), np.float32), "replicated")
+        self.rows: dict[int, np.ndarray] = {}
+
+    @staticmethod
+    def extractor_outputs(info: MetricInfo) -> dict[str, tuple[str, ...]]:
+        return {info.source: ("logits",)}
+
+    def update(self, data: EvalData) -> None:
+        self.logits = data.outputs[self.info.source]["logits"]
+        self.rows = data.rows
+
+    def compute(self) -> MetricValues:
+        name = self.name
+        res = inception_score(self.logits, self.splits, True, self.seed)
+        per = {
+            pid: inception_score(self.logits[r], min(self.splits, len(r)), True, self.seed)
+            for pid, r in self.rows.items()
+        }
+        return MetricValues(
+            {name: res.mean, f"{name}_std": res.std},
+            {name: {p: v.mean for p, v in per.items()}, f"{name}_std": {p: v.std for p, v in per.items()}},
+        )
+
+    def settings(self) -> dict[str, Any]:
+        return {
+            "inception_score": {
+                "convention": "torch-fidelity isc_features_to_metric",
+                "splits": self.splits,
+                "shuffle_seed": self.seed,
+                "shuffle": "np.random.RandomState(seed).permutation(N)",
+                "std": "population (ddof=0)",
+                "per_prompt_splits": f"min({self.splits}, images of the prompt)",
+                "n": len(self.logits),
+            }
+        }

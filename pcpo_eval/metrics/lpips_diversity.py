@@ -27,6 +27,8 @@ the toy classifier's layers the same way with uniform weights (w = 1).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -38,8 +40,13 @@ import numpy as np
 import torch
 from torch import nn
 
+from pcpo_eval.features import FeatureExtractor
 from pcpo_eval.features.base import check_uint8_images
-from pcpo_eval.io import sha256_file
+from pcpo_eval.io import atomic_write_json, sha256_file
+from pcpo_eval.metrics.base import MetricInfo
+from pcpo_eval.metrics.cache import settings_digest
+from pcpo_eval.metrics.extract import MetricsOptions, cache_root
+from pcpo_eval.metrics.metric import EvalData, Metric, MetricValues
 
 EPS = 1e-10  # lpips.normalize_tensor
 
@@ -255,3 +262,73 @@ def naive_lpips_diversity(model: nn.Module, images: torch.Tensor, batch: int = 6
             a, b = torch.from_numpy(ii[s : s + batch]), torch.from_numpy(jj[s : s + batch])
             total += float(model(x[a], x[b]).double().sum())
     return total / len(ii)
+
+
+# ----------------------------------------------------------------------------- the metric (kind "lpips")
+
+
+def make_embedder(
+    info: MetricInfo, extractors: dict[str, FeatureExtractor], options: MetricsOptions
+) -> tuple[Callable[[torch.Tensor], torch.Tensor], dict[str, Any]]:
+    """The embedder g of ``info`` and its settings: AlexNet v0.1 (``lpips``) or the toy classifier."""
+    if info.source == "toy":
+        toy = extractors["toy"]
+        settings = {
+            "layers": "toy classifier layers, unit-normalized channels, uniform weights",
+            **toy.settings(),
+        }
+        return ToyLpipsEmbedder(toy.layers, settings), settings
+    embedder = make_lpips_embedder(options.lpips_trunk, device=options.device)
+    return embedder, embedder.info
+
+
+class LpipsDiversityMetric(Metric):
+    """Mean pairwise LPIPS per prompt (intra-prompt diversity); overall = mean over prompts.
+
+    State ``per_prompt`` (``{prompt_id: mean LPIPS}`` of the prompts dealt to this rank; merged).
+    Each finished prompt is cached under ``CACHE/lpips/<embedder>-<settings digest>/``, keyed by the
+    sha256 of its images, so a re-run skips it.
+    """
+
+    kind = "lpips"
+
+    def __init__(
+        self, info: MetricInfo, extractors: dict[str, FeatureExtractor], options: MetricsOptions
+    ) -> None:
+        super().__init__(info)
+        self.embedder, self.embedder_settings = make_embedder(info, extractors, options)
+        self.add_state("per_prompt", {}, "merge")
+
+    @staticmethod
+    def extractor_outputs(info: MetricInfo) -> dict[str, tuple[str, ...]]:
+        return {"toy": ()} if info.source == "toy" else {}  # the toy classifier's layers, no cached outputs
+
+    def update(self, data: EvalData) -> None:
+        s, batch, shas = data.image_set, data.options.lpips_batch, data.image_set.shas
+        digest = settings_digest(self.embedder_settings)[:16]
+        root = cache_root(s, data.options) / "lpips" / f"{self.embedder.name}-{digest}"
+        for pid in data.my_prompts():
+            rows = data.rows[pid]
+            key = hashlib.sha256("\n".join(shas[r] for r in rows).encode()).hexdigest()[:24]
+            path = root / f"prompt-{key}.json"
+            if path.exists():
+                self.per_prompt[pid] = json.loads(path.read_text())["lpips"]
+                continue
+            acc = PairwiseAccumulator()
+            for i in range(0, len(rows), batch):
+                acc.update(self.embedder(s.read_batch(rows[i : i + batch])))
+            self.per_prompt[pid] = acc.mean_distance()
+            atomic_write_json(path, {"prompt_id": pid, "n": acc.n, "lpips": self.per_prompt[pid]})
+
+    def compute(self) -> MetricValues:
+        per_prompt = dict(sorted(self.per_prompt.items()))
+        return MetricValues({self.name: float(np.mean(list(per_prompt.values())))}, {self.name: per_prompt})
+
+    def settings(self) -> dict[str, Any]:
+        return {
+            f"{self.name}_settings": {
+                **self.embedder_settings,
+                "pairs": "all unordered pairs per prompt",
+                "aggregate": "mean over prompts",
+            }
+        }

@@ -4,26 +4,26 @@ Stages (each callable on its own, so tests can hit them):
 
 1. :func:`validate_request` - metric names, reference, prompt match, >= 2 images per prompt; all
    user errors surface here, before any model is loaded or any file is written;
-2. :func:`extract_set` - features/logits per image through the hash-keyed :class:`FeatureCache`;
-   batches are dealt round-robin to the ranks of a ``torch.distributed`` group, every rank then
-   reads the complete cache;
-3. :func:`compute_metrics` - FD from :class:`GaussianStats` (all-reduced over ranks for the whole
-   set; per prompt against the reference's images of the same prompt), IS (torch-fidelity
-   conventions, rank-independent because it works on the gathered logits), LPIPS diversity per
-   prompt (prompts dealt to ranks, results gathered), preference scores per image;
+2. :func:`pcpo_eval.metrics.extract.extract_set` - features/logits per image through the
+   hash-keyed :class:`FeatureCache`; batches are dealt round-robin to the ranks of a
+   ``torch.distributed`` group, every rank then reads the complete cache;
+3. :func:`compute_metrics` - one :class:`~pcpo_eval.metrics.metric.Metric` object per requested
+   metric (its class chosen by the catalogue kind, :data:`METRIC_CLASSES`): ``update`` with this
+   rank's share, ``sync`` the declared states over ranks, ``compute`` the values, ``settings``
+   for the provenance;
 4. :func:`write_outputs` - rank 0 writes ``per_prompt.parquet``, ``per_image.parquet`` and last
    ``metrics.json`` (``{"metrics": {...}, "settings": {...}}``), each atomically.
 
-Metric names: ``fid``, ``fd_dinov2``, ``fd_toy``, ``is``, ``is_toy``, ``lpips``, ``lpips_toy`` and
-the rewards ``hps``, ``pickscore``, ``imagereward``, ``clipscore``, ``aesthetic``.
+Metric names: the catalogue :data:`pcpo_eval.metrics.base.METRICS` (``fid``, ``fd_dinov2``,
+``fd_toy``, ``is``, ``is_toy``, ``lpips``, ``lpips_toy`` and the rewards ``hps``, ``pickscore``,
+``imagereward``, ``clipscore``, ``aesthetic``).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
+import copy
 import platform
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,34 +36,23 @@ from pcpo_eval.errors import UserError
 from pcpo_eval.features import FeatureExtractor, make_extractor
 from pcpo_eval.imageset import ImageSet, check_min_images, check_same_prompts
 from pcpo_eval.io import atomic_write, atomic_write_json, atomic_write_parquet
-from pcpo_eval.metrics.base import METRICS, MetricSpec
-from pcpo_eval.metrics.cache import FeatureCache, settings_digest
-from pcpo_eval.metrics.frechet import frechet_distance_details
-from pcpo_eval.metrics.inception_score import DEFAULT_SEED, DEFAULT_SPLITS, inception_score
-from pcpo_eval.metrics.lpips_diversity import PairwiseAccumulator, ToyLpipsEmbedder, make_lpips_embedder
-from pcpo_eval.metrics.state import GaussianStats
+from pcpo_eval.metrics.base import METRICS
+from pcpo_eval.metrics.extract import ExtractionReport, MetricsOptions, extract_set
+from pcpo_eval.metrics.frechet import FrechetDistanceMetric
+from pcpo_eval.metrics.inception_score import InceptionScoreMetric
+from pcpo_eval.metrics.lpips_diversity import LpipsDiversityMetric
+from pcpo_eval.metrics.metric import EvalData, Metric, MetricValues
+from pcpo_eval.metrics.reward_score import RewardScoreMetric
 
-
-@dataclass
-class MetricsOptions:
-    """Knobs of a metrics run (all recorded in the settings)."""
-
-    batch_size: int = 32
-    device: str = "cpu"
-    is_splits: int = DEFAULT_SPLITS
-    is_seed: int = DEFAULT_SEED
-    #: feature cache root; default ``<image set>/.pcpo_cache``
-    cache_dir: str | Path | None = None
-    #: extractor name -> factory options (``weights_path``, or a ``classifier`` stand-in for toy)
-    extractor_options: dict[str, dict[str, Any]] = field(default_factory=dict)
-    #: reward name -> ``make_reward`` options
-    reward_options: dict[str, dict[str, Any]] = field(default_factory=dict)
-    #: LPIPS AlexNet trunk: local weights path, None (locate) or "random" (tests only)
-    lpips_trunk: str | None = None
-    lpips_batch: int = 16
-
-
-# ----------------------------------------------------------------------------- distributed helpers
+#: catalogue kind -> Metric class (add a kind: one file with its class, one entry here)
+METRIC_CLASSES: dict[str, type[Metric]] = {
+    "fd": FrechetDistanceMetric,
+    "is": InceptionScoreMetric,
+    "lpips": LpipsDiversityMetric,
+    "reward": RewardScoreMetric,
+}
+#: order of the kinds' settings blocks in metrics.json (the order the file has always had)
+_SETTINGS_ORDER = ("lpips", "fd", "is", "reward")
 
 
 # ----------------------------------------------------------------------------- validation
@@ -82,17 +71,19 @@ def validate_request(
     names: list[str], image_set: ImageSet, reference: ImageSet | None, options: MetricsOptions
 ) -> None:
     """Every user error that can be found without running a network."""
-    kinds = {METRICS[m].kind for m in names}
-    if "fd" in kinds:
-        fd_names = [m for m in names if METRICS[m].kind == "fd"]
+    infos = [METRICS[m] for m in names]
+    with_reference = [i.name for i in infos if i.needs_reference]
+    if with_reference:
         if reference is None:
-            raise UserError(f"{', '.join(fd_names)} need a reference image set: pass --reference REF_SET")
+            raise UserError(
+                f"{', '.join(with_reference)} need a reference image set: pass --reference REF_SET"
+            )
         check_same_prompts(image_set, reference)
-        check_min_images(image_set, 2, fd_names[0])
-        check_min_images(reference, 2, f"{fd_names[0]} (reference)")
-    if "lpips" in kinds:
+        check_min_images(image_set, 2, with_reference[0])
+        check_min_images(reference, 2, f"{with_reference[0]} (reference)")
+    if any(i.kind == "lpips" for i in infos):
         check_min_images(image_set, 2, "LPIPS diversity")
-    if "is" in kinds and len(image_set) < options.is_splits:
+    if any(i.kind == "is" for i in infos) and len(image_set) < options.is_splits:
         raise UserError(
             f"IS with {options.is_splits} splits needs at least {options.is_splits} images, have {len(image_set)}"
         )
@@ -100,171 +91,7 @@ def validate_request(
         raise UserError("batch sizes must be >= 1")
 
 
-# ----------------------------------------------------------------------------- stage 2: extraction
-
-
-def cache_root(image_set: ImageSet, options: MetricsOptions) -> Path:
-    return Path(options.cache_dir) if options.cache_dir is not None else image_set.root / ".pcpo_cache"
-
-
-@dataclass
-class ExtractionReport:
-    """How many unique images this rank computed (the rest came from the cache)."""
-
-    computed: int = 0
-    cached: int = 0
-
-
-def _compute_into_cache(
-    cache: FeatureCache,
-    image_set: ImageSet,
-    keys: list[str],
-    batch_size: int,
-    compute: Any,
-    report: ExtractionReport,
-) -> None:
-    """Fill ``cache`` for ``keys`` (row keys of ``image_set``): batches dealt round-robin to ranks."""
-    first_row: dict[str, int] = {}
-    for row, k in enumerate(keys):
-        first_row.setdefault(k, row)
-    # every rank must see the same list of missing keys: scan between two barriers, before anyone writes
-    dist.barrier()
-    cache.refresh()
-    missing = cache.missing(keys)
-    dist.barrier()
-    report.cached += len(first_row) - len(missing)
-    batches = [missing[i : i + batch_size] for i in range(0, len(missing), batch_size)]
-    for batch in batches[dist.rank() :: dist.world_size()]:
-        rows = [first_row[k] for k in batch]
-        arrays = compute(rows)
-        cache.write_chunk(batch, {k: np.asarray(v) for k, v in arrays.items()})
-        report.computed += len(batch)
-    dist.barrier()
-    cache.refresh()
-
-
-def extract_set(
-    image_set: ImageSet,
-    extractor: FeatureExtractor,
-    options: MetricsOptions,
-    outputs: tuple[str, ...] = ("features",),
-    report: ExtractionReport | None = None,
-) -> dict[str, np.ndarray]:
-    """Per-image extractor outputs (``features``, ``logits``) in manifest order, through the cache."""
-    report = report if report is not None else ExtractionReport()
-    settings = {
-        **extractor.settings(),
-        "outputs": ["features", "logits"] if extractor.has_logits else ["features"],
-    }
-    cache = FeatureCache(cache_root(image_set, options) / "features", extractor.name, settings)
-
-    def compute(rows: list[int]) -> dict[str, np.ndarray]:
-        out = extractor.extract(image_set.read_batch(rows))
-        return {k: v.numpy().astype(np.float32) for k, v in out.items()}
-
-    _compute_into_cache(cache, image_set, image_set.shas, options.batch_size, compute, report)
-    return cache.gather(image_set.shas, list(outputs))
-
-
-def reward_keys(image_set: ImageSet) -> list[str]:
-    """Reward cache keys: sha256(image sha256 + prompt) (a score depends on both)."""
-    m = image_set.manifest
-    return [
-        hashlib.sha256(f"{s}\n{p}".encode()).hexdigest()
-        for s, p in zip(m["image_sha256"].astype(str), m["prompt"].astype(str), strict=True)
-    ]
-
-
-def load_reward(name: str, options: dict[str, Any]) -> Any:
-    """``pcpo_eval.rewards.make_reward`` with a one-line error if the backend is not installed."""
-    from pcpo_eval.rewards import make_reward
-
-    try:
-        return make_reward(name, **options)
-    except ModuleNotFoundError as exc:
-        raise UserError(f"reward {name!r} is unavailable: module {exc.name!r} is not installed") from exc
-
-
-def score_set(
-    image_set: ImageSet, name: str, options: MetricsOptions, report: ExtractionReport | None = None
-) -> tuple[np.ndarray, dict[str, Any]]:
-    """Per-image preference scores (float32, manifest order) through a cache keyed by image + prompt.
-
-    Returns the scores and the reward's settings (its ``settings``/``info`` dict: model, weights).
-    """
-    report = report if report is not None else ExtractionReport()
-    fn = load_reward(name, options.reward_options.get(name, {}))
-    info = getattr(fn, "info", None) or getattr(fn, "settings", None) or {}
-    settings = {
-        "reward": name,
-        **(info if isinstance(info, dict) else {}),
-        **options.reward_options.get(name, {}),
-    }
-    cache = FeatureCache(
-        cache_root(image_set, options) / "rewards", name, {k: str(v) for k, v in settings.items()}
-    )
-    prompts = image_set.manifest["prompt"].astype(str).tolist()
-
-    def compute(rows: list[int]) -> dict[str, np.ndarray]:
-        with torch.no_grad():
-            scores = fn(image_set.read_batch(rows), [prompts[r] for r in rows])
-        return {"score": torch.as_tensor(scores).detach().float().cpu().numpy().reshape(len(rows))}
-
-    _compute_into_cache(cache, image_set, reward_keys(image_set), options.batch_size, compute, report)
-    plain = {k: v if isinstance(v, str | int | float | bool | None) else str(v) for k, v in settings.items()}
-    return cache.gather(reward_keys(image_set), ["score"])["score"], plain
-
-
 # ----------------------------------------------------------------------------- stage 3: metrics
-
-
-def fd_overall(x: np.ndarray, y: np.ndarray) -> tuple[float, dict[str, float]]:
-    """FD of two whole sets; sufficient statistics of each rank's row shard are all-reduced."""
-    sx = GaussianStats(x.shape[1]).update(x[dist.rank() :: dist.world_size()]).all_reduce()
-    sy = GaussianStats(y.shape[1]).update(y[dist.rank() :: dist.world_size()]).all_reduce()
-    res = frechet_distance_details(sx.mean(), sx.cov(), sy.mean(), sy.cov())
-    return res.value, {
-        "clipped_negative_eigen_mass": res.clipped_negative_mass,
-        "n_clipped": res.n_clipped,
-        "method": res.method,
-    }
-
-
-def fd_per_prompt(
-    x: np.ndarray, y: np.ndarray, rows_x: dict[int, np.ndarray], rows_y: dict[int, np.ndarray]
-) -> dict[int, float]:
-    """FD per prompt against the reference's images of the same prompt (prompts dealt to ranks)."""
-    mine = {}
-    for pid in sorted(rows_x)[dist.rank() :: dist.world_size()]:
-        sx = GaussianStats(x.shape[1]).update(x[rows_x[pid]])
-        sy = GaussianStats(y.shape[1]).update(y[rows_y[pid]])
-        mine[pid] = frechet_distance_details(sx.mean(), sx.cov(), sy.mean(), sy.cov()).value
-    return {k: v for part in dist.gather_objects(mine) for k, v in part.items()}
-
-
-def lpips_per_prompt(
-    image_set: ImageSet, embedder: Any, embedder_settings: dict[str, Any], options: MetricsOptions
-) -> dict[int, float]:
-    """Mean pairwise LPIPS per prompt; each finished prompt is cached, so a re-run skips it."""
-    root = (
-        cache_root(image_set, options)
-        / "lpips"
-        / f"{embedder.name}-{settings_digest(embedder_settings)[:16]}"
-    )
-    shas = image_set.shas
-    mine = {}
-    for pid, rows in sorted(image_set.rows_by_prompt().items())[dist.rank() :: dist.world_size()]:
-        key = hashlib.sha256("\n".join(shas[r] for r in rows).encode()).hexdigest()[:24]
-        path = root / f"prompt-{key}.json"
-        if path.exists():
-            mine[pid] = json.loads(path.read_text())["lpips"]
-            continue
-        acc = PairwiseAccumulator()
-        for i in range(0, len(rows), options.lpips_batch):
-            acc.update(embedder(image_set.read_batch(rows[i : i + options.lpips_batch])))
-        mine[pid] = acc.mean_distance()
-        atomic_write_json(path, {"prompt_id": pid, "n": acc.n, "lpips": mine[pid]})
-    return {k: v for part in dist.gather_objects(mine) for k, v in part.items()}
 
 
 @dataclass
@@ -278,6 +105,104 @@ class MetricsResult:
 
     def as_json(self) -> dict[str, Any]:
         return {"metrics": self.metrics, "settings": self.settings}
+
+
+def extractor_outputs(names: list[str]) -> dict[str, tuple[str, ...]]:
+    """Extractors the metrics need (sorted by name) -> outputs to extract for the image set."""
+    wanted: dict[str, set[str]] = {}
+    for m in names:
+        for source, outputs in METRIC_CLASSES[METRICS[m].kind].extractor_outputs(METRICS[m]).items():
+            wanted.setdefault(source, set()).update(outputs)
+    order = ("features", "logits")
+    return {src: tuple(o for o in order if o in wanted[src]) for src in sorted(wanted)}
+
+
+def build_metrics(
+    names: list[str], options: MetricsOptions
+) -> tuple[list[Metric], dict[str, FeatureExtractor], dict[str, tuple[str, ...]]]:
+    """Every network (extractors, LPIPS trunks, reward models) and one Metric per name.
+
+    Built before any long computation, so absent weights fail first.
+    """
+    wanted = extractor_outputs(names)
+    extractors = {
+        src: make_extractor(src, device=options.device, **options.extractor_options.get(src, {}))
+        for src in wanted
+    }
+    metrics = [METRIC_CLASSES[METRICS[m].kind](METRICS[m], extractors, options) for m in names]
+    return metrics, extractors, wanted
+
+
+def _tables(s: ImageSet, ref: ImageSet | None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Empty per-prompt (prompt, image counts) and per-image (manifest keys) tables."""
+    rows_s = s.rows_by_prompt()
+    prompts = s.prompts()
+    per_prompt = pd.DataFrame(
+        {
+            "prompt_id": list(rows_s),
+            "prompt": [prompts[p] for p in rows_s],
+            "n_images": [len(r) for r in rows_s.values()],
+        }
+    )
+    if ref is not None:
+        rows_r = ref.rows_by_prompt()
+        per_prompt["n_reference"] = [len(rows_r.get(p, [])) for p in rows_s]
+    per_image = s.manifest[["prompt_id", "prompt", "seed", "path", "image_sha256"]].copy()
+    return per_prompt, per_image
+
+
+def _add_values(
+    values: MetricValues, out: dict[str, float], per_prompt: pd.DataFrame, per_image: pd.DataFrame
+) -> None:
+    out.update(values.overall)
+    for col, by_prompt in values.per_prompt.items():
+        per_prompt[col] = [by_prompt[int(p)] for p in per_prompt["prompt_id"]]
+    for col, arr in values.per_image.items():
+        per_image[col] = arr
+
+
+def _merge_settings(into: dict[str, Any], block: dict[str, Any]) -> None:
+    """Deep-merge ``block`` into ``into`` (two FD metrics share one ``frechet`` block)."""
+    for key, value in block.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge_settings(into[key], value)
+        else:
+            into[key] = copy.deepcopy(value)
+
+
+def _settings(
+    s: ImageSet,
+    ref: ImageSet | None,
+    names: list[str],
+    extractors: dict[str, FeatureExtractor],
+    metrics: list[Metric],
+    options: MetricsOptions,
+) -> dict[str, Any]:
+    """metrics.json ``settings``: the inputs, every metric's provenance, conversions, versions."""
+    settings: dict[str, Any] = {
+        "image_set": str(s.root),
+        "reference": str(ref.root) if ref is not None else None,
+        "n_images": len(s),
+        "n_reference": len(ref) if ref is not None else None,
+        "n_prompts": len(s.prompts()),
+        "world_size": dist.world_size(),
+        "metrics": names,
+        "extractors": {k: e.settings() for k, e in extractors.items()},
+    }
+    for metric in sorted(metrics, key=lambda m: _SETTINGS_ORDER.index(m.kind)):
+        _merge_settings(settings, metric.settings())
+    conversions: dict[str, int] = {}
+    for part in dist.gather_objects(s.read_stats.as_dict()):
+        for k, v in part.items():
+            conversions[k] = conversions.get(k, 0) + v
+    settings["converted_to_rgb"] = conversions
+    settings["options"] = {
+        "batch_size": options.batch_size,
+        "device": options.device,
+        "lpips_batch": options.lpips_batch,
+    }
+    settings["versions"] = {"torch": torch.__version__, "python": platform.python_version()}
+    return settings
 
 
 def compute_metrics(
@@ -294,128 +219,18 @@ def compute_metrics(
     s = image_set if isinstance(image_set, ImageSet) else ImageSet.load(image_set)
     ref = reference if reference is None or isinstance(reference, ImageSet) else ImageSet.load(reference)
     validate_request(names, s, ref, options)
-
-    # build every network first: absent weights fail before any long computation
-    sources = {METRICS[m].source for m in names if METRICS[m].kind in ("fd", "is")}
-    if "lpips_toy" in names:
-        sources.add("toy")
-    extractors = {
-        src: make_extractor(src, device=options.device, **options.extractor_options.get(src, {}))
-        for src in sorted(sources)
+    objects, extractors, wanted = build_metrics(names, options)
+    data = EvalData(s, ref, options, report, extractors)
+    data.outputs = {
+        src: extract_set(s, extractors[src], options, outs, report) for src, outs in wanted.items() if outs
     }
-    lpips_embedder = (
-        make_lpips_embedder(options.lpips_trunk, device=options.device) if "lpips" in names else None
-    )
-
-    rows_s = s.rows_by_prompt()
-    prompts = s.prompts()
-    per_prompt = pd.DataFrame(
-        {
-            "prompt_id": list(rows_s),
-            "prompt": [prompts[p] for p in rows_s],
-            "n_images": [len(r) for r in rows_s.values()],
-        }
-    )
-    per_image = s.manifest[["prompt_id", "prompt", "seed", "path", "image_sha256"]].copy()
     out: dict[str, float] = {}
-    settings: dict[str, Any] = {
-        "image_set": str(s.root),
-        "reference": str(ref.root) if ref is not None else None,
-        "n_images": len(s),
-        "n_reference": len(ref) if ref is not None else None,
-        "n_prompts": len(rows_s),
-        "world_size": dist.world_size(),
-        "metrics": names,
-        "extractors": {k: e.settings() for k, e in extractors.items()},
-    }
-    if ref is not None:
-        rows_r = ref.rows_by_prompt()
-        per_prompt["n_reference"] = [len(rows_r.get(p, [])) for p in rows_s]
-
-    feats: dict[str, dict[str, np.ndarray]] = {}
-    for src, ext in extractors.items():
-        wanted = tuple(
-            ["features"] + (["logits"] if any(METRICS[m] == MetricSpec("is", src) for m in names) else [])
-        )
-        feats[src] = extract_set(s, ext, options, wanted, report)
-
-    fd_diag: dict[str, Any] = {}
-    reward_settings: dict[str, Any] = {}
-    for m in names:
-        spec = METRICS[m]
-        if spec.kind == "fd":
-            assert ref is not None
-            fr = extract_set(ref, extractors[spec.source], options, ("features",), report)["features"]
-            fx = feats[spec.source]["features"]
-            out[m], fd_diag[m] = fd_overall(fx, fr)
-            pp = fd_per_prompt(fx, fr, rows_s, ref.rows_by_prompt())
-            per_prompt[m] = [pp[p] for p in rows_s]
-        elif spec.kind == "is":
-            logits = feats[spec.source]["logits"]
-            res = inception_score(logits, options.is_splits, True, options.is_seed)
-            out[m], out[f"{m}_std"] = res.mean, res.std
-            vals = [
-                inception_score(logits[r], min(options.is_splits, len(r)), True, options.is_seed)
-                for r in rows_s.values()
-            ]
-            per_prompt[m] = [v.mean for v in vals]
-            per_prompt[f"{m}_std"] = [v.std for v in vals]
-        elif spec.kind == "lpips":
-            if m == "lpips":
-                emb, emb_settings = lpips_embedder, lpips_embedder.info
-            else:
-                toy = extractors["toy"]
-                emb_settings = {
-                    "layers": "toy classifier layers, unit-normalized channels, uniform weights",
-                    **toy.settings(),
-                }
-                emb = ToyLpipsEmbedder(toy.layers, emb_settings)
-            pp = lpips_per_prompt(s, emb, emb_settings, options)
-            per_prompt[m] = [pp[p] for p in rows_s]
-            out[m] = float(np.mean(per_prompt[m]))
-            settings[f"{m}_settings"] = {
-                **emb_settings,
-                "pairs": "all unordered pairs per prompt",
-                "aggregate": "mean over prompts",
-            }
-        else:
-            scores, reward_settings[m] = score_set(s, spec.source, options, report)
-            per_image[m] = scores
-            per_prompt[m] = [float(np.mean(scores[r])) for r in rows_s.values()]
-            out[m] = float(np.mean(scores))
-    if fd_diag:
-        settings["frechet"] = {
-            "dtype": "float64",
-            "covariance_ddof": 1,
-            "trace_sqrt": "sum sqrt(eigvalsh(R^T S2 R)), R = cholesky(S1) or eigh root if singular; negatives clipped and reported",
-            "per_prompt": "FD of each prompt's images vs the reference's images of the same prompt",
-            "diagnostics": fd_diag,
-        }
-    if any(METRICS[m].kind == "is" for m in names):
-        settings["inception_score"] = {
-            "convention": "torch-fidelity isc_features_to_metric",
-            "splits": options.is_splits,
-            "shuffle_seed": options.is_seed,
-            "shuffle": "np.random.RandomState(seed).permutation(N)",
-            "std": "population (ddof=0)",
-            "per_prompt_splits": f"min({options.is_splits}, images of the prompt)",
-            "n": len(s),
-        }
-    if any(METRICS[m].kind == "reward" for m in names):
-        settings["rewards"] = reward_settings
-        settings["reward_aggregate"] = "mean over images (per prompt: mean over the prompt's images)"
-    conversions: dict[str, int] = {}
-    for part in dist.gather_objects(s.read_stats.as_dict()):
-        for k, v in part.items():
-            conversions[k] = conversions.get(k, 0) + v
-    settings["converted_to_rgb"] = conversions
-    settings["options"] = {
-        "batch_size": options.batch_size,
-        "device": options.device,
-        "lpips_batch": options.lpips_batch,
-    }
-    settings["versions"] = {"torch": torch.__version__, "python": platform.python_version()}
-    return MetricsResult(out, settings, per_prompt, per_image)
+    per_prompt, per_image = _tables(s, ref)
+    for metric in objects:
+        metric.update(data)
+        metric.sync()
+        _add_values(metric.compute(), out, per_prompt, per_image)
+    return MetricsResult(out, _settings(s, ref, names, extractors, objects, options), per_prompt, per_image)
 
 
 # ----------------------------------------------------------------------------- stage 4: outputs

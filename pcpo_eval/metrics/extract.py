@@ -1,0 +1,161 @@
+"""Stage 2 of the metric workers: per-image network outputs through the hash-keyed feature cache.
+
+Batches of images not yet cached are dealt round-robin to the ranks of a ``torch.distributed``
+group (:mod:`pcpo_eval.dist`); each rank writes its chunks, and after a barrier every rank reads
+the complete cache. So the arrays :func:`extract_set` and :func:`score_set` return are the same
+on every rank: the shared cache is their cross-process reduction.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from pcpo_eval import dist
+from pcpo_eval.errors import UserError
+from pcpo_eval.features import FeatureExtractor
+from pcpo_eval.imageset import ImageSet
+from pcpo_eval.metrics.base import IS_DEFAULT_SEED, IS_DEFAULT_SPLITS
+from pcpo_eval.metrics.cache import FeatureCache
+
+
+@dataclass
+class MetricsOptions:
+    """Knobs of a metrics run (all recorded in the settings)."""
+
+    batch_size: int = 32
+    device: str = "cpu"
+    is_splits: int = IS_DEFAULT_SPLITS
+    is_seed: int = IS_DEFAULT_SEED
+    #: feature cache root; default ``<image set>/.pcpo_cache``
+    cache_dir: str | Path | None = None
+    #: extractor name -> factory options (``weights_path``, or a ``classifier`` stand-in for toy)
+    extractor_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: reward name -> ``make_reward`` options
+    reward_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: LPIPS AlexNet trunk: local weights path, None (locate) or "random" (tests only)
+    lpips_trunk: str | None = None
+    lpips_batch: int = 16
+
+
+@dataclass
+class ExtractionReport:
+    """How many unique images this rank computed (the rest came from the cache)."""
+
+    computed: int = 0
+    cached: int = 0
+
+
+def cache_root(image_set: ImageSet, options: MetricsOptions) -> Path:
+    return Path(options.cache_dir) if options.cache_dir is not None else image_set.root / ".pcpo_cache"
+
+
+def _compute_into_cache(
+    cache: FeatureCache,
+    image_set: ImageSet,
+    keys: list[str],
+    batch_size: int,
+    compute: Callable[[list[int]], dict[str, np.ndarray]],
+    report: ExtractionReport,
+) -> None:
+    """Fill ``cache`` for ``keys`` (row keys of ``image_set``): batches dealt round-robin to ranks."""
+    first_row: dict[str, int] = {}
+    for row, k in enumerate(keys):
+        first_row.setdefault(k, row)
+    # every rank must see the same list of missing keys: scan between two barriers, before anyone writes
+    dist.barrier()
+    cache.refresh()
+    missing = cache.missing(keys)
+    dist.barrier()
+    report.cached += len(first_row) - len(missing)
+    batches = [missing[i : i + batch_size] for i in range(0, len(missing), batch_size)]
+    for batch in batches[dist.rank() :: dist.world_size()]:
+        rows = [first_row[k] for k in batch]
+        arrays = compute(rows)
+        cache.write_chunk(batch, {k: np.asarray(v) for k, v in arrays.items()})
+        report.computed += len(batch)
+    dist.barrier()
+    cache.refresh()
+
+
+def extract_set(
+    image_set: ImageSet,
+    extractor: FeatureExtractor,
+    options: MetricsOptions,
+    outputs: tuple[str, ...] = ("features",),
+    report: ExtractionReport | None = None,
+) -> dict[str, np.ndarray]:
+    """Per-image extractor outputs (``features``, ``logits``) in manifest order, through the cache."""
+    report = report if report is not None else ExtractionReport()
+    settings = {
+        **extractor.settings(),
+        "outputs": ["features", "logits"] if extractor.has_logits else ["features"],
+    }
+    cache = FeatureCache(cache_root(image_set, options) / "features", extractor.name, settings)
+
+    def compute(rows: list[int]) -> dict[str, np.ndarray]:
+        out = extractor.extract(image_set.read_batch(rows))
+        return {k: v.numpy().astype(np.float32) for k, v in out.items()}
+
+    _compute_into_cache(cache, image_set, image_set.shas, options.batch_size, compute, report)
+    return cache.gather(image_set.shas, list(outputs))
+
+
+def reward_keys(image_set: ImageSet) -> list[str]:
+    """Reward cache keys: sha256(image sha256 + prompt) (a score depends on both)."""
+    m = image_set.manifest
+    return [
+        hashlib.sha256(f"{s}\n{p}".encode()).hexdigest()
+        for s, p in zip(m["image_sha256"].astype(str), m["prompt"].astype(str), strict=True)
+    ]
+
+
+def load_reward(name: str, options: dict[str, Any]) -> Any:
+    """``pcpo_eval.rewards.make_reward`` with a one-line error if the backend is not installed."""
+    from pcpo_eval.rewards import make_reward
+
+    try:
+        return make_reward(name, **options)
+    except ModuleNotFoundError as exc:
+        raise UserError(f"reward {name!r} is unavailable: module {exc.name!r} is not installed") from exc
+
+
+def reward_settings(name: str, fn: Any, options: dict[str, Any]) -> dict[str, Any]:
+    """What determines a reward's scores: its name, its ``info``/``settings`` dict and the options."""
+    info = getattr(fn, "info", None) or getattr(fn, "settings", None) or {}
+    return {"reward": name, **(info if isinstance(info, dict) else {}), **options}
+
+
+def score_set(
+    image_set: ImageSet,
+    fn: Any,
+    settings: dict[str, Any],
+    options: MetricsOptions,
+    report: ExtractionReport | None = None,
+) -> np.ndarray:
+    """Per-image scores of reward ``fn`` (float32, manifest order) through a cache keyed by image + prompt.
+
+    ``settings`` (:func:`reward_settings`) key the cache: other weights, other directory.
+    """
+    report = report if report is not None else ExtractionReport()
+    cache = FeatureCache(
+        cache_root(image_set, options) / "rewards",
+        str(settings["reward"]),
+        {k: str(v) for k, v in settings.items()},
+    )
+    prompts = image_set.manifest["prompt"].astype(str).tolist()
+
+    def compute(rows: list[int]) -> dict[str, np.ndarray]:
+        with torch.no_grad():
+            scores = fn(image_set.read_batch(rows), [prompts[r] for r in rows])
+        return {"score": torch.as_tensor(scores).detach().float().cpu().numpy().reshape(len(rows))}
+
+    keys = reward_keys(image_set)
+    _compute_into_cache(cache, image_set, keys, options.batch_size, compute, report)
+    return cache.gather(keys, ["score"])["score"]
