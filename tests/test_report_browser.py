@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from PIL import Image
-from report_helpers import EVIL_PROMPT, synthetic_results
+from report_helpers import EVIL_PROMPT, SENTENCES, synthetic_results
 
 from pcpo_eval.report.html import write_report
 from pcpo_eval.study.results import to_jsonable
@@ -95,9 +95,12 @@ def test_report_in_browser(report, tmp_path):
     assert dom.title == "pcpo-eval report: synthetic <study>"
     assert "script" not in dom.tags
     assert EVIL_PROMPT in "".join(dom.text)
-    for tid in ("speedup-table", "selection-table", "raw-table", "lmm-diagnostics", "preference-table", "runs-table"):
+    for tid in ("verdict-table", "sampler-offset-table", "health-table", "speedup-table", "selection-table",
+                "raw-table", "lmm-diagnostics", "preference-table", "runs-table"):
         assert tid in dom.ids, tid
-    assert dom.tags.count("table") >= 9 and dom.tags.count("img") >= 12
+    text = "".join(dom.text)
+    assert all(s in text for s in SENTENCES.values())  # the verdict sentences, rendered as text
+    assert dom.tags.count("table") >= 12 and dom.tags.count("img") >= 12 + 3 + 6
 
 
 def test_report_screenshot(report, tmp_path):

@@ -1,23 +1,30 @@
 """One self-contained HTML report from a study's ``results.json`` (formatting only).
 
-The report computes nothing: every number comes from :mod:`pcpo_eval.study_stats` (which calls
-:mod:`pcpo_eval.stats`). Here we only lay numbers out in the paper's table styles, draw them with
-matplotlib (Agg) and embed everything (plots, the credit figure, image grids) as ``data:`` URIs,
-so the file opens without network access and without any script: the page has no JavaScript
-and no external CSS. The Jinja2 environment autoescapes, so prompts, run names and the spec text
-are shown as text, never interpreted as HTML.
+The report computes no statistic: every estimate, interval, p-value, significance flag and verdict
+sentence comes from :mod:`pcpo_eval.study.results` (which calls :mod:`pcpo_eval.stats`). Here we
+only lay numbers out in the paper's table styles, draw them (:mod:`pcpo_eval.report.figures`) and
+embed everything (plots, the credit figure, image grids) as ``data:`` URIs, so the file opens
+without network access and without any script: the page has no JavaScript and no external CSS.
+The Jinja2 environment autoescapes, so prompts, run names, sentences and the spec text are shown
+as text, never interpreted as HTML, and its ``finalize`` hook prints a missing number (``None``,
+NaN) as an en dash, never as "None" or "nan".
 
-Sections: study spec; speed-up (Table 1/5); reward-matched checkpoints; raw scores (Table 2,
-significant differences in bold); LMM tables per effect (Tables 3-4) with df method and
-diagnostics (convergence, singular fit, Q-Q plot); preference metrics (Table 6); training traces
-(reward and clip fraction smoothed, Fig. 5); the credit-weight figure (Fig. 2); rho and |g|
-statistics; image grids at matched reward.
+Sections, in order: **verdict** (one row per run-level comparison: sentence, estimate with 95% CI,
+runs per arm, p or the reason it is not estimable; the 1-run-per-arm warning; the sampler offset of
+the untrained controls); study spec; speed-up (Table 1/5); reward curves over seeds against epochs
+and wall-clock seconds, KL-reward, PPO health; reward-matched checkpoints; raw scores (Table 2,
+significant differences in bold) and their simple effects; LMM tables per effect (Tables 3-4) with
+95% CIs, df method and diagnostics; preference metrics (Table 6); training traces (Fig. 5); the
+credit-weight figure (Fig. 2); rho and |g| statistics; image grids at matched reward; progression.
+
+Not estimable (an LMM fit or a verdict row with ``estimable: false``): the p and adjusted-p cells
+hold "not estimable: <reason>", nothing is bold, and no "p = " is printed for it.
 """
 
 from __future__ import annotations
 
 import base64
-import io
+import collections
 import json
 import math
 import re
@@ -26,8 +33,26 @@ from typing import Any
 
 from pcpo_eval.errors import UserError
 from pcpo_eval.io import atomic_write_text
+from pcpo_eval.report.figures import (
+    grad_plot,
+    kl_reward_plot,
+    qq_plot,
+    reward_curves_plot,
+    rho_plot,
+    traces_plot,
+)
 
-BASELINE_COLOR, PCPO_COLOR, OTHER_COLOR = "tab:blue", "tab:orange", "tab:gray"
+#: What the verdict's ``quantity`` keys mean (``name:arg`` -> label with the argument).
+QUANTITY_LABELS = {
+    "epochs_to_target": "epochs to reward {}",
+    "speedup": "speed-up to reward {}",
+    "paired_gain": "paired gain",
+    "final_reward": "final reward",
+    "auc": "area under the reward curve",
+    "reward_at_epoch": "reward at epoch {}",
+}
+ONE_RUN_BANNER = "1 run per arm: these are differences between runs; no p-values for the algorithm effect"
+NO_VERDICT = "no run-level verdict in this results.json"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -35,9 +60,13 @@ BASELINE_COLOR, PCPO_COLOR, OTHER_COLOR = "tab:blue", "tab:orange", "tab:gray"
 # ------------------------------------------------------------------------------------------------
 
 
+def _missing(x: Any) -> bool:
+    return x is None or (isinstance(x, float) and not math.isfinite(x))
+
+
 def fmt_num(x: Any, digits: int = 4) -> str:
     """Significant-digit formatting; None/NaN -> an en dash."""
-    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+    if _missing(x):
         return "–"
     if isinstance(x, bool):
         return "yes" if x else "no"
@@ -51,10 +80,20 @@ def fmt_num(x: Any, digits: int = 4) -> str:
 
 def fmt_p(p: Any) -> str:
     """p-values as in the paper (3 decimals), tiny ones as ``< 0.001`` with the exponent."""
-    if p is None or (isinstance(p, float) and not math.isfinite(p)):
+    if _missing(p):
         return "–"
     p = float(p)
     return f"{p:.3f}" if p >= 0.001 else f"{p:.1e}"
+
+
+def fmt_ci(lo: Any, hi: Any) -> str:
+    """A 95% CI as ``[lo, hi]``; an en dash when either end is missing."""
+    return "–" if _missing(lo) or _missing(hi) else f"[{fmt_num(lo)}, {fmt_num(hi)}]"
+
+
+def not_estimable(reason: Any) -> str:
+    """The text that replaces a p-value of a fit / comparison that gives none."""
+    return f"not estimable: {reason}" if reason else "not estimable (no reason recorded)"
 
 
 def pretty_term(term: str) -> str:
@@ -64,27 +103,23 @@ def pretty_term(term: str) -> str:
     return t.replace(":", " × ")
 
 
-# ------------------------------------------------------------------------------------------------
-# plots (matplotlib -> PNG data URI)
-# ------------------------------------------------------------------------------------------------
+def text(x: Any) -> str:
+    """User text for a composed string: a missing value is an en dash, never "None"."""
+    return "–" if _missing(x) else str(x)
 
 
-def _plt():
-    import matplotlib
+def quantity_label(quantity: Any) -> str:
+    """``speedup:0.9`` -> ``speed-up to reward 0.9`` (unknown quantities as given)."""
+    name, _, arg = text(quantity).partition(":")
+    label = QUANTITY_LABELS.get(name)
+    if label is None:
+        return text(quantity)
+    return label.format(arg) if "{}" in label else label
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    return plt
-
-
-def fig_uri(fig: Any, dpi: int = 96) -> str:
-    """A matplotlib figure as a ``data:image/png;base64`` URI (figure closed)."""
-    plt = _plt()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
-    plt.close(fig)
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+def finalize(x: Any) -> Any:
+    """Jinja ``finalize``: a missing value prints as an en dash, never "None" or "nan"."""
+    return "–" if _missing(x) else x
 
 
 def file_uri(path: Path) -> str | None:
@@ -95,164 +130,187 @@ def file_uri(path: Path) -> str | None:
     return f"data:{mime};base64," + base64.b64encode(path.read_bytes()).decode("ascii")
 
 
-def _color(role: str) -> str:
-    return {"baseline": BASELINE_COLOR, "pcpo": PCPO_COLOR}.get(role, OTHER_COLOR)
-
-
-def _cells(traces: list[dict[str, Any]]) -> list[str]:
-    return list(dict.fromkeys(t["cell"] for t in traces))
-
-
-def traces_plot(traces: list[dict[str, Any]], window: int) -> str | None:
-    """Fig. 5 style: smoothed reward (top) and clip fraction (bottom), one column per cell."""
-    if not traces:
-        return None
-    plt = _plt()
-    cells = _cells(traces)
-    fig, axes = plt.subplots(2, len(cells), figsize=(4.6 * len(cells), 6), squeeze=False)
-    for j, cell in enumerate(cells):
-        for t in (t for t in traces if t["cell"] == cell):
-            c = _color(t["role"])
-            ax = axes[0][j]
-            ax.plot(t["epoch"], t["reward_mean"], color=c, alpha=0.25, lw=0.8)
-            ax.plot(t["epoch"], t["reward_smoothed"], color=c, lw=1.8, label=t["run"])
-            if "clipfrac_smoothed" in t:
-                axes[1][j].plot(t["epoch"], t["clipfrac_smoothed"], color=c, lw=1.8)
-        axes[0][j].set(title=f"{cell}: reward (window {window})", xlabel="epoch", ylabel="reward")
-        axes[1][j].set(title="clip fraction (smoothed)", xlabel="epoch", ylabel="clip fraction")
-        axes[0][j].legend(fontsize=6)
-    fig.tight_layout()
-    return fig_uri(fig)
-
-
-def rho_plot(traces: list[dict[str, Any]]) -> str | None:
-    """Policy ratio rho per epoch: mean +- SD band, min / max dashed (from the run logs)."""
-    have = [t for t in traces if "rho_mean" in t]
-    if not have:
-        return None
-    plt = _plt()
-    cells = _cells(have)
-    fig, axes = plt.subplots(1, len(cells), figsize=(4.6 * len(cells), 3.4), squeeze=False)
-    for j, cell in enumerate(cells):
-        ax = axes[0][j]
-        for t in (t for t in have if t["cell"] == cell):
-            c = _color(t["role"])
-            ep = t["epoch"]
-            m = [v if v is not None else float("nan") for v in t["rho_mean"]]
-            s = [v if v is not None else float("nan") for v in t.get("rho_std", [0.0] * len(m))]
-            ax.plot(ep, m, color=c, lw=1.5, label=t["run"])
-            ax.fill_between(ep, [a - b for a, b in zip(m, s, strict=True)], [a + b for a, b in zip(m, s, strict=True)],
-                            color=c, alpha=0.2)
-            for k in ("rho_min", "rho_max"):
-                if k in t:
-                    ax.plot(ep, t[k], color=c, lw=0.7, ls="--")
-        ax.axhline(1.0, color="black", lw=0.6)
-        ax.set(title=f"{cell}: rho (mean ± SD; min/max dashed)", xlabel="epoch", ylabel="rho")
-        ax.legend(fontsize=6)
-    fig.tight_layout()
-    return fig_uri(fig)
-
-
-def grad_plot(traces: list[dict[str, Any]]) -> str | None:
-    """First-layer |g| mean and variance per epoch (log scale)."""
-    have = [t for t in traces if "grad_first_abs_mean" in t]
-    if not have:
-        return None
-    plt = _plt()
-    fig, axes = plt.subplots(1, 2, figsize=(9.5, 3.4))
-    for t in have:
-        c = _color(t["role"])
-        ls = "-" if t["cell"] == have[0]["cell"] else "--"
-        axes[0].plot(t["epoch"], t["grad_first_abs_mean"], color=c, ls=ls, label=t["run"])
-        if "grad_first_abs_var" in t:
-            axes[1].plot(t["epoch"], t["grad_first_abs_var"], color=c, ls=ls)
-    axes[0].set(title="mean |g| (first layer)", xlabel="epoch", yscale="log")
-    axes[1].set(title="var |g| (first layer)", xlabel="epoch", yscale="log")
-    axes[0].legend(fontsize=6)
-    fig.tight_layout()
-    return fig_uri(fig)
-
-
-def qq_plot(fit: dict[str, Any], label: str) -> str | None:
-    """Normal Q-Q plot of the standardized conditional residuals stored with an LMM fit."""
-    dg = fit.get("diagnostics")
-    if not dg or not dg.get("qq_theoretical"):
-        return None
-    plt = _plt()
-    x, y = dg["qq_theoretical"], dg["qq_sample"]
-    fig, ax = plt.subplots(figsize=(3.0, 3.0))
-    ax.scatter(x, y, s=5)
-    lo, hi = min(x[0], y[0]), max(x[-1], y[-1])
-    ax.plot([lo, hi], [lo, hi], color="gray", lw=1)
-    ax.set(title=f"{label}: Q-Q (r = {dg.get('qq_r', float('nan')):.3f})", xlabel="normal quantiles",
-           ylabel="std. residuals")
-    fig.tight_layout()
-    return fig_uri(fig, dpi=80)
-
-
 # ------------------------------------------------------------------------------------------------
-# view model: reshape results.json into rows the template prints
+# view model: the verdict and the per-run curves
 # ------------------------------------------------------------------------------------------------
 
 
-def _lmm_view(lmm: dict[str, Any], labels: dict[str, str]) -> dict[str, Any]:
-    """Per effect (fixed term, intercept excluded) a row per metric; per metric the diagnostics."""
-    fits = lmm.get("fits", {})
-    adjusted = lmm.get("adjusted", {})
+def verdict_row(v: dict[str, Any]) -> dict[str, Any]:
+    """One verdict object as printed: p only when the study marked it estimable, bold only then."""
+    ok = v.get("estimable") is True
+    return {
+        "cell": v.get("cell", ""), "quantity": quantity_label(v.get("quantity", "")),
+        "comparison": f"{text(v.get('treatment'))} vs {text(v.get('baseline'))}", "sentence": v.get("sentence", ""),
+        "estimate": fmt_num(v.get("estimate")), "ci": fmt_ci(v.get("ci_low"), v.get("ci_high")),
+        "runs": f"{fmt_num(v.get('n_treatment_runs'))} vs {fmt_num(v.get('n_baseline_runs'))}",
+        "p": fmt_p(v.get("p")) if ok else not_estimable(v.get("reason")), "estimable": ok,
+        "significant": ok and v.get("significant") is True,
+    }  # fmt: skip
+
+
+def one_run_per_arm(verdict: list[dict[str, Any]] | None, runs: list[dict[str, Any]] | None) -> bool:
+    """True when every compared arm has exactly one run (from the verdict, else from ``runs``)."""
+    if verdict:
+        return all(v.get("n_baseline_runs") == 1 and v.get("n_treatment_runs") == 1 for v in verdict)
+    if runs:
+        return all(n == 1 for n in collections.Counter((r.get("cell"), r.get("arm")) for r in runs).values())
+    return False
+
+
+def per_cell(block: Any) -> list[dict[str, Any]]:
+    """``{cell: {...}}`` or ``[{cell, ...}]`` -> ``[{cell, ...}]`` (the sampler-offset block)."""
+    if isinstance(block, dict):
+        return [{"cell": c, **v} for c, v in block.items()]
+    return list(block or [])
+
+
+def verdict_view(results: dict[str, Any]) -> dict[str, Any]:
+    """The opening section: verdict rows, the 1-run banner, the sampler offset per cell."""
+    verdict = results.get("verdict")
+    return {
+        "present": verdict is not None,
+        "rows": [verdict_row(v) for v in verdict or []],
+        "one_run": one_run_per_arm(verdict, results.get("runs")),
+        "sampler_offset": per_cell(results.get("sampler_offset")),
+    }
+
+
+def arm_roles(results: dict[str, Any]) -> dict[str, str]:
+    """Arm name -> plot role (``baseline`` blue, ``pcpo`` orange) from the spec and the verdict."""
+    roles = {"baseline": "baseline", "treatment": "pcpo", "pcpo": "pcpo"}
+    cmp = results.get("study", {}).get("compare", {})
+    roles.update({str(cmp.get("baseline")): "baseline", str(cmp.get("pcpo")): "pcpo"})
+    for v in results.get("verdict") or []:
+        roles.update({str(v.get("baseline")): "baseline", str(v.get("treatment")): "pcpo"})
+    return roles
+
+
+def health_rows(runs: list[dict[str, Any]], roles: dict[str, str]) -> list[dict[str, Any]]:
+    """PPO health per run: median approx. KL, mean clip fraction, the study's warning (if any)."""
+    out = []
+    for r in runs:
+        h = r.get("ppo_health") or {}
+        out.append({"run": r.get("run", ""), "cell": r.get("cell", ""), "arm": r.get("arm", ""),
+                    "role": roles.get(str(r.get("arm")), "other"), "seed": r.get("seed"),
+                    "kl": h.get("median_approx_kl"), "clipfrac": h.get("mean_clipfrac"), "warning": h.get("warning")})
+    return out
+
+
+def runs_view(results: dict[str, Any]) -> dict[str, Any] | None:
+    """Figures and the PPO-health table from ``runs`` (None for an older results.json without it)."""
+    runs = results.get("runs")
+    if not runs:
+        return None
+    roles = arm_roles(results)
+    return {
+        "reward_png": reward_curves_plot(runs, roles),
+        "wall_png": reward_curves_plot(runs, roles, wall_clock=True),
+        "kl_png": kl_reward_plot(runs, roles),
+        "health": health_rows(runs, roles),
+        "has_controls": any(r.get("control_reward_mean") for r in runs),
+    }
+
+
+# ------------------------------------------------------------------------------------------------
+# view model: LMM tables, simple effects, image grids
+# ------------------------------------------------------------------------------------------------
+
+
+def fixed_effects(fit: dict[str, Any]) -> list[dict[str, Any]]:
+    """A fit's fixed effects as rows with ``term``: the study writes ``dataclasses.asdict`` (a list)
+    while ``LMMResult.to_dict`` keys them by term (a dict); both are valid results.json shapes."""
+    fx = fit.get("fixed") or []
+    return [{"term": t, **v} for t, v in fx.items()] if isinstance(fx, dict) else list(fx)
+
+
+def p_cells(p: Any, p_adj: Any, estimable: bool, reason: Any, significant: bool) -> dict[str, Any]:
+    """The p / adjusted-p cells: numbers, or one "not estimable: <reason>" (``ne``) and no bold."""
+    if not estimable:
+        return {"ne": not_estimable(reason), "p": None, "p_adj": None, "significant": False}
+    return {"ne": None, "p": fmt_p(p), "p_adj": fmt_p(p_adj), "significant": significant}
+
+
+def _lmm_effect_rows(term: str, lmm: dict[str, Any], labels: dict[str, str]) -> list[dict[str, Any]]:
     alpha = float(lmm.get("alpha", 0.05))
     key = "p_bh" if lmm.get("adjust") == "bh" else "p_holm"
-    terms: list[str] = []
-    for f in fits.values():
-        for fe in f.get("fixed", []):
-            if fe["term"] != "(Intercept)" and fe["term"] not in terms:
-                terms.append(fe["term"])
-    effects = []
-    for term in terms:
-        rows = []
-        for m, f in fits.items():
-            fe = next((fe for fe in f.get("fixed", []) if fe["term"] == term), None)
-            if fe is None:
-                continue
-            p_adj = adjusted.get(m, {}).get(term, {}).get(key)
-            rows.append({"metric": labels.get(m, m), "estimate": fe["estimate"], "se": fe["se"], "df": fe["df"],
-                         "t": fe["t"], "p": fe["p"], "p_adj": p_adj,
-                         "significant": bool(f.get("converged", True)) and p_adj is not None and p_adj < alpha})
-        effects.append({"term": term, "label": pretty_term(term), "rows": rows})
-    diags = []
-    for m, f in fits.items():
-        if "error" in f:
-            diags.append({"metric": labels.get(m, m), "error": f["error"]})
+    rows = []
+    for m, f in lmm.get("fits", {}).items():
+        fe = next((fe for fe in fixed_effects(f) if fe["term"] == term), None)
+        if fe is None:
             continue
-        dg = f.get("diagnostics") or {}
-        diags.append({
-            "metric": labels.get(m, m), "converged": f.get("converged"), "singular": f.get("singular"),
-            "optimizer": f.get("optimizer"), "reml": f.get("reml_criterion", f.get("deviance")),
-            "n_obs": f.get("n_obs"), "n_groups": f.get("n_groups", {}), "random_sd": f.get("random_sd", {}),
-            "reference_levels": f.get("reference_levels", {}), "max_grad": f.get("max_grad"),
-            "normality_test": dg.get("normality_test"), "normality_p": dg.get("normality_p"),
-            "skewness": dg.get("skewness"), "kurtosis": dg.get("excess_kurtosis"),
-            "qq": qq_plot(f, labels.get(m, m)),
-        })
-    return {"effects": effects, "diagnostics": diags, "adjust_label": "Benjamini-Hochberg" if key == "p_bh" else "Holm"}
+        ok = f.get("estimable", True) is not False
+        p_adj = lmm.get("adjusted", {}).get(m, {}).get(term, {}).get(key)
+        sig = ok and bool(f.get("converged", True)) and not _missing(p_adj) and p_adj < alpha
+        rows.append({"metric": labels.get(m, m), "estimate": fe.get("estimate"), "se": fe.get("se"),
+                     "df": fe.get("df"), "t": fe.get("t"), "ci": fmt_ci(fe.get("ci_low"), fe.get("ci_high")),
+                     **p_cells(fe.get("p"), p_adj, ok, f.get("reason"), sig)})
+    return rows
 
 
-def _grid_view(grids: list[dict[str, Any]], root: Path | None) -> list[dict[str, Any]]:
+def _lmm_diagnostics(m: str, f: dict[str, Any], label: str) -> dict[str, Any]:
+    if "error" in f:
+        return {"metric": label, "error": f["error"]}
+    dg = f.get("diagnostics") or {}
+    ok = f.get("estimable", True) is not False
+    return {
+        "metric": label, "estimable": "yes" if ok else not_estimable(f.get("reason")), "ok": ok,
+        "converged": f.get("converged"), "singular": f.get("singular"), "optimizer": f.get("optimizer"),
+        "reml": f.get("reml_criterion", f.get("deviance")), "n_obs": f.get("n_obs"),
+        "random_sd": f.get("random_sd", f.get("random")) or {}, "max_grad": f.get("max_grad"),
+        "normality_test": dg.get("normality_test"), "normality_p": dg.get("normality_p"),
+        "skewness": dg.get("skewness"), "kurtosis": dg.get("excess_kurtosis"), "qq": qq_plot(f, label),
+    }  # fmt: skip
+
+
+def lmm_view(lmm: dict[str, Any], labels: dict[str, str]) -> dict[str, Any]:
+    """Per effect (fixed term, intercept excluded) a row per metric; per metric the diagnostics."""
+    fits = lmm.get("fits", {})
+    terms = list(dict.fromkeys(fe["term"] for f in fits.values() for fe in fixed_effects(f)
+                               if fe["term"] != "(Intercept)"))
+    effects = [{"term": t, "label": pretty_term(t), "rows": _lmm_effect_rows(t, lmm, labels)} for t in terms]
+    diags = [_lmm_diagnostics(m, f, labels.get(m, m)) for m, f in fits.items()]
+    return {"effects": effects, "diagnostics": diags,
+            "adjust_label": "Benjamini-Hochberg" if lmm.get("adjust") == "bh" else "Holm"}
+
+
+def simple_effect_rows(significance: dict[str, dict[str, Any]], labels: dict[str, str]) -> list[dict[str, Any]]:
+    """The raw-score simple effects (PCPO - baseline per cell and metric) as printed rows."""
+    rows = []
+    for cell, per in significance.items():
+        for i, (m, e) in enumerate(per.items()):
+            row: dict[str, Any] = {"cell": cell, "metric": labels.get(m, m), "first": i == 0, "error": e.get("error")}
+            if not row["error"]:
+                ok = e.get("estimable", True) is not False
+                row |= {"estimate": e.get("estimate"), "se": e.get("se"), "df": e.get("df"),
+                        "ci": fmt_ci(e.get("ci_low"), e.get("ci_high")),
+                        **p_cells(e.get("p"), e.get("p_adj"), ok, e.get("reason"), ok and e.get("significant") is True)}
+            rows.append(row)
+    return rows
+
+
+def _image_uri(p: str | None, root: Path | None) -> str | None:
+    if not p:
+        return None
+    if p.startswith("data:"):
+        return p
+    return file_uri(Path(root) / p) if root is not None else None
+
+
+def grid_view(grids: list[dict[str, Any]], root: Path | None) -> list[dict[str, Any]]:
+    """Image grids at matched reward with every image as a data URI (None when missing)."""
     out = []
     for g in grids:
-        rows = []
-        for r in g.get("rows", []):
-            imgs = []
-            for col in r.get("images", []):
-                imgs.append([{"uri": _image_uri(p, root), "path": p} for p in col])
-            rows.append({**r, "images": imgs})
+        rows = [{**r, "images": [[{"uri": _image_uri(p, root), "path": p} for p in col] for col in r.get("images", [])]}
+                for r in g.get("rows", [])]
         out.append({**g, "rows": rows})
     return out
 
 
-def _image_uri(p: str, root: Path | None) -> str | None:
-    if p.startswith("data:"):
-        return p
-    return file_uri(Path(root) / p) if root is not None else None
+def progression_view(progression: list[dict[str, Any]] | None, root: Path | None) -> list[dict[str, Any]]:
+    """Per run: one row per (prompt, seed), one column per epoch (same prompts and seeds throughout)."""
+    return [{"run": p.get("run", ""), "epochs": list(p.get("epochs", [])),
+             "rows": [[_image_uri(path, root) for path in row] for row in p.get("images", [])]}
+            for p in progression or []]
 
 
 def view_model(results: dict[str, Any], root: Path | None) -> dict[str, Any]:
@@ -262,18 +320,25 @@ def view_model(results: dict[str, Any], root: Path | None) -> dict[str, Any]:
     trs = results.get("traces", [])
     figs = results.get("figures", {})
     credit = file_uri(Path(root) / figs["credit"]) if root is not None and figs.get("credit") else figs.get("credit_uri")
+    raw = results.get("raw_scores") or {}
     return {
         "r": results,
         "study": study,
         "spec_json": json.dumps({k: v for k, v in study.items() if k != "spec_yaml"}, indent=2, default=str),
         "labels": labels,
         "metrics": results.get("metrics", []),
-        "lmm": _lmm_view(results.get("lmm", {}), labels) if results.get("lmm") else None,
+        "verdict": verdict_view(results),
+        "banner": ONE_RUN_BANNER,
+        "no_verdict": NO_VERDICT,
+        "curves": runs_view(results),
+        "simple_effects": simple_effect_rows(raw.get("significance") or {}, labels),
+        "lmm": lmm_view(results.get("lmm", {}), labels) if results.get("lmm") else None,
         "traces_png": traces_plot(trs, int(study.get("window", 5))),
         "rho_png": rho_plot(trs),
         "grad_png": grad_plot(trs),
         "credit_png": credit,
-        "grids": _grid_view(results.get("grids", []), root),
+        "grids": grid_view(results.get("grids", []), root),
+        "progression": progression_view(results.get("progression"), root),
     }
 
 
@@ -285,6 +350,7 @@ def render_report(results: dict[str, Any], root: str | Path | None = None) -> st
         loader=jinja2.PackageLoader("pcpo_eval.report", "templates"),
         autoescape=True,  # every {{ }} is HTML-escaped: prompts and run names are text, never markup
         undefined=jinja2.StrictUndefined,
+        finalize=finalize,  # None / NaN print as an en dash
         trim_blocks=True,
         lstrip_blocks=True,
     )
