@@ -377,3 +377,12 @@ def test_seed_band_and_mathtext_safe_labels():
     assert figures.seed_band(runs, "reward_mean", "wall_time_s")["x"] == [11.0, 21.0, 30.0]
     bad = [{**r, "arm": r"$\notacommand{$", "cell": "$x^$"} for r in runs]  # malformed mathtext in user text
     assert figures.reward_curves_plot(bad, {}, wall_clock=True).startswith("data:image/png;base64,")
+
+
+def test_empty_verdict_and_runs_without_wall_clock():
+    runs = [{k: v for k, v in r.items() if k != "wall_time_s"} for r in synthetic_runs(epochs=5)]
+    html = render_report({"study": {"name": "empty verdict"}, "verdict": [], "runs": to_jsonable(runs)})
+    ids = {a.get("id") for a, _ in _tables(html).tables}
+    assert "The verdict in this results.json is empty" in html and "verdict-table" not in ids
+    assert "The runs log no wall-clock time." in html and "health-table" in ids
+    assert ONE_RUN_BANNER not in html  # 3 seeds per arm

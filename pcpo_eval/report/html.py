@@ -14,8 +14,9 @@ runs per arm, p or the reason it is not estimable; the 1-run-per-arm warning; th
 the untrained controls); study spec; speed-up (Table 1/5); reward curves over seeds against epochs
 and wall-clock seconds, KL-reward, PPO health; reward-matched checkpoints; raw scores (Table 2,
 significant differences in bold) and their simple effects; LMM tables per effect (Tables 3-4) with
-95% CIs, df method and diagnostics; preference metrics (Table 6); training traces (Fig. 5); the
-credit-weight figure (Fig. 2); rho and |g| statistics; image grids at matched reward; progression.
+95% CIs, df method and diagnostics; preference metrics (Table 6); training traces (Fig. 5) with rho
+and |g| statistics; the credit-weight figure (Fig. 2); image grids at matched reward; progression
+over epochs (only when results.json has ``progression``).
 
 Not estimable (an LMM fit or a verdict row with ``estimable: false``): the p and adjusted-p cells
 hold "not estimable: <reason>", nothing is bold, and no "p = " is printed for it.
@@ -204,7 +205,7 @@ def runs_view(results: dict[str, Any]) -> dict[str, Any] | None:
     roles = arm_roles(results)
     return {
         "reward_png": reward_curves_plot(runs, roles),
-        "wall_png": reward_curves_plot(runs, roles, wall_clock=True),
+        "wall_png": reward_curves_plot(runs, roles, wall_clock=True) if any(r.get("wall_time_s") for r in runs) else None,
         "kl_png": kl_reward_plot(runs, roles),
         "health": health_rows(runs, roles),
         "has_controls": any(r.get("control_reward_mean") for r in runs),
