@@ -133,7 +133,10 @@ def per_prompt_problem(
 
     * FD: with n <= d images the per-prompt covariance has rank <= n - 1 < d (e.g. 4 images in
       128-d), so the fitted Gaussian is degenerate: FD stays computable (our eigh path), but it
-      no longer describes the distribution of the prompt's images.
+      no longer describes the distribution of the prompt's images. d + 1 is the floor for a
+      defined fit, not for an unbiased one (FD's small-sample bias decays like 1/n). The
+      paper's per-prompt FID (1112 images per prompt, 2048-d) is below this floor, so a study
+      validator should warn about, not refuse, that protocol.
     * IS: per prompt the n images are cut into min(splits, n) splits; a split of k images has
       IS <= k (KL(p_i || q) <= log k since q >= p_i / k), so a 1-image split scores 1 (up to
       rounding), and some split has 1 image exactly when n < 2 * splits.

@@ -12,7 +12,7 @@ from typing import Any
 
 import typer
 
-from pcpo_eval.metrics.base import METRICS
+from pcpo_eval.metrics.base import IS_DEFAULT_SPLITS, METRICS
 
 DEFAULT_METRICS = "fid,fd_dinov2,is,lpips"
 
@@ -24,7 +24,7 @@ def _options(
     inception_weights: Path | None,
     dinov2_path: Path | None,
     lpips_trunk: str | None,
-    is_splits: int = 10,
+    is_splits: int = IS_DEFAULT_SPLITS,
 ) -> Any:
     from pcpo_eval.metrics.workers import MetricsOptions
 
@@ -68,7 +68,7 @@ def _register_metrics(app: typer.Typer) -> None:
         batch_size: int = typer.Option(32, "--batch-size"),
         device: str = typer.Option("cpu", "--device"),
         is_splits: int = typer.Option(
-            10, "--is-splits", help="Inception Score splits (torch-fidelity default 10)"
+            IS_DEFAULT_SPLITS, "--is-splits", help="Inception Score splits (torch-fidelity's default)"
         ),
         cache_dir: Path | None = typer.Option(
             None, "--cache-dir", help="feature cache root [IMAGE_SET/.pcpo_cache]"
