@@ -74,3 +74,35 @@ __all__ = [
     "speedup_pct",
     "speedup_table",
 ]
+
+# Run-level inference over training runs (runlevel.py) and verdict rows (verdict.py): lazy as
+# well, so that importing the package does not load scipy.
+_RUNLEVEL_NAMES = {
+    "Comparison": "runlevel",
+    "Speedup": "runlevel",
+    "TimeToTarget": "runlevel",
+    "compare_runs": "runlevel",
+    "iqm": "runlevel",
+    "permutation_test": "runlevel",
+    "probability_of_improvement": "runlevel",
+    "speedup_runs": "runlevel",
+    "VERDICT_KEYS": "verdict",
+    "Verdict": "verdict",
+    "verdict_rows": "verdict",
+}
+_getattr_before_runlevel = __getattr__
+
+
+def __getattr__(name: str):  # noqa: F811 -- extends the lazy lookup above
+    if _RUNLEVEL_NAMES.get(name) == "runlevel":
+        from pcpo_eval.stats import runlevel
+
+        return getattr(runlevel, name)
+    if _RUNLEVEL_NAMES.get(name) == "verdict":
+        from pcpo_eval.stats import verdict
+
+        return getattr(verdict, name)
+    return _getattr_before_runlevel(name)
+
+
+__all__ += sorted(_RUNLEVEL_NAMES)
