@@ -42,8 +42,9 @@ mean, ``scipy.stats.trim_mean(x, 0.25)``; with 3 runs nothing is trimmed, so IQM
   that with 3 vs 3 runs the smallest attainable two-sided p is 2/20 = 0.1, so p can exceed alpha
   while the Welch interval excludes 0 (``p_min`` says so).
 * probability of improvement P(X_t > X_b) + P(X_t = X_b)/2 (rliable: Mann-Whitney U / (n_t n_b))
-  with a stratified percentile bootstrap CI (each arm resampled independently). It is
-  descriptive: like every percentile bootstrap over 3 runs its interval is too narrow.
+  with a stratified percentile bootstrap CI (each arm resampled independently), as rliable.
+  It is descriptive, never used for ``significant``: in the A/A studies above (n_boot 200) its
+  95% interval excluded 0.5 in 17.9-18.6% of studies at 3 runs per arm and 9.4-10.5% at 5.
 
 Speed-up with censoring (:func:`speedup_runs`): speed-up = mean(E_base) / mean(E_treat) - 1
 (paper App. Tab. 6), CI by Fieller's theorem for a ratio of independent means with the Welch t
