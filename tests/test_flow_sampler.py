@@ -11,6 +11,7 @@ from flow_helpers import LinearVelocityAdapter
 
 from pcpo_eval.credit.flow import flow_credit, flow_native_weight, shifted_sigmas
 from pcpo_eval.errors import UserError
+from pcpo_eval.samplers.base import gaussian_kl_same_std
 from pcpo_eval.samplers.flow import (
     flow_kl_to_reference,
     flow_log_prob,
@@ -20,7 +21,7 @@ from pcpo_eval.samplers.flow import (
     scheduler_time_grid,
     step_sigmas,
 )
-from pcpo_eval.train.objectives import eps_matching_log_rho, kl_gaussian_means
+from pcpo_eval.train.objectives import eps_matching_log_rho
 
 PROMPTS = ["a red circle", "blue square", "green star"]
 
@@ -164,7 +165,7 @@ def test_kl_term_matches_paper_appendix_and_gaussian_means():
         kl = flow_kl_to_reference(u, u_ref, t, dt, s)
         paper = dt / 2 * (s * (1 - t) / (2 * t) + 1 / s) ** 2 * ((u - u_ref) ** 2).mean((1, 2, 3))
         np.testing.assert_allclose(kl.numpy(), paper.numpy(), rtol=1e-10)
-        means = kl_gaussian_means(flow_sde_mean(x, u, t, dt, s), flow_sde_mean(x, u_ref, t, dt, s), s * math.sqrt(dt))
+        means = gaussian_kl_same_std(flow_sde_mean(x, u, t, dt, s), flow_sde_mean(x, u_ref, t, dt, s), s * math.sqrt(dt))
         np.testing.assert_allclose(kl.numpy(), means.numpy(), rtol=1e-9)
 
 

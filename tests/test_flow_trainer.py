@@ -12,7 +12,13 @@ import torch
 from pcpo_eval.credit.flow import flow_credit
 from pcpo_eval.errors import UserError
 from pcpo_eval.models.toy_flow import load_toy_flow
-from pcpo_eval.samplers.flow import flow_kl_to_reference, flow_log_prob, flow_sde_mean
+from pcpo_eval.samplers.flow import (
+    FlowSample,
+    FlowSampler,
+    flow_kl_to_reference,
+    flow_log_prob,
+    flow_sde_mean,
+)
 from pcpo_eval.train.config import config_from_dict
 from pcpo_eval.train.trainer import Trainer
 
@@ -58,14 +64,15 @@ def test_logprob_is_gaussian_density_and_log_rho_zero_at_theta_old(env, sde, eta
     tmp, prompts = env
     tr = Trainer(_cfg(prompts, sde=sde, sample_eta=eta, objective=objective), tmp / "run")
     s = tr.sample_epoch(1)
-    assert s.prediction == "velocity" and s.log_probs.shape == (4, 4)
+    tj = s.traj
+    assert isinstance(tr.sampler, FlowSampler) and isinstance(tj, FlowSample) and tj.log_probs.shape == (4, 4)
     for j in range(4):
-        t, dt, sig = float(s.timesteps[j]), float(s.dts[j]), float(s.sigmas[j])
-        x, xn = s.trajectory[:, j].double(), s.trajectory[:, j + 1].double()
-        mu = flow_sde_mean(x, s.eps_old[:, j].double(), t, dt, sig)
+        t, dt, sig = float(tj.t[j]), float(tj.dt[j]), float(tj.sigmas[j])
+        x, xn = tj.trajectory[:, j].double(), tj.trajectory[:, j + 1].double()
+        mu = flow_sde_mean(x, tj.model_outputs[:, j].double(), t, dt, sig)
         sd = sig * math.sqrt(dt)
         direct = (-((xn - mu) ** 2) / (2 * sd**2) - math.log(sd) - 0.5 * math.log(2 * math.pi)).mean((1, 2, 3))
-        np.testing.assert_allclose(s.log_probs[:, j].double().numpy(), direct.numpy(), rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(tj.log_probs[:, j].double().numpy(), direct.numpy(), rtol=1e-4, atol=1e-4)
     rows, adv = torch.arange(4), torch.as_tensor(s.advantages, dtype=torch.float32)
     with torch.no_grad():
         for j in range(4):
@@ -77,24 +84,28 @@ def test_pcpo_hinge_uses_zeta_dt_over_native_weight(env):
     tmp, prompts = env
     tr = Trainer(_cfg(prompts, objective="pcpo", sde="flowgrpo", sample_eta=0.7), tmp / "run")
     s = tr.sample_epoch(1)
+    tj = s.traj
     _perturb_lora(tr)
-    credit = flow_credit("flowgrpo", 4, 0.7, 3.0, times=np.append(s.timesteps.numpy(), 0.0))
+    credit = flow_credit("flowgrpo", 4, 0.7, 3.0, times=np.append(tj.t.numpy(), 0.0))
     rows, adv = torch.arange(4), torch.as_tensor(s.advantages, dtype=torch.float32)
     with torch.no_grad():
         for j in range(4):
             jj = torch.full((4,), j)
             _, out, _ = tr.step_loss(s, rows, jj, adv)
-            t, dt, sig = float(s.timesteps[j]), float(s.dts[j]), float(s.sigmas[j])
-            x, xn = s.trajectory[:, j], s.trajectory[:, j + 1]
+            t, dt, sig = float(tj.t[j]), float(tj.dt[j]), float(tj.sigmas[j])
+            x, xn = tj.trajectory[:, j], tj.trajectory[:, j + 1]
             u = tr.adapter.predict(x, torch.full((4,), t), s.cond, tr.null.repeat(4), 2.0)
             exact = flow_log_prob(x.double(), u.double(), xn.double(), t, dt, sig) - flow_log_prob(
-                x.double(), s.eps_old[:, j].double(), xn.double(), t, dt, sig)
+                x.double(), tj.model_outputs[:, j].double(), xn.double(), t, dt, sig)
             np.testing.assert_allclose(out.log_rho.numpy(), exact.numpy(), rtol=2e-3, atol=1e-5)
             w = math.sqrt(dt) / sig * (1 + (1 - t) * sig**2 / (2 * t))
             scale = credit.zeta * dt / w
             ref = torch.clamp(1e-3 * adv.abs() - adv * scale * out.log_rho, min=0)
             np.testing.assert_allclose(out.loss.numpy(), ref.numpy(), rtol=1e-5, atol=1e-7)
-    np.testing.assert_allclose(s.flow_scale.numpy() * s.flow_w.numpy(), credit.pcpo_weight, rtol=1e-10)
+    steps = torch.arange(4)
+    scale, w = tr.sampler.credit_scale(tj, steps, "pcpo"), tr.sampler.native_weight(tj, steps)
+    np.testing.assert_allclose(scale.double().numpy() * w.double().numpy(), credit.pcpo_weight, rtol=1e-6)
+    assert torch.equal(tr.sampler.credit_scale(tj, steps, "ppo_clip"), torch.ones(4))
 
 
 def test_kl_penalty_against_base_weights(env):
@@ -106,8 +117,8 @@ def test_kl_penalty_against_base_weights(env):
         _, _, kl0 = tr.step_loss(s, rows, jj, adv)
     assert kl0.abs().max().item() < 1e-10  # LoRA B = 0 at init: policy == base
     _perturb_lora(tr)
-    t, dt, sig = float(s.timesteps[2]), float(s.dts[2]), float(s.sigmas[2])
-    x = s.trajectory[:, 2]
+    t, dt, sig = float(s.traj.t[2]), float(s.traj.dt[2]), float(s.traj.sigmas[2])
+    x = s.traj.trajectory[:, 2]
     with torch.no_grad():
         loss, out, kl = tr.step_loss(s, rows, jj, adv)
         u = tr.adapter.predict(x, torch.full((4,), t), s.cond, tr.null.repeat(4), 2.0)

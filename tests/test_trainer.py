@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from pcpo_eval.errors import UserError
-from pcpo_eval.samplers.ddim import ddim_mean
+from pcpo_eval.samplers.ddim import DDIMSample, DDIMSampler, ddim_mean
 from pcpo_eval.train import checkpoints as ck
 from pcpo_eval.train.config import TrainConfig, config_from_dict, load_config
 from pcpo_eval.train.objectives import eps_matching_log_rho, log_hinge_loss, ppo_clip_loss
@@ -35,16 +35,18 @@ def tiny(**kw) -> TrainConfig:
 def test_logprob_matches_gaussian_and_log_rho_zero_at_theta_old(tmp_path, objective):
     tr = Trainer(tiny(objective=objective), tmp_path / "run")
     s = tr.sample_epoch(1)
-    N, S = s.log_probs.shape
+    tj = s.traj
+    assert isinstance(tr.sampler, DDIMSampler) and isinstance(tj, DDIMSample)
+    N, S = tj.log_probs.shape
     assert S == 4 and N == 4
     # stored log-prob == direct Gaussian density of the recorded transition (float64 reference)
     for j in range(S):
-        x_t, x_prev = s.trajectory[:, j].double(), s.trajectory[:, j + 1].double()
-        mu = ddim_mean(x_t, s.eps_old[:, j].double(), float(s.alpha_bar[j]), float(s.alpha_bar_prev[j]),
-                       float(s.sigmas[j]))
-        sd = float(s.sigmas[j])
+        x_t, x_prev = tj.trajectory[:, j].double(), tj.trajectory[:, j + 1].double()
+        mu = ddim_mean(x_t, tj.model_outputs[:, j].double(), float(tj.alpha_bar[j]), float(tj.alpha_bar_prev[j]),
+                       float(tj.sigmas[j]))
+        sd = float(tj.sigmas[j])
         direct = (-((x_prev - mu) ** 2) / (2 * sd**2) - math.log(sd) - 0.5 * math.log(2 * math.pi)).mean((1, 2, 3))
-        np.testing.assert_allclose(s.log_probs[:, j].double().numpy(), direct.numpy(), rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(tj.log_probs[:, j].double().numpy(), direct.numpy(), rtol=1e-4, atol=1e-4)
     # first inner update: theta == theta_old -> log rho == 0 (float error only)
     tr.adapter.denoiser.train()
     rows = torch.arange(N)
@@ -59,8 +61,8 @@ def test_pcpo_samples_with_constant_weight_schedule(tmp_path):
     from pcpo_eval.credit.ddim import ddim_C
 
     tr = Trainer(tiny(objective="pcpo", sample_steps=10), tmp_path / "run")
-    s = tr.sample_epoch(1)
-    w = ddim_C(s.alpha_bar.numpy(), s.alpha_bar_prev.numpy(), s.sigmas.numpy()) / s.sigmas.numpy() ** 2
+    tj = tr.sample_epoch(1).traj
+    w = ddim_C(tj.alpha_bar.numpy(), tj.alpha_bar_prev.numpy(), tj.sigmas.numpy()) / tj.sigmas.numpy() ** 2
     from pcpo_eval.credit.ddim import ddim_schedule, pcpo_ddim_credit
 
     credit = pcpo_ddim_credit(ddim_schedule(tr.adapter.scheduler_config, 10, 1.0))

@@ -2,14 +2,14 @@
 
 Notation follows diffusers' ``DDIMScheduler.step`` and the PCPO paper (Prop. 1)::
 
-    ab_t, ab_prev   alpha_bar at t and at the previous inference timestep (credit.DDIMSchedule)
+    ab_t, ab_prev   alpha_bar at t and at the previous inference timestep (credit.ddim.DDIMSchedule)
     x0_hat          (x_t - sqrt(1 - ab_t) eps_hat) / sqrt(ab_t)                (DDIM Eq. 12)
     mu              sqrt(ab_prev) x0_hat + sqrt(1 - ab_prev - sigma_t^2) eps_hat
     x_{t-1}         mu + sigma_t * eps,   eps ~ N(0, I)
     log p           Gaussian density of x_{t-1}, averaged over non-batch dims (DDPO convention)
 
 ``sigma_t`` is DDIM's eta-schedule, or PCPO's re-solved sigma~_t (``sigma_schedule="pcpo"``,
-see :func:`pcpo_eval.credit.pcpo_ddim_credit`) that makes every step's credit weight equal.
+see :func:`pcpo_eval.credit.ddim.pcpo_ddim_credit`) that makes every step's credit weight equal.
 
 Randomness: each sample owns one ``torch.Generator``; its initial noise
 ``randn(latent_shape, generator=g)`` and then each stochastic step's noise are drawn from it in
@@ -20,13 +20,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
 
-from pcpo_eval.credit.ddim import DDIMSchedule, ddim_schedule, pcpo_ddim_credit
+from pcpo_eval.credit.ddim import DDIMSchedule, ddim_C, ddim_schedule, pcpo_ddim_credit
 from pcpo_eval.errors import UserError
 from pcpo_eval.models.base import ModelAdapter, PromptEmbeds
+from pcpo_eval.samplers.base import Trajectory, gaussian_kl_same_std
 
 SIGMA_SCHEDULES = ("ddim", "pcpo")
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
@@ -63,26 +65,17 @@ def ddim_log_prob(
     return gaussian_log_prob(x_prev, ddim_mean(x_t, eps_hat, ab_t, ab_prev, sigma), sigma)
 
 
-@dataclass
-class DDIMSample:
-    """Output of :func:`sample_ddim`.
-
-    ``latents`` is the final x_0 (B, C, H, W). With ``record=True`` also (S = steps):
-    ``trajectory`` (B, S+1, C, H, W) from x_T to x_0, ``noise`` (B, S, C, H, W) the unit noise of
-    each step, ``model_outputs`` (B, S, C, H, W) the guided eps_hat of the sampling policy,
-    ``log_probs`` (B, S) and per-step ``timesteps``, ``alpha_bar``, ``alpha_bar_prev``,
-    ``sigmas`` (S,).
+@dataclass(kw_only=True)
+class DDIMSample(Trajectory):
+    """Output of :func:`sample_ddim`: a :class:`~pcpo_eval.samplers.base.Trajectory` plus DDIM's
+    per-step schedule (S = steps): ``timesteps`` (model timesteps), ``alpha_bar``,
+    ``alpha_bar_prev`` (float64); ``sigmas`` is DDIM's or PCPO's sigma_t, ``model_outputs`` the
+    guided eps_hat.
     """
 
-    latents: torch.Tensor
     timesteps: torch.Tensor
     alpha_bar: torch.Tensor
     alpha_bar_prev: torch.Tensor
-    sigmas: torch.Tensor
-    trajectory: torch.Tensor | None = None
-    noise: torch.Tensor | None = None
-    model_outputs: torch.Tensor | None = None
-    log_probs: torch.Tensor | None = None
 
 
 def step_sigmas(
@@ -167,3 +160,62 @@ def sample_ddim(
         out.model_outputs = torch.stack(outs, dim=1)
         out.log_probs = torch.stack(logps, dim=1)
     return out
+
+
+@dataclass(frozen=True)
+class DDIMSampler:
+    """DDIM with per-step log-probabilities as a :class:`~pcpo_eval.samplers.base.Sampler`.
+
+    Schedules: ``ddim`` (DDIM's eta schedule, DDPO) or ``pcpo`` (PCPO's re-solved sigma~_t with a
+    constant native weight in ``convention``, paper Prop. 1). Step j is the Gaussian
+    N(mu(x_t, eps_hat; ab_t, ab_prev, sigma_t), sigma_t^2) of :func:`ddim_mean`.
+    """
+
+    convention: str = "residual"  #: weight convention of PCPO's sigma~ (credit.ddim.CONVENTIONS)
+    name: ClassVar[str] = "ddim"
+    prediction: ClassVar[str] = "eps"
+    schedules: ClassVar[tuple[str, ...]] = SIGMA_SCHEDULES
+
+    def sample(self, adapter: ModelAdapter, cond: PromptEmbeds, uncond: PromptEmbeds | None, *, cfg: float,
+               steps: int, eta: float, generators: list[torch.Generator], schedule: str | None = None,
+               record: bool = False, x_T: torch.Tensor | None = None) -> DDIMSample:
+        """:func:`sample_ddim` with sigma schedule ``schedule`` (default ``ddim``)."""
+        return sample_ddim(adapter, cond, uncond, cfg=cfg, steps=steps, eta=eta, generators=generators,
+                           sigma_schedule=schedule or self.schedules[0], convention=self.convention, record=record,
+                           x_T=x_T)
+
+    def __call__(self, adapter: ModelAdapter, cond: PromptEmbeds, uncond: PromptEmbeds | None, *, cfg: float,
+                 steps: int, eta: float, generators: list[torch.Generator], schedule: str | None = None) -> torch.Tensor:
+        """Latents only (generation)."""
+        return self.sample(adapter, cond, uncond, cfg=cfg, steps=steps, eta=eta, generators=generators,
+                           schedule=schedule).latents
+
+    def model_time(self, traj: DDIMSample, j: torch.Tensor) -> torch.Tensor:
+        """The integer model timesteps t of steps ``j``."""
+        return traj.timesteps[j]
+
+    def _coefs(self, traj: DDIMSample, j: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(ab_t, ab_prev, sigma_t) of steps ``j`` as float32 on ``like``'s device."""
+        return tuple(v[j].to(like.device, torch.float32) for v in (traj.alpha_bar, traj.alpha_bar_prev, traj.sigmas))
+
+    def step_log_prob(self, traj: DDIMSample, j: torch.Tensor, x: torch.Tensor, x_next: torch.Tensor,
+                      model_output: torch.Tensor) -> torch.Tensor:
+        """log p_theta(x_{t-1} | x_t) (DDPO's ``ddim_step_with_logprob``)."""
+        ab, abp, sig = self._coefs(traj, j, x)
+        return gaussian_log_prob(x_next, ddim_mean(x, model_output, ab, abp, sig), sig)
+
+    def native_weight(self, traj: DDIMSample, j: torch.Tensor) -> torch.Tensor:
+        """w = C(t) / sigma_t (``unit`` convention, paper Prop. 1), float32."""
+        C = ddim_C(traj.alpha_bar[j].numpy(), traj.alpha_bar_prev[j].numpy(), traj.sigmas[j].numpy())
+        return torch.as_tensor(C, dtype=torch.float32) / traj.sigmas[j].to(torch.float32)
+
+    def credit_scale(self, traj: DDIMSample, j: torch.Tensor, objective: str) -> torch.Tensor:
+        """Ones: DDIM's PCPO equalizes the weights through the sampled sigma~ schedule (Prop. 1)."""
+        return torch.ones(len(j), dtype=torch.float32)
+
+    def kl_to_reference(self, traj: DDIMSample, j: torch.Tensor, x: torch.Tensor, model_output: torch.Tensor,
+                        ref_output: torch.Tensor) -> torch.Tensor:
+        """KL of the two DDIM step Gaussians (shared sigma_t; DPOK)."""
+        ab, abp, sig = self._coefs(traj, j, x)
+        return gaussian_kl_same_std(ddim_mean(x, model_output, ab, abp, sig), ddim_mean(x, ref_output, ab, abp, sig),
+                                    sig)

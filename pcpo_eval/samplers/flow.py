@@ -18,10 +18,10 @@ Euler-Maruyama (paper App. "Proof of Eq. logrho-flow")::
     x_{i+1}              mu + std * eps,  eps ~ N(0, I)
     log p                Gaussian density of x_{i+1}, averaged over non-batch dims (both codebases)
 
-``sigma`` per step (:func:`pcpo_eval.credit.flow_sde_sigma`): ``dance`` sigma = eta (DanceGRPO);
+``sigma`` per step (:func:`pcpo_eval.credit.flow.flow_sde_sigma`): ``dance`` sigma = eta (DanceGRPO);
 ``flowgrpo`` sigma_t = eta sqrt(t / (1 - t)) with Flow-GRPO's t = 1 handling (the ``t`` in
 ``1 - t`` is replaced by the first grid time below 1, ``sigma_max = t_1``, as in its
-``sde_step_with_logprob``; the weight used for zeta follows the paper, see ``credit.T1_CONVENTIONS``);
+``sde_step_with_logprob``; the weight used for zeta follows the paper, see ``credit.flow.T1_CONVENTIONS``);
 ``ode`` (or eta = 0) the deterministic Euler step ``x - u dt`` of diffusers' scheduler (Flow-GRPO
 evaluates with noise level 0).
 
@@ -43,14 +43,21 @@ step's noise are drawn from it in order, so an image depends only on its generat
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
-from pcpo_eval.credit.flow import flow_sde_sigma, shifted_sigmas
+from pcpo_eval.credit.flow import (
+    T1_CONVENTIONS,
+    flow_credit,
+    flow_native_weight,
+    flow_sde_sigma,
+    shifted_sigmas,
+)
 from pcpo_eval.errors import UserError
 from pcpo_eval.models.base import ModelAdapter, PromptEmbeds
+from pcpo_eval.samplers.base import Trajectory
 from pcpo_eval.samplers.ddim import _bcast, gaussian_log_prob, initial_noise
 
 SDES: tuple[str, ...] = ("dance", "flowgrpo", "ode")
@@ -171,29 +178,20 @@ def step_sigmas(times: np.ndarray, sde: str, eta: float) -> np.ndarray:
 # --------------------------------------------------------------------------------------------
 
 
-@dataclass
-class FlowSample:
-    """Output of :func:`sample_flow`.
-
-    ``latents`` is the final x_0 (B, C, H, W); ``times`` the N+1 grid; per step (N,): ``t``,
-    ``dt`` (> 0), ``sigmas`` (SDE sigma_{t_i}; 0 for the ODE) and ``std`` = sigma sqrt(dt). With
-    ``record=True`` also ``trajectory`` (B, N+1, C, H, W) from x_1 to x_0, ``noise`` (B, N, C, H, W)
-    the unit noise of each step (zeros for deterministic steps), ``model_outputs`` (B, N, C, H, W)
-    the guided velocities of the sampling policy and ``log_probs`` (B, N) (zeros when deterministic).
+@dataclass(kw_only=True)
+class FlowSample(Trajectory):
+    """Output of :func:`sample_flow`: a :class:`~pcpo_eval.samplers.base.Trajectory` plus the flow
+    grid: ``times`` the N+1 grid; per step (N,): ``t``, ``dt`` (> 0), ``std`` = sigma sqrt(dt)
+    (``sigmas`` is the SDE sigma_{t_i}, 0 for the ODE); ``sde`` (``ode`` when eta = 0) and
+    ``eta``. ``model_outputs`` are the guided velocities.
     """
 
-    latents: torch.Tensor
     times: torch.Tensor
     t: torch.Tensor
     dt: torch.Tensor
-    sigmas: torch.Tensor
     std: torch.Tensor
     sde: str
     eta: float
-    trajectory: torch.Tensor | None = None
-    noise: torch.Tensor | None = None
-    model_outputs: torch.Tensor | None = None
-    log_probs: torch.Tensor | None = None
 
 
 @torch.no_grad()
@@ -281,11 +279,74 @@ def pcpo_flow_scale(t: np.ndarray, dt: np.ndarray, sigma: np.ndarray, sde: str, 
 
     ``w`` is the weight of the sampler's actual step (Eq. logrho-flow with its sigma), so the
     decomposition reproduces log rho exactly; ``w~ = zeta dt_i`` with zeta from
-    :func:`pcpo_eval.credit.flow_credit` over all N steps of ``times`` (t1 convention for Flow-GRPO).
+    :func:`pcpo_eval.credit.flow.flow_credit` over all N steps of ``times`` (t1 convention for Flow-GRPO).
     """
-    from pcpo_eval.credit.flow import flow_credit, flow_native_weight
-
     w = flow_native_weight(t, dt, sigma)
     credit = flow_credit(sde, len(times) - 1, eta, 1.0, times=times, t1=t1)
     return w, credit.pcpo_weight / w, float(credit.zeta)
 
+
+@dataclass(frozen=True)
+class FlowSampler:
+    """Flow matching (DanceGRPO / Flow-GRPO SDE, or the ODE) as a :class:`~pcpo_eval.samplers.base.Sampler`.
+
+    Schedules are the SDEs: ``ode`` (deterministic Euler, evaluation), ``dance`` (sigma = eta) or
+    ``flowgrpo`` (sigma_t = eta sqrt(t / (1 - t))). Step j is the Gaussian
+    N(mu(x, u; t_j, dt_j, sigma_j), sigma_j^2 dt_j) of :func:`flow_sde_mean`. PCPO keeps the sampler
+    and reweights each step by w~/w = zeta dt_j / w(t_j) inside the hinge (Prop. 2).
+    """
+
+    shift: float | None = None  #: time shift of the ``shifted`` grid (None: the model's, else 3.0)
+    grid: str = "auto"  #: time grid: auto | shifted | scheduler (:func:`flow_time_grid`)
+    t1: str = "neighbor"  #: Flow-GRPO t = 1 weight convention for PCPO's zeta (credit.flow.T1_CONVENTIONS)
+    name: ClassVar[str] = "flow"
+    prediction: ClassVar[str] = "velocity"
+    schedules: ClassVar[tuple[str, ...]] = ("ode", "dance", "flowgrpo")
+
+    def __post_init__(self) -> None:
+        if self.t1 not in T1_CONVENTIONS:
+            raise UserError(f"unknown flow t1 convention {self.t1!r}; choose one of: {', '.join(T1_CONVENTIONS)}")
+
+    def sample(self, adapter: ModelAdapter, cond: PromptEmbeds, uncond: PromptEmbeds | None, *, cfg: float,
+               steps: int, eta: float, generators: list[torch.Generator], schedule: str | None = None,
+               record: bool = False, x_T: torch.Tensor | None = None) -> FlowSample:
+        """:func:`sample_flow` with SDE ``schedule`` (default ``ode``) on this sampler's grid."""
+        return sample_flow(adapter, cond, uncond, cfg=cfg, steps=steps, eta=eta, generators=generators,
+                           sde=schedule or self.schedules[0], shift=self.shift, grid=self.grid, record=record, x_T=x_T)
+
+    def __call__(self, adapter: ModelAdapter, cond: PromptEmbeds, uncond: PromptEmbeds | None, *, cfg: float,
+                 steps: int, eta: float, generators: list[torch.Generator], schedule: str | None = None) -> torch.Tensor:
+        """Latents only (generation)."""
+        return self.sample(adapter, cond, uncond, cfg=cfg, steps=steps, eta=eta, generators=generators,
+                           schedule=schedule).latents
+
+    def model_time(self, traj: FlowSample, j: torch.Tensor) -> torch.Tensor:
+        """The continuous times t_j in (0, 1] (float32) the velocity adapters take."""
+        return traj.t[j].to(torch.float32)
+
+    def _coefs(self, traj: FlowSample, j: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(t, dt, sigma) of steps ``j`` as float32 on ``like``'s device."""
+        return tuple(v[j].to(like.device, torch.float32) for v in (traj.t, traj.dt, traj.sigmas))
+
+    def step_log_prob(self, traj: FlowSample, j: torch.Tensor, x: torch.Tensor, x_next: torch.Tensor,
+                      model_output: torch.Tensor) -> torch.Tensor:
+        """log p(x_next | x) of the SDE step (:func:`flow_log_prob`)."""
+        return flow_log_prob(x, model_output, x_next, *self._coefs(traj, j, x))
+
+    def native_weight(self, traj: FlowSample, j: torch.Tensor) -> torch.Tensor:
+        """w(t_j) = sqrt(dt_j) / sigma_j (1 + (1 - t_j) sigma_j^2 / (2 t_j)) (Eq. logrho-flow), float32."""
+        w = flow_native_weight(traj.t.numpy(), traj.dt.numpy(), traj.sigmas.numpy())
+        return torch.as_tensor(w)[j].to(torch.float32)
+
+    def credit_scale(self, traj: FlowSample, j: torch.Tensor, objective: str) -> torch.Tensor:
+        """PCPO (``objective == "pcpo"``): w~/w = zeta dt_j / w(t_j) over the sampled grid (Prop. 2); else ones."""
+        if objective != "pcpo":
+            return torch.ones(len(j), dtype=torch.float32)
+        _, scale, _ = pcpo_flow_scale(traj.t.numpy(), traj.dt.numpy(), traj.sigmas.numpy(), traj.sde, traj.eta,
+                                      traj.times.numpy(), self.t1)
+        return torch.as_tensor(scale)[j].to(torch.float32)
+
+    def kl_to_reference(self, traj: FlowSample, j: torch.Tensor, x: torch.Tensor, model_output: torch.Tensor,
+                        ref_output: torch.Tensor) -> torch.Tensor:
+        """KL of the SDE step against the reference velocity (:func:`flow_kl_to_reference`, Flow-GRPO Eq. 3)."""
+        return flow_kl_to_reference(model_output, ref_output, *self._coefs(traj, j, x))

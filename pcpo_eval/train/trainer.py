@@ -2,9 +2,11 @@
 
 Read top to bottom; each stage is a method tests can call on its own:
 
-1. ``sample_epoch``   sample trajectories with per-step log-probs (DDIM, or PCPO's sigma~; for
-                      velocity models the DanceGRPO / Flow-GRPO SDE of ``samplers/flow.py``), CFG
-                      as DDPO; rewards; advantages (DDPO per-prompt tracker or GRPO groups).
+1. ``sample_epoch``   sample trajectories with per-step log-probs with the run's sampler
+                      (``training_sampler``: DDIM, or PCPO's sigma~; for velocity models the
+                      DanceGRPO / Flow-GRPO SDE), CFG as DDPO; rewards; advantages (DDPO
+                      per-prompt tracker or GRPO groups). ``step_loss`` asks the sampler
+                      (``samplers/base.py``) for log-probs, weights, PCPO's scale and the KL.
 2. ``train_epoch``    per-sample shuffled timesteps (``timestep_fraction``), the selected
                       objective (``objectives.py``), gradient accumulation over samples x
                       timesteps so each of ``gradient_updates`` optimizer steps covers its share,
@@ -33,17 +35,18 @@ import torch
 import yaml
 
 from pcpo_eval import dist
-from pcpo_eval.credit.ddim import ddim_C
 from pcpo_eval.errors import UserError
 from pcpo_eval.io import atomic_write_parquet, atomic_write_text
 from pcpo_eval.models.base import ModelAdapter, PromptEmbeds
-from pcpo_eval.samplers.ddim import ddim_mean, gaussian_log_prob, sample_ddim
-from pcpo_eval.samplers.flow import flow_kl_to_reference, flow_log_prob, pcpo_flow_scale, sample_flow
+from pcpo_eval.samplers import resolve_sampler
+from pcpo_eval.samplers.base import Sampler, Trajectory
+from pcpo_eval.samplers.ddim import DDIMSampler
+from pcpo_eval.samplers.flow import FlowSampler
 from pcpo_eval.seeding import keyed_generator as _keyed_generator
 from pcpo_eval.train import checkpoints as ck
 from pcpo_eval.train.advantages import PerPromptStatTracker, clamp_advantages, group_advantages
 from pcpo_eval.train.config import TrainConfig
-from pcpo_eval.train.objectives import get_objective, kl_gaussian_means, uses_decomposition
+from pcpo_eval.train.objectives import StepLoss, eps_matching_log_rho, get_objective, uses_decomposition
 
 LOG_FILE = "log.parquet"
 
@@ -55,33 +58,33 @@ def keyed_generator(*parts: Any) -> torch.Generator:
 
 @dataclass
 class EpochSamples:
-    """One epoch's trajectories on this process (N samples, S steps).
+    """One epoch's samples on this process (N samples, S steps).
 
-    For velocity (flow) models ``eps_old`` holds the guided velocities u_old, ``timesteps`` the
-    continuous times t_i (float64), ``sigmas`` the SDE sigma_{t_i}, ``dts`` the steps dt_i, and
-    ``alpha_bar``/``alpha_bar_prev`` are NaN (unused); ``flow_w`` / ``flow_scale`` are the native
-    weights w(t_i) and PCPO's w~/w (Prop. 2) of each step.
+    ``traj`` is the sampler's record of the N chains (:class:`~pcpo_eval.samplers.base.Trajectory`,
+    float32): states, unit noise, the sampling policy's guided outputs (eps_hat or velocity), the
+    log-probs and the sampler's own per-step schedule.
     """
 
     prompts: list[str]
     prompt_ids: np.ndarray  # (N,)
     cond: PromptEmbeds
-    trajectory: torch.Tensor  # (N, S+1, C, H, W): x_T ... x_0
-    noise: torch.Tensor  # (N, S, C, H, W) unit noise of each step
-    eps_old: torch.Tensor  # (N, S, C, H, W) guided eps_hat of the sampling policy
-    log_probs: torch.Tensor  # (N, S)
-    timesteps: torch.Tensor  # (S,)
-    alpha_bar: torch.Tensor  # (S,) float64
-    alpha_bar_prev: torch.Tensor
-    sigmas: torch.Tensor
+    traj: Trajectory
     rewards: np.ndarray  # (N,)
     advantages: np.ndarray  # (N,)
     all_rewards: np.ndarray  # rewards of all processes (for logging)
     images: torch.Tensor  # (N, 3, H, W) uint8
-    prediction: str = "eps"  # "eps" (DDIM) or "velocity" (flow SDE)
-    dts: torch.Tensor | None = None  # (S,) float64 flow steps dt_i > 0
-    flow_w: torch.Tensor | None = None  # (S,) native weights w(t_i) (Eq. logrho-flow)
-    flow_scale: torch.Tensor | None = None  # (S,) zeta dt_i / w(t_i) (PCPO reweighting)
+
+
+def training_sampler(cfg: TrainConfig, prediction: str) -> tuple[Sampler, str]:
+    """The sampler and schedule a run trains with.
+
+    eps models: DDIM with DDIM's sigma (DDPO) or, for ``objective=pcpo``, PCPO's re-solved sigma~
+    in ``credit_convention`` (Prop. 1). Velocity models: the flow SDE ``sde`` on ``flow_grid``
+    (DanceGRPO / Flow-GRPO); PCPO keeps that sampler and reweights in the hinge (Prop. 2).
+    """
+    if resolve_sampler("auto", prediction) == DDIMSampler.name:
+        return DDIMSampler(convention=cfg.credit_convention), cfg.sigma_schedule()
+    return FlowSampler(shift=cfg.flow_shift, grid=cfg.flow_grid, t1=cfg.flow_t1), cfg.sde
 
 
 class Trainer:
@@ -97,6 +100,7 @@ class Trainer:
         self.prompt_set = load_prompts(config.prompts)
         self.reward_fn = make_reward(config.reward, **config.reward_options)
         self.adapter: ModelAdapter = load_model(config.model, device=self.device)
+        self.sampler, self.schedule = training_sampler(config, self.adapter.prediction)
         self.adapter.denoiser.train()
         if config.lora_rank > 0:
             # peft's LoRA init draws from the global RNG: fork it and seed from the config, so runs repeat
@@ -154,40 +158,50 @@ class Trainer:
 
     @torch.no_grad()
     def sample_epoch(self, epoch: int) -> EpochSamples:
+        """Sample this process's trajectories (with log-probs), score them, compute advantages."""
         cfg, ad = self.cfg, self.adapter
         ad.denoiser.eval()
         idx = self._choose_prompts(epoch)
         prompts = [self.prompt_set.prompts[i] for i in idx]
         pids = np.array([self.prompt_set.prompt_ids[i] for i in idx])
-        parts: list[Any] = []
         B = cfg.sample_batch_size
-        for b in range(cfg.sample_batches_per_epoch):
-            sl = slice(b * B, (b + 1) * B)
-            bp = prompts[sl]
-            cond = ad.encode_prompts(bp)
-            gens = [keyed_generator(cfg.seed, epoch, self.rank, "sample", b * B + j) for j in range(len(bp))]
-            x_T = None
-            if cfg.same_noise_per_group:
-                x_T = torch.stack([
-                    torch.randn(ad.latent_shape, generator=keyed_generator(cfg.seed, epoch, self.rank, "group",
-                                                                              (b * B + j) // cfg.images_per_prompt))
-                    for j in range(len(bp))
-                ])
-            with self._autocast():
-                if ad.prediction == "velocity":
-                    # PCPO on flow models keeps the sampler; its reweighting is in the objective
-                    s = sample_flow(ad, cond, self.null.repeat(len(bp)), cfg=cfg.cfg, steps=cfg.sample_steps,
-                                    eta=cfg.sample_eta, generators=gens, sde=cfg.sde, shift=cfg.flow_shift,
-                                    grid=cfg.flow_grid, record=True, x_T=x_T)
-                else:
-                    s = sample_ddim(ad, cond, self.null.repeat(len(bp)), cfg=cfg.cfg, steps=cfg.sample_steps,
-                                    eta=cfg.sample_eta, generators=gens, sigma_schedule=cfg.sigma_schedule(),
-                                    convention=cfg.credit_convention, record=True, x_T=x_T)
-            images = ad.decode(s.latents.float())
-            parts.append((cond, s, images))
+        parts = [self._sample_batch(epoch, b * B, prompts[b * B:(b + 1) * B]) for b in range(cfg.sample_batches_per_epoch)]
         cond = PromptEmbeds.cat([p[0] for p in parts])
         images = torch.cat([p[2] for p in parts])
         rewards = self.reward_fn(images.cpu(), prompts).double().numpy()
+        all_rewards, adv = self._advantages(epoch, prompts, rewards, pids)
+        traj = Trajectory.cat([p[1] for p in parts], dtype=torch.float32)
+        return EpochSamples(prompts=prompts, prompt_ids=pids, cond=cond, traj=traj, rewards=rewards,
+                            advantages=adv, all_rewards=all_rewards, images=images.cpu())
+
+    def _sample_batch(self, epoch: int, start: int, prompts: list[str]) -> tuple[PromptEmbeds, Trajectory, torch.Tensor]:
+        """One recorded sampling batch (samples ``start``... of the epoch): prompt embeddings, trajectory, images.
+
+        CFG as DDPO; ``same_noise_per_group`` shares x_T within a prompt group (DanceGRPO-SD).
+        """
+        cfg, ad = self.cfg, self.adapter
+        cond = ad.encode_prompts(prompts)
+        gens = [keyed_generator(cfg.seed, epoch, self.rank, "sample", start + j) for j in range(len(prompts))]
+        x_T = None
+        if cfg.same_noise_per_group:
+            x_T = torch.stack([
+                torch.randn(ad.latent_shape, generator=keyed_generator(cfg.seed, epoch, self.rank, "group",
+                                                                          (start + j) // cfg.images_per_prompt))
+                for j in range(len(prompts))
+            ])
+        with self._autocast():
+            traj = self.sampler.sample(ad, cond, self.null.repeat(len(prompts)), cfg=cfg.cfg, steps=cfg.sample_steps,
+                                       eta=cfg.sample_eta, generators=gens, schedule=self.schedule, record=True,
+                                       x_T=x_T)
+        return cond, traj, ad.decode(traj.latents.float())
+
+    def _advantages(self, epoch: int, prompts: list[str], rewards: np.ndarray,
+                    pids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(rewards of all processes, this process's clamped advantages): DDPO per-prompt tracker or GRPO groups.
+
+        Rejects the epoch (UserError) if any process's reward is NaN/inf.
+        """
+        cfg = self.cfg
         all_prompts, all_rewards, all_pids = self._gather(prompts, rewards, pids)
         bad = ~np.isfinite(all_rewards)
         if bad.any():
@@ -203,23 +217,7 @@ class Trainer:
             adv_all = self.tracker.update(all_prompts, all_rewards)
         adv_all = clamp_advantages(adv_all, cfg.adv_clip_max)
         n = len(prompts)
-        adv = adv_all[self.rank * n:(self.rank + 1) * n]
-        s0 = parts[0][1]
-        cat = lambda name: torch.cat([getattr(p[1], name) for p in parts]).float()  # noqa: E731
-        common = dict(
-            prompts=prompts, prompt_ids=pids, cond=cond, trajectory=cat("trajectory"), noise=cat("noise"),
-            eps_old=cat("model_outputs"), log_probs=cat("log_probs"), rewards=rewards,
-            advantages=adv, all_rewards=all_rewards, images=images.cpu(),
-        )
-        if ad.prediction == "velocity":
-            w, scale, _ = pcpo_flow_scale(s0.t.numpy(), s0.dt.numpy(), s0.sigmas.numpy(), cfg.sde, cfg.sample_eta,
-                                          s0.times.numpy(), cfg.flow_t1)
-            nan = torch.full_like(s0.t, float("nan"))
-            return EpochSamples(**common, timesteps=s0.t, alpha_bar=nan, alpha_bar_prev=nan, sigmas=s0.sigmas,
-                                prediction="velocity", dts=s0.dt, flow_w=torch.as_tensor(w),
-                                flow_scale=torch.as_tensor(scale))
-        return EpochSamples(**common, timesteps=s0.timesteps, alpha_bar=s0.alpha_bar,
-                            alpha_bar_prev=s0.alpha_bar_prev, sigmas=s0.sigmas)
+        return all_rewards, adv_all[self.rank * n:(self.rank + 1) * n]
 
     def _gather(self, prompts: list[str], rewards: np.ndarray, pids: np.ndarray):
         if self.world == 1:
@@ -236,77 +234,42 @@ class Trainer:
         S = self.cfg.sample_steps
         return list(range(S if self.cfg.train_last_step else max(S - 1, 1)))
 
-    def step_loss(self, samples: EpochSamples, rows: torch.Tensor, j: torch.Tensor, adv: torch.Tensor):
-        """Objective for samples ``rows`` at their step indices ``j`` (both (b,) long tensors)."""
-        if samples.prediction == "velocity":
-            return self._flow_step_loss(samples, rows, j, adv)
-        ad, cfg = self.adapter, self.cfg
-        dev = self.device
-        x_t = samples.trajectory[rows, j].to(dev)
-        x_prev = samples.trajectory[rows, j + 1].to(dev)
-        t = samples.timesteps[j].to(dev)
-        ab, abp, sig = (v[j].to(dev, torch.float32) for v in (samples.alpha_bar, samples.alpha_bar_prev, samples.sigmas))
-        cond = samples.cond.index(rows.to(samples.cond.hidden.device))
-        with self._autocast():
-            eps = ad.predict(x_t, t, cond, self.null.repeat(len(rows)), cfg.cfg).float()
-        logp_old = samples.log_probs[rows, j].to(dev)
-        if uses_decomposition(cfg.objective):
-            C = torch.as_tensor(ddim_C(samples.alpha_bar[j].numpy(), samples.alpha_bar_prev[j].numpy(),
-                                       samples.sigmas[j].numpy()), dtype=torch.float32, device=dev)
-            from pcpo_eval.train.objectives import eps_matching_log_rho
+    def step_loss(
+        self, samples: EpochSamples, rows: torch.Tensor, j: torch.Tensor, adv: torch.Tensor
+    ) -> tuple[torch.Tensor, StepLoss, torch.Tensor | None]:
+        """Per-sample loss, objective output and KL (or None) of samples ``rows`` at steps ``j`` ((b,) long).
 
-            log_rho = eps_matching_log_rho(eps, samples.eps_old[rows, j].to(dev), samples.noise[rows, j].to(dev),
-                                           C / sig)
-            out = self.objective(log_rho, adv, cfg.clip_range)
-        else:
-            logp = gaussian_log_prob(x_prev, ddim_mean(x_t, eps, ab, abp, sig), sig)
-            out = self.objective(logp - logp_old, adv, cfg.clip_range)
-        loss = out.loss
-        kl = None
-        if cfg.beta_kl > 0:
-            with torch.no_grad(), self._reference():
-                ref_eps = self._ref_predict(x_t, t, cond, len(rows)).float()
-            kl = kl_gaussian_means(ddim_mean(x_t, eps, ab, abp, sig), ddim_mean(x_t, ref_eps, ab, abp, sig), sig)
-            loss = loss + cfg.beta_kl * kl
-        return loss, out, kl
+        One recipe for every sampler (``self.sampler``, :mod:`pcpo_eval.samplers.base`):
 
-    def _flow_step_loss(self, samples: EpochSamples, rows: torch.Tensor, j: torch.Tensor, adv: torch.Tensor):
-        """Flow-model objective (DanceGRPO / Flow-GRPO SDE step, paper Eq. logrho-flow and Prop. 2).
-
-        * ``ppo_clip`` / ``log_hinge``: log rho = logp - logp_old with the Gaussian step density.
-        * ``eps_matching``: log rho = -[w (u_theta - u_old) . eps + 1/2 ||w (u_theta - u_old)||^2]
-          with the native weight w(t_i) of the sampled step (exact, no exp).
-        * ``pcpo``: the same log rho, scaled inside the hinge by w~/w with w~ = zeta dt_i
-          (``objectives.hinge_from_log_rho(weight_scale=...)``), so the credit of each step is
-          proportional to its interval. The sampler is unchanged.
-
-        Flow-GRPO's KL penalty ``beta_kl * ||mu - mu_ref||^2 / (2 std^2)`` against the base weights
-        (LoRA disabled, or a frozen copy for full fine-tunes) is added when ``beta_kl > 0``.
+        * ``ppo_clip`` / ``log_hinge``: log rho = log p_theta - log p_old of the recorded step
+          (``sampler.step_log_prob``; DDPO, DanceGRPO, Flow-GRPO).
+        * ``eps_matching`` / ``pcpo``: log rho = -[w d . eps + 1/2 ||w d||^2], d = model output minus
+          the recorded one, w the step's native weight (Prop. 1; Eq. logrho-flow), exact, no exp;
+          scaled inside the hinge by ``sampler.credit_scale`` (flow PCPO: zeta dt_i / w(t_i), Prop. 2;
+          ones for DDIM, whose PCPO acts through the sampled sigma~).
+        * ``beta_kl > 0``: + beta_kl * KL of the step against the reference policy (base weights: LoRA
+          disabled, or a frozen copy), ``sampler.kl_to_reference`` (Flow-GRPO Eq. 3; DPOK).
         """
-        ad, cfg, dev = self.adapter, self.cfg, self.device
-        from pcpo_eval.train.objectives import eps_matching_log_rho
-
-        x_t = samples.trajectory[rows, j].to(dev)
-        x_next = samples.trajectory[rows, j + 1].to(dev)
-        t, dt, sig = (v[j].to(dev, torch.float32) for v in (samples.timesteps, samples.dts, samples.sigmas))
+        cfg, dev, sp, tr = self.cfg, self.device, self.sampler, samples.traj
+        x = tr.trajectory[rows, j].to(dev)
+        t = sp.model_time(tr, j).to(dev)
         cond = samples.cond.index(rows.to(samples.cond.hidden.device))
         with self._autocast():
-            u = ad.predict(x_t, t, cond, self.null.repeat(len(rows)), cfg.cfg).float()
+            out = self.adapter.predict(x, t, cond, self.null.repeat(len(rows)), cfg.cfg).float()
         if uses_decomposition(cfg.objective):
-            w = samples.flow_w[j].to(dev, torch.float32)
-            log_rho = eps_matching_log_rho(u, samples.eps_old[rows, j].to(dev), samples.noise[rows, j].to(dev), w)
-            scale = samples.flow_scale[j].to(dev, torch.float32) if cfg.objective == "pcpo" else 1.0
-            out = self.objective(log_rho, adv, cfg.clip_range, weight_scale=scale)
+            log_rho = eps_matching_log_rho(out, tr.model_outputs[rows, j].to(dev), tr.noise[rows, j].to(dev),
+                                           sp.native_weight(tr, j).to(dev))
+            res = self.objective(log_rho, adv, cfg.clip_range, weight_scale=sp.credit_scale(tr, j, cfg.objective).to(dev))
         else:
-            logp = flow_log_prob(x_t, u, x_next, t, dt, sig)
-            out = self.objective(logp - samples.log_probs[rows, j].to(dev), adv, cfg.clip_range)
-        loss, kl = out.loss, None
+            logp = sp.step_log_prob(tr, j, x, tr.trajectory[rows, j + 1].to(dev), out)
+            res = self.objective(logp - tr.log_probs[rows, j].to(dev), adv, cfg.clip_range)
+        loss, kl = res.loss, None
         if cfg.beta_kl > 0:
             with torch.no_grad(), self._reference():
-                u_ref = self._ref_predict(x_t, t, cond, len(rows)).float()
-            kl = flow_kl_to_reference(u, u_ref, t, dt, sig)
+                ref = self._ref_predict(x, t, cond, len(rows)).float()
+            kl = sp.kl_to_reference(tr, j, x, out, ref)
             loss = loss + cfg.beta_kl * kl
-        return loss, out, kl
+        return loss, res, kl
 
     def train_epoch(self, epoch: int, samples: EpochSamples) -> dict[str, float]:
         cfg, ad = self.cfg, self.adapter

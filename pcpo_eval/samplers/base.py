@@ -1,0 +1,138 @@
+"""The sampler contract: what generation and training ask of a sampling algorithm.
+
+Every sampler here walks a chain x_T -> x_0 of Gaussian transitions (DDPO's
+``ddim_step_with_logprob``, DanceGRPO's ``flux_step``, Flow-GRPO's ``sde_step_with_logprob``)::
+
+    x_next = mu_theta(x, model_output; step j) + std_j * eps,      eps ~ N(0, I)
+
+Generation needs only the final latents; policy-gradient training needs, per recorded step j
+(paper Eq. ``eq:logrho`` / Prop. 1 for DDIM, Eq. ``eq:logrho-flow`` / Prop. 2 for flow SDEs):
+
+* ``step_log_prob``: log p_theta(x_next | x) of a recorded transition under a new model output
+  (ppo_clip / log_hinge: log rho = log p_theta - log p_old);
+* ``native_weight``: the weight w of the decomposition log rho = -[w d . eps + 1/2 ||w d||^2],
+  d = model output - recorded output, eps the step's unit noise (``unit`` convention);
+* ``credit_scale``: PCPO's per-step reweighting s_j inside the hinge, w~/w = zeta dt_j / w(t_j) for
+  flow SDEs (Prop. 2); 1 for DDIM (its PCPO acts through the sigma~ schedule, Prop. 1) and for
+  every objective other than ``pcpo`` (DDPO, DanceGRPO, Flow-GRPO);
+* ``kl_to_reference``: KL of the step against the reference policy, ||mu - mu_ref||^2 / (2 std_j^2)
+  averaged over dims (Flow-GRPO Eq. 3; DPOK for DDIM).
+
+A sampler also names the model prediction it fits (``eps`` or ``velocity``) and its noise
+schedules (first = default). Its output, the :class:`Trajectory`, holds what every sampler records;
+each sampler's subclass adds its own per-step schedule (DDIM's alpha_bar, the flow grid's t, dt).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar, Protocol, TypeVar, runtime_checkable
+
+import torch
+
+from pcpo_eval.models.base import ModelAdapter, PromptEmbeds
+
+#: Per-sample fields of a :class:`Trajectory` (batch dimension first); the rest is per step.
+PER_SAMPLE_FIELDS: tuple[str, ...] = ("latents", "trajectory", "noise", "model_outputs", "log_probs")
+
+T = TypeVar("T", bound="Trajectory")
+
+
+@dataclass(kw_only=True)
+class Trajectory:
+    """A batch of sampled chains (B samples, S steps): the record every sampler returns.
+
+    ``latents`` (B, C, H, W) is the final x_0 and ``sigmas`` (S,) float64 the per-step SDE noise
+    scale (0 for deterministic steps). With ``record=True`` also ``trajectory`` (B, S+1, C, H, W)
+    from x_T to x_0, ``noise`` (B, S, C, H, W) the unit noise of each step (zeros when
+    deterministic), ``model_outputs`` (B, S, C, H, W) the guided outputs of the sampling policy
+    (eps_hat or velocity) and ``log_probs`` (B, S) (zeros when deterministic).
+    """
+
+    latents: torch.Tensor
+    sigmas: torch.Tensor
+    trajectory: torch.Tensor | None = None
+    noise: torch.Tensor | None = None
+    model_outputs: torch.Tensor | None = None
+    log_probs: torch.Tensor | None = None
+
+    @classmethod
+    def cat(cls: type[T], parts: Sequence[T], dtype: torch.dtype | None = None) -> T:
+        """Join batches sampled with one schedule: per-sample tensors concatenated (cast to
+        ``dtype`` if given), the per-step schedule taken from the first batch."""
+        first = parts[0]
+
+        def join(name: str) -> torch.Tensor | None:
+            if getattr(first, name) is None:
+                return None
+            out = torch.cat([getattr(p, name) for p in parts])
+            return out if dtype is None else out.to(dtype)
+
+        return dataclasses.replace(first, **{name: join(name) for name in PER_SAMPLE_FIELDS})
+
+
+@runtime_checkable
+class Sampler(Protocol):
+    """A sampling algorithm for one model prediction type (module docstring).
+
+    ``j`` is a (b,) long tensor of step indices (one per sample); ``x``/``x_next`` are the recorded
+    states at j and j+1, ``model_output`` the (new) guided model output at ``x``. Methods that take
+    tensors return them on the tensors' device; the schedule-only methods (``model_time``,
+    ``native_weight``, ``credit_scale``) return CPU tensors.
+    """
+
+    name: ClassVar[str]  #: catalogue name (``--sampler``)
+    prediction: ClassVar[str]  #: the model prediction it fits: ``eps`` or ``velocity``
+    schedules: ClassVar[tuple[str, ...]]  #: its noise-schedule choices, first = default
+
+    def sample(
+        self, adapter: ModelAdapter, cond: PromptEmbeds, uncond: PromptEmbeds | None, *, cfg: float, steps: int,
+        eta: float, generators: list[torch.Generator], schedule: str | None = None, record: bool = False,
+        x_T: torch.Tensor | None = None,
+    ) -> Trajectory:
+        """Sample B latents (one generator per sample); ``record`` keeps the chain and log-probs."""
+        ...
+
+    def __call__(
+        self, adapter: ModelAdapter, cond: PromptEmbeds, uncond: PromptEmbeds | None, *, cfg: float, steps: int,
+        eta: float, generators: list[torch.Generator], schedule: str | None = None,
+    ) -> torch.Tensor:
+        """Latents only (generation): ``sample(...).latents``."""
+        ...
+
+    def model_time(self, traj: Trajectory, j: torch.Tensor) -> torch.Tensor:
+        """The time the adapter is called with at steps ``j`` (DDIM: integer timestep; flow: t in [0, 1])."""
+        ...
+
+    def step_log_prob(
+        self, traj: Trajectory, j: torch.Tensor, x: torch.Tensor, x_next: torch.Tensor, model_output: torch.Tensor
+    ) -> torch.Tensor:
+        """log p(x_next | x) (b,) under ``model_output``, averaged over non-batch dims (DDPO)."""
+        ...
+
+    def native_weight(self, traj: Trajectory, j: torch.Tensor) -> torch.Tensor:
+        """The decomposition weight w of steps ``j`` (b,) float32 (``unit`` convention)."""
+        ...
+
+    def credit_scale(self, traj: Trajectory, j: torch.Tensor, objective: str) -> torch.Tensor:
+        """PCPO's reweighting s_j (b,) float32 inside the hinge; ones unless it applies."""
+        ...
+
+    def kl_to_reference(
+        self, traj: Trajectory, j: torch.Tensor, x: torch.Tensor, model_output: torch.Tensor, ref_output: torch.Tensor
+    ) -> torch.Tensor:
+        """KL (b,) of the step under ``model_output`` against the one under ``ref_output``."""
+        ...
+
+
+def gaussian_kl_same_std(mu: torch.Tensor, mu_ref: torch.Tensor, std: torch.Tensor | float) -> torch.Tensor:
+    """KL(N(mu, s^2) || N(mu_ref, s^2)) = ||mu - mu_ref||^2 / (2 s^2), averaged over non-batch dims.
+
+    Flow-GRPO's KL penalty (Eq. 3) and DPOK's for DDIM; ``std`` a scalar or (B,).
+    """
+    std = torch.as_tensor(std, dtype=mu.dtype, device=mu.device)
+    if std.ndim == 1:
+        std = std.reshape(-1, *([1] * (mu.ndim - 1)))
+    return ((mu - mu_ref) ** 2 / (2 * std**2)).mean(dim=tuple(range(1, mu.ndim)))
