@@ -14,11 +14,13 @@ from hypothesis import strategies as st
 
 from pcpo_eval.credit.ddim import (
     SD1_DDIM_CONFIG,
+    DDIMSchedulerConfig,
     ddim_C,
     ddim_schedule,
     ddim_weight,
     pcpo_ddim_credit,
     pcpo_sigma_roots,
+    read_scheduler_config,
 )
 from pcpo_eval.credit.flow import flow_credit, flow_native_weight, shifted_sigmas
 from pcpo_eval.errors import UserError
@@ -169,6 +171,22 @@ def test_ddim_bad_input():
         ddim_schedule({**SD1_DDIM_CONFIG, "beta_schedule": "cosine"}, 50, 1.0)
     with pytest.raises(UserError, match="residual, unit"):
         pcpo_ddim_credit(ddim_schedule(None, 10, 1.0), "paper")
+
+
+def test_ddim_scheduler_config_defaults_and_flags(tmp_path):
+    assert DDIMSchedulerConfig().to_dict() == SD1_DDIM_CONFIG
+    trailing = ddim_schedule(DDIMSchedulerConfig(spacing="trailing", offset=0).to_dict(), 10, 1.0)
+    assert trailing.timesteps[0] == 999 and trailing.timesteps[-1] == 99
+    linear = DDIMSchedulerConfig(beta_schedule="linear", beta_start=1e-4, beta_end=0.02, train_steps=500).to_dict()
+    assert ddim_schedule(linear, 10, 1.0).config["num_train_timesteps"] == 500
+    (tmp_path / "ok.json").write_text(json.dumps({"_class_name": "DDIMScheduler", **linear}))
+    assert read_scheduler_config(tmp_path / "ok.json")["beta_schedule"] == "linear"
+    (tmp_path / "bad.json").write_text("nope{")
+    with pytest.raises(UserError, match="cannot read --scheduler-config"):
+        read_scheduler_config(tmp_path / "bad.json")
+    (tmp_path / "list.json").write_text("[1, 2]")
+    with pytest.raises(UserError, match="JSON object"):
+        read_scheduler_config(tmp_path / "list.json")
 
 
 def test_cli_subprocess_entry_point():

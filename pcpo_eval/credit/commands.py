@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from pcpo_eval.errors import UserError
+from pcpo_eval.credit.ddim import DDIMSchedulerConfig, ddim_schedule, pcpo_ddim_credit, read_scheduler_config
 
 credit_app = typer.Typer(help="Per-timestep credit weights: native vs PCPO (paper Fig. 2).", no_args_is_help=True)
 
@@ -23,17 +23,22 @@ def _emit(summary: dict[str, Any], as_json: bool, columns: list[str], header: st
         typer.echo("  ".join(f"{st[c]:>14.6g}" if isinstance(st[c], float) else f"{st[c]!s:>14}" for c in columns))
 
 
+_SD1 = DDIMSchedulerConfig()
+
+
 @credit_app.command("ddim")
 def ddim_cmd(
     steps: Annotated[int, typer.Option(help="Number of DDIM inference steps.")] = 50,
     eta: Annotated[float, typer.Option(help="DDIM eta (> 0).")] = 1.0,
-    beta_schedule: Annotated[str, typer.Option(help="linear | scaled_linear | squaredcos_cap_v2")] = "scaled_linear",
-    beta_start: Annotated[float, typer.Option()] = 0.00085,
-    beta_end: Annotated[float, typer.Option()] = 0.012,
-    train_steps: Annotated[int, typer.Option(help="num_train_timesteps")] = 1000,
-    spacing: Annotated[str, typer.Option(help="leading | trailing | linspace")] = "leading",
-    offset: Annotated[int, typer.Option(help="steps_offset")] = 1,
-    set_alpha_to_one: Annotated[bool, typer.Option()] = False,
+    beta_schedule: Annotated[
+        str, typer.Option(help="linear | scaled_linear | squaredcos_cap_v2")
+    ] = _SD1.beta_schedule,
+    beta_start: Annotated[float, typer.Option()] = _SD1.beta_start,
+    beta_end: Annotated[float, typer.Option()] = _SD1.beta_end,
+    train_steps: Annotated[int, typer.Option(help="num_train_timesteps")] = _SD1.train_steps,
+    spacing: Annotated[str, typer.Option(help="leading | trailing | linspace")] = _SD1.spacing,
+    offset: Annotated[int, typer.Option(help="steps_offset")] = _SD1.offset,
+    set_alpha_to_one: Annotated[bool, typer.Option()] = _SD1.set_alpha_to_one,
     scheduler_config: Annotated[
         Path | None, typer.Option(help="A diffusers scheduler_config.json (overrides the beta/spacing flags).")
     ] = None,
@@ -44,24 +49,12 @@ def ddim_cmd(
     plot: Annotated[Path | None, typer.Option(help="Write Figure 2 (a)-(d) to this PNG.")] = None,
 ) -> None:
     """DDIM native weights w(t) and PCPO's re-solved sigma~_t (paper Prop. 1, Fig. 2a-b)."""
-    from pcpo_eval.credit.ddim import ddim_schedule, pcpo_ddim_credit
-
     if scheduler_config is not None:
-        try:
-            cfg = json.loads(Path(scheduler_config).read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise UserError(f"cannot read --scheduler-config {scheduler_config}: {exc}") from None
+        cfg = read_scheduler_config(scheduler_config)
     else:
-        cfg = {
-            "num_train_timesteps": train_steps,
-            "beta_start": beta_start,
-            "beta_end": beta_end,
-            "beta_schedule": beta_schedule,
-            "timestep_spacing": spacing,
-            "steps_offset": offset,
-            "set_alpha_to_one": set_alpha_to_one,
-            "clip_sample": False,
-        }
+        cfg = DDIMSchedulerConfig(train_steps=train_steps, beta_start=beta_start, beta_end=beta_end,
+                                  beta_schedule=beta_schedule, spacing=spacing, offset=offset,
+                                  set_alpha_to_one=set_alpha_to_one).to_dict()
     credit = pcpo_ddim_credit(ddim_schedule(cfg, steps, eta), convention, w_target, fallback)  # type: ignore[arg-type]
     summary = credit.to_dict()
     if plot is not None:

@@ -33,7 +33,9 @@ with ``sigma = eta`` (DanceGRPO) or ``sigma_t = eta sqrt(t / (1 - t))`` (Flow-GR
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -44,18 +46,50 @@ Convention = Literal["residual", "unit"]
 CONVENTIONS: tuple[str, ...] = ("residual", "unit")
 FALLBACKS: tuple[str, ...] = ("nearest", "native")
 
+@dataclass(frozen=True)
+class DDIMSchedulerConfig:
+    """A diffusers ``DDIMScheduler`` configuration; the defaults are Stable Diffusion 1.x's
+    (``scheduler/scheduler_config.json``), the schedule of the paper's Fig. 2a-b.
+
+    Field names follow the ``pcpo-eval credit ddim`` flags; :meth:`to_dict` gives diffusers' keys.
+    """
+
+    train_steps: int = 1000  #: num_train_timesteps
+    beta_start: float = 0.00085
+    beta_end: float = 0.012
+    beta_schedule: str = "scaled_linear"  #: linear | scaled_linear | squaredcos_cap_v2
+    spacing: str = "leading"  #: timestep_spacing: leading | trailing | linspace
+    offset: int = 1  #: steps_offset
+    set_alpha_to_one: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        """The diffusers scheduler-config dict (``DDIMScheduler.from_config``)."""
+        return {
+            "num_train_timesteps": self.train_steps,
+            "beta_start": self.beta_start,
+            "beta_end": self.beta_end,
+            "beta_schedule": self.beta_schedule,
+            "set_alpha_to_one": self.set_alpha_to_one,
+            "steps_offset": self.offset,
+            "timestep_spacing": self.spacing,
+            "clip_sample": False,
+            "prediction_type": "epsilon",
+        }
+
+
 #: Stable Diffusion 1.x DDIM configuration (diffusers ``scheduler/scheduler_config.json``).
-SD1_DDIM_CONFIG: dict[str, Any] = {
-    "num_train_timesteps": 1000,
-    "beta_start": 0.00085,
-    "beta_end": 0.012,
-    "beta_schedule": "scaled_linear",
-    "set_alpha_to_one": False,
-    "steps_offset": 1,
-    "timestep_spacing": "leading",
-    "clip_sample": False,
-    "prediction_type": "epsilon",
-}
+SD1_DDIM_CONFIG: dict[str, Any] = DDIMSchedulerConfig().to_dict()
+
+
+def read_scheduler_config(path: str | Path) -> dict[str, Any]:
+    """A diffusers ``scheduler_config.json`` as a dict; unreadable files are a :class:`UserError`."""
+    try:
+        cfg = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UserError(f"cannot read --scheduler-config {path}: {exc}") from None
+    if not isinstance(cfg, dict):
+        raise UserError(f"--scheduler-config {path} must hold a JSON object of scheduler settings")
+    return cfg
 
 
 # --------------------------------------------------------------------------------------------
