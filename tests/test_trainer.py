@@ -223,3 +223,38 @@ def test_resume_errors_name_the_problem(tmp_path, runs):
     root = runs[0]
     with pytest.raises(UserError, match="config differs .* learning_rate"):
         Trainer(tiny(epochs=4, learning_rate=1e-3), root / "full", resume=True)
+
+
+@pytest.mark.parametrize("lora_rank", [2, 0])
+def test_paired_control_samples_the_untrained_model_on_the_same_noises(tmp_path, lora_rank):
+    """Epoch 1: policy == base, so control == reward exactly; later the trained policy and its control differ,
+    while the control itself equals a fresh untrained model's reward on the same (seed, epoch) draws."""
+    cfg = tiny(paired_control=True, lora_rank=lora_rank, learning_rate=3e-3, epochs=2)
+    log = Trainer(cfg, tmp_path / "run").run()
+    assert log["control_reward_mean"].iloc[0] == log["reward_mean"].iloc[0]
+    assert log["control_reward_mean"].iloc[1] != log["reward_mean"].iloc[1]
+    base = Trainer(tiny(lora_rank=lora_rank, epochs=2), tmp_path / "base")
+    s2 = base.sample_epoch(2)  # untrained model, epoch-2 prompts and noises
+    assert float(np.mean(s2.all_rewards)) == pytest.approx(log["control_reward_mean"].iloc[1], abs=1e-12)
+
+
+def test_ppo_health_is_logged_per_update_and_step(tmp_path):
+    log = Trainer(tiny(gradient_updates=2, epochs=1), tmp_path / "run").run()
+    row = log.iloc[0]
+    assert len(row["approx_kl_per_update"]) == 2 and len(row["clipfrac_per_update"]) == 2
+    assert len(row["log_rho_abs_per_step"]) == 4  # sample_steps
+    assert row["log_rho_min"] <= 0.0 <= row["log_rho_max"] or row["log_rho_min"] == row["log_rho_max"] == 0.0
+    assert np.isnan(row["control_reward_mean"])  # paired_control off
+
+
+def test_ppo_health_warning_names_the_fix():
+    from pcpo_eval.train.trainer import ppo_health_warning
+
+    assert ppo_health_warning(pd.DataFrame({"approx_kl": [1e-4, 2e-4], "clipfrac": [0.01, 0.02]})) is None
+    msg = ppo_health_warning(pd.DataFrame({"approx_kl": [23.0, 65.0], "clipfrac": [0.45, 0.45]}))
+    assert msg is not None and "lower the learning rate" in msg and "\n" not in msg
+
+
+def test_non_finite_config_values_are_rejected():
+    with pytest.raises(UserError, match=r"non-finite values cfg=nan"):
+        tiny(cfg=float("nan")).validate()

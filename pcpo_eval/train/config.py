@@ -8,6 +8,7 @@ where the paper does not say otherwise; every field is commented.
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,6 +73,10 @@ class TrainConfig:
     lora_alpha: float = 4.0
     mixed_precision: str = "no"  #: no | fp16 | bf16 autocast (GPU only; ignored on CPU)
     checkpoint_every: int = 1  #: save every N epochs (and at the last epoch)
+    #: also sample the UNTRAINED model each epoch on the same prompts and noises (same keyed
+    #: generators, same sampler and schedule) and log its reward as ``control_reward_mean``: the
+    #: paired control that separates learning from the sampler and from which prompts were drawn
+    paired_control: bool = False
     device: str = "auto"  #: auto | cpu | cuda | cuda:N
 
     # ---------------------------------------------------------------------------------------
@@ -83,6 +88,9 @@ class TrainConfig:
             if not cond:
                 problems.append(msg)
 
+        bad = [f"{k}={v}" for k, v in self.to_dict().items()
+               if isinstance(v, float) and not math.isfinite(v)]
+        need(not bad, f"non-finite values {', '.join(bad)}; every number must be finite")
         need(self.objective in OBJECTIVES, f"objective={self.objective!r} (choose {', '.join(OBJECTIVES)})")
         need(self.advantage in ADVANTAGES, f"advantage={self.advantage!r} (choose {', '.join(ADVANTAGES)})")
         need(self.mixed_precision in PRECISIONS, f"mixed_precision={self.mixed_precision!r} (choose {', '.join(PRECISIONS)})")

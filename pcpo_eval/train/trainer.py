@@ -12,7 +12,15 @@ Read top to bottom; each stage is a method tests can call on its own:
                       timesteps so each of ``gradient_updates`` optimizer steps covers its share,
                       gradient all-reduce across processes, max-grad-norm, AdamW.
 3. ``save_checkpoint`` LoRA (diffusers format) or full weights + optimizer/tracker state.
-4. ``log_epoch``      one row per epoch in ``log.parquet`` and TensorBoard.
+4. ``log_epoch``      one row per epoch in ``log.parquet`` and TensorBoard, with PPO health
+                      (clipfrac, approx_kl and the log-ratio range per update and per timestep).
+
+Paired control (``paired_control: true``): each epoch the UNTRAINED model (LoRA disabled, or the
+frozen copy of a full fine-tune) also samples the same prompts with the same keyed generators,
+sampler and schedule; its reward is ``control_reward_mean``. At epoch 1 policy and base are equal,
+so the two rewards are equal there; afterwards ``reward_mean - control_reward_mean`` is the
+learning signal with the prompt draw and the noise cancelled (and a sampler offset shows up as a
+difference between arms' controls, not as learning).
 
 Randomness: every draw comes from a generator keyed by (seed, epoch, rank, purpose, index), so a
 resumed run repeats an uninterrupted one exactly. Multi-process (torchrun / accelerate launch):
@@ -24,7 +32,8 @@ from __future__ import annotations
 
 import math
 import time
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,6 +82,7 @@ class EpochSamples:
     advantages: np.ndarray  # (N,)
     all_rewards: np.ndarray  # rewards of all processes (for logging)
     images: torch.Tensor  # (N, 3, H, W) uint8
+    control_rewards: np.ndarray | None = None  # untrained model, same prompts and noises (all processes)
 
 
 def training_sampler(cfg: TrainConfig, prediction: str) -> tuple[Sampler, str]:
@@ -111,7 +121,7 @@ class Trainer:
             self.adapter.denoiser.requires_grad_(True)
         self.params = self.adapter.trainable_parameters()
         self.ref_denoiser = None
-        if config.beta_kl > 0 and config.lora_rank == 0:
+        if (config.beta_kl > 0 or config.paired_control) and config.lora_rank == 0:
             import copy
 
             self.ref_denoiser = copy.deepcopy(self.adapter.denoiser).requires_grad_(False).eval()
@@ -171,10 +181,21 @@ class Trainer:
         rewards = self.reward_fn(images.cpu(), prompts).double().numpy()
         all_rewards, adv = self._advantages(epoch, prompts, rewards, pids)
         traj = Trajectory.cat([p[1] for p in parts], dtype=torch.float32)
+        control = self._control_rewards(epoch, prompts) if cfg.paired_control else None
         return EpochSamples(prompts=prompts, prompt_ids=pids, cond=cond, traj=traj, rewards=rewards,
-                            advantages=adv, all_rewards=all_rewards, images=images.cpu())
+                            advantages=adv, all_rewards=all_rewards, images=images.cpu(), control_rewards=control)
 
-    def _sample_batch(self, epoch: int, start: int, prompts: list[str]) -> tuple[PromptEmbeds, Trajectory, torch.Tensor]:
+    def _control_rewards(self, epoch: int, prompts: list[str]) -> np.ndarray:
+        """Rewards of the untrained model on this epoch's prompts and noises (all processes' samples)."""
+        B = self.cfg.sample_batch_size
+        with self._base_policy():
+            images = torch.cat([self._sample_batch(epoch, b * B, prompts[b * B:(b + 1) * B], record=False)[2]
+                                for b in range(self.cfg.sample_batches_per_epoch)])
+        rewards = self.reward_fn(images.cpu(), prompts).double().numpy()
+        return self._gather(prompts, rewards, np.zeros(len(prompts), dtype=np.int64))[1]
+
+    def _sample_batch(self, epoch: int, start: int, prompts: list[str],
+                      record: bool = True) -> tuple[PromptEmbeds, Trajectory, torch.Tensor]:
         """One recorded sampling batch (samples ``start``... of the epoch): prompt embeddings, trajectory, images.
 
         CFG as DDPO; ``same_noise_per_group`` shares x_T within a prompt group (DanceGRPO-SD).
@@ -191,7 +212,7 @@ class Trainer:
             ])
         with self._autocast():
             traj = self.sampler.sample(ad, cond, self.null.repeat(len(prompts)), cfg=cfg.cfg, steps=cfg.sample_steps,
-                                       eta=cfg.sample_eta, generators=gens, schedule=self.schedule, record=True,
+                                       eta=cfg.sample_eta, generators=gens, schedule=self.schedule, record=record,
                                        x_T=x_T)
         return cond, traj, ad.decode(traj.latents.float())
 
@@ -279,7 +300,7 @@ class Trainer:
         N = len(samples.prompts)
         adv_all = torch.as_tensor(samples.advantages, dtype=torch.float32)
         stats: dict[str, list[float]] = {"loss": [], "clip": [], "log_rho": [], "kl": [], "grad_norm": [],
-                                         "g1_mean": [], "g1_var": []}
+                                         "g1_mean": [], "g1_var": [], "step": [], "update": []}
         for inner in range(cfg.num_inner_epochs):
             g = keyed_generator(cfg.seed, epoch, self.rank, "train", inner)
             perm = torch.randperm(N, generator=g)
@@ -299,6 +320,8 @@ class Trainer:
                         stats["loss"].append(float(loss.detach().mean()))
                         stats["clip"].extend(out.clipped.float().tolist())
                         stats["log_rho"].extend(out.log_rho.detach().float().tolist())
+                        stats["step"].extend(j.tolist())
+                        stats["update"].extend([inner * cfg.gradient_updates + u] * len(rows))
                         if kl is not None:
                             stats["kl"].extend(kl.detach().tolist())
                 gn, g1 = self._optimizer_step()
@@ -307,10 +330,13 @@ class Trainer:
                 stats["g1_var"].append(g1[1])
         lr = np.asarray(stats["log_rho"], dtype=np.float64)
         rho = np.exp(lr)
+        control = samples.control_rewards
         row = {
             "epoch": epoch,
             "reward_mean": float(np.mean(samples.all_rewards)),
             "reward_std": float(np.std(samples.all_rewards)),
+            "control_reward_mean": float(np.mean(control)) if control is not None else float("nan"),
+            "control_reward_std": float(np.std(control)) if control is not None else float("nan"),
             "loss": float(np.mean(stats["loss"])),
             "clipfrac": float(np.mean(stats["clip"])),
             "approx_kl": float(0.5 * np.mean(lr**2)),
@@ -322,6 +348,7 @@ class Trainer:
             "grad_first_abs_var": float(np.mean(stats["g1_var"])),
             "kl_ref": float(np.mean(stats["kl"])) if stats["kl"] else float("nan"),
             "adv_abs_mean": float(np.abs(samples.advantages).mean()),
+            **ppo_health_stats(lr, np.asarray(stats["clip"]), np.asarray(stats["update"]), np.asarray(stats["step"])),
         }
         return row
 
@@ -353,6 +380,19 @@ class Trainer:
         if self.ref_denoiser is None and ck.is_lora(den):
             return _LoraDisabled(den)
         return nullcontext()
+
+    @contextmanager
+    def _base_policy(self) -> Iterator[None]:
+        """The untrained model as the sampling policy: LoRA disabled, or the frozen copy swapped in."""
+        if self.ref_denoiser is None:
+            with self._reference():
+                yield
+            return
+        live, self.adapter.denoiser = self.adapter.denoiser, self.ref_denoiser
+        try:
+            yield
+        finally:
+            self.adapter.denoiser = live
 
     def _ref_predict(self, x_t, t, cond, n):
         if self.ref_denoiser is None:
@@ -436,11 +476,51 @@ class Trainer:
                 self.save_checkpoint(epoch, row)
             dist.barrier()
             if self.is_main:
-                print(f"epoch {epoch:4d}  reward {row['reward_mean']:+.4f} +- {row['reward_std']:.4f}  "
+                ctrl = f"  control {row['control_reward_mean']:+.4f}" if cfg.paired_control else ""
+                print(f"epoch {epoch:4d}  reward {row['reward_mean']:+.4f} +- {row['reward_std']:.4f}{ctrl}  "
                       f"clipfrac {row['clipfrac']:.3f}  kl {row['approx_kl']:.2e}  {row['wall_time_s']:.1f}s", flush=True)
+        warning = ppo_health_warning(pd.DataFrame(self.log_rows)) if self.log_rows else None
+        if self.is_main and warning:
+            print(f"[pcpo-eval] warning: {warning}", flush=True)
         if self.writer is not None:
             self.writer.close()
         return pd.DataFrame(self.log_rows)
+
+
+#: PPO health thresholds (the ranges PPO practice treats as healthy; cf. the issue's ddpo measurements).
+HEALTHY_APPROX_KL = 0.05
+HEALTHY_CLIPFRAC = 0.25
+
+
+def ppo_health_stats(log_rho: np.ndarray, clipped: np.ndarray, update: np.ndarray, step: np.ndarray) -> dict[str, Any]:
+    """Per epoch: the log-ratio range, approx_kl / clipfrac per optimizer update, and |log rho| per timestep.
+
+    ``approx_kl = 0.5 mean(log rho^2)`` (ddpo-pytorch) computed within each update; lists are stored in
+    ``log.parquet`` (one entry per update / per sampler step index) so a reader can see which update or
+    which timestep carried the large ratios.
+    """
+    if log_rho.size == 0:
+        return {}
+    ups = np.unique(update)
+    steps = np.unique(step)
+    return {
+        "log_rho_min": float(log_rho.min()),
+        "log_rho_max": float(log_rho.max()),
+        "approx_kl_per_update": [float(0.5 * np.mean(log_rho[update == u] ** 2)) for u in ups],
+        "clipfrac_per_update": [float(np.mean(clipped[update == u])) for u in ups],
+        "log_rho_abs_per_step": [float(np.mean(np.abs(log_rho[step == s]))) for s in steps],
+    }
+
+
+def ppo_health_warning(log: pd.DataFrame) -> str | None:
+    """A one-line warning when the run's updates are too large (median approx_kl or mean clipfrac out of range)."""
+    if "approx_kl" not in log or "clipfrac" not in log or log.empty:
+        return None
+    kl, cf = float(np.nanmedian(log["approx_kl"])), float(np.nanmean(log["clipfrac"]))
+    if kl > HEALTHY_APPROX_KL or cf > HEALTHY_CLIPFRAC:
+        return (f"updates too large (median approx_kl {kl:.3g} > {HEALTHY_APPROX_KL} or mean clipfrac {cf:.3g} > "
+                f"{HEALTHY_CLIPFRAC}): lower the learning rate or the clip range")
+    return None
 
 
 class _LoraDisabled:
