@@ -3,13 +3,13 @@
 A study is the paper's evaluation protocol (Sec. 4, App. "Evaluation Details") as data:
 
 1. **train**     every cell of a factorial design (e.g. algorithm x batch size x seed) is a run:
-                 the study's train config plus the cell's overrides, trained with
-                 :func:`pcpo_eval.trainer.train` into ``OUT/runs/<run>``, or an existing run
+                 the resolved train config (file < train.overrides < the cell's levels), trained with
+                 :func:`pcpo_eval.train.trainer.train` into ``OUT/runs/<run>``, or an existing run
                  directory. Finished runs are skipped, interrupted ones resumed (``--resume``).
                  Afterwards every reward target must be reached by at least one run.
 2. **select**    reward-matched checkpoint per run at ``select_target``
                  (:func:`pcpo_eval.stats.select_checkpoints`, smoothed reward, window 5).
-3. **generate**  seed-controlled image sets (:func:`pcpo_eval.generate.generate_set`) of the base
+3. **generate**  seed-controlled image sets (:func:`pcpo_eval.generate.runner.generate_set`) of the base
                  model and of each selected checkpoint, same prompts and seeds
                  (``OUT/sets/base``, ``OUT/sets/<run>/epoch_NNNN``); optional preference sets on
                  unseen prompts. The generator itself skips finished images.
