@@ -169,6 +169,28 @@ def reference_levels_of(design_info: object, columns: list[str]) -> dict[str, st
     return out
 
 
+def as_patsy_categoricals(data: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
+    """``data`` with each non-numeric (or bool) column of ``columns`` as a pandas Categorical.
+
+    patsy reads the levels and integer codes of a Categorical in one vectorized step but walks
+    any other column value by value (about 40 s for a 1M-row string column). The categories are
+    the values sorted with patsy's own key, so levels, reference levels and term names are those
+    patsy would have chosen; a column that already is a Categorical keeps its own order.
+    """
+    from patsy.util import SortAnythingKey
+
+    out = {}
+    for c in columns:
+        s = data[c]
+        if _is_categorical(s) and not isinstance(s.dtype, pd.CategoricalDtype):
+            codes, uniques = pd.factorize(s)
+            order = sorted(range(len(uniques)), key=lambda i: SortAnythingKey(uniques[i]))  # noqa: B023
+            rank = np.empty(len(order), dtype=np.int64)
+            rank[order] = np.arange(len(order))
+            out[c] = pd.Categorical.from_codes(rank[codes], categories=uniques.take(order))
+    return data.assign(**out) if out else data
+
+
 def check_columns(data: pd.DataFrame, columns: list[str]) -> None:
     """NaNs in any used column are an error (no silent row dropping)."""
     for c in columns:
@@ -219,6 +241,7 @@ def build_design(
         raise UserError(f"response column {response!r} is constant ({y[0]:g}); nothing to model")
 
     env = patsy.EvalEnvironment([_FORMULA_ENV])
+    data = as_patsy_categoricals(data, [c for c in used if c not in groups])
     try:
         Xdf = patsy.dmatrix(
             patsy.ModelDesc([], desc.rhs_termlist),

@@ -4,17 +4,20 @@ The paper (Sec. 4 and App. "Per-Prompt Analysis") fits e.g. ``FID ~ algorithm * 
 by REML and reports coefficients with p-values; this module reproduces R's
 ``lmerTest::lmer`` output:
 
-1. Fit with statsmodels ``MixedLM`` (REML by default, ML for likelihood-ratio tests), trying the
-   optimizers in :data:`OPTIMIZERS` until one converges. Crossed groupings (``--group prompt
-   --group seed``) use statsmodels' recipe: one all-encompassing group plus one variance component
-   per factor. Random slopes: ``re_formula`` with a single grouping.
-2. Polish the optimum on lme4's profiled deviance (:mod:`pcpo_eval.stats.lmm_core`) so estimates
-   agree with lme4 to its own precision, and re-derive SEs there: Cov(beta) = sigma^2 (X'V^-1X)^-1.
+1. Fit by lme4's method (:mod:`pcpo_eval.stats.lmm_core`; Bates et al. 2015, J. Stat. Softw.
+   67(1), Sec. 3): the REML (default) or ML deviance profiled over beta and sigma is minimized
+   over theta, the relative Cholesky factors of the random-effect covariances, by a bounded
+   derivative-free trust-region method from lme4's start, trying :data:`OPTIMIZERS` in order
+   until one converges. Z is sparse and the cross-products are formed once, so a theta step costs
+   nothing in the number of rows. Crossed groupings (``--group prompt --group seed``) are several
+   random-intercept terms; random slopes: ``re_formula`` with a single grouping.
+2. Estimates and SEs at the optimum: beta from the penalized least squares solution,
+   Cov(beta) = sigma^2 (X'V^-1X)^-1, and lme4's convergence checks (``checkConv``).
 3. Per fixed term: t = estimate / SE with Satterthwaite df (:mod:`pcpo_eval.stats.satterthwaite`),
    two-sided p from t(df), 95% CI estimate +- t_{0.975, df} SE (lmerTest ``confint`` of the
    contrast), plus the Wald z p-value and CI statsmodels would report.
-4. Flags that are reported, never hidden: ``converged`` (an optimizer claimed convergence *and* the
-   profiled-deviance gradient is small) and ``singular`` (a variance parameter on the boundary,
+4. Flags that are reported, never hidden: ``converged`` (an optimizer claimed convergence *and*
+   lme4's gradient and Hessian checks pass) and ``singular`` (a variance parameter on the boundary,
    lme4's ``isSingular`` with tol 1e-4 on theta).
 5. The guard: a fit is ``estimable`` only if it converged, is not singular, its response varies
    by more than rounding, and every Satterthwaite df is finite. Otherwise the estimates are kept
@@ -25,12 +28,12 @@ by REML and reports coefficients with p-values; this module reproduces R's
    with 3 runs per arm turns prompts into replicates of the algorithm effect), which is exactly
    the anti-conservative test the guard exists to prevent.
 
-The REML criterion equals lme4's (``-2 * REML log-lik``, which is also statsmodels' ``-2 * llf``).
+The REML criterion equals lme4's (``-2 * REML log-lik``); tests/test_stats_lme4.py checks fits
+against lme4 / lmerTest themselves.
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -42,16 +45,14 @@ from scipy import stats as sst
 from pcpo_eval.errors import UserError
 from pcpo_eval.stats.adjust import benjamini_hochberg, holm
 from pcpo_eval.stats.design import Design, build_design
-from pcpo_eval.stats.lmm_core import LMMCore, theta_from_cov, theta_lower_bounds
+from pcpo_eval.stats.lmm_core import LMMCore, check_convergence
 from pcpo_eval.stats.satterthwaite import satterthwaite_dfs
 
-#: statsmodels optimizers tried in order until one converges (Nelder-Mead alone fails on slopes).
-OPTIMIZERS = ("lbfgs", "bfgs", "cg", "powell", "nm")
+#: :func:`~pcpo_eval.stats.lmm_core.minimize_bounded` methods tried in order until one converges.
+OPTIMIZERS = ("cobyqa", "nelder-mead")
 SINGULAR_TOL = 1e-4  # lme4::isSingular default on theta
-GRAD_TOL = 2e-3  # lme4's check.conv.grad tolerance on the profiled deviance gradient
 QQ_MAX_POINTS = 2000
 PRECISION_ULPS = 1e4  # residual SD below this many ulps of max|y| is rounding noise (noted, not converged)
-MAX_DENSE_VC = 3e7  # rows x levels above which statsmodels' dense crossed VC design is skipped
 
 
 @dataclass(frozen=True)
@@ -245,78 +246,6 @@ class LMMResult:
 # -- fitting --------------------------------------------------------------------------------
 
 
-def _statsmodels_model(d: Design) -> Any:
-    """statsmodels MixedLM for the design: one group, or crossed via one group + VC per factor."""
-    from statsmodels.regression.mixed_linear_model import MixedLM, VCSpec
-
-    n = len(d.y)
-    if len(d.blocks) == 1:
-        b = d.blocks[0]
-        return MixedLM(d.y, d.X, groups=b.codes, exog_re=b.design)
-    names, colnames, mats = [], [], []
-    for b in d.blocks:
-        ind = np.zeros((n, b.n_levels))
-        ind[np.arange(n), b.codes] = 1.0
-        names.append(b.name)
-        colnames.append([[f"{b.name}[{i}]" for i in range(b.n_levels)]])
-        mats.append([ind])
-    return MixedLM(
-        d.y, d.X, groups=np.zeros(n), exog_re=np.zeros((n, 0)), exog_vc=VCSpec(names, colnames, mats)
-    )
-
-
-def _theta_from_statsmodels(d: Design, res: Any) -> np.ndarray:
-    """Map a statsmodels fit to lme4's theta (relative Cholesky entries)."""
-    scale = float(res.scale)
-    if len(d.blocks) == 1:
-        cov = np.atleast_2d(np.asarray(res.cov_re, dtype=np.float64))
-        return theta_from_cov(cov / scale)
-    return np.sqrt(np.clip(np.asarray(res.vcomp, dtype=np.float64), 0.0, None) / scale)
-
-
-def _run_statsmodels(d: Design, reml: bool) -> tuple[list[FitAttempt], list[tuple[FitAttempt, np.ndarray]]]:
-    """Try :data:`OPTIMIZERS` in order; stop at the first converged fit."""
-    model = _statsmodels_model(d)
-    attempts, thetas = [], []
-    for method in OPTIMIZERS:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            try:
-                res = model.fit(reml=reml, method=method)
-                dev = float(-2.0 * res.llf)
-                theta = _theta_from_statsmodels(d, res)
-                ok = bool(res.converged) and np.isfinite(dev) and np.all(np.isfinite(theta))
-            except (np.linalg.LinAlgError, ValueError, FloatingPointError) as exc:
-                attempts.append(FitAttempt(method, False, float("nan"), (f"{type(exc).__name__}: {exc}",)))
-                continue
-        msgs = tuple(dict.fromkeys(str(w.message).splitlines()[0] for w in caught))
-        att = FitAttempt(method, ok, dev, msgs)
-        attempts.append(att)
-        if np.all(np.isfinite(theta)) and np.isfinite(dev):
-            thetas.append((att, theta))
-        if ok:
-            break
-    return attempts, thetas
-
-
-def _projected_grad(core: LMMCore, theta: np.ndarray, reml: bool) -> float:
-    """max |d dev / d theta| by central differences, ignoring components pushing into a bound."""
-    lb = theta_lower_bounds(list(core.blocks))
-    g = np.zeros_like(theta)
-    for i in range(theta.size):
-        h = 1e-6 * max(1.0, abs(theta[i]))
-        e = np.zeros_like(theta)
-        e[i] = h
-        if np.isfinite(lb[i]) and theta[i] - h < lb[i]:
-            g[i] = (core.profiled_deviance(theta + e, reml) - core.profiled_deviance(theta, reml)) / h
-            g[i] = min(g[i], 0.0)  # at the bound only a negative slope (improvement inward) counts
-        else:
-            g[i] = (core.profiled_deviance(theta + e, reml) - core.profiled_deviance(theta - e, reml)) / (
-                2 * h
-            )
-    return float(np.max(np.abs(g))) if g.size else 0.0
-
-
 def _diagnostics(core: LMMCore, theta: np.ndarray, sigma: float) -> ResidualDiagnostics:
     fitted, _ = core.conditional_fitted(theta)
     r = (core.y - fitted) / sigma
@@ -481,50 +410,34 @@ class _ThetaFit:
 
 
 def _fit_theta(d: Design, core: LMMCore, reml: bool, log_jac: float) -> _ThetaFit:
-    """statsmodels' optimizers as a start, then a polish on lme4's profiled deviance; convergence checks.
+    """lme4's ``optimizeLmer`` on the profiled deviance, then lme4's ``checkConv``.
 
-    Keeps whichever point has the lower deviance. ``converged`` requires an optimizer's claim *and*
-    a small projected gradient (lme4's ``check.conv.grad``), so a fit is never called converged on
-    an optimizer's word alone.
+    Tries :data:`OPTIMIZERS` in order from lme4's start and stops at the first whose optimizer
+    reports success and that passes lme4's gradient and Hessian checks; otherwise keeps the lowest
+    deviance. ``converged`` needs both, so a fit is never called converged on an optimizer's word
+    alone. lme4's Hessian warnings that are not failures are kept in the attempt's ``warnings``.
     """
-    lower = np.where(np.isfinite(theta_lower_bounds(list(d.blocks))), 0.0, -np.inf)
-    dense_vc = len(d.y) * sum(b.n_levels for b in d.blocks) if len(d.blocks) > 1 else 0
-    if dense_vc > MAX_DENSE_VC:
-        # statsmodels' crossed recipe needs dense (n, levels) indicator matrices; beyond this size
-        # the lme4-style core (sparse Z, cost independent of n) fits alone, and says so.
-        attempts, thetas = [], []
-        skipped = f"statsmodels skipped: dense crossed design of {dense_vc:.2g} cells > {MAX_DENSE_VC:.0e}"
-    else:
-        attempts, thetas = _run_statsmodels(d, reml)
-        attempts = [replace(a, deviance=a.deviance + log_jac) for a in attempts]
-        skipped = ""
-    if not thetas:
-        theta0 = np.where(np.isfinite(lower), 1.0, 0.0)
-        start_name, sm_ok = skipped or "all optimizers failed; default start", False
-    else:
-        converged = [t for t in thetas if t[0].converged]
-        att, theta0 = converged[0] if converged else min(thetas, key=lambda t: t[0].deviance)
-        start_name, sm_ok = att.optimizer, att.converged
-
-    theta_sm = np.maximum(theta0, lower)
-    dev_sm = core.profiled_deviance(theta_sm, reml)
-    theta_pol, dev_pol, pol_ok = core.fit_theta(theta_sm, reml)
-    start = f"statsmodels:{start_name}" if thetas else start_name
-    if np.isfinite(dev_pol) and dev_pol <= dev_sm:
-        theta, dev = theta_pol, dev_pol
-        optimizer = f"{start} + lme4-deviance polish (L-BFGS-B, Nelder-Mead)"
-    else:
-        theta, dev = theta_sm, dev_sm
-        optimizer = start
-    max_grad = _projected_grad(core, theta, reml)
+    attempts: list[FitAttempt] = []
+    fits = []
+    for method in OPTIMIZERS:
+        theta, dev, ok = core.fit_theta(None, reml, method)
+        check = check_convergence(core, theta, reml)
+        good = bool(ok and np.isfinite(dev) and not check.failed)
+        attempts.append(FitAttempt(method, good, dev + log_jac, check.failed + check.warnings))
+        fits.append((theta, dev, ok, check))
+        if good:
+            break
+    devs = [f[1] if np.isfinite(f[1]) else np.inf for f in fits]
+    best = next((i for i, a in enumerate(attempts) if a.converged), int(np.argmin(devs)))
+    theta, dev, ok, check = fits[best]
     notes = []
-    if not (sm_ok or pol_ok):
+    if not ok:
         notes.append("no optimizer reported convergence")
     if not np.isfinite(dev):
         notes.append("the deviance at the optimum is not finite")
-    if not max_grad < GRAD_TOL:
-        notes.append(f"max |gradient| of the profiled deviance {max_grad:.2g} >= {GRAD_TOL:g}")
-    return _ThetaFit(theta, float(dev), optimizer, tuple(attempts), max_grad, tuple(notes), not notes)
+    notes += check.failed
+    optimizer = f"{OPTIMIZERS[best]} on lme4's profiled deviance"
+    return _ThetaFit(theta, float(dev), optimizer, tuple(attempts), check.max_grad, tuple(notes), not notes)
 
 
 def _fixed_effects_table(

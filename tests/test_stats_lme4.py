@@ -1,0 +1,243 @@
+"""``fit_lmm`` against R's lme4 + lmerTest themselves, run through Rscript on random designs.
+
+Designs: nested (pupils in classes in schools), crossed prompt x seed with an interaction,
+random slopes, crossed with a third of the cells missing (unbalanced), a grouping near the
+boundary (theta ~ 0.03) and one on it (a singular fit), and one ML fit. Tolerances: estimates 1e-6 relative (1e-6 SE for an estimate near 0), SE 1e-4,
+Satterthwaite df 1e-3, REML criterion / deviance 1e-8. R fits with lme4's default optimizer
+(nloptwrap BOBYQA) at tighter tolerances than its defaults, so both sides sit at the optimum
+rather than at two optimizers' stopping points. Install R's side with
+``apt-get install r-cran-lmertest`` (Debian); without Rscript or lmerTest the tests are skipped.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from pcpo_eval.stats.lmm import fit_lmm
+
+R_SCRIPT = r"""
+suppressMessages(library(lmerTest))
+specs <- read.delim(commandArgs(TRUE)[1], stringsAsFactors = FALSE)
+ctrl <- lmerControl(optCtrl = list(xtol_abs = 1e-12, ftol_abs = 1e-13, maxeval = 1e5))
+num <- function(x) paste(sprintf("%.17g", x), collapse = " ")
+for (i in seq_len(nrow(specs))) {
+  d <- read.csv(specs$csv[i], stringsAsFactors = TRUE)
+  m <- lmer(as.formula(specs$formula[i]), d, REML = specs$reml[i] == "TRUE", control = ctrl)
+  co <- summary(m)$coefficients
+  cat("model", specs$id[i], "\n")
+  cat("names", rownames(co), "\n")
+  cat("estimate", num(co[, "Estimate"]), "\n")
+  cat("se", num(co[, "Std. Error"]), "\n")
+  cat("df", num(co[, "df"]), "\n")
+  cat("sigma", num(sigma(m)), "\n")
+  cat("deviance", num(if (isREML(m)) REMLcrit(m) else deviance(m)), "\n")
+  cat("singular", as.integer(isSingular(m)), "\n")
+}
+"""
+
+
+def _have_lmertest() -> bool:
+    if shutil.which("Rscript") is None:
+        return False
+    r = subprocess.run(
+        ["Rscript", "-e", "quit(status = !requireNamespace('lmerTest', quietly = TRUE))"],
+        capture_output=True,
+        timeout=120,
+    )
+    return r.returncode == 0
+
+
+pytestmark = pytest.mark.skipif(
+    not _have_lmertest(), reason="needs Rscript with lmerTest (Debian: apt-get install r-cran-lmertest)"
+)
+
+
+def _nested(rng: np.random.Generator) -> pd.DataFrame:
+    rows = []
+    for s in range(12):
+        for c in range(4):
+            for _ in range(rng.integers(3, 9)):
+                rows.append((f"s{s}", f"s{s}c{c}", rng.choice(["a0", "a1"]), rng.normal()))
+    df = pd.DataFrame(rows, columns=["school", "klass", "a", "x"])
+    school, klass = rng.normal(0, 1.0, 12), rng.normal(0, 0.6, 48)
+    df["y"] = (
+        2.0
+        + 0.5 * (df.a == "a1")
+        + 0.3 * df.x
+        + school[df.school.str[1:].astype(int)]
+        + klass[pd.factorize(df.klass)[0]]
+        + rng.normal(0, 1.0, len(df))
+    )
+    return df
+
+
+def _crossed(rng: np.random.Generator, n_prompt: int, n_seed: int, keep: float) -> pd.DataFrame:
+    grid = [
+        (f"p{p:02d}", f"s{s}", a, b)
+        for p in range(n_prompt)
+        for s in range(n_seed)
+        for a in ("ddpo", "pcpo")
+        for b in ("large", "small")
+    ]
+    df = pd.DataFrame(grid, columns=["prompt", "seed", "algorithm", "batch"])
+    df = df[rng.random(len(df)) < keep].reset_index(drop=True)
+    pe, se = rng.normal(0, 1.0, n_prompt), rng.normal(0, 0.4, n_seed)
+    df["y"] = (
+        5.0
+        + 0.3 * (df.algorithm == "pcpo")
+        - 0.2 * (df.batch == "small")
+        + 0.15 * ((df.algorithm == "pcpo") & (df.batch == "small"))
+        + pe[df.prompt.str[1:].astype(int)]
+        + se[df.seed.str[1:].astype(int)]
+        + rng.normal(0, 1.0, len(df))
+    )
+    return df
+
+
+def _slopes(rng: np.random.Generator) -> pd.DataFrame:
+    rows = []
+    cov = np.array([[1.0, 0.3], [0.3, 0.5]])
+    for g in range(20):
+        b0, b1 = rng.multivariate_normal([0, 0], cov)
+        for _ in range(rng.integers(4, 12)):
+            x = rng.uniform(0, 5)
+            rows.append((f"g{g:02d}", x, 1.0 + b0 + (0.8 + b1) * x + rng.normal(0, 0.7)))
+    return pd.DataFrame(rows, columns=["g", "x", "y"])
+
+
+def _one_way(rng: np.random.Generator, ratio: float) -> pd.DataFrame:
+    """25 groups x 6 rows with between / within mean squares MSB / MSW = ``ratio``.
+
+    Balanced one-way ANOVA: sigma_b^2 = (MSB - MSW) / m, so theta ~ sqrt((ratio - 1) / m):
+    ratio 1.0054 puts theta near the boundary (0.053 here); ratio < 1 gives 0 (a singular fit).
+    """
+    g, m = 25, 6
+    e = rng.normal(size=(g, m))
+    e -= e.mean(axis=1, keepdims=True)
+    msw = float(np.sum(e**2)) / (g * (m - 1))
+    mu = rng.normal(size=g)
+    mu = (mu - mu.mean()) / mu.std(ddof=1) * np.sqrt(msw * ratio / m)
+    a = np.tile(["a0", "a1", "a0", "a1", "a0", "a1"], g)
+    y = (mu[:, None] + e).ravel() + 0.3 * (a == "a1")
+    return pd.DataFrame({"g": np.repeat([f"g{i:02d}" for i in range(g)], m), "a": a, "y": y})
+
+
+def _cases() -> dict[str, tuple[pd.DataFrame, str, list[str], str | None, bool, str]]:
+    """id -> (data, fixed formula, groups, re_formula, reml, R formula)."""
+    rng = np.random.default_rng(2024)
+    fx = "y ~ algorithm * batch"
+    return {
+        "nested": (
+            _nested(rng),
+            "y ~ a + x",
+            ["school", "klass"],
+            None,
+            True,
+            "y ~ a + x + (1|school) + (1|klass)",
+        ),
+        "crossed": (
+            _crossed(rng, 30, 6, 1.0),
+            fx,
+            ["prompt", "seed"],
+            None,
+            True,
+            f"{fx} + (1|prompt) + (1|seed)",
+        ),
+        "slopes": (_slopes(rng), "y ~ x", ["g"], "~x", True, "y ~ x + (x|g)"),
+        "unbalanced": (
+            _crossed(rng, 25, 8, 0.65),
+            fx,
+            ["prompt", "seed"],
+            None,
+            True,
+            f"{fx} + (1|prompt) + (1|seed)",
+        ),
+        "near_singular": (_one_way(rng, 1.0054), "y ~ a", ["g"], None, True, "y ~ a + (1|g)"),
+        "singular": (_one_way(rng, 0.8), "y ~ a", ["g"], None, True, "y ~ a + (1|g)"),
+        "crossed_ml": (
+            _crossed(rng, 20, 5, 0.8),
+            fx,
+            ["prompt", "seed"],
+            None,
+            False,
+            f"{fx} + (1|prompt) + (1|seed)",
+        ),
+    }
+
+
+def _parse_r(text: str) -> dict[str, dict[str, list[str]]]:
+    out: dict[str, dict[str, list[str]]] = {}
+    cur: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        key, *vals = line.split()
+        if key == "model":
+            cur = out.setdefault(vals[0], {})
+        else:
+            cur[key] = vals
+    return out
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory) -> dict[str, tuple[object, dict[str, list[str]]]]:
+    """Our fit and lme4's numbers for every case (one Rscript process for all of them)."""
+    d = tmp_path_factory.mktemp("lme4")
+    cases = _cases()
+    specs = []
+    for cid, (df, _, _, _, reml, r_formula) in cases.items():
+        df.to_csv(d / f"{cid}.csv", index=False)
+        specs.append((cid, str(d / f"{cid}.csv"), r_formula, "TRUE" if reml else "FALSE"))
+    pd.DataFrame(specs, columns=["id", "csv", "formula", "reml"]).to_csv(
+        d / "specs.tsv", sep="\t", index=False
+    )
+    (d / "fit.R").write_text(R_SCRIPT)
+    r = subprocess.run(
+        ["Rscript", str(d / "fit.R"), str(d / "specs.tsv")], capture_output=True, text=True, timeout=300
+    )
+    assert r.returncode == 0, r.stderr
+    ref = _parse_r(r.stdout)
+    return {
+        cid: (fit_lmm(df, f, g, reml=reml, re_formula=re, diagnostics=False), ref[cid])
+        for cid, (df, f, g, re, reml, _) in cases.items()
+    }
+
+
+def _r_name(term: str) -> str:
+    """patsy's ``a[T.a1]:b[T.b1]`` -> R's ``aa1:bb1``."""
+    return re.sub(r"(\w+)\[T\.([^\]]+)\]", r"\1\2", term)
+
+
+def _ours(fit: object, key: str) -> np.ndarray:
+    return np.array([getattr(fe, key) for fe in fit.fixed])
+
+
+def _theirs(fit: object, ref: dict[str, list[str]], key: str) -> np.ndarray:
+    pos = {name: i for i, name in enumerate(ref["names"])}
+    return np.array([float(ref[key][pos[_r_name(fe.term)]]) for fe in fit.fixed])
+
+
+CASES = list(_cases())
+
+
+@pytest.mark.parametrize("cid", CASES)
+def test_estimates_and_se_match_lme4(pairs, cid):
+    fit, ref = pairs[cid]
+    se_r = _theirs(fit, ref, "se")
+    est, est_r = _ours(fit, "estimate"), _theirs(fit, ref, "estimate")
+    assert np.all(np.abs(est - est_r) <= 1e-6 * np.maximum(np.abs(est_r), se_r)), (est, est_r)
+    np.testing.assert_allclose(_ours(fit, "se"), se_r, rtol=1e-4)
+    np.testing.assert_allclose(fit.random_sd["Residual"], float(ref["sigma"][0]), rtol=1e-5)
+    np.testing.assert_allclose(fit.deviance, float(ref["deviance"][0]), rtol=1e-8)
+    assert fit.singular == bool(int(ref["singular"][0]))
+
+
+@pytest.mark.parametrize("cid", CASES)
+def test_satterthwaite_df_match_lmertest(pairs, cid):
+    fit, ref = pairs[cid]
+    np.testing.assert_allclose(_ours(fit, "df"), _theirs(fit, ref, "df"), rtol=1e-3)
+    assert fit.converged
