@@ -1,8 +1,16 @@
 """The ``pcpo-eval`` command line: a thin Typer shell over the library API.
 
 Each area of the package owns its commands in a ``commands.py`` module exposing
-``register(app: typer.Typer) -> None``; this file only assembles them and turns
-:class:`pcpo_eval.errors.UserError` into one line on stderr with exit code 2.
+``register(app: typer.Typer) -> None``; this file only assembles them, adds ``--version`` and
+turns every error caused by the user into ONE line ``error: <problem>; <fix>`` on stderr with exit
+code 2 (no traceback, no boxed help), see docs/cli.md#errors:
+
+* :class:`pcpo_eval.errors.UserError` raised by the library;
+* usage errors of the command line itself (unknown option or command, missing argument, a value
+  that does not parse), which Typer (>= 0.26 vendors Click) raises as ``typer.TyperException``;
+* a path the operating system refuses (missing, not a directory, permission denied), which no
+  library check caught first.
+
 Heavy imports (torch, diffusers, statsmodels) happen inside the commands, so ``--help`` is fast.
 """
 
@@ -10,14 +18,18 @@ from __future__ import annotations
 
 import importlib
 import sys
+from typing import Any, NoReturn
 
-import click
 import typer
+from typer._click.exceptions import NoArgsIsHelpError  # typer pinned in pyproject.toml
 
+from pcpo_eval import __version__
 from pcpo_eval.errors import UserError
 
+PROG = "pcpo-eval"
+
 app = typer.Typer(
-    name="pcpo-eval",
+    name=PROG,
     help="Train, render, measure and test PCPO against DDPO / DanceGRPO / Flow-GRPO.",
     no_args_is_help=True,
     add_completion=False,
@@ -37,25 +49,72 @@ COMMAND_MODULES = [
     "pcpo_eval.toylab.flow_commands",
 ]
 
+#: OS errors about a path the user named; anything else (a full disk, a bug) keeps its traceback.
+PATH_ERRORS = (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError, FileExistsError)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"{PROG} {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", is_eager=True, callback=_print_version, help="Print the version and exit."
+    ),
+) -> None:
+    """Train, render, measure and test PCPO against DDPO / DanceGRPO / Flow-GRPO."""
+
+
 for _name in COMMAND_MODULES:
     importlib.import_module(_name).register(app)
 
 
+def one_line(text: str) -> str:
+    """``text`` with its line breaks and runs of blanks folded into single spaces."""
+    return " ".join(text.split())
+
+
+def usage_error_line(exc: typer.TyperException) -> str:
+    """``<problem>; <fix>`` for a command-line usage error (the fix names ``--help`` or the commands)."""
+    ctx: Any = getattr(exc, "ctx", None)
+    problem = one_line(exc.format_message()).rstrip(".")
+    problem = problem[:1].lower() + problem[1:]
+    if ctx is None:
+        return f"{problem}; see `{PROG} --help`"
+    if hasattr(ctx.command, "list_commands"):  # a group: the command name was unknown or missing
+        return f"{problem}; choose one of: {', '.join(ctx.command.list_commands(ctx))}"
+    return f"{problem}; see `{ctx.command_path} --help`"
+
+
+def path_error_line(exc: OSError) -> str:
+    """``<problem>; <fix>`` for an OS error about a path (e.g. ``--out`` under a plain file)."""
+    where = f": {exc.filename}" if exc.filename else ""
+    return f"{(exc.strerror or type(exc).__name__).lower()}{where}; check the path exists and is writable/readable by you"
+
+
+def _fail(line: str, code: int = 2) -> NoReturn:
+    typer.echo(f"error: {line}", err=True)
+    sys.exit(code)
+
+
 def main() -> None:
-    """Console-script entry point: run the app, mapping user errors to exit code 2."""
+    """Console-script entry point: run the app, mapping user and usage errors to one line + exit code 2."""
     try:
         rv = app(standalone_mode=False)
     except UserError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
-        typer.echo("aborted", err=True)
-        sys.exit(1)
-    except click.exceptions.Exit as exc:
-        sys.exit(exc.exit_code)
-    except click.ClickException as exc:
-        exc.show()
-        sys.exit(exc.exit_code)
+        _fail(one_line(str(exc)), exc.exit_code)
+    except NoArgsIsHelpError as exc:  # a bare group (`pcpo-eval`, `pcpo-eval credit`): show its help
+        typer.echo(exc.format_message())
+        sys.exit(0)
+    except typer.TyperException as exc:
+        _fail(usage_error_line(exc), 2)
+    except PATH_ERRORS as exc:
+        _fail(path_error_line(exc), 2)
+    except typer.Abort:
+        _fail("aborted; nothing else to do", 1)
     sys.exit(rv if isinstance(rv, int) else 0)
 
 

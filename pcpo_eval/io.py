@@ -1,9 +1,14 @@
-"""File I/O: atomic output, the one YAML-mapping reader, the one JSON cleaner.
+"""File I/O: atomic output with the usual permissions, the one YAML-mapping reader, the one JSON cleaner.
 
 Every writer in the package goes through :func:`atomic_write` (write to a temporary file in the
-same directory, fsync, then ``os.replace``), so a crash or SIGKILL leaves either the old file or
-the complete new one. Config and spec files are read by :func:`read_yaml_mapping`; result objects
-become strict JSON through :func:`to_jsonable`.
+same directory, fsync, then ``os.replace``) or :func:`atomic_dir` (a whole folder), so a crash or
+SIGKILL leaves either the old file or the complete new one. Files end with mode ``0666 & ~umask``
+and folders ``0777 & ~umask`` -- what ``open``/``mkdir`` give -- although ``mkstemp``/``mkdtemp``
+create them private. A path that cannot be written (a parent that is a plain file, a folder
+without write permission) is a one-line :class:`~pcpo_eval.errors.UserError` before anything is
+written. Config and spec files are read by :func:`read_yaml_mapping`; :func:`check_finite` rejects
+NaN/inf in them; result objects become strict JSON through :func:`to_jsonable`; weights become
+byte-reproducible safetensors through :func:`safetensors_bytes`.
 """
 
 from __future__ import annotations
@@ -12,31 +17,73 @@ import contextlib
 import hashlib
 import json
 import math
+import numbers
 import os
+import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from pcpo_eval.errors import UserError
 
 
-def _current_umask() -> int:
-    mask = os.umask(0)
+def current_umask() -> int:
+    """This process's umask, read without changing it (``/proc/self/status``; else set and restore)."""
+    status = Path("/proc/self/status")
+    if status.is_file():
+        for line in status.read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0o022)
     os.umask(mask)
     return mask
 
 
-_UMASK = _current_umask()
+def file_mode() -> int:
+    """Mode of a new file: ``0666 & ~umask``, what ``open(path, "w")`` gives."""
+    return 0o666 & ~current_umask()
+
+
+def dir_mode() -> int:
+    """Mode of a new folder: ``0777 & ~umask``, what ``mkdir`` gives."""
+    return 0o777 & ~current_umask()
+
+
+def ensure_dir(path: str | os.PathLike, what: str = "output folder") -> Path:
+    """Create folder ``path`` and its parents (mode ``0777 & ~umask``); a bad path is a UserError.
+
+    A parent that is a plain file, or a parent the user may not write, is reported in one line
+    naming ``what`` (e.g. ``--out``), before anything is written.
+    """
+    p = Path(path)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        blocker = next((q for q in (p, *p.parents) if q.exists() and not q.is_dir()), p)
+        raise UserError(f"cannot create {what} {p}: {blocker} is a file, not a folder; "
+                        "choose a path under a folder") from None
+    except PermissionError:
+        raise UserError(f"cannot create {what} {p}: permission denied; "
+                        "choose a folder you can write") from None
+    return p
 
 
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "wb") -> Iterator[Any]:
-    """Open a temporary file next to ``path``; on success rename it over ``path``."""
+    """Open a temporary file next to ``path``; on success rename it over ``path``.
+
+    The file ends with mode ``0666 & ~umask`` (``mkstemp`` creates ``0600``). A folder the user
+    may not write is a UserError raised before anything is written.
+    """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp creates 0600; give the file the usual permissions
+    ensure_dir(path.parent, "folder")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except PermissionError:
+        raise UserError(f"cannot write {path}: permission denied in {path.parent}; "
+                        "choose a folder you can write") from None
+    os.chmod(tmp, file_mode())
     try:
         with os.fdopen(fd, mode) as fh:
             yield fh
@@ -46,6 +93,36 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb") -> Iterator[Any]:
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        raise
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield an empty temporary folder next to ``path``; on success it replaces ``path`` whole.
+
+    The folder ends with mode ``0777 & ~umask`` (``mkdtemp`` creates ``0700``); a crash leaves
+    either the old folder or the complete new one, never a half-written one under ``path``.
+    """
+    path = Path(path)
+    ensure_dir(path.parent, "folder")
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    except PermissionError:
+        raise UserError(f"cannot write {path}: permission denied in {path.parent}; "
+                        "choose a folder you can write") from None
+    os.chmod(tmp, dir_mode())
+    try:
+        yield tmp
+        if path.exists():
+            old = path.with_name(f".{path.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(path, old)
+            os.replace(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 
@@ -87,24 +164,85 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+def read_text_file(path: str | os.PathLike, what: str, hint: str) -> str:
+    """The UTF-8 text of ``path``; missing, unreadable or non-UTF-8 files are a one-line UserError.
+
+    ``what`` names the file (e.g. ``config file``); ``hint`` is the fix appended when it is missing.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise UserError(f"{what} {p} not found; {hint}")
+    if p.is_dir():
+        raise UserError(f"{what} {p} is a folder; pass the file itself")
+    try:
+        return p.read_text(encoding="utf-8")
+    except PermissionError:
+        raise UserError(f"{what} {p} is not readable (permission denied); fix its permissions") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{what} {p} is not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
+
+
 def read_yaml_mapping(path: str | os.PathLike, what: str, hint: str) -> dict[str, Any]:
     """The mapping in YAML file ``path`` (an empty file is ``{}``).
 
-    A missing file, invalid YAML or a non-mapping raise a one-line UserError naming ``what``
-    (e.g. ``study spec``); ``hint`` is the fix appended to the not-found message.
+    A missing or unreadable file, invalid YAML or a non-mapping raise a one-line UserError naming
+    ``what`` (e.g. ``study spec``) and the fix; ``hint`` is the fix appended to the not-found message.
     """
     import yaml
 
     p = Path(path)
-    if not p.is_file():
-        raise UserError(f"{what} {p} not found; {hint}")
+    text = read_text_file(p, what, hint)
     try:
-        data = yaml.safe_load(p.read_text()) or {}
+        data = yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:
-        raise UserError(f"{what} {p} is not valid YAML: {str(exc).splitlines()[0]}") from None
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise UserError(f"{what} {p} is not valid YAML{where} ({problem}); fix the file's syntax") from None
     if not isinstance(data, dict):
-        raise UserError(f"{what} {p} must be a mapping of keys to values")
+        raise UserError(f"{what} {p} must be a mapping of keys to values (got {type(data).__name__}); "
+                        "write one `key: value` per line")
     return data
+
+
+def check_finite(mapping: Mapping[str, Any], where: str) -> None:
+    """Raise a one-line UserError naming every non-finite number (NaN, +-inf) in ``mapping``.
+
+    Nested mappings and lists are searched; keys are reported as dotted paths (``a.b[2]``). ``where``
+    names the source (e.g. ``train config runs/x/config.yaml``). Booleans and strings are not numbers.
+    """
+    bad = [f"{key}={value}" for key, value in _numbers(mapping, "") if not math.isfinite(value)]
+    if bad:
+        raise UserError(f"{where}: non-finite {', '.join(bad)}; every number must be finite")
+
+
+def _numbers(x: Any, key: str) -> Iterator[tuple[str, float]]:
+    if isinstance(x, Mapping):
+        for k, v in x.items():
+            yield from _numbers(v, f"{key}.{k}" if key else str(k))
+    elif isinstance(x, list | tuple):
+        for i, v in enumerate(x):
+            yield from _numbers(v, f"{key}[{i}]")
+    elif isinstance(x, numbers.Real) and not isinstance(x, bool):
+        yield key, float(x)
+
+
+def safetensors_bytes(tensors: Mapping[str, Any], metadata: Mapping[str, str] | None = None) -> bytes:
+    """A safetensors file whose bytes depend only on the tensors and metadata.
+
+    ``safetensors.torch.save`` orders the header's ``__metadata__`` by a Rust ``HashMap``, so two
+    processes saving equal tensors wrote different bytes (and different ``weights_sha256``). Here the
+    header JSON is rewritten with sorted keys (metadata and tensor names) and no blanks, padded with
+    spaces to a multiple of 8 as the format requires; the data section, which safetensors lays out
+    in a fixed order (by dtype alignment, then name), is kept, so offsets stay valid.
+    """
+    from safetensors.torch import save
+
+    raw = save({k: tensors[k] for k in sorted(tensors)}, metadata=dict(metadata) if metadata else None)
+    n = int.from_bytes(raw[:8], "little")
+    header = json.dumps(json.loads(raw[8 : 8 + n]), sort_keys=True, separators=(",", ":")).encode()
+    header += b" " * (-len(header) % 8)
+    return len(header).to_bytes(8, "little") + header + raw[8 + n :]
 
 
 def to_jsonable(x: Any) -> Any:

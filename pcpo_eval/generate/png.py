@@ -38,11 +38,15 @@ def encode_png(image_chw: torch.Tensor | np.ndarray, text: dict[str, str]) -> by
 def write_image_file(path: Path, data: bytes) -> None:
     """Temp file in the same folder, then ``os.replace``: never a partial file at ``path``.
 
-    No fsync per file (see the module docstring); the records flush syncs in groups.
+    No fsync per file (see the module docstring); the records flush syncs in groups. The file
+    ends with mode ``0666 & ~umask`` like any other output (``mkstemp`` creates ``0600``).
     """
+    from pcpo_eval.io import file_mode
+
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.chmod(tmp, file_mode())
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
         os.replace(tmp, path)

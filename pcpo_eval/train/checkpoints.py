@@ -15,10 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +23,7 @@ import torch
 import yaml
 
 from pcpo_eval.errors import UserError
-from pcpo_eval.io import sha256_file
+from pcpo_eval.io import atomic_dir, safetensors_bytes, sha256_file
 
 LORA_FILE = "pytorch_lora_weights.safetensors"
 FULL_FILE = "denoiser.safetensors"
@@ -76,13 +73,13 @@ def _lora_metadata(denoiser: torch.nn.Module, prefix: str) -> dict[str, str]:
 def save_checkpoint(
     ckpt: Path, denoiser: torch.nn.Module, meta: dict[str, Any], training_state: dict[str, Any] | None = None
 ) -> Path:
-    """Write a checkpoint directory atomically (temp dir + rename); returns its path."""
-    from safetensors.torch import save_file
+    """Write a checkpoint directory atomically (:func:`pcpo_eval.io.atomic_dir`); returns its path.
 
+    The weights file is :func:`pcpo_eval.io.safetensors_bytes` (sorted header), so equal tensors give
+    an equal ``weights_sha256`` in any process; the folder and its files honour the umask.
+    """
     ckpt = Path(ckpt)
-    ckpt.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{ckpt.name}.", dir=ckpt.parent))
-    try:
+    with atomic_dir(ckpt) as tmp:
         if is_lora(denoiser):
             from peft.utils import get_peft_model_state_dict
 
@@ -91,30 +88,19 @@ def save_checkpoint(
             # peft key names (lora_A/lora_B) behind the component prefix (``unet.``/``transformer.``), which
             # diffusers' load_lora_weights / load_lora_adapter read for UNets and transformers alike. The legacy
             # ``lora.down/up`` conversion of older SD-1.x scripts drops UNet mid-block attention LoRA on reload.
-            save_file({f"{prefix}.{k}": v.detach().cpu().contiguous() for k, v in peft_sd.items()}, tmp / LORA_FILE,
-                      metadata=_lora_metadata(denoiser, prefix))
+            tensors = {f"{prefix}.{k}": v.detach().cpu().contiguous() for k, v in peft_sd.items()}
+            (tmp / LORA_FILE).write_bytes(safetensors_bytes(tensors, _lora_metadata(denoiser, prefix)))
             weights = LORA_FILE
             if training_state is not None:
                 training_state = {**training_state, "peft_state": {k: v.detach().cpu() for k, v in peft_sd.items()}}
         else:
             sd = {k: v.detach().cpu().contiguous() for k, v in denoiser.state_dict().items()}
-            save_file(sd, tmp / FULL_FILE)
+            (tmp / FULL_FILE).write_bytes(safetensors_bytes(sd))
             weights = FULL_FILE
         meta = {**meta, "weights_file": weights, "weights_sha256": sha256_file(tmp / weights)}
         if training_state is not None:
             torch.save(training_state, tmp / STATE_FILE)
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2, default=str) + "\n")
-        if ckpt.exists():
-            old = ckpt.with_name(f".{ckpt.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(ckpt, old)
-            os.replace(tmp, ckpt)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, ckpt)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return ckpt
 
 
@@ -126,6 +112,23 @@ def read_meta(ckpt: str | Path) -> dict[str, Any]:
         raise UserError(f"{p} is missing or unreadable ({exc.__class__.__name__}); not a pcpo-eval checkpoint") from None
 
 
+def check_weights_file(path: Path) -> None:
+    """Raise a one-line UserError unless ``path`` is a complete safetensors file.
+
+    ``safe_open`` parses the header and checks that the data section is as long as the header
+    says, so a file cut short (a copy interrupted, a full disk) is caught before the model loads.
+    """
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as fh:
+            fh.keys()
+    except (SafetensorError, OSError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise UserError(f"weights file {path} is truncated or corrupt ({first[:160]}); "
+                        "copy it again or re-save the checkpoint with pcpo-eval train") from None
+
+
 def load_weights_into(adapter: Any, ckpt: str | Path) -> None:
     """Apply a checkpoint's LoRA or full weights to a freshly loaded base ``adapter``."""
     ckpt = Path(ckpt)
@@ -133,6 +136,7 @@ def load_weights_into(adapter: Any, ckpt: str | Path) -> None:
     path = ckpt / meta.get("weights_file", "")
     if not path.is_file():
         raise UserError(f"checkpoint {ckpt} lacks its weights file {path.name}; re-save it with pcpo-eval train")
+    check_weights_file(path)
     den = adapter.denoiser
     try:
         if path.name == LORA_FILE:
@@ -149,6 +153,31 @@ def load_weights_into(adapter: Any, ckpt: str | Path) -> None:
             f"weights in {path} do not fit base model {meta.get('model')!r} ({first[:200]}); "
             "pass a checkpoint trained from this base model"
         ) from None
+
+
+def load_training_state(ckpt: str | Path) -> dict[str, Any]:
+    """The resumable state (``training_state.pt``) of checkpoint ``ckpt``; a bad file is a UserError.
+
+    A missing, truncated or foreign file raises one line naming the checkpoint and the fix (resume
+    from an earlier checkpoint by deleting this one), instead of a pickle traceback.
+    """
+    import pickle
+    import zipfile
+
+    path = Path(ckpt) / STATE_FILE
+    if not path.is_file():
+        raise UserError(f"checkpoint {ckpt} has no {STATE_FILE}, so it cannot be resumed; "
+                        "delete the checkpoint folder to resume from the one before it")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, OSError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise UserError(f"{path} is truncated or corrupt ({first[:160]}); "
+                        "delete that checkpoint folder to resume from the one before it") from None
+    if not isinstance(state, dict) or not {"optimizer", "tracker", "epoch"} <= set(state):
+        raise UserError(f"{path} is not a pcpo-eval training state; "
+                        "delete that checkpoint folder to resume from the one before it")
+    return state
 
 
 def run_dir_of(ckpt: Path) -> Path:
