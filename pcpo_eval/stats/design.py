@@ -263,28 +263,28 @@ def build_design(
         )
 
     reference_levels = reference_levels_of(Xdf.design_info, columns)
-
-    blocks = []
-    for g in groups:
-        codes, uniques = pd.factorize(data[g], sort=True)
-        if len(uniques) < 2:
-            raise UserError(
-                f"grouping column {g!r} has only one level ({uniques[0]!r}); a random effect needs >= 2"
-            )
-        if re_formula is None:
-            design = np.ones((len(data), 1))
-            names: tuple[str, ...] = ("(Intercept)",)
-        else:
-            re_rhs = re_formula.split("~", 1)[-1]
-            zdf = patsy.dmatrix(re_rhs, data, eval_env=env, return_type="dataframe", NA_action="raise")
-            design = zdf.to_numpy(dtype=np.float64)
-            names = tuple("(Intercept)" if n == "Intercept" else n for n in zdf.columns)
-            if design.shape[1] == 0:
-                raise UserError(f"random-effects formula {re_formula!r} has no terms")
-        blocks.append(REBlock(g, codes.astype(np.int64), len(uniques), design, names))
-
+    blocks = tuple(random_effect_block(data, g, re_formula, env) for g in groups)
     fixed_names = tuple("(Intercept)" if n == "Intercept" else n for n in Xdf.columns)
-    return Design(response, y, X, fixed_names, tuple(blocks), reference_levels, tuple(used))
+    return Design(response, y, X, fixed_names, blocks, reference_levels, tuple(used))
+
+
+def random_effect_block(data: pd.DataFrame, group: str, re_formula: str | None, env: object) -> REBlock:
+    """The term ``(1|group)``, or ``(re_formula|group)`` for random slopes (levels sorted)."""
+    import patsy
+
+    codes, uniques = pd.factorize(data[group], sort=True)
+    if len(uniques) < 2:
+        raise UserError(
+            f"grouping column {group!r} has only one level ({uniques[0]!r}); a random effect needs >= 2"
+        )
+    if re_formula is None:
+        return REBlock(group, codes.astype(np.int64), len(uniques), np.ones((len(data), 1)), ("(Intercept)",))
+    re_rhs = re_formula.split("~", 1)[-1]
+    zdf = patsy.dmatrix(re_rhs, data, eval_env=env, return_type="dataframe", NA_action="raise")
+    if zdf.shape[1] == 0:
+        raise UserError(f"random-effects formula {re_formula!r} has no terms")
+    names = tuple("(Intercept)" if n == "Intercept" else n for n in zdf.columns)
+    return REBlock(group, codes.astype(np.int64), len(uniques), zdf.to_numpy(dtype=np.float64), names)
 
 
 def read_table(path: str) -> pd.DataFrame:
