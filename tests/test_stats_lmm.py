@@ -224,13 +224,17 @@ def test_nonconverged_fit_is_reported(monkeypatch, sleepstudy):
     import pcpo_eval.stats.lmm as lmm
     from pcpo_eval.stats.lmm_core import LMMCore
 
-    monkeypatch.setattr(lmm, "OPTIMIZERS", ("nm",))
-    monkeypatch.setattr(LMMCore, "fit_theta", lambda self, theta0, reml=True: (theta0, np.inf, False))
+    def failing(self, theta0=None, reml=True, method="cobyqa"):
+        return np.array([1.0, 0.0, 1.0]), np.inf, False
+
+    monkeypatch.setattr(lmm, "OPTIMIZERS", ("nelder-mead",))
+    monkeypatch.setattr(LMMCore, "fit_theta", failing)
     r = lmm.fit_lmm(sleepstudy, "Reaction ~ Days", ["Subject"], re_formula="~Days")
     assert r.converged is False
     assert r.to_dict()["converged"] is False
     assert "Converged: NO" in r.summary()
-    assert r.attempts and r.attempts[0].optimizer == "nm"
+    assert r.attempts and r.attempts[0].optimizer == "nelder-mead"
+    assert "no optimizer reported convergence" in r.notes
 
 
 def test_json_shape(m2):
@@ -291,9 +295,9 @@ def test_diagnostics_and_qq_plot(m2, tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_large_crossed_design_uses_core_and_agrees(monkeypatch):
-    """Above MAX_DENSE_VC statsmodels is skipped; the core alone gives the same fit."""
-    import pcpo_eval.stats.lmm as lmm
+def test_crossed_fit_agrees_with_statsmodels_variance_components():
+    """Cross-check of the lme4-style core on a crossed design: statsmodels' dense VC recipe."""
+    from statsmodels.regression.mixed_linear_model import MixedLM, VCSpec
 
     rng = np.random.default_rng(4)
     df = pd.DataFrame(
@@ -301,13 +305,20 @@ def test_large_crossed_design_uses_core_and_agrees(monkeypatch):
         columns=["prompt", "seed", "alg"],
     )
     df["y"] = rng.normal(0, 1, 8)[df.prompt] + rng.normal(0, 0.5, 6)[df.seed] + rng.normal(0, 1, len(df))
-    ref = lmm.fit_lmm(df, "y ~ alg", ["prompt", "seed"], diagnostics=False)
-    monkeypatch.setattr(lmm, "MAX_DENSE_VC", 10)
-    big = lmm.fit_lmm(df, "y ~ alg", ["prompt", "seed"], diagnostics=False)
-    assert "statsmodels skipped" in big.optimizer and big.attempts == ()
-    assert big.converged
-    assert big.deviance == pytest.approx(ref.deviance, rel=1e-9)
-    _close([f.se for f in big.fixed], [f.se for f in ref.fixed], 1e-5)
+    ours = fit_lmm(df, "y ~ alg", ["prompt", "seed"], diagnostics=False)
+    X = np.column_stack([np.ones(len(df)), (df.alg == "pcpo").astype(float)])
+    vc = VCSpec(
+        ["prompt", "seed"],
+        [[list(range(8))], [list(range(6))]],
+        [[np.eye(8)[df.prompt]], [np.eye(6)[df.seed]]],
+    )
+    sm = MixedLM(
+        df.y.to_numpy(), X, groups=np.zeros(len(df)), exog_re=np.zeros((len(df), 0)), exog_vc=vc
+    ).fit()
+    assert ours.converged and sm.converged
+    assert ours.deviance == pytest.approx(-2 * sm.llf, rel=1e-6)
+    _close([f.estimate for f in ours.fixed], sm.fe_params, 1e-5)
+    _close([f.se for f in ours.fixed], sm.bse_fe, 1e-3)
 
 
 def test_conditional_modes_match_lme4_ranef(sleepstudy, m1):
