@@ -6,7 +6,9 @@ boundary (theta ~ 0.03) and one on it (a singular fit), and one ML fit. Toleranc
 Satterthwaite df 1e-3, REML criterion / deviance 1e-8. R fits with lme4's default optimizer
 (nloptwrap BOBYQA) at tighter tolerances than its defaults, so both sides sit at the optimum
 rather than at two optimizers' stopping points. Install R's side with
-``apt-get install r-cran-lmertest`` (Debian); without Rscript or lmerTest the tests are skipped.
+``apt-get install r-cran-lmertest`` (Debian); without Rscript or lmerTest those tests are skipped.
+The last tests check the core without R: no per-theta work on the n rows, the sparse and dense
+off-diagonal blocks agree, the Schur-size limit, and lme4's convergence check.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -53,7 +56,7 @@ def _have_lmertest() -> bool:
     return r.returncode == 0
 
 
-pytestmark = pytest.mark.skipif(
+needs_lmertest = pytest.mark.skipif(
     not _have_lmertest(), reason="needs Rscript with lmerTest (Debian: apt-get install r-cran-lmertest)"
 )
 
@@ -224,6 +227,7 @@ def _theirs(fit: object, ref: dict[str, list[str]], key: str) -> np.ndarray:
 CASES = list(_cases())
 
 
+@needs_lmertest
 @pytest.mark.parametrize("cid", CASES)
 def test_estimates_and_se_match_lme4(pairs, cid):
     fit, ref = pairs[cid]
@@ -236,8 +240,70 @@ def test_estimates_and_se_match_lme4(pairs, cid):
     assert fit.singular == bool(int(ref["singular"][0]))
 
 
+@needs_lmertest
 @pytest.mark.parametrize("cid", CASES)
 def test_satterthwaite_df_match_lmertest(pairs, cid):
     fit, ref = pairs[cid]
     np.testing.assert_allclose(_ours(fit, "df"), _theirs(fit, ref, "df"), rtol=1e-3)
     assert fit.converged
+
+
+# -- the core itself (no R needed) --------------------------------------------------------------
+
+
+def _core(df: pd.DataFrame, formula: str, groups: list[str]):
+    from pcpo_eval.stats.design import build_design
+    from pcpo_eval.stats.lmm_core import LMMCore
+
+    d = build_design(df, formula, groups)
+    return LMMCore(d.y, d.X, list(d.blocks))
+
+
+def test_theta_steps_never_touch_the_rows():
+    """After the cross-products are formed, no n-sized array (y, X, Z, level codes) is read again."""
+    from pcpo_eval.stats.lmm_core import LMMCore
+
+    core = _core(_crossed(np.random.default_rng(1), 12, 5, 0.8), "y ~ algorithm * batch", ["prompt", "seed"])
+    thetas = [np.array([0.7, 0.2]), np.array([1.3, 0.0]), np.array([0.0, 2.0])]
+    before = [core.profiled_deviance(t) for t in thetas]
+    core._cache.clear()
+    core.y = core.X = None
+    core.blocks = [replace(b, codes=np.zeros(0, int), design=np.zeros((0, b.k))) for b in core.blocks]
+    core.__class__ = type("NoRows", (LMMCore,), {"Z": property(lambda self: pytest.fail("Z was built"))})
+    assert [core.profiled_deviance(t) for t in thetas] == pytest.approx(before, rel=1e-12)
+
+
+def test_sparse_off_diagonal_block_gives_the_dense_result(monkeypatch):
+    """The off-diagonal block L21 kept sparse (large designs) or dense: the same factorization."""
+    import pcpo_eval.stats.lmm_core as lc
+
+    df = _nested(np.random.default_rng(3))
+    dense = _core(df, "y ~ a + x", ["school", "klass"])
+    monkeypatch.setattr(lc, "DENSE_L21_CELLS", 0)
+    sparse = _core(df, "y ~ a + x", ["school", "klass"])
+    assert not isinstance(sparse._cp.a21, np.ndarray) and isinstance(dense._cp.a21, np.ndarray)
+    for t in (np.array([0.9, 0.4]), np.array([0.0, 1.5])):
+        a, b = dense.solve(t), sparse.solve(t)
+        assert a.pwrss == pytest.approx(b.pwrss, rel=1e-12)
+        assert a.logdet_L2 == pytest.approx(b.logdet_L2, rel=1e-12)
+        np.testing.assert_allclose(a.u, b.u, rtol=1e-10, atol=1e-12)
+
+
+def test_too_many_columns_outside_the_largest_term_is_a_user_error(monkeypatch):
+    import pcpo_eval.stats.lmm_core as lc
+    from pcpo_eval.errors import UserError
+
+    monkeypatch.setattr(lc, "MAX_SCHUR", 3)
+    with pytest.raises(UserError, match="largest grouping"):
+        _core(_crossed(np.random.default_rng(1), 12, 5, 1.0), "y ~ algorithm", ["prompt", "seed"])
+
+
+def test_convergence_check_flags_a_point_off_the_optimum():
+    """lme4's checkConv: passes at the optimum, fails (scaled gradient) away from it."""
+    from pcpo_eval.stats.lmm_core import check_convergence
+
+    core = _core(_crossed(np.random.default_rng(5), 15, 6, 1.0), "y ~ algorithm", ["prompt", "seed"])
+    theta, _, ok = core.fit_theta()
+    good, bad = check_convergence(core, theta), check_convergence(core, theta * 1.5)
+    assert ok and not good.failed and not good.singular and good.max_grad < 2e-3
+    assert bad.failed and "max|grad|" in bad.failed[0] and bad.max_grad > 2e-3
