@@ -53,6 +53,15 @@ MAX_QR_CELLS = 5e7  # (n + q) x (q + p + 1) doubles for the QR fallback (400 MB)
 MAX_SCHUR = 6000  # random-effect columns outside the first term (dense Schur complement, 288 MB)
 DENSE_L21_CELLS = 1e7  # q2 x q1 cells up to which the off-diagonal block is kept dense (80 MB)
 _CACHE = 16  # PLS solutions kept per core (the Satterthwaite derivatives revisit thetas)
+BOUNDARY_TOL = 1e-5  # lme4: lmerControl(boundary.tol) and restart_edge's btol
+SINGULAR_TOL = 1e-4  # lme4: check.conv.singular tol (isSingular) on the diagonals of T
+GRAD_TOL = 2e-3  # lme4: check.conv.grad tol on min(|H^-1 g|, |g|)
+HESS_TOL = 1e-6  # lme4: check.conv.hess tol on the Hessian's eigenvalues
+DERIV_DELTA = 1e-4  # lme4: deriv12's step
+#: Methods of :func:`minimize_bounded`: COBYQA (Powell's successor to BOBYQA, in SciPy) first.
+METHODS = ("cobyqa", "nelder-mead")
+_HUGE = 1e300  # stands in for an infinite deviance inside the optimizers
+RESCALE_ABOVE = 10.0  # |theta| above which fit_theta reruns the optimizer in relative units
 
 
 @dataclass(frozen=True)
@@ -511,17 +520,6 @@ class LMMCore:
             if f(trial) < fun:
                 x, fun = trial, f(trial)
         return x, float(fun), ok
-
-
-BOUNDARY_TOL = 1e-5  # lme4: lmerControl(boundary.tol) and restart_edge's btol
-SINGULAR_TOL = 1e-4  # lme4: check.conv.singular tol (isSingular) on the diagonals of T
-GRAD_TOL = 2e-3  # lme4: check.conv.grad tol on min(|H^-1 g|, |g|)
-HESS_TOL = 1e-6  # lme4: check.conv.hess tol on the Hessian's eigenvalues
-DERIV_DELTA = 1e-4  # lme4: deriv12's step
-#: Methods of :func:`minimize_bounded`: COBYQA (Powell's successor to BOBYQA, in SciPy) first.
-METHODS = ("cobyqa", "nelder-mead")
-_HUGE = 1e300  # stands in for an infinite deviance inside the optimizers
-RESCALE_ABOVE = 10.0  # |theta| above which fit_theta reruns the optimizer in relative units
 
 
 def _unit(k: int, i: int, h: float) -> np.ndarray:
