@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test bench lint browser clean-venv
+.PHONY: demo test bench lint browser lmertest clean-venv
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "error: Python >= 3.11 required (found %s); set PYTHON=python3.11" % sys.version.split()[0])'
@@ -19,13 +19,13 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/pcpo-eval demo
 
-## The whole test suite (ruff + pytest, including the few slow tests and the browser test).
-test: $(STAMP) browser
+## The whole test suite (ruff + pytest, including the few slow tests, the browser test and the lme4 comparison).
+test: $(STAMP) browser lmertest
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
 ## Benchmarks: rewrites benchmarks/RESULTS.md.
-bench: $(STAMP)
+bench: $(STAMP) lmertest
 	$(BIN)/python benchmarks/run_all.py
 
 lint: $(STAMP)
@@ -39,3 +39,10 @@ browser:
 
 clean-venv:
 	rm -rf $(VENV)
+
+# R's lme4 + lmerTest for tests/test_stats_lme4.py and benchmarks/bench_lmm_scale.py (Debian
+# package r-cran-lmertest; without it those tests skip and the benchmark's R columns read n/a).
+lmertest:
+	@Rscript -e 'quit(status = !requireNamespace("lmerTest", quietly = TRUE))' >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq r-cran-lmertest >/dev/null) || echo "warning: could not install r-cran-lmertest; the lme4 comparison tests will be skipped"; \
+	  else echo "warning: R's lmerTest not installed (sudo apt-get install r-cran-lmertest); the lme4 comparison tests will be skipped"; fi; }
