@@ -1,7 +1,7 @@
 """Benchmark: pcpo-eval's LMM vs R reference values and vs a bare statsmodels fit.
 
 Prints a markdown section: per model, the largest relative error against lme4/lmerTest reference
-values (fixed effects, SE, Satterthwaite df) and the wall time of ``fit_lmm`` (fit + polish +
+values (fixed effects, SE, Satterthwaite df) and the wall time of ``fit_lmm`` (fit +
 Satterthwaite + diagnostics) relative to one bare ``statsmodels`` MixedLM fit.
 Run: ``.venv/bin/python benchmarks/bench_stats.py``.
 """
@@ -86,7 +86,7 @@ def main() -> None:
         print(f"| {label} | {fmt(e1)} | {fmt(e2)} | {fmt(e3)} | {a:.2f} | {b:.2f} | {a / b:.1f}x |")
     print(
         "\nRelative errors are against the R values quoted in the shared notes / statsmodels' test_lme.py "
-        "(printed to 6-7 significant digits). fit_lmm includes the lme4-deviance polish, Satterthwaite df "
+        "(printed to 6-7 significant digits). fit_lmm includes the lme4-formulation fit, Satterthwaite df "
         "and residual diagnostics; times are best of 3 on the shared machine."
     )
 

@@ -1,7 +1,8 @@
-"""Statistics: LMMs with Satterthwaite t-tests, multiple-testing adjustment, speed-up and
-reward-matched checkpoint selection (issue 7). Pure functions; the CLI lives in ``commands.py``.
+"""Statistics: run-level inference over training runs (``runlevel``, ``verdict``), LMMs on lme4's
+formulation with Satterthwaite t-tests (``lmm``, ``lmm_core``), multiple-testing adjustment, speed-up
+and reward-matched checkpoint selection. Pure functions; the CLI lives in ``commands.py``.
 
-Heavy imports (statsmodels) happen on first use of the LMM functions.
+Heavy imports (scipy.stats) happen on first use of the LMM and run-level functions.
 """
 
 from __future__ import annotations

@@ -45,12 +45,11 @@ from scipy import stats as sst
 from pcpo_eval.errors import UserError
 from pcpo_eval.stats.adjust import benjamini_hochberg, holm
 from pcpo_eval.stats.design import Design, build_design
-from pcpo_eval.stats.lmm_core import LMMCore, check_convergence
+from pcpo_eval.stats.lmm_core import SINGULAR_TOL, LMMCore, check_convergence
 from pcpo_eval.stats.satterthwaite import satterthwaite_dfs
 
 #: :func:`~pcpo_eval.stats.lmm_core.minimize_bounded` methods tried in order until one converges.
 OPTIMIZERS = ("cobyqa", "nelder-mead")
-SINGULAR_TOL = 1e-4  # lme4::isSingular default on theta
 QQ_MAX_POINTS = 2000
 PRECISION_ULPS = 1e4  # residual SD below this many ulps of max|y| is rounding noise (noted, not converged)
 
