@@ -33,6 +33,7 @@ def no_weights(tmp_path, monkeypatch):
 
 
 def write_spec(path: Path, **changes) -> Path:
+    """A 2 x 2 study (algorithm x batch) on stand-ins; ``changes`` replace top-level keys (None deletes)."""
     prompts = path.parent / "prompts.txt"
     prompts.write_text("a red cube\na <b>blue</b> ball & <script>alert(1)</script>\na green cone\n")
     spec = {
@@ -46,10 +47,12 @@ def write_spec(path: Path, **changes) -> Path:
         "select_target": 0.5,
         "eval": {"prompts": str(prompts), "seeds": "4", "steps": 4},
         "metrics": ["fd_toy", "lpips_toy"],
+        "overall_only": ["fd_toy"],  # 4 images per prompt cannot fit a 128-d covariance
         "lmm": {"formula": "value ~ algorithm * batch + (1|prompt)"},
         "grid": {"prompts": 2, "seeds": 2},
     }
     spec.update(changes)
+    spec = {k: v for k, v in spec.items() if v is not None}
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
 
@@ -59,18 +62,94 @@ def write_spec(path: Path, **changes) -> Path:
 # ------------------------------------------------------------------------------------------------
 
 
-def test_valid_spec_expands_factorial(tmp_path):
-    spec = load_spec(write_spec(tmp_path / "s.yaml"))
-    assert len(spec.runs) == 4
-    assert {r.name for r in spec.runs} == {"algorithm-DDPO__batch-16", "algorithm-DDPO__batch-32",
-                                           "algorithm-PCPO__batch-16", "algorithm-PCPO__batch-32"}
-    r = next(r for r in spec.runs if r.levels == {"algorithm": "PCPO", "batch": "32"})
-    assert r.overrides == {"objective": "pcpo", "sample_batch_size": 32}
-    assert spec.cell_key(r) == "batch=32" and spec.role(r) == "pcpo"
-    # resolved once at validation: defaults < train.overrides < the cell's level overrides
+def test_valid_spec_expands_factorial_times_seeds(tmp_path):
+    spec = load_spec(write_spec(tmp_path / "s.yaml", seeds=[0, 1, 2]))
+    assert len(spec.runs) == 12
+    assert {r.name for r in spec.runs if r.seed == 1} == {
+        "algorithm-DDPO__batch-16__seed-1", "algorithm-DDPO__batch-32__seed-1",
+        "algorithm-PCPO__batch-16__seed-1", "algorithm-PCPO__batch-32__seed-1"}
+    r = next(r for r in spec.runs if r.levels == {"algorithm": "PCPO", "batch": "32"} and r.seed == 2)
+    assert r.overrides == {"objective": "pcpo", "sample_batch_size": 32} and r.cell == "algorithm-PCPO__batch-32"
+    assert spec.cell_key(r) == "batch=32" and spec.role(r) == "pcpo" and spec.arm(r) == "PCPO"
+    # resolved once at validation: defaults < train.overrides < the cell's levels < the study's seed and control
     assert (r.train.objective, r.train.sample_batch_size, r.train.epochs, r.train.checkpoint_every) == ("pcpo", 32, 12, 2)
+    assert (r.train.seed, r.train.paired_control) == (2, True)
     assert spec.base_model == "toy" and spec.eval.sigma_schedule == "ddim"  # unset = the ddim sampler's default
     assert spec.cells() == ["batch=16", "batch=32"]
+    assert spec.per_prompt_metrics == ("lpips_toy",) and spec.select_epoch == "final" and spec.parallel == 1
+
+
+def test_default_seed_is_the_train_configs_and_control_can_be_switched_off(tmp_path):
+    spec = load_spec(write_spec(tmp_path / "s.yaml", train={"overrides": {"epochs": 4, "seed": 7}},
+                                paired_control=False))
+    assert spec.seeds == {"DDPO": (7,), "PCPO": (7,)}
+    assert {(r.name.split("__")[-1], r.train.seed, r.train.paired_control) for r in spec.runs} == {("seed-7", 7, False)}
+
+
+def test_seeds_per_arm_for_an_aa_study(tmp_path):
+    design = {"algorithm": {"A": {"objective": "ppo_clip"}, "B": {"objective": "ppo_clip"}}}
+    spec = load_spec(write_spec(tmp_path / "s.yaml", design=design, compare={"factor": "algorithm", "baseline": "A",
+                                "pcpo": "B"}, seeds={"A": [0, 1], "B": [2, 3]}, lmm={"formula": "value ~ algorithm + (1|prompt)"}))
+    assert sorted((r.levels["algorithm"], r.train.seed) for r in spec.runs) == [("A", 0), ("A", 1), ("B", 2), ("B", 3)]
+    with pytest.raises(UserError, match=r"seeds per arm must give a list for each level of the compared factor \(A, B\)"):
+        load_spec(write_spec(tmp_path / "s.yaml", design=design, seeds={"A": [0, 1]},
+                             lmm={"formula": "value ~ algorithm + (1|prompt)"}))
+
+
+def test_study_keys_are_not_overrides(tmp_path):
+    design = {"algorithm": {"DDPO": {"objective": "ppo_clip", "seed": 3}, "PCPO": {"objective": "pcpo",
+                                                                                  "paired_control": False}}}
+    with pytest.raises(UserError) as ei:
+        load_spec(write_spec(tmp_path / "s.yaml", design=design, seeds=[0, 0], lmm={"formula": "value ~ algorithm + (1|prompt)"}))
+    msg = str(ei.value)
+    assert "has 3 problem(s)" in msg and "\n" not in msg
+    assert "seeds lists a seed twice" in msg
+    assert "design.algorithm.DDPO sets seed; list the training seeds at the top of the spec (seeds: [0, 1, 2])" in msg
+    assert "design.algorithm.PCPO sets paired_control; set it once at the top of the spec" in msg
+
+
+def test_run_names_that_sanitise_to_one_directory_are_refused(tmp_path):
+    design = {"algorithm": {"DDPO": {"objective": "ppo_clip"}, "PCPO v1": {"objective": "pcpo"},
+                            "PCPO/v1": {"objective": "pcpo"}}}
+    with pytest.raises(UserError, match=r"design cells \(algorithm='PCPO v1'\) and \(algorithm='PCPO/v1'\) share the "
+                                        r"run directory algorithm-PCPO_v1 .*rename one of the levels"):
+        load_spec(write_spec(tmp_path / "s.yaml", design=design,
+                             compare={"factor": "algorithm", "baseline": "DDPO", "pcpo": "PCPO v1"},
+                             lmm={"formula": "value ~ algorithm + (1|prompt)"}))
+
+
+def test_rank_deficient_per_prompt_metric_is_refused_with_the_fix(tmp_path):
+    with pytest.raises(UserError) as ei:
+        load_spec(write_spec(tmp_path / "s.yaml", metrics=["fd_toy", "is_toy", "lpips_toy"], overall_only=None))
+    msg = str(ei.value)
+    assert "has 2 problem(s)" in msg and "\n" not in msg
+    assert ("per-prompt fd_toy with 4 images per prompt in 128-d features fits a degenerate Gaussian" in msg
+            and "(in the spec: eval.seeds: 129, or overall_only: [fd_toy], or per_prompt_rank_deficient_ok: [fd_toy]"
+            in msg)
+    assert "per-prompt is_toy with 4 images per prompt" in msg and "or overall_only: [is_toy])" in msg
+    # the explicit opt-in (the paper's per-prompt FID protocol) is accepted for FD metrics only
+    spec = load_spec(write_spec(tmp_path / "s.yaml", overall_only=None, per_prompt_rank_deficient_ok=["fd_toy"]))
+    assert spec.per_prompt_metrics == ("fd_toy", "lpips_toy") and spec.per_prompt_rank_deficient_ok == ("fd_toy",)
+    with pytest.raises(UserError, match=r"per_prompt_rank_deficient_ok names 'lpips_toy': only Frechet distances"):
+        load_spec(write_spec(tmp_path / "s.yaml", per_prompt_rank_deficient_ok=["lpips_toy"]))
+
+
+def test_existing_runs_per_seed(tmp_path):
+    runs = []
+    for alg in ("DDPO", "PCPO"):
+        for b in ("16", "32"):
+            for seed in (0, 1):
+                rd = tmp_path / f"run_{alg}_{b}_{seed}"
+                _write_run(rd, 8, 0.05 if alg == "DDPO" else 0.08, 2)
+                runs.append({"levels": {"algorithm": alg, "batch": b}, "seed": seed, "run_dir": str(rd)})
+    spec = load_spec(write_spec(tmp_path / "s.yaml", runs=runs, seeds=[0, 1], targets=[0.3], select_target=0.3))
+    assert all(r.run_dir and r.train is None for r in spec.runs) and len(spec.runs) == 8
+    assert next(r for r in spec.runs if r.name == "algorithm-PCPO__batch-32__seed-1").run_dir.endswith("run_PCPO_32_1")
+    bad = [{**runs[0], "seed": 5}, {k: v for k, v in runs[1].items() if k != "seed"}]
+    with pytest.raises(UserError) as ei:
+        load_spec(write_spec(tmp_path / "s.yaml", runs=bad, seeds=[0, 1], targets=[0.3], select_target=0.3))
+    assert "runs[0].seed 5 is not one of the study's seeds (0, 1)" in str(ei.value)
+    assert "runs[1] needs seed: (one of the study's seeds 0, 1)" in str(ei.value)
 
 
 def test_train_config_file_read_once_with_overrides_on_top(tmp_path):
@@ -92,22 +171,25 @@ def test_every_problem_listed_at_once(tmp_path):
         runs=[{"levels": {"algorithm": "DDPO", "batch": "16"}, "run_dir": str(tmp_path / "nope")}],  # missing run
         compare={"factor": "algorithm", "baseline": "DDPO", "pcpo": "PPO"},  # bad level
         metrics=["fid", "fd_toy", "bogus"],  # fid: inception weights absent; bogus: unknown
+        overall_only=["fid", "fd_toy"],
         lmm={"formula": "value ~ algorithm * lr + (1|prompt)"},  # lr is not a column
         targets=[0.3, "high"],
+        parallel=0,
     )
     with pytest.raises(UserError) as ei:
         load_spec(path)
     msg = str(ei.value)
     assert "\n" not in msg
     for needle in ("unknown key(s) colour", "unknown key(s) stepz in eval", "missing run", "compare.pcpo 'PPO'",
-                   "unknown metric 'bogus'", "inception weights not found", "names 'lr'", "target 'high'"):
+                   "unknown metric 'bogus'", "inception weights not found", "names 'lr'", "target 'high'",
+                   "parallel must be a positive integer"):
         assert needle in msg, needle
-    assert "has 8 problem(s)" in msg
+    assert "has 9 problem(s)" in msg
 
 
 def test_bad_train_overrides_are_reported_per_run(tmp_path):
     path = write_spec(tmp_path / "s.yaml", train={"overrides": {"epochs": 0, "learning_rte": 1}})
-    with pytest.raises(UserError, match=r"run algorithm-DDPO__batch-16: unknown config key\(s\) learning_rte"):
+    with pytest.raises(UserError, match=r"run algorithm-DDPO__batch-16__seed-0: unknown config key\(s\) learning_rte"):
         load_spec(path)
 
 
@@ -142,13 +224,28 @@ def test_unreachable_target_of_existing_runs(tmp_path):
 # ------------------------------------------------------------------------------------------------
 
 
-def _write_run(rd: Path, epochs: int, rate: float, every: int, upto: int | None = None) -> None:
-    """A run directory: log.parquet (reward rising at ``rate`` per epoch) + checkpoints."""
+def rising(rate: float, run_sd: float = 0.0, control: float = 0.0, noise: float = 0.005):
+    """A curve model for :class:`Fakes`: reward = control + rate_run * (epoch - 1) + noise, with the run's
+    rate drawn around ``rate`` (SD ``run_sd``) and the untrained control flat at ``control``."""
+
+    def curve(epochs: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        e = np.arange(1, epochs + 1)
+        ctrl = control + rng.normal(0, noise, epochs)
+        r = rate + run_sd * rng.normal()
+        return ctrl + r * (e - 1) + rng.normal(0, noise, epochs) * (e > 1), ctrl
+
+    return curve
+
+
+def _write_run(rd: Path, epochs: int, rate: float, every: int, upto: int | None = None, curve=None,
+               rng_key: str = "") -> None:
+    """A run directory: log.parquet (reward and paired control per epoch) + checkpoints every ``every``."""
     upto = epochs if upto is None else upto
+    rng = np.random.default_rng(zlib.crc32(f"{rng_key or rate}".encode()))
+    reward, control = (curve or rising(rate))(epochs, rng)
     e = np.arange(1, upto + 1)
-    rng = np.random.default_rng(int(rate * 1000))
     log = pd.DataFrame({
-        "epoch": e, "reward_mean": rate * e + rng.normal(0, 0.005, upto), "reward_std": 0.1 + 0 * e,
+        "epoch": e, "reward_mean": reward[:upto], "control_reward_mean": control[:upto], "reward_std": 0.1 + 0 * e,
         "clipfrac": 0.2 + 0 * e, "approx_kl": 1e-4 * e, "rho_mean": 1.0 + 0 * e, "rho_min": 0.9 + 0 * e,
         "rho_max": 1.1 + 0 * e, "rho_std": 0.02 + 0 * e, "grad_first_abs_mean": 1e-3 * e,
         "grad_first_abs_var": 1e-6 * e, "wall_time_s": 0.1 + 0 * e,
@@ -163,7 +260,14 @@ def _write_run(rd: Path, epochs: int, rate: float, every: int, upto: int | None 
 
 
 class Fakes:
-    """Counting stand-ins; ``fail_train_once`` / ``fail_metrics_on`` simulate crashes."""
+    """Counting stand-ins; ``fail_train_once`` / ``fail_metrics_on`` simulate crashes.
+
+    ``curves`` maps a level of the compared factor to a curve model (:func:`rising`); default: PCPO
+    rises 0.1 per epoch, everything else 0.07. Every run draws its noise from its own directory name,
+    so runs of different seeds or arms differ. ``metric_effect`` maps a level to the shift of its
+    per-prompt ``lpips_toy`` and overall ``fd_toy``; every run also gets its own offset (SD
+    ``run_sd_metric``), the between-run variation that ``(1|run)`` models.
+    """
 
     def __init__(self) -> None:
         self.train_calls: list[tuple[str, bool]] = []
@@ -171,16 +275,21 @@ class Fakes:
         self.metrics_calls: list[str] = []
         self.fail_train_once: str | None = None
         self.fail_metrics_on: str | None = None
+        self.curves: dict[str, object] = {}
+        self.metric_effect: dict[str, float] = {"PCPO": 0.05}
+        self.run_sd_metric = 0.01
 
     def train(self, cfg, out_dir, resume=False):
         out = Path(out_dir)
         self.train_calls.append((out.name, resume))
-        rate = 0.1 if cfg.objective == "pcpo" else 0.07
+        level = out.name.split("__")[0].split("-", 1)[1]
+        default = rising(0.1 if cfg.objective == "pcpo" else 0.07)
+        curve = self.curves.get(level, default)
         if self.fail_train_once and self.fail_train_once in out.name:
             self.fail_train_once = None
-            _write_run(out, cfg.epochs, rate, cfg.checkpoint_every, upto=cfg.epochs // 2)
+            _write_run(out, cfg.epochs, 0, cfg.checkpoint_every, upto=cfg.epochs // 2, curve=curve, rng_key=out.name)
             raise RuntimeError("simulated crash mid-training")
-        _write_run(out, cfg.epochs, rate, cfg.checkpoint_every)
+        _write_run(out, cfg.epochs, 0, cfg.checkpoint_every, curve=curve, rng_key=out.name)
         return pd.read_parquet(out / "log.parquet")
 
     def generate_set(self, model, prompts, seeds, out_dir, **kw):
@@ -209,10 +318,13 @@ class Fakes:
         man = pd.read_parquet(sdir / "manifest.parquet")
         pids = sorted(man.prompt_id.unique())
         rng = np.random.default_rng(zlib.crc32(str(sdir).encode()))
-        pcpo = "PCPO" in str(sdir)
+        run = sdir.parent.name if sdir.name.startswith("epoch_") else "base"
+        level = run.split("__")[0].split("-", 1)[1] if run != "base" else ""
+        shift = self.metric_effect.get(level, 0.0)
+        run_offset = np.random.default_rng(zlib.crc32(run.encode())).normal(0, self.run_sd_metric) if run != "base" else 0
         pp = pd.DataFrame({"prompt_id": pids, "prompt": [f"p{p}" for p in pids],
-                           "fd_toy": [5.0 + p - 3.0 * pcpo + rng.normal(0, 0.1) for p in pids],
-                           "lpips_toy": [0.4 + 0.01 * p + rng.normal(0, 0.01) for p in pids]})
+                           "fd_toy": [5.0 + p - 60 * shift + rng.normal(0, 0.1) for p in pids],
+                           "lpips_toy": [0.4 + 0.01 * p + shift + run_offset + rng.normal(0, 0.01) for p in pids]})
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         pp.to_parquet(out / "per_prompt.parquet", index=False)
@@ -221,8 +333,10 @@ class Fakes:
         return res
 
 
-@pytest.fixture
-def fakes(monkeypatch):
+def install_fakes(monkeypatch) -> Fakes:
+    """Replace the trainer, generator, metric workers and credit figure with :class:`Fakes`."""
+    import io
+
     import pcpo_eval.credit.plot
     import pcpo_eval.generate.runner
     import pcpo_eval.metrics.workers
@@ -232,30 +346,48 @@ def fakes(monkeypatch):
     monkeypatch.setattr(pcpo_eval.train.trainer, "train", f.train)
     monkeypatch.setattr(pcpo_eval.generate.runner, "generate_set", f.generate_set)
     monkeypatch.setattr(pcpo_eval.metrics.workers, "run_metrics", f.run_metrics)
-    import io
-
     buf = io.BytesIO()
     Image.new("RGB", (4, 4), "white").save(buf, format="PNG")
     monkeypatch.setattr(pcpo_eval.credit.plot, "credit_figure_png", lambda *a, **k: buf.getvalue())
     return f
 
 
+@pytest.fixture
+def fakes(monkeypatch):
+    return install_fakes(monkeypatch)
+
+
+def _n_sets(out: Path) -> int:
+    """Base + every distinct selected checkpoint (reward-matched and matched-epoch)."""
+    sel = json.loads((out / "selection.json").read_text())
+    return 1 + len({(c["name"], c["epoch"]) for c in [*sel["runs"], *sel["at_epoch"]] if c["path"]})
+
+
 def test_stages_run_then_skip_finished_work(tmp_path, fakes):
-    spec = write_spec(tmp_path / "s.yaml")
+    spec = write_spec(tmp_path / "s.yaml", seeds=[0, 1])
     out = tmp_path / "study"
     logs: list[str] = []
     report = run_study(spec, out, log=logs.append)
     assert report == out / "report.html" and report.is_file()
-    assert len(fakes.train_calls) == 4 and not any(r for _, r in fakes.train_calls)
-    assert len(fakes.generate_calls) == 5 and len(fakes.metrics_calls) == 5  # base + 4 checkpoints
+    assert len(fakes.train_calls) == 8 and not any(r for _, r in fakes.train_calls)
+    n_sets = _n_sets(out)
+    assert 9 <= n_sets <= 17 and len(fakes.generate_calls) == n_sets and len(fakes.metrics_calls) == n_sets
     res = json.loads((out / "results.json").read_text())
     assert {b["cell"] for b in res["speedup"]} == {"batch=16", "batch=32"}
-    row = res["speedup"][0]["table"]["targets"][1]  # target 0.5 (window 5): epoch 10 vs 7
+    row = res["speedup"][0]["table"]["targets"][1]  # target 0.5 (window 5)
     assert row["baseline_mean"] > row["pcpo_mean"] and row["speedup_pct"] > 0
-    assert set(res["lmm"]["fits"]) == {"fd_toy", "lpips_toy"}
-    fe = {f["term"]: f for f in res["lmm"]["fits"]["fd_toy"]["fixed"]}
-    assert fe["algorithm[T.PCPO]"]["estimate"] == pytest.approx(-3.0, abs=0.5)
-    assert res["raw_scores"]["significance"]["batch=16"]["fd_toy"]["significant"] is True
+    assert set(res["lmm"]["fits"]) == {"lpips_toy", "lpips_toy @ epoch 12"}
+    assert res["lmm"]["formula"] == "value ~ algorithm * batch + (1|prompt) + (1|run)"  # 2 runs per arm
+    fit = res["lmm"]["fits"]["lpips_toy"]
+    fe = {f["term"]: f for f in fit["fixed"]}
+    assert fe["algorithm[T.PCPO]"]["estimate"] == pytest.approx(0.05, abs=0.02)
+    assert fit["groups"] == ["prompt", "run"]
+    sig = res["raw_scores"]["significance"]
+    assert sig["batch=16"]["fd_toy"]["method"].startswith("Welch t over runs of the overall fd_toy (2 vs 2 runs)")
+    assert sig["batch=16"]["lpips_toy"]["method"].endswith("+ (1|prompt) + (1|run) (REML, Satterthwaite df)")
+    assert {v["quantity"] for v in res["verdict"]} == {"paired_gain", "final_reward", "auc", "speedup:0.3",
+                                                       "speedup:0.5"}
+    assert {(r["cell"], r["arm"]) for r in res["runs"]} == {(c, a) for c in ("batch=16", "batch=32") for a in ("DDPO", "PCPO")}
     html = report.read_text()
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html and "<script>" not in html
 
@@ -263,27 +395,27 @@ def test_stages_run_then_skip_finished_work(tmp_path, fakes):
     state = json.loads((out / "study_state.json").read_text())
     logs.clear()
     run_study(spec, out, log=logs.append)
-    assert len(fakes.train_calls) == 4 and len(fakes.generate_calls) == 5 and len(fakes.metrics_calls) == 5
+    assert len(fakes.train_calls) == 8 and len(fakes.generate_calls) == n_sets and len(fakes.metrics_calls) == n_sets
     assert json.loads((out / "study_state.json").read_text()) == state
-    assert sum("skipped" in line for line in logs) == 4 + 5 + 5 + 3  # runs, sets, metrics, select/stats/report
+    assert sum("skipped" in line for line in logs) == 8 + 2 * (n_sets - 1) + 2 + 3  # runs, sets, metrics, base, stages
 
 
 def test_crash_names_stage_and_rerun_continues(tmp_path, fakes):
     spec = write_spec(tmp_path / "s.yaml")
     out = tmp_path / "study"
-    fakes.fail_train_once = "algorithm-PCPO__batch-16"
+    fakes.fail_train_once = "algorithm-PCPO__batch-16__seed-0"
     with pytest.raises(StageError, match=r"study stage 'train' failed: RuntimeError: simulated crash"):
         run_study(spec, out, log=lambda s: None)
     assert (out / "logs" / "train.error.txt").is_file()
     done_before = [n for n, _ in fakes.train_calls]
-    assert (out / "runs" / "algorithm-DDPO__batch-16" / "log.parquet").is_file()  # earlier output kept
+    assert (out / "runs" / "algorithm-DDPO__batch-16__seed-0" / "log.parquet").is_file()  # earlier output kept
 
-    fakes.fail_metrics_on = "algorithm-PCPO__batch-32"
+    fakes.fail_metrics_on = "algorithm-PCPO__batch-32__seed-0/epoch_0012"  # the last set measured
     with pytest.raises(StageError, match="study stage 'metrics' failed"):
         run_study(spec, out, log=lambda s: None)
     new = fakes.train_calls[len(done_before):]
-    assert ("algorithm-PCPO__batch-16", True) in new  # resumed from its checkpoint
-    assert all(name not in done_before or name == "algorithm-PCPO__batch-16" for name, _ in new)
+    assert ("algorithm-PCPO__batch-16__seed-0", True) in new  # resumed from its checkpoint
+    assert all(name not in done_before or name == "algorithm-PCPO__batch-16__seed-0" for name, _ in new)
     n_metrics = len(fakes.metrics_calls)
 
     fakes.fail_metrics_on = None
@@ -308,30 +440,3 @@ def test_study_cli_validation_error(tmp_path, cli):
 
 def test_stage_names():
     assert STAGES == ("train", "select", "generate", "metrics", "stats", "report")
-
-
-@pytest.mark.slow
-def test_toy_study_end_to_end(tmp_path):
-    """A small real study on the toy model: 4 trained runs, sets, toy metrics, LMMs, report."""
-    import torch
-
-    torch.set_num_threads(1)  # tiny tensors; 2 threads spin-wait badly on a loaded 2-core machine
-    demo = yaml.safe_load((Path(__file__).parents[1] / "analysis" / "toy_study.yaml").read_text())
-    demo["train"]["overrides"].update({"epochs": 6, "checkpoint_every": 2})
-    demo["eval"].update({"seeds": 3, "max_prompts": 12})
-    demo["metric_options"] = {"batch_size": 64, "is_splits": 3}
-    demo["grid"] = {"prompts": 2, "seeds": 2}
-    spec = tmp_path / "toy.yaml"
-    demo["targets"] = [-1e9]  # reached at epoch 1: this test checks the plumbing, not the toy reward
-    demo["select_target"] = -1e9
-    spec.write_text(yaml.safe_dump(demo, sort_keys=False))
-    out = tmp_path / "study"
-    report = run_study(spec, out, log=lambda s: None)
-    res = json.loads((out / "results.json").read_text())
-    assert len(res["traces"]) == 4 and all(len(t["epoch"]) == 6 for t in res["traces"])
-    assert set(res["lmm"]["fits"]) == {"fd_toy", "is_toy", "lpips_toy"}
-    assert all("fixed" in f or "error" in f for f in res["lmm"]["fits"].values())
-    man = pd.read_parquet(out / "sets" / "base" / "manifest.parquet")
-    assert len(man) == 12 * 3
-    html = report.read_text()
-    assert "<script" not in html and html.count("data:image/png;base64,") >= 4 + 3 * 2 * 2

@@ -1,32 +1,77 @@
-"""A few console lines summarising a study's ``results.json`` (printed by ``pcpo-eval demo``)."""
+"""A few console lines summarising a study's ``results.json`` (printed by ``pcpo-eval demo``).
+
+Order: the run-level verdict sentences first (they are the study's answer, over runs), with the
+1-run-per-arm warning and the notes; then the sampler offset of the untrained controls; then the
+speed-up table (uninformative targets labelled) and the compared factor's LMM effects. A missing
+number is printed as "n/a", never as "None" or "nan".
+"""
 
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
+from typing import Any
+
+ONE_RUN_WARNING = "  1 run per arm: these are differences between runs, not algorithms (no CI, no p-value)"
 
 
-def summary_lines(study_dir: Path) -> list[str]:
-    """A few lines from ``results.json``: speed-ups and the compared factor's LMM effects."""
-    import json
+def _num(x: Any, fmt: str = ".4g") -> str:
+    """``x`` formatted, or ``n/a`` for None / NaN / non-numbers."""
+    if isinstance(x, bool) or not isinstance(x, int | float) or (isinstance(x, float) and not math.isfinite(x)):
+        return "n/a"
+    return format(x, fmt)
 
-    res = json.loads((study_dir / "results.json").read_text())
+
+def verdict_lines(res: dict[str, Any]) -> list[str]:
+    """The verdict sentences per cell, the 1-run warning and the notes."""
+    rows = res.get("verdict") or []
+    lines = ["verdict (runs are the replicates):"] if rows else ["verdict: none in this results.json"]
+    if rows and all(v.get("n_baseline_runs") == 1 and v.get("n_treatment_runs") == 1 for v in rows):
+        lines.append(ONE_RUN_WARNING)
+    for v in rows:
+        lines.append(f"  [{v.get('cell') or '-'}] {v.get('quantity') or '?'}: {v.get('sentence') or '(no sentence)'}")
+    lines += [f"  note: {n}" for n in res.get("verdict_notes") or []]
+    for cell, off in (res.get("sampler_offset") or {}).items():
+        lines.append(f"  sampler offset [{cell}]: {off.get('explains') or '(none)'}")
+    return lines
+
+
+def speedup_lines(res: dict[str, Any]) -> list[str]:
+    """The speed-up table: epochs to each target per arm (uninformative targets labelled)."""
     lines = []
-    for block in res.get("speedup", []):
-        for row in block["table"]["targets"]:
-            sp = f"{row['speedup_pct']:+.1f}%" if row.get("speedup_pct") is not None else row.get("status", "")
-            lines.append(f"  speed-up [{block['cell']}] target {row['target']:g}: baseline {row['baseline_mean']} "
-                         f"vs PCPO {row['pcpo_mean']} epochs -> {sp}")
-    lmm = res.get("lmm", {})
-    factor = res.get("study", {}).get("compare", {}).get("factor", "")
+    for block in res.get("speedup") or []:
+        for row in block.get("table", {}).get("targets", []):
+            sp = row.get("speedup_pct")
+            what = f"{sp:+.1f}%" if isinstance(sp, int | float) else (row.get("status") or "n/a")
+            lines.append(f"  speed-up [{block.get('cell')}] target {_num(row.get('target'), 'g')}: baseline "
+                         f"{_num(row.get('baseline_mean'))} vs PCPO {_num(row.get('pcpo_mean'))} epochs -> {what}")
+    return lines
+
+
+def lmm_lines(res: dict[str, Any]) -> list[str]:
+    """The compared factor's main effect per metric: estimate, p, adjusted p, or why there is none."""
+    lmm = res.get("lmm") or {}
+    factor = (res.get("study") or {}).get("compare", {}).get("factor", "")
     key = "p_bh" if lmm.get("adjust") == "bh" else "p_holm"
-    for m, fit in lmm.get("fits", {}).items():
+    lines = [f"  LMM formula: {lmm['formula']}"] if lmm.get("formula") else []
+    for m, fit in (lmm.get("fits") or {}).items():
         if "error" in fit:
             lines.append(f"  LMM {m}: fit failed ({fit['error']})")
             continue
-        for fe in fit["fixed"]:
-            if fe["term"].startswith(f"{factor}[") and ":" not in fe["term"]:
-                p_adj = lmm.get("adjusted", {}).get(m, {}).get(fe["term"], {}).get(key)
-                flag = "" if fit.get("converged", True) else " [not converged: see the report's notes]"
-                lines.append(f"  LMM {m}: {fe['term']} = {fe['estimate']:.4g} (p = {fe['p']:.3g}, "
-                             f"adj. p = {p_adj:.3g}){flag}")
+        for fe in fit.get("fixed", []):
+            if not (fe["term"].startswith(f"{factor}[") and ":" not in fe["term"]):
+                continue
+            if fit.get("estimable", True) is False:
+                lines.append(f"  LMM {m}: {fe['term']} = {_num(fe.get('estimate'))} (not estimable: {fit.get('reason')})")
+                continue
+            p_adj = (lmm.get("adjusted") or {}).get(m, {}).get(fe["term"], {}).get(key)
+            lines.append(f"  LMM {m}: {fe['term']} = {_num(fe.get('estimate'))} (p = {_num(fe.get('p'), '.3g')}, "
+                         f"adj. p = {_num(p_adj, '.3g')})")
     return lines
+
+
+def summary_lines(study_dir: Path) -> list[str]:
+    """The console summary of ``STUDY_DIR/results.json`` (see the module docstring)."""
+    res = json.loads((Path(study_dir) / "results.json").read_text())
+    return [*verdict_lines(res), "details:", *speedup_lines(res), *lmm_lines(res)]

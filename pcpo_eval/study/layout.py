@@ -2,11 +2,14 @@
 
 ::
 
-    OUT/runs/<run>/                  trained runs (log.parquet, checkpoints/); existing runs stay where they are
-    OUT/selection.json               reward-matched checkpoint per run
+    OUT/runs/<cell>__seed-<s>/       trained runs (log.parquet, checkpoints/); existing runs stay where they are
+    OUT/logs/train/<run>.log         console output of a run trained in a worker process (``parallel: N``)
+    OUT/selection.json               per run: reward-matched checkpoint (or "not reached") and matched-epoch checkpoint
     OUT/sets/base, sets/<run>/epoch_NNNN           eval image sets    (pref_sets/... on preference prompts)
     OUT/metrics/base, metrics/<run>/epoch_NNNN     their metrics      (pref_metrics/...)
     OUT/results.json, report.html, study_state.json, figures/credit.png
+
+A checkpoint that is both a run's reward-matched and its matched-epoch checkpoint has one set.
 """
 
 from __future__ import annotations
@@ -35,6 +38,10 @@ class StudyLayout:
         """An existing run's own directory, else ``OUT/runs/<run>``."""
         return Path(run.run_dir) if run.run_dir else self.out / "runs" / run.name
 
+    def train_log(self, run: RunSpec) -> Path:
+        """Console output of a run trained in a worker process."""
+        return self.out / "logs" / "train" / f"{run.name}.log"
+
     def set_dir(self, label: str, pref: bool = False) -> Path:
         return self.out / ("pref_sets" if pref else "sets") / label
 
@@ -61,14 +68,33 @@ class StudyLayout:
     def credit_figure(self) -> Path:
         return self.out / "figures" / "credit.png"
 
-    def selection(self) -> list[dict[str, Any]]:
-        """The select stage's rows (one per run: name, levels, role, cell, epoch, path, reward, ...)."""
+    def _selection_json(self) -> dict[str, Any]:
         if not self.selection_file.is_file():
             raise UserError(f"{self.selection_file} missing; run the select stage first")
-        return json.loads(self.selection_file.read_text())["runs"]
+        return json.loads(self.selection_file.read_text())
+
+    def selection(self) -> list[dict[str, Any]]:
+        """Reward-matched rows, one per run (name, levels, role, arm, seed, cell, epoch, path, reward,
+        reached); a run that never reached the target has ``epoch`` and ``path`` None."""
+        return self._selection_json()["runs"]
+
+    def epoch_selection(self) -> list[dict[str, Any]]:
+        """Matched-epoch rows, one per run (the same keys; every run at the same epoch); [] when off."""
+        return self._selection_json().get("at_epoch") or []
+
+    def matched(self, match: str) -> list[dict[str, Any]]:
+        """The rows of one comparison, ``reward`` or ``epoch``, that have a checkpoint."""
+        rows = self.selection() if match == "reward" else self.epoch_selection()
+        return [c for c in rows if c.get("path")]
 
     def eval_sets(self, base_model: str) -> list[tuple[str, str, dict[str, Any] | None]]:
-        """(label, model spec, selection row) for the base model and each selected checkpoint."""
+        """(label, model spec, selection row) for the base model and each selected checkpoint, each
+        checkpoint once (a run's reward-matched and matched-epoch checkpoints may coincide)."""
         out: list[tuple[str, str, dict[str, Any] | None]] = [("base", base_model, None)]
-        out += [(set_label(c["name"], c["epoch"]), c["path"], c) for c in self.selection()]
+        seen = {"base"}
+        for c in [*self.matched("reward"), *self.matched("epoch")]:
+            label = set_label(c["name"], c["epoch"])
+            if label not in seen:
+                seen.add(label)
+                out.append((label, c["path"], c))
         return out

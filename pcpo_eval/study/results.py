@@ -3,17 +3,30 @@
 All computation happens here by calling the statistics library (:mod:`pcpo_eval.stats`); the HTML
 report (:mod:`pcpo_eval.report.html`) only formats the JSON written from :func:`build_results`.
 
-* Speed-up (paper Table 1/5): per comparison cell (e.g. each batch size), epochs until the smoothed
-  reward (trailing mean, window 5) reaches each target, baseline vs PCPO runs
-  (:func:`pcpo_eval.stats.speedup_table`; several replicate seeds -> mean and spread).
-* Raw scores (Table 2): overall metrics of each condition's reward-matched checkpoint set
-  (mean over replicate seeds). **Significance** of PCPO vs baseline within a cell is the simple
-  effect of the compared factor in ``value ~ <factor> + (1|prompt)`` fitted to that cell's
-  per-prompt scores (REML, Satterthwaite df), with Holm (or BH) adjustment across metrics.
-* LMM tables (Tables 3-4): the spec's formula per metric on all per-prompt scores, terms with
-  estimate, SE, Satterthwaite df, t, p and adjusted p (per term across metrics); diagnostics.
-* Preference table (Table 6), training traces (Fig. 5; smoothed with the same window), the
-  credit-weight figure (Fig. 2), rho and |g| statistics (App. figures), image grids.
+* **Verdict over runs** (:mod:`.verdicts`): paired gain, final reward, AUC and the speed-up per
+  informative target, baseline arm vs PCPO arm per cell, with runs (training seeds) as the
+  replicates; the per-run curves and PPO health; the sampler offset of the untrained controls.
+* Speed-up table (paper Table 1/5): per cell, epochs until the smoothed reward (trailing mean,
+  window 5) reaches each target (:func:`pcpo_eval.stats.speedup_table`); targets every run starts
+  above are labelled uninformative (speed-up left empty, not "+0.0%").
+* Image metrics at **matched reward** (each run's reward-matched checkpoint; runs that never
+  reached ``select_target`` have none and are left out) and at **matched epoch** (every run at
+  ``selection.json``'s ``epoch``):
+
+  - raw scores (Table 2): overall metrics per condition, mean +- SD over runs;
+  - per-prompt metrics: the spec's LMM per metric (Tables 3-4) on one row per (run, prompt).
+    With >= 2 runs per arm in every cell the random intercept ``(1|run)`` is added (crossed with
+    ``(1|prompt)``), so the algorithm effect is tested against the between-run variation; with 1
+    run per arm the fit is reported but marked not estimable ("1 run per arm: these are
+    differences between runs"), p null. Holm (or BH) across metrics per fixed term, one family
+    per comparison;
+  - significance of PCPO vs baseline within a cell: the simple effect ``value ~ <factor> +
+    (1|prompt) [+ (1|run)]`` on that cell's per-prompt scores; for ``overall_only`` metrics
+    (undefined per prompt, e.g. FD of 4 images in 128-d) a Welch t interval over the runs'
+    overall values (:func:`pcpo_eval.stats.runlevel.compare_runs`), Holm across those metrics.
+
+* Preference table (Table 6; best by each metric's direction), training traces (Fig. 5), the
+  credit-weight figure (Fig. 2), image grids at matched reward.
 """
 
 from __future__ import annotations
@@ -23,13 +36,14 @@ import json
 import platform
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
 
 from pcpo_eval.errors import UserError
 from pcpo_eval.io import atomic_write_bytes, to_jsonable
+from pcpo_eval.metrics.base import METRICS
 from pcpo_eval.study.layout import StudyLayout, set_label
 from pcpo_eval.study.spec import StudySpec
 
@@ -37,6 +51,9 @@ TRACE_COLUMNS = (
     "reward_mean", "reward_std", "clipfrac", "approx_kl", "rho_mean", "rho_min", "rho_max", "rho_std",
     "grad_first_abs_mean", "grad_first_abs_var", "wall_time_s",
 )  # fmt: skip
+#: why the algorithm terms of an LMM on 1 run per arm have no p-value
+ONE_RUN_LMM = ("1 run per arm: these are differences between runs, not algorithms; train >= 2 seeds per arm "
+               "(seeds: [0, 1, 2])")  # fmt: skip
 
 
 def _metrics_json(path: Path) -> dict[str, Any]:
@@ -45,114 +62,303 @@ def _metrics_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-def per_prompt_frame(sp: StudySpec, layout: StudyLayout) -> pd.DataFrame:
-    """One row per (run, prompt) of the reward-matched sets: factor levels, prompt, metric columns."""
+def _error(exc: Exception) -> str:
+    return str(exc) if isinstance(exc, UserError) else f"{type(exc).__name__}: {exc}"
+
+
+# ------------------------------------------------------------------------------------------------
+# per-prompt data and LMMs
+# ------------------------------------------------------------------------------------------------
+
+
+def per_prompt_frame(sp: StudySpec, layout: StudyLayout, rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """One row per (run, prompt) of the selected sets: run, seed, factor levels, prompt, metric columns."""
     frames = []
     by_name = {r.name: r for r in sp.runs}
-    for c in layout.selection():
+    for c in rows:
         pp = pd.read_parquet(layout.metrics_dir(set_label(c["name"], c["epoch"])) / "per_prompt.parquet")
         run = by_name[c["name"]]
-        df = pd.DataFrame({"run": run.name, "prompt_id": pp["prompt_id"].astype(int),
+        df = pd.DataFrame({"run": run.name, "seed": str(run.seed), "prompt_id": pp["prompt_id"].astype(int),
                            "prompt": [f"p{int(i)}" for i in pp["prompt_id"]]})
         for f, lv in run.levels.items():
             df[f] = str(lv)
-        for m in sp.metrics:
+        for m in sp.per_prompt_metrics:
             if m in pp.columns:
                 df[m] = pp[m].astype(float).to_numpy()
         frames.append(df)
-    return pd.concat(frames, ignore_index=True)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
-def fit_metric_lmms(data: pd.DataFrame, metrics: list[str], formula: str, coding: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Fit the spec's LMM per metric; failures are recorded (message), never hidden or fatal."""
+def runs_per_arm(sp: StudySpec, data: pd.DataFrame) -> int:
+    """The fewest runs of any (cell, compared level) in ``data`` (0 when empty)."""
+    if data.empty:
+        return 0
+    cells = data[sp.cell_factors].astype(str).agg("|".join, axis=1) if sp.cell_factors else pd.Series("", data.index)
+    return int(data.assign(_cell=cells).groupby(["_cell", sp.compare_factor])["run"].nunique().min())
+
+
+class LMMSetup(NamedTuple):
+    """How an LMM is fitted: fixed part, groupings, slopes, the lme4 formula, a forced not-estimable reason."""
+
+    fixed: str
+    groups: list[str]
+    re_formula: str | None
+    formula: str
+    not_estimable: str | None
+
+
+def lmm_setup(fixed: str, groups: list[str], re_formula: str | None, n_runs: int) -> LMMSetup:
+    """Add ``(1|run)`` with >= 2 runs per arm; with 1 run per arm the algorithm terms are not estimable."""
+    groups = list(groups)
+    reason = None
+    if n_runs < 2:
+        reason = ONE_RUN_LMM
+    elif "run" not in groups:
+        if re_formula is None:
+            groups.append("run")
+        else:
+            reason = ("random slopes take a single grouping, so (1|run) could not be added and the algorithm "
+                      "effect would be tested against prompts, not runs; use random intercepts only")
+    slopes = f"({re_formula.lstrip('~')}|{groups[0]})" if re_formula else None
+    terms = [slopes] if slopes else [f"(1|{g})" for g in groups]
+    return LMMSetup(fixed, groups, re_formula, " + ".join([fixed, *terms]), reason)
+
+
+def _fit_dict(fit: Any, forced: str | None) -> dict[str, Any]:
+    """A fit as results.json holds it: estimable / reason, and p null when not estimable."""
+    d = dataclasses.asdict(fit) | {"reml_criterion": fit.reml_criterion}
+    reasons = [r for r in (forced, fit.reason) if r]
+    ok = not reasons
+    d |= {"estimable": ok, "reason": "; ".join(reasons) or None}
+    if not ok:  # no inference: the p-values and intervals would treat prompts (or a boundary fit) as replicates
+        for fe in d["fixed"]:
+            fe.update(p=None, z_p=None, ci_low=None, ci_high=None, z_ci_low=None, z_ci_high=None)
+    return d
+
+
+def fit_metric_lmms(data: pd.DataFrame, metrics: list[str], setup: LMMSetup,
+                    coding: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The LMM per metric; failures are recorded (message), never hidden or fatal. Holm/BH per term
+    across the estimable fits; a fit marked not estimable gets p None."""
     from pcpo_eval.stats import adjust_across_metrics, fit_lmm
-    from pcpo_eval.stats.formula import parse_lmm_formula
 
-    fixed, groups, re_formula = parse_lmm_formula(formula)
-    fits, errors = {}, {}
+    fits, out = {}, {}
     for m in metrics:
         if m not in data.columns:
-            errors[m] = f"no per-prompt values of {m}"
+            out[m] = {"error": f"no per-prompt values of {m}"}
             continue
-        d = data.assign(value=data[m].astype(float))
         try:
-            fits[m] = fit_lmm(d, fixed, groups, coding=coding, re_formula=re_formula)
+            fits[m] = fit_lmm(data.assign(value=data[m].astype(float)), setup.fixed, setup.groups, coding=coding,
+                              re_formula=setup.re_formula)
         except Exception as exc:  # recorded and shown in the report, never fatal or hidden
-            errors[m] = str(exc) if isinstance(exc, UserError) else f"{type(exc).__name__}: {exc}"
-    adjusted = adjust_across_metrics(fits) if fits else {}
-    out = {m: dataclasses.asdict(f) | {"reml_criterion": f.reml_criterion} for m, f in fits.items()}
-    out.update({m: {"error": e} for m, e in errors.items()})
-    return out, adjusted
+            out[m] = {"error": _error(exc)}
+    family = {m: f for m, f in fits.items() if setup.not_estimable is None}
+    adjusted: dict[str, Any] = adjust_across_metrics(family) if family else {}
+    for m, f in fits.items():
+        out[m] = _fit_dict(f, setup.not_estimable)
+        adjusted.setdefault(m, {fe.term: {"p": None, "p_holm": None, "p_bh": None} for fe in f.fixed})
+    return {m: out[m] for m in metrics if m in out}, adjusted
+
+
+def _simple_effect(sp: StudySpec, d: pd.DataFrame, m: str, setup: LMMSetup) -> tuple[Any, dict[str, Any]]:
+    """One metric's PCPO - baseline effect in one cell: (fit or None, row without p_adj)."""
+    from pcpo_eval.stats import fit_lmm
+
+    try:
+        f = fit_lmm(d.assign(value=d[m].astype(float)), setup.fixed, setup.groups, coding="treatment",
+                    diagnostics=False)
+        fe = f.term(f"{sp.compare_factor}[T.{sp.pcpo}]")
+    except Exception as exc:  # recorded, never fatal
+        return None, {"error": _error(exc)}
+    reasons = [r for r in (setup.not_estimable, f.reason) if r]
+    ok = not reasons
+    return (f if ok else None), {
+        "estimate": fe.estimate, "se": fe.se, "df": fe.df, "ci_low": fe.ci_low if ok else None,
+        "ci_high": fe.ci_high if ok else None, "p": fe.p if ok else None, "converged": f.converged, "estimable": ok, "reason": "; ".join(reasons) or None,
+        "method": f"LMM {setup.formula} (REML, Satterthwaite df)",
+    }  # fmt: skip
 
 
 def simple_effects(sp: StudySpec, data: pd.DataFrame) -> dict[str, dict[str, Any]]:
-    """Per cell: PCPO-vs-baseline effect per metric, ``value ~ factor + (1|groups)`` on the cell's rows."""
-    from pcpo_eval.stats import adjust_across_metrics, fit_lmm
+    """Per cell: PCPO-vs-baseline effect per per-prompt metric, ``value ~ factor + (1|prompt) [+ (1|run)]``."""
+    from pcpo_eval.stats.adjust import benjamini_hochberg, holm
     from pcpo_eval.stats.formula import parse_lmm_formula
 
     _, groups, _ = parse_lmm_formula(sp.lmm.formula)
     out: dict[str, dict[str, Any]] = {}
+    if data.empty:
+        return out
     for cell in sp.cells():
         names = [r.name for r in sp.runs if sp.cell_key(r) == cell and sp.role(r) in ("baseline", "pcpo")]
         d = data[data["run"].isin(names)]
-        fits, errs = {}, {}
-        for m in sp.metrics:
-            if m not in d.columns:
-                continue
-            try:
-                fits[m] = fit_lmm(d.assign(value=d[m].astype(float)), f"value ~ {sp.compare_factor}", groups,
-                                  coding="treatment", diagnostics=False)
-            except Exception as exc:  # recorded, never fatal
-                errs[m] = str(exc) if isinstance(exc, UserError) else f"{type(exc).__name__}: {exc}"
-        adj = adjust_across_metrics(fits) if fits else {}
-        term = f"{sp.compare_factor}[T.{sp.pcpo}]"
-        cell_out: dict[str, Any] = {}
-        for m, f in fits.items():
-            try:
-                fe = f.term(term)
-            except UserError as exc:
-                errs[m] = str(exc)
-                continue
-            a = adj[m][term]
-            p_adj = a["p_holm"] if sp.lmm.adjust == "holm" else a["p_bh"]
-            cell_out[m] = {"estimate": fe.estimate, "se": fe.se, "df": fe.df, "p": fe.p if f.estimable else None,
-                           "p_adj": p_adj, "significant": bool(f.estimable and p_adj is not None and p_adj < sp.lmm.alpha),
-                           "converged": f.converged, "estimable": f.estimable, "reason": f.reason}
-        cell_out.update({m: {"error": e} for m, e in errs.items()})
+        setup = lmm_setup(f"value ~ {sp.compare_factor}", [g for g in groups if g != "run"], None, runs_per_arm(sp, d))
+        rows = {m: _simple_effect(sp, d, m, setup) for m in sp.per_prompt_metrics if m in d.columns}
+        est = [m for m, (f, _) in rows.items() if f is not None]
+        adj = (holm if sp.lmm.adjust == "holm" else benjamini_hochberg)([rows[m][1]["p"] for m in est]) if est else []
+        p_adj = dict(zip(est, (float(a) for a in adj), strict=True))
+        cell_out = {}
+        for m, (_, row) in rows.items():
+            if "error" not in row:
+                row |= {"p_adj": p_adj.get(m), "significant": bool(m in p_adj and p_adj[m] < sp.lmm.alpha)}
+            cell_out[m] = row
         out[cell] = cell_out
     return out
 
 
-def raw_scores(sp: StudySpec, layout: StudyLayout, significance: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Table-2 rows: base, then per cell baseline and PCPO (mean over replicates; SD if several)."""
-    sel = {c["name"]: c for c in layout.selection()}
-    base = _metrics_json(layout.metrics_dir("base") / "metrics.json")["metrics"]
-    rows = [{"cell": "", "method": "Base model", "role": "base", "n_runs": 1, "epochs": [],
-             "values": {m: base.get(m) for m in sp.metrics}, "sd": {}, "significant": {}}]
+# ------------------------------------------------------------------------------------------------
+# overall metrics per run
+# ------------------------------------------------------------------------------------------------
+
+
+def overall_values(sp: StudySpec, layout: StudyLayout, rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Run name -> {metric: overall value} of its selected set."""
+    out = {}
+    for c in rows:
+        mj = _metrics_json(layout.metrics_dir(set_label(c["name"], c["epoch"])) / "metrics.json")["metrics"]
+        out[c["name"]] = {m: float(mj[m]) for m in sp.metrics if mj.get(m) is not None}
+    return out
+
+
+def overall_effects(sp: StudySpec, rows: list[dict[str, Any]], values: dict[str, dict[str, float]]) -> dict[str, dict[str, Any]]:
+    """Per cell, for each ``overall_only`` metric: PCPO - baseline of the runs' overall values, Welch t
+    interval and Welch t-test p over runs (:func:`pcpo_eval.stats.runlevel.compare_runs`), Holm (or BH)
+    across the overall-only metrics; 1 run per arm: not estimable."""
+    import scipy.stats
+
+    from pcpo_eval.stats.adjust import benjamini_hochberg, holm
+    from pcpo_eval.stats.runlevel import compare_runs
+
+    out: dict[str, dict[str, Any]] = {}
+    for cell in sp.cells():
+        per: dict[str, Any] = {}
+        for m in sp.overall_only:
+            b, t = ([values[c["name"]][m] for c in rows if c["cell"] == cell and c["role"] == role
+                     and m in values.get(c["name"], {})] for role in ("baseline", "pcpo"))
+            c = compare_runs(b, t, rng=np.random.default_rng(0), alpha=sp.lmm.alpha)
+            p = float(scipy.stats.ttest_ind(t, b, equal_var=False).pvalue) if c.estimable else None
+            per[m] = {"estimate": c.estimate, "se": None, "df": None, "ci_low": c.ci_low, "ci_high": c.ci_high,
+                      "p": p, "estimable": c.estimable, "reason": c.reason or None, "converged": True,
+                      "method": f"Welch t over runs of the overall {m} ({c.n_treatment} vs {c.n_baseline} runs)"}
+        est = [m for m, r in per.items() if r["estimable"]]
+        fn = holm if sp.lmm.adjust == "holm" else benjamini_hochberg
+        adj = dict(zip(est, (float(a) for a in fn([per[m]["p"] for m in est])), strict=True)) if est else {}
+        for m, r in per.items():
+            r |= {"p_adj": adj.get(m), "significant": bool(m in adj and adj[m] < sp.lmm.alpha)}
+        out[cell] = per
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# one image-metric comparison (matched reward or matched epoch)
+# ------------------------------------------------------------------------------------------------
+
+
+def _direction(m: str) -> str:
+    return "higher is better" if METRICS[m].higher_is_better else "lower is better"
+
+
+def raw_score_rows(sp: StudySpec, rows: list[dict[str, Any]], values: dict[str, dict[str, float]],
+                   significance: dict[str, dict[str, Any]], suffix: str) -> list[dict[str, Any]]:
+    """Table-2 rows per cell and arm: mean (SD) over the runs that have a selected checkpoint."""
+    out = []
     for cell in sp.cells():
         for role, level in (("baseline", sp.baseline), ("pcpo", sp.pcpo)):
-            runs = [r for r in sp.runs if sp.cell_key(r) == cell and sp.role(r) == role]
-            vals: dict[str, list[float]] = {m: [] for m in sp.metrics}
-            for r in runs:
-                c = sel[r.name]
-                mj = _metrics_json(layout.metrics_dir(set_label(r.name, c["epoch"])) / "metrics.json")["metrics"]
-                for m in sp.metrics:
-                    if mj.get(m) is not None:
-                        vals[m].append(float(mj[m]))
-            sig = significance.get(cell, {}) if role == "pcpo" else {}
-            rows.append({
-                "cell": cell, "method": level, "role": role, "n_runs": len(runs),
-                "epochs": [int(sel[r.name]["epoch"]) for r in runs],
-                "rewards": [float(sel[r.name]["reward"]) for r in runs],
+            n_all = sum(1 for r in sp.runs if sp.cell_key(r) == cell and sp.role(r) == role)
+            sel = [c for c in rows if c["cell"] == cell and c["role"] == role]
+            vals = {m: [values[c["name"]][m] for c in sel if m in values[c["name"]]] for m in sp.metrics}
+            sig = significance.get(f"{cell}{suffix}", {}) if role == "pcpo" else {}
+            out.append({
+                "cell": f"{cell}{suffix}", "method": level, "role": role, "n_runs": len(sel),
+                "n_without_checkpoint": n_all - len(sel), "epochs": [int(c["epoch"]) for c in sel],
+                "rewards": [float(c["reward"]) for c in sel],
                 "values": {m: (float(np.mean(v)) if v else None) for m, v in vals.items()},
                 "sd": {m: (float(np.std(v, ddof=1)) if len(v) > 1 else None) for m, v in vals.items()},
                 "significant": {m: bool(sig.get(m, {}).get("significant", False)) for m in sp.metrics},
-            })
-    return {"columns": list(sp.metrics), "rows": rows, "significance": significance,
-            "rule": (f"bold: PCPO differs from the baseline in that cell, simple-effect LMM "
-                     f"value ~ {sp.compare_factor} + random intercepts on the cell's per-prompt scores "
-                     f"(REML, Satterthwaite df), {sp.lmm.adjust.upper() if sp.lmm.adjust == 'bh' else 'Holm'}-adjusted "
-                     f"across metrics, p < {sp.lmm.alpha:g}")}
+            })  # fmt: skip
+    return out
+
+
+def comparison(sp: StudySpec, layout: StudyLayout, match: str) -> dict[str, Any]:
+    """LMMs, simple / overall effects and raw-score rows of one comparison (``reward`` or ``epoch``)."""
+    from pcpo_eval.stats.formula import parse_lmm_formula
+
+    rows = layout.matched(match)
+    values = overall_values(sp, layout, rows)
+    data = per_prompt_frame(sp, layout, rows)
+    fixed, groups, re_formula = parse_lmm_formula(sp.lmm.formula)
+    setup = lmm_setup(fixed, groups, re_formula, runs_per_arm(sp, data))
+    fits, adjusted = fit_metric_lmms(data, list(sp.per_prompt_metrics), setup, sp.lmm.coding) if rows else ({}, {})
+    sig = simple_effects(sp, data)
+    for cell, per in overall_effects(sp, rows, values).items():
+        sig.setdefault(cell, {}).update(per)
+    return {"rows": rows, "values": values, "n_rows": len(data), "formula": setup.formula, "fits": fits,
+            "adjusted": adjusted, "significance": sig}
+
+
+def _suffixed(d: dict[str, Any], suffix: str) -> dict[str, Any]:
+    return {f"{k}{suffix}": v for k, v in d.items()}
+
+
+def image_metrics(sp: StudySpec, layout: StudyLayout) -> tuple[dict[str, Any], dict[str, Any], dict[str, str]]:
+    """``raw_scores`` and ``lmm`` of results.json for both comparisons, and extra metric labels.
+
+    Matched-epoch entries carry the suffix `` @ epoch E``: cells in the raw-score table, metrics in
+    the LMM tables. Each comparison is its own multiplicity family.
+    """
+    from pcpo_eval.metrics.base import METRIC_LABELS
+
+    base = _metrics_json(layout.metrics_dir("base") / "metrics.json")["metrics"]
+    raw = [{"cell": "", "method": "Base model", "role": "base", "n_runs": 1, "epochs": [],
+            "values": {m: base.get(m) for m in sp.metrics}, "sd": {}, "significant": {}}]
+    fits: dict[str, Any] = {}
+    adjusted: dict[str, Any] = {}
+    significance: dict[str, Any] = {}
+    labels: dict[str, str] = {}
+    formulas, n_rows = {}, 0
+    epoch = json.loads(layout.selection_file.read_text()).get("epoch")
+    for match in ("reward", "epoch"):
+        if match == "epoch" and epoch is None:
+            continue
+        suffix = "" if match == "reward" else f" @ epoch {epoch}"
+        c = comparison(sp, layout, match)
+        significance.update(_suffixed(c["significance"], suffix))
+        raw += raw_score_rows(sp, c["rows"], c["values"], significance, suffix)
+        fits.update(_suffixed(c["fits"], suffix))
+        adjusted.update(_suffixed(c["adjusted"], suffix))
+        labels.update({f"{m}{suffix}": f"{METRIC_LABELS[m]}{suffix}" for m in c["fits"]} if suffix else {})
+        formulas["matched reward" if match == "reward" else f"epoch {epoch}"] = c["formula"]
+        n_rows += c["n_rows"]
+    for m in sp.per_prompt_rank_deficient_ok:
+        labels[m] = f"{METRIC_LABELS[m]} (per-prompt rank-deficient, opted in)"
+    raw_scores = {"columns": list(sp.metrics), "rows": raw, "significance": significance, "rule": _rule(sp),
+                  "direction": {m: _direction(m) for m in sp.metrics}}
+    lmm = {"formula": formulas.get("matched reward", sp.lmm.formula), "formulas": formulas,
+           "spec_formula": sp.lmm.formula, "coding": sp.lmm.coding, "df_method": "Satterthwaite (lmerTest)",
+           "estimation": "REML", "adjust": sp.lmm.adjust, "alpha": sp.lmm.alpha, "fits": fits,
+           "adjusted": adjusted, "n_rows": n_rows, "overall_only": list(sp.overall_only),
+           "per_prompt_rank_deficient_ok": list(sp.per_prompt_rank_deficient_ok)}
+    return raw_scores, lmm, labels
+
+
+def _rule(sp: StudySpec) -> str:
+    """The bold rule of the raw-score table, with the guards that apply to this study."""
+    adj = "BH" if sp.lmm.adjust == "bh" else "Holm"
+    text = (f"bold: PCPO differs from the baseline in that cell, {adj}-adjusted p < {sp.lmm.alpha:g} across metrics: "
+            f"per-prompt metrics by the simple-effect LMM value ~ {sp.compare_factor} + (1|prompt) (+ (1|run) with "
+            ">= 2 runs per arm; 1 run per arm: not estimable, never bold) on the cell's per-prompt scores (REML, "
+            "Satterthwaite df)")
+    if sp.overall_only:
+        text += (f"; overall-only metrics ({', '.join(sp.overall_only)}) by a Welch t-test over the runs' overall "
+                 "values")
+    if sp.per_prompt_rank_deficient_ok:
+        text += (f"; per-prompt {', '.join(sp.per_prompt_rank_deficient_ok)} uses fewer images per prompt than "
+                 "feature dimensions (rank-deficient covariance), opted in by per_prompt_rank_deficient_ok")
+    return text + ". Runs without a checkpoint (reward target not reached) are left out of their rows."
+
+
+# ------------------------------------------------------------------------------------------------
+# preference, traces, grids, speed-up table
+# ------------------------------------------------------------------------------------------------
 
 
 def preference_table(sp: StudySpec, layout: StudyLayout) -> dict[str, Any] | None:
@@ -165,10 +371,11 @@ def preference_table(sp: StudySpec, layout: StudyLayout) -> dict[str, Any] | Non
         rows.append({"label": "Base model" if c is None else f"{c['name']} (E{int(c['epoch'])})",
                      "role": "base" if c is None else c["role"], "cell": "" if c is None else c["cell"],
                      "values": {m: mj.get(m) for m in sp.preference.metrics}})
-    for m in sp.preference.metrics:  # all preference scores are higher-is-better
+    for m in sp.preference.metrics:
         vals = [r["values"][m] for r in rows if r["values"].get(m) is not None]
+        best = (max if METRICS[m].higher_is_better else min)(vals) if vals else None
         for r in rows:
-            r.setdefault("best", {})[m] = bool(vals) and r["values"].get(m) == max(vals)
+            r.setdefault("best", {})[m] = bool(vals) and r["values"].get(m) == best
     return {"prompts": sp.preference.prompts, "seeds": sp.preference.seeds, "columns": list(sp.preference.metrics),
             "rows": rows}
 
@@ -180,7 +387,7 @@ def traces(sp: StudySpec, layout: StudyLayout) -> list[dict[str, Any]]:
     out = []
     for r in sp.runs:
         log = load_log(layout.run_dir(r) / "log.parquet")
-        tr: dict[str, Any] = {"run": r.name, "role": sp.role(r), "cell": sp.cell_key(r),
+        tr: dict[str, Any] = {"run": r.name, "role": sp.role(r), "cell": sp.cell_key(r), "seed": r.seed,
                               "levels": r.levels, "epoch": log["epoch"].astype(int).tolist()}
         for col in TRACE_COLUMNS:
             if col in log.columns:
@@ -200,14 +407,14 @@ def grids(sp: StudySpec, layout: StudyLayout) -> list[dict[str, Any]]:
     pids = sorted(man["prompt_id"].unique().tolist())[: sp.grid.prompts]
     seeds = sorted(man["seed"].unique().tolist())[: sp.grid.seeds]
     prompts = dict(zip(man["prompt_id"], man["prompt"], strict=False))
-    sel = layout.selection()
+    sel = layout.matched("reward")
     out = []
     for cell in sp.cells():
         cols = [{"label": "Base model", "role": "base", "set": "sets/base", "epoch": None, "reward": None}]
         for role in ("baseline", "pcpo"):
             c = next((c for c in sel if c["cell"] == cell and c["role"] == role), None)
             if c is not None:
-                cols.append({"label": f"{c['levels'][sp.compare_factor]} (E{int(c['epoch'])})", "role": role,
+                cols.append({"label": f"{c['arm']} seed {c['seed']} (E{int(c['epoch'])})", "role": role,
                              "set": f"sets/{set_label(c['name'], c['epoch'])}", "epoch": int(c["epoch"]),
                              "reward": float(c["reward"])})
         rows = [{"prompt_id": int(p), "prompt": str(prompts[p]), "seeds": [int(s) for s in seeds],
@@ -217,49 +424,70 @@ def grids(sp: StudySpec, layout: StudyLayout) -> list[dict[str, Any]]:
     return out
 
 
-def speedups(sp: StudySpec, layout: StudyLayout) -> list[dict[str, Any]]:
-    """Per cell: the speed-up table (paper Table 1/5) of its baseline vs PCPO runs."""
+def speedups(sp: StudySpec, layout: StudyLayout, status: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per cell: the speed-up table (paper Table 1/5); uninformative targets keep their row, labelled,
+    with no speed-up (it would read "1 vs 1 epochs, +0.0%")."""
     from pcpo_eval.stats import speedup_table
 
+    bad = {s["target"]: s["note"] for s in status if not s["headline"]}
     out = []
     for cell in sp.cells():
         b = [layout.run_dir(r) for r in sp.runs if sp.cell_key(r) == cell and sp.role(r) == "baseline"]
         p = [layout.run_dir(r) for r in sp.runs if sp.cell_key(r) == cell and sp.role(r) == "pcpo"]
-        if b and p:
-            t = speedup_table(b, p, list(sp.targets), sp.window)
-            out.append({"cell": cell, "baseline": sp.baseline, "pcpo": sp.pcpo, "table": t.to_dict()})
+        if not b or not p:
+            continue
+        table = speedup_table(b, p, list(sp.targets), sp.window).to_dict()
+        for row in table["targets"]:
+            if row["target"] in bad:
+                row.update(speedup_pct=None, speedup_min_pct=None, speedup_max_pct=None,
+                           speedup_lower_bound_pct=None, status=bad[row["target"]], uninformative=True)
+        out.append({"cell": cell, "baseline": sp.baseline, "pcpo": sp.pcpo, "table": table})
     return out
+
+
+# ------------------------------------------------------------------------------------------------
+# results.json
+# ------------------------------------------------------------------------------------------------
+
+
+def study_block(sp: StudySpec, layout: StudyLayout) -> dict[str, Any]:
+    """``results.json`` ``study``: what was run and how it was evaluated."""
+    spec_yaml = Path(sp.source).read_text() if Path(sp.source).is_file() else ""
+    return {"name": sp.name, "description": sp.description, "source": sp.source, "spec_yaml": spec_yaml,
+            "created": time.strftime("%Y-%m-%d %H:%M:%S"), "factors": {k: list(v) for k, v in sp.factors.items()},
+            "compare": {"factor": sp.compare_factor, "baseline": sp.baseline, "pcpo": sp.pcpo},
+            "seeds": {arm: list(s) for arm, s in sp.seeds.items()}, "paired_control": sp.paired_control,
+            "runs": [{"name": r.name, "levels": {**r.levels, "seed": str(r.seed)}, "run_dir": str(layout.run_dir(r)),
+                      "trained_by_study": r.run_dir is None} for r in sp.runs],
+            "sampling": sp.sampling(), "eval": dataclasses.asdict(sp.eval), "targets": list(sp.targets),
+            "select_target": sp.select_target, "select_epoch": sp.select_epoch, "window": sp.window,
+            "versions": {"python": platform.python_version()}}
 
 
 def build_results(sp: StudySpec, layout: StudyLayout) -> dict[str, Any]:
     """Everything the report formats (JSON-able), from the spec and the files under ``layout.out``."""
     from pcpo_eval.credit.plot import credit_figure_png
     from pcpo_eval.metrics.base import METRIC_LABELS
+    from pcpo_eval.study.verdicts import run_level
 
-    data = per_prompt_frame(sp, layout)
-    fits, adjusted = fit_metric_lmms(data, list(sp.metrics), sp.lmm.formula, sp.lmm.coding)
-    sig = simple_effects(sp, data)
+    level = run_level(sp, layout)
+    raw, lmm, labels = image_metrics(sp, layout)
     fig = layout.credit_figure
     if not fig.is_file():
         atomic_write_bytes(fig, credit_figure_png())
-    spec_yaml = Path(sp.source).read_text() if Path(sp.source).is_file() else ""
     results = {
-        "study": {"name": sp.name, "description": sp.description, "source": sp.source, "spec_yaml": spec_yaml,
-                  "created": time.strftime("%Y-%m-%d %H:%M:%S"), "factors": {k: list(v) for k, v in sp.factors.items()},
-                  "compare": {"factor": sp.compare_factor, "baseline": sp.baseline, "pcpo": sp.pcpo},
-                  "replicate": sp.replicate, "runs": [{"name": r.name, "levels": r.levels, "run_dir": str(layout.run_dir(r)),
-                                                       "trained_by_study": r.run_dir is None} for r in sp.runs],
-                  "sampling": sp.sampling(), "eval": dataclasses.asdict(sp.eval), "targets": list(sp.targets),
-                  "select_target": sp.select_target, "window": sp.window,
-                  "versions": {"python": platform.python_version()}},
-        "metric_labels": {**METRIC_LABELS},
+        "study": study_block(sp, layout),
+        "verdict": level["verdict"],
+        "verdict_notes": level["verdict_notes"],
+        "sampler_offset": level["sampler_offset"],
+        "targets": level["targets"],
+        "runs": level["runs"],
+        "metric_labels": {**METRIC_LABELS, **labels},
         "metrics": list(sp.metrics),
-        "speedup": speedups(sp, layout),
+        "speedup": speedups(sp, layout, level["targets"]),
         "selection": json.loads(layout.selection_file.read_text()),
-        "raw_scores": raw_scores(sp, layout, sig),
-        "lmm": {"formula": sp.lmm.formula, "coding": sp.lmm.coding, "df_method": "Satterthwaite (lmerTest)",
-                "estimation": "REML", "adjust": sp.lmm.adjust, "alpha": sp.lmm.alpha, "fits": fits,
-                "adjusted": adjusted, "n_rows": len(data)},
+        "raw_scores": raw,
+        "lmm": lmm,
         "preference": preference_table(sp, layout),
         "traces": traces(sp, layout),
         "figures": {"credit": fig.relative_to(layout.out).as_posix()},

@@ -1,4 +1,8 @@
 """The study's stages (train -> select -> generate -> metrics -> stats -> report), resumable.
+
+Each stage lives in its own module where it has logic of its own: training (with ``parallel: N``
+worker processes) in :mod:`.training`, checkpoint selection in :mod:`.selection`, statistics in
+:mod:`.results` / :mod:`.verdicts`; this module sequences them and skips finished work.
 """
 
 
@@ -6,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -19,7 +22,7 @@ from pcpo_eval.errors import UserError
 from pcpo_eval.io import atomic_write_json, atomic_write_text, sha256_file
 from pcpo_eval.stats.speedup import unreachable_targets
 from pcpo_eval.study.layout import StudyLayout
-from pcpo_eval.study.spec import STAGES, RunSpec, StudySpec, _safe_name, load_spec
+from pcpo_eval.study.spec import STAGES, StudySpec, _safe_name, load_spec
 
 # ------------------------------------------------------------------------------------------------
 # Stage runner
@@ -92,36 +95,10 @@ class Study:
         return self.layout.report_file if "report" in stages else self.out
 
     # -- 1. train ------------------------------------------------------------------------------
-    def run_complete(self, run: RunSpec) -> bool:
-        """A trained run is complete when its log and last checkpoint cover ``epochs``."""
-        from pcpo_eval.train.checkpoints import latest_checkpoint, read_meta
-
-        if run.train is None:  # an existing run directory
-            return True
-        rd = self.layout.run_dir(run)
-        latest = latest_checkpoint(rd)
-        if latest is None or not (rd / "log.parquet").is_file():
-            return False
-        return int(read_meta(latest)["epoch"]) >= int(run.train.epochs)
-
     def stage_train(self) -> None:
-        from pcpo_eval.train.checkpoints import latest_checkpoint
-        from pcpo_eval.train.trainer import train
+        from pcpo_eval.study.training import train_runs
 
-        for run in self.spec.runs:
-            rd = self.layout.run_dir(run)
-            if run.train is None:
-                self.log(f"  {run.name}: existing run {rd}")
-                continue
-            if self.run_complete(run):
-                self.log(f"  {run.name}: complete, skipped")
-                continue
-            cfg = run.train
-            resume = latest_checkpoint(rd) is not None
-            if not resume and rd.exists():  # crashed before its first checkpoint: start over
-                shutil.rmtree(rd)
-            self.log(f"  {run.name}: {'resuming' if resume else 'training'} ({cfg.objective}, {cfg.epochs} epochs)")
-            train(cfg, rd, resume=resume)
+        train_runs(self.spec, self.layout, self.log)
         problems = unreachable_targets([self.layout.run_dir(r) for r in self.spec.runs],
                                        [*self.spec.targets, self.spec.select_target], self.spec.window)
         if problems:
@@ -129,33 +106,25 @@ class Study:
 
     # -- 2. select -----------------------------------------------------------------------------
     def stage_select(self) -> None:
-        from pcpo_eval.stats import select_checkpoints
+        from pcpo_eval.study.selection import select
 
         sp, lay = self.spec, self.layout
         logs = [lay.run_dir(r) / "log.parquet" for r in sp.runs]
-        fp = _fingerprint([sp.select_target, sp.window, *logs])
+        fp = _fingerprint([sp.select_target, sp.select_epoch, sp.window, [r.name for r in sp.runs], *logs])
         if self._done("select", fp) and lay.selection_file.is_file():
             self.log("  selection unchanged, skipped")
             return
-        rows = []
-        for cell in sp.cells():
-            runs = [r for r in sp.runs if sp.cell_key(r) == cell]
-            pc = [r for r in runs if sp.role(r) == "pcpo"]
-            selection = select_checkpoints([lay.run_dir(r) for r in runs], sp.select_target, sp.window,
-                                           reference=lay.run_dir(pc[0]) if pc else None)
-            d = selection.to_dict()
-            for r, c in zip(runs, d["runs"], strict=True):
-                c["name"] = r.name
-                c["levels"] = r.levels
-                c["role"] = sp.role(r)
-                c["cell"] = cell
-                rows.append(c)
-            for b in d["brackets"]:
-                b["cell"] = cell
-        atomic_write_json(lay.selection_file, {"target": sp.select_target, "window": sp.window, "runs": rows})
+        selection = select(sp, lay)
+        atomic_write_json(lay.selection_file, selection)
         self._mark("select", fp, 0.0)
-        for c in rows:
-            self.log(f"  {c['name']}: epoch {c['epoch']} (reward {c['reward']:.4g}, gap {c['gap']:+.3g})")
+        for c in selection["runs"]:
+            where = f"epoch {c['epoch']}" if c["reached"] else "NOT REACHED, no reward-matched checkpoint"
+            self.log(f"  {c['name']}: {where} (smoothed reward {c['reward']:.4g}, target {c['target']:g})")
+        if selection["target_uninformative"]:
+            self.log(f"  warning: every run's first checkpoint already reaches select_target {sp.select_target:g}; "
+                     "the reward-matched checkpoints are the first ones (raise select_target)")
+        if selection["epoch"] is not None:
+            self.log(f"  matched epoch: {selection['epoch']} (every run)")
 
     # -- 3. generate ---------------------------------------------------------------------------
     def stage_generate(self) -> None:
@@ -204,7 +173,7 @@ class Study:
                 self.log(f"  metrics {out.relative_to(self.out)}: done, skipped")
                 continue
             self.log(f"  metrics {out.relative_to(self.out)} ({', '.join(names)})")
-            needs_ref = any(METRICS[m].kind == "fd" for m in names)
+            needs_ref = any(METRICS[m].needs_reference for m in names)
             result = run_metrics(sdir, names, out, base if needs_ref else None, opts)
             atomic_write_json(done, {**result, "study_fingerprint": fp})
 

@@ -1,14 +1,19 @@
 """The study spec: dataclasses, and validation (:func:`load_spec`) that lists every problem at once.
 
 :func:`load_spec` reads the YAML once and hands each section to its parser (``_parse_train``,
-``_parse_design``, ``_parse_compare``, ``_parse_runs``, ``_expand_runs``, ``_parse_targets``,
-``_parse_eval``, ``_parse_metrics``, ``_parse_lmm``, ``_parse_preference``, ``_check_weights``).
+``_parse_design``, ``_parse_compare``, ``_parse_seeds``, ``_parse_options``, ``_parse_runs``,
+``_expand_runs``, ``_check_run_names``, ``_parse_targets``, ``_parse_eval``, ``_parse_metrics``,
+``_check_per_prompt``, ``_parse_lmm``, ``_parse_preference``, ``_check_weights``).
 Each parser takes its raw section and the shared ``problems`` list (plus the facts parsed before
 it that it depends on), appends one line per problem and returns a usable value, so one pass
 reports everything; ``load_spec`` then raises one :class:`~pcpo_eval.errors.UserError`.
 
-Every run to be trained carries its *resolved* :class:`~pcpo_eval.train.config.TrainConfig`
-(train config file + ``train.overrides`` + the cell's level overrides), built here once.
+Replicates are first class: every design cell (one level per factor) is trained once per
+training seed of ``seeds:`` (default: the train config's one seed), and each (cell, seed) is a run
+named ``<cell>__seed-<s>``. Runs, not prompts, are the unit of replication of every run-level
+verdict (:mod:`pcpo_eval.stats.verdict`). Every run to be trained carries its *resolved*
+:class:`~pcpo_eval.train.config.TrainConfig` (train config file + ``train.overrides`` + the cell's
+level overrides + ``seed`` + ``paired_control``), built here once.
 """
 
 
@@ -24,7 +29,7 @@ from typing import Any, NamedTuple
 
 from pcpo_eval.errors import UserError
 from pcpo_eval.io import read_yaml_mapping
-from pcpo_eval.metrics.base import METRIC_BACKENDS, PREFERENCE_METRICS
+from pcpo_eval.metrics.base import METRICS, PREFERENCE_METRICS, per_prompt_problem
 from pcpo_eval.stats.formula import parse_lmm_formula
 from pcpo_eval.stats.speedup import unreachable_targets
 from pcpo_eval.train.config import TrainConfig, config_from_dict, read_config_file
@@ -98,11 +103,17 @@ class GridSpec:
 
 @dataclass(frozen=True)
 class RunSpec:
-    """One cell of the design: its factor levels, config overrides, or an existing run dir."""
+    """One run: a design cell (its factor levels, config overrides) x one training seed.
+
+    ``name`` is ``<cell>__seed-<seed>`` (the run directory under ``OUT/runs``); ``cell`` is the
+    design cell's name ``factor-level__factor-level``.
+    """
 
     name: str
     levels: dict[str, str]
     overrides: dict[str, Any]
+    seed: int = 0
+    cell: str = ""
     run_dir: str | None = None  #: existing run directory (not trained by the study)
     config: str | None = None  #: train config file (a level's ``config:`` key, else ``train.config``)
     train: TrainConfig | None = None  #: resolved train config of a run the study trains (None: run_dir)
@@ -122,12 +133,17 @@ class StudySpec:
     compare_factor: str
     baseline: str
     pcpo: str
-    replicate: str | None
+    seeds: dict[str, tuple[int, ...]]  #: compared level -> training seeds (each cell trained once per seed)
+    parallel: int  #: train up to this many runs at once (separate processes)
+    paired_control: bool  #: trained runs log the untrained model's reward (``control_reward_mean``)
     targets: tuple[float, ...]
     select_target: float
+    select_epoch: int | str | None  #: matched-epoch comparison: "final", an epoch, or None (off)
     window: int
     eval: EvalSpec
     metrics: tuple[str, ...]
+    overall_only: tuple[str, ...]  #: metrics computed on whole sets only (no per-prompt LMM)
+    per_prompt_rank_deficient_ok: tuple[str, ...]  #: FD metrics fitted per prompt below d + 1 images (opt-in)
     metric_batch_size: int
     is_splits: int
     lmm: LMMSpec
@@ -139,8 +155,17 @@ class StudySpec:
     # derived -----------------------------------------------------------------------------
     @property
     def cell_factors(self) -> list[str]:
-        """Factors that define a comparison cell (all but the compared one and the replicate)."""
-        return [f for f in self.factors if f not in (self.compare_factor, self.replicate)]
+        """Factors that define a comparison cell (all but the compared one)."""
+        return [f for f in self.factors if f != self.compare_factor]
+
+    @property
+    def per_prompt_metrics(self) -> tuple[str, ...]:
+        """Metrics with per-prompt values in the LMMs (all but ``overall_only``)."""
+        return tuple(m for m in self.metrics if m not in self.overall_only)
+
+    def arm(self, run: RunSpec) -> str:
+        """The run's level of the compared factor (its arm, e.g. ``PCPO``)."""
+        return run.levels[self.compare_factor]
 
     def cell_key(self, run: RunSpec) -> str:
         """Label of the run's comparison cell, e.g. ``batch=16`` (``all`` without cell factors)."""
@@ -173,18 +198,26 @@ class _Compare(NamedTuple):
     factor: str
     baseline: str
     pcpo: str
-    replicate: str | None
+
+
+class _Options(NamedTuple):
+    parallel: int
+    paired_control: bool
+    select_epoch: int | str | None
 
 
 _TOP_KEYS = {
-    "name", "description", "train", "design", "runs", "compare", "replicate", "targets",
-    "select_target", "window", "eval", "metrics", "metric_options", "lmm", "preference", "grid",
+    "name", "description", "train", "design", "runs", "compare", "seeds", "parallel", "paired_control",
+    "targets", "select_target", "select_epoch", "window", "eval", "metrics", "overall_only",
+    "per_prompt_rank_deficient_ok", "metric_options", "lmm", "preference", "grid",
 }  # fmt: skip
 _TRAIN_KEYS = {"config", "overrides"}
 _COMPARE_KEYS = {"factor", "baseline", "pcpo"}
-_RUN_KEYS = {"levels", "run_dir", "overrides"}
+_RUN_KEYS = {"levels", "run_dir", "seed"}
 _METRIC_OPTION_KEYS = {"batch_size", "is_splits"}
-_RESERVED_COLUMNS = ("value", "prompt", "prompt_id", "run")
+_RESERVED_COLUMNS = ("value", "prompt", "prompt_id", "run", "seed")
+#: train-config keys a study sets per run (``seeds:``, ``paired_control:``), not in overrides
+_STUDY_KEYS = ("seed", "paired_control")
 
 Factors = dict[str, dict[str, dict[str, Any]]]  #: factor -> level -> config overrides
 
@@ -310,7 +343,8 @@ def _parse_design(section: Any, base: Path, problems: list[str]) -> tuple[Factor
     for fac, levels in section.items():
         fac = str(fac)
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", fac) or fac in _RESERVED_COLUMNS:
-            problems.append(f"design factor {fac!r}: use an identifier other than value/prompt/prompt_id/run")
+            problems.append(f"design factor {fac!r}: use an identifier other than value/prompt/prompt_id/run/seed "
+                            "(training seeds go in seeds: [0, 1, 2])")
             continue
         if isinstance(levels, list):
             levels = {str(v): {} for v in levels}
@@ -321,8 +355,8 @@ def _parse_design(section: Any, base: Path, problems: list[str]) -> tuple[Factor
     return factors, level_configs
 
 
-def _parse_compare(section: Any, replicate: Any, factors: Factors, problems: list[str]) -> _Compare:
-    """``compare: {factor, baseline, pcpo}`` and ``replicate``; the baseline must be the reference level."""
+def _parse_compare(section: Any, factors: Factors, problems: list[str]) -> _Compare:
+    """``compare: {factor, baseline, pcpo}``; the baseline must be the reference level."""
     cmp_ = _section("compare", section, _COMPARE_KEYS, problems)
     factor = str(cmp_.get("factor", "algorithm"))
     if factors and factor not in factors:
@@ -337,21 +371,31 @@ def _parse_compare(section: Any, replicate: Any, factors: Factors, problems: lis
         if baseline in levels and sorted(levels)[0] != baseline:
             problems.append(f"compare.baseline {baseline!r} must sort first among {factor}'s levels "
                             f"(treatment coding's reference level); rename the levels")
-    if replicate is not None:
-        replicate = str(replicate)
-        if factors and replicate not in factors:
-            problems.append(f"replicate {replicate!r} is not a design factor ({', '.join(factors)})")
-        if replicate == factor:
-            problems.append("replicate must differ from compare.factor")
-    return _Compare(factor, baseline, pcpo, replicate)
+    return _Compare(factor, baseline, pcpo)
 
 
-def _parse_runs(section: Any, factors: Factors, base: Path, problems: list[str]) -> dict[tuple[str, ...], str]:
-    """``runs: [{levels, run_dir}]`` -> existing run directory per design cell (levels in factor order)."""
+def _run_seed(i: int, r: dict[str, Any], seeds: Sequence[int], problems: list[str]) -> int | None:
+    """The ``seed:`` of ``runs[i]`` (default: the study's only seed); None after a problem."""
+    if "seed" not in r:
+        if len(seeds) == 1:
+            return seeds[0]
+        problems.append(f"runs[{i}] needs seed: (one of the study's seeds {', '.join(map(str, seeds))})")
+        return None
+    seed = r["seed"]
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed not in seeds:
+        problems.append(f"runs[{i}].seed {seed!r} is not one of the study's seeds ({', '.join(map(str, seeds))}); "
+                        "add it to seeds:")
+        return None
+    return int(seed)
+
+
+def _parse_runs(section: Any, factors: Factors, compare: str, seeds: dict[str, tuple[int, ...]], base: Path,
+                problems: list[str]) -> dict[tuple[tuple[str, ...], int], str]:
+    """``runs: [{levels, seed, run_dir}]`` -> existing run directory per (design cell, seed)."""
     if section is not None and not isinstance(section, list):
-        problems.append("runs must be a list of {levels: {...}, run_dir: DIR}")
+        problems.append("runs must be a list of {levels: {...}, seed: S, run_dir: DIR}")
         return {}
-    existing: dict[tuple[str, ...], str] = {}
+    existing: dict[tuple[tuple[str, ...], int], str] = {}
     for i, r in enumerate(section or []):
         r = _section(f"runs[{i}]", r, _RUN_KEYS, problems)
         lv = {str(k): str(v) for k, v in (r.get("levels") or {}).items()}
@@ -362,6 +406,7 @@ def _parse_runs(section: Any, factors: Factors, base: Path, problems: list[str])
         if bad:
             problems.append(f"runs[{i}].levels {', '.join(bad)} not in the design")
             continue
+        seed = _run_seed(i, r, seeds.get(lv.get(compare, ""), ()), problems)
         rd = _resolve_path(base, r.get("run_dir"))
         if rd is None:
             problems.append(f"runs[{i}] needs run_dir (an existing run directory)")
@@ -369,7 +414,12 @@ def _parse_runs(section: Any, factors: Factors, base: Path, problems: list[str])
         if not (Path(rd) / "log.parquet").is_file() or not (Path(rd) / "checkpoints").is_dir():
             problems.append(f"runs[{i}].run_dir {r.get('run_dir')}: missing run (needs log.parquet and checkpoints/)")
             continue
-        existing[tuple(lv[f] for f in factors)] = rd
+        if seed is None:
+            continue
+        key = (tuple(lv[f] for f in factors), seed)
+        if key in existing:
+            problems.append(f"runs[{i}] repeats levels {lv} with seed {seed}; give each (cell, seed) once")
+        existing[key] = rd
     return existing
 
 
@@ -386,34 +436,70 @@ def _read_train_file(path: str | None, problems: list[str]) -> dict[str, Any] | 
         return None
 
 
+def cell_name(levels: dict[str, str]) -> str:
+    """A design cell's directory-safe name: ``factor-level__factor-level``."""
+    return _safe_name("__".join(f"{f}-{lv}" for f, lv in levels.items()))
+
+
+def run_name(cell: str, seed: int) -> str:
+    """A run's name (and directory): ``<cell>__seed-<seed>``."""
+    return f"{cell}__seed-{int(seed)}"
+
+
+def _resolve_train(name: str, base_cfg: dict[str, Any] | None, overrides: dict[str, Any], seed: int,
+                   paired_control: bool, problems: list[str]) -> TrainConfig | None:
+    """One run's TrainConfig: the config file's mapping < ``overrides`` < the study's seed and control."""
+    if base_cfg is None:
+        return None
+    try:
+        return config_from_dict({**base_cfg, **overrides, "seed": seed, "paired_control": paired_control})
+    except UserError as exc:
+        problems.append(f"run {name}: {exc}")
+        return None
+
+
 def _expand_runs(factors: Factors, level_configs: dict[tuple[str, str], str], train_config: str | None,
-                 train_overrides: dict[str, Any], existing: dict[tuple[str, ...], str],
+                 train_overrides: dict[str, Any], compare: str, seeds: dict[str, tuple[int, ...]],
+                 paired_control: bool, existing: dict[tuple[tuple[str, ...], int], str],
                  problems: list[str]) -> list[RunSpec]:
-    """Every cell of the factorial design -> a RunSpec: an existing run dir, or a resolved TrainConfig
-    (config file, then ``train.overrides``, then the cell's level overrides; later wins)."""
+    """Every cell of the factorial design x every seed -> a RunSpec: an existing run dir, or a resolved
+    TrainConfig (config file, then ``train.overrides``, then the cell's level overrides, then the
+    seed and ``paired_control``; later wins)."""
     files: dict[str | None, dict[str, Any] | None] = {}
     runs: list[RunSpec] = []
     if not factors:  # reported by _parse_design
         return runs
     for combo in itertools.product(*[list(v) for v in factors.values()]):
         levels = dict(zip(factors, combo, strict=True))
-        name = _safe_name("__".join(f"{f}-{lv}" for f, lv in levels.items()))
+        cell = cell_name(levels)
         overrides: dict[str, Any] = {}
         cfg_file = train_config
         for f, lv in levels.items():
             overrides.update(factors[f][lv])
             cfg_file = level_configs.get((f, lv), cfg_file)
-        train = None
-        if combo not in existing:
-            if cfg_file not in files:
-                files[cfg_file] = _read_train_file(cfg_file, problems)
-            if (base_cfg := files[cfg_file]) is not None:
-                try:
-                    train = config_from_dict({**base_cfg, **train_overrides, **overrides})
-                except UserError as exc:
-                    problems.append(f"run {name}: {exc}")
-        runs.append(RunSpec(name, levels, overrides, existing.get(combo), cfg_file, train))
+        for seed in seeds.get(levels.get(compare, ""), ()):
+            name = run_name(cell, seed)
+            train = None
+            if (combo, seed) not in existing:
+                if cfg_file not in files:
+                    files[cfg_file] = _read_train_file(cfg_file, problems)
+                train = _resolve_train(name, files[cfg_file], {**train_overrides, **overrides}, seed,
+                                       paired_control, problems)
+            runs.append(RunSpec(name, levels, overrides, seed, cell, existing.get((combo, seed)), cfg_file, train))
     return runs
+
+
+def _check_run_names(runs: Sequence[RunSpec], problems: list[str]) -> None:
+    """Two design cells whose names sanitise to one run directory (e.g. ``PCPO v1`` and ``PCPO/v1``)."""
+    seen: dict[str, dict[str, str]] = {}
+    cells = {(r.cell, tuple(r.levels.items())): r for r in runs}.values()  # one per design cell
+    for r in cells:
+        other = seen.setdefault(r.cell.lower(), r.levels)
+        if other != r.levels:
+            a = ", ".join(f"{f}={v!r}" for f, v in other.items())
+            b = ", ".join(f"{f}={v!r}" for f, v in r.levels.items())
+            problems.append(f"design cells ({a}) and ({b}) share the run directory {r.cell} (names are sanitised "
+                            "to [A-Za-z0-9._=-] and compared ignoring case); rename one of the levels")
 
 
 def _parse_targets(top: dict[str, Any], runs: Sequence[RunSpec], problems: list[str]) -> tuple[list[float], float, int]:
@@ -513,8 +599,8 @@ def _parse_metrics(names: Any, options: Any, problems: list[str]) -> tuple[tuple
     if not metrics:
         problems.append("metrics must list at least one metric, e.g. [fid, fd_dinov2, is, lpips]")
     for m in metrics:
-        if m not in METRIC_BACKENDS:
-            problems.append(f"unknown metric {m!r} (choose from {', '.join(METRIC_BACKENDS)})")
+        if m not in METRICS:
+            problems.append(f"unknown metric {m!r} (choose from {', '.join(METRICS)})")
     mo = _section("metric_options", options, _METRIC_OPTION_KEYS, problems)
     sizes = {"batch_size": 32, "is_splits": 10}
     for key in sizes:
@@ -526,6 +612,123 @@ def _parse_metrics(names: Any, options: Any, problems: list[str]) -> tuple[tuple
     return metrics, sizes["batch_size"], sizes["is_splits"]
 
 
+def _metric_list(key: str, value: Any, metrics: Sequence[str], problems: list[str]) -> tuple[str, ...]:
+    """A list of metric names that must all be in ``metrics:``."""
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        problems.append(f"{key} must be a list of metric names, e.g. {key}: [{metrics[0] if metrics else 'fid'}]")
+        return ()
+    names = tuple(str(m) for m in value)
+    for m in names:
+        if m not in metrics:
+            problems.append(f"{key} names {m!r}, which is not in metrics ({', '.join(metrics)})")
+    return names
+
+
+def _parse_metric_lists(top: dict[str, Any], metrics: Sequence[str],
+                        problems: list[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``overall_only`` (no per-prompt values, no LMM) and ``per_prompt_rank_deficient_ok`` (FD metrics only)."""
+    overall = _metric_list("overall_only", top.get("overall_only"), metrics, problems)
+    ok = _metric_list("per_prompt_rank_deficient_ok", top.get("per_prompt_rank_deficient_ok"), metrics, problems)
+    for m in ok:
+        if m in METRICS and not METRICS[m].needs_reference:
+            problems.append(f"per_prompt_rank_deficient_ok names {m!r}: only Frechet distances (fid, fd_dinov2, "
+                            "fd_toy) fit a covariance per prompt; remove it")
+        if m in overall:
+            problems.append(f"{m!r} is both overall_only and per_prompt_rank_deficient_ok; keep one")
+    if metrics and not [m for m in metrics if m not in overall]:
+        problems.append("every metric is overall_only; the LMM needs at least one per-prompt metric")
+    return overall, ok
+
+
+def _check_per_prompt(metrics: Sequence[str], overall: Sequence[str], ok: Sequence[str], eval_spec: EvalSpec,
+                      is_splits: int, problems: list[str]) -> None:
+    """Per-prompt metrics must be defined at the eval set's images per prompt (:func:`per_prompt_problem`)."""
+    from pcpo_eval.generate.plan import parse_seeds
+
+    try:
+        n = len(parse_seeds(eval_spec.seeds))
+    except UserError:
+        return  # reported by _parse_eval
+    for m in metrics:
+        if m in overall or m in ok or m not in METRICS:
+            continue
+        msg = per_prompt_problem(m, n, is_splits=is_splits)
+        if msg is None:
+            continue
+        need = METRICS[m].min_images_per_prompt(is_splits=is_splits)
+        opt_in = f", or per_prompt_rank_deficient_ok: [{m}] (the paper's per-prompt FID protocol)" \
+            if METRICS[m].needs_reference else ""
+        problems.append(f"{msg} (in the spec: eval.seeds: {need}, or overall_only: [{m}]{opt_in})")
+
+
+def _seed_list(name: str, value: Any, problems: list[str]) -> tuple[int, ...] | None:
+    """A non-empty list of distinct integers >= 0; None after a problem."""
+    ok = isinstance(value, list) and value and all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
+                                                   for s in value)
+    if not ok:
+        problems.append(f"{name} must be a non-empty list of training seeds (integers >= 0), e.g. [0, 1, 2] "
+                        f"(got {value!r})")
+        return None
+    if len(set(value)) != len(value):
+        problems.append(f"{name} lists a seed twice ({value}); list each training seed once")
+    return tuple(dict.fromkeys(int(s) for s in value))
+
+
+def _parse_seeds(section: Any, levels: Sequence[str], train_config: str | None, train_overrides: dict[str, Any],
+                 problems: list[str]) -> dict[str, tuple[int, ...]]:
+    """Training seeds per level of the compared factor.
+
+    ``seeds: [0, 1, 2]`` (every arm), or ``seeds: {A: [0, 1, 2], B: [3, 4, 5]}`` (per arm: an A/A
+    study of one algorithm needs different seeds in its two arms, else the runs are identical).
+    Default: the train config's one seed.
+    """
+    if section is None:
+        cfg = _read_train_file(train_config, []) or {}  # an unreadable file is reported by _parse_train
+        seed = train_overrides.get("seed", cfg.get("seed", TrainConfig.seed))
+        one = (int(seed),) if isinstance(seed, int) and not isinstance(seed, bool) else (TrainConfig.seed,)
+        return {lv: one for lv in levels}
+    if not isinstance(section, dict):
+        one = _seed_list("seeds", section, problems) or (TrainConfig.seed,)
+        return {lv: one for lv in levels}
+    keys = {str(k): v for k, v in section.items()}
+    if levels and set(keys) != set(levels):
+        problems.append(f"seeds per arm must give a list for each level of the compared factor ({', '.join(levels)}), "
+                        f"got {', '.join(keys) or 'none'}")
+    return {lv: _seed_list(f"seeds.{lv}", keys[lv], problems) or (TrainConfig.seed,) if lv in keys else
+            (TrainConfig.seed,) for lv in levels}
+
+
+def _check_study_keys(factors: Factors, train_overrides: dict[str, Any], seeds_given: bool,
+                      problems: list[str]) -> None:
+    """``seed`` / ``paired_control`` are set per run by the study (``seeds:``, ``paired_control:``)."""
+    where = [("train.overrides", train_overrides)] + [(f"design.{f}.{lv}", ov) for f, lvs in factors.items()
+                                                      for lv, ov in lvs.items()]
+    for name, ov in where:
+        if "paired_control" in ov:
+            problems.append(f"{name} sets paired_control; set it once at the top of the spec (paired_control: false)")
+        if "seed" in ov and (seeds_given or name != "train.overrides"):
+            problems.append(f"{name} sets seed; list the training seeds at the top of the spec (seeds: [0, 1, 2])")
+
+
+def _parse_options(top: dict[str, Any], problems: list[str]) -> _Options:
+    """``parallel`` (runs trained at once), ``paired_control`` and ``select_epoch`` (final | EPOCH | null)."""
+    parallel = top.get("parallel", 1)
+    if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
+        problems.append(f"parallel must be a positive integer (runs trained at once), got {parallel!r}")
+        parallel = 1
+    paired = top.get("paired_control", True)
+    if not isinstance(paired, bool):
+        problems.append(f"paired_control must be true or false, got {paired!r}")
+        paired = True
+    sel = top.get("select_epoch", "final")
+    if not (sel is None or sel == "final" or (isinstance(sel, int) and not isinstance(sel, bool) and sel >= 1)):
+        problems.append(f"select_epoch must be final, a positive epoch or null (no matched-epoch comparison), got {sel!r}")
+        sel = "final"
+    return _Options(int(parallel), paired, sel)
+
+
 def _parse_lmm(section: Any, factors: Factors, problems: list[str]) -> LMMSpec:
     """``lmm: {formula, coding, alpha, adjust}``; the formula may name only per-prompt data columns."""
     spec = LMMSpec(**_section("lmm", section, _fields(LMMSpec), problems))
@@ -534,7 +737,7 @@ def _parse_lmm(section: Any, factors: Factors, problems: list[str]) -> LMMSpec:
         problems.append(f"lmm.formula {spec.formula!r} needs a random effect, e.g. + (1|prompt)")
     if not fixed.replace(" ", "").startswith("value~"):
         problems.append(f"lmm.formula {spec.formula!r} must model 'value' (the metric), e.g. value ~ algorithm * batch + (1|prompt)")
-    columns = set(factors) | {"value", "prompt", "prompt_id"}
+    columns = set(factors) | {"value", "prompt", "prompt_id", "run", "seed"}
     names = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", spec.formula)) - {"C", "Sum", "Treatment", "I"}
     for n in sorted(names - columns):
         problems.append(f"lmm.formula names {n!r}, not a column of the per-prompt data ({', '.join(sorted(columns))})")
@@ -569,7 +772,8 @@ def _check_weights(runs: Sequence[RunSpec], metrics: Sequence[str], preference: 
         if Path(pset).suffix and not Path(pset).is_file():
             problems.append(f"training prompt file {pset} not found")
     for rw in sorted({c.reward for c in cfgs}):
-        problems += [f"training reward {rw}: {m}" for m in _backend_missing(METRIC_BACKENDS.get(rw, ()))]
+        backends = METRICS[rw].backends if rw in METRICS else ()
+        problems += [f"training reward {rw}: {m}" for m in _backend_missing(backends)]
     for m in sorted({c.model for c in cfgs}):
         if (msg := _model_missing(m)) is not None:
             problems.append(msg)
@@ -577,7 +781,7 @@ def _check_weights(runs: Sequence[RunSpec], metrics: Sequence[str], preference: 
         problems.append(f"preference.prompts file {preference.prompts} not found")
     users: dict[str, list[str]] = {}  # one problem per absent backend, naming every metric that needs it
     for m in [*metrics, *(preference.metrics if preference is not None else ())]:
-        for b in METRIC_BACKENDS.get(m, ()):
+        for b in (METRICS[m].backends if m in METRICS else ()):
             if m not in users.setdefault(b, []):
                 users[b].append(m)
     for b, ms in users.items():
@@ -601,13 +805,22 @@ def load_spec(path: str | Path, check_weights: bool = True) -> StudySpec:
     top = _section("the spec", data, _TOP_KEYS, problems)
     train_config, train_overrides = _parse_train(top.get("train"), base, problems)
     factors, level_configs = _parse_design(top.get("design"), base, problems)
-    compare = _parse_compare(top.get("compare"), top.get("replicate"), factors, problems)
-    existing = _parse_runs(top.get("runs"), factors, base, problems)
-    runs = _expand_runs(factors, level_configs, train_config, train_overrides, existing, problems)
+    compare = _parse_compare(top.get("compare"), factors, problems)
+    seeds = _parse_seeds(top.get("seeds"), list(factors.get(compare.factor, {})), train_config, train_overrides,
+                         problems)
+    _check_study_keys(factors, train_overrides, "seeds" in top, problems)
+    train_overrides = {k: v for k, v in train_overrides.items() if k not in _STUDY_KEYS}
+    options = _parse_options(top, problems)
+    existing = _parse_runs(top.get("runs"), factors, compare.factor, seeds, base, problems)
+    runs = _expand_runs(factors, level_configs, train_config, train_overrides, compare.factor, seeds,
+                        options.paired_control, existing, problems)
+    _check_run_names(runs, problems)
     targets, select_target, window = _parse_targets(top, runs, problems)
     models = _run_models(runs, problems)
     eval_spec = _parse_eval(top.get("eval"), base, models, problems)
     metrics, metric_batch_size, is_splits = _parse_metrics(top.get("metrics"), top.get("metric_options"), problems)
+    overall_only, rank_ok = _parse_metric_lists(top, metrics, problems)
+    _check_per_prompt(metrics, overall_only, rank_ok, eval_spec, is_splits, problems)
     lmm = _parse_lmm(top.get("lmm"), factors, problems)
     preference = _parse_preference(top.get("preference"), base, problems)
     grid = GridSpec(**_section("grid", top.get("grid"), _fields(GridSpec), problems))
@@ -620,8 +833,10 @@ def load_spec(path: str | Path, check_weights: bool = True) -> StudySpec:
         name=str(top.get("name") or path.stem), description=str(top.get("description", "")),
         train_config=train_config, train_overrides=train_overrides,
         factors={f: tuple(v) for f, v in factors.items()}, runs=tuple(runs), base_model=str(models[0]),
-        compare_factor=compare.factor, baseline=compare.baseline, pcpo=compare.pcpo, replicate=compare.replicate,
-        targets=tuple(targets), select_target=select_target, window=window, eval=eval_spec, metrics=metrics,
+        compare_factor=compare.factor, baseline=compare.baseline, pcpo=compare.pcpo, seeds=seeds,
+        parallel=options.parallel, paired_control=options.paired_control, targets=tuple(targets),
+        select_target=select_target, select_epoch=options.select_epoch, window=window, eval=eval_spec,
+        metrics=metrics, overall_only=overall_only, per_prompt_rank_deficient_ok=rank_ok,
         metric_batch_size=metric_batch_size, is_splits=is_splits, lmm=lmm, preference=preference, grid=grid,
         source=str(path.resolve()), raw=data,
     )

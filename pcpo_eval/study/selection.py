@@ -1,0 +1,85 @@
+"""The study's select stage: which checkpoint of each run enters the image-quality comparison.
+
+Two comparisons, each with one checkpoint per run:
+
+* **matched reward** (paper Sec. 4: quality "at matched reward levels"): a run's first saved
+  checkpoint whose smoothed training reward (trailing mean, window 5) reaches ``select_target``
+  (:func:`pcpo_eval.stats.select.match_checkpoint`). A run that never reaches it has **no**
+  reward-matched checkpoint: its row says "not reached" with its best smoothed reward, and it is
+  left out of the matched-reward metrics, never replaced by its nearest checkpoint (a run whose
+  reward fell would otherwise be compared at a reward it never had).
+* **matched epoch**: every run at the same epoch, ``select_epoch`` (``final`` = the last epoch at
+  which every run saved a checkpoint), so a method that reaches the target early is also compared
+  after the same amount of training. ``select_epoch: null`` turns it off.
+
+A ``select_target`` that every run's first saved checkpoint already reaches makes the
+matched-reward checkpoint simply each run's first checkpoint; the selection says so
+(``target_uninformative``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from pcpo_eval.errors import UserError
+from pcpo_eval.stats.select import RunCheckpoint, match_checkpoint, run_checkpoints
+from pcpo_eval.study.layout import StudyLayout
+from pcpo_eval.study.spec import RunSpec, StudySpec
+
+
+def _identity(sp: StudySpec, run: RunSpec) -> dict[str, Any]:
+    return {"name": run.name, "levels": run.levels, "role": sp.role(run), "arm": sp.arm(run), "seed": run.seed,
+            "cell": sp.cell_key(run)}
+
+
+def reward_row(sp: StudySpec, run: RunSpec, cks: Sequence[RunCheckpoint], source: str) -> dict[str, Any]:
+    """The run's reward-matched checkpoint, or a "not reached" row without one."""
+    c = match_checkpoint(cks, sp.select_target, source)
+    row = {**_identity(sp, run), "match": "reward", "target": sp.select_target, "reward_source": source,
+           "reached": c.reached, "reward": c.reward, "gap": c.gap}
+    if c.reached:
+        return row | {"epoch": c.epoch, "path": c.path, "status": "reached"}
+    return row | {"epoch": None, "path": None, "best_epoch": c.epoch,
+                  "status": f"not reached: best smoothed reward {c.reward:.4g} at epoch {c.epoch} "
+                            f"< target {sp.select_target:g}; no reward-matched checkpoint"}
+
+
+def matched_epoch(select_epoch: int | str, cks: dict[str, Sequence[RunCheckpoint]]) -> int:
+    """``final`` -> the last epoch every run saved; an epoch -> itself if every run saved it."""
+    common = set.intersection(*({c.epoch for c in v} for v in cks.values()))
+    if select_epoch == "final":
+        if not common:
+            raise UserError("select_epoch final: the runs share no checkpoint epoch; align checkpoint_every/epochs "
+                            "or set select_epoch: null")
+        return max(common)
+    missing = [name for name, v in cks.items() if int(select_epoch) not in {c.epoch for c in v}]
+    if missing:
+        raise UserError(f"select_epoch {select_epoch}: no checkpoint at that epoch in {', '.join(missing)}; choose one "
+                        f"of the shared epochs ({', '.join(map(str, sorted(common))) or 'none'}) or final")
+    return int(select_epoch)
+
+
+def epoch_row(sp: StudySpec, run: RunSpec, cks: Sequence[RunCheckpoint], epoch: int) -> dict[str, Any]:
+    """The run's checkpoint at the matched epoch (its smoothed reward there)."""
+    c = next(c for c in cks if c.epoch == epoch)
+    return {**_identity(sp, run), "match": "epoch", "epoch": epoch, "path": c.path, "reward": c.reward,
+            "reached": True, "status": f"epoch {epoch}"}
+
+
+def select(sp: StudySpec, layout: StudyLayout) -> dict[str, Any]:
+    """The content of ``selection.json``: reward-matched rows (``runs``) and matched-epoch rows (``at_epoch``)."""
+    cks: dict[str, Sequence[RunCheckpoint]] = {}
+    rows = []
+    starts_above = []
+    for run in sp.runs:
+        ck, source = run_checkpoints(layout.run_dir(run), sp.window)
+        cks[run.name] = ck
+        rows.append(reward_row(sp, run, ck, source))
+        starts_above.append(ck[0].reward >= sp.select_target)
+    if not any(r["reached"] for r in rows):
+        raise UserError(f"select_target {sp.select_target:g} is reached by no run; lower it or train longer")
+    epoch = None if sp.select_epoch is None else matched_epoch(sp.select_epoch, cks)
+    at_epoch = [] if epoch is None else [epoch_row(sp, r, cks[r.name], epoch) for r in sp.runs]
+    return {"target": sp.select_target, "window": sp.window, "target_uninformative": all(starts_above),
+            "runs": rows, "epoch": epoch, "at_epoch": at_epoch}
