@@ -69,6 +69,27 @@ def ensure_dir(path: str | os.PathLike, what: str = "output folder") -> Path:
     return p
 
 
+def check_out_path(path: str | os.PathLike, what: str = "--out", folder: bool = True) -> Path:
+    """Check, without writing anything, that output ``path`` (a folder, or a file) can be written.
+
+    Raises a one-line UserError when a folder is expected and ``path`` is a file (or the other
+    way round), when a parent is a plain file, or when the nearest existing folder is not writable
+    -- so a command fails before it computes or writes anything. Returns ``Path(path)``.
+    """
+    p = Path(path)
+    if p.exists() and folder and not p.is_dir():
+        raise UserError(f"{what} {p} is a file, not a folder; choose a folder path")
+    if p.exists() and not folder and p.is_dir():
+        raise UserError(f"{what} {p} is a folder; give a file name inside it")
+    start = p if folder else p.parent
+    anc = next((q for q in (start, *start.parents) if q.exists()), Path("."))
+    if not anc.is_dir():
+        raise UserError(f"{what} {p}: {anc} is a file, not a folder; choose a path under a folder")
+    if not os.access(anc, os.W_OK | os.X_OK):
+        raise UserError(f"{what} {p}: permission denied in {anc}; choose a folder you can write")
+    return p
+
+
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "wb") -> Iterator[Any]:
     """Open a temporary file next to ``path``; on success rename it over ``path``.

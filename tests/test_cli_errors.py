@@ -158,3 +158,81 @@ def test_real_process_usage_error_and_version():
     assert bad.stderr.count("\n") == 1 and bad.stderr.startswith("error: no such option: --bogus")
     ver = _run("--version")
     assert ver.returncode == 0 and ver.stdout == f"pcpo-eval {pcpo_eval.__version__}\n" and ver.stderr == ""
+
+
+# ---- one meaning per flag: --device, --json ----------------------------------------------------
+
+@pytest.fixture
+def two_gpus(monkeypatch):
+    """Pretend CUDA with two devices; this process is torchrun's LOCAL_RANK 1."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+
+
+def test_resolve_device(monkeypatch, two_gpus):
+    from pcpo_eval.train.commands import resolve_device
+
+    assert resolve_device("auto") == "cuda:1" and resolve_device("AUTO") == "cuda:1"
+    assert resolve_device("cpu") == "cpu" and resolve_device("cuda:0") == "cuda:0"
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert resolve_device("auto") == "cuda:1"  # LOCAL_RANK modulo the visible devices
+
+
+def test_resolve_device_without_cuda(monkeypatch):
+    import torch
+
+    from pcpo_eval.errors import UserError
+    from pcpo_eval.train.commands import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto") == "cpu"
+    with pytest.raises(UserError, match="CUDA is not available"):
+        resolve_device("cuda:0")
+    with pytest.raises(UserError, match="unknown --device 'gpu'"):
+        resolve_device("gpu")
+
+
+def test_generate_and_metrics_put_each_rank_on_its_gpu(cli, monkeypatch, tmp_path, two_gpus):
+    """The multi-GPU bug: generate/metrics used one --device for every torchrun process."""
+    from types import SimpleNamespace
+
+    import pcpo_eval.generate.runner as runner
+    import pcpo_eval.metrics.workers as workers
+
+    seen = {}
+    monkeypatch.setattr(runner, "generate_set", lambda *a, **k: seen.setdefault("generate", k["device"])
+                        and SimpleNamespace(rank=1))
+    monkeypatch.setattr(workers, "run_metrics", lambda s, m, o, r, opts: seen.setdefault("metrics", opts.device)
+                        and {"metrics": {}})
+    res = cli("generate", "--model", "toy", "--prompts", "toy", "--seeds", "1", "--out", tmp_path / "s")
+    assert res.returncode == 0, res.stderr
+    res = cli("metrics", tmp_path / "s", "--out", tmp_path / "m", "--json")
+    assert res.returncode == 0, res.stderr
+    assert seen == {"generate": "cuda:1", "metrics": "cuda:1"}
+
+
+def test_train_device_flag_overrides_config(cli, monkeypatch, tmp_path):
+    import pcpo_eval.train.trainer as trainer
+
+    seen = []
+    monkeypatch.setattr(trainer, "train", lambda cfg, out, resume=False: seen.append(cfg.device) or [])
+    cfg = ROOT / "train" / "configs" / "toy_pcpo.yaml"  # device: cpu
+    assert cli("train", cfg, "--out", tmp_path / "r").returncode == 0
+    assert cli("train", cfg, "--out", tmp_path / "r", "--device", "auto").returncode == 0
+    assert seen == ["cpu", "auto"]  # auto is resolved per rank by the trainer (pick_device)
+
+
+@pytest.mark.parametrize("args", [
+    ["weights", "inception", "--json"],
+    ["credit", "ddim", "--steps", "5", "--json"],
+    ["credit", "flow", "--steps", "4", "--json"],
+])
+def test_json_flag_prints_only_json(cli, args):
+    import json
+
+    res = cli(*args)
+    assert res.returncode == 0, res.stderr
+    assert isinstance(json.loads(res.stdout), dict)

@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from pcpo_eval.credit.ddim import DDIMSchedulerConfig, ddim_schedule, pcpo_ddim_credit, read_scheduler_config
+from pcpo_eval.io import check_out_path
 
 credit_app = typer.Typer(help="Per-timestep credit weights: native vs PCPO (paper Fig. 2).", no_args_is_help=True)
 
@@ -49,6 +50,8 @@ def ddim_cmd(
     plot: Annotated[Path | None, typer.Option(help="Write Figure 2 (a)-(d) to this PNG.")] = None,
 ) -> None:
     """DDIM native weights w(t) and PCPO's re-solved sigma~_t (paper Prop. 1, Fig. 2a-b)."""
+    if plot is not None:
+        check_out_path(plot, "--plot", folder=False)
     if scheduler_config is not None:
         cfg = read_scheduler_config(scheduler_config)
     else:
@@ -84,6 +87,8 @@ def flow_cmd(
     """Flow SDE native weights and PCPO's proportional weights zeta*dt (paper Prop. 2, Fig. 2c-d)."""
     from pcpo_eval.credit.flow import flow_credit
 
+    if plot is not None:
+        check_out_path(plot, "--plot", folder=False)
     credit = flow_credit(sde, steps, eta, shift, t1=t1)
     summary = credit.to_dict()
     if plot is not None:

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import typer
 
+from pcpo_eval.train.commands import DEVICE_HELP, resolve_device
+
 
 def generate(
     model: str = typer.Option(
@@ -33,7 +35,7 @@ def generate(
     micro_batch: int | None = typer.Option(
         None, "--micro-batch", help="fixed rows per model call (default: by latent size, 16 for SD-1.x; 0 = off)"
     ),
-    device: str = typer.Option("cpu", "--device", help="torch device"),
+    device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
     max_prompt_tokens: int | None = typer.Option(
         None, "--max-prompt-tokens", help="drop prompts longer than this many CLIP tokens (77: paper's MJHQ filter)"
     ),
@@ -42,7 +44,10 @@ def generate(
 ) -> None:
     """Render every (prompt, seed) image: bit-identical for any batch size or process count."""
     from pcpo_eval.generate.runner import generate_set
+    from pcpo_eval.io import check_out_path
 
+    check_out_path(out, "--out")
+    device = resolve_device(device)
     summary = generate_set(
         model, prompts, seeds, out,
         batch_size=batch_size, steps=steps, cfg=cfg, eta=eta, sampler=sampler,

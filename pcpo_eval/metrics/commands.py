@@ -12,7 +12,9 @@ from typing import Any
 
 import typer
 
+from pcpo_eval.io import check_out_path
 from pcpo_eval.metrics.base import IS_DEFAULT_SPLITS, METRICS
+from pcpo_eval.train.commands import DEVICE_HELP, resolve_device
 
 DEFAULT_METRICS = "fid,fd_dinov2,is,lpips"
 
@@ -26,8 +28,11 @@ def _options(
     lpips_trunk: str | None,
     is_splits: int = IS_DEFAULT_SPLITS,
 ) -> Any:
+    from pcpo_eval.errors import require
     from pcpo_eval.metrics.workers import MetricsOptions
 
+    for flag, value in (("--batch-size", batch_size), ("--is-splits", is_splits)):
+        require(value >= 1, f"{flag} must be >= 1 (got {value}); pass a positive count")
     ext: dict[str, dict[str, Any]] = {}
     if inception_weights is not None:
         ext["inception"] = {"weights_path": inception_weights}
@@ -64,9 +69,9 @@ def _register_metrics(app: typer.Typer) -> None:
         out: Path = typer.Option(
             ..., "--out", help="output directory (metrics.json, per_prompt.parquet, per_image.parquet)"
         ),
-        as_json: bool = typer.Option(False, "--json", help="also print metrics.json to stdout"),
+        as_json: bool = typer.Option(False, "--json", help="print metrics.json to stdout instead of the text table"),
         batch_size: int = typer.Option(32, "--batch-size"),
-        device: str = typer.Option("cpu", "--device"),
+        device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
         is_splits: int = typer.Option(
             IS_DEFAULT_SPLITS, "--is-splits", help="Inception Score splits (torch-fidelity's default)"
         ),
@@ -85,6 +90,8 @@ def _register_metrics(app: typer.Typer) -> None:
         from pcpo_eval import dist
         from pcpo_eval.metrics.workers import run_metrics
 
+        check_out_path(out, "--out")
+        device = resolve_device(device)
         dist.init(device)
         opts = _options(batch_size, device, cache_dir, inception_weights, dinov2_path, lpips_trunk, is_splits)
         try:
@@ -108,7 +115,7 @@ def _register_features(app: typer.Typer) -> None:
         extractor: str = typer.Option(..., "--extractor", help="inception | dinov2 | toy"),
         out: Path = typer.Option(..., "--out", help="output .npy (N, d) float32, manifest order"),
         batch_size: int = typer.Option(32, "--batch-size"),
-        device: str = typer.Option("cpu", "--device"),
+        device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
         cache_dir: Path | None = typer.Option(
             None, "--cache-dir", help="feature cache root [IMAGE_SET/.pcpo_cache]"
         ),
@@ -118,6 +125,8 @@ def _register_features(app: typer.Typer) -> None:
         from pcpo_eval import dist
         from pcpo_eval.metrics.workers import export_features
 
+        check_out_path(out, "--out", folder=False)
+        device = resolve_device(device)
         dist.init(device)
         opts = _options(batch_size, device, cache_dir, None, None, None)
         if weights is not None:

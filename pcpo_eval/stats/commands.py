@@ -12,12 +12,19 @@ from typing import Any
 import typer
 
 from pcpo_eval.errors import UserError
-from pcpo_eval.io import to_jsonable
+from pcpo_eval.io import check_out_path, to_jsonable
 
 
 def dumps(obj: Any) -> str:
     """Indented strict JSON of a result's ``to_dict()``."""
     return json.dumps(to_jsonable(obj), indent=2, allow_nan=False)
+
+
+def _check_outputs(**files: str | None) -> None:
+    """Refuse unwritable output files (``--out``, ``--qq``) before anything is fitted or written."""
+    for flag, path in files.items():
+        if path:
+            check_out_path(path, f"--{flag}", folder=False)
 
 
 def _write(out: str | None, text: str) -> None:
@@ -59,6 +66,7 @@ def register(app: typer.Typer) -> None:
         from pcpo_eval.stats.design import read_table
         from pcpo_eval.stats.lmm import fit_lmm, fit_lmm_many, many_summary, qq_plot
 
+        _check_outputs(out=out, qq=qq)
         df = read_table(data)
         if response:
             if "~" not in formula:
@@ -96,6 +104,7 @@ def register(app: typer.Typer) -> None:
         """Epochs to reach each target reward and PCPO's speed-up: (E_base / E_pcpo - 1) x 100%."""
         from pcpo_eval.stats.speedup import speedup_table
 
+        _check_outputs(out=out)
         tab = speedup_table(baseline, pcpo, target, window, not lower_is_better)
         js = dumps(tab.to_dict())
         _write(out, js)
@@ -119,6 +128,7 @@ def register(app: typer.Typer) -> None:
         """Reward-matched checkpoint per run (first to reach the target, else nearest), with the gap."""
         from pcpo_eval.stats.select import select_checkpoints
 
+        _check_outputs(out=out)
         sel = select_checkpoints(run_dirs, target, window, reference)
         js = dumps(sel.to_dict())
         _write(out, js)

@@ -27,15 +27,20 @@ def register(app: typer.Typer) -> None:
 
         import torch
 
-        from pcpo_eval.errors import UserError
+        from pcpo_eval.errors import UserError, require
+        from pcpo_eval.io import check_out_path
         from pcpo_eval.toylab.pretrain import ClassifierTrainConfig, DiffusionTrainConfig, pretrain
 
         stages = {"all": ("classifier", "diffusion"), "classifier": ("classifier",), "diffusion": ("diffusion",)}
         if stage not in stages:
             raise UserError(f"unknown --stage {stage!r}; choose one of: {', '.join(stages)}")
+        for flag, value in (("--steps", steps), ("--classifier-steps", classifier_steps), ("--threads", threads)):
+            require(value is None or value >= 1, f"{flag} must be >= 1 (got {value}); pass a positive count")
+        if out is not None:
+            check_out_path(out, "--out")
         torch.set_num_threads(threads)
-        dcfg = replace(DiffusionTrainConfig(), seed=seed, **({"steps": steps} if steps else {}))
-        ccfg = replace(ClassifierTrainConfig(), seed=seed, **({"steps": classifier_steps} if classifier_steps else {}))
+        dcfg = replace(DiffusionTrainConfig(), seed=seed, **({"steps": steps} if steps is not None else {}))
+        ccfg = replace(ClassifierTrainConfig(), seed=seed, **({"steps": classifier_steps} if classifier_steps is not None else {}))
         meta = pretrain(out, dcfg, ccfg, log=lambda m: typer.echo(m, err=True), stages=stages[stage])
         typer.echo(json.dumps({k: v for k, v in meta.items() if not isinstance(v, dict)}, indent=2))
 
@@ -53,7 +58,9 @@ def register(app: typer.Typer) -> None:
         from pcpo_eval.toylab.check import ACCURACY_BAR, run_check
 
         if seeds < 2:
-            raise UserError("--seeds must be >= 2 (fd_toy needs a covariance)")
+            raise UserError(f"--seeds must be >= 2 (got {seeds}); fd_toy needs a covariance")
+        if threads < 1:
+            raise UserError(f"--threads must be >= 1 (got {threads}); pass a positive count")
         torch.set_num_threads(threads)
         res = run_check(weights_dir=weights, n_seeds=seeds)
         if as_json:

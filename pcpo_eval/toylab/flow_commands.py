@@ -24,12 +24,15 @@ def register(app: typer.Typer) -> None:
 
         import torch
 
-        from pcpo_eval.errors import UserError
+        from pcpo_eval.errors import require
+        from pcpo_eval.io import check_out_path
         from pcpo_eval.toylab.flow import pretrain_flow
         from pcpo_eval.toylab.pretrain import DiffusionTrainConfig
 
-        if steps < 1:
-            raise UserError(f"--steps must be >= 1 (got {steps})")
+        for flag, value in (("--steps", steps), ("--threads", threads)):
+            require(value >= 1, f"{flag} must be >= 1 (got {value}); pass a positive count")
+        if out is not None:
+            check_out_path(out, "--out")
         torch.set_num_threads(threads)
         stats = pretrain_flow(out, replace(DiffusionTrainConfig(), seed=seed, steps=steps),
                               log=lambda m: typer.echo(m, err=True))
@@ -45,10 +48,17 @@ def register(app: typer.Typer) -> None:
         threads: int = typer.Option(2, help="torch threads"),
     ) -> None:
         """Sample every toy prompt and report the toy classifier's accuracy and the sampling time."""
+        import math
+
         import torch
 
+        from pcpo_eval.errors import require
         from pcpo_eval.toylab.flow import check_flow
 
+        for flag, value in (("--seeds", seeds), ("--steps", steps), ("--threads", threads)):
+            require(value >= 1, f"{flag} must be >= 1 (got {value}); pass a positive count")
+        require(math.isfinite(eta) and eta >= 0, f"--eta must be a finite number >= 0 (got {eta}); 0 = ODE")
+        require(math.isfinite(cfg), f"--cfg must be finite (got {cfg}); pass a number such as 3")
         torch.set_num_threads(threads)
         res = check_flow(weights, n_seeds=seeds, steps=steps, eta=eta, cfg=cfg)
         typer.echo(json.dumps(res, indent=2))

@@ -20,10 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
 from pcpo_eval.errors import UserError
-from pcpo_eval.io import atomic_dir, safetensors_bytes, sha256_file
+from pcpo_eval.io import atomic_dir, read_yaml_mapping, safetensors_bytes, sha256_file
 
 LORA_FILE = "pytorch_lora_weights.safetensors"
 FULL_FILE = "denoiser.safetensors"
@@ -185,10 +184,8 @@ def run_dir_of(ckpt: Path) -> Path:
 
 
 def load_run_config(run_dir: str | Path) -> dict[str, Any]:
-    p = Path(run_dir) / "config.yaml"
-    if not p.is_file():
-        raise UserError(f"{p} not found; {run_dir} is not a pcpo-eval run directory")
-    return yaml.safe_load(p.read_text()) or {}
+    return read_yaml_mapping(Path(run_dir) / "config.yaml", "run config",
+                             f"{run_dir} is not a pcpo-eval run directory")
 
 
 def resolve_checkpoint(spec: str | Path) -> Path | None:

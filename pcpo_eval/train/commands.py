@@ -1,4 +1,8 @@
-"""``pcpo-eval train CONFIG --out RUN_DIR [--resume] [KEY=VALUE ...]``."""
+"""``pcpo-eval train CONFIG --out RUN_DIR [--resume] [--device D] [KEY=VALUE ...]``.
+
+Also home of :func:`resolve_device`, the one reading of the ``--device`` flag that ``train``,
+``generate``, ``metrics`` and ``features`` share (docs/cli.md#flags).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,30 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+
+from pcpo_eval.errors import UserError
+
+DEVICE_HELP = "auto = this process's GPU (LOCAL_RANK) when CUDA is available, else cpu | cpu | cuda:N"
+
+
+def resolve_device(flag: str) -> str:
+    """The torch device named by ``--device`` (``auto`` via :func:`pcpo_eval.dist.pick_device`).
+
+    ``auto`` gives each torchrun process the GPU of its ``LOCAL_RANK`` (before, generate and metrics
+    put every process on one GPU). A string torch cannot parse, or CUDA asked for on a machine
+    without it, is a one-line UserError.
+    """
+    import torch
+
+    from pcpo_eval import dist
+
+    try:
+        device = dist.pick_device(flag.strip().lower())
+    except (RuntimeError, ValueError):
+        raise UserError(f"unknown --device {flag!r}; use auto, cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"--device {flag} but CUDA is not available here; use --device auto or cpu")
+    return str(device)
 
 
 def train_cmd(
@@ -15,12 +43,21 @@ def train_cmd(
         list[str] | None, typer.Argument(help="KEY=VALUE overrides of config keys, e.g. epochs=2 objective=pcpo")
     ] = None,
     resume: Annotated[bool, typer.Option(help="Continue from the run's latest checkpoint.")] = False,
+    device: Annotated[
+        str | None, typer.Option("--device", help=f"{DEVICE_HELP}; default: the config's `device` (auto)")
+    ] = None,
 ) -> None:
     """Train a DDPO / DanceGRPO / PCPO run (one process, or under torchrun / accelerate launch)."""
+    from pcpo_eval.io import check_out_path
     from pcpo_eval.train.config import load_config
     from pcpo_eval.train.trainer import train
 
-    cfg = load_config(config, overrides or [])
+    check_out_path(out, "--out")
+    extra = []
+    if device is not None:
+        resolve_device(device)  # checked here; the trainer picks this rank's device itself
+        extra = [f"device={device.strip().lower()}"]
+    cfg = load_config(config, [*(overrides or []), *extra])
     log = train(cfg, out, resume=resume)
     if len(log):
         last = log.iloc[-1]
@@ -28,4 +65,5 @@ def train_cmd(
 
 
 def register(app: typer.Typer) -> None:
+    """Add the ``train`` command."""
     app.command("train")(train_cmd)
