@@ -180,6 +180,19 @@ def test_generate_truncated_lora(cli, box, toy_run):
              needles=["truncated or corrupt"])
 
 
+def test_generate_foreign_lora_is_one_line(cli, box):
+    """A LoRA for modules the base model lacks: diffusers' own error log is silenced, one line remains."""
+    from safetensors.torch import save_file
+
+    ck = box / "foreign"
+    ck.mkdir()
+    save_file({"unet.no_such_block.lora_A.weight": torch.zeros(2, 4),
+               "unet.no_such_block.lora_B.weight": torch.zeros(4, 2)}, ck / "pytorch_lora_weights.safetensors")
+    (ck / "checkpoint.json").write_text(json.dumps({"epoch": 1, "model": "toy",
+                                                    "weights_file": "pytorch_lora_weights.safetensors"}))
+    rejected(cli, box, "generate", "--model", ck, "--out", box / "set", *GEN, needles=["do not fit base model"])
+
+
 @pytest.mark.xfail(strict=True, reason="pcpo_eval/train/trainer.py Trainer._resume must load the state with "
                    "pcpo_eval.train.checkpoints.load_training_state (torch.load raises a raw OSError)")
 def test_resume_truncated_training_state(cli, box, toy_run):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +129,20 @@ def check_weights_file(path: Path) -> None:
                         "copy it again or re-save the checkpoint with pcpo-eval train") from None
 
 
+@contextlib.contextmanager
+def _quiet(logger_name: str) -> Iterator[None]:
+    """Silence one library logger (below CRITICAL) for the duration of the block."""
+    import logging
+
+    log = logging.getLogger(logger_name)
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
 def load_weights_into(adapter: Any, ckpt: str | Path) -> None:
     """Apply a checkpoint's LoRA or full weights to a freshly loaded base ``adapter``."""
     ckpt = Path(ckpt)
@@ -139,7 +154,8 @@ def load_weights_into(adapter: Any, ckpt: str | Path) -> None:
     den = adapter.denoiser
     try:
         if path.name == LORA_FILE:
-            den.load_lora_adapter(str(ckpt), weight_name=LORA_FILE, prefix=lora_prefix(den), adapter_name="default")
+            with _quiet("diffusers.loaders.peft"):  # it logs the error we re-raise as one line below
+                den.load_lora_adapter(str(ckpt), weight_name=LORA_FILE, prefix=lora_prefix(den), adapter_name="default")
             if not is_lora(den):
                 raise ValueError("no LoRA layer matched the base model's modules")
         else:
