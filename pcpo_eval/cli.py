@@ -7,7 +7,7 @@ code 2 (no traceback, no boxed help), see docs/cli.md#errors:
 
 * :class:`pcpo_eval.errors.UserError` raised by the library;
 * usage errors of the command line itself (unknown option or command, missing argument, a value
-  that does not parse), which Typer (>= 0.26 vendors Click) raises as ``typer.TyperException``;
+  that does not parse), which Typer 0.29 (it vendors Click) raises as ``typer.TyperException``;
 * a path the operating system refuses (missing, not a directory, permission denied), which no
   library check caught first.
 
