@@ -3,8 +3,7 @@
 Every case runs through the real CLI entry point (``pcpo_eval.cli.main``, the ``cli`` fixture) inside
 a folder whose name has spaces and non-ASCII characters, and compares a snapshot of that folder
 (every entry, its mode and its bytes) before and after: a rejected command must not add, change or
-remove anything. Cases whose fix lies outside the CLI layer are ``xfail(strict=True)`` with the
-file and function that must change.
+remove anything.
 """
 
 from __future__ import annotations
@@ -193,8 +192,6 @@ def test_generate_foreign_lora_is_one_line(cli, box):
     rejected(cli, box, "generate", "--model", ck, "--out", box / "set", *GEN, needles=["do not fit base model"])
 
 
-@pytest.mark.xfail(strict=True, reason="pcpo_eval/train/trainer.py Trainer._resume must load the state with "
-                   "pcpo_eval.train.checkpoints.load_training_state (torch.load raises a raw OSError)")
 def test_resume_truncated_training_state(cli, box, toy_run):
     run = shutil.copytree(toy_run, box / "run")
     _truncate(run / "checkpoints" / "epoch_0001" / "training_state.pt")
@@ -344,9 +341,7 @@ def test_study_bad_spec(cli, box):
 
 @pytest.mark.parametrize("content", [
     b"", b'{"runs": [',
-    pytest.param(b"\xff\xfe", marks=pytest.mark.xfail(strict=True, reason=(
-        "pcpo_eval/report/html.py write_report must read results.json with pcpo_eval.io.read_text_file "
-        "(a non-UTF-8 file raises UnicodeDecodeError)"))),
+    b"\xff\xfe",
 ], ids=["empty", "truncated", "binary"])
 def test_report_keeps_existing_html(cli, box, content):
     study = box / "study"
@@ -356,8 +351,6 @@ def test_report_keeps_existing_html(cli, box, content):
     rejected(cli, box, "report", study, needles=["results.json"])
 
 
-@pytest.mark.xfail(strict=True, reason="pcpo_eval/report/html.py write_report must reject a results.json that is "
-                   "not a mapping (a JSON list raises AttributeError in render_report)")
 def test_report_results_not_a_mapping(cli, box):
     study = box / "study"
     study.mkdir()

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from pcpo_eval.errors import UserError
-from pcpo_eval.io import atomic_write_text
+from pcpo_eval.io import atomic_write_text, read_text_file
 from pcpo_eval.report.figures import (
     grad_plot,
     kl_reward_plot,
@@ -369,9 +369,12 @@ def write_report(study_dir: str | Path, out_file: str | Path | None = None) -> P
         raise UserError(f"{res} not found; run `pcpo-eval study SPEC --out {study_dir}` first "
                         "(the stats stage writes it)")
     try:
-        results = json.loads(res.read_text())
+        results = json.loads(read_text_file(res, "results file", "re-run the study's stats stage"))
     except json.JSONDecodeError as exc:
         raise UserError(f"{res} is not valid JSON ({exc.msg}); re-run the study's stats stage") from None
+    if not isinstance(results, dict):
+        raise UserError(f"{res} holds a JSON {type(results).__name__}, not a study's results object; "
+                        "re-run the study's stats stage")
     out = Path(out_file) if out_file is not None else study_dir / "report.html"
     atomic_write_text(out, render_report(results, study_dir))
     return out

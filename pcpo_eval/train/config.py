@@ -16,9 +16,11 @@ from typing import Any
 
 import yaml
 
-from pcpo_eval.credit.flow import FLOW_SDES, T1_CONVENTIONS
+from pcpo_eval.credit.ddim import CONVENTIONS, DEFAULT_FALLBACK, FALLBACKS
+from pcpo_eval.credit.flow import FLOW_SDES, KL_FORMS, T1_CONVENTIONS
 from pcpo_eval.errors import UserError
-from pcpo_eval.io import read_yaml_mapping
+from pcpo_eval.io import check_finite, read_yaml_mapping
+from pcpo_eval.train.advantages import ADV_STDS
 from pcpo_eval.train.objectives import OBJECTIVES
 
 ADVANTAGES = ("per_prompt", "group")
@@ -42,15 +44,24 @@ class TrainConfig:
     cfg: float = 5.0  #: classifier-free guidance weight, in sampling and training (DDPO)
     sample_batch_size: int = 16  #: images per sampling batch, per process
     sample_batches_per_epoch: int = 2  #: sampling batches per epoch, per process
-    credit_convention: str = "residual"  #: weight convention of PCPO's sigma~ (credit.py)
+    credit_convention: str = "residual"  #: weight convention of PCPO's sigma~: residual | unit (credit.ddim.CONVENTIONS)
+    credit_fallback: str = DEFAULT_FALLBACK  #: steps sigma~ cannot bring to w*: cap | exclude | nearest | native
     # --- flow-matching models (prediction == "velocity"; samplers/flow.py) -----------------
     sde: str = "dance"  #: dance (DanceGRPO, sigma = eta) | flowgrpo (sigma_t = eta sqrt(t/(1-t)))
     flow_shift: float = 3.0  #: time shift of the ``shifted`` grid (DanceGRPO FLUX: 3)
     flow_grid: str = "auto"  #: auto (shifted for dance, the model's scheduler for flowgrpo) | shifted | scheduler
     flow_t1: str = "neighbor"  #: Flow-GRPO t=1 weight convention for PCPO's zeta (credit.T1_CONVENTIONS)
+    #: feed velocity models DanceGRPO's int(1000 t)/1000 in sampling and training (train_grpo_flux.py);
+    #: DDIM's model times are integer timesteps already (no effect on eps models)
+    model_time_quantize: bool = False
     # --- advantages -----------------------------------------------------------------------
     advantage: str = "per_prompt"  #: per_prompt (DDPO stat tracker) | group (GRPO)
     images_per_prompt: int = 4  #: group size for advantage=group (prompts per epoch = images/this)
+    #: advantage=group: group = (r - mean_G) / (std_G + 1e-8), unbiased std per group (DanceGRPO);
+    #: batch = (r - mean of the prompt's rewards) / (population std of ALL gathered rewards + 1e-4),
+    #: groups by prompt string (Flow-GRPO's PerPromptStatTracker with global_std)
+    adv_std: str = "group"
+    drop_zero_advantage: bool = False  #: train only samples with advantage != 0 (Flow-GRPO; docs/credit.md)
     same_noise_per_group: bool = False  #: DanceGRPO-SD: one initial latent per prompt group
     stat_buffer_size: int = 32  #: DDPO per-prompt tracker buffer
     stat_min_count: int = 16  #: DDPO per-prompt tracker minimum count
@@ -69,9 +80,15 @@ class TrainConfig:
     adam_epsilon: float = 1e-8
     max_grad_norm: float = 1.0
     beta_kl: float = 0.0  #: KL penalty on the step means against the base model (0 = off)
+    #: KL form in the loss: paper (||mu - mu_ref||^2 / (2 std^2), std = sigma_t sqrt(dt)) | flowgrpo_code
+    #: (/ (2 sigma_t^2), Flow-GRPO's train_sd3.py); both are logged (kl_ref_<form>) when beta_kl > 0
+    kl_form: str = "paper"
+    cfg_detach_uncond: bool = False  #: no gradient through the unconditional CFG branch in training (Flow-GRPO)
     lora_rank: int = 4  #: 0 = full fine-tune
     lora_alpha: float = 4.0
-    mixed_precision: str = "no"  #: no | fp16 | bf16 autocast (GPU only; ignored on CPU)
+    #: no | fp16 | bf16 autocast (GPU only; ignored on CPU); fp16 adds dynamic loss scaling
+    #: (torch.amp.GradScaler), as accelerate's fp16 mixed precision in ddpo-pytorch
+    mixed_precision: str = "no"
     checkpoint_every: int = 1  #: save every N epochs (and at the last epoch)
     #: also sample the UNTRAINED model each epoch on the same prompts and noises (same keyed
     #: generators, same sampler and schedule) and log its reward as ``control_reward_mean``: the
@@ -94,7 +111,9 @@ class TrainConfig:
         need(self.objective in OBJECTIVES, f"objective={self.objective!r} (choose {', '.join(OBJECTIVES)})")
         need(self.advantage in ADVANTAGES, f"advantage={self.advantage!r} (choose {', '.join(ADVANTAGES)})")
         need(self.mixed_precision in PRECISIONS, f"mixed_precision={self.mixed_precision!r} (choose {', '.join(PRECISIONS)})")
-        need(self.credit_convention in ("residual", "unit"), "credit_convention must be residual or unit")
+        for key, choices in (("credit_convention", CONVENTIONS), ("credit_fallback", FALLBACKS),
+                             ("kl_form", KL_FORMS), ("adv_std", ADV_STDS)):
+            need(getattr(self, key) in choices, f"{key}={getattr(self, key)!r} (choose {', '.join(choices)})")
         need(self.sde in FLOW_SDES, f"sde={self.sde!r} (choose {', '.join(FLOW_SDES)})")
         need(self.flow_grid in FLOW_GRIDS, f"flow_grid={self.flow_grid!r} (choose {', '.join(FLOW_GRIDS)})")
         need(self.flow_t1 in T1_CONVENTIONS, f"flow_t1={self.flow_t1!r} (choose {', '.join(T1_CONVENTIONS)})")
@@ -123,6 +142,8 @@ class TrainConfig:
                  f"images_per_prompt={self.images_per_prompt} must divide the {n} samples per epoch")
         if self.same_noise_per_group:
             need(self.advantage == "group", "same_noise_per_group needs advantage=group")
+        if self.adv_std != "group":
+            need(self.advantage == "group", f"adv_std={self.adv_std} needs advantage=group")
         if problems:
             raise UserError("invalid training config: " + "; ".join(problems))
         return self
@@ -138,6 +159,26 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def convention_keys(cfg: TrainConfig) -> tuple[str, ...]:
+    """Keys whose value picks between the paper's and a reference codebase's convention, so a shipped
+    config must state them explicitly (docs/credit.md; tests/test_conventions.py).
+
+    eps (DDIM) models: ``credit_convention``, ``credit_fallback`` (PCPO's sigma~, also for configs whose
+    PCPO arm is ``objective=pcpo``). Velocity models: ``sde``, ``kl_form``, ``cfg_detach_uncond``,
+    ``drop_zero_advantage``, ``model_time_quantize``, and ``flow_t1`` for the Flow-GRPO SDE. GRPO
+    group advantages: ``adv_std``.
+    """
+    from pcpo_eval.models.registry import prediction_of
+
+    if prediction_of(cfg.model) == "eps":
+        keys = ["credit_convention", "credit_fallback"]
+    else:
+        keys = ["sde", "kl_form", "cfg_detach_uncond", "drop_zero_advantage", "model_time_quantize"]
+        keys += ["flow_t1"] if cfg.sde == "flowgrpo" else []
+    keys += ["adv_std"] if cfg.advantage == "group" else []
+    return tuple(keys)
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
@@ -201,4 +242,5 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
     """Load a YAML config (None = defaults), apply KEY=VALUE overrides, validate."""
     data = read_config_file(path) if path is not None else {}
     data.update(parse_overrides(overrides or []))
+    check_finite(data, f"train config {path}" if path is not None else "train config overrides")
     return config_from_dict(data)

@@ -44,6 +44,7 @@ import torch
 import yaml
 
 from pcpo_eval import dist
+from pcpo_eval.credit.flow import KL_FORMS
 from pcpo_eval.errors import UserError
 from pcpo_eval.io import atomic_write_parquet, atomic_write_text
 from pcpo_eval.models.base import ModelAdapter, PromptEmbeds
@@ -53,7 +54,12 @@ from pcpo_eval.samplers.ddim import DDIMSampler
 from pcpo_eval.samplers.flow import FlowSampler
 from pcpo_eval.seeding import keyed_generator as _keyed_generator
 from pcpo_eval.train import checkpoints as ck
-from pcpo_eval.train.advantages import PerPromptStatTracker, clamp_advantages, group_advantages
+from pcpo_eval.train.advantages import (
+    PerPromptStatTracker,
+    batch_std_advantages,
+    clamp_advantages,
+    group_advantages,
+)
 from pcpo_eval.train.config import TrainConfig
 from pcpo_eval.train.objectives import StepLoss, eps_matching_log_rho, get_objective, uses_decomposition
 
@@ -89,12 +95,29 @@ def training_sampler(cfg: TrainConfig, prediction: str) -> tuple[Sampler, str]:
     """The sampler and schedule a run trains with.
 
     eps models: DDIM with DDIM's sigma (DDPO) or, for ``objective=pcpo``, PCPO's re-solved sigma~
-    in ``credit_convention`` (Prop. 1). Velocity models: the flow SDE ``sde`` on ``flow_grid``
-    (DanceGRPO / Flow-GRPO); PCPO keeps that sampler and reweights in the hinge (Prop. 2).
+    in ``credit_convention`` with ``credit_fallback`` (Prop. 1; docs/credit.md). Velocity models: the
+    flow SDE ``sde`` on ``flow_grid`` (DanceGRPO / Flow-GRPO), the model fed DanceGRPO's quantized
+    time if ``model_time_quantize``; PCPO keeps that sampler and reweights in the hinge (Prop. 2).
     """
     if resolve_sampler("auto", prediction) == DDIMSampler.name:
-        return DDIMSampler(convention=cfg.credit_convention), cfg.sigma_schedule()
-    return FlowSampler(shift=cfg.flow_shift, grid=cfg.flow_grid, t1=cfg.flow_t1), cfg.sde
+        return DDIMSampler(convention=cfg.credit_convention, fallback=cfg.credit_fallback), cfg.sigma_schedule()
+    return FlowSampler(shift=cfg.flow_shift, grid=cfg.flow_grid, t1=cfg.flow_t1,
+                       quantize_time=cfg.model_time_quantize), cfg.sde
+
+
+def guided_detached_uncond(adapter: ModelAdapter, x_t: torch.Tensor, t: torch.Tensor, cond: PromptEmbeds,
+                           uncond: PromptEmbeds, cfg: float) -> torch.Tensor:
+    """CFG output ``sg(out_u) + cfg (out_c - sg(out_u))`` with the unconditional branch detached (sg): one 2B
+    batch as :meth:`ModelAdapter.predict`, the same value, gradient only through the conditional branch
+    (Flow-GRPO's ``compute_log_prob``: ``noise_pred_uncond.detach()``)."""
+    if t.ndim == 0:
+        t = t.expand(x_t.shape[0])
+    if cfg == 1.0:
+        return adapter.denoise(x_t, t, cond)
+    both = adapter.denoise(torch.cat([x_t, x_t]), torch.cat([t, t]), PromptEmbeds.cat([uncond, cond]))
+    out_u, out_c = both.chunk(2)
+    out_u = out_u.detach()
+    return out_u + cfg * (out_c - out_u)
 
 
 class Trainer:
@@ -130,6 +153,7 @@ class Trainer:
             weight_decay=config.adam_weight_decay, eps=config.adam_epsilon,
         )
         self.tracker = PerPromptStatTracker(config.stat_buffer_size, config.stat_min_count)
+        self.scaler = self._grad_scaler()
         self.objective = get_objective(config.objective)
         with torch.no_grad():
             self.null = self.adapter.encode_prompts([""])
@@ -231,7 +255,9 @@ class Trainer:
                 f"epoch {epoch}: reward {cfg.reward!r} returned NaN/inf for prompt(s) {names}; epoch rejected, "
                 "no checkpoint written"
             )
-        if cfg.advantage == "group":
+        if cfg.advantage == "group" and cfg.adv_std == "batch":
+            adv_all = batch_std_advantages(all_prompts, all_rewards)
+        elif cfg.advantage == "group":
             groups = np.repeat(np.arange(len(all_rewards) // cfg.images_per_prompt), cfg.images_per_prompt)
             adv_all = group_advantages(groups, all_rewards)
         else:
@@ -255,10 +281,25 @@ class Trainer:
         S = self.cfg.sample_steps
         return list(range(S if self.cfg.train_last_step else max(S - 1, 1)))
 
+    def _trainable_steps(self, samples: EpochSamples) -> list[int]:
+        """:meth:`_train_steps` without the steps PCPO gives no credit (DDIM fallback ``exclude``: scale 0)."""
+        steps = self._train_steps()
+        scale = self.sampler.credit_scale(samples.traj, torch.tensor(steps), self.cfg.objective)
+        kept = [s for s, c in zip(steps, scale.tolist(), strict=True) if c != 0]
+        if not kept:
+            raise UserError("every trainable step has credit 0 (credit_fallback=exclude); use credit_fallback=cap")
+        return kept
+
+    def _predict(self, x: torch.Tensor, t: torch.Tensor, cond: PromptEmbeds, n: int) -> torch.Tensor:
+        """The guided model output in training; the unconditional branch detached if ``cfg_detach_uncond``."""
+        if self.cfg.cfg_detach_uncond:
+            return guided_detached_uncond(self.adapter, x, t, cond, self.null.repeat(n), self.cfg.cfg)
+        return self.adapter.predict(x, t, cond, self.null.repeat(n), self.cfg.cfg)
+
     def step_loss(
         self, samples: EpochSamples, rows: torch.Tensor, j: torch.Tensor, adv: torch.Tensor
-    ) -> tuple[torch.Tensor, StepLoss, torch.Tensor | None]:
-        """Per-sample loss, objective output and KL (or None) of samples ``rows`` at steps ``j`` ((b,) long).
+    ) -> tuple[torch.Tensor, StepLoss, dict[str, torch.Tensor] | None]:
+        """Per-sample loss, objective output and KLs (or None) of samples ``rows`` at steps ``j`` ((b,) long).
 
         One recipe for every sampler (``self.sampler``, :mod:`pcpo_eval.samplers.base`):
 
@@ -267,16 +308,17 @@ class Trainer:
         * ``eps_matching`` / ``pcpo``: log rho = -[w d . eps + 1/2 ||w d||^2], d = model output minus
           the recorded one, w the step's native weight (Prop. 1; Eq. logrho-flow), exact, no exp;
           scaled inside the hinge by ``sampler.credit_scale`` (flow PCPO: zeta dt_i / w(t_i), Prop. 2;
-          ones for DDIM, whose PCPO acts through the sampled sigma~).
+          DDIM: 1, or the fallback's w*/w_min at steps sigma~ cannot bring to w*).
         * ``beta_kl > 0``: + beta_kl * KL of the step against the reference policy (base weights: LoRA
-          disabled, or a frozen copy), ``sampler.kl_to_reference`` (Flow-GRPO Eq. 3; DPOK).
+          disabled, or a frozen copy) in ``kl_form``, ``sampler.kl_to_reference`` (Flow-GRPO; DPOK). The
+          third value holds the KL in every form of :data:`~pcpo_eval.credit.flow.KL_FORMS` (for the log).
         """
         cfg, dev, sp, tr = self.cfg, self.device, self.sampler, samples.traj
         x = tr.trajectory[rows, j].to(dev)
         t = sp.model_time(tr, j).to(dev)
         cond = samples.cond.index(rows.to(samples.cond.hidden.device))
         with self._autocast():
-            out = self.adapter.predict(x, t, cond, self.null.repeat(len(rows)), cfg.cfg).float()
+            out = self._predict(x, t, cond, len(rows)).float()
         if uses_decomposition(cfg.objective):
             log_rho = eps_matching_log_rho(out, tr.model_outputs[rows, j].to(dev), tr.noise[rows, j].to(dev),
                                            sp.native_weight(tr, j).to(dev))
@@ -284,50 +326,82 @@ class Trainer:
         else:
             logp = sp.step_log_prob(tr, j, x, tr.trajectory[rows, j + 1].to(dev), out)
             res = self.objective(logp - tr.log_probs[rows, j].to(dev), adv, cfg.clip_range)
-        loss, kl = res.loss, None
+        loss, kls = res.loss, None
         if cfg.beta_kl > 0:
             with torch.no_grad(), self._reference():
                 ref = self._ref_predict(x, t, cond, len(rows)).float()
-            kl = sp.kl_to_reference(tr, j, x, out, ref)
-            loss = loss + cfg.beta_kl * kl
-        return loss, res, kl
+            kls = {form: sp.kl_to_reference(tr, j, x, out, ref, form=form) for form in KL_FORMS}
+            loss = loss + cfg.beta_kl * kls[cfg.kl_form]
+        return loss, res, kls
+
+    def _micro_batches(self, perm: torch.Tensor, samples: EpochSamples, epoch: int) -> list[torch.Tensor]:
+        """The epoch's micro-batches of ``train_batch_size`` rows in ``perm`` order, or with
+        ``drop_zero_advantage`` Flow-GRPO's filter (``scripts/train_sd3.py``): samples whose advantage is
+        exactly 0 leave; as many of them as needed come back (keyed draw, the same in every inner epoch)
+        to make the kept count a multiple of the micro-batch count (at least one per micro-batch); the
+        kept rows, in ``perm`` order, form the same number of smaller micro-batches, so the optimizer
+        steps and their accumulation are unchanged."""
+        tb, N = self.cfg.train_batch_size, len(perm)
+        if not self.cfg.drop_zero_advantage:
+            return [perm[i:i + tb] for i in range(0, N, tb)]
+        n_micro = N // tb
+        zero = np.asarray(samples.advantages) == 0  # by sample index
+        n_kept = int((~zero).sum())
+        need = n_micro if n_kept == 0 else -n_kept % n_micro
+        g = keyed_generator(self.cfg.seed, epoch, self.rank, "drop_zero_advantage")
+        zero_at = np.flatnonzero(zero)
+        keep = ~zero
+        keep[zero_at[torch.randperm(len(zero_at), generator=g)[:need].numpy()]] = True
+        kept = perm[torch.as_tensor(keep[perm.numpy()])]
+        size = len(kept) // n_micro
+        return [kept[i * size:(i + 1) * size] for i in range(n_micro)]
 
     def train_epoch(self, epoch: int, samples: EpochSamples) -> dict[str, float]:
         cfg, ad = self.cfg, self.adapter
         ad.denoiser.train()
-        steps = self._train_steps()
+        steps = self._trainable_steps(samples)
         n_train = max(1, int(len(steps) * cfg.timestep_fraction))
         N = len(samples.prompts)
         adv_all = torch.as_tensor(samples.advantages, dtype=torch.float32)
         stats: dict[str, list[float]] = {"loss": [], "clip": [], "log_rho": [], "kl": [], "grad_norm": [],
-                                         "g1_mean": [], "g1_var": [], "step": [], "update": []}
+                                         "g1_mean": [], "g1_var": [], "step": [], "update": [], "rows": []}
+        kl_forms: dict[str, list[float]] = {form: [] for form in KL_FORMS}
         for inner in range(cfg.num_inner_epochs):
             g = keyed_generator(cfg.seed, epoch, self.rank, "train", inner)
             perm = torch.randperm(N, generator=g)
             # per-sample random timestep order; the first n_train of each are trained
             tsel = torch.stack([torch.tensor(steps)[torch.randperm(len(steps), generator=g)][:n_train] for _ in range(N)])
-            micro = [perm[i:i + cfg.train_batch_size] for i in range(0, N, cfg.train_batch_size)]
+            micro = self._micro_batches(perm, samples, epoch)
             per_update = len(micro) // cfg.gradient_updates
             for u in range(cfg.gradient_updates):
                 chunk = micro[u * per_update:(u + 1) * per_update]
                 accum = len(chunk) * n_train
                 for rows in chunk:
                     adv = adv_all[rows].to(self.device)
+                    stats["rows"].append(len(rows))
                     for k in range(n_train):
                         j = tsel[rows, k]
-                        loss, out, kl = self.step_loss(samples, rows, j, adv)
-                        (loss.mean() / accum).backward()
+                        loss, out, kls = self.step_loss(samples, rows, j, adv)
+                        self._scaled(loss.mean() / accum).backward()
                         stats["loss"].append(float(loss.detach().mean()))
                         stats["clip"].extend(out.clipped.float().tolist())
                         stats["log_rho"].extend(out.log_rho.detach().float().tolist())
                         stats["step"].extend(j.tolist())
                         stats["update"].extend([inner * cfg.gradient_updates + u] * len(rows))
-                        if kl is not None:
-                            stats["kl"].extend(kl.detach().tolist())
+                        if kls is not None:
+                            stats["kl"].extend(kls[cfg.kl_form].detach().tolist())
+                            for form, v in kls.items():
+                                kl_forms[form].extend(v.detach().tolist())
                 gn, g1 = self._optimizer_step()
                 stats["grad_norm"].append(gn)
                 stats["g1_mean"].append(g1[0])
                 stats["g1_var"].append(g1[1])
+        return self._epoch_row(epoch, samples, stats, kl_forms)
+
+    def _epoch_row(self, epoch: int, samples: EpochSamples, stats: dict[str, list[float]],
+                   kl_forms: dict[str, list[float]]) -> dict[str, Any]:
+        """The epoch's log row; the option-specific columns appear only when their option is on."""
+        cfg = self.cfg
         lr = np.asarray(stats["log_rho"], dtype=np.float64)
         rho = np.exp(lr)
         control = samples.control_rewards
@@ -350,10 +424,28 @@ class Trainer:
             "adv_abs_mean": float(np.abs(samples.advantages).mean()),
             **ppo_health_stats(lr, np.asarray(stats["clip"]), np.asarray(stats["update"]), np.asarray(stats["step"])),
         }
+        if cfg.beta_kl > 0:
+            row.update({f"kl_ref_{form}": float(np.mean(v)) for form, v in kl_forms.items()})
+        if cfg.drop_zero_advantage:
+            row["train_samples"] = int(sum(stats["rows"])) // max(cfg.num_inner_epochs, 1)
+        if self.scaler is not None:
+            row["loss_scale"] = float(self.scaler.get_scale())
         return row
 
+    def _scaled(self, loss: torch.Tensor) -> torch.Tensor:
+        """The loss to back-propagate: times the dynamic loss scale under fp16 (:meth:`_grad_scaler`)."""
+        return loss if self.scaler is None else self.scaler.scale(loss)
+
+    def _grad_scaler(self) -> torch.amp.GradScaler | None:
+        """Dynamic loss scaling for fp16 autocast on CUDA (what accelerate's fp16 mixed precision does in
+        ddpo-pytorch); None otherwise (fp32, bf16 or CPU: no scaling)."""
+        if self.device.type != "cuda" or self.cfg.mixed_precision != "fp16":
+            return None
+        return torch.amp.GradScaler("cuda")
+
     def _optimizer_step(self) -> tuple[float, tuple[float, float]]:
-        """All-reduce (average) gradients, clip, AdamW step. Returns grad norm and first-layer |g| stats."""
+        """All-reduce (average) gradients, unscale (fp16), clip, AdamW step (skipped by the scaler on inf/NaN
+        gradients, which the all-reduce has spread to every process). Returns grad norm and first-layer |g| stats."""
         if self.world > 1:
             # One flat bucket, one all-reduce (not one collective per tensor).
             for p in self.params:
@@ -365,10 +457,16 @@ class Trainer:
             for g in grads:
                 g.copy_(flat[offset : offset + g.numel()].view_as(g))
                 offset += g.numel()
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
         first = next((p for p in self.params if p.grad is not None), None)
         g1 = (float(first.grad.abs().mean()), float(first.grad.abs().var())) if first is not None else (0.0, 0.0)
         gn = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
-        self.optimizer.step()
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return float(gn), g1
 
@@ -419,6 +517,8 @@ class Trainer:
         meta = {"epoch": epoch, "reward_mean": row["reward_mean"], "model": self.cfg.model,
                 "objective": self.cfg.objective, "lora_rank": self.cfg.lora_rank}
         state = {"epoch": epoch, "optimizer": self.optimizer.state_dict(), "tracker": self.tracker.state_dict()}
+        if self.scaler is not None:
+            state["scaler"] = self.scaler.state_dict()
         return ck.save_checkpoint(ck.checkpoint_dir(self.out, epoch), self.adapter.denoiser, meta, state)
 
     def log_epoch(self, row: dict[str, Any]) -> None:
@@ -441,7 +541,7 @@ class Trainer:
         if mismatch:
             raise UserError(f"--resume: config differs from the run's config.yaml in {', '.join(mismatch)}; "
                             "resume with the same settings (only epochs may change)")
-        state = torch.load(latest / ck.STATE_FILE, map_location="cpu", weights_only=False)
+        state = ck.load_training_state(latest)
         if "peft_state" in state:
             from peft.utils import set_peft_model_state_dict
 
@@ -450,6 +550,8 @@ class Trainer:
             ck.load_weights_into(self.adapter, latest)
         self.optimizer.load_state_dict(state["optimizer"])
         self.tracker.load_state_dict(state["tracker"])
+        if self.scaler is not None and "scaler" in state:
+            self.scaler.load_state_dict(state["scaler"])
         self.start_epoch = int(state["epoch"]) + 1
         if (self.out / LOG_FILE).exists():
             log = pd.read_parquet(self.out / LOG_FILE)
