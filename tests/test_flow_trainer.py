@@ -115,7 +115,8 @@ def test_kl_penalty_against_base_weights(env):
     rows, adv, jj = torch.arange(4), torch.as_tensor(s.advantages, dtype=torch.float32), torch.full((4,), 2)
     with torch.no_grad():
         _, _, kl0 = tr.step_loss(s, rows, jj, adv)
-    assert kl0.abs().max().item() < 1e-10  # LoRA B = 0 at init: policy == base
+    assert set(kl0) == {"paper", "flowgrpo_code"}
+    assert max(v.abs().max().item() for v in kl0.values()) < 1e-10  # LoRA B = 0 at init: policy == base
     _perturb_lora(tr)
     t, dt, sig = float(s.traj.t[2]), float(s.traj.dt[2]), float(s.traj.sigmas[2])
     x = s.traj.trajectory[:, 2]
@@ -125,9 +126,10 @@ def test_kl_penalty_against_base_weights(env):
         tr.adapter.denoiser.disable_adapters()
         u_ref = tr.adapter.predict(x, torch.full((4,), t), s.cond, tr.null.repeat(4), 2.0)
         tr.adapter.denoiser.enable_adapters()
-    assert kl.min().item() > 0
-    np.testing.assert_allclose(kl.numpy(), flow_kl_to_reference(u, u_ref, t, dt, sig).numpy(), rtol=1e-4)
-    np.testing.assert_allclose(loss.numpy(), (out.loss + 0.04 * kl).numpy(), rtol=1e-6)
+    assert kl["paper"].min().item() > 0
+    np.testing.assert_allclose(kl["paper"].numpy(), flow_kl_to_reference(u, u_ref, t, dt, sig).numpy(), rtol=1e-4)
+    np.testing.assert_allclose(kl["flowgrpo_code"].numpy(), (kl["paper"] * dt).numpy(), rtol=1e-5)
+    np.testing.assert_allclose(loss.numpy(), (out.loss + 0.04 * kl["paper"]).numpy(), rtol=1e-6)
 
 
 @pytest.mark.parametrize("objective", ["ppo_clip", "pcpo"])

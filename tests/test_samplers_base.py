@@ -8,7 +8,7 @@ import pytest
 import torch
 from flow_helpers import LinearVelocityAdapter
 
-from pcpo_eval.credit.ddim import SD1_DDIM_CONFIG
+from pcpo_eval.credit.ddim import SD1_DDIM_CONFIG, ddim_C, ddim_sigma, ddim_weight
 from pcpo_eval.errors import UserError
 from pcpo_eval.samplers import PREDICTION_SAMPLER, SAMPLERS, SCHEDULES, resolve_sampler
 from pcpo_eval.samplers.base import Sampler, Trajectory, gaussian_kl_same_std
@@ -167,8 +167,16 @@ def test_credit_scale_is_identity_except_flow_pcpo(sampler, make, schedule, eta,
     for objective in ("ppo_clip", "log_hinge", "eps_matching"):
         assert torch.equal(sampler.credit_scale(tr, j, objective), torch.ones(STEPS))
     scale = sampler.credit_scale(tr, j, "pcpo")
-    if kind is DDIMSample:  # DDIM's PCPO acts through the sampled sigma~ schedule
+    if kind is DDIMSample and schedule == "ddim":
         assert torch.equal(scale, torch.ones(STEPS))
+    elif kind is DDIMSample:  # PCPO acts through sigma~ (scale 1); 'cap' scales the steps sigma~ cannot reach
+        C = ddim_C(tr.alpha_bar.numpy(), tr.alpha_bar_prev.numpy(), tr.sigmas.numpy())
+        w = C / tr.sigmas.numpy()  # the sampler's 'unit' convention
+        w_star = np.mean(ddim_weight(ddim_C(tr.alpha_bar.numpy(), tr.alpha_bar_prev.numpy(), ddim_sigma(
+            tr.alpha_bar.numpy(), tr.alpha_bar_prev.numpy(), 1.0)), ddim_sigma(tr.alpha_bar.numpy(),
+            tr.alpha_bar_prev.numpy(), 1.0), "unit"))
+        np.testing.assert_allclose(scale.double().numpy() * w, w_star, rtol=1e-5)
+        assert (scale < 1).any() and (scale[scale < 1] > 0).all()  # 5 SD-1.x steps: a step w* cannot reach
     else:  # w~ = scale * w = zeta dt_i, summing to zeta = sum_i w(t_i) (Prop. 2)
         w_tilde = (scale * sampler.native_weight(tr, j)).double().numpy()
         np.testing.assert_allclose(w_tilde / tr.dt.numpy(), w_tilde.sum(), rtol=1e-5)

@@ -8,7 +8,13 @@ from typing import Annotated, Any
 
 import typer
 
-from pcpo_eval.credit.ddim import DDIMSchedulerConfig, ddim_schedule, pcpo_ddim_credit, read_scheduler_config
+from pcpo_eval.credit.ddim import (
+    DEFAULT_FALLBACK,
+    DDIMSchedulerConfig,
+    ddim_schedule,
+    pcpo_ddim_credit,
+    read_scheduler_config,
+)
 from pcpo_eval.io import check_out_path
 
 credit_app = typer.Typer(help="Per-timestep credit weights: native vs PCPO (paper Fig. 2).", no_args_is_help=True)
@@ -43,13 +49,21 @@ def ddim_cmd(
     scheduler_config: Annotated[
         Path | None, typer.Option(help="A diffusers scheduler_config.json (overrides the beta/spacing flags).")
     ] = None,
-    convention: Annotated[str, typer.Option(help="residual (C/sigma^2, paper Fig. 2) | unit (C/sigma)")] = "residual",
+    convention: Annotated[
+        str, typer.Option(help="residual (w = C/sigma^2, paper Fig. 2) | unit (w = C/sigma, Eq. logrho)")
+    ] = "residual",
     w_target: Annotated[float | None, typer.Option(help="Target weight w*; default: mean native weight.")] = None,
-    fallback: Annotated[str, typer.Option(help="nearest | native: sigma for steps with no valid root")] = "nearest",
+    fallback: Annotated[
+        str, typer.Option(help="Steps no sigma brings to w*: cap (weight w*) | exclude | nearest | native.")
+    ] = DEFAULT_FALLBACK,
     as_json: Annotated[bool, typer.Option("--json", help="Print the JSON summary.")] = False,
     plot: Annotated[Path | None, typer.Option(help="Write Figure 2 (a)-(d) to this PNG.")] = None,
 ) -> None:
-    """DDIM native weights w(t) and PCPO's re-solved sigma~_t (paper Prop. 1, Fig. 2a-b)."""
+    """DDIM native weights w(t) and PCPO's re-solved sigma~_t (paper Prop. 1, Fig. 2a-b; docs/credit.md).
+
+    Per step: sigma, sigma~, their ratio, native and PCPO (effective) weights, each step's share of the
+    total weight, and the fallback steps.
+    """
     if plot is not None:
         check_out_path(plot, "--plot", folder=False)
     if scheduler_config is not None:
@@ -67,10 +81,12 @@ def ddim_cmd(
     _emit(
         summary,
         as_json,
-        ["index", "timestep", "sigma", "native_weight", "pcpo_sigma", "pcpo_weight", "fallback"],
+        ["index", "timestep", "sigma", "pcpo_sigma", "sigma_ratio", "native_weight", "native_share",
+         "effective_weight", "pcpo_share", "fallback"],
         f"DDIM {steps} steps, eta={eta}, convention={convention}: mean native weight "
         f"{summary['mean_native_weight']:.4f}, w*={summary['w_target']:.4f}, "
-        f"fallback ({fallback}) at steps {summary['fallback_steps']}",
+        f"fallback ({fallback}) at steps {summary['fallback_steps']} carrying "
+        f"{summary['fallback_weight_share']:.1%} of the weight, max weight {summary['max_effective_weight_over_w_target']:.3g} w*",
     )
 
 

@@ -43,8 +43,29 @@ import numpy as np
 from pcpo_eval.errors import UserError
 
 Convention = Literal["residual", "unit"]
-CONVENTIONS: tuple[str, ...] = ("residual", "unit")
-FALLBACKS: tuple[str, ...] = ("nearest", "native")
+
+#: The two readings of Prop. 1's weight, each tied to the equation that defines it (docs/credit.md).
+CONVENTIONS: dict[str, str] = {
+    "residual": "w = C/sigma^2, the dot-product weight on the residual x_{t-1} - mu_old = sigma eps_old "
+                "(what Fig. 2a plots: mean 4.456 at SD-1.x 50 steps, the figure's w* = 4.5)",
+    "unit": "w = C/sigma, the weight on the unit noise eps_old ~ N(0, I) (Eq. logrho as derived in App. A.1; "
+            "the scale of the step's policy gradient)",
+}
+
+#: What a step gets when w* is below the least weight w_min(t) it can reach (no sigma solves w = w*).
+#: All but ``native`` sample it with the least-weight sigma*_t, the end of the root branch.
+FALLBACKS: dict[str, str] = {
+    "cap": "sigma*_t, and the step's log-ratio is scaled by w*/w_min(t) inside the hinge, so its effective "
+           "weight is w* (the reweighting of Prop. 2)",
+    "exclude": "sigma*_t, and the step is not trained (weight 0)",
+    "nearest": "sigma*_t, trained with its weight w_min(t) > w*",
+    "native": "DDIM's own sigma_t, trained with its native weight",
+}
+
+#: Default fallback: measured in docs/credit.md, the only choice (with ``exclude``) that keeps every
+#: step's weight <= 2 w* on the SD-1.x and toy schedules at 8, 20 and 50 steps.
+DEFAULT_FALLBACK = "cap"
+
 
 @dataclass(frozen=True)
 class DDIMSchedulerConfig:
@@ -189,7 +210,7 @@ def ddim_C(alpha_bar: np.ndarray, alpha_bar_prev: np.ndarray, sigma: np.ndarray)
 
 
 def ddim_weight(C: np.ndarray, sigma: np.ndarray, convention: Convention = "residual") -> np.ndarray:
-    """Native weight: ``C/sigma`` (``unit``, Prop. 1) or ``C/sigma^2`` (``residual``, Fig. 2a)."""
+    """Native weight in ``convention``: ``C/sigma`` (``unit``, Eq. logrho) or ``C/sigma^2`` (``residual``, Fig. 2a)."""
     _check_convention(convention)
     return C / sigma if convention == "unit" else C / sigma**2
 
@@ -197,6 +218,31 @@ def ddim_weight(C: np.ndarray, sigma: np.ndarray, convention: Convention = "resi
 def _check_convention(convention: str) -> None:
     if convention not in CONVENTIONS:
         raise UserError(f"unknown --convention {convention!r}; choose one of: {', '.join(CONVENTIONS)}")
+
+
+def _check_fallback(fallback: str) -> None:
+    if fallback not in FALLBACKS:
+        raise UserError(f"unknown --fallback {fallback!r}; choose one of: {', '.join(FALLBACKS)}")
+
+
+def least_weight_sigma(alpha_bar: np.ndarray, alpha_bar_prev: np.ndarray, convention: Convention) -> np.ndarray:
+    """sigma*_t minimising the weight w(sigma) over (0, sqrt(1-ab_{t-1})] (closed form, docs/credit.md).
+
+    With a = sqrt(1-ab_t)/sqrt(alpha_t), b = 1-ab_{t-1} and y = sqrt(b - sigma^2) (so C = a - y), w is
+    unimodal in sigma: it decreases from +inf (sigma -> 0) to w_min(t) = w(sigma*_t), then increases.
+
+    * ``unit``: dw/dsigma = 0 <=> b / y = a, so sigma*^2 = b (a^2 - b) / a^2 = (1-ab_{t-1})/(1-ab_t)
+      (1 - alpha_t): DDIM's eta = 1 variance (DDPM's posterior). w_min = sqrt(SNR_{t-1}/SNR_t - 1).
+    * ``residual``: dw/dsigma = 0 <=> b/y + y = 2a, so y = a - sqrt(a^2 - b) = b / (a + sqrt(a^2 - b)).
+    """
+    _check_convention(convention)
+    ab, abp = np.asarray(alpha_bar, dtype=np.float64), np.asarray(alpha_bar_prev, dtype=np.float64)
+    a2 = (1.0 - ab) * abp / ab
+    b = 1.0 - abp
+    if convention == "unit":
+        return np.sqrt(b * (a2 - b) / a2)
+    y = b / (np.sqrt(a2) + np.sqrt(a2 - b))
+    return np.sqrt(b - y * y)
 
 
 def pcpo_sigma_roots(
@@ -237,23 +283,39 @@ def pcpo_sigma_roots(
     return np.unique(np.sort(sig[ok]))
 
 
-def _nearest_achievable_sigma(alpha_bar: float, alpha_bar_prev: float, w_target: float, convention: str) -> float:
-    """sigma in (0, sqrt(b)] minimising |log w(sigma) - log w_target| (dense search + refine)."""
-    b = 1.0 - alpha_bar_prev
-    grid = np.sqrt(b) * np.concatenate([np.geomspace(1e-6, 1.0, 4001)])
-    C = ddim_C(np.full_like(grid, alpha_bar), np.full_like(grid, alpha_bar_prev), grid)
-    w = ddim_weight(C, grid, convention)  # type: ignore[arg-type]
-    i = int(np.argmin(np.abs(np.log(w) - np.log(w_target))))
-    lo, hi = grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]
-    fine = np.linspace(lo, hi, 2001)
-    Cf = ddim_C(np.full_like(fine, alpha_bar), np.full_like(fine, alpha_bar_prev), fine)
-    wf = ddim_weight(Cf, fine, convention)  # type: ignore[arg-type]
-    return float(fine[int(np.argmin(np.abs(np.log(wf) - np.log(w_target))))])
+def branch_root(
+    alpha_bar: float, alpha_bar_prev: float, w_target: float, convention: Convention, sigma_star: float
+) -> float | None:
+    """The sigma~ solving w(sigma) = w* on the decreasing branch 0 < sigma <= sigma*_t, or None.
+
+    That branch holds a root exactly when w* >= w_min(t) (w runs from +inf down to w_min on it) and
+    ends at sigma*_t, so following it is continuous in t up to and into the fallback (which samples
+    sigma*_t). The other branch (sigma > sigma*_t) need not exist (sigma <= sqrt(1-ab_{t-1})).
+    """
+    roots = pcpo_sigma_roots(alpha_bar, alpha_bar_prev, w_target, convention)
+    roots = roots[roots <= sigma_star * (1.0 + 1e-9)]
+    return float(roots[0]) if roots.size else None
+
+
+def fallback_scale(weight: np.ndarray, w_target: float, fallback_steps: list[int], fallback: str) -> np.ndarray:
+    """Per-step scale of the log-ratio inside the hinge: w*/w at ``cap`` steps, 0 at ``exclude`` steps, else 1."""
+    _check_fallback(fallback)
+    scale = np.ones_like(np.asarray(weight, dtype=np.float64))
+    fb = np.asarray(fallback_steps, dtype=np.int64)
+    if fallback == "cap":
+        scale[fb] = w_target / np.asarray(weight)[fb]
+    elif fallback == "exclude":
+        scale[fb] = 0.0
+    return scale
 
 
 @dataclass(frozen=True)
 class DDIMCredit:
-    """Native and PCPO credit weights of a DDIM schedule (one entry per inference step)."""
+    """Native and PCPO credit weights of a DDIM schedule (one entry per inference step).
+
+    ``pcpo_weight`` is the weight w(sigma~_t) the sampled schedule has; ``credit_scale`` the factor the
+    trainer applies inside the hinge (:data:`FALLBACKS`); their product is the step's effective weight.
+    """
 
     schedule: DDIMSchedule
     convention: str
@@ -261,9 +323,11 @@ class DDIMCredit:
     C: np.ndarray
     native_weight: np.ndarray
     w_target: float
+    least_sigma: np.ndarray
     pcpo_sigma: np.ndarray
     pcpo_C: np.ndarray
     pcpo_weight: np.ndarray
+    credit_scale: np.ndarray
     fallback_steps: list[int]
     fallback: str
 
@@ -271,36 +335,45 @@ class DDIMCredit:
     def mean_native_weight(self) -> float:
         return float(np.mean(self.native_weight))
 
+    @property
+    def effective_weight(self) -> np.ndarray:
+        """The weight each step trains with: w(sigma~_t) * credit_scale_t."""
+        return self.pcpo_weight * self.credit_scale
+
+    @property
+    def sigma_ratio(self) -> np.ndarray:
+        """sigma~_t / sigma_t."""
+        return self.pcpo_sigma / self.sigma
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready summary (the ``pcpo-eval credit ddim --json`` format)."""
         s = self.schedule
+        eff, fb = self.effective_weight, set(self.fallback_steps)
+        eff_share, nat_share = eff / eff.sum(), self.native_weight / self.native_weight.sum()
         steps = [
             {
-                "index": i,
-                "timestep": int(s.timesteps[i]),
-                "prev_timestep": int(s.prev_timesteps[i]),
-                "alpha_bar": float(s.alpha_bar[i]),
-                "alpha_bar_prev": float(s.alpha_bar_prev[i]),
-                "sigma": float(self.sigma[i]),
-                "C": float(self.C[i]),
-                "native_weight": float(self.native_weight[i]),
-                "pcpo_sigma": float(self.pcpo_sigma[i]),
-                "pcpo_weight": float(self.pcpo_weight[i]),
-                "fallback": i in self.fallback_steps,
+                "index": i, "timestep": int(s.timesteps[i]), "prev_timestep": int(s.prev_timesteps[i]),
+                "alpha_bar": float(s.alpha_bar[i]), "alpha_bar_prev": float(s.alpha_bar_prev[i]),
+                "sigma": float(self.sigma[i]), "C": float(self.C[i]), "native_weight": float(self.native_weight[i]),
+                "native_share": float(nat_share[i]), "least_weight_sigma": float(self.least_sigma[i]),
+                "pcpo_sigma": float(self.pcpo_sigma[i]), "sigma_ratio": float(self.sigma_ratio[i]),
+                "pcpo_weight": float(self.pcpo_weight[i]), "credit_scale": float(self.credit_scale[i]),
+                "effective_weight": float(eff[i]), "pcpo_share": float(eff_share[i]), "fallback": i in fb,
             }
             for i in range(len(s))
         ]
         return {
-            "sampler": "ddim",
-            "convention": self.convention,
-            "eta": s.eta,
-            "num_steps": len(s),
+            "sampler": "ddim", "convention": self.convention, "convention_equation": CONVENTIONS[self.convention],
+            "eta": s.eta, "num_steps": len(s),
             "scheduler_config": {k: v for k, v in s.config.items() if not k.startswith("_")},
-            "w_target": self.w_target,
-            "mean_native_weight": self.mean_native_weight,
-            "mean_pcpo_weight": float(np.mean(self.pcpo_weight)),
-            "fallback": self.fallback,
+            "w_target": self.w_target, "mean_native_weight": self.mean_native_weight,
+            "mean_pcpo_weight": float(np.mean(self.pcpo_weight)), "mean_effective_weight": float(np.mean(eff)),
+            "max_effective_weight_over_w_target": float(eff.max() / self.w_target),
+            "root": "decreasing branch 0 < sigma~ <= sigma* (continuous in t)",
+            "fallback": self.fallback, "fallback_rule": FALLBACKS[self.fallback],
             "fallback_steps": list(self.fallback_steps),
+            "fallback_weight_share": float(eff_share[list(fb)].sum()) if fb else 0.0,
+            "sigma_ratio_median": float(np.median(self.sigma_ratio)),
             "steps": steps,
         }
 
@@ -309,55 +382,40 @@ def pcpo_ddim_credit(
     schedule: DDIMSchedule,
     convention: Convention = "residual",
     w_target: float | None = None,
-    fallback: str = "nearest",
+    fallback: str = DEFAULT_FALLBACK,
 ) -> DDIMCredit:
-    """PCPO's re-solved DDIM variance schedule sigma~_t giving a constant weight ``w*``.
+    """PCPO's re-solved DDIM variance schedule sigma~_t giving a constant weight ``w*`` (Sec. 2.2).
 
-    Paper Sec. 2.2 ("PCPO for Diffusion Models"): set w(t) = C(t)/sigma_t (or C/sigma^2) equal to
-    ``w*`` and solve for sigma_t with the DDIM alphas fixed; ``w*`` defaults to the mean of the
-    native weights (the paper's mean-matching). Of two valid roots, the one closer to the native
-    sigma_t is taken (the schedule "remains close to the original", Fig. 2b).
+    Set w(t) = C(t)/sigma_t (``unit``) or C(t)/sigma_t^2 (``residual``) equal to ``w*`` and solve for
+    sigma_t with the DDIM alphas fixed; ``w*`` defaults to the mean of the native weights (the
+    paper's mean-matching). The root is taken on the decreasing branch 0 < sigma <= sigma*_t
+    (:func:`branch_root`) at every step, so sigma~ is continuous in t (no jumps between roots).
 
-    No valid root exists where ``w*`` is below the smallest weight the step can reach (the last
-    steps of SD-1.x). Fallback, explicit and reported in ``fallback_steps``:
-
-    * ``nearest`` (default): the sigma whose weight is closest to ``w*`` (log scale), i.e. the
-      step's weight is pulled as far towards ``w*`` as the step allows;
-    * ``native``: keep the step's native DDIM sigma.
+    Steps with w* < w_min(t) have no root; they are listed in ``fallback_steps`` and handled by
+    ``fallback`` (:data:`FALLBACKS`; default ``cap``, chosen by the measurement in docs/credit.md).
     """
     _check_convention(convention)
-    if fallback not in FALLBACKS:
-        raise UserError(f"unknown --fallback {fallback!r}; choose one of: {', '.join(FALLBACKS)}")
+    _check_fallback(fallback)
     sigma = schedule.sigma
     C = ddim_C(schedule.alpha_bar, schedule.alpha_bar_prev, sigma)
     native = ddim_weight(C, sigma, convention)
     wt = float(np.mean(native)) if w_target is None else float(w_target)
     if not wt > 0:
         raise UserError(f"--w-target must be > 0 (got {wt})")
+    star = least_weight_sigma(schedule.alpha_bar, schedule.alpha_bar_prev, convention)
     new_sigma = np.empty_like(sigma)
     fallback_steps: list[int] = []
     for i in range(len(schedule)):
-        roots = pcpo_sigma_roots(schedule.alpha_bar[i], schedule.alpha_bar_prev[i], wt, convention)
-        if roots.size:
-            new_sigma[i] = roots[np.argmin(np.abs(roots - sigma[i]))]
-        else:
+        root = branch_root(schedule.alpha_bar[i], schedule.alpha_bar_prev[i], wt, convention, star[i])
+        if root is None:
             fallback_steps.append(i)
-            new_sigma[i] = (
-                sigma[i]
-                if fallback == "native"
-                else _nearest_achievable_sigma(schedule.alpha_bar[i], schedule.alpha_bar_prev[i], wt, convention)
-            )
+            root = sigma[i] if fallback == "native" else star[i]
+        new_sigma[i] = root
     new_C = ddim_C(schedule.alpha_bar, schedule.alpha_bar_prev, new_sigma)
+    weight = ddim_weight(new_C, new_sigma, convention)
     return DDIMCredit(
-        schedule=schedule,
-        convention=convention,
-        sigma=sigma,
-        C=C,
-        native_weight=native,
-        w_target=wt,
-        pcpo_sigma=new_sigma,
-        pcpo_C=new_C,
-        pcpo_weight=ddim_weight(new_C, new_sigma, convention),
-        fallback_steps=fallback_steps,
+        schedule=schedule, convention=convention, sigma=sigma, C=C, native_weight=native, w_target=wt,
+        least_sigma=star, pcpo_sigma=new_sigma, pcpo_C=new_C, pcpo_weight=weight,
+        credit_scale=fallback_scale(weight, wt, fallback_steps, fallback), fallback_steps=fallback_steps,
         fallback=fallback,
     )

@@ -104,6 +104,15 @@ class FlowCredit:
         }
 
 
+#: KL of one SDE step against the reference policy: name -> definition (docs/credit.md). Both average
+#: over the latent dims; mu = the step mean, sigma_t the SDE's noise scale, std = sigma_t sqrt(dt).
+KL_FORMS: dict[str, str] = {
+    "paper": "||mu - mu_ref||^2 / (2 sigma_t^2 dt): the Gaussian KL of the step (PCPO App., Flow-GRPO paper Eq. 3)",
+    "flowgrpo_code": "||mu - mu_ref||^2 / (2 sigma_t^2): Flow-GRPO's scripts/train_sd3.py (std_dev_t without "
+                     "sqrt(dt)); = paper * dt",
+}
+
+
 T1_CONVENTIONS: dict[str, str] = {
     "neighbor": (
         "Flow-GRPO sigma_t = eta*sqrt(t/(1-t)) is infinite at t=1; the weight of the t=1 step is approximated "

@@ -35,10 +35,11 @@ def credit_figure(ddim: DDIMCredit | None = None, flows: list[FlowCredit] | None
     ts = ddim.schedule.timesteps
     ax = axes[0]
     ax.plot(ts, ddim.native_weight, color=NATIVE, label="native w(t)")
-    ax.plot(ts, ddim.pcpo_weight, color=PCPO, label=f"PCPO (w*={ddim.w_target:.2f})")
+    ax.plot(ts, ddim.effective_weight, color=PCPO, label=f"PCPO (w*={ddim.w_target:.2f})")
     if ddim.fallback_steps:
         fb = np.asarray(ddim.fallback_steps)
-        ax.scatter(ts[fb], ddim.pcpo_weight[fb], color="red", marker="x", zorder=3, label=f"fallback ({ddim.fallback})")
+        ax.scatter(ts[fb], ddim.effective_weight[fb], color="red", marker="x", zorder=3,
+                   label=f"fallback ({ddim.fallback})")
     ax.set_yscale("log")
     ax.invert_xaxis()
     ax.set(title=f"(a) DDIM weights [{ddim.convention}]", xlabel="timestep t", ylabel="weight")

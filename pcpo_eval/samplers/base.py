@@ -13,10 +13,12 @@ Generation needs only the final latents; policy-gradient training needs, per rec
 * ``native_weight``: the weight w of the decomposition log rho = -[w d . eps + 1/2 ||w d||^2],
   d = model output - recorded output, eps the step's unit noise (``unit`` convention);
 * ``credit_scale``: PCPO's per-step reweighting s_j inside the hinge, w~/w = zeta dt_j / w(t_j) for
-  flow SDEs (Prop. 2); 1 for DDIM (its PCPO acts through the sigma~ schedule, Prop. 1) and for
-  every objective other than ``pcpo`` (DDPO, DanceGRPO, Flow-GRPO);
+  flow SDEs (Prop. 2); for DDIM 1 where the sigma~ schedule reaches w* (Prop. 1) and the fallback's
+  scale elsewhere (``cap``: w*/w_min, ``exclude``: 0; :data:`pcpo_eval.credit.ddim.FALLBACKS`); 1 for
+  every objective other than ``pcpo`` (DDPO, DanceGRPO, Flow-GRPO); a step of scale 0 is not trained;
 * ``kl_to_reference``: KL of the step against the reference policy, ||mu - mu_ref||^2 / (2 std_j^2)
-  averaged over dims (Flow-GRPO Eq. 3; DPOK for DDIM).
+  averaged over dims (Flow-GRPO Eq. 3; DPOK for DDIM), or in Flow-GRPO's code form
+  (``form="flowgrpo_code"``, :data:`pcpo_eval.credit.flow.KL_FORMS`).
 
 A sampler also names the model prediction it fits (``eps`` or ``velocity``) and its noise
 schedules (first = default). Its output, the :class:`Trajectory`, holds what every sampler records;
@@ -121,9 +123,10 @@ class Sampler(Protocol):
         ...
 
     def kl_to_reference(
-        self, traj: Trajectory, j: torch.Tensor, x: torch.Tensor, model_output: torch.Tensor, ref_output: torch.Tensor
+        self, traj: Trajectory, j: torch.Tensor, x: torch.Tensor, model_output: torch.Tensor, ref_output: torch.Tensor,
+        form: str = "paper",
     ) -> torch.Tensor:
-        """KL (b,) of the step under ``model_output`` against the one under ``ref_output``."""
+        """KL (b,) of the step under ``model_output`` against the one under ``ref_output``, in ``form``."""
         ...
 
 

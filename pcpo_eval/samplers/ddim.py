@@ -9,7 +9,9 @@ Notation follows diffusers' ``DDIMScheduler.step`` and the PCPO paper (Prop. 1):
     log p           Gaussian density of x_{t-1}, averaged over non-batch dims (DDPO convention)
 
 ``sigma_t`` is DDIM's eta-schedule, or PCPO's re-solved sigma~_t (``sigma_schedule="pcpo"``,
-see :func:`pcpo_eval.credit.ddim.pcpo_ddim_credit`) that makes every step's credit weight equal.
+see :func:`pcpo_eval.credit.ddim.pcpo_ddim_credit`) that makes every step's credit weight equal to
+w* in the chosen convention; steps no sigma can bring down to w* follow the ``fallback`` rule
+(default ``cap``: their log-ratio is scaled by w*/w inside the hinge, ``credit_scales``).
 
 Randomness: each sample owns one ``torch.Generator``; its initial noise
 ``randn(latent_shape, generator=g)`` and then each stochastic step's noise are drawn from it in
@@ -25,7 +27,16 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from pcpo_eval.credit.ddim import DDIMSchedule, ddim_C, ddim_schedule, pcpo_ddim_credit
+from pcpo_eval.credit.ddim import (
+    CONVENTIONS,
+    DEFAULT_FALLBACK,
+    FALLBACKS,
+    DDIMSchedule,
+    ddim_C,
+    ddim_schedule,
+    pcpo_ddim_credit,
+)
+from pcpo_eval.credit.flow import KL_FORMS
 from pcpo_eval.errors import UserError
 from pcpo_eval.models.base import ModelAdapter, PromptEmbeds
 from pcpo_eval.samplers.base import Trajectory, gaussian_kl_same_std
@@ -70,23 +81,28 @@ class DDIMSample(Trajectory):
     """Output of :func:`sample_ddim`: a :class:`~pcpo_eval.samplers.base.Trajectory` plus DDIM's
     per-step schedule (S = steps): ``timesteps`` (model timesteps), ``alpha_bar``,
     ``alpha_bar_prev`` (float64); ``sigmas`` is DDIM's or PCPO's sigma_t, ``model_outputs`` the
-    guided eps_hat.
+    guided eps_hat. ``credit_scales`` (S,) float64 is PCPO's per-step scale of the log-ratio inside the
+    hinge (:func:`pcpo_eval.credit.ddim.fallback_scale`; ones for the ``ddim`` schedule).
     """
 
     timesteps: torch.Tensor
     alpha_bar: torch.Tensor
     alpha_bar_prev: torch.Tensor
+    credit_scales: torch.Tensor
 
 
 def step_sigmas(
-    schedule: DDIMSchedule, sigma_schedule: str = "ddim", convention: str = "residual"
-) -> np.ndarray:
-    """Per-step sigma: DDIM's eta schedule or PCPO's constant-weight sigma~ (credit module)."""
+    schedule: DDIMSchedule, sigma_schedule: str = "ddim", convention: str = "residual",
+    fallback: str = DEFAULT_FALLBACK,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per-step (sigma, credit scale): DDIM's eta schedule (scale 1) or PCPO's constant-weight sigma~
+    with its fallback scale (:func:`pcpo_eval.credit.ddim.pcpo_ddim_credit`)."""
     if sigma_schedule not in SIGMA_SCHEDULES:
         raise UserError(f"unknown sigma schedule {sigma_schedule!r}; choose one of: {', '.join(SIGMA_SCHEDULES)}")
     if sigma_schedule == "ddim" or schedule.eta == 0:
-        return schedule.sigma
-    return pcpo_ddim_credit(schedule, convention).pcpo_sigma  # type: ignore[arg-type]
+        return schedule.sigma, np.ones(len(schedule))
+    credit = pcpo_ddim_credit(schedule, convention, fallback=fallback)  # type: ignore[arg-type]
+    return credit.pcpo_sigma, credit.credit_scale
 
 
 def initial_noise(generators: list[torch.Generator], shape: tuple[int, ...]) -> torch.Tensor:
@@ -106,6 +122,7 @@ def sample_ddim(
     generators: list[torch.Generator],
     sigma_schedule: str = "ddim",
     convention: str = "residual",
+    fallback: str = DEFAULT_FALLBACK,
     record: bool = False,
     x_T: torch.Tensor | None = None,
 ) -> DDIMSample:
@@ -120,7 +137,7 @@ def sample_ddim(
     if len(generators) != B:
         raise ValueError(f"need one generator per sample ({B}), got {len(generators)}")
     sched = ddim_schedule(adapter.scheduler_config, steps, eta, stochastic=False)
-    sig = step_sigmas(sched, sigma_schedule, convention)
+    sig, scales = step_sigmas(sched, sigma_schedule, convention, fallback)
     device, dtype = adapter.device, adapter.dtype
     x = (initial_noise(generators, adapter.latent_shape) if x_T is None else x_T.float().cpu()).to(device, dtype)
     traj, noises, logps, outs = [x], [], [], []
@@ -153,6 +170,7 @@ def sample_ddim(
         alpha_bar=f64(sched.alpha_bar),
         alpha_bar_prev=f64(sched.alpha_bar_prev),
         sigmas=f64(sig),
+        credit_scales=f64(scales),
     )
     if record:
         out.trajectory = torch.stack(traj, dim=1)
@@ -167,22 +185,30 @@ class DDIMSampler:
     """DDIM with per-step log-probabilities as a :class:`~pcpo_eval.samplers.base.Sampler`.
 
     Schedules: ``ddim`` (DDIM's eta schedule, DDPO) or ``pcpo`` (PCPO's re-solved sigma~_t with a
-    constant native weight in ``convention``, paper Prop. 1). Step j is the Gaussian
-    N(mu(x_t, eps_hat; ab_t, ab_prev, sigma_t), sigma_t^2) of :func:`ddim_mean`.
+    constant native weight in ``convention``, paper Prop. 1; ``fallback`` for the steps w* cannot
+    reach). Step j is the Gaussian N(mu(x_t, eps_hat; ab_t, ab_prev, sigma_t), sigma_t^2) of
+    :func:`ddim_mean`.
     """
 
     convention: str = "residual"  #: weight convention of PCPO's sigma~ (credit.ddim.CONVENTIONS)
+    fallback: str = DEFAULT_FALLBACK  #: steps without a root (credit.ddim.FALLBACKS)
     name: ClassVar[str] = "ddim"
     prediction: ClassVar[str] = "eps"
     schedules: ClassVar[tuple[str, ...]] = SIGMA_SCHEDULES
+
+    def __post_init__(self) -> None:
+        if self.convention not in CONVENTIONS:
+            raise UserError(f"unknown credit convention {self.convention!r}; choose one of: {', '.join(CONVENTIONS)}")
+        if self.fallback not in FALLBACKS:
+            raise UserError(f"unknown credit fallback {self.fallback!r}; choose one of: {', '.join(FALLBACKS)}")
 
     def sample(self, adapter: ModelAdapter, cond: PromptEmbeds, uncond: PromptEmbeds | None, *, cfg: float,
                steps: int, eta: float, generators: list[torch.Generator], schedule: str | None = None,
                record: bool = False, x_T: torch.Tensor | None = None) -> DDIMSample:
         """:func:`sample_ddim` with sigma schedule ``schedule`` (default ``ddim``)."""
         return sample_ddim(adapter, cond, uncond, cfg=cfg, steps=steps, eta=eta, generators=generators,
-                           sigma_schedule=schedule or self.schedules[0], convention=self.convention, record=record,
-                           x_T=x_T)
+                           sigma_schedule=schedule or self.schedules[0], convention=self.convention,
+                           fallback=self.fallback, record=record, x_T=x_T)
 
     def __call__(self, adapter: ModelAdapter, cond: PromptEmbeds, uncond: PromptEmbeds | None, *, cfg: float,
                  steps: int, eta: float, generators: list[torch.Generator], schedule: str | None = None) -> torch.Tensor:
@@ -210,12 +236,18 @@ class DDIMSampler:
         return torch.as_tensor(C, dtype=torch.float32) / traj.sigmas[j].to(torch.float32)
 
     def credit_scale(self, traj: DDIMSample, j: torch.Tensor, objective: str) -> torch.Tensor:
-        """Ones: DDIM's PCPO equalizes the weights through the sampled sigma~ schedule (Prop. 1)."""
-        return torch.ones(len(j), dtype=torch.float32)
+        """PCPO (``objective == "pcpo"``): the sampled schedule's fallback scale (w*/w at ``cap`` steps, 0 at
+        ``exclude`` steps, 1 where sigma~ reaches w*: Prop. 1 acts through the sampled sigma~); else ones."""
+        if objective != "pcpo":
+            return torch.ones(len(j), dtype=torch.float32)
+        return traj.credit_scales[j].to(torch.float32)
 
     def kl_to_reference(self, traj: DDIMSample, j: torch.Tensor, x: torch.Tensor, model_output: torch.Tensor,
-                        ref_output: torch.Tensor) -> torch.Tensor:
-        """KL of the two DDIM step Gaussians (shared sigma_t; DPOK)."""
+                        ref_output: torch.Tensor, form: str = "paper") -> torch.Tensor:
+        """KL of the two DDIM step Gaussians (shared sigma_t; DPOK). A DDIM step's std is sigma_t itself (no
+        dt), so both :data:`~pcpo_eval.credit.flow.KL_FORMS` give this same value."""
+        if form not in KL_FORMS:
+            raise UserError(f"unknown kl_form {form!r}; choose one of: {', '.join(KL_FORMS)}")
         ab, abp, sig = self._coefs(traj, j, x)
         return gaussian_kl_same_std(ddim_mean(x, model_output, ab, abp, sig), ddim_mean(x, ref_output, ab, abp, sig),
                                     sig)

@@ -33,7 +33,10 @@ Time grids (:func:`flow_time_grid`):
   and ``sigmas = linspace(1, 1/N, N)`` exactly as ``FluxPipeline``), plus the terminal 0.
 
 Model time: adapters of ``prediction == "velocity"`` take ``t`` as the continuous time in [0, 1]
-(float, shape (B,)); each adapter converts to its network's convention (SD3: ``1000 t``).
+(float, shape (B,)); each adapter converts to its network's convention (SD3: ``1000 t``). With
+``quantize_time`` the model is fed ``floor(1000 t) / 1000`` in sampling and training, as DanceGRPO's
+``train_grpo_flux.py`` does (``timestep = int(sigma * 1000)``, then ``timestep / 1000``); the SDE step
+itself always uses the exact t (:func:`model_time_of`).
 
 Randomness (same contract as :mod:`pcpo_eval.samplers.ddim`): each sample owns one
 ``torch.Generator``; its initial noise ``randn(latent_shape, generator=g)`` and then each stochastic
@@ -49,6 +52,7 @@ import numpy as np
 import torch
 
 from pcpo_eval.credit.flow import (
+    KL_FORMS,
     T1_CONVENTIONS,
     flow_credit,
     flow_native_weight,
@@ -91,17 +95,32 @@ def flow_ode_step(x: torch.Tensor, u: torch.Tensor, dt) -> torch.Tensor:
     return x - u * _bcast(dt, x)
 
 
-def flow_kl_to_reference(u: torch.Tensor, u_ref: torch.Tensor, t, dt, sigma) -> torch.Tensor:
-    """KL of one SDE step against the reference policy, averaged over dims (Flow-GRPO Eq. 3).
+def flow_kl_to_reference(u: torch.Tensor, u_ref: torch.Tensor, t, dt, sigma, form: str = "paper") -> torch.Tensor:
+    """KL penalty of one SDE step against the reference policy, averaged over dims (:data:`KL_FORMS`).
 
-    ``||mu - mu_ref||^2 / (2 std^2)`` with std = sigma sqrt(dt); equal to the paper's appendix form
-    ``dt/2 (sigma (1 - t) / (2 t) + 1 / sigma)^2 ||u - u_ref||^2 = w(t)^2 / 2 ||u - u_ref||^2``.
-    (The mean's x-term cancels, so ``x`` is not needed.)
+    With mu - mu_ref = -dt (1 + sigma^2 (1 - t) / (2 t)) (u - u_ref) (the mean's x-term cancels, so
+    ``x`` is not needed):
+
+    * ``paper``: ``||mu - mu_ref||^2 / (2 std^2)``, std = sigma sqrt(dt): the Gaussian KL of the step,
+      equal to the PCPO appendix form ``dt/2 (sigma (1 - t) / (2 t) + 1 / sigma)^2 ||u - u_ref||^2``
+      ``= w(t)^2 / 2 ||u - u_ref||^2`` (Flow-GRPO paper Eq. 3).
+    * ``flowgrpo_code``: ``||mu - mu_ref||^2 / (2 sigma^2)``, what Flow-GRPO's ``scripts/train_sd3.py``
+      computes (it divides by its ``std_dev_t`` = sigma_t, not by the step's std): ``paper * dt``.
     """
+    if form not in KL_FORMS:
+        raise UserError(f"unknown kl_form {form!r}; choose one of: {', '.join(KL_FORMS)}")
     t, dt, sigma = _bcast(t, u), _bcast(dt, u), _bcast(sigma, u)
     coef = dt * (1 + sigma**2 * (1 - t) / (2 * t))
     d = coef * (u - u_ref)
-    return (d**2 / (2 * sigma**2 * dt)).mean(dim=tuple(range(1, u.ndim)))
+    var = 2 * sigma**2 * dt if form == "paper" else 2 * sigma**2
+    return (d**2 / var).mean(dim=tuple(range(1, u.ndim)))
+
+
+def model_time_of(t: torch.Tensor, quantize: bool) -> torch.Tensor:
+    """The time fed to the velocity model (float32): t, or DanceGRPO's ``int(1000 t) / 1000`` (t >= 0, so int
+    is floor), computed in float32 as DanceGRPO does on its float32 ``sigma_schedule``."""
+    t = t.to(torch.float32)
+    return torch.floor(t * 1000) / 1000 if quantize else t
 
 
 # --------------------------------------------------------------------------------------------
@@ -210,6 +229,7 @@ def sample_flow(
     record: bool = False,
     x_T: torch.Tensor | None = None,
     times: np.ndarray | None = None,
+    quantize_time: bool = False,
 ) -> FlowSample:
     """Sample B latents of a velocity model with the SDE ``sde`` (or the ODE), optionally recorded.
 
@@ -242,6 +262,8 @@ def sample_flow(
     for i in range(len(t_np)):
         t, dt, s, sd = float(t_np[i]), float(dt_np[i]), float(sig[i]), float(std_np[i])
         tt = torch.full((B,), t, device=device, dtype=torch.float32)
+        if quantize_time:
+            tt = model_time_of(torch.full((B,), t, device=device, dtype=torch.float64), True)
         u = adapter.predict(x, tt, cond, uncond, cfg).to(x.dtype)
         if record:
             outs.append(u)
@@ -299,6 +321,7 @@ class FlowSampler:
     shift: float | None = None  #: time shift of the ``shifted`` grid (None: the model's, else 3.0)
     grid: str = "auto"  #: time grid: auto | shifted | scheduler (:func:`flow_time_grid`)
     t1: str = "neighbor"  #: Flow-GRPO t = 1 weight convention for PCPO's zeta (credit.flow.T1_CONVENTIONS)
+    quantize_time: bool = False  #: feed the model DanceGRPO's int(1000 t) / 1000 (:func:`model_time_of`)
     name: ClassVar[str] = "flow"
     prediction: ClassVar[str] = "velocity"
     schedules: ClassVar[tuple[str, ...]] = ("ode", "dance", "flowgrpo")
@@ -312,7 +335,8 @@ class FlowSampler:
                record: bool = False, x_T: torch.Tensor | None = None) -> FlowSample:
         """:func:`sample_flow` with SDE ``schedule`` (default ``ode``) on this sampler's grid."""
         return sample_flow(adapter, cond, uncond, cfg=cfg, steps=steps, eta=eta, generators=generators,
-                           sde=schedule or self.schedules[0], shift=self.shift, grid=self.grid, record=record, x_T=x_T)
+                           sde=schedule or self.schedules[0], shift=self.shift, grid=self.grid, record=record, x_T=x_T,
+                           quantize_time=self.quantize_time)
 
     def __call__(self, adapter: ModelAdapter, cond: PromptEmbeds, uncond: PromptEmbeds | None, *, cfg: float,
                  steps: int, eta: float, generators: list[torch.Generator], schedule: str | None = None) -> torch.Tensor:
@@ -322,7 +346,7 @@ class FlowSampler:
 
     def model_time(self, traj: FlowSample, j: torch.Tensor) -> torch.Tensor:
         """The continuous times t_j in (0, 1] (float32) the velocity adapters take."""
-        return traj.t[j].to(torch.float32)
+        return model_time_of(traj.t[j], self.quantize_time)
 
     def _coefs(self, traj: FlowSample, j: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """(t, dt, sigma) of steps ``j`` as float32 on ``like``'s device."""
@@ -347,6 +371,6 @@ class FlowSampler:
         return torch.as_tensor(scale)[j].to(torch.float32)
 
     def kl_to_reference(self, traj: FlowSample, j: torch.Tensor, x: torch.Tensor, model_output: torch.Tensor,
-                        ref_output: torch.Tensor) -> torch.Tensor:
-        """KL of the SDE step against the reference velocity (:func:`flow_kl_to_reference`, Flow-GRPO Eq. 3)."""
-        return flow_kl_to_reference(model_output, ref_output, *self._coefs(traj, j, x))
+                        ref_output: torch.Tensor, form: str = "paper") -> torch.Tensor:
+        """KL of the SDE step against the reference velocity in ``form`` (:func:`flow_kl_to_reference`)."""
+        return flow_kl_to_reference(model_output, ref_output, *self._coefs(traj, j, x), form=form)

@@ -1,4 +1,4 @@
-"""Advantage estimators: DDPO's per-prompt stat tracker and GRPO group normalization."""
+"""Advantage estimators: DDPO's per-prompt stat tracker and GRPO group normalizations (DanceGRPO, Flow-GRPO)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,13 @@ from typing import Any
 import numpy as np
 
 from pcpo_eval.errors import UserError
+
+#: GRPO group normalizations (``adv_std``): name -> definition.
+ADV_STDS: dict[str, str] = {
+    "group": "(r - mean_G) / (std_G + 1e-8), std_G the unbiased std of the group (DanceGRPO)",
+    "batch": "(r - mean of the prompt's rewards) / (population std of all gathered rewards + 1e-4), groups by "
+             "prompt string (Flow-GRPO's PerPromptStatTracker with global_std=True)",
+}
 
 
 class PerPromptStatTracker:
@@ -58,6 +65,23 @@ def group_advantages(group_ids: np.ndarray, rewards: np.ndarray, eps: float = 1e
             raise UserError(f"group {g} has {m.sum()} sample(s); GRPO needs images_per_prompt >= 2")
         r = rewards[m]
         adv[m] = (r - r.mean()) / (r.std(ddof=1) + eps)
+    return adv
+
+
+def batch_std_advantages(prompts: list[str], rewards: np.ndarray, eps: float = 1e-4) -> np.ndarray:
+    """Flow-GRPO's ``adv_std: batch``: ``(r - mean_p) / (std_all + eps)`` (:data:`ADV_STDS`).
+
+    ``mean_p`` is the mean reward of the samples with the same prompt string (so equal prompts drawn in
+    different groups are pooled, as Flow-GRPO's tracker keys by the decoded prompt), ``std_all`` the
+    population std (ddof 0) of all rewards of the epoch, gathered over processes.
+    """
+    rewards = np.asarray(rewards, dtype=np.float64)
+    keys = np.array(prompts, dtype=object)
+    adv = np.empty_like(rewards)
+    std = np.std(rewards) + eps
+    for prompt in dict.fromkeys(prompts):
+        m = keys == prompt
+        adv[m] = (rewards[m] - np.mean(rewards[m])) / std
     return adv
 
 
