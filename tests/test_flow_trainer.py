@@ -155,3 +155,97 @@ def test_flow_config_keys_are_validated():
         config_from_dict({"flow_grid": "linear"})
     with pytest.raises(UserError, match="flow_shift"):
         config_from_dict({"flow_shift": 0})
+
+
+# ---- reference conventions as train options (docs/credit.md) ------------------------------------
+
+
+def test_kl_form_flowgrpo_code_in_the_loss_and_both_forms_logged(env):
+    tmp, prompts = env
+    cfg = _cfg(prompts, sde="flowgrpo", sample_eta=0.7, beta_kl=0.5, kl_form="flowgrpo_code", epochs=1)
+    tr = Trainer(cfg, tmp / "run")
+    s = tr.sample_epoch(1)
+    _perturb_lora(tr)
+    rows, adv, jj = torch.arange(4), torch.as_tensor(s.advantages, dtype=torch.float32), torch.full((4,), 1)
+    with torch.no_grad():
+        loss, out, kl = tr.step_loss(s, rows, jj, adv)
+    np.testing.assert_allclose(loss.numpy(), (out.loss + 0.5 * kl["flowgrpo_code"]).numpy(), rtol=1e-6)
+    np.testing.assert_allclose(kl["flowgrpo_code"].numpy(), (kl["paper"] * float(s.traj.dt[1])).numpy(), rtol=1e-5)
+    row = tr.train_epoch(1, s)
+    assert row["kl_ref"] == row["kl_ref_flowgrpo_code"] and row["kl_ref_paper"] > row["kl_ref_flowgrpo_code"] > 0
+
+
+def test_cfg_detach_uncond_backpropagates_only_the_conditional_branch(env):
+    tmp, prompts = env
+    tr = Trainer(_cfg(prompts, cfg=3.0, cfg_detach_uncond=True), tmp / "run")
+    s = tr.sample_epoch(1)
+    _perturb_lora(tr)
+    x, t = s.traj.trajectory[:, 1], tr.sampler.model_time(s.traj, torch.full((4,), 1))
+    v = torch.randn(x.shape, generator=torch.Generator().manual_seed(5))
+    params = tr.params
+
+    def grads(fn):
+        for p in params:
+            p.grad = None
+        (fn() * v).sum().backward()
+        return torch.cat([p.grad.reshape(-1) for p in params])
+
+    out = tr._predict(x, t, s.cond, 4)
+    np.testing.assert_allclose(out.detach().numpy(), tr.adapter.predict(x, t, s.cond, tr.null.repeat(4), 3.0).detach()
+                               .numpy(), rtol=1e-6, atol=1e-7)  # the same value as the plain CFG output
+    # d/dtheta [sg(u_u) + w (u_c - sg(u_u))] = w du_c/dtheta (float32: the 2B batch vs the B batch differ ~1e-6)
+    detached, cond_only = grads(lambda: tr._predict(x, t, s.cond, 4)), 3.0 * grads(lambda: tr.adapter.denoise(x, t, s.cond))
+    tol = 1e-5 * float(cond_only.abs().max())
+    np.testing.assert_allclose(detached.numpy(), cond_only.numpy(), rtol=1e-4, atol=tol)
+    full = grads(lambda: tr.adapter.predict(x, t, s.cond, tr.null.repeat(4), 3.0))
+    assert float((full - detached).abs().max()) > 100 * tol  # the plain CFG gradient also has -2 du_u/dtheta
+
+
+def test_model_time_quantize_feeds_int_1000t_in_sampling_and_training(env):
+    tmp, prompts = env
+    tr = Trainer(_cfg(prompts, model_time_quantize=True, sample_steps=5), tmp / "run")
+    seen: list[torch.Tensor] = []
+    real = tr.adapter.denoise
+    tr.adapter.denoise = lambda x, t, c: (seen.append(t.detach().clone()), real(x, t, c))[1]
+    s = tr.sample_epoch(1)
+    times = s.traj.t.numpy()
+    expect = np.floor(times.astype(np.float32) * np.float32(1000)) / 1000
+    assert not np.allclose(expect, times)  # the shifted grid is not on the 1/1000 lattice
+    np.testing.assert_allclose(np.unique(torch.cat(seen).numpy()), np.unique(expect), rtol=0, atol=1e-7)
+    seen.clear()
+    with torch.no_grad():
+        tr.step_loss(s, torch.arange(4), torch.full((4,), 2), torch.ones(4))
+    np.testing.assert_allclose(torch.cat(seen).numpy(), expect[2], rtol=0, atol=1e-7)
+
+
+def test_adv_std_batch_in_the_trainer(env):
+    from pcpo_eval.train.advantages import batch_std_advantages
+
+    tmp, prompts = env
+    tr = Trainer(_cfg(prompts, adv_std="batch"), tmp / "run")
+    s = tr.sample_epoch(1)
+    np.testing.assert_allclose(s.advantages, np.clip(batch_std_advantages(s.prompts, s.rewards), -5, 5), rtol=1e-12)
+
+
+def test_drop_zero_advantage_keeps_the_update_structure(env):
+    tmp, prompts = env
+    tr = Trainer(_cfg(prompts, drop_zero_advantage=True, sample_batch_size=8, train_batch_size=2, gradient_updates=2,
+                      images_per_prompt=4), tmp / "run")
+    s = tr.sample_epoch(1)
+    s.advantages = np.array([0.0, 0.5, -0.5, 0.0, 0.0, 1.0, 0.0, 0.0])  # 3 non-zero, 4 micro-batches of 2
+    perm = torch.randperm(8, generator=torch.Generator().manual_seed(0))
+    micro = tr._micro_batches(perm, s, epoch=1)
+    kept = torch.cat(micro).tolist()
+    assert len(micro) == 4 and {len(m) for m in micro} == {1}  # 3 kept + 1 zero put back = 4 = one per batch
+    assert {1, 2, 5} <= set(kept) and len(set(kept)) == 4
+    assert kept == [i for i in perm.tolist() if i in kept]  # perm order
+    assert micro == tr._micro_batches(perm, s, epoch=1)  # keyed: the same rows in every inner epoch
+    s.advantages = np.array([0.0, 0.5, -0.5, 0.3, 0.2, 1.0, 0.0, 0.1])  # 6 non-zero -> 8 (multiple of 4)
+    assert sorted(torch.cat(tr._micro_batches(perm, s, epoch=1)).tolist()) == list(range(8))
+    s.advantages = np.array([0.0, 0.5, -0.5, 0.3, 0.2, 1.0, 0.4, 0.1])  # 7 non-zero -> 8
+    assert len(torch.cat(tr._micro_batches(perm, s, epoch=1))) == 8
+    s.advantages = np.array([0.0, 0.5, -0.5, 0.3, 0.2, 0.0, 0.0, 0.0])  # 4 non-zero: none put back
+    assert sorted(torch.cat(tr._micro_batches(perm, s, epoch=1)).tolist()) == [1, 2, 3, 4]
+    s.advantages = np.array([0.0, 0.5, -0.5, 0.0, 0.0, 1.0, 0.0, 0.0])
+    row = tr.train_epoch(1, s)
+    assert row["train_samples"] == 4 and np.isfinite(row["loss"])

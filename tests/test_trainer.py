@@ -258,3 +258,62 @@ def test_ppo_health_warning_names_the_fix():
 def test_non_finite_config_values_are_rejected():
     with pytest.raises(UserError, match=r"non-finite values cfg=nan"):
         tiny(cfg=float("nan")).validate()
+
+
+# ---- PCPO's DDIM fallback in training, fp16 loss scaling (docs/credit.md) ---------------------------
+
+
+def test_pcpo_fallback_cap_scales_and_exclude_skips_the_unreachable_steps(tmp_path):
+    from pcpo_eval.credit.ddim import ddim_schedule, pcpo_ddim_credit
+
+    tr = Trainer(tiny(objective="pcpo", sample_steps=8), tmp_path / "cap")  # residual: toy step 6 has no root
+    credit = pcpo_ddim_credit(ddim_schedule(tr.adapter.scheduler_config, 8, 1.0), "residual")
+    assert credit.fallback_steps == [6]
+    s = tr.sample_epoch(1)
+    with torch.no_grad():  # perturb LoRA so log rho != 0
+        for n, p in tr.adapter.denoiser.named_parameters():
+            if "lora_B" in n:
+                p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
+    rows, adv = torch.arange(4), torch.as_tensor(s.advantages, dtype=torch.float32)
+    scale = tr.sampler.credit_scale(s.traj, torch.arange(8), "pcpo")
+    np.testing.assert_allclose(scale.numpy(), credit.credit_scale, rtol=1e-6)
+    assert scale[6] < 1 and torch.all(scale[[0, 1, 2, 3, 4, 5, 7]] == 1)
+    with torch.no_grad():
+        _, out, _ = tr.step_loss(s, rows, torch.full((4,), 6), adv)
+    ref = torch.clamp(tr.cfg.clip_range * adv.abs() - adv * float(scale[6]) * out.log_rho, min=0)
+    np.testing.assert_allclose(out.loss.numpy(), ref.numpy(), rtol=1e-5, atol=1e-9)
+    assert tr._trainable_steps(s) == list(range(8))
+    ex = Trainer(tiny(objective="pcpo", sample_steps=8, credit_fallback="exclude"), tmp_path / "exclude")
+    assert ex._trainable_steps(ex.sample_epoch(1)) == [0, 1, 2, 3, 4, 5, 7]
+    assert np.isfinite(ex.run()["loss"]).all()
+
+
+def test_fp16_loss_scaling_equals_the_unscaled_step_and_skips_inf(tmp_path):
+    a, b = Trainer(tiny(epochs=1), tmp_path / "a"), Trainer(tiny(epochs=1), tmp_path / "b")
+    assert a.scaler is None  # CPU: no autocast, no scaling
+    b.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**12)  # the CUDA fp16 path, exercised on CPU
+    ra, rb = a.train_epoch(1, a.sample_epoch(1)), b.train_epoch(1, b.sample_epoch(1))
+    assert rb["loss_scale"] == 2.0**12 and "loss_scale" not in ra
+    for pa, pb in zip(a.params, b.params, strict=True):  # power-of-2 scaling is exact in float32
+        assert torch.equal(pa, pb)
+    before = [p.detach().clone() for p in b.params]
+    for p in b.params:
+        p.grad = torch.zeros_like(p)
+    b.params[0].grad.view(-1)[0] = float("inf")
+    b._optimizer_step()  # overflow: the scaler skips the step and halves the scale
+    assert all(torch.equal(p, q) for p, q in zip(b.params, before, strict=True))
+    assert b.scaler.get_scale() == 2.0**11
+
+
+def test_grad_scaler_only_for_fp16_on_cuda(tmp_path):
+    tr = Trainer(tiny(epochs=1, mixed_precision="fp16"), tmp_path / "run")
+    assert tr._grad_scaler() is None  # CPU
+    tr.device = torch.device("cuda")
+    tr.cfg.mixed_precision = "bf16"
+    assert tr._grad_scaler() is None
+    tr.cfg.mixed_precision = "fp16"
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # no CUDA here: the scaler warns and disables itself
+        assert isinstance(tr._grad_scaler(), torch.amp.GradScaler)
