@@ -22,6 +22,11 @@ Two conventions name the weight ``w`` multiplying the dot product:
 * ``residual``: the residual ``x_{t-1} - mu_old = sigma eps`` is the "noise"; ``w = C / sigma^2``.
   This is what the paper's Figure 2(a) plots (mean ~4.46, range 1.1..83) and is the default.
 
+PCPO's sigma~ (docs/credit.md): w(sigma) is unimodal with its least value w_min(t) at sigma*_t
+(:func:`least_weight_sigma`; for ``unit`` sigma* is DDIM's eta = 1 sigma); sigma~ solves w = w* on the
+decreasing branch sigma~ <= sigma*_t (:func:`branch_root`, continuous in t), and steps with
+w* < w_min(t) follow a named :data:`FALLBACKS` rule (default ``cap``: weight w* via the hinge scale).
+
 Flow SDEs (paper Eq. ``eq:logrho-flow`` and Prop. 2, Eq. ``eq:optimalw``)::
 
     w(t_i) = sqrt(dt_i) / sigma_{t_i} * (1 + (1 - t_i) sigma_{t_i}^2 / (2 t_i))

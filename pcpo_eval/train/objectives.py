@@ -11,7 +11,8 @@ Each objective maps one training step's tensors to a per-sample loss and ``log r
                  decomposition of Prop. 1, log rho = -Delta(w, eps_theta, eps_old, eps)
                  (no exp, no difference of large log-densities)
 ``pcpo``         ``eps_matching`` on trajectories sampled with PCPO's sigma~ schedule, so the
-                 native weight w(t) is the same at every (non-fallback) step
+                 native weight w(t) is w* at every step sigma~ can reach; the others are
+                 scaled to w* inside the hinge (fallback ``cap``, docs/credit.md)
 ===============  ==========================================================================
 
 Scale convention: log-probabilities are averaged over the latent dimensions (DDPO), so the
