@@ -44,8 +44,9 @@ def speedup_lines(res: dict[str, Any]) -> list[str]:
         for row in block.get("table", {}).get("targets", []):
             sp = row.get("speedup_pct")
             what = f"{sp:+.1f}%" if isinstance(sp, int | float) else (row.get("status") or "n/a")
-            lines.append(f"  speed-up [{block.get('cell')}] target {_num(row.get('target'), 'g')}: baseline "
-                         f"{_num(row.get('baseline_mean'))} vs PCPO {_num(row.get('pcpo_mean'))} epochs -> {what}")
+            lines.append(f"  speed-up [{block.get('cell')}] target {_num(row.get('target'), 'g')}: "
+                         f"{block.get('baseline') or 'baseline'} {_num(row.get('baseline_mean'))} vs "
+                         f"{block.get('pcpo') or 'PCPO'} {_num(row.get('pcpo_mean'))} epochs -> {what}")
     return lines
 
 

@@ -646,11 +646,21 @@ def _check_per_prompt(metrics: Sequence[str], overall: Sequence[str], ok: Sequen
                       is_splits: int, problems: list[str]) -> None:
     """Per-prompt metrics must be defined at the eval set's images per prompt (:func:`per_prompt_problem`)."""
     from pcpo_eval.generate.plan import parse_seeds
+    from pcpo_eval.prompts import load_prompts
 
     try:
         n = len(parse_seeds(eval_spec.seeds))
     except UserError:
         return  # reported by _parse_eval
+    try:
+        total = n * len(load_prompts(eval_spec.prompts, limit=eval_spec.max_prompts))
+    except (UserError, OSError):
+        total = None  # an absent prompt file is reported by _check_weights
+    for m in metrics:
+        if total is not None and m in METRICS and METRICS[m].kind == "is" and total < is_splits:
+            problems.append(f"{m} of a whole set with {is_splits} splits needs >= {is_splits} images, an eval set has "
+                            f"{total} (prompts x seeds); raise eval.seeds / eval.max_prompts or lower "
+                            "metric_options.is_splits")
     for m in metrics:
         if m in overall or m in ok or m not in METRICS:
             continue

@@ -2,29 +2,37 @@
 
 A run is *complete* when its log and its last checkpoint cover the config's ``epochs``; complete
 runs are skipped, a run with a checkpoint is resumed (``train(..., resume=True)``), and a run that
-crashed before its first checkpoint is started over. With ``parallel: N`` (N > 1) up to N runs
-train at once, each in its own worker process (``multiprocessing`` *spawn*, so no state is shared
-with the study process) with one torch / OpenMP / MKL thread: the toy tensors are tiny, and on a
-shared 2-core machine several threads per process spin-wait rather than compute. A worker's
-console output goes to ``OUT/logs/train/<run>.log``; a failed run is named with that log after the
-other runs have finished, so a re-run resumes only what is missing.
+crashed before its first checkpoint is started over.
+
+``parallel: N`` (N > 1): up to N runs train at once, each worker a separate Python process
+(``python -m pcpo_eval.study.training``) with ``OMP_NUM_THREADS=1`` and one torch thread: the toy
+tensors are tiny, and on a shared 2-core machine several threads per process spin-wait rather
+than compute. A worker imports torch once and then trains the runs it is handed, one at a time,
+over a line protocol on its stdin / a private copy of its stdout (one JSON object per line); the
+next pending run goes to whichever worker finishes first. Plain subprocesses, not
+``multiprocessing``: nothing is pickled and the caller's ``__main__`` is never re-imported, so a
+study can be started from any script. Each run's console output goes to
+``OUT/logs/train/<run>.log``; a failed run is named with that log after the other runs have
+finished, so a re-run resumes only what is missing.
 """
 
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
+import json
 import os
+import selectors
 import shutil
+import subprocess
+import sys
 import traceback
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import IO, Any
 
 from pcpo_eval.errors import UserError
 from pcpo_eval.study.layout import StudyLayout
 from pcpo_eval.study.spec import RunSpec, StudySpec
-from pcpo_eval.train.config import TrainConfig
 
 #: environment of the worker processes: one thread for every BLAS / OpenMP pool
 ONE_THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
@@ -78,61 +86,128 @@ def train_runs(spec: StudySpec, layout: StudyLayout, log: Callable[[str], None])
         trainer.train(run.train, layout.run_dir(run), resume=resume)
 
 
-@contextlib.contextmanager
-def _environment(values: dict[str, str]) -> Iterator[None]:
-    """Set environment variables while worker processes are spawned (they inherit them); restore after."""
-    old = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-def _one_thread() -> None:
-    """Worker initializer: one torch thread (the environment already limits OpenMP / MKL)."""
-    import torch
-
-    torch.set_num_threads(1)
-
-
-def train_worker(config: TrainConfig, out_dir: str, resume: bool, log_file: str) -> str:
-    """Train one run inside a worker process; console output and any traceback go to ``log_file``."""
-    from pcpo_eval.train.trainer import train
-
-    Path(log_file).parent.mkdir(parents=True, exist_ok=True)
-    with open(log_file, "a", encoding="utf-8") as fh, contextlib.redirect_stdout(fh), contextlib.redirect_stderr(fh):
-        try:
-            train(config, out_dir, resume=resume)
-        except BaseException:
-            traceback.print_exc(file=fh)
-            raise
-    return out_dir
+def _task(run: RunSpec, resume: bool, layout: StudyLayout) -> dict[str, Any]:
+    """One line of the worker protocol: the resolved config, the run directory, resume, the log file."""
+    assert run.train is not None
+    return {"run": run.name, "config": run.train.to_dict(), "out": str(layout.run_dir(run)), "resume": resume,
+            "log": str(layout.train_log(run))}
 
 
 def _train_parallel(todo: Sequence[tuple[RunSpec, bool]], layout: StudyLayout, parallel: int,
                     log: Callable[[str], None]) -> None:
-    """Up to ``parallel`` spawned workers; every run is attempted, failures are reported together."""
+    """Up to ``parallel`` worker processes; every run is attempted, failures are reported together."""
+    queue = [_task(run, resume, layout) for run, resume in todo]
+    errors_dir = layout.out / "logs" / "train"
+    errors_dir.mkdir(parents=True, exist_ok=True)
+    root = str(Path(__file__).resolve().parents[2])  # the checkout holding pcpo_eval, importable from any cwd
+    env = {**os.environ, **ONE_THREAD_ENV,
+           "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    workers = []
+    for i in range(min(parallel, len(queue))):
+        err = open(errors_dir / f"worker-{i}.log", "a", encoding="utf-8")  # noqa: SIM115 (closed below)
+        proc = subprocess.Popen([sys.executable, "-m", "pcpo_eval.study.training"], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+        workers.append((proc, err))
     failures: list[str] = []
-    ctx = multiprocessing.get_context("spawn")
-    with _environment(ONE_THREAD_ENV), ProcessPoolExecutor(min(parallel, len(todo)), mp_context=ctx,
-                                                           initializer=_one_thread) as pool:
-        futures: dict[Future[str], RunSpec] = {
-            pool.submit(train_worker, run.train, str(layout.run_dir(run)), resume, str(layout.train_log(run))): run
-            for run, resume in todo
-        }
-        for fut in as_completed(futures):
-            run = futures[fut]
-            exc = fut.exception()
-            if exc is None:
-                log(f"  {run.name}: done (console output in {layout.train_log(run)})")
-                continue
-            msg = str(exc).splitlines()[0] if str(exc).strip() else type(exc).__name__
-            failures.append(f"run {run.name}: {type(exc).__name__}: {msg} (log: {layout.train_log(run)})")
+    busy: dict[subprocess.Popen[str], dict[str, Any]] = {}
+
+    def hand_out(proc: subprocess.Popen[str]) -> None:
+        assert proc.stdin is not None
+        if queue:
+            busy[proc] = queue.pop(0)
+            proc.stdin.write(json.dumps(busy[proc]) + "\n")
+            proc.stdin.flush()
+        else:
+            proc.stdin.close()
+
+    with selectors.DefaultSelector() as sel:
+        for proc, _ in workers:
+            sel.register(proc.stdout, selectors.EVENT_READ, proc)  # type: ignore[arg-type]
+            hand_out(proc)
+        while busy:
+            for key, _ in sel.select():
+                proc = key.data
+                line = proc.stdout.readline()
+                if not line:  # end of the worker's replies: it exited (idle) or died (mid-run)
+                    sel.unregister(proc.stdout)
+                    if (task := busy.pop(proc, None)) is not None:
+                        failures.append(f"run {task['run']}: its worker process died (log: {task['log']})")
+                    continue
+                task = busy.pop(proc)
+                res = json.loads(line)
+                if res["ok"]:
+                    log(f"  {task['run']}: done (console output in {task['log']})")
+                else:
+                    failures.append(f"run {task['run']}: {res['error']} (log: {task['log']})")
+                hand_out(proc)
+    failures += [f"run {t['run']}: not started (every worker process died)" for t in queue]
+    for proc, err in workers:
+        if proc.stdin is not None and not proc.stdin.closed:
+            proc.stdin.close()
+        proc.wait()
+        err.close()
     if failures:
         raise UserError(f"{len(failures)} of {len(todo)} run(s) failed: " + "; ".join(failures)
                         + "; the other runs are kept, re-run the same command to resume")
+
+
+# ------------------------------------------------------------------------------------------------
+# the worker process: python -m pcpo_eval.study.training
+# ------------------------------------------------------------------------------------------------
+
+
+def _redirect(fd: int) -> None:
+    """Point this process's stdout and stderr (file descriptors 1 and 2, so C-level output too) at ``fd``."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+
+
+def run_task(task: dict[str, Any]) -> dict[str, Any]:
+    """Train one run in this worker, its console output appended to ``task["log"]``; never raises."""
+    from pcpo_eval.train import trainer
+    from pcpo_eval.train.config import config_from_dict
+
+    Path(task["log"]).parent.mkdir(parents=True, exist_ok=True)
+    saved = os.dup(1), os.dup(2)
+    with open(task["log"], "a", encoding="utf-8") as fh:
+        _redirect(fh.fileno())
+        try:
+            trainer.train(config_from_dict(task["config"]), task["out"], resume=bool(task["resume"]))
+            result = {"ok": True, "error": None}
+        except Exception as exc:  # reported to the study with the log path, never lost
+            traceback.print_exc()
+            msg = str(exc).splitlines()[0] if str(exc).strip() else ""
+            result = {"ok": False, "error": f"{type(exc).__name__}: {msg}"}
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+    return result
+
+
+def worker_loop(tasks: IO[str], replies: IO[str]) -> None:
+    """Read one task per line, train it, reply one JSON line; until ``tasks`` is closed."""
+    import torch
+
+    torch.set_num_threads(1)
+    for line in tasks:
+        if line.strip():
+            replies.write(json.dumps(run_task(json.loads(line))) + "\n")
+            replies.flush()
+
+
+def main() -> None:
+    """Worker entry point: replies go to a private copy of stdout; stray writes to fd 1 go to stderr."""
+    replies = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)
+    with contextlib.closing(replies):
+        worker_loop(sys.stdin, replies)
+
+
+if __name__ == "__main__":
+    main()

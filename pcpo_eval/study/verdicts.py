@@ -156,7 +156,9 @@ def control_speedup_phrase(s: Speedup, target: float, trained: dict[str, Any] | 
         text = f"the control-curve speed-up to {target:g} is not estimable ({s.reason})"
     else:
         word = {"lower": "at least ", "upper": "at most "}.get(s.bound, "")
-        text = f"on the untrained control curves alone the speed-up to {target:g} is {word}{_pct(s.estimate)}"
+        ci = "" if not s.estimable else (f", 95% CI {_pct(s.ci_low) if s.ci_low is not None else 'unbounded'} to "
+                                         f"{_pct(s.ci_high) if s.ci_high is not None else 'unbounded'}")
+        text = f"on the untrained control curves alone the speed-up to {target:g} is {word}{_pct(s.estimate)}{ci}"
     if trained is not None and trained.get("estimate") is not None:
         text += f" (trained runs: {_pct(trained['estimate'])})"
     return text
