@@ -15,6 +15,16 @@ Built-in sets (:data:`REGISTRY`):
   which for these 45 nouns is "an" exactly for "ant".
 - ``toy``: the toy world's 45 prompts (:data:`pcpo_eval.toy.data.TOY_PROMPTS`, ids 0..44).
 
+Public datasets (:data:`DATASETS`): HPDv2 (DanceGRPO's training prompts; the test split),
+Pick-a-Pic (Flow-GRPO's train / test lists; the SFW subset), Flow-GRPO's OCR set, MJHQ-30K,
+MSCOCO-2017 val captions and DrawBench, each with the split and count the paper used (citing
+pcpo-paper.tex lines). Nothing is downloaded: :func:`locate_dataset` looks at an explicit path,
+then ``PCPO_PROMPTS_<NAME>``, then ``$PCPO_PROMPTS_DIR/<name>/`` (default
+``~/.cache/pcpo_eval/prompts``), then the Hugging Face hub cache (``HF_HUB_CACHE`` >
+``HF_HOME/hub``, dataset snapshots as ``huggingface-cli download --repo-type dataset`` leaves them)
+and the ``datasets`` Arrow cache (``HF_DATASETS_CACHE`` > ``HF_HOME/datasets``). ``pcpo-eval
+prompts`` lists every set, where it looked and the exact command that fetches the rest.
+
 User files (``.txt``, ``.csv``, ``.parquet``): a ``.txt`` file holds one prompt per line (blank
 lines skipped, ids 0..N-1 over the kept lines); CSV / Parquet need a ``prompt`` column and may
 have an integer ``prompt_id`` column (otherwise ids are the row numbers).
@@ -30,6 +40,8 @@ missing, a documented lower bound is used instead (see :func:`approx_clip_token_
 
 from __future__ import annotations
 
+import json
+import os
 import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -256,23 +268,19 @@ def load_prompts(
     """Resolve a built-in name or a prompt file, then optionally filter and truncate.
 
     Args:
-        spec: a :data:`REGISTRY` name, a ``.txt``/``.csv``/``.parquet`` path, or a PromptSet.
+        spec: a :data:`REGISTRY` name, a :data:`DATASETS` name (found locally by
+            :func:`locate_dataset`), a ``.txt``/``.csv``/``.parquet`` path, or a PromptSet.
         max_tokens: drop prompts longer than this many CLIP tokens (77 = CLIP's context);
-            ``None`` keeps everything. The number dropped is in ``PromptSet.n_dropped``.
-        limit: keep only the first ``limit`` prompts after filtering (paper: first 5K of MJHQ).
+            ``None`` keeps everything, except for a dataset, which then gets the paper's selection
+            (``PromptDataset.max_tokens``; MJHQ-30K: 77). The number dropped is in ``n_dropped``.
+        limit: keep only the first ``limit`` prompts after filtering (``None`` for a dataset: the
+            paper's ``PromptDataset.limit``; MJHQ-30K: the first 5K).
         counter: custom token counter (tests); default :func:`clip_token_counter`.
     """
-    if isinstance(spec, PromptSet):
-        ps = spec
-    elif str(spec) in REGISTRY:
-        ps = REGISTRY[str(spec)]()
-    elif Path(spec).suffix.lower() in _FILE_SUFFIXES or Path(spec).exists():
-        ps = read_prompt_file(spec)
-    else:
-        raise UserError(
-            f"unknown prompt set {str(spec)!r}; use one of {', '.join(sorted(REGISTRY))} "
-            f"or a {'/'.join(_FILE_SUFFIXES)} file"
-        )
+    ps, dataset = _resolve(spec)
+    if dataset is not None:  # a public dataset: the paper's selection unless overridden
+        max_tokens = dataset.max_tokens if max_tokens is None else max_tokens
+        limit = dataset.limit if limit is None else limit
     if max_tokens is not None:
         if max_tokens < 3:
             raise UserError(f"max_tokens={max_tokens} is too small; CLIP needs >= 3 (start, text, end)")
@@ -287,3 +295,412 @@ def load_prompts(
             n_limited=max(0, len(ps) - limit),
         )
     return ps
+
+
+# ---------------------------------------------------------------------------------------------
+# Public prompt datasets (local files or the Hugging Face caches; never downloaded)
+# ---------------------------------------------------------------------------------------------
+
+#: Reader kinds: ``lines`` (one prompt per line), ``json_records`` (a JSON list of objects with a
+#: ``prompt`` key, duplicates dropped in first-seen order), ``mjhq_meta`` (MJHQ-30K's
+#: ``meta_data.json``: ``{image_id: {"category", "prompt"}}`` in file order), ``coco_captions``
+#: (COCO ``captions_*.json``: the first caption of each image, images in file order), ``table``
+#: (CSV / Parquet / Arrow with one of ``columns``).
+ReaderKind = str
+
+
+@dataclass(frozen=True)
+class PromptDataset:
+    """A public prompt set the paper (or its baselines) used, and where to find it locally.
+
+    Attributes:
+        name: the name accepted by :func:`load_prompts` and ``pcpo-eval prompts``.
+        description: what the set is.
+        paper: where the paper uses it, citing lines of ``pcpo-paper.tex``.
+        split: the split / file of the source dataset.
+        paper_count: number of prompts the paper states it used (``None``: the paper gives none).
+        reader: a :data:`ReaderKind`.
+        files: candidate file names inside a dataset folder or HF snapshot, in search order.
+        obtain: the exact command or URL that fetches the files (run it yourself; pcpo-eval never downloads).
+        hf_repo: the Hugging Face *dataset* repository holding ``files`` (``None``: not on the hub).
+        arrow_split: split name of the ``datasets`` library's Arrow cache (``None``: not searched).
+        columns: prompt column candidates for ``table`` readers.
+        max_tokens / limit: the paper's selection, applied by :func:`load_prompts` unless overridden.
+    """
+
+    name: str
+    description: str
+    paper: str
+    split: str
+    paper_count: int | None
+    reader: ReaderKind
+    files: tuple[str, ...]
+    obtain: str
+    hf_repo: str | None = None
+    arrow_split: str | None = None
+    columns: tuple[str, ...] = ("prompt",)
+    max_tokens: int | None = None
+    limit: int | None = None
+
+    @property
+    def env_var(self) -> str:
+        """``PCPO_PROMPTS_<NAME>``: a file or folder that overrides every cache."""
+        return "PCPO_PROMPTS_" + self.name.upper()
+
+
+_FLOWGRPO_RAW = "https://raw.githubusercontent.com/yifan123/flow_grpo/main/dataset"
+
+
+def _fetch(url: str, name: str, filename: str) -> str:
+    return f"curl -L --create-dirs -o \"${{PCPO_PROMPTS_DIR:-$HOME/.cache/pcpo_eval/prompts}}/{name}/{filename}\" {url}"
+
+
+def _hf_fetch(repo: str, files: str) -> str:
+    return f"huggingface-cli download {repo} {files} --repo-type dataset"
+
+
+#: Every public prompt set pcpo-eval knows, by name (paper line numbers refer to pcpo-paper.tex).
+DATASETS: dict[str, PromptDataset] = {
+    d.name: d
+    for d in [
+        PromptDataset(
+            name="hpdv2",
+            description="HPDv2 training prompts as shipped by DanceGRPO (prompts.txt at its repository root)",
+            paper="setups 5, 6, 10 training prompts 'HPD' (l.1094, l.1135-1136: 'the HPDv2 dataset used in DanceGRPO')",
+            split="train (DanceGRPO's selection)",
+            paper_count=None,
+            reader="lines",
+            files=("prompts.txt", "hpdv2_train_prompts.txt"),
+            obtain=_fetch("https://raw.githubusercontent.com/XueZeyue/DanceGRPO/main/prompts.txt", "hpdv2", "prompts.txt"),
+        ),
+        PromptDataset(
+            name="hpdv2_test",
+            description="HPDv2 test split prompts (ymhao/HPDv2 test.json, one row per prompt after de-duplication)",
+            paper="not used by the paper (no HPDv2 test split or count is stated; training prompts are 'hpdv2')",
+            split="test",
+            paper_count=None,
+            reader="json_records",
+            files=("test.json",),
+            hf_repo="ymhao/HPDv2",
+            obtain=_hf_fetch("ymhao/HPDv2", "test.json"),
+        ),
+        PromptDataset(
+            name="pickapic_train",
+            description="Pick-a-Pic training prompts from the Flow-GRPO codebase (dataset/pickscore/train.txt)",
+            paper="setup 7 training prompts 'Pick' (l.1094, l.1136, l.1400)",
+            split="train",
+            paper_count=None,
+            reader="lines",
+            files=("train.txt",),
+            obtain=_fetch(f"{_FLOWGRPO_RAW}/pickscore/train.txt", "pickapic_train", "train.txt"),
+        ),
+        PromptDataset(
+            name="pickapic_test",
+            description="Pick-a-Pic evaluation prompts from the Flow-GRPO codebase (dataset/pickscore/test.txt)",
+            paper="Table dpo-comparison evaluation: 'the 2048 prompts from the Pick-a-Pic evaluation set provided by the Flow-GRPO codebase' (l.1277)",
+            split="test",
+            paper_count=2048,
+            reader="lines",
+            files=("test.txt",),
+            obtain=_fetch(f"{_FLOWGRPO_RAW}/pickscore/test.txt", "pickapic_test", "test.txt"),
+        ),
+        PromptDataset(
+            name="pickapic_sfw",
+            description="Pick-a-Pic safe-for-work subset used by setup 9 (file not identified in the public Flow-GRPO tree)",
+            paper="setup 9 training prompts 'Pick-SFW' (l.1094, l.1136-1137, l.1225-1226)",
+            split="train (SFW subset)",
+            paper_count=None,
+            reader="lines",
+            files=("train.txt", "pickapic_sfw_train_prompts.txt"),
+            obtain="obtain the SFW prompt list the paper names (l.1137) and save it as "
+            "$PCPO_PROMPTS_DIR/pickapic_sfw/train.txt, or point PCPO_PROMPTS_PICKAPIC_SFW at it",
+        ),
+        PromptDataset(
+            name="ocr_train",
+            description="Flow-GRPO OCR training prompts (dataset/ocr/train.txt; the text to render is in quotes)",
+            paper="setup 8 training prompts 'OCR' (l.1094, l.1138)",
+            split="train",
+            paper_count=None,
+            reader="lines",
+            files=("train.txt",),
+            obtain=_fetch(f"{_FLOWGRPO_RAW}/ocr/train.txt", "ocr_train", "train.txt"),
+        ),
+        PromptDataset(
+            name="ocr_test",
+            description="Flow-GRPO OCR evaluation prompts (dataset/ocr/test.txt)",
+            paper="Fig. sd3_flowgrpo_results (a): validation reward 'on a fixed set of 1024 prompts that are not in the "
+            "training pool' (l.1301-1302; the paper does not name the file)",
+            split="test",
+            paper_count=1024,
+            reader="lines",
+            files=("test.txt",),
+            obtain=_fetch(f"{_FLOWGRPO_RAW}/ocr/test.txt", "ocr_test", "test.txt"),
+        ),
+        PromptDataset(
+            name="mjhq30k",
+            description="MJHQ-30K prompts (meta_data.json, file order), prompts > 77 CLIP tokens dropped, first 5K kept",
+            paper="Table preference-metrics-combined (b): 'filtered these out and used the first 5K prompts' (l.1274-1275)",
+            split="all 30K (no split), then the paper's filter",
+            paper_count=5000,
+            reader="mjhq_meta",
+            files=("meta_data.json",),
+            hf_repo="playgroundai/MJHQ-30K",
+            obtain=_hf_fetch("playgroundai/MJHQ-30K", "meta_data.json"),
+            max_tokens=CLIP_MAX_TOKENS,
+            limit=5000,
+        ),
+        PromptDataset(
+            name="coco2017_val",
+            description="MSCOCO-2017 val captions: the first caption of each of the 5000 images, images in file order",
+            paper="Table preference-metrics-combined (a): 'MSCOCO-2017 validation (5K)' (l.420, l.670)",
+            split="val2017",
+            paper_count=5000,
+            reader="coco_captions",
+            files=("captions_val2017.json", "annotations/captions_val2017.json"),
+            obtain="curl -LO http://images.cocodataset.org/annotations/annotations_trainval2017.zip && unzip "
+            "annotations_trainval2017.zip annotations/captions_val2017.json -d "
+            "\"${PCPO_PROMPTS_DIR:-$HOME/.cache/pcpo_eval/prompts}/coco2017_val\"",
+        ),
+        PromptDataset(
+            name="drawbench",
+            description="DrawBench (Imagen's prompt benchmark), CSV / Parquet with a 'Prompts' column",
+            paper="not used by the paper (no occurrence in pcpo-paper.tex)",
+            split="all",
+            paper_count=None,
+            reader="table",
+            files=("data/train-00000-of-00001.parquet", "drawbench.csv", "DrawBench Prompts - Sheet1.csv"),
+            hf_repo="sayakpaul/drawbench",
+            arrow_split="train",
+            columns=("Prompts", "prompt", "Prompt", "text"),
+            obtain=_hf_fetch("sayakpaul/drawbench", "--include '*.parquet' '*.csv'"),
+        ),
+    ]
+}
+
+
+def prompts_dir() -> Path:
+    """pcpo-eval's own prompt folder: ``PCPO_PROMPTS_DIR`` or ``~/.cache/pcpo_eval/prompts``."""
+    return Path(os.environ.get("PCPO_PROMPTS_DIR") or "~/.cache/pcpo_eval/prompts").expanduser()
+
+
+def _hf_home() -> Path:
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "huggingface"
+
+
+def hf_hub_cache() -> Path:
+    """Hub cache (``HF_HUB_CACHE`` > ``HF_HOME/hub`` > ``~/.cache/huggingface/hub``), as huggingface_hub."""
+    return Path(os.environ["HF_HUB_CACHE"]).expanduser() if os.environ.get("HF_HUB_CACHE") else _hf_home() / "hub"
+
+
+def hf_datasets_cache() -> Path:
+    """``datasets`` Arrow cache (``HF_DATASETS_CACHE`` > ``HF_HOME/datasets``), as the datasets library."""
+    if os.environ.get("HF_DATASETS_CACHE"):
+        return Path(os.environ["HF_DATASETS_CACHE"]).expanduser()
+    return _hf_home() / "datasets"
+
+
+def _hub_snapshot(repo: str) -> Path:
+    """The snapshot folder of dataset ``repo`` (``refs/main``, else the newest), or the repo folder."""
+    root = hf_hub_cache() / ("datasets--" + repo.replace("/", "--"))
+    ref = root / "refs" / "main"
+    if ref.is_file() and (root / "snapshots" / ref.read_text().strip()).is_dir():
+        return root / "snapshots" / ref.read_text().strip()
+    snaps = sorted((root / "snapshots").glob("*"), key=lambda p: p.stat().st_mtime) if (root / "snapshots").is_dir() else []
+    return snaps[-1] if snaps else root
+
+
+def _arrow_dir(repo: str) -> Path:
+    """The datasets-library cache folder of ``repo`` (``org___name``, case and punctuation folded)."""
+    root = hf_datasets_cache()
+    key = re.sub(r"[^a-z0-9]", "", repo.lower())
+    if root.is_dir():
+        for d in sorted(root.iterdir()):
+            if d.is_dir() and "___" in d.name and re.sub(r"[^a-z0-9]", "", d.name.lower()) == key:
+                return d
+    return root / repo.replace("/", "___")
+
+
+def dataset_candidates(ds: PromptDataset) -> list[tuple[str, Path]]:
+    """Folders searched after the explicit path and the env var, as (label, folder), in order."""
+    out = [("PCPO_PROMPTS_DIR", prompts_dir() / ds.name)]
+    if ds.hf_repo:
+        out.append((f"HF hub cache {ds.hf_repo}", _hub_snapshot(ds.hf_repo)))
+        if ds.arrow_split:
+            out.append((f"HF datasets cache {ds.hf_repo}", _arrow_dir(ds.hf_repo)))
+    return out
+
+
+def _find_in(ds: PromptDataset, folder: Path) -> Path | None:
+    """The first of ``ds.files`` inside ``folder`` (or an Arrow file of ``ds.arrow_split``)."""
+    for rel in ds.files:
+        if (folder / rel).is_file():
+            return folder / rel
+    if ds.arrow_split and folder.is_dir():
+        arrows = sorted(folder.rglob(f"*-{ds.arrow_split}*.arrow"))
+        if arrows:
+            return arrows[0]
+    return None
+
+
+def locate_dataset(name: str, explicit: str | os.PathLike | None = None) -> Path:
+    """File holding dataset ``name``: explicit path > ``PCPO_PROMPTS_<NAME>`` > caches (see :func:`dataset_candidates`).
+
+    A given path or variable must be valid (never silently skipped); absence everywhere is one
+    line naming the variable and the command that fetches the file.
+    """
+    ds = DATASETS[name]
+    given = [("path", Path(explicit))] if explicit not in (None, "") else []
+    if not given and os.environ.get(ds.env_var):
+        given = [(ds.env_var, Path(os.environ[ds.env_var]))]
+    for label, path in given:
+        path = path.expanduser()
+        hit = path if path.is_file() else _find_in(ds, path)
+        if hit is None:
+            raise UserError(f"prompt set {name}: {label} {path} is not a file and holds none of {', '.join(ds.files)}; fix it")
+        return hit
+    for _label, folder in dataset_candidates(ds):
+        hit = _find_in(ds, folder)
+        if hit is not None:
+            return hit
+    raise UserError(
+        f"prompt set {name} not found: set {ds.env_var} to its file ({ds.files[0]}) or fetch it with: {ds.obtain}"
+    )
+
+
+def _read_table_column(path: Path, columns: Sequence[str]) -> list[str]:
+    """Prompts from the first of ``columns`` in a CSV / Parquet / Arrow (datasets cache) file."""
+    import pandas as pd
+
+    suffix = path.suffix.lower()
+    if suffix == ".arrow":
+        import pyarrow as pa
+
+        with pa.memory_map(str(path)) as src:
+            try:
+                table = pa.ipc.open_stream(src).read_all()  # the datasets library writes IPC streams
+            except pa.ArrowInvalid:
+                table = pa.ipc.open_file(src).read_all()
+        df = table.to_pandas()
+    else:
+        df = pd.read_csv(path) if suffix == ".csv" else pd.read_parquet(path)
+    col = next((c for c in columns if c in df.columns), None)
+    if col is None:
+        raise UserError(f"{path}: none of the columns {', '.join(columns)} (has {', '.join(map(str, df.columns))})")
+    return [str(p) for p in df[col].dropna()]
+
+
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}); re-fetch the file") from exc
+
+
+def read_dataset_file(ds: PromptDataset, path: Path) -> list[str]:
+    """All prompts of ``path`` in file order, read as ``ds.reader`` says (see :data:`ReaderKind`)."""
+    if ds.reader == "lines" or (ds.reader != "table" and path.suffix.lower() == ".txt"):
+        prompts = [ln.strip() for ln in path.read_text(encoding="utf-8").splitlines()]
+    elif ds.reader == "table" or path.suffix.lower() in (".csv", ".parquet", ".arrow"):
+        prompts = _read_table_column(path, ds.columns)
+    elif ds.reader == "json_records":
+        rows = _read_json(path)
+        prompts = list(dict.fromkeys(str(r["prompt"]) for r in rows if isinstance(r, dict) and "prompt" in r))
+    elif ds.reader == "mjhq_meta":
+        meta = _read_json(path)
+        prompts = [str(v["prompt"]) for v in meta.values() if isinstance(v, dict) and "prompt" in v]
+    elif ds.reader == "coco_captions":
+        doc = _read_json(path)
+        first: dict[int, str] = {}
+        for ann in doc.get("annotations", []):
+            first.setdefault(int(ann["image_id"]), str(ann["caption"]))
+        prompts = [first[img["id"]] for img in doc.get("images", []) if img["id"] in first]
+    else:  # pragma: no cover - DATASETS only uses the kinds above
+        raise AssertionError(ds.reader)
+    prompts = [" ".join(p.split()) for p in prompts]
+    prompts = [p for p in prompts if p]
+    if not prompts:
+        raise UserError(f"prompt set {ds.name}: {path} holds no prompts; re-fetch it with: {ds.obtain}")
+    return prompts
+
+
+def load_dataset_prompts(name: str, path: str | os.PathLike | None = None) -> PromptSet:
+    """Dataset ``name`` (all prompts, ids 0..N-1 in file order); the paper's filter is :func:`load_prompts`'s job."""
+    ds = DATASETS[name]
+    found = locate_dataset(name, path)
+    prompts = read_dataset_file(ds, found)
+    return PromptSet(name, tuple(range(len(prompts))), tuple(prompts))
+
+
+def _resolve(spec: str | Path | PromptSet) -> tuple[PromptSet, PromptDataset | None]:
+    if isinstance(spec, PromptSet):
+        return spec, None
+    if str(spec) in REGISTRY:
+        return REGISTRY[str(spec)](), None
+    if str(spec) in DATASETS:
+        return load_dataset_prompts(str(spec)), DATASETS[str(spec)]
+    if Path(spec).suffix.lower() in _FILE_SUFFIXES or Path(spec).exists():
+        return read_prompt_file(spec), None
+    raise UserError(
+        f"unknown prompt set {str(spec)!r}; use one of {', '.join(sorted(REGISTRY) + sorted(DATASETS))} "
+        f"or a {'/'.join(_FILE_SUFFIXES)} file (`pcpo-eval prompts` lists them)"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Inventory (``pcpo-eval prompts``)
+# ---------------------------------------------------------------------------------------------
+
+
+def prompt_set_status(name: str, count: bool = True) -> dict:
+    """One row of ``pcpo-eval prompts``: found or not, where it looked, how to get it, counts.
+
+    ``n_prompts`` is the count after the paper's selection (what :func:`load_prompts` returns),
+    ``n_raw`` before it; both ``None`` when absent or ``count`` is false.
+    """
+    if name in REGISTRY:
+        n = len(REGISTRY[name]()) if count else None
+        return {"name": name, "kind": "built-in", "found": True, "path": None, "n_raw": n, "n_prompts": n,
+                "paper_count": n, "searched": [], "obtain": None, "error": None, "env_var": None,
+                "description": "built-in (ddpo-pytorch / toy world)", "paper": "", "split": ""}
+    ds = DATASETS[name]
+    row = {"name": name, "kind": "dataset", "found": False, "path": None, "n_raw": None, "n_prompts": None,
+           "paper_count": ds.paper_count, "env_var": ds.env_var, "description": ds.description,
+           "paper": ds.paper, "split": ds.split, "obtain": ds.obtain, "error": None,
+           "searched": [f"${ds.env_var}"] + [f"{label}: {path}" for label, path in dataset_candidates(ds)]}
+    try:
+        row["path"] = str(locate_dataset(name))
+        row["found"] = True
+        if count:
+            row["n_raw"] = len(load_dataset_prompts(name))
+            row["n_prompts"] = len(load_prompts(name))
+    except UserError as exc:
+        row["error"] = str(exc)
+    return row
+
+
+def format_prompt_sets(rows: list[dict]) -> str:
+    """Plain-text inventory: one block per prompt set."""
+    lines = [f"prompt sets: built-ins, then datasets (explicit path > $PCPO_PROMPTS_<NAME> > {prompts_dir()}/<name> "
+             f"> HF hub cache {hf_hub_cache()} > HF datasets cache {hf_datasets_cache()}); nothing is downloaded", ""]
+    for r in rows:
+        mark = "found  " if r["found"] else "MISSING"
+        counts = [] if r["n_prompts"] is None else [f"{r['n_prompts']} prompts"]
+        if r["n_raw"] is not None and r["n_raw"] != r["n_prompts"]:
+            counts[0] += f" (the paper's selection from {r['n_raw']})"
+        if r["paper_count"] is not None:
+            counts.append(f"paper used {r['paper_count']}")
+        lines.append(f"[{mark}] {r['name']:<16} {'; '.join(counts)}".rstrip())
+        if r["kind"] == "built-in":
+            continue
+        lines.append(f"          {r['description']}; split {r['split']}")
+        lines.append(f"          paper: {r['paper']}")
+        if r["found"]:
+            lines.append(f"          path {r['path']}")
+        if r["error"] and r["found"] is False and os.environ.get(r["env_var"] or ""):
+            lines.append(f"          error: {r['error']}")
+        if not r["found"]:
+            lines.extend(f"          looked in {s}" for s in r["searched"])
+            lines.append(f"          obtain: {r['obtain']}")
+    return "\n".join(lines)

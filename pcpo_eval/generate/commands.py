@@ -1,7 +1,8 @@
-"""``pcpo-eval generate``: render a prompt x seed image set.
+"""``pcpo-eval generate``: render a prompt x seed image set; ``pcpo-eval prompts``: the prompt sets it can read.
 
-Owns the command's options and its one-line summary; everything else is
-:func:`pcpo_eval.generate.runner.generate_set` (a :class:`UserError` from it becomes exit code 2).
+Owns the commands' options and one-line summaries; everything else is
+:func:`pcpo_eval.generate.runner.generate_set` and :mod:`pcpo_eval.prompts` (a :class:`UserError` from
+them becomes exit code 2).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ def generate(
         ..., "--model", help="base | toy | sd1:PATH | RUN/checkpoints/epoch_NNNN | irg:CKPT=L[,CKPT=L][@REF]"
     ),
     prompts: str = typer.Option(
-        ..., "--prompts", help="simple_animals | nouns_activities | toy | a .txt/.csv/.parquet file"
+        ..., "--prompts",
+        help="simple_animals | nouns_activities | toy | a dataset (`pcpo-eval prompts`) | a .txt/.csv/.parquet file",
     ),
     seeds: str = typer.Option(..., "--seeds", help="N (seeds 0..N-1) or A-B (inclusive)"),
     out: Path = typer.Option(..., "--out", help="set directory (resumed if it holds the same settings)"),
@@ -67,6 +69,26 @@ def generate(
         )
 
 
+def prompts(
+    names: list[str] = typer.Argument(None, help="prompt sets to check (default: all)"),
+    count: bool = typer.Option(True, "--count/--no-count", help="read present sets to count their prompts"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON instead of the table"),
+) -> None:
+    """List every known prompt set: present or not, where it looked, how to get it, prompt counts."""
+    import json
+
+    from pcpo_eval.errors import UserError
+    from pcpo_eval.prompts import DATASETS, REGISTRY, format_prompt_sets, prompt_set_status
+
+    known = list(REGISTRY) + list(DATASETS)
+    unknown = [n for n in names or [] if n not in known]
+    if unknown:
+        raise UserError(f"unknown prompt set {unknown[0]!r}; choose from: {', '.join(known)}")
+    rows = [prompt_set_status(n, count=count) for n in names or known]
+    typer.echo(json.dumps({"prompt_sets": rows}, indent=2) if as_json else format_prompt_sets(rows))
+
+
 def register(app: typer.Typer) -> None:
-    """Add the ``generate`` command."""
+    """Add the ``generate`` and ``prompts`` commands."""
     app.command("generate")(generate)
+    app.command("prompts")(prompts)
