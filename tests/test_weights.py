@@ -169,3 +169,55 @@ def test_cli_weights_json_and_table(isolated_caches, monkeypatch):
     assert any("HF cache yuvalkirstain/PickScore_v1" in s for s in rows["pickscore"]["searched"])
     res = runner.invoke(app, ["weights", "dinov2"])
     assert res.exit_code == 0 and "MISSING" in res.output and "hf download facebook/dinov2-large" in res.output
+
+
+def test_every_paper_model_has_a_backend():
+    """Setups 1-10 and the evaluation: base pipelines, feature nets, preference models, OCR, BERTScore."""
+    needed = {
+        "sd14": "CompVis/stable-diffusion-v1-4",
+        "sd15": "stable-diffusion-v1-5/stable-diffusion-v1-5",
+        "sd35_medium": "stabilityai/stable-diffusion-3.5-medium",
+        "flux_dev": "black-forest-labs/FLUX.1-dev",
+        "dinov2": "facebook/dinov2-large",
+        "qwen25_vl_3b": "Qwen/Qwen2.5-VL-3B-Instruct",
+        "llava": "llava-hf/llava-1.5-7b-hf",
+        "bertscore_roberta": "FacebookAI/roberta-large",
+        "pickscore": "yuvalkirstain/PickScore_v1",
+        "clip_vit_l14": "openai/clip-vit-large-patch14",
+    }
+    for name, repo in needed.items():
+        assert W.BACKENDS[name].hf_repos[0] == repo, name
+    assert W.BACKENDS["sd15"].hf_repos[1] == "runwayml/stable-diffusion-v1-5"  # old id: an extra location only
+    for name in ("inception", "lpips_alex", "hps", "hps_v20", "imagereward", "aesthetic",
+                 "paddleocr_det", "paddleocr_rec", "paddleocr_cls", "trocr"):
+        assert name in W.BACKENDS
+
+
+def test_every_backend_entry_is_valid():
+    env_vars = [b.env_var for b in W.BACKENDS.values()]
+    for key, b in W.BACKENDS.items():
+        assert key == b.name and b.kind in ("file", "dir") and b.filename
+        assert b.env_var.startswith("PCPO_") and b.env_var.isupper(), b.name
+        assert b.description and b.obtain and b.used_by, b.name
+        assert b.hf_repos or b.torch_hub or b.extra or "download" in b.obtain, b.name
+        for repo in b.hf_repos:
+            assert repo.count("/") <= 1 and " " not in repo, repo
+    shared = {v for v in env_vars if env_vars.count(v) > 1}
+    assert not shared, f"backends share env vars: {shared}"
+
+
+@pytest.mark.parametrize("name", ["sd35_medium", "flux_dev", "qwen25_vl_3b", "llava", "bertscore_roberta"])
+def test_new_backends_found_in_fake_hf_snapshot(isolated_caches, name):
+    b = W.BACKENDS[name]
+    snap = _hf_snapshot(isolated_caches, b.hf_repos[-1], [b.filename], rev=f"rev-{name}")
+    assert W.locate(name) == snap
+    assert W.status(name).found
+
+
+def test_every_backend_absent_is_one_line_naming_its_variable():
+    for name, b in W.BACKENDS.items():
+        with pytest.raises(MissingWeightsError) as exc:
+            W.locate(name)
+        msg = str(exc.value)
+        assert "\n" not in msg and b.env_var in msg and "not found" in msg, name
+        assert not W.status(name).found

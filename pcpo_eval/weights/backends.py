@@ -1,4 +1,12 @@
 """The BACKENDS table: every set of real weights pcpo-eval can use, and where to look for it.
+
+Covers every model the paper's ten setups and its evaluation need: the base pipelines (SD-1.4,
+SD-1.5 under its current hub id ``stable-diffusion-v1-5/stable-diffusion-v1-5`` with the retired
+``runwayml/...`` id only as an extra cache location, SD3.5-Medium, FLUX.1-dev), the feature nets
+(Inception, DINOv2, AlexNet for LPIPS), the preference models (HPSv2.1 / v2.0, PickScore, CLIP,
+aesthetic MLP, ImageReward), the OCR engines (PaddleOCR det / rec / cls, TrOCR) and the BERTScore
+reward's captioners (the paper's Qwen2.5-VL-3B-Instruct, ddpo-pytorch's LLaVA-1.5) and scorer
+(roberta-large, bert-score's English default). See docs/weights.md.
 """
 
 
@@ -263,6 +271,63 @@ BACKENDS: dict[str, Backend] = {
             cache_name="stable-diffusion-v1-4",
             obtain=_hf_obtain("CompVis/stable-diffusion-v1-4"),
             used_by="model adapter 'sd1' (DanceGRPO-SD configs)",
+        ),
+        Backend(
+            name="sd35_medium",
+            description="Stable Diffusion 3.5 Medium diffusers pipeline (Flow-GRPO setups 8-9)",
+            kind="dir",
+            filename="model_index.json",
+            env_var="PCPO_SD35_PATH",
+            hf_repos=("stabilityai/stable-diffusion-3.5-medium",),
+            cache_name="stable-diffusion-3.5-medium",
+            obtain=_hf_obtain("stabilityai/stable-diffusion-3.5-medium")
+            + " (gated: accept the licence on the model page and `hf auth login` first)",
+            used_by="model adapter 'sd3' (setups 8, 9)",
+        ),
+        Backend(
+            name="flux_dev",
+            description="FLUX.1-dev diffusers pipeline (DanceGRPO-FLUX setups 6 and 10)",
+            kind="dir",
+            filename="model_index.json",
+            env_var="PCPO_FLUX_PATH",
+            hf_repos=("black-forest-labs/FLUX.1-dev",),
+            cache_name="FLUX.1-dev",
+            obtain=_hf_obtain("black-forest-labs/FLUX.1-dev")
+            + " (gated: accept the licence on the model page and `hf auth login` first)",
+            used_by="model adapter 'flux' (setups 6, 10)",
+        ),
+        Backend(
+            name="qwen25_vl_3b",
+            description="Qwen2.5-VL-3B-Instruct, the VLM the paper used for BERTScore instead of LLaVA (pcpo-paper.tex l.1179-1180)",
+            kind="dir",
+            filename="config.json",
+            env_var="PCPO_QWEN25_VL_PATH",
+            hf_repos=("Qwen/Qwen2.5-VL-3B-Instruct",),
+            cache_name="Qwen2.5-VL-3B-Instruct",
+            obtain=_hf_obtain("Qwen/Qwen2.5-VL-3B-Instruct"),
+            used_by="the captioner behind reward 'llava_bertscore' in the paper's setups 3-4 (served by you; PCPO_LLAVA_URL)",
+        ),
+        Backend(
+            name="llava",
+            description="LLaVA-1.5-7B, ddpo-pytorch's captioner for its BERTScore reward (kvablack/LLaVA-server)",
+            kind="dir",
+            filename="config.json",
+            env_var="PCPO_LLAVA_PATH",
+            hf_repos=("llava-hf/llava-1.5-7b-hf", "liuhaotian/llava-v1.5-7b"),
+            cache_name="llava-1.5-7b-hf",
+            obtain=_hf_obtain("llava-hf/llava-1.5-7b-hf") + " (original-format weights: liuhaotian/llava-v1.5-7b)",
+            used_by="the captioner behind reward 'llava_bertscore' as in ddpo-pytorch (served by you; PCPO_LLAVA_URL)",
+        ),
+        Backend(
+            name="bertscore_roberta",
+            description="roberta-large, bert-score's default model for lang='en' (layer 17), scoring the VLM caption",
+            kind="dir",
+            filename="config.json",
+            env_var="PCPO_BERTSCORE_MODEL_PATH",
+            hf_repos=("FacebookAI/roberta-large", "roberta-large"),
+            cache_name="roberta-large",
+            obtain=_hf_obtain("FacebookAI/roberta-large"),
+            used_by="BERTScore inside the reward server of 'llava_bertscore' (setups 3-4)",
         ),
         Backend(
             name="sd1",
