@@ -38,6 +38,10 @@ def register(app: typer.Typer) -> None:
         chosen = STAGES if stages == "all" else tuple(s.strip() for s in stages.split(",") if s.strip())
         path = run_study(spec, out, chosen, log=lambda s: typer.echo(s))
         typer.echo(f"study done: {path}")
+        results = path.parent / "results.json" if path.suffix == ".html" else path / "results.json"
+        if "stats" in chosen and results.is_file():
+            for line in summary_lines(results.parent):
+                typer.echo(line)
 
     @app.command("report")
     def report_cmd(
