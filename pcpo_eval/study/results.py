@@ -353,7 +353,7 @@ def _rule(sp: StudySpec) -> str:
     if sp.per_prompt_rank_deficient_ok:
         text += (f"; per-prompt {', '.join(sp.per_prompt_rank_deficient_ok)} uses fewer images per prompt than "
                  "feature dimensions (rank-deficient covariance), opted in by per_prompt_rank_deficient_ok")
-    return text + ". Runs without a checkpoint (reward target not reached) are left out of their rows."
+    return text + ". Runs without a checkpoint (reward target not reached) are left out of their rows"  # the report adds "."
 
 
 # ------------------------------------------------------------------------------------------------
