@@ -238,7 +238,7 @@ def rising(rate: float, run_sd: float = 0.0, control: float = 0.0, noise: float 
 
 
 def _write_run(rd: Path, epochs: int, rate: float, every: int, upto: int | None = None, curve=None,
-               rng_key: str = "") -> None:
+               rng_key: str = "", config: dict | None = None) -> None:
     """A run directory: log.parquet (reward and paired control per epoch) + checkpoints every ``every``."""
     upto = epochs if upto is None else upto
     rng = np.random.default_rng(zlib.crc32(f"{rng_key or rate}".encode()))
@@ -251,7 +251,7 @@ def _write_run(rd: Path, epochs: int, rate: float, every: int, upto: int | None 
         "grad_first_abs_var": 1e-6 * e, "wall_time_s": 0.1 + 0 * e,
     })  # fmt: skip
     rd.mkdir(parents=True, exist_ok=True)
-    (rd / "config.yaml").write_text("model: toy\n")
+    (rd / "config.yaml").write_text(yaml.safe_dump(config or {"model": "toy"}, sort_keys=False))
     log.to_parquet(rd / "log.parquet", index=False)
     for ep in [*range(every, upto + 1, every), *([upto] if upto == epochs else [])]:
         ck = rd / "checkpoints" / f"epoch_{ep:04d}"
@@ -287,9 +287,10 @@ class Fakes:
         curve = self.curves.get(level, default)
         if self.fail_train_once and self.fail_train_once in out.name:
             self.fail_train_once = None
-            _write_run(out, cfg.epochs, 0, cfg.checkpoint_every, upto=cfg.epochs // 2, curve=curve, rng_key=out.name)
+            _write_run(out, cfg.epochs, 0, cfg.checkpoint_every, upto=cfg.epochs // 2, curve=curve, rng_key=out.name,
+                       config=cfg.to_dict())
             raise RuntimeError("simulated crash mid-training")
-        _write_run(out, cfg.epochs, 0, cfg.checkpoint_every, curve=curve, rng_key=out.name)
+        _write_run(out, cfg.epochs, 0, cfg.checkpoint_every, curve=curve, rng_key=out.name, config=cfg.to_dict())
         return pd.read_parquet(out / "log.parquet")
 
     def generate_set(self, model, prompts, seeds, out_dir, **kw):
@@ -422,6 +423,15 @@ def test_crash_names_stage_and_rerun_continues(tmp_path, fakes):
     run_study(spec, out, log=lambda s: None)
     assert len(fakes.metrics_calls) == n_metrics + 1  # only the failed set is measured again
     assert (out / "report.html").is_file()
+
+
+def test_runs_trained_for_another_spec_are_not_reused(tmp_path, fakes):
+    out = tmp_path / "study"
+    run_study(write_spec(tmp_path / "s.yaml", paired_control=False), out, stages=("train",), log=lambda s: None)
+    with pytest.raises(StageError, match=r"'train' failed: run\(s\) trained with other settings than the spec gives: "
+                                         r"algorithm-DDPO__batch-16__seed-0 \(paired_control\);.* delete them under"):
+        run_study(write_spec(tmp_path / "s.yaml"), out, stages=("train",), log=lambda s: None)
+    assert len(fakes.train_calls) == 4  # nothing retrained or resumed silently
 
 
 def test_unreachable_target_after_training(tmp_path, fakes):

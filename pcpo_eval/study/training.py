@@ -51,10 +51,31 @@ def run_complete(run: RunSpec, layout: StudyLayout) -> bool:
     return int(read_meta(latest)["epoch"]) >= int(run.train.epochs)
 
 
+def changed_settings(run: RunSpec, layout: StudyLayout) -> list[str]:
+    """Config keys (but ``epochs`` / ``device``) whose value in the run directory's ``config.yaml``
+    differs from the spec's resolved config: the run was trained for another spec."""
+    from pcpo_eval.train.checkpoints import load_run_config
+
+    rd = layout.run_dir(run)
+    if run.train is None or not (rd / "config.yaml").is_file():
+        return []
+    saved = load_run_config(rd)
+    return [k for k, v in run.train.to_dict().items() if k not in ("epochs", "device") and saved.get(k) != v]
+
+
 def pending_runs(spec: StudySpec, layout: StudyLayout, log: Callable[[str], None]) -> list[tuple[RunSpec, bool]]:
-    """(run, resume) for every run still to train; a run directory without a checkpoint is removed."""
+    """(run, resume) for every run still to train; a run directory without a checkpoint is removed.
+
+    A run directory trained with other settings than the spec now gives (e.g. ``paired_control``
+    switched on, a changed learning rate) is never reused or resumed: a UserError names it.
+    """
     from pcpo_eval.train.checkpoints import latest_checkpoint
 
+    stale = {r.name: keys for r in spec.runs if (keys := changed_settings(r, layout))}
+    if stale:
+        raise UserError("run(s) trained with other settings than the spec gives: "
+                        + "; ".join(f"{n} ({', '.join(k)})" for n, k in stale.items())
+                        + f"; delete them under {layout.out / 'runs'} to retrain, or restore the spec")
     out = []
     for run in spec.runs:
         rd = layout.run_dir(run)
