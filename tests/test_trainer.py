@@ -317,3 +317,14 @@ def test_grad_scaler_only_for_fp16_on_cuda(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # no CUDA here: the scaler warns and disables itself
         assert isinstance(tr._grad_scaler(), torch.amp.GradScaler)
+
+
+def test_train_min_sigma_skips_small_noise_steps(tmp_path):
+    tr = Trainer(tiny(train_min_sigma=0.05, sample_steps=8), tmp_path / "run")
+    s = tr.sample_epoch(1)
+    kept = tr._trainable_steps(s)
+    sig = s.traj.sigmas
+    assert kept and all(float(sig[j]) >= 0.05 for j in kept)
+    assert any(float(sig[j]) < 0.05 for j in range(8) if j not in kept)
+    with pytest.raises(UserError, match="leaves no step to train"):
+        Trainer(tiny(train_min_sigma=10.0), tmp_path / "r2")._trainable_steps(s)

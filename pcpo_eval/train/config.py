@@ -72,6 +72,11 @@ class TrainConfig:
     num_inner_epochs: int = 1  #: passes over each epoch's samples
     timestep_fraction: float = 1.0  #: fraction of sampled steps trained (per-sample shuffled)
     train_last_step: bool = True  #: DanceGRPO never trains the last step (False)
+    #: steps whose transition std (DDIM: sigma_t; flow SDE: sigma_t sqrt(dt)) is below this are not
+    #: trained (0 = all, DDPO). Measured on the toy model (benchmarks/bench_toy_regime.py): the 8-step
+    #: schedule's last steps (sigma ~0.01) make log-ratios hypersensitive (ratios down to 1e-31 per
+    #: update) while their noise cannot move the reward
+    train_min_sigma: float = 0.0
     clip_range: float = 1e-4  #: xi
     learning_rate: float = 1e-4
     adam_beta1: float = 0.9
@@ -127,6 +132,7 @@ class TrainConfig:
         need(self.learning_rate > 0, f"learning_rate must be > 0 (got {self.learning_rate})")
         need(self.lora_rank >= 0, f"lora_rank must be >= 0 (got {self.lora_rank})")
         need(self.beta_kl >= 0, f"beta_kl must be >= 0 (got {self.beta_kl})")
+        need(self.train_min_sigma >= 0, f"train_min_sigma must be >= 0 (got {self.train_min_sigma})")
         n = self.samples_per_epoch
         if self.sample_batch_size >= 1 and self.train_batch_size >= 1:
             need(n % self.train_batch_size == 0,

@@ -282,8 +282,14 @@ class Trainer:
         return list(range(S if self.cfg.train_last_step else max(S - 1, 1)))
 
     def _trainable_steps(self, samples: EpochSamples) -> list[int]:
-        """:meth:`_train_steps` without the steps PCPO gives no credit (DDIM fallback ``exclude``: scale 0)."""
-        steps = self._train_steps()
+        """:meth:`_train_steps` without the steps PCPO gives no credit (DDIM fallback ``exclude``: scale 0)
+        and without the steps whose transition std is below ``train_min_sigma``."""
+        tr = samples.traj
+        std = tr.std if hasattr(tr, "std") else tr.sigmas  # flow: sigma_t sqrt(dt); DDIM: sigma_t
+        steps = [s for s in self._train_steps() if float(std[s]) >= self.cfg.train_min_sigma]
+        if not steps:
+            raise UserError(f"train_min_sigma={self.cfg.train_min_sigma:g} leaves no step to train (largest step "
+                            f"std {float(std.max()):.4g}); lower train_min_sigma")
         scale = self.sampler.credit_scale(samples.traj, torch.tensor(steps), self.cfg.objective)
         kept = [s for s, c in zip(steps, scale.tolist(), strict=True) if c != 0]
         if not kept:
