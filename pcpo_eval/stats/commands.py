@@ -34,102 +34,103 @@ def _write(out: str | None, text: str) -> None:
         atomic_write_text(out, text if text.endswith("\n") else text + "\n")
 
 
+def lmm_cmd(
+    data: str = typer.Argument(..., help="Scores table: DATA.csv or DATA.parquet."),
+    formula: str = typer.Option(..., "--formula", help='Fixed effects, e.g. "fid ~ algorithm * batch".'),
+    group: list[str] = typer.Option(
+        ..., "--group", help="Grouping column; repeat for crossed random intercepts."
+    ),
+    coding: str = typer.Option(
+        "treatment", "--coding", help="treatment | sum (for bare categorical columns)."
+    ),
+    re_formula: str = typer.Option(
+        None, "--re-formula", help='Random slopes for one group, e.g. "~days".'
+    ),
+    response: list[str] = typer.Option(
+        None,
+        "--response",
+        help="Fit several metrics: replaces the formula's response; adds Holm/BH p-values.",
+    ),
+    ml: bool = typer.Option(False, "--ml", help="Fit by maximum likelihood instead of REML."),
+    qq: str = typer.Option(
+        None, "--qq", help="Write a Q-Q plot of the residuals to this PNG (one response)."
+    ),
+    out: str = typer.Option(None, "--out", help="Also write the JSON result to this file."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of text."),
+) -> None:
+    """Linear mixed model with Satterthwaite t-tests (lme4/lmerTest conventions)."""
+    from pcpo_eval.stats.design import read_table
+    from pcpo_eval.stats.lmm import fit_lmm, fit_lmm_many, many_summary, qq_plot
+
+    _check_outputs(out=out, qq=qq)
+    df = read_table(data)
+    if response:
+        if "~" not in formula:
+            raise UserError(f"formula {formula!r} has no '~'")
+        rhs = formula.split("~", 1)[1]
+        fits, adjusted = fit_lmm_many(df, response, rhs, list(group), coding, not ml, re_formula)
+        payload = {"metrics": {k: v.to_dict() for k, v in fits.items()}, "adjusted": adjusted}
+        if qq:
+            raise UserError("--qq needs a single response (drop --response or fit one metric)")
+        text = many_summary(fits, adjusted)
+    else:
+        res = fit_lmm(df, formula, list(group), coding, not ml, re_formula)
+        payload = res.to_dict()
+        text = res.summary()
+        if qq:
+            qq_plot(res, qq)
+    js = dumps(payload)
+    _write(out, js)
+    typer.echo(js if as_json else text)
+
+def speedup_cmd(
+    baseline: list[str] = typer.Option(
+        ..., "--baseline", help="Baseline log(s) or RUN dir(s); repeat per seed."
+    ),
+    pcpo: list[str] = typer.Option(..., "--pcpo", help="PCPO log(s) or RUN dir(s); repeat per seed."),
+    target: list[float] = typer.Option(..., "--target", help="Target reward level; repeat for several."),
+    window: int = typer.Option(5, "--window", help="Trailing moving-average window (epochs)."),
+    lower_is_better: bool = typer.Option(
+        False, "--lower-is-better", help="Targets are reached from above."
+    ),
+    out: str = typer.Option(None, "--out", help="Also write the JSON result to this file."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a markdown table."),
+) -> None:
+    """Epochs to reach each target reward and PCPO's speed-up: (E_base / E_pcpo - 1) x 100%."""
+    from pcpo_eval.stats.speedup import speedup_table
+
+    _check_outputs(out=out)
+    tab = speedup_table(baseline, pcpo, target, window, not lower_is_better)
+    js = dumps(tab.to_dict())
+    _write(out, js)
+    typer.echo(js if as_json else tab.to_markdown())
+
+def select_cmd(
+    run_dirs: list[str] = typer.Argument(
+        ..., help="Run directories (RUN/log.parquet, RUN/checkpoints/)."
+    ),
+    target: float = typer.Option(..., "--target", help="Target (smoothed) reward."),
+    window: int = typer.Option(5, "--window", help="Trailing moving-average window (epochs)."),
+    reference: str = typer.Option(
+        None,
+        "--reference",
+        help="PCPO run: also bracket each run's checkpoints around its matched reward.",
+    ),
+    out: str = typer.Option(None, "--out", help="Also write the JSON result to this file."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a markdown table."),
+) -> None:
+    """Reward-matched checkpoint per run (first to reach the target, else nearest), with the gap."""
+    from pcpo_eval.stats.select import select_checkpoints
+
+    _check_outputs(out=out)
+    sel = select_checkpoints(run_dirs, target, window, reference)
+    js = dumps(sel.to_dict())
+    _write(out, js)
+    typer.echo(js if as_json else sel.to_markdown())
+
+
 def register(app: typer.Typer) -> None:
     """Add ``lmm``, ``speedup`` and ``select`` to the CLI."""
-
-    @app.command("lmm")
-    def lmm_cmd(
-        data: str = typer.Argument(..., help="Scores table: DATA.csv or DATA.parquet."),
-        formula: str = typer.Option(..., "--formula", help='Fixed effects, e.g. "fid ~ algorithm * batch".'),
-        group: list[str] = typer.Option(
-            ..., "--group", help="Grouping column; repeat for crossed random intercepts."
-        ),
-        coding: str = typer.Option(
-            "treatment", "--coding", help="treatment | sum (for bare categorical columns)."
-        ),
-        re_formula: str = typer.Option(
-            None, "--re-formula", help='Random slopes for one group, e.g. "~days".'
-        ),
-        response: list[str] = typer.Option(
-            None,
-            "--response",
-            help="Fit several metrics: replaces the formula's response; adds Holm/BH p-values.",
-        ),
-        ml: bool = typer.Option(False, "--ml", help="Fit by maximum likelihood instead of REML."),
-        qq: str = typer.Option(
-            None, "--qq", help="Write a Q-Q plot of the residuals to this PNG (one response)."
-        ),
-        out: str = typer.Option(None, "--out", help="Also write the JSON result to this file."),
-        as_json: bool = typer.Option(False, "--json", help="Print JSON instead of text."),
-    ) -> None:
-        """Linear mixed model with Satterthwaite t-tests (lme4/lmerTest conventions)."""
-        from pcpo_eval.stats.design import read_table
-        from pcpo_eval.stats.lmm import fit_lmm, fit_lmm_many, many_summary, qq_plot
-
-        _check_outputs(out=out, qq=qq)
-        df = read_table(data)
-        if response:
-            if "~" not in formula:
-                raise UserError(f"formula {formula!r} has no '~'")
-            rhs = formula.split("~", 1)[1]
-            fits, adjusted = fit_lmm_many(df, response, rhs, list(group), coding, not ml, re_formula)
-            payload = {"metrics": {k: v.to_dict() for k, v in fits.items()}, "adjusted": adjusted}
-            if qq:
-                raise UserError("--qq needs a single response (drop --response or fit one metric)")
-            text = many_summary(fits, adjusted)
-        else:
-            res = fit_lmm(df, formula, list(group), coding, not ml, re_formula)
-            payload = res.to_dict()
-            text = res.summary()
-            if qq:
-                qq_plot(res, qq)
-        js = dumps(payload)
-        _write(out, js)
-        typer.echo(js if as_json else text)
-
-    @app.command("speedup")
-    def speedup_cmd(
-        baseline: list[str] = typer.Option(
-            ..., "--baseline", help="Baseline log(s) or RUN dir(s); repeat per seed."
-        ),
-        pcpo: list[str] = typer.Option(..., "--pcpo", help="PCPO log(s) or RUN dir(s); repeat per seed."),
-        target: list[float] = typer.Option(..., "--target", help="Target reward level; repeat for several."),
-        window: int = typer.Option(5, "--window", help="Trailing moving-average window (epochs)."),
-        lower_is_better: bool = typer.Option(
-            False, "--lower-is-better", help="Targets are reached from above."
-        ),
-        out: str = typer.Option(None, "--out", help="Also write the JSON result to this file."),
-        as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a markdown table."),
-    ) -> None:
-        """Epochs to reach each target reward and PCPO's speed-up: (E_base / E_pcpo - 1) x 100%."""
-        from pcpo_eval.stats.speedup import speedup_table
-
-        _check_outputs(out=out)
-        tab = speedup_table(baseline, pcpo, target, window, not lower_is_better)
-        js = dumps(tab.to_dict())
-        _write(out, js)
-        typer.echo(js if as_json else tab.to_markdown())
-
-    @app.command("select")
-    def select_cmd(
-        run_dirs: list[str] = typer.Argument(
-            ..., help="Run directories (RUN/log.parquet, RUN/checkpoints/)."
-        ),
-        target: float = typer.Option(..., "--target", help="Target (smoothed) reward."),
-        window: int = typer.Option(5, "--window", help="Trailing moving-average window (epochs)."),
-        reference: str = typer.Option(
-            None,
-            "--reference",
-            help="PCPO run: also bracket each run's checkpoints around its matched reward.",
-        ),
-        out: str = typer.Option(None, "--out", help="Also write the JSON result to this file."),
-        as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a markdown table."),
-    ) -> None:
-        """Reward-matched checkpoint per run (first to reach the target, else nearest), with the gap."""
-        from pcpo_eval.stats.select import select_checkpoints
-
-        _check_outputs(out=out)
-        sel = select_checkpoints(run_dirs, target, window, reference)
-        js = dumps(sel.to_dict())
-        _write(out, js)
-        typer.echo(js if as_json else sel.to_markdown())
+    app.command("lmm")(lmm_cmd)
+    app.command("speedup")(speedup_cmd)
+    app.command("select")(select_cmd)
