@@ -132,3 +132,17 @@ def test_only_the_orchestrator_sees_every_pipeline_stage(stage):
         seen.setdefault(_stage(a), set()).add(_stage(b))
     full = [s for s, deps in seen.items() if pipeline - {s} <= deps and s not in ("cli", "testing")]
     assert full == [stage], f"stages that import every pipeline stage: {full}"
+
+
+def test_no_function_over_80_lines_without_a_reason():
+    """A function longer than ~80 lines needs a reason written next to it (a ``# long: ...`` comment)."""
+    offenders = []
+    for path in PKG.rglob("*.py"):
+        src = path.read_text()
+        lines = src.splitlines()
+        for node in ast.walk(ast.parse(src)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno + 1 > 80:
+                head = "\n".join(lines[max(node.lineno - 3, 0) : node.lineno + 2])
+                if "# long:" not in head:
+                    offenders.append(f"{_module_name(path)}.{node.name} ({node.end_lineno - node.lineno + 1} lines)")
+    assert not offenders, offenders
