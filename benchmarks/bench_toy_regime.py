@@ -1,14 +1,12 @@
-"""Does the toy regime learn? Paired gains of DDPO (ppo_clip) and PCPO (pcpo) over untrained twins.
+"""Does the toy regime learn? Paired gains of DDPO (ppo_clip) and PCPO (pcpo) over untrained controls.
 
 For each arm (``train/configs/toy_ddpo.yaml``, ``toy_pcpo.yaml``) and each seed ``s``:
 
-* **run**: ``Trainer(config, seed=s).run()``.
-* **untrained twin**: a ``Trainer`` with the same config and seed that only samples (no optimizer
-  step). The trainer draws every epoch's prompts, initial latents and step noises from keyed
-  generators, so the twin sees exactly the run's prompts and noises; it is the ``lr -> 0`` limit
-  of ``bench_toy_rl.py``'s ``learning_rate=1e-12`` twin without its training cost (measured: the
-  two agree to 2.5e-6 in every epoch's mean reward, toy_aesthetic).
-* **on-policy gain**: mean over the last ``--last`` epochs of ``reward(run) - reward(twin)``.
+* **run**: ``Trainer(config, seed=s, paired_control=true).run()``. The paired control is the
+  untrained model sampling the same prompts with the same keyed generators, sampler and schedule
+  every epoch (``control_reward_mean``): the ``lr -> 0`` limit of ``bench_toy_rl.py``'s
+  ``learning_rate=1e-12`` twin without its training cost.
+* **on-policy gain**: mean over the last ``--last`` epochs of ``reward_mean - control_reward_mean``.
 * **held-out gain**: the final policy and the base model sample the same fixed set (every toy
   prompt x ``--eval-noises`` noises, seeds independent of ``s``, the arm's own sampler); gain =
   mean paired reward difference.
@@ -16,7 +14,7 @@ For each arm (``train/configs/toy_ddpo.yaml``, ``toy_pcpo.yaml``) and each seed 
 Printed (markdown): per arm, mean +- SD over seeds of both gains and their ratio mean/SD, the
 median ``approx_kl`` and mean ``clipfrac`` over all epochs of all seeds, wall and CPU seconds.
 The bar (issue: "find a toy regime that learns"): both ratios >= 3, median approx_kl <= 0.05,
-mean clipfrac <= 0.25, 3 seeds x 2 arms with their twins in <= ~6 minutes.
+mean clipfrac <= 0.25, 3 seeds x 2 arms with their controls in <= ~6 minutes.
 
 Usage: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_toy_regime.py [--seeds 3] [--epochs N]
 [--configs DIR]`` (``--configs``: measure ``toy_ddpo.yaml`` / ``toy_pcpo.yaml`` from another directory).
@@ -47,7 +45,7 @@ class SeedResult:
     """One seed of one arm: per-epoch paired gains, held-out gain, PPO statistics, cost."""
 
     seed: int
-    epoch_gains: np.ndarray  # reward(run) - reward(twin), per epoch
+    epoch_gains: np.ndarray  # reward_mean - control_reward_mean, per epoch
     heldout_gain: float
     approx_kl: np.ndarray  # per epoch
     clipfrac: np.ndarray  # per epoch
@@ -95,27 +93,27 @@ def heldout_rewards(trainer, n_noises: int) -> np.ndarray:
         with torch.no_grad():
             s = sample_ddim(ad, ad.encode_prompts(bp), trainer.null.repeat(len(bp)), cfg=cfg.cfg,
                             steps=cfg.sample_steps, eta=cfg.sample_eta, generators=gens,
-                            sigma_schedule=cfg.sigma_schedule(), convention=cfg.credit_convention)
+                            sigma_schedule=cfg.sigma_schedule(), convention=cfg.credit_convention,
+                            fallback=cfg.credit_fallback)
         out.append(trainer.reward_fn(ad.decode(s.latents.float()), bp).double().numpy())
     return np.concatenate(out)
 
 
 def run_seed(config: Path, seed: int, overrides: list[str], n_noises: int, tmp: Path) -> SeedResult:
-    """Train one seed, replay its untrained twin's sampling, and measure both gains."""
+    """Train one seed with its paired control and measure both gains."""
     from pcpo_eval.train.config import load_config
     from pcpo_eval.train.trainer import Trainer
 
-    cfg = load_config(config, [*overrides, f"seed={seed}", "checkpoint_every=100000"])
+    cfg = load_config(config, [*overrides, f"seed={seed}", "checkpoint_every=100000", "paired_control=true"])
     t0, c0 = time.perf_counter(), time.process_time()
     with contextlib.redirect_stdout(sys.stderr):  # the trainer's epoch lines; stdout is the table
-        trainer = Trainer(cfg, tmp / f"{config.stem}_s{seed}_run")
+        trainer = Trainer(cfg, tmp / f"{config.stem}_s{seed}")
         log = trainer.run()
-        twin = Trainer(cfg, tmp / f"{config.stem}_s{seed}_twin")
-        twin_rewards = [float(np.mean(twin.sample_epoch(e).all_rewards)) for e in range(1, cfg.epochs + 1)]
     tuned = heldout_rewards(trainer, n_noises)
     with base_policy(trainer):
         heldout = tuned - heldout_rewards(trainer, n_noises)
-    return SeedResult(seed, log["reward_mean"].to_numpy() - np.asarray(twin_rewards), float(heldout.mean()),
+    gains = (log["reward_mean"] - log["control_reward_mean"]).to_numpy()
+    return SeedResult(seed, gains, float(heldout.mean()),
                       log["approx_kl"].to_numpy(), log["clipfrac"].to_numpy(),
                       time.perf_counter() - t0, time.process_time() - c0)
 
@@ -140,7 +138,7 @@ def summarize(name: str, config: Path, results: list[SeedResult], last: int) -> 
 
 def markdown(rows: list[dict[str, object]], args: argparse.Namespace, total_s: float) -> str:
     """The results table (and a per-seed table) as markdown."""
-    lines = [f"## Toy regime: paired gain over the untrained twin ({args.seeds} seeds, {total_s:.0f} s total)\n",
+    lines = [f"## Toy regime: paired gain over the untrained control ({args.seeds} seeds, {total_s:.0f} s total)\n",
              f"| arm | credit convention | on-policy gain, last {args.last} epochs (mean +- SD) | ratio | "
              "held-out gain (mean +- SD) | ratio | median approx_kl | mean clipfrac | wall / CPU s | bar |",
              "|---|---|---|---|---|---|---|---|---|---|"]
