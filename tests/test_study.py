@@ -318,7 +318,8 @@ class Fakes:
             raise RuntimeError("simulated metrics crash")
         man = pd.read_parquet(sdir / "manifest.parquet")
         pids = sorted(man.prompt_id.unique())
-        rng = np.random.default_rng(zlib.crc32(str(sdir).encode()))
+        # seeded by the set's place in the study (not the tmp path), so every test run draws the same data
+        rng = np.random.default_rng(zlib.crc32("/".join(sdir.parts[-2:]).encode()))
         run = sdir.parent.name if sdir.name.startswith("epoch_") else "base"
         level = run.split("__")[0].split("-", 1)[1] if run != "base" else ""
         shift = self.metric_effect.get(level, 0.0)
