@@ -118,14 +118,3 @@ def get_objective(name: str) -> Callable[..., StepLoss]:
 def uses_decomposition(name: str) -> bool:
     """Whether log rho comes from the eps-matching decomposition rather than log-prob differences."""
     return name in ("eps_matching", "pcpo")
-
-
-def kl_gaussian_means(mu: torch.Tensor, mu_ref: torch.Tensor, std: torch.Tensor | float) -> torch.Tensor:
-    """KL between N(mu, s^2) and N(mu_ref, s^2): ||mu - mu_ref||^2 / (2 s^2), averaged over dims.
-
-    Flow-GRPO's KL penalty (and DPOK's for DDIM), reference = base model.
-    """
-    std = torch.as_tensor(std, dtype=mu.dtype, device=mu.device)
-    if std.ndim == 1:
-        std = std.reshape(-1, *([1] * (mu.ndim - 1)))
-    return ((mu - mu_ref) ** 2 / (2 * std**2)).mean(dim=tuple(range(1, mu.ndim)))
