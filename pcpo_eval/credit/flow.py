@@ -4,6 +4,11 @@
     zeta   = sum_i w(t_i);   PCPO weight w~(t_i) = zeta * dt_i
 
 with ``sigma = eta`` (DanceGRPO) or ``sigma_t = eta sqrt(t / (1 - t))`` (Flow-GRPO).
+
+The high-noise uniform reweighting of Fig. naive-acceleration (c, d) (setup 10) gives every step the
+same weight ``w_u = zeta / N`` (the mean native weight, so the total equals PCPO's and the native one):
+relative to the interval, w_u / dt_i, it favours the short high-noise steps of the shifted grid even
+more than DanceGRPO's native ``w ~ sqrt(dt_i)`` does, the direction opposite to PCPO's ``zeta dt_i``.
 """
 
 
@@ -17,6 +22,13 @@ import numpy as np
 from pcpo_eval.errors import UserError
 
 FLOW_SDES: tuple[str, ...] = ("dance", "flowgrpo")
+
+#: Per-step weight targets inside the decomposed hinge (train config ``step_weighting``).
+STEP_WEIGHTINGS: dict[str, str] = {
+    "native": "the objective's own weight: w(t_i) of the sampler (eps_matching), zeta*dt_i (pcpo, Prop. 2)",
+    "uniform_high_noise": "the constant zeta/N at every step (mean native weight; Fig. naive-acceleration c-d): "
+                          "relative to dt_i it emphasises the short high-noise (t ~ 1) steps of a shifted grid",
+}
 
 
 # --------------------------------------------------------------------------------------------
@@ -88,6 +100,7 @@ class FlowCredit:
                 "sigma": float(self.sigma[i]),
                 "native_weight": float(self.native_weight[i]),
                 "pcpo_weight": float(self.pcpo_weight[i]),
+                "uniform_weight": float(self.zeta / len(self.t)),
             }
             for i in range(len(self.t))
         ]
@@ -173,3 +186,24 @@ def proportional_weights(dt: np.ndarray, native: np.ndarray) -> tuple[np.ndarray
     """``(zeta * dt_i, zeta)`` with ``zeta = sum_i native_i`` (Prop. 2, Eq. optimalw)."""
     zeta = float(np.sum(native))
     return zeta * np.asarray(dt, dtype=np.float64), zeta
+
+
+def uniform_weights(native: np.ndarray) -> np.ndarray:
+    """The high-noise uniform weights: ``w_u = mean_i native_i = zeta / N`` at every step (Fig.
+    naive-acceleration c; rescaled to the native mean as PCPO's w* is, Sec. 3, so the totals agree)."""
+    native = np.asarray(native, dtype=np.float64)
+    return np.full_like(native, float(np.mean(native)))
+
+
+def uniform_flow_scale(t: np.ndarray, dt: np.ndarray, sigma: np.ndarray, sde: str, eta: float,
+                       times: np.ndarray, t1: str = "neighbor") -> np.ndarray:
+    """Per-step scale ``w_u / w(t_i)`` that turns the sampler's native weight into the uniform one.
+
+    ``w(t_i)`` is the weight of the sampled step (Eq. logrho-flow with the sampler's sigma, so
+    ``scale * log rho`` has first-order weight exactly ``w_u``); ``w_u = zeta / N`` with zeta from
+    :func:`flow_credit` over all N steps of ``times`` (``t1`` convention for Flow-GRPO), the same zeta
+    PCPO's ``zeta dt_i`` uses. Applied inside the hinge like PCPO's scale (train/objectives.py).
+    """
+    w = flow_native_weight(np.asarray(t, np.float64), np.asarray(dt, np.float64), np.asarray(sigma, np.float64))
+    credit = flow_credit(sde, len(times) - 1, eta, 1.0, times=np.asarray(times, np.float64), t1=t1)
+    return uniform_weights(credit.native_weight) / w

@@ -252,3 +252,106 @@ def model_hash(spec: str) -> str:
         if ckpt is not None:
             return read_meta(ckpt).get("weights_sha256", "")[:16]
     return hashlib.sha256(str(spec).encode()).hexdigest()[:16]
+
+
+# ------------------------------------------------------------------------------------------------
+# init_from: a fresh run started from a checkpoint's weights (docs/training.md#init-from)
+# ------------------------------------------------------------------------------------------------
+_COMPONENTS = ("unet.", "transformer.")
+
+
+def lora_file_info(path: Path) -> tuple[int, float | None]:
+    """(LoRA rank, lora_alpha) of a safetensors file: rank 0 = full weights (no ``lora_A`` tensor);
+    alpha from diffusers' ``lora_adapter_metadata`` header when present, else None."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as fh:
+        keys = [k for k in fh.keys() if ".lora_A." in k or k.endswith(".lora_A.weight")]
+        rank = int(fh.get_slice(keys[0]).get_shape()[0]) if keys else 0
+        header = fh.metadata() or {}
+    alpha = None
+    with contextlib.suppress(ValueError, TypeError, AttributeError):
+        cfg = json.loads(header.get("lora_adapter_metadata", "{}"))
+        found = [v for k, v in cfg.items() if k.split(".")[-1] == "lora_alpha"]
+        alpha = float(found[0]) if found else None
+    return rank, alpha
+
+
+def init_source(spec: str) -> dict[str, Any]:
+    """What ``init_from`` names: a checkpoint directory, a run directory (its latest checkpoint) or a
+    ``.safetensors`` file (a diffusers LoRA in peft format, or a denoiser state dict).
+
+    Returns ``source``, ``kind`` (checkpoint | file), ``checkpoint``, ``weights_file``, ``weights_sha256``
+    (of the file as read now; a checkpoint whose file no longer matches its recorded hash is refused),
+    ``model``, ``lora_rank``, ``lora_alpha``, ``epoch`` and ``objective`` (None where unknown).
+    """
+    p = Path(spec).expanduser()
+    if p.is_file():
+        if p.suffix != ".safetensors":
+            raise UserError(f"init_from={spec}: a file must be .safetensors (diffusers / LoRA weights); "
+                            "or pass a checkpoint or run directory")
+        check_weights_file(p)
+        rank, alpha = lora_file_info(p)
+        return {"source": str(spec), "kind": "file", "checkpoint": None, "weights_file": str(p),
+                "weights_sha256": sha256_file(p), "model": None, "lora_rank": rank, "lora_alpha": alpha,
+                "epoch": None, "objective": None}
+    ckpt = resolve_checkpoint(p) if p.is_dir() else None
+    if ckpt is None:
+        raise UserError(f"init_from={spec}: not a checkpoint directory, run directory or .safetensors file")
+    meta = read_meta(ckpt)
+    path = ckpt / str(meta.get("weights_file", ""))
+    if not path.is_file():
+        raise UserError(f"init_from={spec}: checkpoint {ckpt} lacks its weights file {path.name}")
+    check_weights_file(path)
+    sha = sha256_file(path)
+    if meta.get("weights_sha256") and meta["weights_sha256"] != sha:
+        raise UserError(f"init_from={spec}: {path} does not match the weights_sha256 in its checkpoint.json "
+                        "(changed after it was written); use an intact checkpoint")
+    run_cfg: dict[str, Any] = {}
+    with contextlib.suppress(UserError):
+        run_cfg = load_run_config(run_dir_of(ckpt))
+    rank, alpha = lora_file_info(path)
+    return {"source": str(spec), "kind": "checkpoint", "checkpoint": str(ckpt), "weights_file": str(path),
+            "weights_sha256": sha, "model": meta.get("model") or run_cfg.get("model"), "lora_rank": rank,
+            "lora_alpha": alpha if alpha is not None else run_cfg.get("lora_alpha") if rank else None,
+            "epoch": meta.get("epoch"), "objective": meta.get("objective")}
+
+
+def check_init_compatible(src: dict[str, Any], model: str, lora_rank: int, lora_alpha: float) -> None:
+    """Refuse (one line) an ``init_from`` source whose model, LoRA rank or LoRA alpha differ from the config."""
+    bad = []
+    if src.get("model") is not None and str(src["model"]) != str(model):
+        bad.append(f"model {src['model']!r} (config: {model!r})")
+    if int(src["lora_rank"]) != int(lora_rank):
+        what = "full weights (lora_rank 0)" if not src["lora_rank"] else f"lora_rank {src['lora_rank']}"
+        bad.append(f"{what} (config: lora_rank {lora_rank})")
+    elif lora_rank and src.get("lora_alpha") is not None and float(src["lora_alpha"]) != float(lora_alpha):
+        bad.append(f"lora_alpha {src['lora_alpha']:g} (config: {lora_alpha:g})")
+    if bad:
+        raise UserError(f"init_from={src['source']} does not match this config: {'; '.join(bad)}; "
+                        "start from a checkpoint of the same model and LoRA settings, or change the config")
+
+
+def load_init_weights(denoiser: torch.nn.Module, src: dict[str, Any]) -> None:
+    """Copy ``src``'s weights into ``denoiser`` in place: LoRA tensors into its (already attached) adapter
+    (the component prefix ``unet.`` / ``transformer.`` stripped; the key sets must agree), or the full
+    state dict (strict). A mismatch is a one-line UserError."""
+    from safetensors.torch import load_file
+
+    sd = load_file(src["weights_file"])
+    try:
+        if src["lora_rank"]:
+            from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
+
+            sd = {next((k[len(c):] for c in _COMPONENTS if k.startswith(c)), k): v for k, v in sd.items()}
+            want = set(get_peft_model_state_dict(denoiser))
+            if set(sd) != want:
+                raise ValueError(f"{len(want - set(sd))} of the model's LoRA tensors missing, "
+                                 f"{len(set(sd) - want)} unexpected")
+            set_peft_model_state_dict(denoiser, sd)
+        else:
+            denoiser.load_state_dict(sd, strict=True)
+    except (RuntimeError, ValueError, KeyError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise UserError(f"init_from={src['source']}: weights do not fit this model ({first[:200]}); "
+                        "start from a checkpoint of the same model and LoRA settings") from None

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from pcpo_eval.credit.ddim import CONVENTIONS, DEFAULT_FALLBACK, FALLBACKS
-from pcpo_eval.credit.flow import FLOW_SDES, KL_FORMS, T1_CONVENTIONS
+from pcpo_eval.credit.flow import FLOW_SDES, KL_FORMS, STEP_WEIGHTINGS, T1_CONVENTIONS
 from pcpo_eval.errors import UserError
 from pcpo_eval.io import check_finite, read_yaml_mapping
 from pcpo_eval.train.advantages import ADV_STDS
@@ -54,6 +54,10 @@ class TrainConfig:
     #: feed velocity models DanceGRPO's int(1000 t)/1000 in sampling and training (train_grpo_flux.py);
     #: DDIM's model times are integer timesteps already (no effect on eps models)
     model_time_quantize: bool = False
+    #: per-step weight inside the decomposed hinge: native (the objective's own: w(t_i), or PCPO's
+    #: zeta*dt_i) | uniform_high_noise (the constant zeta/N at every step, paper Fig. naive-acceleration
+    #: c-d, setup 10; velocity models, objective eps_matching or pcpo; credit.flow.STEP_WEIGHTINGS)
+    step_weighting: str = "native"
     # --- advantages -----------------------------------------------------------------------
     advantage: str = "per_prompt"  #: per_prompt (DDPO stat tracker) | group (GRPO)
     images_per_prompt: int = 4  #: group size for advantage=group (prompts per epoch = images/this)
@@ -99,6 +103,16 @@ class TrainConfig:
     #: generators, same sampler and schedule) and log its reward as ``control_reward_mean``: the
     #: paired control that separates learning from the sampler and from which prompts were drawn
     paired_control: bool = False
+    # --- diagnostics, validation, initialisation (docs/training.md#diagnostics) -----------------------
+    #: log the Taylor error of log rho ~ rho - 1 and the dot-product / squared-norm terms of Eq. Delta
+    #: (their ratio at the first off-policy update: Fig. on-policy-justification) per update
+    diagnostics: bool = False
+    validation_every: int = 0  #: held-out reward every N epochs and at the last (0 = off; Flow-GRPO: 50)
+    validation_prompts: str = ""  #: prompt set name or file (as ``prompts``), disjoint from the training prompts
+    validation_images: int = 0  #: images per validation (image i: prompt i mod P); 0 = one per prompt
+    #: start from these weights (a checkpoint / run directory of pcpo-eval, or a diffusers / LoRA
+    #: .safetensors file) at epoch 1 with a fresh optimizer; "" = the base model
+    init_from: str = ""
     device: str = "auto"  #: auto | cpu | cuda | cuda:N
 
     # ---------------------------------------------------------------------------------------
@@ -133,6 +147,7 @@ class TrainConfig:
         need(self.lora_rank >= 0, f"lora_rank must be >= 0 (got {self.lora_rank})")
         need(self.beta_kl >= 0, f"beta_kl must be >= 0 (got {self.beta_kl})")
         need(self.train_min_sigma >= 0, f"train_min_sigma must be >= 0 (got {self.train_min_sigma})")
+        problems += self._extension_problems()
         n = self.samples_per_epoch
         if self.sample_batch_size >= 1 and self.train_batch_size >= 1:
             need(n % self.train_batch_size == 0,
@@ -153,6 +168,26 @@ class TrainConfig:
         if problems:
             raise UserError("invalid training config: " + "; ".join(problems))
         return self
+
+    def _extension_problems(self) -> list[str]:
+        """Problems of the step-weighting, validation and init_from keys."""
+        out: list[str] = []
+        if self.step_weighting not in STEP_WEIGHTINGS:
+            out.append(f"step_weighting={self.step_weighting!r} (choose {', '.join(STEP_WEIGHTINGS)})")
+        elif self.step_weighting != "native":
+            if self.objective not in ("eps_matching", "pcpo"):
+                out.append(f"step_weighting={self.step_weighting} reweights the decomposed hinge (Eq. logrho-flow); "
+                           f"use objective=pcpo or eps_matching (got {self.objective})")
+            if _prediction(self.model) == "eps":
+                out.append(f"step_weighting={self.step_weighting} is defined for flow SDEs (velocity models); for "
+                           "DDIM the uniform weight is PCPO itself (objective=pcpo)")
+        if int(self.validation_every) < 0:
+            out.append(f"validation_every must be >= 0 (got {self.validation_every})")
+        if int(self.validation_images) < 0:
+            out.append(f"validation_images must be >= 0 (got {self.validation_images})")
+        if int(self.validation_every) > 0 and not str(self.validation_prompts).strip():
+            out.append("validation_every > 0 needs validation_prompts (a prompt set disjoint from the training prompts)")
+        return out
 
     @property
     def samples_per_epoch(self) -> int:
@@ -185,6 +220,16 @@ def convention_keys(cfg: TrainConfig) -> tuple[str, ...]:
         keys += ["flow_t1"] if cfg.sde == "flowgrpo" else []
     keys += ["adv_std"] if cfg.advantage == "group" else []
     return tuple(keys)
+
+
+def _prediction(model: str) -> str | None:
+    """The model spec's prediction type, or None when the spec is unknown (reported where it is loaded)."""
+    from pcpo_eval.models.registry import prediction_of
+
+    try:
+        return prediction_of(model)
+    except UserError:
+        return None
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}

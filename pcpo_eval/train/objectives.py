@@ -44,11 +44,14 @@ OBJECTIVES = ("ppo_clip", "log_hinge", "eps_matching", "pcpo")
 
 @dataclass
 class StepLoss:
-    """Per-sample loss (B,), log rho (B,) and whether each sample was clipped (B,) bool."""
+    """Per-sample loss (B,), log rho (B,) and whether each sample was clipped (B,) bool; with
+    ``diagnostics`` the trainer adds ``delta`` = the (dot, sq) terms of Eq. Delta per sample
+    (:func:`pcpo_eval.train.diagnostics.delta_terms`)."""
 
     loss: torch.Tensor
     log_rho: torch.Tensor
     clipped: torch.Tensor
+    delta: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 def ppo_clip_loss(log_rho: torch.Tensor, adv: torch.Tensor, clip_range: float) -> StepLoss:

@@ -44,14 +44,14 @@ import torch
 import yaml
 
 from pcpo_eval import dist
-from pcpo_eval.credit.flow import KL_FORMS
+from pcpo_eval.credit.flow import KL_FORMS, uniform_flow_scale
 from pcpo_eval.errors import UserError
-from pcpo_eval.io import atomic_write_parquet, atomic_write_text
+from pcpo_eval.io import atomic_write_json, atomic_write_parquet, atomic_write_text
 from pcpo_eval.models.base import ModelAdapter, PromptEmbeds
 from pcpo_eval.samplers import resolve_sampler
 from pcpo_eval.samplers.base import Sampler, Trajectory
 from pcpo_eval.samplers.ddim import DDIMSampler
-from pcpo_eval.samplers.flow import FlowSampler
+from pcpo_eval.samplers.flow import FlowSampler, default_grid
 from pcpo_eval.seeding import keyed_generator as _keyed_generator
 from pcpo_eval.train import checkpoints as ck
 from pcpo_eval.train.advantages import (
@@ -61,9 +61,16 @@ from pcpo_eval.train.advantages import (
     group_advantages,
 )
 from pcpo_eval.train.config import TrainConfig
+from pcpo_eval.train.diagnostics import delta_terms, diagnostic_stats
 from pcpo_eval.train.objectives import StepLoss, eps_matching_log_rho, get_objective, uses_decomposition
 
 LOG_FILE = "log.parquet"
+INIT_FILE = "init_from.json"  #: where a run started from ``init_from`` records its source and weights hash
+#: the validation images' noise: keyed by image index only (the same for every run, seed and arm)
+VALIDATION_STREAM = "train-validation/v1"
+#: the reference policy (KL, paired control, validation control) of a run started from ``init_from``
+INIT_REFERENCE = ("the base model `model` (LoRA disabled, or a frozen copy taken before init_from was loaded), "
+                  "the same anchor as the run that wrote the checkpoint")
 
 
 def keyed_generator(*parts: Any) -> torch.Generator:
@@ -89,6 +96,7 @@ class EpochSamples:
     all_rewards: np.ndarray  # rewards of all processes (for logging)
     images: torch.Tensor  # (N, 3, H, W) uint8
     control_rewards: np.ndarray | None = None  # untrained model, same prompts and noises (all processes)
+    control_time_s: float = 0.0  # seconds spent sampling the paired control
 
 
 def training_sampler(cfg: TrainConfig, prediction: str) -> tuple[Sampler, str]:
@@ -131,6 +139,8 @@ class Trainer:
         from pcpo_eval.rewards import make_reward
 
         self.prompt_set = load_prompts(config.prompts)
+        self.val_set = self._validation_prompts() if config.validation_every > 0 else None
+        self._val_control: np.ndarray | None = None
         self.reward_fn = make_reward(config.reward, **config.reward_options)
         self.adapter: ModelAdapter = load_model(config.model, device=self.device)
         self.sampler, self.schedule = training_sampler(config, self.adapter.prediction)
@@ -148,6 +158,7 @@ class Trainer:
             import copy
 
             self.ref_denoiser = copy.deepcopy(self.adapter.denoiser).requires_grad_(False).eval()
+        self.init_record = self._init_from() if config.init_from and not resume else None
         self.optimizer = torch.optim.AdamW(
             self.params, lr=config.learning_rate, betas=(config.adam_beta1, config.adam_beta2),
             weight_decay=config.adam_weight_decay, eps=config.adam_epsilon,
@@ -167,6 +178,8 @@ class Trainer:
         if self.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
             atomic_write_text(self.out / "config.yaml", yaml.safe_dump(self.cfg.to_dict(), sort_keys=False))
+            if self.init_record is not None:
+                atomic_write_json(self.out / INIT_FILE, self.init_record)
             from torch.utils.tensorboard import SummaryWriter
 
             self.writer = SummaryWriter(str(self.out / "tb"))
@@ -205,9 +218,11 @@ class Trainer:
         rewards = self.reward_fn(images.cpu(), prompts).double().numpy()
         all_rewards, adv = self._advantages(epoch, prompts, rewards, pids)
         traj = Trajectory.cat([p[1] for p in parts], dtype=torch.float32)
+        t_control = time.perf_counter()
         control = self._control_rewards(epoch, prompts) if cfg.paired_control else None
         return EpochSamples(prompts=prompts, prompt_ids=pids, cond=cond, traj=traj, rewards=rewards,
-                            advantages=adv, all_rewards=all_rewards, images=images.cpu(), control_rewards=control)
+                            advantages=adv, all_rewards=all_rewards, images=images.cpu(), control_rewards=control,
+                            control_time_s=time.perf_counter() - t_control if cfg.paired_control else 0.0)
 
     def _control_rewards(self, epoch: int, prompts: list[str]) -> np.ndarray:
         """Rewards of the untrained model on this epoch's prompts and noises (all processes' samples)."""
@@ -328,10 +343,13 @@ class Trainer:
         if uses_decomposition(cfg.objective):
             log_rho = eps_matching_log_rho(out, tr.model_outputs[rows, j].to(dev), tr.noise[rows, j].to(dev),
                                            sp.native_weight(tr, j).to(dev))
-            res = self.objective(log_rho, adv, cfg.clip_range, weight_scale=sp.credit_scale(tr, j, cfg.objective).to(dev))
+            res = self.objective(log_rho, adv, cfg.clip_range, weight_scale=self._credit_scale(tr, j).to(dev))
         else:
             logp = sp.step_log_prob(tr, j, x, tr.trajectory[rows, j + 1].to(dev), out)
             res = self.objective(logp - tr.log_probs[rows, j].to(dev), adv, cfg.clip_range)
+        if cfg.diagnostics:
+            res.delta = delta_terms(out, tr.model_outputs[rows, j].to(dev), tr.noise[rows, j].to(dev),
+                                    sp.native_weight(tr, j).to(dev))
         loss, kls = res.loss, None
         if cfg.beta_kl > 0:
             with torch.no_grad(), self._reference():
@@ -339,6 +357,15 @@ class Trainer:
             kls = {form: sp.kl_to_reference(tr, j, x, out, ref, form=form) for form in KL_FORMS}
             loss = loss + cfg.beta_kl * kls[cfg.kl_form]
         return loss, res, kls
+
+    def _credit_scale(self, tr: Trajectory, j: torch.Tensor) -> torch.Tensor:
+        """The per-step scale inside the hinge: the sampler's (PCPO's w~/w, or 1), or with
+        ``step_weighting=uniform_high_noise`` w_u / w(t_j), w_u = zeta / N (credit.flow.uniform_flow_scale)."""
+        if self.cfg.step_weighting == "native":
+            return self.sampler.credit_scale(tr, j, self.cfg.objective)
+        scale = uniform_flow_scale(tr.t.numpy(), tr.dt.numpy(), tr.sigmas.numpy(), tr.sde, tr.eta, tr.times.numpy(),
+                                   self.cfg.flow_t1)
+        return torch.as_tensor(scale)[j].to(torch.float32)
 
     def _micro_batches(self, perm: torch.Tensor, samples: EpochSamples, epoch: int) -> list[torch.Tensor]:
         """The epoch's micro-batches of ``train_batch_size`` rows in ``perm`` order, or with
@@ -370,7 +397,8 @@ class Trainer:
         N = len(samples.prompts)
         adv_all = torch.as_tensor(samples.advantages, dtype=torch.float32)
         stats: dict[str, list[float]] = {"loss": [], "clip": [], "log_rho": [], "kl": [], "grad_norm": [],
-                                         "g1_mean": [], "g1_var": [], "step": [], "update": [], "rows": []}
+                                         "g1_mean": [], "g1_var": [], "step": [], "update": [], "rows": [],
+                                         "dot": [], "sq": []}
         kl_forms: dict[str, list[float]] = {form: [] for form in KL_FORMS}
         for inner in range(cfg.num_inner_epochs):
             g = keyed_generator(cfg.seed, epoch, self.rank, "train", inner)
@@ -394,6 +422,9 @@ class Trainer:
                         stats["log_rho"].extend(out.log_rho.detach().float().tolist())
                         stats["step"].extend(j.tolist())
                         stats["update"].extend([inner * cfg.gradient_updates + u] * len(rows))
+                        if out.delta is not None:
+                            stats["dot"].extend(out.delta[0].tolist())
+                            stats["sq"].extend(out.delta[1].tolist())
                         if kls is not None:
                             stats["kl"].extend(kls[cfg.kl_form].detach().tolist())
                             for form, v in kls.items():
@@ -432,6 +463,9 @@ class Trainer:
         }
         if cfg.beta_kl > 0:
             row.update({f"kl_ref_{form}": float(np.mean(v)) for form, v in kl_forms.items()})
+        if cfg.diagnostics:
+            row.update(diagnostic_stats(lr, np.asarray(stats["clip"]), np.asarray(stats["update"]),
+                                        np.asarray(stats["step"]), np.asarray(stats["dot"]), np.asarray(stats["sq"])))
         if cfg.drop_zero_advantage:
             row["train_samples"] = int(sum(stats["rows"])) // max(cfg.num_inner_epochs, 1)
         if self.scaler is not None:
@@ -522,6 +556,8 @@ class Trainer:
             return None
         meta = {"epoch": epoch, "reward_mean": row["reward_mean"], "model": self.cfg.model,
                 "objective": self.cfg.objective, "lora_rank": self.cfg.lora_rank}
+        if self.cfg.init_from:
+            meta["init_from"] = self.cfg.init_from
         state = {"epoch": epoch, "optimizer": self.optimizer.state_dict(), "tracker": self.tracker.state_dict()}
         if self.scaler is not None:
             state["scaler"] = self.scaler.state_dict()
@@ -563,6 +599,96 @@ class Trainer:
             log = pd.read_parquet(self.out / LOG_FILE)
             self.log_rows = log[log["epoch"] <= state["epoch"]].to_dict("records")
 
+    # ------------------------------------------------------------------------------------
+    # 5. held-out validation reward, init_from, cumulative wall clock
+    # ------------------------------------------------------------------------------------
+    def _validation_prompts(self):
+        """The validation prompt set; a warning when it shares prompts with the training set."""
+        from pcpo_eval.prompts import load_prompts
+
+        vs = load_prompts(self.cfg.validation_prompts)
+        shared = set(vs.prompts) & set(self.prompt_set.prompts)
+        if shared and self.is_main:
+            print(f"[pcpo-eval] warning: {len(shared)} of the {len(vs)} validation prompts are training prompts too "
+                  f"(e.g. {sorted(shared)[0]!r}); the validation reward is then not held-out", flush=True)
+        return vs
+
+    def _validation_sampler(self) -> tuple[Sampler, str]:
+        """The deterministic evaluation sampler on the training grid: DDIM eta 0, or the flow ODE."""
+        cfg = self.cfg
+        if self.adapter.prediction == "eps":
+            return DDIMSampler(), "ddim"
+        grid = default_grid(cfg.sde) if cfg.flow_grid == "auto" else cfg.flow_grid
+        return FlowSampler(shift=cfg.flow_shift, grid=grid, t1=cfg.flow_t1, quantize_time=cfg.model_time_quantize), "ode"
+
+    @torch.no_grad()
+    def _validation_rewards(self) -> np.ndarray:
+        """Rewards of the current policy on the validation images, in image order (all processes).
+
+        Image i: prompt ``i mod P``, initial noise from the generator keyed by i alone
+        (:data:`VALIDATION_STREAM`), deterministic sampler (eta 0), the run's steps and CFG.
+        """
+        cfg, ad, vs = self.cfg, self.adapter, self.val_set
+        n = cfg.validation_images or len(vs)
+        mine = list(range(self.rank, n, self.world))
+        sampler, schedule = self._validation_sampler()
+        ad.denoiser.eval()
+        scored: list[tuple[int, float]] = []
+        for b in range(0, len(mine), cfg.sample_batch_size):
+            idx = mine[b:b + cfg.sample_batch_size]
+            prompts = [vs.prompts[i % len(vs)] for i in idx]
+            gens = [_keyed_generator(VALIDATION_STREAM, i) for i in idx]
+            with self._autocast():
+                traj = sampler.sample(ad, ad.encode_prompts(prompts), self.null.repeat(len(idx)), cfg=cfg.cfg,
+                                      steps=cfg.sample_steps, eta=0.0, generators=gens, schedule=schedule)
+            rewards = self.reward_fn(ad.decode(traj.latents.float()).cpu(), prompts).double().numpy()
+            scored.extend(zip(idx, rewards.tolist(), strict=True))
+        everything = sorted(p for part in dist.gather_objects(scored) for p in part)
+        out = np.array([r for _, r in everything], dtype=np.float64)
+        if not np.isfinite(out).all():
+            raise UserError(f"validation: reward {cfg.reward!r} returned NaN/inf on {int((~np.isfinite(out)).sum())} "
+                            f"validation image(s) of {cfg.validation_prompts!r}")
+        return out
+
+    def validation_row(self) -> dict[str, float]:
+        """``val_reward_mean`` / ``val_reward_sem`` (SD / sqrt(n), n images) of the policy after this epoch's
+        updates (= the epoch's checkpoint); with ``paired_control`` the untrained model's on the same images
+        (``val_control_reward_*``; computed once per process, it does not change)."""
+        t0 = time.perf_counter()
+
+        def stats(prefix: str, r: np.ndarray) -> dict[str, float]:
+            sem = float(np.std(r, ddof=1) / math.sqrt(len(r))) if len(r) > 1 else float("nan")
+            return {f"{prefix}_mean": float(np.mean(r)), f"{prefix}_sem": sem}
+
+        row = {**stats("val_reward", self._validation_rewards())}
+        if self.cfg.paired_control:
+            if self._val_control is None:
+                with self._base_policy():
+                    self._val_control = self._validation_rewards()
+            row.update(stats("val_control_reward", self._val_control))
+        row["val_images"] = int(self.cfg.validation_images or len(self.val_set))
+        row["val_time_s"] = time.perf_counter() - t0
+        return row
+
+    def _init_from(self) -> dict[str, Any]:
+        """Load ``init_from``'s weights into the fresh model (LoRA into the adapter, or the full denoiser);
+        returns the record written to :data:`INIT_FILE`. The reference policy stays the base model."""
+        cfg = self.cfg
+        src = ck.init_source(cfg.init_from)
+        ck.check_init_compatible(src, cfg.model, cfg.lora_rank, cfg.lora_alpha)
+        ck.load_init_weights(self.adapter.denoiser, src)
+        return {**src, "reference_policy": INIT_REFERENCE}
+
+    def _wall_clock(self) -> float:
+        """Cumulative seconds of sampling + training before this epoch (``wall_clock_s`` of the last row;
+        a log from before that column: the sum of its ``wall_time_s``)."""
+        if not self.log_rows:
+            return 0.0
+        last = self.log_rows[-1].get("wall_clock_s")
+        if last is not None and math.isfinite(float(last)):
+            return float(last)
+        return float(np.nansum([float(r.get("wall_time_s", 0.0)) for r in self.log_rows]))
+
     def run(self) -> pd.DataFrame:
         """Train epochs ``start_epoch..epochs``; returns the log."""
         cfg = self.cfg
@@ -578,6 +704,11 @@ class Trainer:
             row = self.train_epoch(epoch, samples)
             row["sample_time_s"] = t1 - t0
             row["wall_time_s"] = time.perf_counter() - t0
+            row["wall_clock_s"] = self._wall_clock() + row["wall_time_s"] - samples.control_time_s
+            if cfg.paired_control:
+                row["control_time_s"] = samples.control_time_s
+            if cfg.validation_every > 0 and (epoch % cfg.validation_every == 0 or epoch == cfg.epochs):
+                row.update(self.validation_row())
             row["peak_rss_mb"] = _peak_rss_mb()
             self.log_epoch(row)
             if epoch % cfg.checkpoint_every == 0 or epoch == cfg.epochs:
