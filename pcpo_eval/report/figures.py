@@ -234,3 +234,75 @@ def kl_reward_plot(runs: list[dict[str, Any]], roles: dict[str, str]) -> str | N
         ax.legend(fontsize=6)
     fig.tight_layout()
     return fig_uri(fig)
+
+
+# ------------------------------------------------------------------------------------------------
+# diagnostics of ``diagnostics: true`` / ``validation_every`` runs (from results["traces"])
+# ------------------------------------------------------------------------------------------------
+
+
+def _as_runs(traces: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Traces in the shape :func:`seed_band` reads (``epochs``; ``arm`` defaults to the role)."""
+    return [{**t, "epochs": t.get("epoch") or [], "arm": str(t.get("arm") or t.get("role", ""))} for t in traces]
+
+
+def validation_plot(traces: list[dict[str, Any]], roles: dict[str, str]) -> str | None:
+    """Held-out validation reward per epoch (paper Fig. 5; Flow-GRPO's eval): per arm the mean over
+    seeds with a min-max band over seeds, the untrained model on the same images dashed."""
+    runs = [r for r in _as_runs(traces) if any(v is not None and math.isfinite(v) for v in finite(r.get("val_reward_mean")))]
+    if not runs:
+        return None
+    cells = _cells(runs)
+    fig, axes = _axes_per_cell(len(cells), 3.6)
+    for ax, cell in zip(axes, cells, strict=True):
+        here = [r for r in runs if str(r["cell"]) == cell]
+        for arm in _arms(here, roles):
+            mine = [r for r in here if r["arm"] == arm]
+            c = color(roles.get(arm, mine[0].get("role", "other")))
+            b = seed_band(mine, "val_reward_mean")
+            ax.fill_between(b["x"], b["lo"], b["hi"], color=c, alpha=0.2, lw=0)
+            ax.plot(b["x"], b["mean"], color=c, lw=1.8, marker="o", ms=3, label=mpl_text(f"{arm} ({len(mine)} seeds)"))
+            ctl = seed_band(mine, "val_control_reward_mean")
+            if ctl["x"]:
+                ax.plot(ctl["x"], ctl["mean"], color=c, lw=1.2, ls="--", label=mpl_text(f"{arm}: untrained"))
+        ax.set(title=mpl_text(f"{cell}: held-out validation reward"), xlabel="epoch", ylabel="validation reward")
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    return fig_uri(fig)
+
+
+def per_update_series(trace: dict[str, Any], key: str) -> tuple[list[float], list[float]]:
+    """(x, y) of a per-update list column: x = epoch - 1 + (u + 0.5) / (updates in that epoch)."""
+    xs: list[float] = []
+    ys: list[float] = []
+    for e, vals in zip(trace.get("epoch") or [], trace.get(key) or [], strict=False):
+        vals = finite(vals)
+        xs += [e - 1 + (u + 0.5) / len(vals) for u in range(len(vals))]
+        ys += vals
+    return xs, ys
+
+
+def diagnostics_plot(traces: list[dict[str, Any]]) -> str | None:
+    """Per update, one line per run: the maximum relative Taylor error of log rho ~ rho - 1 (App.
+    "Soundness": the paper reports <= 1.2%) and the |dot| / squared-norm ratio of Eq. Delta (Fig.
+    on-policy-justification; at update 0 of an epoch both terms vanish, so it starts at update 1)."""
+    keys = [("taylor_rel_err_per_update", "max relative Taylor error of log rho ~ rho - 1"),
+            ("delta_ratio_per_update", "|dot| / squared norm (Eq. Delta)")]
+    have = [t for t in traces if any(t.get(k) for k, _ in keys)]
+    if not have:
+        return None
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(9.5, 3.4))
+    for ax, (key, title) in zip(axes, keys, strict=True):
+        for t in have:
+            x, y = per_update_series(t, key)
+            pos = [(a, b) for a, b in zip(x, y, strict=True) if math.isfinite(b) and b > 0]
+            if pos:
+                ax.plot(*zip(*pos, strict=True), color=color(t.get("role", "other")), lw=0.8, marker=".", ms=3,
+                        label=mpl_text(t["run"]))
+        ax.set(title=title, xlabel="epoch (per update)", yscale="log")
+    axes[0].axhline(0.012, color="black", lw=0.6, ls=":")
+    axes[1].axhline(1.0, color="black", lw=0.6, ls=":")
+    axes[0].legend(fontsize=6)
+    fig.tight_layout()
+    return fig_uri(fig)

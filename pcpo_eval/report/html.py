@@ -35,12 +35,14 @@ from typing import Any
 from pcpo_eval.errors import UserError
 from pcpo_eval.io import atomic_write_text, read_text_file
 from pcpo_eval.report.figures import (
+    diagnostics_plot,
     grad_plot,
     kl_reward_plot,
     qq_plot,
     reward_curves_plot,
     rho_plot,
     traces_plot,
+    validation_plot,
 )
 
 #: What the verdict's ``quantity`` keys mean (``name:arg`` -> label with the argument).
@@ -337,6 +339,8 @@ def view_model(results: dict[str, Any], root: Path | None) -> dict[str, Any]:
         "traces_png": traces_plot(trs, int(study.get("window", 5))),
         "rho_png": rho_plot(trs),
         "grad_png": grad_plot(trs),
+        "val_png": validation_plot(trs, arm_roles(results)),
+        "diag_png": diagnostics_plot(trs),
         "credit_png": credit,
         "grids": grid_view(results.get("grids", []), root),
         "progression": progression_view(results.get("progression"), root),

@@ -49,8 +49,11 @@ from pcpo_eval.study.spec import StudySpec
 
 TRACE_COLUMNS = (
     "reward_mean", "reward_std", "clipfrac", "approx_kl", "rho_mean", "rho_min", "rho_max", "rho_std",
-    "grad_first_abs_mean", "grad_first_abs_var", "wall_time_s",
+    "grad_first_abs_mean", "grad_first_abs_var", "wall_time_s", "wall_clock_s", "val_reward_mean", "val_reward_sem",
+    "val_control_reward_mean", "taylor_rel_err_max", "taylor_rel_err_active_max", "delta_ratio_first_offpolicy",
 )  # fmt: skip
+#: per-update list columns of ``diagnostics: true`` runs (train/diagnostics.py), carried as lists per epoch
+PER_UPDATE_COLUMNS = ("taylor_rel_err_per_update", "delta_ratio_per_update")
 #: why the algorithm terms of an LMM on 1 run per arm have no p-value
 ONE_RUN_LMM = ("1 run per arm: these are differences between runs, not algorithms; train >= 2 seeds per arm "
                "(seeds: [0, 1, 2])")  # fmt: skip
@@ -388,10 +391,13 @@ def traces(sp: StudySpec, layout: StudyLayout) -> list[dict[str, Any]]:
     for r in sp.runs:
         log = load_log(layout.run_dir(r) / "log.parquet")
         tr: dict[str, Any] = {"run": r.name, "role": sp.role(r), "cell": sp.cell_key(r), "seed": r.seed,
-                              "levels": r.levels, "epoch": log["epoch"].astype(int).tolist()}
+                              "arm": sp.arm(r), "levels": r.levels, "epoch": log["epoch"].astype(int).tolist()}
         for col in TRACE_COLUMNS:
             if col in log.columns:
                 tr[col] = log[col].astype(float).tolist()
+        for col in PER_UPDATE_COLUMNS:
+            if col in log.columns:
+                tr[col] = [[float(x) for x in v] if hasattr(v, "__len__") else [] for v in log[col]]
         tr["reward_smoothed"] = moving_average(log["reward_mean"].to_numpy(), sp.window).tolist()
         if "clipfrac" in log.columns:
             tr["clipfrac_smoothed"] = moving_average(log["clipfrac"].to_numpy(), sp.window).tolist()
