@@ -4,7 +4,9 @@ Plotting only. The one aggregation done here is for drawing: a curve "mean over 
 min-max band is the pointwise mean / min / max of the per-run values logged at the same epoch
 (the figure captions say so); no test statistic, interval or p-value is computed here, those come
 from ``results.json``. Figures follow the paper's conventions: Fig. 5 (reward and clip fraction
-per epoch), the appendix rho and first-layer |g| plots, and Q-Q plots of the LMM residuals.
+per epoch; the held-out validation reward), the appendix rho and first-layer |g| plots, the ratio
+diagnostics (Taylor error of log rho ~ rho - 1 and the |dot| / squared-norm ratio of Eq. Delta per
+update, Fig. on-policy-justification) and Q-Q plots of the LMM residuals.
 
 User text (run, cell and arm names) reaches matplotlib only through :func:`mpl_text`, which escapes
 ``$`` so a name can never be parsed as mathtext (a malformed ``$...$`` would make ``savefig`` fail).

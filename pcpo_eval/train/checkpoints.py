@@ -255,7 +255,7 @@ def model_hash(spec: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------------
-# init_from: a fresh run started from a checkpoint's weights (docs/training.md#init-from)
+# init_from: a fresh run started from a checkpoint's weights (docs/training.md#fresh-run-from-a-checkpoint)
 # ------------------------------------------------------------------------------------------------
 _COMPONENTS = ("unet.", "transformer.")
 
