@@ -22,6 +22,14 @@ so the two rewards are equal there; afterwards ``reward_mean - control_reward_me
 learning signal with the prompt draw and the noise cancelled (and a sampler offset shows up as a
 difference between arms' controls, not as learning).
 
+Diagnostics and evaluation (docs/training.md): ``diagnostics`` adds the Taylor error of log rho ~
+rho - 1 and the Eq. Delta terms per update (``diagnostics.py``; like the other ratio statistics,
+from this process's samples); ``validation_every`` scores the policy after the epoch on held-out
+prompts with fixed noise and a deterministic sampler (``validation_row``); ``wall_clock_s`` is the
+cumulative sampling + training time; ``init_from`` starts a fresh run from a checkpoint's weights
+(the reference policy stays the base model: :data:`INIT_REFERENCE`); ``step_weighting`` swaps the
+hinge's per-step scale for the uniform high-noise one (``_credit_scale``).
+
 Randomness: every draw comes from a generator keyed by (seed, epoch, rank, purpose, index), so a
 resumed run repeats an uninterrupted one exactly. Multi-process (torchrun / accelerate launch):
 ``torch.distributed`` with gloo on CPU, nccl on GPU; each process samples its own share, rewards
