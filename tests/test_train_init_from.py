@@ -101,3 +101,22 @@ def test_refusals(tmp_path, source):
     (bad / ck.META_FILE).write_text(json.dumps({**meta, "weights_sha256": "0" * 64}))
     with pytest.raises(UserError, match="does not match the weights_sha256"):
         ck.init_source(str(bad))
+
+
+def test_resume_of_a_run_that_predates_the_new_keys(tmp_path, source):
+    """A config.yaml written before diagnostics / validation / init_from / step_weighting existed resumes:
+    a missing key counts as its default."""
+    import shutil
+
+    import yaml
+
+    run = tmp_path / "old"
+    shutil.copytree(source / "lora", run)
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    for k in ("diagnostics", "validation_every", "validation_prompts", "validation_images", "init_from",
+              "step_weighting"):
+        saved.pop(k)
+    (run / "config.yaml").write_text(yaml.safe_dump(saved))
+    assert Trainer(config_from_dict({**TINY, "epochs": 2}), run, resume=True).start_epoch == 2
+    with pytest.raises(UserError, match="config differs .* in diagnostics"):
+        Trainer(config_from_dict({**TINY, "epochs": 2, "diagnostics": True}), run, resume=True)

@@ -587,7 +587,9 @@ class Trainer:
         if latest is None:
             raise UserError(f"--resume: no complete checkpoint in {self.out}/checkpoints; start without --resume")
         saved = ck.load_run_config(self.out)
-        mismatch = [k for k, v in self.cfg.to_dict().items() if k not in ("epochs", "device") and saved.get(k) != v]
+        defaults = TrainConfig().to_dict()  # a key the run's config.yaml predates had its default value
+        mismatch = [k for k, v in self.cfg.to_dict().items()
+                    if k not in ("epochs", "device") and saved.get(k, defaults[k]) != v]
         if mismatch:
             raise UserError(f"--resume: config differs from the run's config.yaml in {', '.join(mismatch)}; "
                             "resume with the same settings (only epochs may change)")
