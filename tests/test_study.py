@@ -435,6 +435,31 @@ def test_runs_trained_for_another_spec_are_not_reused(tmp_path, fakes):
     assert len(fakes.train_calls) == 4  # nothing retrained or resumed silently
 
 
+def test_runs_from_before_a_new_config_key_are_reused(tmp_path, fakes):
+    """A key an older run's config.yaml lacks counts as its default: such runs are not 'other settings'."""
+    out = tmp_path / "study"
+    spec_path = write_spec(tmp_path / "s.yaml")
+    run_study(spec_path, out, stages=("train",), log=lambda s: None)
+    n = len(fakes.train_calls)
+    configs = sorted((out / "runs").glob("*/config.yaml"))
+    assert len(configs) == n == 4
+    for cfg in configs:
+        saved = yaml.safe_load(cfg.read_text())
+        assert saved.pop("step_weighting") == "native"  # as written before the key existed
+        cfg.write_text(yaml.safe_dump(saved))
+    run_study(spec_path, out, stages=("train",), log=lambda s: None)
+    assert len(fakes.train_calls) == n  # reused, not refused and not retrained
+
+
+def test_wall_clock_prefers_the_trainers_cumulative_column():
+    from pcpo_eval.study.verdicts import _wall_clock
+
+    log = pd.DataFrame({"wall_time_s": [2.0, 3.0], "wall_clock_s": [1.5, 3.0]})
+    assert _wall_clock(log) == [1.5, 3.0]
+    assert _wall_clock(log.drop(columns="wall_clock_s")) == [2.0, 5.0]  # older runs: cumulative epoch time
+    assert _wall_clock(pd.DataFrame({"reward_mean": [0.1]})) is None
+
+
 def test_unreachable_target_after_training(tmp_path, fakes):
     spec = write_spec(tmp_path / "s.yaml", targets=[0.3, 2.0], select_target=0.3)
     with pytest.raises(StageError, match=r"'train' failed: target 2 is reached by no run"):

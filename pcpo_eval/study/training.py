@@ -60,7 +60,9 @@ def changed_settings(run: RunSpec, layout: StudyLayout) -> list[str]:
     if run.train is None or not (rd / "config.yaml").is_file():
         return []
     saved = load_run_config(rd)
-    return [k for k, v in run.train.to_dict().items() if k not in ("epochs", "device") and saved.get(k) != v]
+    defaults = type(run.train)().to_dict()  # a key an older run's config.yaml lacks had its default
+    return [k for k, v in run.train.to_dict().items()
+            if k not in ("epochs", "device") and saved.get(k, defaults.get(k)) != v]
 
 
 def pending_runs(spec: StudySpec, layout: StudyLayout, log: Callable[[str], None]) -> list[tuple[RunSpec, bool]]:

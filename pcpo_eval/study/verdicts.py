@@ -56,6 +56,17 @@ def _column(log: pd.DataFrame, col: str) -> list[float] | None:
     return log[col].astype(float).tolist() if col in log.columns else None
 
 
+def _wall_clock(log: pd.DataFrame) -> list[float] | None:
+    """Cumulative training wall-clock seconds per epoch: the trainer's ``wall_clock_s`` (sampling +
+    training, without the paired control, validation and checkpoint writes), else the cumulative
+    sum of ``wall_time_s`` (older runs: the whole epoch)."""
+    if "wall_clock_s" in log.columns and np.isfinite(log["wall_clock_s"].to_numpy(np.float64)).all():
+        return log["wall_clock_s"].astype(float).tolist()
+    if "wall_time_s" in log.columns:
+        return log["wall_time_s"].astype(float).fillna(0.0).cumsum().tolist()
+    return None
+
+
 def has_control(log: pd.DataFrame) -> bool:
     """The run logged a finite paired control every epoch."""
     return CONTROL_COLUMN in log.columns and bool(np.all(np.isfinite(log[CONTROL_COLUMN].to_numpy(np.float64))))
@@ -77,7 +88,7 @@ def runs_entries(sp: StudySpec, logs: dict[str, pd.DataFrame]) -> list[dict[str,
     out = []
     for r in sp.runs:
         log = logs[r.name]
-        wall = log["wall_time_s"].astype(float).fillna(0.0).cumsum().tolist() if "wall_time_s" in log.columns else None
+        wall = _wall_clock(log)
         out.append({
             "run": r.name, "cell": sp.cell_key(r), "arm": sp.arm(r), "seed": r.seed,
             "epochs": log["epoch"].astype(int).tolist(), "reward_mean": _column(log, "reward_mean"),
