@@ -18,6 +18,7 @@ import yaml
 from PIL import Image
 
 from pcpo_eval.errors import UserError
+from pcpo_eval.metrics.base import METRICS
 from pcpo_eval.stats.formula import parse_lmm_formula
 from pcpo_eval.study.runner import StageError, run_study
 from pcpo_eval.study.spec import STAGES, load_spec
@@ -330,6 +331,16 @@ class Fakes:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         pp.to_parquet(out / "per_prompt.parquet", index=False)
+        per_image = [m for m in metrics if METRICS[m].is_preference]
+        if per_image:  # a preference score per image: prompt + shared-noise + run + residual variation
+            pi = man[["prompt_id", "prompt", "seed", "path"]].copy()
+            noise = [np.random.default_rng([int(p), int(k)]).normal(0, 0.05) for p, k in zip(pi.prompt_id, pi.seed, strict=True)]
+            for m in per_image:
+                pi[m] = (0.2 + 0.02 * pi.prompt_id + np.array(noise) + shift + run_offset
+                         + rng.normal(0, 0.05, len(pi)))
+                pp[m] = pi.groupby("prompt_id")[m].mean().reindex(pids).to_numpy()
+            pi.to_parquet(out / "per_image.parquet", index=False)
+            pp.to_parquet(out / "per_prompt.parquet", index=False)
         res = {"metrics": {m: float(pp[m].mean()) for m in metrics}, "settings": {"metrics": list(metrics)}}
         (out / "metrics.json").write_text(json.dumps(res))
         return res

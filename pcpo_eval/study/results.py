@@ -14,7 +14,9 @@ report (:mod:`pcpo_eval.report.html`) only formats the JSON written from :func:`
   ``selection.json``'s ``epoch``):
 
   - raw scores (Table 2): overall metrics per condition, mean +- SD over runs;
-  - per-prompt metrics: the spec's LMM per metric (Tables 3-4) on one row per (run, prompt).
+  - per-prompt metrics: the spec's LMM per metric (Tables 3-4) on one row per (run, prompt);
+    per-image metrics (preference / reward scores) on one row per (run, image) with the image's
+    initial noise as a further random intercept ``(1|image)`` (:func:`per_image_frame`).
     With >= 2 runs per arm in every cell the random intercept ``(1|run)`` is added (crossed with
     ``(1|prompt)``), so the algorithm effect is tested against the between-run variation; with 1
     run per arm the fit is reported but marked not estimable ("1 run per arm: these are
@@ -92,6 +94,44 @@ def per_prompt_frame(sp: StudySpec, layout: StudyLayout, rows: list[dict[str, An
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
+def per_image_metrics(sp: StudySpec) -> tuple[str, ...]:
+    """LMM metrics with one value per image (preference / reward scores: catalogue kind ``reward``);
+    the others (LPIPS diversity, FD, IS) are defined per prompt at most."""
+    return tuple(m for m in sp.per_prompt_metrics if METRICS[m].is_preference)
+
+
+def per_image_frame(sp: StudySpec, layout: StudyLayout, rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """One row per (run, image) of the selected sets, from each set's ``per_image.parquet``.
+
+    Columns: run, seed (the training seed), prompt, ``image`` (the initial noise: generation seeds
+    are keyed by (prompt id, seed) in :func:`pcpo_eval.seeding.sample_generator`, so the images of
+    all runs with the same prompt and seed share x_T, and one seed across prompts shares nothing),
+    factor levels, the per-image metric columns.
+    """
+    frames = []
+    by_name = {r.name: r for r in sp.runs}
+    metrics = per_image_metrics(sp)
+    for c in rows:
+        pi = pd.read_parquet(layout.metrics_dir(set_label(c["name"], c["epoch"])) / "per_image.parquet")
+        run = by_name[c["name"]]
+        pid, iseed = pi["prompt_id"].astype(int), pi["seed"].astype(int)
+        df = pd.DataFrame({"run": run.name, "seed": str(run.seed), "prompt_id": pid,
+                           "prompt": [f"p{i}" for i in pid],
+                           "image": [f"p{i}s{k}" for i, k in zip(pid, iseed, strict=True)]})
+        for f, lv in run.levels.items():
+            df[f] = str(lv)
+        for m in metrics:
+            if m in pi.columns:
+                df[m] = pi[m].astype(float).to_numpy()
+        frames.append(df)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def per_image_groups(groups: list[str]) -> list[str]:
+    """The spec's groupings plus ``(1|image)`` (the shared initial noise) for per-image rows."""
+    return [*groups, "image"] if "image" not in groups else list(groups)
+
+
 def runs_per_arm(sp: StudySpec, data: pd.DataFrame) -> int:
     """The fewest runs of any (cell, compared level) in ``data`` (0 when empty)."""
     if data.empty:
@@ -139,28 +179,30 @@ def _fit_dict(fit: Any, forced: str | None) -> dict[str, Any]:
     return d
 
 
-def fit_metric_lmms(data: pd.DataFrame, metrics: list[str], setup: LMMSetup,
+def fit_metric_lmms(frames: dict[str, tuple[pd.DataFrame, LMMSetup]],
                     coding: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The LMM per metric; failures are recorded (message), never hidden or fatal. Holm/BH per term
-    across the estimable fits; a fit marked not estimable gets p None."""
+    """The LMM per metric on its own rows (``frames``: metric -> (data, setup); per-prompt or
+    per-image); failures are recorded (message), never hidden or fatal. Holm/BH per term across
+    the estimable fits of all metrics (one family); a fit marked not estimable gets p None."""
     from pcpo_eval.stats import adjust_across_metrics, fit_lmm
 
     fits, out = {}, {}
-    for m in metrics:
+    for m, (data, setup) in frames.items():
         if m not in data.columns:
-            out[m] = {"error": f"no per-prompt values of {m}"}
+            out[m] = {"error": f"no per-prompt or per-image values of {m}"}
             continue
         try:
             fits[m] = fit_lmm(data.assign(value=data[m].astype(float)), setup.fixed, setup.groups, coding=coding,
                               re_formula=setup.re_formula)
         except Exception as exc:  # recorded and shown in the report, never fatal or hidden
             out[m] = {"error": _error(exc)}
-    family = {m: f for m, f in fits.items() if setup.not_estimable is None}
+    family = {m: f for m, f in fits.items() if frames[m][1].not_estimable is None}
     adjusted: dict[str, Any] = adjust_across_metrics(family) if family else {}
     for m, f in fits.items():
-        out[m] = _fit_dict(f, setup.not_estimable)
+        data, setup = frames[m]
+        out[m] = _fit_dict(f, setup.not_estimable) | {"formula": setup.formula, "n_rows": len(data)}
         adjusted.setdefault(m, {fe.term: {"p": None, "p_holm": None, "p_bh": None} for fe in f.fixed})
-    return {m: out[m] for m in metrics if m in out}, adjusted
+    return {m: out[m] for m in frames if m in out}, adjusted
 
 
 def _simple_effect(sp: StudySpec, d: pd.DataFrame, m: str, setup: LMMSetup) -> tuple[Any, dict[str, Any]]:
@@ -182,8 +224,9 @@ def _simple_effect(sp: StudySpec, d: pd.DataFrame, m: str, setup: LMMSetup) -> t
     }  # fmt: skip
 
 
-def simple_effects(sp: StudySpec, data: pd.DataFrame) -> dict[str, dict[str, Any]]:
-    """Per cell: PCPO-vs-baseline effect per per-prompt metric, ``value ~ factor + (1|prompt) [+ (1|run)]``."""
+def simple_effects(sp: StudySpec, data: pd.DataFrame, images: pd.DataFrame | None = None) -> dict[str, dict[str, Any]]:
+    """Per cell: PCPO-vs-baseline effect per per-prompt metric, ``value ~ factor + (1|prompt) [+ (1|run)]``;
+    per-image metrics on ``images`` with ``(1|image)`` added."""
     from pcpo_eval.stats.adjust import benjamini_hochberg, holm
     from pcpo_eval.stats.formula import parse_lmm_formula
 
@@ -194,8 +237,15 @@ def simple_effects(sp: StudySpec, data: pd.DataFrame) -> dict[str, dict[str, Any
     for cell in sp.cells():
         names = [r.name for r in sp.runs if sp.cell_key(r) == cell and sp.role(r) in ("baseline", "pcpo")]
         d = data[data["run"].isin(names)]
-        setup = lmm_setup(f"value ~ {sp.compare_factor}", [g for g in groups if g != "run"], None, runs_per_arm(sp, d))
-        rows = {m: _simple_effect(sp, d, m, setup) for m in sp.per_prompt_metrics if m in d.columns}
+        base_groups = [g for g in groups if g != "run"]
+        setup = lmm_setup(f"value ~ {sp.compare_factor}", base_groups, None, runs_per_arm(sp, d))
+        rows = {m: _simple_effect(sp, d, m, setup) for m in sp.per_prompt_metrics
+                if m in d.columns and (images is None or m not in images.columns)}
+        if images is not None and not images.empty:
+            di = images[images["run"].isin(names)]
+            isetup = lmm_setup(f"value ~ {sp.compare_factor}", per_image_groups(base_groups), None,
+                               runs_per_arm(sp, di))
+            rows |= {m: _simple_effect(sp, di, m, isetup) for m in per_image_metrics(sp) if m in di.columns}
         est = [m for m, (f, _) in rows.items() if f is not None]
         adj = (holm if sp.lmm.adjust == "holm" else benjamini_hochberg)([rows[m][1]["p"] for m in est]) if est else []
         p_adj = dict(zip(est, (float(a) for a in adj), strict=True))
@@ -288,13 +338,21 @@ def comparison(sp: StudySpec, layout: StudyLayout, match: str) -> dict[str, Any]
     rows = layout.matched(match)
     values = overall_values(sp, layout, rows)
     data = per_prompt_frame(sp, layout, rows)
+    images = per_image_frame(sp, layout, rows) if per_image_metrics(sp) else None
     fixed, groups, re_formula = parse_lmm_formula(sp.lmm.formula)
     setup = lmm_setup(fixed, groups, re_formula, runs_per_arm(sp, data))
-    fits, adjusted = fit_metric_lmms(data, list(sp.per_prompt_metrics), setup, sp.lmm.coding) if rows else ({}, {})
-    sig = simple_effects(sp, data)
+    frames = {m: (data, setup) for m in sp.per_prompt_metrics}
+    isetup = None
+    if images is not None and not images.empty:
+        isetup = lmm_setup(fixed, per_image_groups(groups), re_formula, runs_per_arm(sp, images))
+        frames |= {m: (images, isetup) for m in per_image_metrics(sp) if m in images.columns}
+    fits, adjusted = fit_metric_lmms(frames, sp.lmm.coding) if rows else ({}, {})
+    sig = simple_effects(sp, data, images)
     for cell, per in overall_effects(sp, rows, values).items():
         sig.setdefault(cell, {}).update(per)
-    return {"rows": rows, "values": values, "n_rows": len(data), "formula": setup.formula, "fits": fits,
+    n_images = len(images) if isetup is not None else 0
+    return {"rows": rows, "values": values, "n_rows": len(data) + n_images, "formula": setup.formula,
+            "image_formula": isetup.formula if isetup else None, "n_image_rows": n_images, "fits": fits,
             "adjusted": adjusted, "significance": sig}
 
 
@@ -317,7 +375,7 @@ def image_metrics(sp: StudySpec, layout: StudyLayout) -> tuple[dict[str, Any], d
     adjusted: dict[str, Any] = {}
     significance: dict[str, Any] = {}
     labels: dict[str, str] = {}
-    formulas, n_rows = {}, 0
+    formulas, image_formulas, n_rows = {}, {}, 0
     epoch = json.loads(layout.selection_file.read_text()).get("epoch")
     for match in ("reward", "epoch"):
         if match == "epoch" and epoch is None:
@@ -329,14 +387,18 @@ def image_metrics(sp: StudySpec, layout: StudyLayout) -> tuple[dict[str, Any], d
         fits.update(_suffixed(c["fits"], suffix))
         adjusted.update(_suffixed(c["adjusted"], suffix))
         labels.update({f"{m}{suffix}": f"{METRIC_LABELS[m]}{suffix}" for m in c["fits"]} if suffix else {})
-        formulas["matched reward" if match == "reward" else f"epoch {epoch}"] = c["formula"]
+        key = "matched reward" if match == "reward" else f"epoch {epoch}"
+        formulas[key] = c["formula"]
+        if c["image_formula"]:
+            image_formulas[key] = c["image_formula"]
         n_rows += c["n_rows"]
     for m in sp.per_prompt_rank_deficient_ok:
         labels[m] = f"{METRIC_LABELS[m]} (per-prompt rank-deficient, opted in)"
     raw_scores = {"columns": list(sp.metrics), "rows": raw, "significance": significance, "rule": _rule(sp),
                   "direction": {m: _direction(m) for m in sp.metrics}}
     lmm = {"formula": formulas.get("matched reward", sp.lmm.formula), "formulas": formulas,
-           "spec_formula": sp.lmm.formula, "coding": sp.lmm.coding, "df_method": "Satterthwaite (lmerTest)",
+           "image_formula": image_formulas.get("matched reward"), "image_formulas": image_formulas,
+           "per_image_metrics": list(per_image_metrics(sp)), "spec_formula": sp.lmm.formula, "coding": sp.lmm.coding, "df_method": "Satterthwaite (lmerTest)",
            "estimation": "REML", "adjust": sp.lmm.adjust, "alpha": sp.lmm.alpha, "fits": fits,
            "adjusted": adjusted, "n_rows": n_rows, "overall_only": list(sp.overall_only),
            "per_prompt_rank_deficient_ok": list(sp.per_prompt_rank_deficient_ok)}
