@@ -77,13 +77,25 @@ def one_line(text: str) -> str:
     return " ".join(text.split())
 
 
+#: (command, old flag) -> the flag that replaced it (docs/cli.md "Flags": one meaning per flag)
+RENAMED_FLAGS: dict[tuple[str, str], str] = {
+    **{(c, "--out"): "--output FILE (--out is always a folder)" for c in ("features", "lmm", "speedup", "select", "report")},
+    ("select", "--reference"): "--matched-to RUN (--reference is the reference image set of metrics)",
+    ("pretrain", "--steps"): "--train-steps N (--steps is always sampler steps)",
+}
+
+
 def usage_error_line(exc: typer.TyperException) -> str:
-    """``<problem>; <fix>`` for a command-line usage error (the fix names ``--help`` or the commands)."""
+    """``<problem>; <fix>`` for a command-line usage error (the fix names ``--help``, the commands,
+    or the new name of a renamed flag)."""
     ctx: Any = getattr(exc, "ctx", None)
     problem = one_line(exc.format_message()).rstrip(".")
     problem = problem[:1].lower() + problem[1:]
     if ctx is None:
         return f"{problem}; see `{PROG} --help`"
+    renamed = RENAMED_FLAGS.get((ctx.command.name or "", getattr(exc, "option_name", None) or ""))
+    if renamed:
+        return f"{problem.split(' (Possible')[0]}; use {renamed}"
     if hasattr(ctx.command, "list_commands"):  # a group: the command name was unknown or missing
         return f"{problem}; choose one of: {', '.join(ctx.command.list_commands(ctx))}"
     return f"{problem}; see `{ctx.command_path} --help`"

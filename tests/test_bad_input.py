@@ -280,7 +280,7 @@ def test_metrics_bad_input(cli, box, image_set, args, needles):
 
 
 def test_features_out_is_a_folder(cli, box, image_set):
-    rejected(cli, box, "features", image_set, "--extractor", "toy", "--out", box, needles=["is a folder"])
+    rejected(cli, box, "features", image_set, "--extractor", "toy", "--output", box, needles=["is a folder"])
 
 
 # ---- lmm / speedup / select -------------------------------------------------------------------
@@ -300,7 +300,7 @@ LMM = ["--formula", "y ~ x", "--group", "g"]
         ("sched.json", LMM, ["must be .csv or .parquet"]),
         ("ok ü.csv", ["--formula", "y ~ zz", "--group", "g"], ["'zz'", "not in the data"]),
         ("ok ü.csv", ["--formula", "y ~ x", "--group", "gg"], ["grouping column 'gg'"]),
-        ("ok ü.csv", [*LMM, "--out", "{box}/plain file/r.json"], ["is a file, not a folder"]),
+        ("ok ü.csv", [*LMM, "--output", "{box}/plain file/r.json"], ["is a file, not a folder"]),
         ("ok ü.csv", [*LMM, "--qq", "{box}"], ["--qq", "is a folder"]),
     ],
     ids=["missing", "nan", "inf", "header-only", "ragged-csv", "garbage-parquet", "wrong-extension",
@@ -328,7 +328,7 @@ def test_credit_bad_input(cli, box):
 
 def test_toy_bad_input(cli, box):
     rejected(cli, box, "toy", "check", "--weights", box / "no weights", needles=["toy pretrain"])
-    rejected(cli, box, "toy", "pretrain", "--steps", "0", "--out", box / "w", needles=["--steps must be >= 1"])
+    rejected(cli, box, "toy", "pretrain", "--train-steps", "0", "--out", box / "w", needles=["--train-steps must be >= 1"])
     rejected(cli, box, "toy", "pretrain", "--out", box / "plain file", needles=["is a file, not a folder"])
     rejected(cli, box, "toy-flow", "check", "--seeds", "0", needles=["--seeds must be >= 1"])
     rejected(cli, box, "toy-flow", "check", "--eta", "nan", needles=["--eta"])
@@ -381,7 +381,7 @@ def protected(box, monkeypatch) -> Path:
 
 
 def test_out_in_write_protected_folder(cli, box, protected):
-    rejected(cli, box, "lmm", box / "ok ü.csv", *LMM, "--out", protected / "r.json", needles=["permission denied"])
+    rejected(cli, box, "lmm", box / "ok ü.csv", *LMM, "--output", protected / "r.json", needles=["permission denied"])
     rejected(cli, box, "generate", "--model", "toy", "--out", protected / "set", *GEN, needles=["permission denied"])
     rejected(cli, box, "train", TOY_CFG, "--out", protected / "run", needles=["permission denied"])
     rejected(cli, box, "credit", "ddim", "--plot", protected / "f.png", needles=["permission denied"])
@@ -401,7 +401,7 @@ def test_unusual_paths_work(cli, box):
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["steps"] and fig.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     out = box / "résultats ü.json"
-    res = cli("lmm", box / "ok ü.csv", *LMM, "--out", out, "--json")
+    res = cli("lmm", box / "ok ü.csv", *LMM, "--output", out, "--json")
     assert res.returncode == 0, res.stderr
     assert json.loads(out.read_text()) == json.loads(res.stdout)
 

@@ -198,7 +198,7 @@ def test_features_command_exports_manifest_order(sets, tmp_path, cli) -> None:
     w = tmp_path / "inc.pth"
     torch.save(TFInceptionTrunk().state_dict(), w)
     out = tmp_path / "f.npy"
-    r = cli("features", small, "--extractor", "inception", "--weights", w, "--out", out, "--batch-size", "3")
+    r = cli("features", small, "--extractor", "inception", "--weights", w, "--output", out, "--batch-size", "3")
     assert r.returncode == 0, r.stderr
     feats = np.load(out)
     from pcpo_eval.features import make_extractor
@@ -207,5 +207,5 @@ def test_features_command_exports_manifest_order(sets, tmp_path, cli) -> None:
     direct = make_extractor("inception", weights_path=w)(s.read_batch([2]))
     assert feats.shape == (4, 2048)
     np.testing.assert_allclose(feats[[2]], direct.numpy(), rtol=1e-5, atol=1e-6)
-    r = cli("features", small, "--extractor", "nope", "--out", out)
+    r = cli("features", small, "--extractor", "nope", "--output", out)
     assert r.returncode == 2 and "choose one of" in r.stderr

@@ -63,7 +63,7 @@ def test_lmm_text_sum_coding_qq_and_out(scores, cli, tmp_path):
         "sum",
         "--qq",
         qq,
-        "--out",
+        "--output",
         out,
     )
     assert r.returncode == 0, r.stderr

@@ -42,7 +42,7 @@ def ddim_cmd(
     ] = _SD1.beta_schedule,
     beta_start: Annotated[float, typer.Option()] = _SD1.beta_start,
     beta_end: Annotated[float, typer.Option()] = _SD1.beta_end,
-    train_steps: Annotated[int, typer.Option(help="num_train_timesteps")] = _SD1.train_steps,
+    train_steps: Annotated[int, typer.Option("--num-train-timesteps", help="the scheduler's num_train_timesteps (diffusers)")] = _SD1.train_steps,
     spacing: Annotated[str, typer.Option(help="leading | trailing | linspace")] = _SD1.spacing,
     offset: Annotated[int, typer.Option(help="steps_offset")] = _SD1.offset,
     set_alpha_to_one: Annotated[bool, typer.Option()] = _SD1.set_alpha_to_one,

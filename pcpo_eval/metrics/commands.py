@@ -113,7 +113,7 @@ def _register_features(app: typer.Typer) -> None:
     def features_cmd(
         image_set: Path = typer.Argument(..., help="image set directory"),
         extractor: str = typer.Option(..., "--extractor", help="inception | dinov2 | toy"),
-        out: Path = typer.Option(..., "--out", help="output .npy (N, d) float32, manifest order"),
+        output: Path = typer.Option(..., "--output", "-o", help="output file .npy (N, d) float32, manifest order"),
         batch_size: int = typer.Option(32, "--batch-size"),
         device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
         cache_dir: Path | None = typer.Option(
@@ -125,16 +125,16 @@ def _register_features(app: typer.Typer) -> None:
         from pcpo_eval import dist
         from pcpo_eval.metrics.workers import export_features
 
-        check_out_path(out, "--out", folder=False)
+        check_out_path(output, "--output", folder=False)
         device = resolve_device(device)
         dist.init(device)
         opts = _options(batch_size, device, cache_dir, None, None, None)
         if weights is not None:
             opts.extractor_options[extractor] = {"weights_path": weights}
         try:
-            feats = export_features(image_set, extractor, out, opts)
+            feats = export_features(image_set, extractor, output, opts)
             is_main = dist.is_main()
         finally:
             dist.finalize()
         if is_main:
-            typer.echo(f"wrote {out}: {feats.shape[0]} x {feats.shape[1]} float32 ({extractor})")
+            typer.echo(f"wrote {output}: {feats.shape[0]} x {feats.shape[1]} float32 ({extractor})")

@@ -21,7 +21,7 @@ def dumps(obj: Any) -> str:
 
 
 def _check_outputs(**files: str | None) -> None:
-    """Refuse unwritable output files (``--out``, ``--qq``) before anything is fitted or written."""
+    """Refuse unwritable output files (``--output``, ``--qq``) before anything is fitted or written."""
     for flag, path in files.items():
         if path:
             check_out_path(path, f"--{flag}", folder=False)
@@ -55,14 +55,14 @@ def lmm_cmd(
     qq: str = typer.Option(
         None, "--qq", help="Write a Q-Q plot of the residuals to this PNG (one response)."
     ),
-    out: str = typer.Option(None, "--out", help="Also write the JSON result to this file."),
+    output: str = typer.Option(None, "--output", "-o", help="Also write the JSON result to this file."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of text."),
 ) -> None:
     """Linear mixed model with Satterthwaite t-tests (lme4/lmerTest conventions)."""
     from pcpo_eval.stats.design import read_table
     from pcpo_eval.stats.lmm import fit_lmm, fit_lmm_many, many_summary, qq_plot
 
-    _check_outputs(out=out, qq=qq)
+    _check_outputs(output=output, qq=qq)
     df = read_table(data)
     if response:
         if "~" not in formula:
@@ -80,7 +80,7 @@ def lmm_cmd(
         if qq:
             qq_plot(res, qq)
     js = dumps(payload)
-    _write(out, js)
+    _write(output, js)
     typer.echo(js if as_json else text)
 
 def speedup_cmd(
@@ -93,16 +93,16 @@ def speedup_cmd(
     lower_is_better: bool = typer.Option(
         False, "--lower-is-better", help="Targets are reached from above."
     ),
-    out: str = typer.Option(None, "--out", help="Also write the JSON result to this file."),
+    output: str = typer.Option(None, "--output", "-o", help="Also write the JSON result to this file."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a markdown table."),
 ) -> None:
     """Epochs to reach each target reward and PCPO's speed-up: (E_base / E_pcpo - 1) x 100%."""
     from pcpo_eval.stats.speedup import speedup_table
 
-    _check_outputs(out=out)
+    _check_outputs(output=output)
     tab = speedup_table(baseline, pcpo, target, window, not lower_is_better)
     js = dumps(tab.to_dict())
-    _write(out, js)
+    _write(output, js)
     typer.echo(js if as_json else tab.to_markdown())
 
 def select_cmd(
@@ -111,21 +111,21 @@ def select_cmd(
     ),
     target: float = typer.Option(..., "--target", help="Target (smoothed) reward."),
     window: int = typer.Option(5, "--window", help="Trailing moving-average window (epochs)."),
-    reference: str = typer.Option(
+    matched_to: str = typer.Option(
         None,
-        "--reference",
-        help="PCPO run: also bracket each run's checkpoints around its matched reward.",
+        "--matched-to",
+        help="PCPO run: also bracket each run's checkpoints around the PCPO run's matched reward.",
     ),
-    out: str = typer.Option(None, "--out", help="Also write the JSON result to this file."),
+    output: str = typer.Option(None, "--output", "-o", help="Also write the JSON result to this file."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a markdown table."),
 ) -> None:
     """Reward-matched checkpoint per run (first to reach the target, else nearest), with the gap."""
     from pcpo_eval.stats.select import select_checkpoints
 
-    _check_outputs(out=out)
-    sel = select_checkpoints(run_dirs, target, window, reference)
+    _check_outputs(output=output)
+    sel = select_checkpoints(run_dirs, target, window, matched_to)
     js = dumps(sel.to_dict())
-    _write(out, js)
+    _write(output, js)
     typer.echo(js if as_json else sel.to_markdown())
 
 

@@ -46,12 +46,12 @@ def register(app: typer.Typer) -> None:
     @app.command("report")
     def report_cmd(
         study_dir: Path = typer.Argument(..., help="study directory (holds results.json)"),
-        out: Path | None = typer.Option(None, "-o", "--out", help="HTML file [STUDY_DIR/report.html]"),
+        output: Path | None = typer.Option(None, "--output", "-o", help="HTML file [STUDY_DIR/report.html]"),
     ) -> None:
         """Write the self-contained HTML report of a finished study."""
         from pcpo_eval.report.html import write_report
 
-        typer.echo(f"wrote {write_report(study_dir, out)}")
+        typer.echo(f"wrote {write_report(study_dir, output)}")
 
     @app.command("demo")
     def demo_cmd(

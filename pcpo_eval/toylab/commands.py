@@ -17,8 +17,8 @@ def register(app: typer.Typer) -> None:
     def pretrain_cmd(
         out: Path = typer.Option(None, "--out", help="weights directory (default: the shipped pcpo_eval/toy/weights)"),
         seed: int = typer.Option(0, help="seed of both stages (the shipped weights use 0)"),
-        steps: int = typer.Option(None, help="diffusion training steps (default: the shipped recipe)"),
-        classifier_steps: int = typer.Option(None, help="classifier training steps (default: the shipped recipe)"),
+        train_steps: int = typer.Option(None, "--train-steps", help="diffusion optimiser steps (default: the shipped recipe)"),
+        classifier_steps: int = typer.Option(None, "--classifier-steps", help="classifier optimiser steps (default: the shipped recipe)"),
         stage: str = typer.Option("all", help="all | classifier | diffusion"),
         threads: int = typer.Option(1, help="torch threads (the shipped weights were trained with 1)"),
     ) -> None:
@@ -34,12 +34,12 @@ def register(app: typer.Typer) -> None:
         stages = {"all": ("classifier", "diffusion"), "classifier": ("classifier",), "diffusion": ("diffusion",)}
         if stage not in stages:
             raise UserError(f"unknown --stage {stage!r}; choose one of: {', '.join(stages)}")
-        for flag, value in (("--steps", steps), ("--classifier-steps", classifier_steps), ("--threads", threads)):
+        for flag, value in (("--train-steps", train_steps), ("--classifier-steps", classifier_steps), ("--threads", threads)):
             require(value is None or value >= 1, f"{flag} must be >= 1 (got {value}); pass a positive count")
         if out is not None:
             check_out_path(out, "--out")
         torch.set_num_threads(threads)
-        dcfg = replace(DiffusionTrainConfig(), seed=seed, **({"steps": steps} if steps is not None else {}))
+        dcfg = replace(DiffusionTrainConfig(), seed=seed, **({"steps": train_steps} if train_steps is not None else {}))
         ccfg = replace(ClassifierTrainConfig(), seed=seed, **({"steps": classifier_steps} if classifier_steps is not None else {}))
         meta = pretrain(out, dcfg, ccfg, log=lambda m: typer.echo(m, err=True), stages=stages[stage])
         typer.echo(json.dumps({k: v for k, v in meta.items() if not isinstance(v, dict)}, indent=2))

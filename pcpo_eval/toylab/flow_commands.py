@@ -16,7 +16,7 @@ def register(app: typer.Typer) -> None:
     def pretrain_cmd(
         out: Path = typer.Option(None, "--out", help="weights directory (default: the shipped pcpo_eval/toy/weights/flow)"),
         seed: int = typer.Option(0, help="seed (data order, noise, times, init)"),
-        steps: int = typer.Option(4000, help="training steps (the shipped weights: see weights/flow/meta.json)"),
+        train_steps: int = typer.Option(4000, "--train-steps", help="optimiser steps (the shipped weights: see weights/flow/meta.json)"),
         threads: int = typer.Option(1, help="torch threads"),
     ) -> None:
         """Train the toy flow model (toy UNet + text encoder, velocity loss) from scratch."""
@@ -29,12 +29,12 @@ def register(app: typer.Typer) -> None:
         from pcpo_eval.toylab.flow import pretrain_flow
         from pcpo_eval.toylab.pretrain import DiffusionTrainConfig
 
-        for flag, value in (("--steps", steps), ("--threads", threads)):
+        for flag, value in (("--train-steps", train_steps), ("--threads", threads)):
             require(value >= 1, f"{flag} must be >= 1 (got {value}); pass a positive count")
         if out is not None:
             check_out_path(out, "--out")
         torch.set_num_threads(threads)
-        stats = pretrain_flow(out, replace(DiffusionTrainConfig(), seed=seed, steps=steps),
+        stats = pretrain_flow(out, replace(DiffusionTrainConfig(), seed=seed, steps=train_steps),
                               log=lambda m: typer.echo(m, err=True))
         typer.echo(json.dumps({k: v for k, v in stats.items() if not isinstance(v, dict)}, indent=2))
 
