@@ -179,3 +179,28 @@ def test_adapter_rejects_unknown_prediction_type():
 
     with pytest.raises(UserError, match="prediction_type 'x0' is not supported; use epsilon, v_prediction or sample"):
         ToyAdapter(toy_model.build_unet(seed=0), toy_model.build_text_encoder(seed=1), toy_model.scheduler_config("x0"))
+
+
+def test_saved_toy_weights_are_byte_reproducible_and_load_back(tmp_path):
+    """Saving the shipped model twice (with metadata order left to safetensors) gives equal bytes."""
+    import hashlib
+
+    from pcpo_eval.toy import classifier as toy_classifier
+
+    unet, text = toy_model.load_unet(toy_model.WEIGHTS_DIR), toy_model.load_text_encoder(toy_model.WEIGHTS_DIR)
+    net = toy_classifier.load_toy_classifier()
+    digests = []
+    for d in (tmp_path / "a", tmp_path / "b"):
+        toy_model.save_diffusion(d, unet, text, {"note": "copy"})
+        toy_classifier.save_classifier(d, net)
+        files = sorted(p for p in d.rglob("*.safetensors"))
+        assert len(files) == 3
+        digests.append([hashlib.sha256(p.read_bytes()).hexdigest() for p in files])
+    assert digests[0] == digests[1]
+    for f in (tmp_path / "a").rglob("*.safetensors"):  # the canonical header: sorted keys, no blanks
+        raw = f.read_bytes()
+        header = raw[8 : 8 + int.from_bytes(raw[:8], "little")].rstrip(b" ")
+        assert header == json.dumps(json.loads(header), sort_keys=True, separators=(",", ":")).encode()
+    state = toy_model.load_safetensors(tmp_path / "a" / "text_encoder.safetensors")
+    for k, v in text.state_dict().items():
+        assert torch.equal(state[k], v)

@@ -104,12 +104,10 @@ def load_toy_classifier(device: str | torch.device = "cpu") -> ToyClassifier:
 
 
 def save_classifier(weights_dir: str | Path, net: ToyClassifier) -> None:
-    """Write ``classifier.safetensors`` + ``classifier_config.json`` atomically."""
-    from safetensors.torch import save
-
-    from pcpo_eval.io import atomic_write_bytes, atomic_write_json
+    """Write ``classifier.safetensors`` (byte-reproducible) + ``classifier_config.json`` atomically."""
+    from pcpo_eval.io import atomic_write_bytes, atomic_write_json, safetensors_bytes
 
     wd = Path(weights_dir)
     state = {k: v.detach().contiguous().cpu() for k, v in net.state_dict().items()}
-    atomic_write_bytes(wd / "classifier.safetensors", save(state))
+    atomic_write_bytes(wd / "classifier.safetensors", safetensors_bytes(state))
     atomic_write_json(wd / "classifier_config.json", net.config.to_dict())

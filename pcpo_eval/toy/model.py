@@ -173,17 +173,16 @@ def load_text_encoder(weights_dir: Path) -> ToyTextEncoder:
 
 def save_diffusion(weights_dir: Path, unet, text_encoder: ToyTextEncoder, meta: dict[str, Any],
                    prediction_type: str = "sample") -> None:
-    """Write UNet, text encoder, scheduler config and meta into ``weights_dir`` (atomic files)."""
-    from safetensors.torch import save
-
-    from pcpo_eval.io import atomic_write_bytes, atomic_write_json
+    """Write UNet, text encoder, scheduler config and meta into ``weights_dir`` (atomic files;
+    byte-reproducible safetensors via :func:`pcpo_eval.io.safetensors_bytes`)."""
+    from pcpo_eval.io import atomic_write_bytes, atomic_write_json, safetensors_bytes
 
     weights_dir = Path(weights_dir)
     state = {k: v.detach().contiguous().cpu() for k, v in unet.state_dict().items()}
-    atomic_write_bytes(weights_dir / "unet" / "diffusion_pytorch_model.safetensors", save(state))
+    atomic_write_bytes(weights_dir / "unet" / "diffusion_pytorch_model.safetensors", safetensors_bytes(state))
     atomic_write_json(weights_dir / "unet" / "config.json", {"_class_name": "UNet2DConditionModel", **dict(unet.config)})
     tstate = {k: v.detach().contiguous().cpu() for k, v in text_encoder.state_dict().items()}
-    atomic_write_bytes(weights_dir / "text_encoder.safetensors", save(tstate))
+    atomic_write_bytes(weights_dir / "text_encoder.safetensors", safetensors_bytes(tstate))
     atomic_write_json(weights_dir / "text_encoder_config.json", text_encoder.config.to_dict())
     atomic_write_json(weights_dir / "scheduler_config.json", scheduler_config(prediction_type))
     atomic_write_json(weights_dir / "meta.json", meta)
