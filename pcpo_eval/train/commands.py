@@ -46,6 +46,10 @@ def train_cmd(
     device: Annotated[
         str | None, typer.Option("--device", help=f"{DEVICE_HELP}; default: the config's `device` (auto)")
     ] = None,
+    log_to: Annotated[
+        str | None, typer.Option("--log-to", help="trackers, comma-separated: tensorboard, wandb, trackio, or none; "
+                                 "default: the config's `log_to` (tensorboard). W&B runs offline unless wandb_mode=online")
+    ] = None,
 ) -> None:
     """Train a DDPO / DanceGRPO / PCPO run (one process, or under torchrun / accelerate launch)."""
     from pcpo_eval.io import check_out_path
@@ -57,6 +61,8 @@ def train_cmd(
     if device is not None:
         resolve_device(device)  # checked here; the trainer picks this rank's device itself
         extra = [f"device={device.strip().lower()}"]
+    if log_to is not None:
+        extra.append(f"log_to={log_to.strip() or 'none'}")
     cfg = load_config(config, [*(overrides or []), *extra])
     log = train(cfg, out, resume=resume)
     if len(log):

@@ -22,6 +22,7 @@ from pcpo_eval.errors import UserError
 from pcpo_eval.io import check_finite, read_yaml_mapping
 from pcpo_eval.train.advantages import ADV_STDS
 from pcpo_eval.train.objectives import OBJECTIVES
+from pcpo_eval.train.tracking import WANDB_MODES, parse_log_to
 
 ADVANTAGES = ("per_prompt", "group")
 PRECISIONS = ("no", "fp16", "bf16")
@@ -113,6 +114,11 @@ class TrainConfig:
     #: start from these weights (a checkpoint / run directory of pcpo-eval, or a diffusers / LoRA
     #: .safetensors file) at epoch 1 with a fresh optimizer; "" = the base model
     init_from: str = ""
+    # --- experiment tracking (pcpo_eval/train/tracking.py; docs/training.md#experiment-tracking) ---
+    log_to: str = "tensorboard"  #: comma-separated: tensorboard, wandb, trackio ("" / none: log.parquet only)
+    log_project: str = "pcpo-eval"  #: W&B / trackio project name (the run name is the run directory's name)
+    log_images_every: int = 1  #: sample-image grid every N epochs (0 = never)
+    wandb_mode: str = "offline"  #: offline (default: nothing leaves the machine) | online | disabled
     device: str = "auto"  #: auto | cpu | cuda | cuda:N
 
     # ---------------------------------------------------------------------------------------
@@ -128,6 +134,12 @@ class TrainConfig:
                if isinstance(v, float) and not math.isfinite(v)]
         need(not bad, f"non-finite values {', '.join(bad)}; every number must be finite")
         need(self.objective in OBJECTIVES, f"objective={self.objective!r} (choose {', '.join(OBJECTIVES)})")
+        try:
+            parse_log_to(self.log_to)
+        except UserError as exc:
+            problems.append(str(exc))
+        need(self.wandb_mode in WANDB_MODES, f"wandb_mode={self.wandb_mode!r} (choose {', '.join(WANDB_MODES)})")
+        need(self.log_images_every >= 0, f"log_images_every={self.log_images_every} must be >= 0 (0 = never)")
         need(self.advantage in ADVANTAGES, f"advantage={self.advantage!r} (choose {', '.join(ADVANTAGES)})")
         need(self.mixed_precision in PRECISIONS, f"mixed_precision={self.mixed_precision!r} (choose {', '.join(PRECISIONS)})")
         for key, choices in (("credit_convention", CONVENTIONS), ("credit_fallback", FALLBACKS),

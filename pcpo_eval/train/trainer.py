@@ -71,6 +71,7 @@ from pcpo_eval.train.advantages import (
 from pcpo_eval.train.config import TrainConfig
 from pcpo_eval.train.diagnostics import delta_terms, diagnostic_stats
 from pcpo_eval.train.objectives import StepLoss, eps_matching_log_rho, get_objective, uses_decomposition
+from pcpo_eval.train.tracking import RunTracking, open_tracking
 
 LOG_FILE = "log.parquet"
 INIT_FILE = "init_from.json"  #: where a run started from ``init_from`` records its source and weights hash
@@ -178,7 +179,6 @@ class Trainer:
             self.null = self.adapter.encode_prompts([""])
         self.log_rows: list[dict[str, Any]] = []
         self.start_epoch = 1
-        self.writer = None
         if resume:
             self._resume()
         elif self.is_main and (self.out / LOG_FILE).exists():
@@ -188,9 +188,8 @@ class Trainer:
             atomic_write_text(self.out / "config.yaml", yaml.safe_dump(self.cfg.to_dict(), sort_keys=False))
             if self.init_record is not None:
                 atomic_write_json(self.out / INIT_FILE, self.init_record)
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.writer = SummaryWriter(str(self.out / "tb"))
+        self.tracking: RunTracking = open_tracking(self.out, self.cfg.to_dict(), self.cfg.log_to, self.cfg.log_project,
+                                      self.cfg.wandb_mode, self.cfg.log_images_every, self.is_main, resume)
 
     @property
     def is_main(self) -> bool:
@@ -576,11 +575,6 @@ class Trainer:
             return
         self.log_rows.append(row)
         atomic_write_parquet(self.out / LOG_FILE, pd.DataFrame(self.log_rows))
-        if self.writer is not None:
-            for k, v in row.items():
-                if k != "epoch" and isinstance(v, float) and math.isfinite(v):
-                    self.writer.add_scalar(k, v, row["epoch"])
-            self.writer.flush()
 
     def _resume(self) -> None:
         latest = ck.latest_checkpoint(self.out)
@@ -721,6 +715,7 @@ class Trainer:
                 row.update(self.validation_row())
             row["peak_rss_mb"] = _peak_rss_mb()
             self.log_epoch(row)
+            self.tracking.log_epoch(row, samples.all_rewards, samples.images.cpu().numpy(), samples.prompts)
             if epoch % cfg.checkpoint_every == 0 or epoch == cfg.epochs:
                 self.save_checkpoint(epoch, row)
             dist.barrier()
@@ -731,8 +726,7 @@ class Trainer:
         warning = ppo_health_warning(pd.DataFrame(self.log_rows)) if self.log_rows else None
         if self.is_main and warning:
             print(f"[pcpo-eval] warning: {warning}", flush=True)
-        if self.writer is not None:
-            self.writer.close()
+        self.tracking.close()
         return pd.DataFrame(self.log_rows)
 
 
