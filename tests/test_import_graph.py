@@ -34,7 +34,8 @@ RANKS: dict[str, int] = {
     "report": 11,
     "toylab": 12,  # applications over the toy world: pretraining and checks
     "study": 13,  # the orchestrator: the only stage that knows all others
-    "testing": 14, "cli": 15, "__main__": 16, "__init__": 16,
+    "human": 14,  # the human preference study over a finished study
+    "testing": 15, "cli": 16, "__main__": 17, "__init__": 17,
 }  # fmt: skip
 
 
