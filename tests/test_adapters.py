@@ -97,7 +97,7 @@ def test_registry_errors(tmp_path):
         load_model("nope:thing")
     with pytest.raises(MissingWeightsError, match="does not exist"):
         load_model(f"sd1:{tmp_path}/absent")
-    with pytest.raises(MissingWeightsError, match="not found in the Hugging Face cache"):
+    with pytest.raises(MissingWeightsError, match="not in the HF cache, and sd1 weights not found: set PCPO_SD1_PATH"):
         load_model("sd1:nobody/not-a-cached-model")
     with pytest.raises(MissingWeightsError, match="pcpo-eval toy pretrain"):
         load_model(f"toy:{tmp_path}")
@@ -116,3 +116,30 @@ def test_sd1_load_from_directory(tmp_path):
         torch.testing.assert_close(loaded.denoise(x, t, loaded.encode_prompts(["a cat"])),
                                    ref.denoise(x, t, ref.encode_prompts(["a cat"])))
     assert loaded.scaling_factor == ref.scaling_factor
+
+
+@pytest.mark.parametrize(("kind", "env_var"), [("sd3", "PCPO_SD35_PATH"), ("flux", "PCPO_FLUX_PATH"),
+                                                ("sd1:stable-diffusion-v1-5/stable-diffusion-v1-5", "PCPO_SD15_PATH")])
+def test_pipelines_load_from_their_weights_variable(tmp_path, monkeypatch, kind, env_var):
+    """``sd3`` / ``flux`` / an SD-1.5 hub id not in the HF cache load from the folder their variable names."""
+    from pcpo_eval.models.flux import tiny_flux_pipeline
+    from pcpo_eval.models.registry import load_model, pipeline_location
+    from pcpo_eval.models.sd3 import tiny_sd3_pipeline
+    from pcpo_eval.testing import isolate_weight_caches, save_tiny_sd1
+
+    isolate_weight_caches(tmp_path, monkeypatch)
+    (tmp_path / "sys_tmp").mkdir()  # the isolated cache's temp dir (tiny tokenizers are written there)
+    folder = tmp_path / "pipe"
+    with pytest.raises(MissingWeightsError, match=env_var):
+        load_model(kind)
+    if kind == "sd3":
+        tiny_sd3_pipeline(seed=0).save_pretrained(folder)
+    elif kind == "flux":
+        tiny_flux_pipeline(seed=0).save_pretrained(folder)
+    else:
+        save_tiny_sd1(folder, seed=0)
+    monkeypatch.setenv(env_var, str(folder))
+    name = kind.partition(":")[0]
+    assert pipeline_location(name, kind.partition(":")[2] or "some/hub-id") == str(folder)
+    adapter = load_model(kind)
+    assert adapter.prediction in ("eps", "velocity") and adapter.encode_prompts(["a cat"]) is not None

@@ -5,21 +5,33 @@ the wrong family is rejected at validation, before any run is trained.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 import yaml
 
 from pcpo_eval.errors import UserError
+from pcpo_eval.metrics.base import METRICS
 from pcpo_eval.models.registry import prediction_of
+from pcpo_eval.prompts import DATASETS
 from pcpo_eval.samplers import SCHEDULES, resolve_sampler
 from pcpo_eval.study.spec import load_spec
 from pcpo_eval.testing import isolate_weight_caches
 
 ANALYSIS = Path(__file__).resolve().parents[1] / "analysis"
 SPECS = sorted(ANALYSIS.glob("*.yaml"))
-#: Specs on the paper's real models: their weights and data files are not part of the checkout.
-REAL_WEIGHT_SPECS = {"ddpo_aesthetic.yaml", "dancegrpo_hps.yaml"}
+#: Specs on the paper's real models (every spec but the toy ones): their weights and prompt
+#: datasets are not part of the checkout.
+REAL_WEIGHT_SPECS = {p.name for p in SPECS if not p.name.startswith("toy_")}
+#: the paper's quality protocol: 45 prompts x 1112 seeds with per-prompt FID (Tables 2-4)
+PAPER_QUALITY_SPECS = {"ddpo_aesthetic.yaml", "dancegrpo_hps.yaml", "dancegrpo_flux_hps.yaml"}
+#: one spec per experiment of the paper (docs/reproduce.md maps tables and figures to them)
+PAPER_SPECS = {
+    "ddpo_aesthetic.yaml", "ddpo_bertscore.yaml", "dancegrpo_hps.yaml", "dancegrpo_flux_hps.yaml",
+    "dpo_comparison.yaml", "flowgrpo_sd35_ocr.yaml", "flowgrpo_sd35_pickscore.yaml",
+    "dancegrpo_flux_naive_acc.yaml", "ddpo_ablation.yaml", "ddpo_timestep_subsampling.yaml", "ddpo_delta_terms.yaml",
+}  # fmt: skip
 
 
 @pytest.fixture(autouse=True)
@@ -29,7 +41,7 @@ def _no_real_weights(tmp_path, monkeypatch):
 
 
 def test_every_spec_is_listed():
-    assert {p.name for p in SPECS} >= REAL_WEIGHT_SPECS | {"toy_study.yaml", "toy_flow_study.yaml", "toy_aa_study.yaml"}
+    assert {p.name for p in SPECS} >= PAPER_SPECS | {"toy_study.yaml", "toy_flow_study.yaml", "toy_aa_study.yaml"}
 
 
 @pytest.mark.parametrize("path", SPECS, ids=[p.stem for p in SPECS])
@@ -44,7 +56,7 @@ def test_spec_trains_replicates_with_paired_controls(path):
 
 def test_paper_specs_opt_in_to_the_per_prompt_fid_protocol():
     """1112 images per prompt < 2049 (FID's 2048-d covariance): refused unless opted in, as the paper's tables do."""
-    for name in sorted(REAL_WEIGHT_SPECS):
+    for name in sorted(PAPER_QUALITY_SPECS):
         spec = load_spec(ANALYSIS / name, check_weights=False)
         assert spec.per_prompt_rank_deficient_ok == ("fid",) and "fid" in spec.per_prompt_metrics
 
@@ -96,3 +108,25 @@ def test_eps_model_rejects_a_flow_schedule(tmp_path):
     with pytest.raises(UserError, match=r"eval.sigma_schedule 'ode' does not fit the ddim sampler of model 'toy' "
                                         r"\(choose ddim, pcpo; unset = ddim\)"):
         load_spec(path)
+
+
+@pytest.mark.parametrize("name", sorted(REAL_WEIGHT_SPECS))
+def test_paper_spec_without_weights_lists_every_missing_item_in_one_error(name):
+    """On a machine without weights or prompt datasets, validation names each missing item once,
+    with where it looked and how to get it, before anything is trained."""
+    spec = load_spec(ANALYSIS / name, check_weights=False)
+    with pytest.raises(UserError) as ei:
+        load_spec(ANALYSIS / name)
+    msg = str(ei.value)
+    assert "\n" not in msg and f"study spec {ANALYSIS / name} has " in msg
+    items = re.findall(r"\(\d+\) ([^;]+(?:;[^(]*)?)", msg)
+    assert len(items) == int(re.search(r"has (\d+) problem", msg).group(1))
+    assert len(set(items)) == len(items), "an item is listed twice"
+    model = spec.base_model
+    assert re.search(rf"base model '{re.escape(model)}'", msg) or "PCPO_SD" in msg or "PCPO_FLUX" in msg
+    for run in spec.runs:
+        if run.train.prompts in DATASETS:
+            assert f"training prompts {run.train.prompts}: prompt set {run.train.prompts} not found" in msg
+    for metric in spec.metrics:
+        for backend in METRICS[metric].backends:
+            assert backend in msg or METRICS[metric].label in msg or metric in msg

@@ -24,13 +24,47 @@ def _toy(arg: str | None, device: str | torch.device, dtype: torch.dtype) -> Mod
     return ToyAdapter.from_dir(arg or None, device=device, dtype=dtype)
 
 
+#: pipeline kind -> weights backend (pcpo_eval/weights) whose env var / cache locate its folder
+PIPELINE_BACKENDS = {"sd1": "sd1", "sd3": "sd35_medium", "flux": "flux_dev"}
+
+
+def _sd1_backend(arg: str) -> str:
+    """The SD-1.x backend an id names: sd14 / sd15 (their own variables), else any SD-1.x."""
+    return "sd14" if "v1-4" in arg else "sd15" if "v1-5" in arg else "sd1"
+
+
+def pipeline_location(kind: str, arg: str) -> str:
+    """Where a real pipeline's weights are: ``arg`` itself when it is a directory or a hub id cached
+    in the HF hub cache; else the folder the weights backend finds (its env var, e.g.
+    ``PCPO_SD35_PATH`` / ``PCPO_FLUX_PATH`` / ``PCPO_SD15_PATH``, then ``$PCPO_WEIGHTS_DIR``).
+    Raises :class:`~pcpo_eval.errors.MissingWeightsError` (one line: what, where looked, how) when absent."""
+    from pathlib import Path
+
+    from pcpo_eval.errors import MissingWeightsError
+    from pcpo_eval.weights.locate import hf_snapshot_file, locate
+
+    path = Path(arg).expanduser()
+    if path.is_dir():
+        return str(path)
+    if arg.startswith(("/", ".", "~")):
+        raise MissingWeightsError(f"{kind} weights: directory {arg} does not exist; pass an existing diffusers "
+                                  "pipeline directory or a Hugging Face id already in the cache")
+    if hf_snapshot_file(arg, "model_index.json") is not None:
+        return arg
+    backend = _sd1_backend(arg) if kind == "sd1" else PIPELINE_BACKENDS[kind]
+    try:
+        return str(locate(backend))
+    except MissingWeightsError as exc:
+        raise MissingWeightsError(f"{kind} weights {arg!r}: not in the HF cache, and {exc}") from None
+
+
 def _sd1(arg: str | None, device: str | torch.device, dtype: torch.dtype) -> ModelAdapter:
     from pcpo_eval.models.sd1 import SD1Adapter
 
     if not arg:
         raise UserError("model spec 'sd1' needs a location: sd1:PATH_OR_HF_ID "
                         "(e.g. sd1:runwayml/stable-diffusion-v1-5 from the HF cache, or sd1:/models/sd15)")
-    return SD1Adapter.from_pretrained(arg, device=device, dtype=dtype)
+    return SD1Adapter.from_pretrained(pipeline_location("sd1", arg), device=device, dtype=dtype)
 
 
 def _toyflow(arg: str | None, device: str | torch.device, dtype: torch.dtype) -> ModelAdapter:
@@ -42,13 +76,13 @@ def _toyflow(arg: str | None, device: str | torch.device, dtype: torch.dtype) ->
 def _sd3(arg: str | None, device: str | torch.device, dtype: torch.dtype) -> ModelAdapter:
     from pcpo_eval.models.sd3 import DEFAULT_SD3, SD3Adapter
 
-    return SD3Adapter.from_pretrained(arg or DEFAULT_SD3, device=device, dtype=dtype)
+    return SD3Adapter.from_pretrained(pipeline_location("sd3", arg or DEFAULT_SD3), device=device, dtype=dtype)
 
 
 def _flux(arg: str | None, device: str | torch.device, dtype: torch.dtype) -> ModelAdapter:
     from pcpo_eval.models.flux import DEFAULT_FLUX, FluxAdapter
 
-    return FluxAdapter.from_pretrained(arg or DEFAULT_FLUX, device=device, dtype=dtype)
+    return FluxAdapter.from_pretrained(pipeline_location("flux", arg or DEFAULT_FLUX), device=device, dtype=dtype)
 
 
 #: kind -> factory(arg, device, dtype).

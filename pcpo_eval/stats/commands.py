@@ -116,6 +116,9 @@ def select_cmd(
         "--matched-to",
         help="PCPO run: also bracket each run's checkpoints around the PCPO run's matched reward.",
     ),
+    on: str = typer.Option(
+        "train", "--on", help="Match on the training reward (train) or the held-out validation reward (eval)."
+    ),
     output: str = typer.Option(None, "--output", "-o", help="Also write the JSON result to this file."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a markdown table."),
 ) -> None:
@@ -123,7 +126,7 @@ def select_cmd(
     from pcpo_eval.stats.select import select_checkpoints
 
     _check_outputs(output=output)
-    sel = select_checkpoints(run_dirs, target, window, matched_to)
+    sel = select_checkpoints(run_dirs, target, window, matched_to, on)
     js = dumps(sel.to_dict())
     _write(output, js)
     typer.echo(js if as_json else sel.to_markdown())

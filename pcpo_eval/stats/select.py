@@ -7,6 +7,10 @@ For each run directory (``RUN/log.parquet`` + ``RUN/checkpoints/epoch_XXXX/check
 * the reward of a saved checkpoint is the run's smoothed training reward at that epoch (trailing
   moving average of ``reward_mean``, window 5, as in :mod:`pcpo_eval.stats.speedup`); without a
   log the raw ``reward_mean`` of ``checkpoint.json`` is used and ``reward_source`` says so;
+* ``on="eval"``: the reward is instead the held-out validation reward (``val_reward_mean``, logged
+  every ``validation_every`` epochs by the trainer), smoothed over the trailing ``window``
+  validation points; only checkpoints saved at a validation epoch are candidates (Flow-GRPO
+  judges its runs on held-out prompts, paper l.1299-1302);
 * matched checkpoint: the first saved checkpoint (in epoch order) whose reward reaches the target;
   if none does, the checkpoint whose reward is nearest to it (``reached = False``); the gap is
   ``reward - target``;
@@ -32,6 +36,8 @@ from pcpo_eval.errors import UserError
 from pcpo_eval.stats.speedup import load_log, moving_average
 
 _CKPT_RE = re.compile(r"^epoch_(\d+)$")
+#: what a checkpoint is matched on -> the log.parquet column holding it
+MATCH_ON = {"train": "reward_mean", "eval": "val_reward_mean"}
 
 
 @dataclass(frozen=True)
@@ -123,8 +129,33 @@ class Selection:
         return "\n".join(lines)
 
 
-def run_checkpoints(run_dir: str | Path, window: int = 5) -> tuple[list[RunCheckpoint], str]:
-    """Saved checkpoints of a run, in epoch order, with smoothed rewards; and the reward source."""
+def _eval_checkpoints(run: Path, dirs: list[tuple[int, Path]], window: int) -> tuple[list[RunCheckpoint], str]:
+    """Checkpoints at validation epochs with the trailing mean of ``val_reward_mean`` over validation points."""
+    log_path = run / "log.parquet"
+    if not log_path.is_file():
+        raise UserError(f"run {run} has no log.parquet; matching on the eval reward needs its val_reward_mean column")
+    log = pd.read_parquet(log_path)
+    col = MATCH_ON["eval"]
+    if col not in log.columns or not np.isfinite(log[col].to_numpy(np.float64)).any():
+        raise UserError(f"run {run} logged no held-out validation reward ({col}); train with validation_every=N "
+                        "and validation_prompts=SET, or match on the training reward (--on train)")
+    val = log[np.isfinite(log[col].to_numpy(np.float64))]
+    epochs = val["epoch"].astype(int).to_numpy()
+    sm = dict(zip(epochs, moving_average(val[col].to_numpy(np.float64), window), strict=True))
+    rw = dict(zip(epochs, val[col].astype(float), strict=True))
+    out = [RunCheckpoint(str(run), ep, str(d), float(sm[ep]), float(rw[ep])) for ep, d in dirs if ep in sm]
+    if not out:
+        raise UserError(f"run {run}: no checkpoint was saved at a validation epoch ({', '.join(map(str, epochs))}); "
+                        "make checkpoint_every divide validation_every")
+    return out, f"log.parquet {col} (moving average over {window} validation points)"
+
+
+def run_checkpoints(run_dir: str | Path, window: int = 5, on: str = "train") -> tuple[list[RunCheckpoint], str]:
+    """Saved checkpoints of a run, in epoch order, with smoothed rewards; and the reward source.
+
+    ``on``: ``train`` (the training reward) or ``eval`` (the held-out validation reward)."""
+    if on not in MATCH_ON:
+        raise UserError(f"unknown match on {on!r}; choose one of: {', '.join(MATCH_ON)}")
     run = Path(run_dir)
     if not run.is_dir():
         raise UserError(f"run directory {run} does not exist")
@@ -136,6 +167,8 @@ def run_checkpoints(run_dir: str | Path, window: int = 5) -> tuple[list[RunCheck
     )
     if not dirs:
         raise UserError(f"run {run} has no saved checkpoints (expected {ck_root}/epoch_XXXX/)")
+    if on == "eval":
+        return _eval_checkpoints(run, dirs, window)
     raw: dict[int, float] = {}
     for ep, d in dirs:
         meta = d / "checkpoint.json"
@@ -192,21 +225,23 @@ def bracket(cks: Sequence[RunCheckpoint], reference_reward: float) -> Bracket:
 
 
 def select_checkpoints(
-    run_dirs: Sequence[str | Path], target: float, window: int = 5, reference: str | Path | None = None
+    run_dirs: Sequence[str | Path], target: float, window: int = 5, reference: str | Path | None = None,
+    on: str = "train",
 ) -> Selection:
-    """Reward-matched checkpoint per run; with ``reference`` (a PCPO run) also the bracketing."""
+    """Reward-matched checkpoint per run; with ``reference`` (a PCPO run) also the bracketing.
+    ``on``: match on the training reward (``train``) or the held-out validation reward (``eval``)."""
     if not run_dirs:
         raise UserError("give at least one run directory")
     choices = []
     per_run = []
     for rd in run_dirs:
-        cks, src = run_checkpoints(rd, window)
+        cks, src = run_checkpoints(rd, window, on)
         per_run.append(cks)
         choices.append(match_checkpoint(cks, target, src))
     ref_choice = None
     brackets: list[Bracket] = []
     if reference is not None:
-        rcks, rsrc = run_checkpoints(reference, window)
+        rcks, rsrc = run_checkpoints(reference, window, on)
         ref_choice = match_checkpoint(rcks, target, rsrc)
         brackets = [bracket(cks, ref_choice.reward) for cks in per_run]
     return Selection(float(target), window, tuple(choices), ref_choice, tuple(brackets))

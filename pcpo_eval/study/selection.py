@@ -8,6 +8,9 @@ Two comparisons, each with one checkpoint per run:
   reward-matched checkpoint: its row says "not reached" with its best smoothed reward, and it is
   left out of the matched-reward metrics, never replaced by its nearest checkpoint (a run whose
   reward fell would otherwise be compared at a reward it never had).
+  With ``select_on: eval`` the reward is the held-out validation reward (``val_reward_mean``,
+  smoothed over the trailing ``window`` validation points) and only checkpoints saved at a
+  validation epoch are candidates (:func:`pcpo_eval.stats.select.run_checkpoints`).
 * **matched epoch**: every run at the same epoch, ``select_epoch`` (``final`` = the last epoch at
   which every run saved a checkpoint), so a method that reaches the target early is also compared
   after the same amount of training. ``select_epoch: null`` turns it off.
@@ -73,7 +76,7 @@ def select(sp: StudySpec, layout: StudyLayout) -> dict[str, Any]:
     rows = []
     starts_above = []
     for run in sp.runs:
-        ck, source = run_checkpoints(layout.run_dir(run), sp.window)
+        ck, source = run_checkpoints(layout.run_dir(run), sp.window, sp.select_on)
         cks[run.name] = ck
         rows.append(reward_row(sp, run, ck, source))
         starts_above.append(ck[0].reward >= sp.select_target)
@@ -81,5 +84,5 @@ def select(sp: StudySpec, layout: StudyLayout) -> dict[str, Any]:
         raise UserError(f"select_target {sp.select_target:g} is reached by no run; lower it or train longer")
     epoch = None if sp.select_epoch is None else matched_epoch(sp.select_epoch, cks)
     at_epoch = [] if epoch is None else [epoch_row(sp, r, cks[r.name], epoch) for r in sp.runs]
-    return {"target": sp.select_target, "window": sp.window, "target_uninformative": all(starts_above),
+    return {"target": sp.select_target, "window": sp.window, "on": sp.select_on, "target_uninformative": all(starts_above),
             "runs": rows, "epoch": epoch, "at_epoch": at_epoch}

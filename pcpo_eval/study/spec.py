@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -151,6 +152,9 @@ class StudySpec:
     grid: GridSpec
     source: str
     raw: dict[str, Any] = field(compare=False, repr=False, default_factory=dict)
+    #: what reward-matched checkpoints are matched on: ``train`` (smoothed training reward) or
+    #: ``eval`` (smoothed held-out validation reward, runs trained with ``validation_every``)
+    select_on: str = "train"
 
     # derived -----------------------------------------------------------------------------
     @property
@@ -204,11 +208,12 @@ class _Options(NamedTuple):
     parallel: int
     paired_control: bool
     select_epoch: int | str | None
+    select_on: str
 
 
 _TOP_KEYS = {
     "name", "description", "train", "design", "runs", "compare", "seeds", "parallel", "paired_control",
-    "targets", "select_target", "select_epoch", "window", "eval", "metrics", "overall_only",
+    "targets", "select_target", "select_epoch", "select_on", "window", "eval", "metrics", "overall_only",
     "per_prompt_rank_deficient_ok", "metric_options", "lmm", "preference", "grid",
 }  # fmt: skip
 _TRAIN_KEYS = {"config", "overrides"}
@@ -279,20 +284,22 @@ def _backend_missing(backends: Sequence[str]) -> list[str]:
 
 
 def _model_missing(model: str) -> str | None:
-    """A problem string if a real base model's weights are absent (toy specs need nothing)."""
-    kind, _, arg = str(model).partition(":")
-    if kind != "sd1" or not arg:
-        return None
-    from pcpo_eval.weights.locate import hf_snapshot_file, locate
+    """A problem string if a real base model's weights are absent (toy models ship theirs)."""
+    from pcpo_eval.models.flux import DEFAULT_FLUX
+    from pcpo_eval.models.registry import PIPELINE_BACKENDS, pipeline_location
+    from pcpo_eval.models.sd3 import DEFAULT_SD3
 
-    if Path(arg).expanduser().is_dir() or hf_snapshot_file(arg, "model_index.json") is not None:
+    kind, _, arg = str(model).partition(":")
+    if kind not in PIPELINE_BACKENDS:
         return None
+    arg = arg or {"sd3": DEFAULT_SD3, "flux": DEFAULT_FLUX}.get(kind, "")
+    if not arg:
+        return f"base model {model!r}: give its location, {kind}:PATH_OR_HF_ID"
     try:
-        locate("sd1")
-        return None
-    except UserError:
-        return (f"base model {model!r}: no local diffusers folder or HF-cache snapshot of {arg} "
-                "(set PCPO_SD1_PATH or see `pcpo-eval weights`)")
+        pipeline_location(kind, arg)
+    except UserError as exc:
+        return f"base model {model!r}: {exc}; see `pcpo-eval weights`"
+    return None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -736,7 +743,11 @@ def _parse_options(top: dict[str, Any], problems: list[str]) -> _Options:
     if not (sel is None or sel == "final" or (isinstance(sel, int) and not isinstance(sel, bool) and sel >= 1)):
         problems.append(f"select_epoch must be final, a positive epoch or null (no matched-epoch comparison), got {sel!r}")
         sel = "final"
-    return _Options(int(parallel), paired, sel)
+    on = top.get("select_on", "train")
+    if on not in ("train", "eval"):
+        problems.append(f"select_on must be train (training reward) or eval (held-out validation reward), got {on!r}")
+        on = "train"
+    return _Options(int(parallel), paired, sel, on)
 
 
 def _parse_lmm(section: Any, factors: Factors, problems: list[str]) -> LMMSpec:
@@ -774,21 +785,64 @@ def _parse_preference(section: Any, base: Path, problems: list[str]) -> Preferen
                              "prompts": _prompt_source(base, str(pr["prompts"]))})
 
 
+def reward_backends(name: str, options: dict[str, Any] | None = None) -> tuple[str, ...]:
+    """Weights backends (:mod:`pcpo_eval.weights`) training reward ``name`` loads with ``options``.
+
+    Preference models: their metric's backends; ``ocr``: the recogniser's model folders (options
+    given as paths are the user's to check); toy and JPEG rewards ship or need nothing;
+    ``llava_bertscore`` talks to a captioning server (nothing local to check).
+    """
+    options = options or {}
+    if name in METRICS:
+        return METRICS[name].backends
+    if name == "ocr":
+        rec = options.get("recogniser", "paddleocr")
+        if rec == "paddleocr":
+            keys = {"paddleocr_det": "det_model_dir", "paddleocr_rec": "rec_model_dir", "paddleocr_cls": "cls_model_dir"}
+            return tuple(b for b, opt in keys.items() if not options.get(opt))
+        return ("trocr",) if rec == "trocr" and not options.get("path") else ()
+    return ()
+
+
+def _prompts_missing(role: str, pset: str) -> str | None:
+    """A prompt file that does not exist, or a prompt dataset (:data:`pcpo_eval.prompts.DATASETS`)
+    found nowhere: one line with where it was looked for and how to get it; None when present."""
+    from pcpo_eval.prompts import DATASETS, locate_dataset
+
+    if pset in DATASETS:
+        try:
+            locate_dataset(pset)
+        except UserError as exc:
+            return f"{role} {pset}: {exc}"
+        return None
+    if Path(pset).suffix and not Path(pset).is_file():
+        return f"{role} file {pset} not found"
+    return None
+
+
+def _check_prompt_sources(cfgs: Sequence[TrainConfig], eval_prompts: str | None,
+                          preference: PreferenceSpec | None, problems: list[str]) -> None:
+    """Every prompt set the study reads: training, held-out validation, eval and preference prompts."""
+    sources = [("training prompts", p) for p in sorted({c.prompts for c in cfgs})]
+    sources += [("validation_prompts", p) for p in sorted({c.validation_prompts for c in cfgs if c.validation_prompts})]
+    sources += [("eval.prompts", eval_prompts)] if eval_prompts else []
+    sources += [("preference.prompts", preference.prompts)] if preference is not None else []
+    for role, pset in dict.fromkeys(sources):
+        if (msg := _prompts_missing(role, pset)) is not None:
+            problems.append(msg)
+
+
 def _check_weights(runs: Sequence[RunSpec], metrics: Sequence[str], preference: PreferenceSpec | None,
-                   problems: list[str]) -> None:
-    """External assets: training prompt files, reward / metric backends, base models, preference prompts."""
+                   problems: list[str], eval_prompts: str | None = None) -> None:
+    """External assets: prompt sets (files or datasets), reward / metric backends, base models."""
     cfgs = [r.train for r in runs if r.train is not None]
-    for pset in sorted({c.prompts for c in cfgs}):
-        if Path(pset).suffix and not Path(pset).is_file():
-            problems.append(f"training prompt file {pset} not found")
-    for rw in sorted({c.reward for c in cfgs}):
-        backends = METRICS[rw].backends if rw in METRICS else ()
+    _check_prompt_sources(cfgs, eval_prompts, preference, problems)
+    for rw, opts in sorted({(c.reward, json.dumps(c.reward_options, sort_keys=True)) for c in cfgs}):
+        backends = reward_backends(rw, json.loads(opts))
         problems += [f"training reward {rw}: {m}" for m in _backend_missing(backends)]
     for m in sorted({c.model for c in cfgs}):
         if (msg := _model_missing(m)) is not None:
             problems.append(msg)
-    if preference is not None and Path(preference.prompts).suffix and not Path(preference.prompts).is_file():
-        problems.append(f"preference.prompts file {preference.prompts} not found")
     users: dict[str, list[str]] = {}  # one problem per absent backend, naming every metric that needs it
     for m in [*metrics, *(preference.metrics if preference is not None else ())]:
         for b in (METRICS[m].backends if m in METRICS else ()):
@@ -834,8 +888,14 @@ def load_spec(path: str | Path, check_weights: bool = True) -> StudySpec:
     lmm = _parse_lmm(top.get("lmm"), factors, problems)
     preference = _parse_preference(top.get("preference"), base, problems)
     grid = GridSpec(**_section("grid", top.get("grid"), _fields(GridSpec), problems))
+    if options.select_on == "eval":
+        no_val = [r.name for r in runs if r.train is not None and r.train.validation_every <= 0]
+        if no_val:
+            problems.append(f"select_on: eval needs the held-out validation reward, but {', '.join(no_val[:3])}"
+                            f"{' ...' if len(no_val) > 3 else ''} train without it; set validation_every and "
+                            "validation_prompts in train.overrides, or select_on: train")
     if check_weights:
-        _check_weights(runs, metrics, preference, problems)
+        _check_weights(runs, metrics, preference, problems, eval_spec.prompts)
     if problems:
         raise UserError(f"study spec {path} has {len(problems)} problem(s): "
                         + "; ".join(f"({i}) {p}" for i, p in enumerate(problems, 1)))
@@ -845,7 +905,8 @@ def load_spec(path: str | Path, check_weights: bool = True) -> StudySpec:
         factors={f: tuple(v) for f, v in factors.items()}, runs=tuple(runs), base_model=str(models[0]),
         compare_factor=compare.factor, baseline=compare.baseline, pcpo=compare.pcpo, seeds=seeds,
         parallel=options.parallel, paired_control=options.paired_control, targets=tuple(targets),
-        select_target=select_target, select_epoch=options.select_epoch, window=window, eval=eval_spec,
+        select_target=select_target, select_epoch=options.select_epoch, select_on=options.select_on,
+        window=window, eval=eval_spec,
         metrics=metrics, overall_only=overall_only, per_prompt_rank_deficient_ok=rank_ok,
         metric_batch_size=metric_batch_size, is_splits=is_splits, lmm=lmm, preference=preference, grid=grid,
         source=str(path.resolve()), raw=data,
