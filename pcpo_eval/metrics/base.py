@@ -102,6 +102,9 @@ _CATALOGUE: tuple[MetricInfo, ...] = (
     MetricInfo("lpips", "lpips", "alex", "LPIPS", True, ("lpips_alex",)),
     MetricInfo("lpips_toy", "lpips", "toy", "LPIPS (toy)", True),
     *(MetricInfo(name, "reward", name, label, True, backends) for name, label, backends in _PREFERENCE),
+    # ddpo-pytorch's prompt alignment (setups 3-4): VLM caption + BERTScore recall, in process
+    # (pcpo_eval/rewards/bertscore.py; backends of its defaults: Qwen2.5-VL-3B + deberta-xlarge-mnli)
+    MetricInfo("bertscore", "reward", "vlm_bertscore", "BERTScore", True, ("qwen25_vl_3b", "bertscore_deberta")),
 )
 
 #: THE catalogue: metric name -> record (the order is the order of ``--metrics`` help and errors)

@@ -38,6 +38,8 @@ REGISTRY: dict[str, str] = {
     "clipscore": "pcpo_eval.rewards.preference:clipscore",
     # DDPO's prompt-alignment reward (LLaVA answer + BERTScore recall) via a local LLaVA server.
     "llava_bertscore": "pcpo_eval.rewards.llava:llava_bertscore",
+    # The same in process: a local VLM's caption + BERTScore (bert-score package), ddpo-pytorch conventions.
+    "vlm_bertscore": "pcpo_eval.rewards.bertscore:vlm_bertscore",
     # Flow-GRPO's OCR reward (setup 8): 1 - capped edit distance of the quoted prompt text to OCR output.
     "ocr": "pcpo_eval.rewards.ocr:ocr",
 }

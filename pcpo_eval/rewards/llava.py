@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import time
 import urllib.error
 import urllib.request
 
@@ -25,19 +26,40 @@ from pcpo_eval.errors import MissingWeightsError
 QUERY = "Answer concisely: what is going on in this image?"
 
 
-def llava_bertscore(url: str | None = None, batch_size: int = 16, timeout: float = 120.0):
-    """Reward fn: BERTScore recall of LLaVA's answer against "The image contains {prompt}"."""
+def post_with_retries(url: str, body: bytes, timeout: float, retries: int, backoff: float) -> bytes:
+    """POST ``body``; on a connection error, timeout or HTTP 5xx retry ``retries`` times, waiting
+    ``backoff * 2**k`` seconds before retry k (exponential backoff). The last failure is one line."""
+    last: Exception | None = None
+    for attempt in range(retries + 1):
+        if attempt:
+            time.sleep(backoff * 2 ** (attempt - 1))
+        req = urllib.request.Request(url, data=body, method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 (user-run local server)
+                return resp.read()
+        except urllib.error.HTTPError as exc:
+            if exc.code < 500:  # the server understood and refused: retrying will not help
+                raise MissingWeightsError(f"LLaVA reward server at {url} refused the request (HTTP {exc.code}); "
+                                          "check that it is kvablack/LLaVA-server's protocol") from None
+            last = exc
+        except (urllib.error.URLError, OSError) as exc:  # refused connection, reset, timeout
+            last = exc
+    raise MissingWeightsError(
+        f"LLaVA reward server not reachable at {url} after {retries + 1} attempts ({last}); start "
+        "kvablack/LLaVA-server and set PCPO_LLAVA_URL, or use reward vlm_bertscore (in process)"
+    )
+
+
+def llava_bertscore(url: str | None = None, batch_size: int = 16, timeout: float = 120.0, retries: int = 3,
+                    backoff: float = 2.0):
+    """Reward fn: BERTScore recall of LLaVA's answer against "The image contains {prompt}".
+
+    ``timeout`` seconds per request; ``retries`` further attempts with exponential ``backoff``."""
     url = url or os.environ.get("PCPO_LLAVA_URL", "http://127.0.0.1:8085")
 
     def _post(payload: dict) -> dict:
-        req = urllib.request.Request(url, data=pickle.dumps(payload), method="POST")
-        try:
-            with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 (user-run local server)
-                return pickle.loads(resp.read())  # noqa: S301 (the server's documented protocol)
-        except (urllib.error.URLError, OSError) as exc:
-            raise MissingWeightsError(
-                f"LLaVA reward server not reachable at {url} ({exc}); start kvablack/LLaVA-server and set PCPO_LLAVA_URL"
-            ) from None
+        raw = post_with_retries(url, pickle.dumps(payload), timeout, int(retries), float(backoff))
+        return pickle.loads(raw)  # noqa: S301 (the server's documented protocol; a server you run)
 
     def reward(images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
         arr = images.permute(0, 2, 3, 1).cpu().numpy().astype(np.uint8)

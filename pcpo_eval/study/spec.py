@@ -790,11 +790,18 @@ def reward_backends(name: str, options: dict[str, Any] | None = None) -> tuple[s
 
     Preference models: their metric's backends; ``ocr``: the recogniser's model folders (options
     given as paths are the user's to check); toy and JPEG rewards ship or need nothing;
-    ``llava_bertscore`` talks to a captioning server (nothing local to check).
+    ``vlm_bertscore``: its captioner and BERTScore model; ``llava_bertscore`` talks to a captioning
+    server (nothing local to check).
     """
     options = options or {}
     if name in METRICS:
         return METRICS[name].backends
+    if name == "vlm_bertscore":
+        from pcpo_eval.rewards.bertscore import CAPTIONERS, SCORERS
+
+        cap, scorer = options.get("captioner", "qwen25_vl"), options.get("scorer", "deberta")
+        return ((CAPTIONERS[cap],) if cap in CAPTIONERS and not options.get("captioner_path") else ()) + (
+            (SCORERS[scorer][0],) if scorer in SCORERS and not options.get("scorer_path") else ())
     if name == "ocr":
         rec = options.get("recogniser", "paddleocr")
         if rec == "paddleocr":
