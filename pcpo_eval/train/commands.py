@@ -70,6 +70,31 @@ def train_cmd(
         typer.echo(f"done: {out} (epoch {int(last['epoch'])}, reward {last['reward_mean']:.4f})")
 
 
+def import_cmd(
+    kind: Annotated[str, typer.Argument(help="dancegrpo | flowgrpo")],
+    src: Annotated[Path, typer.Argument(help="the reference run's output folder (its checkpoints)")],
+    out: Annotated[Path, typer.Option("--out", help="Run directory to write.")],
+    model: Annotated[str, typer.Option("--model", help="base model spec the run fine-tuned, e.g. sd3:PATH_OR_HF_ID")],
+    log: Annotated[Path | None, typer.Option("--log", help="history file: W&B export (.csv/.jsonl/.parquet) or "
+                                             "run-*.wandb (Flow-GRPO); reward.txt (DanceGRPO)")] = None,
+    reward_key: Annotated[str, typer.Option("--reward-key", help="Flow-GRPO reward column reward_KEY")] = "avg",
+    objective: Annotated[str, typer.Option("--objective", help="how the run was trained (ppo_clip, pcpo)")] = "ppo_clip",
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
+) -> None:
+    """Import a DanceGRPO or Flow-GRPO run (checkpoints + training log) as a pcpo-eval run directory."""
+    import json
+
+    from pcpo_eval.io import check_out_path
+    from pcpo_eval.train.importers import import_run
+
+    check_out_path(out, "--out")
+    summary = import_run(kind, src, out, model, log, reward_key, objective)
+    typer.echo(json.dumps(summary, indent=2) if as_json else
+               f"imported {kind} run {src} -> {out}: {len(summary['checkpoints'])} checkpoints "
+               f"(epochs {', '.join(map(str, summary['checkpoints']))}), log of {summary['epochs']} epochs")
+
+
 def register(app: typer.Typer) -> None:
-    """Add the ``train`` command."""
+    """Add the ``train`` and ``import`` commands."""
     app.command("train")(train_cmd)
+    app.command("import")(import_cmd)

@@ -1,0 +1,276 @@
+"""Import DanceGRPO and Flow-GRPO runs as pcpo-eval run directories (``pcpo-eval import``).
+
+A run trained with a reference codebase becomes ``RUN/{config.yaml, log.parquet,
+checkpoints/epoch_XXXX/}``, the layout of :mod:`pcpo_eval.train.checkpoints`, so ``generate
+--model RUN/checkpoints/epoch_0060``, ``select`` and a study's ``runs:`` list use it like a run
+trained here. Epochs are numbered as here: epoch E is the E-th sampling-and-update round, and a
+checkpoint at epoch E holds the policy after that round's updates.
+
+Formats read (learned from the references' train scripts, not their code):
+
+* **Flow-GRPO** (yifan123/flow_grpo ``scripts/train_sd3.py``): LoRA saved by peft's
+  ``save_pretrained`` at ``SAVE_DIR/checkpoints/checkpoint-{global_step}/lora/``
+  (``adapter_model.safetensors`` + ``adapter_config.json``), written at the start of its epoch k
+  (0-based) before sampling, i.e. the policy after k rounds = our epoch k. Scalars go to W&B with
+  ``step=global_step``: per epoch ``epoch`` and ``reward_{key}`` (``reward_avg`` the combined
+  reward), per update ``approx_kl``, ``clipfrac``, ``kl``, ``policy_loss``, and every
+  ``eval_freq`` epochs ``eval_reward_{key}`` on held-out prompts, logged at the start of epoch k
+  (= the policy of our epoch k). The history is read from a W&B export (CSV, JSON lines,
+  Parquet: ``run.history()``) or the offline transaction log ``run-*.wandb``.
+* **DanceGRPO** (XueZeyue/DanceGRPO ``fastvideo/train_grpo_sd.py`` / ``train_grpo_flux.py``):
+  full weights ``diffusion_pytorch_model.safetensors`` (+ ``config.json``) with diffusers' key
+  names, in ``checkpoint_epoch_{E}/`` (SD: saved after its epoch E's updates = our epoch E + 1)
+  or ``checkpoint-{step}-{epoch}/`` (FLUX: saved before step ``step``'s update = our epoch
+  step - 1); ``reward.txt`` has one mean reward per line, line i = our epoch i + 1.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import struct
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from pcpo_eval.errors import UserError
+from pcpo_eval.io import atomic_dir, atomic_write_parquet, atomic_write_text, sha256_file
+from pcpo_eval.registry import optional_module
+from pcpo_eval.train.checkpoints import FULL_FILE, LORA_FILE, META_FILE, checkpoint_dir
+
+KINDS = ("dancegrpo", "flowgrpo")
+#: W&B per-update keys averaged into our per-epoch PPO-health columns
+UPDATE_KEYS = {"approx_kl": "approx_kl", "clipfrac": "clipfrac", "kl": "kl_mean", "policy_loss": "loss"}
+
+
+# ------------------------------------------------------------------------------------------------
+# logs
+# ------------------------------------------------------------------------------------------------
+
+
+def wandb_records(path: Path) -> list[dict[str, Any]]:
+    """History rows of a W&B offline transaction log (``run-*.wandb``): leveldb-log framing (32 KiB
+    blocks, 7-byte chunk headers: crc32c, length, type FULL/FIRST/MIDDLE/LAST) around protobuf
+    ``Record`` messages; the ``history`` records are the logged rows."""
+    pb = optional_module("wandb.proto.wandb_internal_pb2")
+    if pb is None:
+        raise UserError(f"reading {path} needs the wandb package (pip install 'pcpo-eval[tracking]'), "
+                        "or export the history to CSV with wandb's API (run.history())")
+    data = path.read_bytes()
+    if data[:4] != b":W&B":
+        raise UserError(f"{path} is not a W&B transaction log (no ':W&B' header)")
+    rows, pos, block, buf = [], 7, 32768, b""
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        if left < 7:
+            pos += left
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
+        if kind in (2, 3):
+            buf += chunk
+            continue
+        if kind not in (1, 4):
+            continue
+        rec = pb.Record()
+        rec.ParseFromString(buf + chunk)
+        buf = b""
+        if rec.WhichOneof("record_type") == "history":
+            rows.append({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in rec.history.item})
+    return rows
+
+
+def read_history(path: str | Path) -> pd.DataFrame:
+    """A W&B run history: ``.csv``, ``.jsonl``/``.json`` (one row per line), ``.parquet`` or ``.wandb``."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"log {p} does not exist; pass the run's W&B history export or its run-*.wandb file")
+    suffix = p.suffix.lower()
+    try:
+        if suffix == ".wandb":
+            df = pd.DataFrame(wandb_records(p))
+        elif suffix == ".csv":
+            df = pd.read_csv(p)
+        elif suffix in (".jsonl", ".json"):
+            df = pd.read_json(p, lines=True)
+        elif suffix == ".parquet":
+            df = pd.read_parquet(p)
+        else:
+            raise UserError(f"log {p}: unknown format {suffix!r}; use .csv, .jsonl, .parquet or .wandb")
+    except (ValueError, OSError) as exc:
+        raise UserError(f"log {p} is not readable as {suffix} ({str(exc).splitlines()[0][:120]})") from None
+    if "_step" not in df.columns:
+        raise UserError(f"log {p} has no _step column; export the W&B history with its _step (run.history())")
+    return df
+
+
+def flowgrpo_epochs(hist: pd.DataFrame, reward_key: str = "avg") -> pd.DataFrame:
+    """Per our epoch: reward_mean (``reward_{key}`` of Flow-GRPO epoch E - 1), PPO health averaged
+    over that epoch's updates, and val_reward_mean (``eval_reward_{key}`` logged at the start of its
+    epoch E = the policy after our epoch E)."""
+    col = f"reward_{reward_key}"
+    if col not in hist.columns or "epoch" not in hist.columns:
+        keys = sorted(c for c in hist.columns if c.startswith("reward_"))
+        raise UserError(f"log has no {col} / epoch columns (reward columns: {', '.join(keys) or 'none'}); "
+                        "pass --reward-key with one of them, without the reward_ prefix")
+    rows = hist[hist[col].notna() & hist["epoch"].notna()]
+    out = pd.DataFrame({"epoch": rows["epoch"].astype(int).to_numpy() + 1, "reward_mean": rows[col].astype(float)})
+    out = out.drop_duplicates("epoch", keep="last").set_index("epoch")
+    upd = hist[hist["epoch"].notna()]
+    for src, dst in UPDATE_KEYS.items():
+        if src in upd.columns:
+            out[dst] = upd.groupby(upd["epoch"].astype(int) + 1)[src].mean()
+    ev = f"eval_{col}"
+    if ev in hist.columns:
+        step_epoch = _step_to_epoch(hist)
+        val = hist[hist[ev].notna()]
+        epochs = [step_epoch.get(int(s)) for s in val["_step"]]
+        out["val_reward_mean"] = pd.Series({e: float(v) for e, v in zip(epochs, val[ev], strict=True)
+                                            if e is not None and e >= 1})
+    return out.reset_index().sort_values("epoch").reset_index(drop=True)
+
+
+def _step_to_epoch(hist: pd.DataFrame) -> dict[int, int]:
+    """global_step -> our epoch whose policy a log/checkpoint at that step holds: the Flow-GRPO epoch
+    that starts at that step (its eval and save happen before sampling)."""
+    rows = hist[hist["epoch"].notna()].sort_values("_step")
+    return {int(s): int(e) for s, e in rows.groupby("_step")["epoch"].min().items()}
+
+
+def dancegrpo_rewards(path: str | Path) -> pd.DataFrame:
+    """``reward.txt``: line i (one float) = mean reward of our epoch i + 1."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"{p} does not exist; DanceGRPO writes reward.txt in its working directory (pass --log)")
+    vals = []
+    for i, line in enumerate(p.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                vals.append(float(line))
+            except ValueError:
+                raise UserError(f"{p} line {i}: {line.strip()[:40]!r} is not a number") from None
+    if not vals or not np.all(np.isfinite(vals)):
+        raise UserError(f"{p} holds no rewards or non-finite ones; check the file")
+    return pd.DataFrame({"epoch": np.arange(1, len(vals) + 1), "reward_mean": vals})
+
+
+# ------------------------------------------------------------------------------------------------
+# checkpoints
+# ------------------------------------------------------------------------------------------------
+
+
+def flowgrpo_checkpoints(src: Path, hist: pd.DataFrame) -> dict[int, Path]:
+    """Our epoch -> the peft LoRA folder of ``checkpoints/checkpoint-{step}/lora``."""
+    step_epoch = _step_to_epoch(hist)
+    out = {}
+    for d in sorted(src.glob("**/checkpoint-*/lora")):
+        m = re.fullmatch(r"checkpoint-(\d+)", d.parent.name)
+        if m and (d / "adapter_model.safetensors").is_file():
+            step = int(m.group(1))
+            if step not in step_epoch:
+                raise UserError(f"{d}: step {step} is not in the log; pass the log of this run")
+            out[step_epoch[step]] = d
+    return out
+
+
+def dancegrpo_checkpoints(src: Path) -> dict[int, Path]:
+    """Our epoch -> folder with ``diffusion_pytorch_model.safetensors`` (SD and FLUX naming)."""
+    out = {}
+    for f in sorted(src.glob("**/diffusion_pytorch_model.safetensors")):
+        name = f.parent.name
+        if m := re.fullmatch(r"checkpoint_epoch_(\d+)", name):
+            out[int(m.group(1)) + 1] = f.parent
+        elif m := re.fullmatch(r"checkpoint-(\d+)-(\d+)", name):
+            out[int(m.group(1)) - 1] = f.parent
+    return out
+
+
+def peft_lora_to_diffusers(folder: Path, prefix: str = "transformer") -> tuple[dict[str, Any], dict[str, str]]:
+    """A peft ``save_pretrained`` LoRA as the tensors + metadata of our ``pytorch_lora_weights.safetensors``
+    (keys ``{prefix}.<module>.lora_A/B.weight``; the LoRA config in diffusers' metadata key)."""
+    from diffusers.loaders.lora_base import LORA_ADAPTER_METADATA_KEY
+    from safetensors.torch import load_file
+
+    cfg_path = folder / "adapter_config.json"
+    try:
+        cfg = json.loads(cfg_path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UserError(f"{cfg_path} is missing or not JSON ({type(exc).__name__}); not a peft LoRA folder") from None
+    tensors = {}
+    for k, v in load_file(str(folder / "adapter_model.safetensors")).items():
+        k = k.removeprefix("base_model.model.")
+        if ".lora_A." not in k and ".lora_B." not in k:
+            continue
+        tensors[f"{prefix}.{k.replace('.lora_A.default.', '.lora_A.').replace('.lora_B.default.', '.lora_B.')}"] = v
+    if not tensors:
+        raise UserError(f"{folder}/adapter_model.safetensors holds no lora_A/lora_B tensors")
+    keep = {k: cfg[k] for k in ("r", "lora_alpha", "target_modules", "lora_dropout", "bias", "init_lora_weights",
+                                "use_rslora", "use_dora") if k in cfg}
+    meta = {"format": "pt", LORA_ADAPTER_METADATA_KEY: json.dumps({f"{prefix}.{k}": v for k, v in keep.items()},
+                                                                  sort_keys=True)}
+    return tensors, meta
+
+
+def _write_checkpoint(out: Path, epoch: int, src: Path, kind: str, model: str, reward: float | None) -> None:
+    from pcpo_eval.io import safetensors_bytes
+
+    with atomic_dir(checkpoint_dir(out, epoch)) as tmp:
+        if kind == "flowgrpo":
+            prefix = "unet" if model.startswith("sd1") else "transformer"
+            tensors, meta = peft_lora_to_diffusers(src, prefix)
+            (tmp / LORA_FILE).write_bytes(safetensors_bytes(tensors, meta))
+            weights = LORA_FILE
+        else:
+            shutil.copyfile(src / "diffusion_pytorch_model.safetensors", tmp / FULL_FILE)
+            weights = FULL_FILE
+        info = {"epoch": epoch, "model": model, "reward_mean": reward, "weights_file": weights,
+                "weights_sha256": sha256_file(tmp / weights), "imported_from": {"kind": kind, "path": str(src)}}
+        (tmp / META_FILE).write_text(json.dumps(info, indent=2) + "\n")
+
+
+def import_run(kind: str, src: str | Path, out: str | Path, model: str, log: str | Path | None = None,
+               reward_key: str = "avg", objective: str = "ppo_clip") -> dict[str, Any]:
+    """Convert a DanceGRPO / Flow-GRPO run (``src``) into the run directory ``out``; returns the summary.
+
+    ``model``: the base model spec the run fine-tuned (e.g. ``sd3:stabilityai/stable-diffusion-3.5-medium``);
+    ``log``: the history file (Flow-GRPO: W&B export or ``run-*.wandb``; DanceGRPO: ``reward.txt``,
+    default ``src/reward.txt``); ``objective``: how the run was trained (``pcpo`` for a PCPO port)."""
+    if kind not in KINDS:
+        raise UserError(f"unknown run kind {kind!r}; choose one of: {', '.join(KINDS)}")
+    src, out = Path(src), Path(out)
+    if not src.is_dir():
+        raise UserError(f"{src} is not a directory; pass the reference run's output folder")
+    if (out / "log.parquet").exists():
+        raise UserError(f"{out} already holds a run; choose another --out")
+    if kind == "flowgrpo":
+        if log is None:
+            found = sorted(src.glob("**/run-*.wandb"))
+            if not found:
+                raise UserError(f"no W&B log under {src}; pass --log with its history export or run-*.wandb file")
+            log = found[-1]
+        hist = read_history(log)
+        table, cks = flowgrpo_epochs(hist, reward_key), flowgrpo_checkpoints(src, hist)
+    else:
+        table, cks = dancegrpo_rewards(log or src / "reward.txt"), dancegrpo_checkpoints(src)
+    if not cks:
+        raise UserError(f"no {kind} checkpoints under {src} (expected "
+                        + ("checkpoints/checkpoint-STEP/lora/" if kind == "flowgrpo" else
+                           "checkpoint_epoch_E/ or checkpoint-STEP-EPOCH/ with diffusion_pytorch_model.safetensors") + ")")
+    beyond = sorted(e for e in cks if e not in set(table["epoch"]))
+    if beyond:
+        raise UserError(f"checkpoints at epochs {beyond[:5]} have no logged reward (log covers epochs "
+                        f"{int(table['epoch'].min())}..{int(table['epoch'].max())}); pass the full log")
+    out.mkdir(parents=True, exist_ok=True)
+    rewards = dict(zip(table["epoch"].astype(int), table["reward_mean"].astype(float), strict=True))
+    for epoch, folder in sorted(cks.items()):
+        _write_checkpoint(out, epoch, folder, kind, model, rewards.get(epoch))
+    summary = {"kind": kind, "source": str(src), "log": str(log), "model": model, "objective": objective,
+               "epochs": int(table["epoch"].max()), "checkpoints": sorted(cks), "reward_key": reward_key}
+    atomic_write_text(out / "config.yaml", json.dumps({"model": model, "objective": objective,
+                                                        "imported_from": kind, "source": str(src)}, indent=2) + "\n")
+    atomic_write_text(out / "import.json", json.dumps(summary, indent=2) + "\n")
+    atomic_write_parquet(out / "log.parquet", table)  # last: its presence marks a complete import
+    return summary

@@ -1,0 +1,153 @@
+"""Importing reference runs (``pcpo-eval import``): fixtures written in each codebase's format.
+
+* Flow-GRPO: a tiny SD3 transformer wrapped by peft (``get_peft_model``), its LoRA saved with
+  ``save_pretrained`` at ``checkpoints/checkpoint-{step}/lora``, and a W&B history (both the CSV
+  export and the offline ``run-*.wandb`` transaction log): the imported checkpoint, loaded by
+  ``generate``'s loader on the base model, predicts exactly what the peft model predicts; epochs,
+  rewards, PPO health and the held-out reward land on our epoch numbering.
+* DanceGRPO: a tiny SD-1 UNet's full state dict in ``checkpoint_epoch_{E}/`` and ``reward.txt``.
+* Bad input: one line each.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from pcpo_eval.stats.select import select_checkpoints
+from pcpo_eval.train.checkpoints import load_model_from_spec
+from pcpo_eval.train.importers import import_run, read_history
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
+
+
+def _history() -> pd.DataFrame:
+    """Flow-GRPO's logging of 3 epochs with 2 updates each, eval every 2 epochs, save every 2 epochs."""
+    rows, step = [], 0
+    for epoch in range(3):
+        if epoch % 2 == 0:
+            rows.append({"_step": step, "eval_reward_avg": 0.30 + 0.1 * epoch})
+        rows.append({"_step": step, "epoch": epoch, "reward_avg": 0.2 + 0.05 * epoch, "reward_ocr": 0.1})
+        for _ in range(2):
+            rows.append({"_step": step, "epoch": epoch, "inner_epoch": 0, "approx_kl": 1e-3 * (epoch + 1),
+                         "clipfrac": 0.1 * (epoch + 1), "kl": 0.01, "policy_loss": -0.5})
+            step += 1
+    return pd.DataFrame(rows)
+
+
+@pytest.fixture(scope="module")
+def sd3_base(tmp_path_factory):
+    from pcpo_eval.models.sd3 import tiny_sd3_pipeline
+
+    folder = tmp_path_factory.mktemp("sd3")
+    tiny_sd3_pipeline(seed=0).save_pretrained(folder)
+    return folder
+
+
+def _flowgrpo_run(root: Path, base: Path) -> tuple[Path, torch.nn.Module]:
+    from diffusers import SD3Transformer2DModel
+    from peft import LoraConfig, get_peft_model
+
+    tr = SD3Transformer2DModel.from_pretrained(base / "transformer")
+    peft_model = get_peft_model(tr, LoraConfig(r=4, lora_alpha=8, init_lora_weights="gaussian",
+                                               target_modules=["to_k", "to_q", "to_v", "to_out.0"]))
+    with torch.no_grad():
+        for n, p in peft_model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.05, generator=torch.Generator().manual_seed(len(n)))
+    peft_model.save_pretrained(root / "logs" / "checkpoints" / "checkpoint-4" / "lora")  # start of epoch 2
+    _history().to_csv(root / "history.csv", index=False)
+    return root / "logs", peft_model.eval()
+
+
+def test_flowgrpo_lora_and_history_import_exactly(tmp_path, sd3_base):
+    src, peft_model = _flowgrpo_run(tmp_path, sd3_base)
+    out = tmp_path / "run"
+    summary = import_run("flowgrpo", src, out, f"sd3:{sd3_base}", log=tmp_path / "history.csv")
+    assert summary["checkpoints"] == [2] and summary["epochs"] == 3
+    log = pd.read_parquet(out / "log.parquet")
+    assert log["epoch"].tolist() == [1, 2, 3]
+    assert log["reward_mean"].tolist() == pytest.approx([0.2, 0.25, 0.3])
+    assert log["clipfrac"].tolist() == pytest.approx([0.1, 0.2, 0.3]) and log["approx_kl"].iloc[2] == pytest.approx(3e-3)
+    # eval at the start of Flow-GRPO epoch 2 (step 4) = the policy after our epoch 2; epoch 0's eval is the base model
+    assert np.isnan(log["val_reward_mean"].iloc[0]) and log["val_reward_mean"].iloc[1] == pytest.approx(0.5)
+    adapter = load_model_from_spec(str(out / "checkpoints" / "epoch_0002"))
+    cfg = adapter.denoiser.config
+    g = torch.Generator().manual_seed(0)
+    kw = dict(hidden_states=torch.randn(1, cfg.in_channels, 8, 8, generator=g), timestep=torch.tensor([500.0]),
+              encoder_hidden_states=torch.randn(1, 7, cfg.joint_attention_dim, generator=g),
+              pooled_projections=torch.randn(1, cfg.pooled_projection_dim, generator=g), return_dict=False)
+    with torch.no_grad():
+        ours, ref = adapter.denoiser(**kw)[0], peft_model(**kw)[0]
+        base = peft_model.get_base_model()
+        with peft_model.disable_adapter():
+            plain = base(**kw)[0]
+    assert torch.allclose(ours, ref, atol=1e-5) and not torch.allclose(ours, plain, atol=1e-4)
+    # selection on the imported held-out reward works like on a run trained here
+    sel = select_checkpoints([out], target=0.45, window=1, on="eval").choices[0]
+    assert sel.epoch == 2 and sel.reached
+
+
+def test_flowgrpo_history_from_the_wandb_transaction_log(tmp_path, monkeypatch):
+    wandb = pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run = wandb.init(project="flow", dir=str(tmp_path), mode="offline")
+    for _, row in _history().iterrows():
+        data = {k: float(v) for k, v in row.items() if k != "_step" and pd.notna(v)}
+        run.log(data, step=int(row["_step"]))
+    run.finish()
+    (log,) = list(tmp_path.glob("wandb/offline-run-*/run-*.wandb"))
+    hist = read_history(log)
+    assert {"_step", "epoch", "reward_avg", "eval_reward_avg", "clipfrac"} <= set(hist.columns)
+    csv = _history()
+    assert sorted(hist["reward_avg"].dropna()) == pytest.approx(sorted(csv["reward_avg"].dropna()))
+
+
+def test_dancegrpo_full_weights_and_reward_txt(tmp_path):
+    from safetensors.torch import save_file
+
+    from pcpo_eval.testing import save_tiny_sd1
+
+    base = save_tiny_sd1(tmp_path / "sd1", seed=0)
+    from diffusers import UNet2DConditionModel
+
+    unet = UNet2DConditionModel.from_pretrained(base / "unet")
+    with torch.no_grad():
+        for p in unet.parameters():
+            p.add_(0.01)
+    ck = tmp_path / "dance" / "my_checkpoints" / "checkpoint_epoch_2"  # saved after its epoch 2 = our epoch 3
+    ck.mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in unet.state_dict().items()}, ck / "diffusion_pytorch_model.safetensors")
+    (ck / "config.json").write_text(json.dumps(dict(unet.config), default=str))
+    (tmp_path / "dance" / "reward.txt").write_text("0.31\n0.33\n0.36\n0.35\n")
+    out = tmp_path / "run"
+    summary = import_run("dancegrpo", tmp_path / "dance", out, f"sd1:{base}")
+    assert summary["checkpoints"] == [3] and summary["epochs"] == 4
+    assert pd.read_parquet(out / "log.parquet")["reward_mean"].tolist() == pytest.approx([0.31, 0.33, 0.36, 0.35])
+    adapter = load_model_from_spec(str(out / "checkpoints" / "epoch_0003"))
+    for (n, a), (_, b) in zip(adapter.denoiser.state_dict().items(), unet.state_dict().items(), strict=True):
+        assert torch.equal(a, b), n
+    meta = json.loads((out / "checkpoints" / "epoch_0003" / "checkpoint.json").read_text())
+    assert meta["reward_mean"] == pytest.approx(0.36) and meta["imported_from"]["kind"] == "dancegrpo"
+
+
+def test_bad_imports_are_one_line(tmp_path, cli):
+    (tmp_path / "empty").mkdir()
+    cases = [
+        (["import", "nope", tmp_path, "--out", tmp_path / "r", "--model", "toy"], "unknown run kind 'nope'"),
+        (["import", "flowgrpo", tmp_path / "empty", "--out", tmp_path / "r", "--model", "toy"], "no W&B log under"),
+        (["import", "dancegrpo", tmp_path / "empty", "--out", tmp_path / "r", "--model", "toy"], "reward.txt"),
+    ]
+    (tmp_path / "bad.txt").write_text("0.3\nabc\n")
+    cases.append((["import", "dancegrpo", tmp_path / "empty", "--out", tmp_path / "r", "--model", "toy",
+                   "--log", tmp_path / "bad.txt"], "line 2: 'abc' is not a number"))
+    for argv, needle in cases:
+        res = cli(*argv)
+        lines = res.stderr.strip().splitlines()
+        assert res.returncode == 2 and len(lines) == 1 and needle in lines[0], (argv, res.stderr)
+    assert not (tmp_path / "r" / "log.parquet").exists()
