@@ -45,6 +45,7 @@ COMMAND_MODULES = [
     "pcpo_eval.metrics.commands",
     "pcpo_eval.stats.commands",
     "pcpo_eval.study.commands",
+    "pcpo_eval.human.commands",
     "pcpo_eval.toylab.commands",
     "pcpo_eval.toylab.flow_commands",
 ]

@@ -87,7 +87,9 @@ def test_values_match_direct_computation(sets, tmp_path) -> None:
         fr = frechet_distance_from_features(
             fa["features"][rows[pid]].numpy(), fb["features"][ImageSet.load(b).rows_by_prompt()[pid]].numpy()
         )
-        assert res.per_prompt["fd_toy"][i] == pytest.approx(fr, rel=1e-6)
+        # float32 features of a few images per prompt: the per-prompt FD is ill-conditioned, and another
+        # batch composition in the workers moved it by 1.0e-6 relative on one CPU
+        assert res.per_prompt["fd_toy"][i] == pytest.approx(fr, rel=1e-5)
     # LPIPS per prompt == naive pairwise lpips calls on that prompt's images
     model = make_lpips_embedder("random").model
     imgs = sa.read_batch(rows[1])

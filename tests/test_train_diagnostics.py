@@ -85,7 +85,9 @@ def test_trainer_logs_diagnostics_and_delta_matches_log_rho(tmp_path, objective)
     s = tr.sample_epoch(1)
     row = tr.train_epoch(1, s)  # two updates: 0 on-policy, 1 the first off-policy one
     assert len(row["delta_ratio_per_update"]) == 2 and len(row["taylor_rel_err_per_update"]) == 2
-    assert row["delta_sq_per_update"][0] < 1e-12 and row["delta_sq_per_update"][1] > 0
+    # on-policy the two eps predictions differ only by float32 rounding of other batch shapes (2.5e-10
+    # measured on one CPU, 0 on another): at least 1e6 times below the first off-policy update's
+    assert row["delta_sq_per_update"][1] > 0 and row["delta_sq_per_update"][0] < 1e-6 * row["delta_sq_per_update"][1]
     assert np.isfinite(row["delta_ratio_first_offpolicy"]) and row["delta_ratio_first_offpolicy"] > 0
     assert 0 <= row["taylor_rel_err_active_max"] <= row["taylor_rel_err_max"]
     # the logged maximum is the Taylor error of the logged log-ratio range

@@ -14,7 +14,9 @@ runs per arm, p or the reason it is not estimable; the 1-run-per-arm warning; th
 the untrained controls); study spec; speed-up (Table 1/5); reward curves over seeds against epochs
 and wall-clock seconds, KL-reward, PPO health; reward-matched checkpoints; raw scores (Table 2,
 significant differences in bold) and their simple effects; LMM tables per effect (Tables 3-4) with
-95% CIs, df method and diagnostics; preference metrics (Table 6); training traces (Fig. 5) with rho
+95% CIs, df method and diagnostics; preference metrics (Table 6); the human preference study (only
+when results.json has ``human``: win rates with exact CIs, mixed logistic model, Bradley-Terry,
+agreement, attention checks, example pairs); training traces (Fig. 5) with rho
 and |g| statistics; the credit-weight figure (Fig. 2); image grids at matched reward; progression
 over epochs (only when results.json has ``progression``).
 
@@ -316,6 +318,35 @@ def progression_view(progression: list[dict[str, Any]] | None, root: Path | None
             for p in progression or []]
 
 
+def _human_comparison_row(c: dict[str, Any]) -> dict[str, Any]:
+    mm = c.get("mixed_model") or {}
+    lo, hi = (mm.get("ci95") or [None, None])[:2]
+    return {**c, "or": mm.get("odds_ratio_a"), "or_ci": fmt_ci(lo, hi), "mm_p": mm.get("p"),
+            "mm_estimable": bool(mm.get("estimable")), "mm_reason": mm.get("reason"),
+            "ci": fmt_ci(*(c.get("ci95") or [None, None])[:2])}
+
+
+def _bt_rows(bt: dict[str, Any] | None) -> list[dict[str, Any]]:
+    if not bt or not bt.get("log_strength"):
+        return []
+    boot = bt.get("bootstrap") or {}
+    cis = boot.get("elo_ci95") or {}
+    rows = [{"method": m, "log_strength": bt["log_strength"][m], "elo": bt["elo"][m],
+             "elo_ci": fmt_ci(*cis[m]) if m in cis else None} for m in bt["methods"]]
+    return sorted(rows, key=lambda r: -r["elo"])
+
+
+def human_view(h: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The human preference study section (``results["human"]``, written by ``pcpo-eval human analyze``)."""
+    if not h:
+        return None
+    examples = [{**e, "left_uri": file_uri(Path(e["left_image"])), "right_uri": file_uri(Path(e["right_image"]))}
+                for e in h.get("examples", [])]
+    return {"h": h, "comparisons": [_human_comparison_row(c) for c in h.get("comparisons", [])],
+            "bt": h.get("bradley_terry"), "bt_rows": _bt_rows(h.get("bradley_terry")),
+            "raters": (h.get("attention_checks") or {}).get("raters", []), "examples": examples}
+
+
 def view_model(results: dict[str, Any], root: Path | None) -> dict[str, Any]:
     """Everything the template needs, with plots rendered to data URIs."""
     labels = results.get("metric_labels", {})
@@ -344,6 +375,7 @@ def view_model(results: dict[str, Any], root: Path | None) -> dict[str, Any]:
         "credit_png": credit,
         "grids": grid_view(results.get("grids", []), root),
         "progression": progression_view(results.get("progression"), root),
+        "human": human_view(results.get("human")),
     }
 
 

@@ -8,6 +8,7 @@
     OUT/sets/base, sets/<run>/epoch_NNNN           eval image sets    (pref_sets/... on preference prompts)
     OUT/metrics/base, metrics/<run>/epoch_NNNN     their metrics      (pref_metrics/...)
     OUT/results.json, report.html, study_state.json, figures/credit.png
+    OUT/human.json                   the human study's analysis (written by `pcpo-eval human analyze`)
 
 A checkpoint that is both a run's reward-matched and its matched-epoch checkpoint has one set.
 """
@@ -63,6 +64,11 @@ class StudyLayout:
     @property
     def report_file(self) -> Path:
         return self.out / REPORT_FILE
+
+    @property
+    def human_file(self) -> Path:
+        """The human preference study's analysis, copied here by ``pcpo-eval human analyze``."""
+        return self.out / "human.json"
 
     @property
     def credit_figure(self) -> Path:

@@ -560,5 +560,6 @@ def build_results(sp: StudySpec, layout: StudyLayout) -> dict[str, Any]:
         "traces": traces(sp, layout),
         "figures": {"credit": fig.relative_to(layout.out).as_posix()},
         "grids": grids(sp, layout),
+        "human": json.loads(layout.human_file.read_text()) if layout.human_file.is_file() else None,
     }
     return to_jsonable(results)

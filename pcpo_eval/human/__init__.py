@@ -1,0 +1,90 @@
+"""The human preference study: pair design, the rating web app, and its analysis.
+
+The paper's strongest claim about image quality is a human study: checkpoints that bracket a
+matched reward (e.g. PCPO at epoch 120 against DDPO at 180 and 240), 45 prompts x 10 seeds, about
+300 responses. This stage runs one over a finished study, in four steps::
+
+    pcpo-eval human design SPEC.yaml --out HUMAN     # 1. pairs.parquet + anonymised images
+    pcpo-eval human raters HUMAN --add alice bob      #    one private link per rater
+    pcpo-eval human serve HUMAN                       # 2. the rating web app (uvicorn + SQLite)
+    pcpo-eval human analyze HUMAN                     # 3. analysis.json + the report section
+
+Modules (one job each):
+
+* :mod:`~pcpo_eval.human.design`   -- which checkpoints meet, prompts x seeds, sides, order, attention checks
+* :mod:`~pcpo_eval.human.db`       -- the database schema (SQLAlchemy) and its Alembic migrations
+* :mod:`~pcpo_eval.human.app`      -- the FastAPI app a rater sees (no method names anywhere in it)
+* :mod:`~pcpo_eval.human.analysis` -- win rates, Bradley-Terry, mixed logistic model, agreement, checks
+
+The folder ``HUMAN/`` (one home for its layout: :class:`HumanLayout`)::
+
+    HUMAN/design.json        every setting of the design (study, comparisons, prompts, seeds, rng seed)
+    HUMAN/pairs.parquet      one row per pair (columns: PAIR_COLUMNS)
+    HUMAN/images/<tok>.png   every image shown, re-encoded without metadata under an opaque name
+    HUMAN/human.db           the SQLite database (default; PostgreSQL by URL instead)
+    HUMAN/responses.parquet  the admin export (columns: RESPONSE_COLUMNS)
+    HUMAN/analysis.json      the analysis (read by the study report)
+
+Pairs table (``pairs.parquet``): ``pair_id`` (opaque 16-hex token, the only id a rater sees),
+``position`` (0.. the design's randomised order), ``comparison`` (e.g. ``"pcpo@120 vs ddpo@180"``),
+``kind`` (``main`` | ``identical`` | ``degraded``: the attention checks), ``prompt_id``,
+``prompt``, ``seed``, ``left_method`` / ``right_method`` (checkpoint labels such as ``pcpo@120``),
+``left_image`` / ``right_image`` (image tokens: file ``images/<token>.png``), ``expected``
+(attention checks: ``tie`` for identical images, the undegraded side ``left``/``right`` for a
+degraded one; empty for ``main``).
+
+Responses (database and export): ``rater`` (the rater's display name), ``rater_id`` (integer),
+``pair_id``, ``choice`` (``left`` | ``right`` | ``tie``), ``reason`` (optional free text, at
+most 500 characters), ``submitted_at`` (UTC ISO 8601). One response per (rater, pair): a second
+submit of the same pair is answered with the stored response and changes nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+PAIR_COLUMNS = ("pair_id", "position", "comparison", "kind", "prompt_id", "prompt", "seed", "left_method",
+                "right_method", "left_image", "right_image", "expected")
+RESPONSE_COLUMNS = ("rater", "rater_id", "pair_id", "choice", "reason", "submitted_at")
+CHOICES = ("left", "right", "tie")
+KINDS = ("main", "identical", "degraded")
+MAX_REASON = 500
+
+
+@dataclass(frozen=True)
+class HumanLayout:
+    """The paths of one human-study folder."""
+
+    root: Path
+
+    @property
+    def design(self) -> Path:
+        return self.root / "design.json"
+
+    @property
+    def pairs(self) -> Path:
+        return self.root / "pairs.parquet"
+
+    @property
+    def images(self) -> Path:
+        return self.root / "images"
+
+    def image(self, token: str) -> Path:
+        return self.images / f"{token}.png"
+
+    @property
+    def database(self) -> Path:
+        return self.root / "human.db"
+
+    @property
+    def database_url(self) -> str:
+        return f"sqlite:///{self.database}"
+
+    @property
+    def responses(self) -> Path:
+        return self.root / "responses.parquet"
+
+    @property
+    def analysis(self) -> Path:
+        return self.root / "analysis.json"

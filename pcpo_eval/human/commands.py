@@ -1,0 +1,176 @@
+"""CLI commands ``human design|raters|serve|export|simulate|analyze`` (thin shell over :mod:`pcpo_eval.human`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from pcpo_eval.errors import UserError
+
+human = typer.Typer(help="Human preference study: pair design, rating web app, analysis (docs/human.md).",
+                    no_args_is_help=True)
+
+DB_HELP = "database URL (default sqlite:///HUMAN/human.db; PostgreSQL: postgresql+psycopg://user@host/db)"
+
+
+def _url(folder: Path, database_url: str | None) -> str:
+    from pcpo_eval.human import HumanLayout
+
+    return database_url or HumanLayout(folder).database_url
+
+
+def _database(folder: Path, database_url: str | None) -> str:
+    """The study's database, migrated to the newest schema and holding the design's pairs."""
+    from pcpo_eval.human.db import load_pairs, upgrade
+    from pcpo_eval.human.design import read_design
+
+    _, pairs = read_design(folder)
+    url = _url(folder, database_url)
+    upgrade(url)
+    load_pairs(url, pairs)
+    return url
+
+
+@human.command("design")
+def design_cmd(
+    study: Path = typer.Argument(..., help="finished study folder (holds selection.json)"),
+    out: Path = typer.Option(..., "--out", help="human study folder to create (pairs, images, database)"),
+    config: Path | None = typer.Option(None, "--config", help="design file (YAML), e.g. analysis/human/toy_human.yaml"),
+    device: str = typer.Option("auto", "--device", help="device that renders the images: auto, cpu or cuda:N"),
+) -> None:
+    """Choose the checkpoints (bracketing the matched reward), render them, and write the pairs."""
+    import dataclasses
+
+    from pcpo_eval.human.design import load_design_spec, make_design
+    from pcpo_eval.train.commands import resolve_device
+
+    ds = dataclasses.replace(load_design_spec(config), device=resolve_device(device))
+    d = make_design(study, out, ds, log=typer.echo)
+    typer.echo(f"design: {d['n_pairs']} pairs ({d['n_main']} compared, {d['n_pairs'] - d['n_main']} attention "
+               f"checks) over {', '.join(d['comparisons'])}; {d['n_images']} images in {out}")
+
+
+@human.command("raters")
+def raters_cmd(
+    folder: Path = typer.Argument(..., help="human study folder"),
+    add: list[str] = typer.Option([], "--add", help="add a rater by name (repeat the flag for several)"),
+    base_url: str = typer.Option("http://127.0.0.1:8000", "--base-url", help="address raters open"),
+    database_url: str | None = typer.Option(None, "--database-url", help=DB_HELP),
+    as_json: bool = typer.Option(False, "--json", help="print JSON"),
+) -> None:
+    """Add raters and print every rater's private link with their progress."""
+    from pcpo_eval.human import HumanLayout
+    from pcpo_eval.human.app import read_settings
+    from pcpo_eval.human.db import add_raters, progress, rater_links
+
+    url = _database(folder, database_url)
+    if add:
+        add_raters(url, add)
+    links = rater_links(url, base_url.rstrip("/"))
+    prog = progress(url, per_rater=read_settings(HumanLayout(folder)).per_rater).set_index("rater") if links else None
+    rows = [{"rater": name, "link": link, **({k: int(v) for k, v in prog.loc[name].items() if k != "rater_id"}
+                                              if prog is not None and name in prog.index else {})}
+            for name, link in links]
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        typer.echo("no raters yet; add them with --add NAME")
+    for r in rows:
+        typer.echo(f"{r['rater']}: {r['link']}  ({r.get('answered', 0)} of {r.get('total', '?')} answered)")
+
+
+@human.command("serve")
+def serve_cmd(
+    folder: Path = typer.Argument(..., help="human study folder"),
+    host: str = typer.Option("127.0.0.1", "--host", help="interface to listen on (0.0.0.0: every interface)"),
+    port: int = typer.Option(8000, "--port", help="TCP port"),
+    database_url: str | None = typer.Option(None, "--database-url", help=DB_HELP),
+) -> None:
+    """Serve the rating web app (uvicorn) until interrupted; answers are stored as they arrive."""
+    from pcpo_eval.human.app import serve
+
+    if not 0 < port < 65536:
+        raise UserError(f"--port {port}; use a TCP port between 1 and 65535")
+    url = _database(folder, database_url)
+    serve(folder, host=host, port=port, database_url=url)
+
+
+@human.command("export")
+def export_cmd(
+    folder: Path = typer.Argument(..., help="human study folder"),
+    output: Path | None = typer.Option(None, "--output", "-o", help="Parquet file [HUMAN/responses.parquet]"),
+    database_url: str | None = typer.Option(None, "--database-url", help=DB_HELP),
+) -> None:
+    """Export every stored response to Parquet (one row per rater and pair)."""
+    from pcpo_eval.human import HumanLayout
+    from pcpo_eval.human.db import export_parquet, export_responses
+    from pcpo_eval.io import check_out_path
+
+    path = check_out_path(output or HumanLayout(folder).responses, "--output", folder=False)
+    url = _database(folder, database_url)
+    export_parquet(url, path)
+    typer.echo(f"wrote {len(export_responses(url))} responses to {path}")
+
+
+@human.command("simulate")
+def simulate_cmd(
+    folder: Path = typer.Argument(..., help="human study folder"),
+    output: Path = typer.Option(..., "--output", "-o", help="Parquet file of simulated responses"),
+    raters: int = typer.Option(15, "--raters", help="number of simulated raters"),
+    per_rater: int = typer.Option(20, "--per-rater", help="responses per simulated rater"),
+    prefer: list[str] = typer.Option([], "--prefer", help="LABEL=P: raters pick checkpoint LABEL with probability P"),
+    rng_seed: int = typer.Option(0, "--rng-seed", help="seed of the simulation"),
+) -> None:
+    """Simulated raters (planted preferences) to rehearse the analysis; never written to the database."""
+    from pcpo_eval.human.analysis import simulate_responses
+    from pcpo_eval.human.design import read_design
+    from pcpo_eval.io import atomic_write_parquet, check_out_path
+
+    _, pairs = read_design(folder)
+    p = _parse_prefer(prefer, set(pairs["left_method"]) | set(pairs["right_method"]))
+    check_out_path(output, "--output", folder=False)
+    if raters < 1 or per_rater < 1:
+        raise UserError("--raters and --per-rater must be >= 1")
+    df = simulate_responses(pairs, raters, per_rater, p or 0.5, rng_seed)
+    atomic_write_parquet(output, df)
+    typer.echo(f"wrote {len(df)} simulated responses of {raters} raters to {output}")
+
+
+def _parse_prefer(items: list[str], labels: set[str]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for item in items:
+        label, _, p = item.rpartition("=")
+        try:
+            val = float(p)
+        except ValueError:
+            val = float("nan")
+        if not label or label not in labels or not 0 <= val <= 1:
+            raise UserError(f"--prefer {item!r}: write LABEL=P with P in [0, 1] and LABEL one of "
+                            f"{', '.join(sorted(labels))}")
+        out[label] = val
+    return out
+
+
+@human.command("analyze")
+def analyze_cmd(
+    folder: Path = typer.Argument(..., help="human study folder"),
+    responses: Path | None = typer.Option(None, "--responses", help="analyse this Parquet export instead of the database"),
+    bootstrap: int = typer.Option(1000, "--bootstrap", help="bootstrap resamples of the Bradley-Terry CIs"),
+    database_url: str | None = typer.Option(None, "--database-url", help=DB_HELP),
+    as_json: bool = typer.Option(False, "--json", help="print the analysis as JSON"),
+) -> None:
+    """Win rates, Bradley-Terry, mixed logistic model, agreement, attention checks; the report section."""
+    from pcpo_eval.human.report import analyze_folder
+
+    res = analyze_folder(folder, responses=responses, database_url=database_url, bootstrap=bootstrap,
+                         log=(lambda s: None) if as_json else typer.echo)
+    if as_json:
+        typer.echo(json.dumps(res, indent=2))
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``human`` command group to the ``pcpo-eval`` app."""
+    app.add_typer(human, name="human")

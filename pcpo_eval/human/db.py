@@ -1,0 +1,420 @@
+"""The rating database: SQLAlchemy models, Alembic migrations and the admin helpers.
+
+Three tables (the migration ``0001_initial`` creates them):
+
+* ``raters``    -- ``id``, ``name`` (unique), ``token`` (``secrets.token_urlsafe(24)``, unique: the
+  secret in a rater's link), ``created_at``;
+* ``pairs``     -- ``pair_id`` (primary key), ``position``, ``prompt``, ``left_image``, ``right_image``:
+  the only columns of ``pairs.parquet`` a rater may see. Method names, comparisons and kinds stay
+  in ``pairs.parquet`` on the server and never enter the database;
+* ``responses`` -- ``id``, ``rater_id``, ``pair_id``, ``choice``, ``reason``, ``submitted_at``, with
+  ``UNIQUE(rater_id, pair_id)``: the first answer wins, a resubmit returns it unchanged.
+
+SQLite is the default (``sqlite:///HUMAN/human.db``), in WAL mode with a 60 s busy timeout and
+``synchronous=FULL``, so concurrent writers wait instead of failing and an answer acknowledged to
+a rater survives a SIGKILL. Every statement is dialect-neutral SQLAlchemy, so a PostgreSQL URL
+works too (with its driver installed). The migrations run programmatically (:func:`upgrade`); no
+``alembic.ini`` is needed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from sqlalchemy import (
+    CheckConstraint,
+    DateTime,
+    Engine,
+    ForeignKey,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+    create_engine,
+    event,
+    func,
+    select,
+)
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, IntegrityError
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+
+from pcpo_eval.errors import UserError
+from pcpo_eval.human import CHOICES, MAX_REASON, RESPONSE_COLUMNS
+from pcpo_eval.io import atomic_write_parquet
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+#: The columns of ``pairs.parquet`` copied into the database (nothing that names a method).
+DB_PAIR_COLUMNS = ("pair_id", "position", "prompt", "left_image", "right_image")
+TOKEN_RE = re.compile(r"^[0-9a-f]{16,64}$")
+MAX_NAME = 100
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    """Declarative base of the rating database (constraint names fixed by :data:`NAMING`)."""
+
+    metadata = MetaData(naming_convention=NAMING)
+
+
+class Rater(Base):
+    """One rater: a display name and the secret token of their link."""
+
+    __tablename__ = "raters"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(MAX_NAME), unique=True, nullable=False)
+    token: Mapped[str] = mapped_column(String(64), unique=True, nullable=False)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+
+
+class Pair(Base):
+    """One pair as a rater sees it: opaque id, prompt and two opaque image tokens."""
+
+    __tablename__ = "pairs"
+    pair_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    position: Mapped[int] = mapped_column(Integer, nullable=False)
+    prompt: Mapped[str] = mapped_column(Text, nullable=False)
+    left_image: Mapped[str] = mapped_column(String(64), nullable=False)
+    right_image: Mapped[str] = mapped_column(String(64), nullable=False)
+
+
+class Response(Base):
+    """One answer of one rater to one pair (unique per rater and pair)."""
+
+    __tablename__ = "responses"
+    __table_args__ = (
+        UniqueConstraint("rater_id", "pair_id"),
+        CheckConstraint("choice IN ('left', 'right', 'tie')", name="choice"),
+    )
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    rater_id: Mapped[int] = mapped_column(ForeignKey("raters.id"), nullable=False)
+    pair_id: Mapped[str] = mapped_column(ForeignKey("pairs.pair_id"), nullable=False)
+    choice: Mapped[str] = mapped_column(String(8), nullable=False)
+    reason: Mapped[str] = mapped_column(Text, nullable=False, default="")
+    submitted_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+
+
+@dataclass(frozen=True)
+class RaterInfo:
+    """A rater as the app needs it."""
+
+    id: int
+    name: str
+
+
+@dataclass(frozen=True)
+class StoredResponse:
+    """A stored answer, and whether this submit created it (False: it was already there)."""
+
+    choice: str
+    reason: str
+    created: bool
+
+
+# ---- engines and migrations --------------------------------------------------------------------
+
+_ENGINES: dict[str, Engine] = {}
+_ENGINES_LOCK = threading.Lock()
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA busy_timeout = 60000")
+    cur.execute("PRAGMA journal_mode = WAL")
+    cur.execute("PRAGMA synchronous = FULL")
+    cur.execute("PRAGMA foreign_keys = ON")
+    cur.close()
+
+
+def _check_url(url: str) -> None:
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise UserError(f"database URL {url!r} is malformed; use e.g. sqlite:///HUMAN/human.db "
+                        "or postgresql+psycopg://user@host/db") from None
+    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+        parent = Path(parsed.database).parent
+        if not parent.is_dir():
+            raise UserError(f"database folder {parent} does not exist; create it or pass another database URL")
+
+
+def get_engine(url: str) -> Engine:
+    """The process-wide engine of ``url`` (SQLite: WAL, busy timeout, foreign keys on)."""
+    with _ENGINES_LOCK:
+        if url in _ENGINES:
+            return _ENGINES[url]
+        _check_url(url)
+        if make_url(url).get_backend_name() == "sqlite":
+            engine = create_engine(url, connect_args={"timeout": 60, "check_same_thread": False},
+                                   pool_size=8, max_overflow=16)
+            event.listen(engine, "connect", _sqlite_pragmas)
+        else:
+            engine = create_engine(url, pool_pre_ping=True)
+        _ENGINES[url] = engine
+        return engine
+
+
+def dispose(url: str) -> None:
+    """Close the pooled connections of ``url`` (tests; a server shutting down)."""
+    with _ENGINES_LOCK:
+        engine = _ENGINES.pop(url, None)
+    if engine is not None:
+        engine.dispose()
+
+
+def alembic_config(url: str) -> Any:
+    """An Alembic ``Config`` pointing at the packaged migrations (no ``alembic.ini``)."""
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return cfg
+
+
+def upgrade(url: str) -> None:
+    """Migrate the database at ``url`` to the newest schema (a no-op when it is already there)."""
+    from alembic import command
+
+    cfg = alembic_config(url)
+    with get_engine(url).begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "head")
+
+
+def schema_diff(url: str) -> list[Any]:
+    """Alembic's differences between the database at ``url`` and the models (empty: in sync)."""
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+
+    with get_engine(url).connect() as conn:
+        return list(compare_metadata(MigrationContext.configure(conn), Base.metadata))
+
+
+# ---- pairs -------------------------------------------------------------------------------------
+
+
+def _pair_records(pairs_df: pd.DataFrame) -> list[dict[str, Any]]:
+    """The rater-visible columns of ``pairs_df`` as validated records."""
+    missing = [c for c in DB_PAIR_COLUMNS if c not in pairs_df.columns]
+    if missing:
+        raise UserError(f"pairs table lacks column(s) {', '.join(missing)}; rerun `pcpo-eval human design`")
+    records = [{"pair_id": str(r.pair_id), "position": int(r.position), "prompt": str(r.prompt),
+                "left_image": str(r.left_image), "right_image": str(r.right_image)}
+               for r in pairs_df[list(DB_PAIR_COLUMNS)].itertuples(index=False)]
+    bad = [r["pair_id"] for r in records
+           if not all(TOKEN_RE.match(r[k]) for k in ("pair_id", "left_image", "right_image"))]
+    if bad:
+        raise UserError(f"pairs table has non-hex pair or image tokens (e.g. {bad[0]!r}); "
+                        "rerun `pcpo-eval human design`")
+    if len({r["pair_id"] for r in records}) != len(records):
+        raise UserError("pairs table has duplicated pair_id values; rerun `pcpo-eval human design`")
+    return records
+
+
+def load_pairs(url: str, pairs_df: pd.DataFrame) -> int:
+    """Copy the rater-visible columns of ``pairs_df`` into the database; returns the number of pairs.
+
+    Idempotent: loading the same pairs again changes nothing. A database that already holds a
+    different pair set is refused (a new design needs a new database).
+    """
+    records = _pair_records(pairs_df)
+    wanted = {tuple(r[c] for c in DB_PAIR_COLUMNS) for r in records}
+    engine = get_engine(url)
+    for _attempt in range(2):
+        have = _stored_pairs(engine)
+        if have == wanted:
+            return len(wanted)
+        if have:
+            raise UserError(f"the database already holds a different pair set ({len(have)} pairs, "
+                            f"not these {len(wanted)}); use a new database for a new design "
+                            "(move human.db away or pass another database URL)")
+        try:
+            with Session(engine) as session, session.begin():
+                session.add_all(Pair(**r) for r in records)
+        except IntegrityError:
+            continue  # another process loaded the pairs at the same time: compare again
+    return len(wanted)
+
+
+def _stored_pairs(engine: Engine) -> set[tuple[Any, ...]]:
+    with engine.connect() as conn:
+        rows = conn.execute(select(*(getattr(Pair, c) for c in DB_PAIR_COLUMNS))).all()
+    return {tuple(row) for row in rows}
+
+
+def pairs_frame(url: str) -> pd.DataFrame:
+    """The pairs stored in the database (columns: DB_PAIR_COLUMNS), in ``position`` order."""
+    with get_engine(url).connect() as conn:
+        rows = conn.execute(select(*(getattr(Pair, c) for c in DB_PAIR_COLUMNS))
+                            .order_by(Pair.position, Pair.pair_id)).all()
+    return pd.DataFrame([tuple(r) for r in rows], columns=list(DB_PAIR_COLUMNS))
+
+
+def assignment(pair_ids: Sequence[str], rng_seed: int, rater_id: int, per_rater: int | None) -> list[str]:
+    """The pairs of rater ``rater_id`` in the order they are shown (deterministic, resumable).
+
+    ``pair_ids`` is the design's order (by ``position``). With ``per_rater`` set, rater ``r`` gets
+    the cyclic block of ``per_rater`` pairs starting at ``(r - 1) * per_rater``, so consecutive
+    raters cover the design evenly; the order inside the block is a permutation seeded by
+    (``rng_seed``, ``rater_id``) through SHA-256, the same on every machine and library version.
+    """
+    n = len(pair_ids)
+    if per_rater is None or per_rater >= n:
+        block = list(pair_ids)
+    else:
+        start = ((rater_id - 1) * per_rater) % n if n else 0
+        block = [pair_ids[(start + i) % n] for i in range(per_rater)]
+
+    def key(pair_id: str) -> bytes:
+        return hashlib.sha256(f"{rng_seed}:{rater_id}:{pair_id}".encode()).digest()
+
+    return sorted(block, key=key)
+
+
+# ---- raters ------------------------------------------------------------------------------------
+
+
+def _clean_name(name: str) -> str:
+    clean = str(name).strip()
+    if not clean or len(clean) > MAX_NAME or any(ord(ch) < 32 or ord(ch) == 127 for ch in clean):
+        raise UserError(f"rater name {name!r} is invalid; use 1 to {MAX_NAME} printable characters")
+    return clean
+
+
+def add_raters(url: str, names: Iterable[str]) -> list[tuple[str, str]]:
+    """Create one rater per name; returns (name, token) pairs. A name already present is refused."""
+    clean = [_clean_name(n) for n in names]
+    dupes = sorted({n for n in clean if clean.count(n) > 1})
+    if dupes:
+        raise UserError(f"rater name(s) {', '.join(dupes)} given twice; give each name once")
+    engine = get_engine(url)
+    with engine.connect() as conn:
+        taken = sorted(conn.execute(select(Rater.name).where(Rater.name.in_(clean))).scalars())
+    if taken:
+        raise UserError(f"rater name(s) {', '.join(taken)} already exist; choose other names "
+                        "(list links with `pcpo-eval human raters HUMAN`)")
+    out = [(n, secrets.token_urlsafe(24)) for n in clean]
+    now = datetime.now(UTC)
+    try:
+        with Session(engine) as session, session.begin():
+            session.add_all(Rater(name=n, token=t, created_at=now) for n, t in out)
+    except IntegrityError:
+        raise UserError(f"rater name(s) {', '.join(clean)} were added meanwhile by another process; "
+                        "choose other names") from None
+    return out
+
+
+def rater_links(url: str, base_url: str) -> list[tuple[str, str]]:
+    """(name, private link) of every rater, in creation order; ``base_url`` e.g. ``http://host:8000``."""
+    base = base_url.rstrip("/")
+    with get_engine(url).connect() as conn:
+        rows = conn.execute(select(Rater.name, Rater.token).order_by(Rater.id)).all()
+    return [(name, f"{base}/r/{token}") for name, token in rows]
+
+
+def rater_by_token(url: str, token: str) -> RaterInfo | None:
+    """The rater whose secret token is ``token`` (None: no such rater)."""
+    if not token or len(token) > 64:
+        return None
+    with get_engine(url).connect() as conn:
+        row = conn.execute(select(Rater.id, Rater.name).where(Rater.token == token)).first()
+    return None if row is None else RaterInfo(int(row.id), str(row.name))
+
+
+# ---- responses ---------------------------------------------------------------------------------
+
+
+def answered(url: str, rater_id: int) -> set[str]:
+    """The pair ids rater ``rater_id`` has answered."""
+    with get_engine(url).connect() as conn:
+        return set(conn.execute(select(Response.pair_id).where(Response.rater_id == rater_id)).scalars())
+
+
+def submit(url: str, rater_id: int, pair_id: str, choice: str, reason: str = "") -> StoredResponse:
+    """Store one answer; a second submit of the same (rater, pair) returns the first one unchanged.
+
+    The caller validates ``choice``, ``reason`` and that ``pair_id`` is in the rater's assignment.
+    The INSERT is the transaction's first statement, so SQLite's busy timeout applies to it.
+    """
+    if choice not in CHOICES or len(reason) > MAX_REASON:
+        raise UserError(f"choice must be one of {', '.join(CHOICES)} and the reason at most {MAX_REASON} characters")
+    engine = get_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(Response.__table__.insert().values(
+                rater_id=rater_id, pair_id=pair_id, choice=choice, reason=reason,
+                submitted_at=datetime.now(UTC)))
+        return StoredResponse(choice, reason, True)
+    except IntegrityError:
+        pass
+    with engine.connect() as conn:
+        row = conn.execute(select(Response.choice, Response.reason)
+                           .where(Response.rater_id == rater_id, Response.pair_id == pair_id)).first()
+    if row is None:  # the IntegrityError was not the unique constraint: an unknown rater or pair
+        raise UserError(f"pair {pair_id} or rater {rater_id} is not in the database; reload the pairs")
+    return StoredResponse(str(row.choice), str(row.reason), False)
+
+
+def _iso_utc(value: datetime) -> str:
+    if value.tzinfo is None:  # SQLite stores naive UTC
+        value = value.replace(tzinfo=UTC)
+    return value.astimezone(UTC).isoformat()
+
+
+def export_responses(url: str) -> pd.DataFrame:
+    """Every response joined with its rater's name (columns: exactly RESPONSE_COLUMNS)."""
+    query = (select(Rater.name, Response.rater_id, Response.pair_id, Response.choice, Response.reason,
+                    Response.submitted_at)
+             .join(Rater, Rater.id == Response.rater_id).order_by(Response.id))
+    with get_engine(url).connect() as conn:
+        rows = conn.execute(query).all()
+    df = pd.DataFrame({
+        "rater": pd.Series([str(r[0]) for r in rows], dtype=str),
+        "rater_id": pd.Series([int(r[1]) for r in rows], dtype="int64"),
+        "pair_id": pd.Series([str(r[2]) for r in rows], dtype=str),
+        "choice": pd.Series([str(r[3]) for r in rows], dtype=str),
+        "reason": pd.Series([str(r[4] or "") for r in rows], dtype=str),
+        "submitted_at": pd.Series([_iso_utc(r[5]) for r in rows], dtype=str),
+    })
+    return df[list(RESPONSE_COLUMNS)]
+
+
+def export_parquet(url: str, path: str | Path) -> pd.DataFrame:
+    """Write :func:`export_responses` to ``path`` atomically; returns the frame written."""
+    df = export_responses(url)
+    atomic_write_parquet(path, df)
+    return df
+
+
+def progress(url: str, per_rater: int | None = None) -> pd.DataFrame:
+    """Per rater: ``rater``, ``rater_id``, ``answered``, ``total`` (``per_rater`` from design.json)."""
+    engine = get_engine(url)
+    with engine.connect() as conn:
+        n_pairs = int(conn.execute(select(func.count()).select_from(Pair)).scalar_one())
+        counts = dict(conn.execute(select(Response.rater_id, func.count())
+                                   .group_by(Response.rater_id)).all())
+        raters = conn.execute(select(Rater.id, Rater.name).order_by(Rater.id)).all()
+    total = n_pairs if per_rater is None else min(int(per_rater), n_pairs)
+    return pd.DataFrame({
+        "rater": pd.Series([str(r.name) for r in raters], dtype=str),
+        "rater_id": pd.Series([int(r.id) for r in raters], dtype="int64"),
+        "answered": pd.Series([int(counts.get(r.id, 0)) for r in raters], dtype="int64"),
+        "total": pd.Series([total] * len(raters), dtype="int64"),
+    })

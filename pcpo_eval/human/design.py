@@ -1,0 +1,456 @@
+"""Pair design of a human preference study over a finished study (paper App. "Human Preference Study").
+
+The paper compares PCPO at its reward-matched checkpoint (epoch 120) with the two baseline
+checkpoints that bracket its reward (epochs 180 and 240), on 45 prompts x 10 seeds. Here:
+
+1. **checkpoints** (:func:`choose_checkpoints`): ``bracket`` (default) takes the PCPO run of one
+   training seed and cell, its reward-matched checkpoint from the study's ``selection.json`` (reward
+   r*), and the baseline run of the same seed and cell: its saved checkpoints just below and just
+   above r* (:func:`pcpo_eval.stats.select.bracket`, same smoothing window and reward source as the
+   study). Or ``pairs``: any list of ``RUN@EPOCH`` (or ``base``) pairs named in the design file.
+2. **images**: every checkpoint renders the same prompts x seeds with the study's eval sampler
+   (:func:`pcpo_eval.generate.generate_set`: seed-controlled, so the two images of a pair share
+   their initial noise; resumable). Shown images are re-encoded without PNG metadata and stored
+   under random names: nothing a rater can fetch names a method, run or epoch.
+3. **pairs** (:func:`build_pairs`): one per comparison x prompt x seed; the left/right side of each
+   pair and the order of all pairs are drawn from ``rng_seed`` (recorded); attention checks are
+   added: ``identical`` (one image on both sides, under two names: the answer expected is a tie) and
+   ``degraded`` (an image against a blurred, noisy copy of itself: expected is the intact side).
+4. **files**: ``images/``, ``pairs.parquet`` and, last, ``design.json`` (every setting), so a folder
+   with a ``design.json`` is complete; re-running with the same settings does nothing, different
+   settings on a folder that holds a design are refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from pcpo_eval.errors import UserError
+from pcpo_eval.human import PAIR_COLUMNS, HumanLayout
+from pcpo_eval.io import atomic_dir, atomic_write_json, atomic_write_parquet, check_finite, check_out_path
+
+_CKPT_RE = re.compile(r"^(?P<run>.+)@(?P<epoch>\d+)$")
+
+
+@dataclass(frozen=True)
+class HumanDesignSpec:
+    """Settings of a pair design (a YAML file such as ``analysis/human/toy_human.yaml``; all optional).
+
+    Attributes:
+        checkpoints: ``bracket`` or ``pairs``.
+        pairs: with ``checkpoints: pairs``, a list of ``[A, B]`` where each is ``RUN@EPOCH`` (a run
+            of the study and one of its saved epochs) or ``base`` (the untrained model).
+        seed: training seed of the runs a bracket uses (default: the smallest PCPO seed).
+        cell: the comparison cell of a bracket, e.g. ``batch=16`` (default: the first cell).
+        prompts: prompt set or file (default: the study's eval prompts); ``max_prompts``, ``seeds``:
+            how many prompts (in set order) and seeds per prompt (paper: 45 x 10).
+        identical, degraded: number of attention checks of each kind.
+        per_rater: pairs shown to one rater (``null``: every pair).
+        rng_seed: seeds sides, order and attention checks (and each rater's order in the app).
+        batch_size: images per model call when rendering; device: set by ``--device``.
+    """
+
+    checkpoints: str = "bracket"
+    pairs: tuple[tuple[str, str], ...] = ()
+    seed: int | None = None
+    cell: str | None = None
+    prompts: str | None = None
+    max_prompts: int | None = 45
+    seeds: int = 10
+    identical: int = 10
+    degraded: int = 10
+    per_rater: int | None = 40
+    rng_seed: int = 0
+    batch_size: int = 16
+    device: str = "cpu"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self) | {"pairs": [list(p) for p in self.pairs]}
+
+
+def _is_int(x: Any, least: int) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= least
+
+
+def _spec_problems(d: dict[str, Any]) -> list[str]:
+    """Every problem of a design mapping (names the key and the fix)."""
+    fields = {f.name for f in dataclasses.fields(HumanDesignSpec)} - {"device"}  # device: the --device flag
+    problems = [f"unknown key {k!r} (keys: {', '.join(sorted(fields))})" for k in d if k not in fields]
+    if d.get("checkpoints", "bracket") not in ("bracket", "pairs"):
+        problems.append(f"checkpoints {d['checkpoints']!r}: use bracket or pairs")
+    if d.get("checkpoints") == "pairs":
+        pairs = d.get("pairs")
+        if not isinstance(pairs, list) or not pairs or not all(
+                isinstance(p, list | tuple) and len(p) == 2 and all(isinstance(x, str) for x in p) for p in pairs):
+            problems.append("pairs: give a non-empty list of [RUN@EPOCH, RUN@EPOCH] (or base)")
+        elif any(a == b for a, b in pairs):
+            problems.append("pairs: a checkpoint is compared with itself; name two different checkpoints")
+    for key, least in (("seeds", 1), ("identical", 0), ("degraded", 0), ("batch_size", 1), ("rng_seed", 0)):
+        if key in d and not _is_int(d[key], least):
+            problems.append(f"{key} {d[key]!r}: use a whole number >= {least}")
+    for key in ("max_prompts", "per_rater", "seed"):
+        if d.get(key) is not None and not _is_int(d[key], 0 if key == "seed" else 1):
+            problems.append(f"{key} {d[key]!r}: use a whole number >= {0 if key == 'seed' else 1} or null")
+    for key in ("prompts", "cell", "device"):
+        if d.get(key) is not None and not isinstance(d[key], str):
+            problems.append(f"{key} {d[key]!r}: use a string")
+    return problems
+
+
+def parse_design_spec(d: dict[str, Any], where: str = "human design") -> HumanDesignSpec:
+    """Validate a design mapping (every problem at once, one line) and build the spec."""
+    check_finite(d, where)
+    problems = _spec_problems(d)
+    if problems:
+        raise UserError(f"{where}: {'; '.join(problems)}")
+    d = dict(d)
+    d["pairs"] = tuple(tuple(p) for p in d.get("pairs") or ())
+    return HumanDesignSpec(**d)
+
+
+def load_design_spec(path: str | Path | None) -> HumanDesignSpec:
+    """The design file at ``path`` (``None``: every default)."""
+    from pcpo_eval.io import read_yaml_mapping
+
+    if path is None:
+        return HumanDesignSpec()
+    d = read_yaml_mapping(path, "human design file", "give a YAML file such as analysis/human/toy_human.yaml")
+    return parse_design_spec(d, f"human design file {path}")
+
+
+# ---- the study --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One compared model: label shown in the analysis (never to raters), its model spec, reward."""
+
+    label: str
+    model: str
+    run: str | None = None
+    epoch: int | None = None
+    reward: float | None = None
+
+
+@dataclass(frozen=True)
+class StudyView:
+    """What a design needs from a finished study folder (``spec.resolved.json`` + ``selection.json``)."""
+
+    root: Path
+    spec: dict[str, Any]
+    selection: dict[str, Any]
+
+    @classmethod
+    def load(cls, root: str | Path) -> StudyView:
+        root = Path(root)
+        files = [root / "spec.resolved.json", root / "selection.json"]
+        for f in files:
+            if not f.is_file():
+                raise UserError(f"{root} is not a finished study ({f.name} missing); run `pcpo-eval study SPEC "
+                                f"--out {root}` first (at least its train and select stages)")
+        try:
+            spec, sel = (json.loads(f.read_text()) for f in files)
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{root}: a study file is not valid JSON ({exc.msg}); re-run the study's stages") from None
+        return cls(root, spec, sel)
+
+    def run_dir(self, name: str) -> Path:
+        run = next((r for r in self.spec["runs"] if r["name"] == name), None)
+        if run is None:
+            names = ", ".join(r["name"] for r in self.spec["runs"])
+            raise UserError(f"run {name!r} is not in the study {self.root}; choose one of: {names}")
+        return Path(run["run_dir"]) if run.get("run_dir") else self.root / "runs" / name
+
+    def arm(self, name: str) -> str:
+        run = next(r for r in self.spec["runs"] if r["name"] == name)
+        return run["levels"][self.spec["compare_factor"]]
+
+
+def _bracket_rows(view: StudyView, ds: HumanDesignSpec) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The PCPO selection row of the bracket and the baseline run's row (same seed and cell)."""
+    rows = view.selection["runs"]
+    pcpo = [r for r in rows if r["role"] == "pcpo"]
+    seeds = sorted({r["seed"] for r in pcpo})
+    cells = list(dict.fromkeys(r["cell"] for r in pcpo))
+    seed = seeds[0] if ds.seed is None else ds.seed
+    cell = cells[0] if ds.cell is None else ds.cell
+    if seed not in seeds or cell not in cells:
+        raise UserError(f"bracket seed {seed} / cell {cell!r} has no PCPO run; seeds: {seeds}, cells: {cells}")
+    ref = next(r for r in pcpo if r["seed"] == seed and r["cell"] == cell)
+    if not ref["reached"]:
+        raise UserError(f"the PCPO run {ref['name']} has no reward-matched checkpoint ({ref['status']}); choose "
+                        "another seed, lower the study's select_target, or name the checkpoints (checkpoints: pairs)")
+    base = [r for r in rows if r["role"] == "baseline" and r["seed"] == seed and r["cell"] == cell]
+    if not base:
+        raise UserError(f"no baseline run with seed {seed} in cell {cell!r}; name the checkpoints (checkpoints: pairs)")
+    return ref, base[0]
+
+
+def choose_checkpoints(view: StudyView, ds: HumanDesignSpec) -> tuple[list[tuple[Checkpoint, Checkpoint]], dict]:
+    """The compared checkpoint pairs and a JSON note of how they were chosen (see the module docstring)."""
+    from pcpo_eval.stats.select import bracket, run_checkpoints
+
+    if ds.checkpoints == "pairs":
+        pairs = [(_named(view, a), _named(view, b)) for a, b in ds.pairs]
+        return pairs, {"rule": "pairs named in the design file"}
+    ref, base = _bracket_rows(view, ds)
+    window, on = int(view.spec["window"]), view.spec.get("select_on", "train")
+    cks, source = run_checkpoints(view.run_dir(base["name"]), window, on)
+    b = bracket(cks, float(ref["reward"]))
+    p = Checkpoint(f"{ref['arm']}@{ref['epoch']}", ref["path"], ref["name"], int(ref["epoch"]), float(ref["reward"]))
+    sides = [c for c in (b.below, b.above) if c is not None]
+    pairs = [(p, Checkpoint(f"{base['arm']}@{c.epoch}", c.path, base["name"], c.epoch, c.reward)) for c in sides]
+    note = {"rule": "bracket", "reference": dataclasses.asdict(p), "reward_source": source, "window": window,
+            "below": dataclasses.asdict(b.below) if b.below else None,
+            "above": dataclasses.asdict(b.above) if b.above else None}
+    return pairs, note
+
+
+def _named(view: StudyView, name: str) -> Checkpoint:
+    """``base`` or ``RUN@EPOCH`` of the study -> a checkpoint (its saved folder must exist)."""
+    if name == "base":
+        return Checkpoint("base", view.spec["base_model"])
+    m = _CKPT_RE.match(name)
+    if not m:
+        raise UserError(f"checkpoint {name!r}: write RUN@EPOCH (a run of the study and a saved epoch) or base")
+    run, epoch = m["run"], int(m["epoch"])
+    path = view.run_dir(run) / "checkpoints" / f"epoch_{epoch:04d}"
+    if not path.is_dir():
+        raise UserError(f"checkpoint {name!r}: {path} does not exist; name a saved epoch of {run}")
+    return Checkpoint(f"{view.arm(run)}@{epoch}" if run else name, str(path), run, epoch)
+
+
+def _unique_labels(pairs: list[tuple[Checkpoint, Checkpoint]]) -> list[tuple[Checkpoint, Checkpoint]]:
+    """Checkpoint labels are ``ARM@EPOCH``; two runs of one arm at one epoch get ``RUN@EPOCH`` instead."""
+    by_label: dict[str, set[str]] = {}
+    for c in (c for p in pairs for c in p):
+        by_label.setdefault(c.label, set()).add(c.model)
+    fix = {lab for lab, models in by_label.items() if len(models) > 1}
+    return [tuple(dataclasses.replace(c, label=f"{c.run}@{c.epoch}") if c.label in fix else c for c in p)
+            for p in pairs]  # type: ignore[misc]
+
+
+# ---- rendering --------------------------------------------------------------------------------
+
+
+def _safe(label: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", label)
+
+
+def render_sets(view: StudyView, ds: HumanDesignSpec, checkpoints: Sequence[Checkpoint], sets_root: Path,
+                log: Callable[[str], None] = print) -> dict[str, Path]:
+    """Render every checkpoint's prompts x seeds with the study's eval sampler; label -> set folder."""
+    from pcpo_eval.generate.runner import generate_set
+
+    ev = view.spec["eval"]
+    sampling = _sampling(view)
+    out: dict[str, Path] = {}
+    for c in checkpoints:
+        folder = sets_root / _safe(c.label)
+        log(f"[human] rendering {c.label} ({c.model}) -> {folder}")
+        generate_set(c.model, ds.prompts or ev["prompts"], ds.seeds, folder, batch_size=ds.batch_size,
+                     steps=sampling["steps"], cfg=sampling["cfg"], eta=sampling["eta"],
+                     schedule=sampling["sigma_schedule"], device=ds.device, max_prompts=ds.max_prompts,
+                     progress=False)
+        out[c.label] = folder
+    return out
+
+
+def _sampling(view: StudyView) -> dict[str, Any]:
+    """The study's eval sampler settings (spec.resolved.json ``eval``; train config defaults as the study)."""
+    ev, runs = view.spec["eval"], view.spec["runs"]
+    train = runs[0].get("train") or {}
+    return {"steps": int(ev.get("steps") or train.get("sample_steps") or 50),
+            "cfg": float(ev["cfg"] if ev.get("cfg") is not None else train.get("cfg", 5.0)),
+            "eta": float(ev["eta"] if ev.get("eta") is not None else train.get("sample_eta", 1.0)),
+            "sigma_schedule": ev.get("sigma_schedule")}
+
+
+# ---- pairs ------------------------------------------------------------------------------------
+
+
+def _token(rng: np.random.Generator) -> str:
+    return rng.bytes(8).hex()
+
+
+def degrade(pixels: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """A clearly degraded copy of an (H, W, 3) uint8 image: box blur over a quarter of its width plus
+    Gaussian noise (SD 40 grey levels)."""
+    from PIL import Image, ImageFilter
+
+    h, w = pixels.shape[:2]
+    img = Image.fromarray(pixels).filter(ImageFilter.BoxBlur(max(1, w // 8)))
+    noisy = np.asarray(img, dtype=np.float64) + rng.normal(0.0, 40.0, size=(h, w, 3))
+    return np.clip(np.rint(noisy), 0, 255).astype(np.uint8)
+
+
+def _manifest(folder: Path) -> pd.DataFrame:
+    m = pd.read_parquet(folder / "manifest.parquet", columns=["prompt_id", "prompt", "seed", "path"])
+    return m.set_index(["prompt_id", "seed"]).sort_index()
+
+
+@dataclass
+class _Images:
+    """Shown images: token -> pixels source (a PNG path, or pixels of a degraded copy)."""
+
+    files: dict[str, Path | np.ndarray] = dataclasses.field(default_factory=dict)
+    by_key: dict[tuple[str, int, int], str] = dataclasses.field(default_factory=dict)
+
+    def token(self, rng: np.random.Generator, label: str, pid: int, seed: int, path: Path) -> str:
+        key = (label, pid, seed)
+        if key not in self.by_key:
+            self.by_key[key] = tok = _token(rng)
+            self.files[tok] = path
+        return self.by_key[key]
+
+    def extra(self, rng: np.random.Generator, source: Path | np.ndarray) -> str:
+        tok = _token(rng)
+        self.files[tok] = source
+        return tok
+
+
+def build_pairs(pairs: Sequence[tuple[Checkpoint, Checkpoint]], sets: dict[str, Path], ds: HumanDesignSpec
+                ) -> tuple[pd.DataFrame, _Images]:
+    """The pairs table (PAIR_COLUMNS) and the images it shows; deterministic in ``ds.rng_seed``."""
+    rng = np.random.default_rng(ds.rng_seed)
+    images = _Images()
+    manifests = {lab: _manifest(folder) for lab, folder in sets.items()}
+    keys = list(next(iter(manifests.values())).index)
+    rows = []
+    for a, b in pairs:
+        comparison = f"{a.label} vs {b.label}"
+        for pid, seed in keys:
+            ra, rb = manifests[a.label].loc[(pid, seed)], manifests[b.label].loc[(pid, seed)]
+            ta = images.token(rng, a.label, pid, seed, sets[a.label] / ra["path"])
+            tb = images.token(rng, b.label, pid, seed, sets[b.label] / rb["path"])
+            left_a = bool(rng.integers(2))
+            rows.append(_row(comparison, "main", pid, ra["prompt"], seed, (a.label, ta) if left_a else (b.label, tb),
+                             (b.label, tb) if left_a else (a.label, ta), ""))
+    rows += _attention_rows(rng, images, manifests, sets, ds)
+    for r in rows:
+        r["pair_id"] = _token(rng)
+    table = pd.DataFrame(rows)
+    table["position"] = rng.permutation(len(table))
+    table = table.sort_values("position", kind="stable").reset_index(drop=True)
+    return table[list(PAIR_COLUMNS)], images
+
+
+def _row(comparison: str, kind: str, pid: int, prompt: str, seed: int, left: tuple[str, str],
+         right: tuple[str, str], expected: str) -> dict[str, Any]:
+    return {"comparison": comparison, "kind": kind, "prompt_id": int(pid), "prompt": str(prompt), "seed": int(seed),
+            "left_method": left[0], "right_method": right[0], "left_image": left[1], "right_image": right[1],
+            "expected": expected}
+
+
+def _attention_rows(rng: np.random.Generator, images: _Images, manifests: dict[str, pd.DataFrame],
+                    sets: dict[str, Path], ds: HumanDesignSpec) -> list[dict[str, Any]]:
+    """``identical`` and ``degraded`` checks on randomly drawn shown images."""
+    from PIL import Image
+
+    labels = list(manifests)
+    keys = list(next(iter(manifests.values())).index)
+    rows = []
+    for kind, n in (("identical", ds.identical), ("degraded", ds.degraded)):
+        for _ in range(n):
+            label = labels[int(rng.integers(len(labels)))]
+            pid, seed = keys[int(rng.integers(len(keys)))]
+            rec = manifests[label].loc[(pid, seed)]
+            path = sets[label] / rec["path"]
+            tok = images.token(rng, label, pid, seed, path)
+            if kind == "identical":
+                other, expected = images.extra(rng, path), "tie"
+            else:
+                with Image.open(path) as im:
+                    other = images.extra(rng, degrade(np.asarray(im.convert("RGB")), rng))
+                expected = ""
+            intact_left = bool(rng.integers(2))
+            left, right = ((label, tok), (label, other)) if intact_left else ((label, other), (label, tok))
+            rows.append(_row(f"check: {kind}", kind, pid, rec["prompt"], seed, left, right,
+                             expected or ("left" if intact_left else "right")))
+    return rows
+
+
+def _write_images(images: _Images, folder: Path) -> None:
+    """Every shown image as a PNG without metadata (pixels only) under its token."""
+    from PIL import Image
+
+    for tok, src in images.files.items():
+        if isinstance(src, Path):
+            with Image.open(src) as im:
+                pixels = np.asarray(im.convert("RGB"))
+        else:
+            pixels = src
+        buf = io.BytesIO()
+        Image.fromarray(pixels).save(buf, format="PNG")  # no text chunks: nothing but pixels
+        (folder / f"{tok}.png").write_bytes(buf.getvalue())
+
+
+# ---- the whole design -------------------------------------------------------------------------
+
+
+def _settings_hash(d: dict[str, Any]) -> str:
+    """Hash of the settings that define the pairs (the rendering device does not)."""
+    keep = {k: v for k, v in d.items() if k != "device"}
+    return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def make_design(study: str | Path, out: str | Path, ds: HumanDesignSpec,
+                log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Design a human study of the finished ``study`` into folder ``out``; returns ``design.json``.
+
+    1. read and check the study, the design and ``out`` (nothing written yet);
+    2. render the compared checkpoints' image sets (``out/sets``, resumable);
+    3. build the pairs and write ``images/``, ``pairs.parquet`` and, last, ``design.json``.
+    """
+    lay = HumanLayout(check_out_path(out))
+    view = StudyView.load(study)
+    settings = {"study": str(Path(study).resolve()), **ds.to_dict()}
+    if lay.design.is_file():
+        old = json.loads(lay.design.read_text())
+        if old.get("settings_hash") == _settings_hash(settings):
+            log(f"[human] {lay.design} already holds this design; nothing to do")
+            return old
+        raise UserError(f"{lay.root} already holds another human design ({lay.design}); choose a new --out "
+                        "(its database may hold answers to that design)")
+    pairs, note = choose_checkpoints(view, ds)
+    pairs = _unique_labels(pairs)
+    checkpoints = list({c.label: c for p in pairs for c in p}.values())
+    t0 = time.perf_counter()
+    sets = render_sets(view, ds, checkpoints, lay.root / "sets", log)
+    table, images = build_pairs(pairs, sets, ds)
+    with atomic_dir(lay.images) as tmp:
+        _write_images(images, tmp)
+    atomic_write_parquet(lay.pairs, table)
+    design = {**settings, "settings_hash": _settings_hash(settings), "created": time.strftime("%Y-%m-%d %H:%M:%S"),
+              "selection": note, "checkpoints": [dataclasses.asdict(c) for c in checkpoints],
+              "comparisons": [f"{a.label} vs {b.label}" for a, b in pairs], "sampling": _sampling(view),
+              "n_pairs": int(len(table)), "n_main": int((table["kind"] == "main").sum()),
+              "n_prompts": int(table["prompt_id"].nunique()), "n_images": len(images.files),
+              "render_seconds": round(time.perf_counter() - t0, 1)}
+    atomic_write_json(lay.design, design)
+    return design
+
+
+def read_design(root: str | Path) -> tuple[dict[str, Any], pd.DataFrame]:
+    """``design.json`` and ``pairs.parquet`` of a finished design folder (a UserError if incomplete)."""
+    lay = HumanLayout(Path(root))
+    if not lay.design.is_file() or not lay.pairs.is_file():
+        raise UserError(f"{lay.root} holds no finished human design (design.json / pairs.parquet missing); "
+                        f"run `pcpo-eval human design STUDY --out {lay.root}` first")
+    design = json.loads(lay.design.read_text())
+    pairs = pd.read_parquet(lay.pairs)
+    if pairs.empty:
+        raise UserError(f"{lay.pairs} holds no pairs; re-run `pcpo-eval human design`")
+    return design, pairs

@@ -1,0 +1,120 @@
+"""``pcpo-eval human analyze``: the analysis of a human study folder and its section of the study report.
+
+1. read the design (``design.json``, ``pairs.parquet``) and the responses (the database, or a
+   Parquet export / simulation given with ``--responses``);
+2. analyse them (:func:`pcpo_eval.human.analysis.analyze`) and add example pairs (prompt, both
+   images, which checkpoint was on which side, the votes) for the report;
+3. write ``HUMAN/analysis.json``; when the design's study folder holds a ``results.json``, copy the
+   analysis to ``STUDY/human.json`` (the study keeps it when its stats stage re-runs), add it to
+   ``results.json`` and re-render ``report.html`` with its human-study section.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from pcpo_eval.errors import UserError
+from pcpo_eval.human import RESPONSE_COLUMNS, HumanLayout
+from pcpo_eval.io import atomic_write_json, to_jsonable
+
+EXAMPLES_PER_COMPARISON = 3
+
+
+def read_responses(folder: Path, responses: Path | None, database_url: str | None) -> tuple[pd.DataFrame, str]:
+    """The responses to analyse and where they came from."""
+    if responses is not None:
+        if not Path(responses).is_file():
+            raise UserError(f"--responses {responses} not found; give a Parquet file written by `pcpo-eval human "
+                            "export` or `human simulate`")
+        try:
+            df = pd.read_parquet(responses)
+        except Exception as exc:  # pyarrow raises several types for a file that is not Parquet
+            raise UserError(f"--responses {responses} is not a readable Parquet file ({type(exc).__name__}); "
+                            "export it again with `pcpo-eval human export`") from None
+        missing = [c for c in RESPONSE_COLUMNS if c not in df.columns]
+        if missing:
+            raise UserError(f"--responses {responses} lacks column(s) {', '.join(missing)}; export it again with "
+                            "`pcpo-eval human export`")
+        return df, str(responses)
+    from pcpo_eval.human.db import export_responses, upgrade
+
+    url = database_url or HumanLayout(folder).database_url
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
+        raise UserError(f"{folder} has no database yet; serve the study (`pcpo-eval human serve {folder}`) and "
+                        "collect answers first, or analyse a file with --responses")
+    upgrade(url)
+    return export_responses(url), "database"
+
+
+def examples(pairs: pd.DataFrame, responses: pd.DataFrame, root: Path, per: int = EXAMPLES_PER_COMPARISON
+             ) -> list[dict[str, Any]]:
+    """The most-rated main pairs of each comparison, with their images (absolute paths) and votes."""
+    main = pairs[pairs["kind"] == "main"]
+    votes = responses.groupby(["pair_id", "choice"]).size().unstack(fill_value=0)
+    out = []
+    for comparison, g in main.groupby("comparison", sort=False):
+        g = g.assign(n=g["pair_id"].map(votes.sum(axis=1)).fillna(0)).sort_values(["n", "position"],
+                                                                                     ascending=[False, True])
+        for _, r in g.head(per).iterrows():
+            v = votes.loc[r["pair_id"]] if r["pair_id"] in votes.index else {}
+            out.append({"comparison": comparison, "prompt": r["prompt"], "seed": int(r["seed"]),
+                        "left_method": r["left_method"], "right_method": r["right_method"],
+                        "left_image": str(HumanLayout(root).image(r["left_image"]).resolve()),
+                        "right_image": str(HumanLayout(root).image(r["right_image"]).resolve()),
+                        "votes": {c: int(v.get(c, 0)) for c in ("left", "right", "tie")}})
+    return out
+
+
+def analyze_folder(folder: str | Path, responses: str | Path | None = None, database_url: str | None = None,
+                   bootstrap: int = 1000, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Analyse a human study folder (see the module docstring); returns the analysis."""
+    from pcpo_eval.human.analysis import analyze
+    from pcpo_eval.human.design import read_design
+
+    folder = Path(folder)
+    if bootstrap < 0:
+        raise UserError(f"--bootstrap {bootstrap}; use a whole number >= 0 (0: no Bradley-Terry intervals)")
+    design, pairs = read_design(folder)
+    df, source = read_responses(folder, Path(responses) if responses else None, database_url)
+    if df.empty:
+        raise UserError(f"no responses to analyse in the {source}; send the rater links (`pcpo-eval human raters "
+                        f"{folder}`) and collect answers first")
+    res = analyze(pairs, df, bootstrap=bootstrap, seed=int(design.get("rng_seed", 0)))
+    res = to_jsonable({**res, "source": source, "design": {k: design.get(k) for k in (
+        "study", "comparisons", "checkpoints", "selection", "n_pairs", "n_main", "n_prompts", "rng_seed",
+        "per_rater", "seeds", "max_prompts", "identical", "degraded", "created")},
+        "examples": examples(pairs, df, folder)})
+    lay = HumanLayout(folder)
+    atomic_write_json(lay.analysis, res)
+    log(f"wrote {lay.analysis}")
+    for line in summary_lines(res):
+        log(line)
+    _into_study(design, res, log)
+    return res
+
+
+def summary_lines(res: dict[str, Any]) -> list[str]:
+    """One line per comparison (its verdict sentence) for the console."""
+    return [f"  {c.get('verdict') or c.get('comparison')}" for c in res.get("comparisons", [])]
+
+
+def _into_study(design: dict[str, Any], res: dict[str, Any], log: Callable[[str], None]) -> None:
+    """Copy the analysis into the study folder and re-render its report (when the study has results)."""
+    from pcpo_eval.report.html import write_report
+    from pcpo_eval.study.layout import StudyLayout
+
+    study = design.get("study")
+    lay = StudyLayout(Path(study)) if study else None
+    if lay is None or not lay.results_file.is_file():
+        log("the design's study folder has no results.json: no report section written (run its stats stage)")
+        return
+    atomic_write_json(lay.human_file, res)
+    results = json.loads(lay.results_file.read_text())
+    results["human"] = res
+    atomic_write_json(lay.results_file, results)
+    log(f"wrote {write_report(lay.out)} with the human study section")
