@@ -480,8 +480,9 @@ def analyze(
     """The full analysis of a study (module docstring); a JSON-serialisable dict.
 
     Keys: ``settings``, ``counts``, ``attention_checks`` (``raters``, ``excluded``,
-    ``identical_non_tie_rate``), ``side_bias``, ``comparisons`` (one dict per comparison, with ``verdict``), ``bradley_terry``
-    (None with <= 2 methods), ``agreement``. Bad input raises :class:`UserError`.
+    ``identical_non_tie_rate``), ``side_bias``, ``comparisons`` (one dict per comparison, with
+    ``verdict``), ``bradley_terry`` (None with <= 2 methods), ``agreement``.
+    Bad input raises :class:`UserError`.
     """
     pairs = _validate_pairs(pairs)
     resp = _validate_responses(responses, pairs)
