@@ -1,0 +1,131 @@
+"""Calibration of the human-study analysis: false positives in A/A studies, power at a planted preference.
+
+The paper's design: two comparisons (PCPO against the two bracketing baseline checkpoints), 45
+prompts x 10 seeds each, ~300 responses per comparison. Simulated raters
+(:func:`pcpo_eval.human.analysis.simulate_responses`: 5% ties, per-rater and per-prompt log-odds
+noise) answer 40 pairs each; 15 raters. For each setting we run ``N`` independent studies through
+:func:`pcpo_eval.human.analysis.analyze` and count comparisons called significant (alpha 0.05) by
+the exact binomial test and by the mixed logistic model (the verdict's test), with exact 95% CIs of
+those rates. Also the mean time of one mixed-model fit and, when ``Rscript`` with lme4 is present,
+R's ``glmer`` on the same data in the same run (ratio).
+
+Usage: ``python benchmarks/bench_human.py [N]`` (default 300 studies per setting).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from pcpo_eval.human import PAIR_COLUMNS  # noqa: E402
+from pcpo_eval.human.analysis import analyze, clopper_pearson, simulate_responses  # noqa: E402
+
+COMPARISONS = ("PCPO@120 vs DDPO@180", "PCPO@120 vs DDPO@240")
+
+
+def paper_pairs(seed: int = 0) -> pd.DataFrame:
+    """2 comparisons x 45 prompts x 10 seeds, random sides, plus 10 + 10 attention checks."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for comp in COMPARISONS:
+        a, b = comp.split(" vs ")
+        for p in range(45):
+            for s in range(10):
+                left, right = (a, b) if rng.integers(2) else (b, a)
+                rows.append({"comparison": comp, "kind": "main", "prompt_id": p, "prompt": f"prompt {p}", "seed": s,
+                             "left_method": left, "right_method": right, "expected": ""})
+    for i in range(20):
+        kind = "identical" if i < 10 else "degraded"
+        rows.append({"comparison": f"check: {kind}", "kind": kind, "prompt_id": i, "prompt": f"prompt {i}",
+                     "seed": 100 + i, "left_method": "DDPO@180", "right_method": "DDPO@180",
+                     "expected": "tie" if kind == "identical" else ("left", "right")[i % 2]})
+    df = pd.DataFrame(rows)
+    df["pair_id"] = [f"{i:016x}" for i in range(len(df))]
+    df["position"] = rng.permutation(len(df))
+    df["left_image"] = [f"{2 * i:016x}" for i in range(len(df))]
+    df["right_image"] = [f"{2 * i + 1:016x}" for i in range(len(df))]
+    return df[list(PAIR_COLUMNS)]
+
+
+def rates(pairs: pd.DataFrame, p_prefer: float | dict, n: int, sd: float) -> dict[str, tuple[int, int]]:
+    """Significant comparisons / comparisons over ``n`` studies, per test."""
+    hits = {"binomial": 0, "mixed model": 0, "mixed model not estimable": 0}
+    total = 0
+    for k in range(n):
+        resp = simulate_responses(pairs, 15, 40, p_prefer, rng_seed=1000 + k, rater_sd=sd, prompt_sd=sd)
+        res = analyze(pairs, resp, bootstrap=0, seed=k)
+        for c in res["comparisons"]:
+            total += 1
+            hits["binomial"] += c["p_binomial"] is not None and c["p_binomial"] < 0.05
+            mm = c["mixed_model"]
+            hits["mixed model"] += bool(mm["estimable"] and mm["p"] < 0.05)
+            hits["mixed model not estimable"] += not mm["estimable"]
+    return {k: (v, total) for k, v in hits.items()}
+
+
+def glmer_ratio(pairs: pd.DataFrame) -> str:
+    """Seconds per fit: ours vs R's glmer (same data, same process run), or n/a without R."""
+    from pcpo_eval.human.analysis import mixed_model
+
+    resp = simulate_responses(pairs, 15, 40, {"PCPO@120": 0.7}, rng_seed=7)
+    d = resp.merge(pairs, on="pair_id")
+    d = d[(d.kind == "main") & (d.comparison == COMPARISONS[0]) & (d.choice != "tie")]
+    t0 = time.perf_counter()
+    reps = 20
+    for _ in range(reps):
+        mm = mixed_model(d, "PCPO@120")
+    ours = (time.perf_counter() - t0) / reps
+    chose = ((d.choice == "left") & (d.left_method == "PCPO@120")) | ((d.choice == "right") & (d.right_method == "PCPO@120"))
+    side = np.where(d.left_method == "PCPO@120", 0.5, -0.5)
+    with tempfile.TemporaryDirectory() as tmp:
+        csv = Path(tmp) / "d.csv"
+        pd.DataFrame({"y": chose.astype(int), "side": side, "rater": d.rater_id, "prompt": d.prompt_id}).to_csv(csv)
+        script = (f"suppressMessages(library(lme4)); d <- read.csv('{csv}'); d$rater <- factor(d$rater); "
+                  "d$prompt <- factor(d$prompt); t0 <- proc.time()[[3]]; for (i in 1:20) m <- glmer(y ~ side + "
+                  "(1|rater) + (1|prompt), d, family = binomial); cat((proc.time()[[3]] - t0) / 20, "
+                  "fixef(m)[[1]], '\\n')")
+        try:
+            out = subprocess.run(["Rscript", "-e", script], capture_output=True, text=True, timeout=300)
+        except (FileNotFoundError, subprocess.TimeoutExpired):
+            return f"ours {ours * 1e3:.1f} ms per fit; R glmer n/a (Rscript with lme4 not found)"
+    if out.returncode != 0:
+        return f"ours {ours * 1e3:.1f} ms per fit; R glmer n/a (Rscript with lme4 not found)"
+    r_sec, r_b = map(float, out.stdout.split())
+    return (f"ours {ours * 1e3:.1f} ms per fit, R glmer {r_sec * 1e3:.1f} ms (ratio {ours / r_sec:.2f}); "
+            f"log-odds of PCPO: ours {mm['log_odds_a']:.6f}, glmer {r_b:.6f}")
+
+
+def main(n: int) -> None:
+    pairs = paper_pairs()
+    t0 = time.perf_counter()
+    lines = ["## Human study analysis: A/A false positives and power (bench_human)", "",
+             f"{n} simulated studies per row; each: 2 comparisons x 450 pairs (45 prompts x 10 seeds), 15 raters x "
+             "40 answers (~300 per comparison), 5% ties; alpha 0.05; simulation seeds 1000.. ; exact 95% CIs of the "
+             "rates.", "",
+             "| planted P(PCPO chosen) | rater / prompt SD (logit) | binomial test: significant | mixed model: "
+             "significant | mixed model not estimable |", "|---|---|---|---|---|"]
+    for p, sd in ((0.5, 0.15), (0.5, 0.3), (0.6, 0.3), (0.7, 0.3)):
+        r = rates(pairs, p if p == 0.5 else {"PCPO@120": p}, n, sd)
+
+        def cell(k: str, r=r) -> str:
+            hit, tot = r[k]
+            lo, hi = clopper_pearson(hit, tot)
+            return f"{hit / tot:.3f} [{lo:.3f}, {hi:.3f}]"
+
+        label = f"{p} (A/A)" if p == 0.5 else f"{p}"
+        lines.append(f"| {label} | {sd} | {cell('binomial')} | {cell('mixed model')} | "
+                     f"{cell('mixed model not estimable')} |")
+    lines += ["", f"Mixed-model fit (one comparison, ~280 decisive answers): {glmer_ratio(pairs)}.", "",
+              f"Command: `python benchmarks/bench_human.py {n}` ({time.perf_counter() - t0:.0f} s)."]
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 300)
