@@ -164,6 +164,9 @@ def test_raters_rate_through_the_app_and_the_analysis_reaches_the_report(study, 
     assert results["human"]["comparisons"] == analysis["comparisons"]
     html = (study / "report.html").read_text()
     assert 'id="human"' in html and "Human preference study" in html
+    # the human verdict sentences are in the report's first section too
+    assert html.index('id="human-verdict"') < html.index('id="spec"')
+    assert all(c["verdict"].split(":")[0] in html for c in analysis["comparisons"])
     assert html.count('src="data:image/png;base64,') >= 2 * len(analysis["examples"])
     # the study's stats stage keeps the human section when it re-runs
     from pcpo_eval.study.runner import Study
