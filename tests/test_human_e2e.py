@@ -209,3 +209,13 @@ def test_shipped_design_files_validate():
     assert files
     for f in files:
         assert load_design_spec(f).checkpoints in ("bracket", "pairs")
+
+
+def test_serve_on_a_port_in_use_is_one_line(cli, human):
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        res = cli("human", "serve", human, "--port", port)
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"error: cannot listen on 127.0.0.1:{port}")

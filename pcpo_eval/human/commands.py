@@ -94,8 +94,21 @@ def serve_cmd(
 
     if not 0 < port < 65536:
         raise UserError(f"--port {port}; use a TCP port between 1 and 65535")
+    _check_port(host, port)
     url = _database(folder, database_url)
     serve(folder, host=host, port=port, database_url=url)
+
+
+def _check_port(host: str, port: int) -> None:
+    """A one-line error when ``host:port`` cannot be listened on (in use, or not this machine's)."""
+    import socket
+
+    try:
+        with socket.create_server((host, port)):
+            pass
+    except OSError as exc:
+        raise UserError(f"cannot listen on {host}:{port} ({exc.strerror or exc}); choose another --port or "
+                        "--host") from None
 
 
 @human.command("export")
