@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test bench lint browser lmertest clean-venv
+.PHONY: demo test bench lint browser lmertest postgres clean-venv
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "error: Python >= 3.11 required (found %s); set PYTHON=python3.11" % sys.version.split()[0])'
@@ -19,8 +19,9 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/pcpo-eval demo
 
-## The whole test suite (ruff + pytest, including the few slow tests, the browser test and the lme4 comparison).
-test: $(STAMP) browser lmertest
+## The whole test suite (ruff + pytest, including the few slow tests, the browser tests, the lme4 comparisons and
+## the human study app on a live PostgreSQL server).
+test: $(STAMP) browser lmertest postgres
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
@@ -46,3 +47,10 @@ lmertest:
 	@Rscript -e 'quit(status = !requireNamespace("lmerTest", quietly = TRUE))' >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ]; then (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq r-cran-lmertest >/dev/null) || echo "warning: could not install r-cran-lmertest; the lme4 comparison tests will be skipped"; \
 	  else echo "warning: R's lmerTest not installed (sudo apt-get install r-cran-lmertest); the lme4 comparison tests will be skipped"; fi; }
+
+# PostgreSQL for tests/test_human_postgres.py (Debian package; the test starts a private server in a
+# temporary folder). Without it that test is skipped.
+postgres:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null) || echo "warning: could not install postgresql; the PostgreSQL test will be skipped"; \
+	  else echo "warning: PostgreSQL not installed (sudo apt-get install postgresql); the PostgreSQL test will be skipped"; fi; }
