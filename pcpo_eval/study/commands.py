@@ -1,4 +1,4 @@
-"""CLI commands ``study``, ``report`` and ``demo`` (thin shell over :mod:`pcpo_eval.study`)."""
+"""CLI commands ``study``, ``report``, ``irg-sweep`` and ``demo`` (thin shell over :mod:`pcpo_eval.study`)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def find_demo_spec() -> Path:
 
 
 def register(app: typer.Typer) -> None:
-    """Add ``study``, ``report`` and ``demo`` to the ``pcpo-eval`` app."""
+    """Add ``study``, ``report``, ``irg-sweep`` and ``demo`` to the ``pcpo-eval`` app."""
 
     @app.command("study")
     def study_cmd(
@@ -52,6 +52,23 @@ def register(app: typer.Typer) -> None:
         from pcpo_eval.report.html import write_report
 
         typer.echo(f"wrote {write_report(study_dir, output)}")
+
+    @app.command("irg-sweep")
+    def irg_sweep_cmd(
+        spec: Path = typer.Argument(..., help="IRG sweep file (YAML), e.g. analysis/irg/toy_irg.yaml"),
+        out: Path = typer.Option(..., "--out", help="sweep folder (sets, metrics, sweep.parquet, tradeoff.png)"),
+        device: str = typer.Option("auto", "--device", help="auto, cpu or cuda:N"),
+    ) -> None:
+        """Implicit Reward Guidance at each weight vector of a sweep: render, measure, trade-off plot."""
+        import dataclasses
+
+        from pcpo_eval.study.irg_sweep import load_sweep, run_sweep
+        from pcpo_eval.train.commands import resolve_device
+
+        sweep = dataclasses.replace(load_sweep(spec), device=resolve_device(device))
+        table = run_sweep(sweep, out, log=lambda s: typer.echo(s))
+        typer.echo(table.to_string(index=False))
+        typer.echo(f"wrote {out / 'sweep.parquet'}, {out / 'tradeoff.png'}")
 
     @app.command("demo")
     def demo_cmd(
