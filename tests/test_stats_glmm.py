@@ -19,30 +19,16 @@ tests are skipped (Debian: ``apt-get install r-cran-lme4``).
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-
 import numpy as np
 import pandas as pd
 import pytest
+from r_helpers import have_r_package, run_r_fits
 
 from pcpo_eval.errors import UserError
 from pcpo_eval.stats.glmm import fit_binomial_glmm
 
-
-def _have_lme4() -> bool:
-    if shutil.which("Rscript") is None:
-        return False
-    r = subprocess.run(
-        ["Rscript", "-e", "quit(status = !requireNamespace('lme4', quietly = TRUE))"],
-        capture_output=True,
-        timeout=120,
-    )
-    return r.returncode == 0
-
-
 needs_lme4 = pytest.mark.skipif(
-    not _have_lme4(), reason="needs Rscript with lme4 (Debian: apt-get install r-cran-lme4)"
+    not have_r_package("lme4"), reason="needs Rscript with lme4 (Debian: apt-get install r-cran-lme4)"
 )
 
 
@@ -193,18 +179,6 @@ def _cases() -> dict[str, tuple[pd.DataFrame, list[str], list[str]]]:
     }
 
 
-def _parse_r(text: str) -> dict[str, dict[str, list[str]]]:
-    out: dict[str, dict[str, list[str]]] = {}
-    cur: dict[str, list[str]] = {}
-    for line in text.splitlines():
-        key, *vals = line.split()
-        if key == "model":
-            cur = out.setdefault(vals[0], {})
-        else:
-            cur[key] = vals
-    return out
-
-
 @pytest.fixture(scope="module")
 def fits(tmp_path_factory) -> dict[str, tuple[object, dict[str, list[str]]]]:
     """Our fit and glmer's numbers for every case (one Rscript process for all of them)."""
@@ -215,13 +189,7 @@ def fits(tmp_path_factory) -> dict[str, tuple[object, dict[str, list[str]]]]:
         df.to_csv(d / f"{cid}.csv", index=False)
         rhs = " + ".join(fixed + [f"(1|{g})" for g in groups])
         specs.append((cid, str(d / f"{cid}.csv"), f"y ~ {rhs}"))
-    pd.DataFrame(specs, columns=["id", "csv", "formula"]).to_csv(d / "specs.tsv", sep="\t", index=False)
-    (d / "fit.R").write_text(R_SCRIPT)
-    r = subprocess.run(
-        ["Rscript", str(d / "fit.R"), str(d / "specs.tsv")], capture_output=True, text=True, timeout=300
-    )
-    assert r.returncode == 0, r.stderr
-    ref = _parse_r(r.stdout)
+    ref = run_r_fits(R_SCRIPT, pd.DataFrame(specs, columns=["id", "csv", "formula"]), d)
     return {cid: (_fit(df, fixed, groups), ref[cid]) for cid, (df, fixed, groups) in cases.items()}
 
 

@@ -14,13 +14,12 @@ off-diagonal blocks agree, the Schur-size limit, and lme4's convergence check.
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 from dataclasses import replace
 
 import numpy as np
 import pandas as pd
 import pytest
+from r_helpers import have_r_package, run_r_fits
 
 from pcpo_eval.stats.lmm import fit_lmm
 
@@ -45,19 +44,8 @@ for (i in seq_len(nrow(specs))) {
 """
 
 
-def _have_lmertest() -> bool:
-    if shutil.which("Rscript") is None:
-        return False
-    r = subprocess.run(
-        ["Rscript", "-e", "quit(status = !requireNamespace('lmerTest', quietly = TRUE))"],
-        capture_output=True,
-        timeout=120,
-    )
-    return r.returncode == 0
-
-
 needs_lmertest = pytest.mark.skipif(
-    not _have_lmertest(), reason="needs Rscript with lmerTest (Debian: apt-get install r-cran-lmertest)"
+    not have_r_package("lmerTest"), reason="needs Rscript with lmerTest (Debian: apt-get install r-cran-lmertest)"
 )
 
 
@@ -174,18 +162,6 @@ def _cases() -> dict[str, tuple[pd.DataFrame, str, list[str], str | None, bool, 
     }
 
 
-def _parse_r(text: str) -> dict[str, dict[str, list[str]]]:
-    out: dict[str, dict[str, list[str]]] = {}
-    cur: dict[str, list[str]] = {}
-    for line in text.splitlines():
-        key, *vals = line.split()
-        if key == "model":
-            cur = out.setdefault(vals[0], {})
-        else:
-            cur[key] = vals
-    return out
-
-
 @pytest.fixture(scope="module")
 def pairs(tmp_path_factory) -> dict[str, tuple[object, dict[str, list[str]]]]:
     """Our fit and lme4's numbers for every case (one Rscript process for all of them)."""
@@ -195,15 +171,7 @@ def pairs(tmp_path_factory) -> dict[str, tuple[object, dict[str, list[str]]]]:
     for cid, (df, _, _, _, reml, r_formula) in cases.items():
         df.to_csv(d / f"{cid}.csv", index=False)
         specs.append((cid, str(d / f"{cid}.csv"), r_formula, "TRUE" if reml else "FALSE"))
-    pd.DataFrame(specs, columns=["id", "csv", "formula", "reml"]).to_csv(
-        d / "specs.tsv", sep="\t", index=False
-    )
-    (d / "fit.R").write_text(R_SCRIPT)
-    r = subprocess.run(
-        ["Rscript", str(d / "fit.R"), str(d / "specs.tsv")], capture_output=True, text=True, timeout=300
-    )
-    assert r.returncode == 0, r.stderr
-    ref = _parse_r(r.stdout)
+    ref = run_r_fits(R_SCRIPT, pd.DataFrame(specs, columns=["id", "csv", "formula", "reml"]), d)
     return {
         cid: (fit_lmm(df, f, g, reml=reml, re_formula=re, diagnostics=False), ref[cid])
         for cid, (df, f, g, re, reml, _) in cases.items()
