@@ -219,3 +219,18 @@ def test_serve_on_a_port_in_use_is_one_line(cli, human):
         res = cli("human", "serve", human, "--port", port)
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"error: cannot listen on 127.0.0.1:{port}")
+
+
+def test_a_study_without_recorded_sampler_settings_names_the_fix(study, tmp_path):
+    from pcpo_eval.errors import UserError
+    from pcpo_eval.human.design import make_design, parse_design_spec
+
+    old = tmp_path / "old_study"
+    old.mkdir()
+    spec = json.loads((study / "spec.resolved.json").read_text())
+    spec.pop("sampling")  # written by pcpo-eval before the sampler settings were recorded
+    (old / "spec.resolved.json").write_text(json.dumps(spec))
+    (old / "selection.json").write_text((study / "selection.json").read_text())
+    with pytest.raises(UserError, match="--stages select"):
+        make_design(old, tmp_path / "h", parse_design_spec(DESIGN), log=lambda s: None)
+    assert not (tmp_path / "h").exists()

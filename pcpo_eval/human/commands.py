@@ -95,8 +95,7 @@ def serve_cmd(
     if not 0 < port < 65536:
         raise UserError(f"--port {port}; use a TCP port between 1 and 65535")
     _check_port(host, port)
-    url = _database(folder, database_url)
-    serve(folder, host=host, port=port, database_url=url)
+    serve(folder, host=host, port=port, database_url=database_url)  # migrates and loads the pairs itself
 
 
 def _check_port(host: str, port: int) -> None:
@@ -119,13 +118,12 @@ def export_cmd(
 ) -> None:
     """Export every stored response to Parquet (one row per rater and pair)."""
     from pcpo_eval.human import HumanLayout
-    from pcpo_eval.human.db import export_parquet, export_responses
+    from pcpo_eval.human.db import export_parquet
     from pcpo_eval.io import check_out_path
 
     path = check_out_path(output or HumanLayout(folder).responses, "--output", folder=False)
-    url = _database(folder, database_url)
-    export_parquet(url, path)
-    typer.echo(f"wrote {len(export_responses(url))} responses to {path}")
+    written = export_parquet(_database(folder, database_url), path)
+    typer.echo(f"wrote {len(written)} responses to {path}")
 
 
 @human.command("simulate")

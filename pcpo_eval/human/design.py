@@ -269,13 +269,12 @@ def render_sets(view: StudyView, ds: HumanDesignSpec, checkpoints: Sequence[Chec
 
 
 def _sampling(view: StudyView) -> dict[str, Any]:
-    """The study's eval sampler settings (spec.resolved.json ``eval``; train config defaults as the study)."""
-    ev, runs = view.spec["eval"], view.spec["runs"]
-    train = runs[0].get("train") or {}
-    return {"steps": int(ev.get("steps") or train.get("sample_steps") or 50),
-            "cfg": float(ev["cfg"] if ev.get("cfg") is not None else train.get("cfg", 5.0)),
-            "eta": float(ev["eta"] if ev.get("eta") is not None else train.get("sample_eta", 1.0)),
-            "sigma_schedule": ev.get("sigma_schedule")}
+    """The study's eval sampler settings (:meth:`pcpo_eval.study.spec.StudySpec.sampling`, recorded in
+    ``spec.resolved.json``)."""
+    if "sampling" not in view.spec:
+        raise UserError(f"{view.root}/spec.resolved.json predates recorded sampler settings; re-run "
+                        f"`pcpo-eval study SPEC --out {view.root} --stages select` to rewrite it")
+    return view.spec["sampling"]
 
 
 # ---- pairs ------------------------------------------------------------------------------------
@@ -424,6 +423,7 @@ def make_design(study: str | Path, out: str | Path, ds: HumanDesignSpec,
             return old
         raise UserError(f"{lay.root} already holds another human design ({lay.design}); choose a new --out "
                         "(its database may hold answers to that design)")
+    sampling = _sampling(view)
     pairs, note = choose_checkpoints(view, ds)
     pairs = _unique_labels(pairs)
     checkpoints = list({c.label: c for p in pairs for c in p}.values())
@@ -435,7 +435,7 @@ def make_design(study: str | Path, out: str | Path, ds: HumanDesignSpec,
     atomic_write_parquet(lay.pairs, table)
     design = {**settings, "settings_hash": _settings_hash(settings), "created": time.strftime("%Y-%m-%d %H:%M:%S"),
               "selection": note, "checkpoints": [dataclasses.asdict(c) for c in checkpoints],
-              "comparisons": [f"{a.label} vs {b.label}" for a, b in pairs], "sampling": _sampling(view),
+              "comparisons": [f"{a.label} vs {b.label}" for a, b in pairs], "sampling": sampling,
               "n_pairs": int(len(table)), "n_main": int((table["kind"] == "main").sum()),
               "n_prompts": int(table["prompt_id"].nunique()), "n_images": len(images.files),
               "render_seconds": round(time.perf_counter() - t0, 1)}

@@ -19,7 +19,7 @@ from typing import Any
 import pandas as pd
 
 from pcpo_eval.errors import UserError
-from pcpo_eval.human import RESPONSE_COLUMNS, HumanLayout
+from pcpo_eval.human import HumanLayout
 from pcpo_eval.io import atomic_write_json, to_jsonable
 
 EXAMPLES_PER_COMPARISON = 3
@@ -36,11 +36,7 @@ def read_responses(folder: Path, responses: Path | None, database_url: str | Non
         except Exception as exc:  # pyarrow raises several types for a file that is not Parquet
             raise UserError(f"--responses {responses} is not a readable Parquet file ({type(exc).__name__}); "
                             "export it again with `pcpo-eval human export`") from None
-        missing = [c for c in RESPONSE_COLUMNS if c not in df.columns]
-        if missing:
-            raise UserError(f"--responses {responses} lacks column(s) {', '.join(missing)}; export it again with "
-                            "`pcpo-eval human export`")
-        return df, str(responses)
+        return df, str(responses)  # its columns and values are checked by analyze()
     from pcpo_eval.human.db import export_responses, upgrade
 
     url = database_url or HumanLayout(folder).database_url
@@ -81,9 +77,6 @@ def analyze_folder(folder: str | Path, responses: str | Path | None = None, data
         raise UserError(f"--bootstrap {bootstrap}; use a whole number >= 0 (0: no Bradley-Terry intervals)")
     design, pairs = read_design(folder)
     df, source = read_responses(folder, Path(responses) if responses else None, database_url)
-    if df.empty:
-        raise UserError(f"no responses to analyse in the {source}; send the rater links (`pcpo-eval human raters "
-                        f"{folder}`) and collect answers first")
     res = analyze(pairs, df, bootstrap=bootstrap, seed=int(design.get("rng_seed", 0)))
     res = to_jsonable({**res, "source": source, "design": {k: design.get(k) for k in (
         "study", "comparisons", "checkpoints", "selection", "n_pairs", "n_main", "n_prompts", "rng_seed",

@@ -194,8 +194,9 @@ class StudySpec:
                 "sigma_schedule": ev.sigma_schedule}
 
     def to_dict(self) -> dict[str, Any]:
-        """Resolved spec (JSON-able), saved as ``OUT/spec.resolved.json``."""
-        return dataclasses.asdict(self) | {"raw": None}
+        """Resolved spec (JSON-able), saved as ``OUT/spec.resolved.json``, with the eval sampler settings
+        (:meth:`sampling`) for readers of a finished study (``pcpo-eval human design``)."""
+        return dataclasses.asdict(self) | {"raw": None, "sampling": self.sampling()}
 
 
 class _Compare(NamedTuple):
