@@ -134,7 +134,7 @@ def _measure(spec: IRGSweepSpec, images: Path, out: Path, reference: Path | None
     from pcpo_eval.metrics.workers import run_metrics
 
     done = out / "metrics.json"
-    if not done.is_file():
+    if not done.is_file() or not set(spec.metrics) <= set(json.loads(done.read_text())["metrics"]):
         run_metrics(images, list(spec.metrics), out, reference=reference,
                     options=MetricsOptions(batch_size=spec.batch_size, device=spec.device))
     return {m: float(v) for m, v in json.loads(done.read_text())["metrics"].items()}
