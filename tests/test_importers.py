@@ -101,6 +101,9 @@ def test_flowgrpo_history_from_the_wandb_transaction_log(tmp_path, monkeypatch):
         data = {k: float(v) for k, v in row.items() if k != "_step" and pd.notna(v)}
         run.log(data, step=int(row["_step"]))
     run.finish()
+    # the transaction log is written by wandb's service process: once it is shut down, every record
+    # is on disk (a full-suite run once read the file before its history records were written)
+    wandb.teardown()
     (log,) = list(tmp_path.glob("wandb/offline-run-*/run-*.wandb"))
     hist = read_history(log)
     assert {"_step", "epoch", "reward_avg", "eval_reward_avg", "clipfrac"} <= set(hist.columns)
