@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import platform
 import time
 from pathlib import Path
@@ -445,6 +446,14 @@ def preference_table(sp: StudySpec, layout: StudyLayout) -> dict[str, Any] | Non
             "rows": rows}
 
 
+def _per_update_values(v: Any) -> list[float]:
+    """One epoch's per-update list as floats; a missing value (null in log.parquet: a NaN that pandas
+    wrote as null, read back as None) becomes NaN (null in results.json); an epoch without the list, []."""
+    if v is None or isinstance(v, (str, bytes)) or not hasattr(v, "__len__"):
+        return []
+    return [math.nan if x is None else float(x) for x in v]
+
+
 def traces(sp: StudySpec, layout: StudyLayout) -> list[dict[str, Any]]:
     """Per run: log columns by epoch, and reward / clip fraction smoothed with the study's window."""
     from pcpo_eval.stats import load_log, moving_average
@@ -459,7 +468,7 @@ def traces(sp: StudySpec, layout: StudyLayout) -> list[dict[str, Any]]:
                 tr[col] = log[col].astype(float).tolist()
         for col in PER_UPDATE_COLUMNS:
             if col in log.columns:
-                tr[col] = [[float(x) for x in v] if hasattr(v, "__len__") else [] for v in log[col]]
+                tr[col] = [_per_update_values(v) for v in log[col]]
         tr["reward_smoothed"] = moving_average(log["reward_mean"].to_numpy(), sp.window).tolist()
         if "clipfrac" in log.columns:
             tr["clipfrac_smoothed"] = moving_average(log["clipfrac"].to_numpy(), sp.window).tolist()
