@@ -77,6 +77,12 @@ def test_diagnostic_stats_per_update_and_first_off_policy():
         st["delta_ratio_first_offpolicy_per_step"][1])
     one_update = diagnostic_stats(lr, np.zeros(4), np.zeros(4), np.arange(4), np.ones(4), np.ones(4))
     assert math.isnan(one_update["delta_ratio_first_offpolicy"])  # no off-policy update in the epoch
+    # on-policy terms of rounding noise (recomputing the recorded output with other batch shapes or
+    # threads): the ratio is NaN as for exact zeros, not a ratio of noise that depends on the machine
+    noisy = diagnostic_stats(lr, np.zeros(4), np.array([0, 0, 1, 1]), np.arange(4),
+                             np.array([3e-8, -1e-8, -0.03, 0.01]), np.array([2e-16, 1e-16, 0.01, 0.0]))
+    assert math.isnan(noisy["delta_ratio_per_update"][0]) and noisy["delta_sq_per_update"][0] == pytest.approx(1.5e-16)
+    assert noisy["delta_ratio_per_update"][1] == pytest.approx(0.02 / 0.005)
 
 
 @pytest.mark.parametrize("objective", ["eps_matching", "ppo_clip"])
@@ -88,6 +94,7 @@ def test_trainer_logs_diagnostics_and_delta_matches_log_rho(tmp_path, objective)
     # on-policy the two eps predictions differ only by float32 rounding of other batch shapes (2.5e-10
     # measured on one CPU, 0 on another): at least 1e6 times below the first off-policy update's
     assert row["delta_sq_per_update"][1] > 0 and row["delta_sq_per_update"][0] < 1e-6 * row["delta_sq_per_update"][1]
+    assert math.isnan(row["delta_ratio_per_update"][0]) and row["delta_ratio_per_update"][1] > 0  # same on any CPU
     assert np.isfinite(row["delta_ratio_first_offpolicy"]) and row["delta_ratio_first_offpolicy"] > 0
     assert 0 <= row["taylor_rel_err_active_max"] <= row["taylor_rel_err_max"]
     # the logged maximum is the Taylor error of the logged log-ratio range
@@ -111,3 +118,20 @@ def test_diagnostics_off_adds_no_columns_and_wall_clock_is_cumulative(tmp_path):
         log["wall_clock_s"].iloc[1] + resumed["wall_time_s"].iloc[2] - resumed["control_time_s"].iloc[2])
     on_disk = pd.read_parquet(tmp_path / "run" / "log.parquet")
     assert on_disk["wall_clock_s"].is_monotonic_increasing
+
+
+def test_one_update_per_epoch_logs_nan_ratios_as_floats(tmp_path):
+    """One optimizer update per epoch (the stand-in paper specs): every update is on-policy, so
+    ``delta_ratio_per_update`` is NaN throughout; log.parquet still types it list<double> (plain pandas
+    wrote list<null>, read back as None, which crashed the study's stats stage)."""
+    import pyarrow.parquet as pq
+
+    Trainer(config_from_dict({**TINY, "epochs": 1, "sample_steps": 2, "gradient_updates": 1, "diagnostics": True}),
+            tmp_path / "run").run()
+    path = tmp_path / "run" / "log.parquet"
+    schema = pq.read_schema(path)
+    for col in ("delta_ratio_per_update", "taylor_rel_err_per_update", "delta_sq_per_update"):
+        assert str(schema.field(col).type) == "list<element: double>", col
+    log = pd.read_parquet(path)
+    assert [v.tolist() for v in log["taylor_rel_err_per_update"]] == [[x] for x in log["taylor_rel_err_max"]]
+    assert all(v.dtype == np.float64 and len(v) == 1 and np.isnan(v).all() for v in log["delta_ratio_per_update"])

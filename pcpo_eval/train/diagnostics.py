@@ -22,6 +22,14 @@ the first update of an epoch theta = theta_old and both vanish; Fig. ``on-policy
 plots ``|dot| / sq`` at the first off-policy data point, i.e. the update after the first optimizer
 step of the epoch (update index 1), where ``|dot| >> sq`` justifies reading the gradient as
 ``A w(t) grad(eps_theta) . eps`` (App. "Connection to REINFORCE", Eq. ``eq:our_update``).
+
+Missing values. A ratio is NaN where it is undefined: ``delta_ratio_per_update`` at the on-policy
+updates (those before ``first_off_policy``, i.e. update 0 of every epoch), whose two terms are 0 in
+exact arithmetic; what the trainer measures there is the float error of recomputing the recorded
+model output, exactly 0 (0 / 0) or ~1e-10 (a ratio of rounding noise) depending on thread count and
+batch shapes, so it is recorded as NaN either way. ``magnitude_ratio`` is NaN for no samples or a
+zero mean ``sq``. The Taylor errors are NaN only for a non-finite log rho. ``log.parquet`` stores a
+NaN inside a per-update list as null (pandas' Parquet writer); readers treat null as NaN.
 """
 
 from __future__ import annotations
@@ -90,7 +98,8 @@ def diagnostic_stats(log_rho: np.ndarray, clipped: np.ndarray, update: np.ndarra
     and ``delta_*_first_offpolicy`` at update ``first_off_policy`` (NaN when the epoch has no such
     update: one optimizer step per epoch is all on-policy). Lists, one entry per update:
     ``taylor_rel_err_per_update`` (max), ``delta_dot_abs_per_update``, ``delta_sq_per_update``,
-    ``delta_ratio_per_update``; and per trained step index at the first off-policy update:
+    ``delta_ratio_per_update`` (NaN at the on-policy updates ``< first_off_policy``, see the module
+    doc); and per trained step index at the first off-policy update:
     ``delta_ratio_first_offpolicy_per_step``.
     """
     lr = np.asarray(log_rho, dtype=np.float64)
@@ -114,7 +123,8 @@ def diagnostic_stats(log_rho: np.ndarray, clipped: np.ndarray, update: np.ndarra
     if dot.size == lr.size:
         out["delta_dot_abs_per_update"] = _per(np.abs(dot), update, np.mean)
         out["delta_sq_per_update"] = _per(sq, update, np.mean)
-        out["delta_ratio_per_update"] = [magnitude_ratio(dot[update == u], sq[update == u]) for u in np.unique(update)]
+        out["delta_ratio_per_update"] = [magnitude_ratio(dot[update == u], sq[update == u]) if u >= first_off_policy
+                                         else nan for u in np.unique(update)]  # on-policy: undefined (module doc)
         out["delta_dot_abs_first_offpolicy"] = float(np.mean(np.abs(dot[off]))) if off.any() else nan
         out["delta_sq_first_offpolicy"] = float(np.mean(sq[off])) if off.any() else nan
         out["delta_ratio_first_offpolicy"] = magnitude_ratio(dot[off], sq[off])

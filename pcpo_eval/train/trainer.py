@@ -574,7 +574,7 @@ class Trainer:
         if not self.is_main:
             return
         self.log_rows.append(row)
-        atomic_write_parquet(self.out / LOG_FILE, pd.DataFrame(self.log_rows))
+        atomic_write_parquet(self.out / LOG_FILE, log_frame(self.log_rows))
 
     def _resume(self) -> None:
         latest = ck.latest_checkpoint(self.out)
@@ -728,6 +728,26 @@ class Trainer:
             print(f"[pcpo-eval] warning: {warning}", flush=True)
         self.tracking.close()
         return pd.DataFrame(self.log_rows)
+
+
+def log_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """The log rows as written to ``log.parquet``: list columns (per update / per step) as float64 arrays.
+
+    From Python lists pyarrow infers a column's type from its values, and pandas hands it NaN as null:
+    a list column that is NaN throughout (``delta_ratio_per_update`` of a run with one on-policy update
+    per epoch) became ``list<null>`` and read back as None. Float64 arrays keep it ``list<double>``; its
+    NaNs are stored as null and read back as NaN."""
+    df = pd.DataFrame(rows)
+    for col in df.columns:
+        vals = df[col]
+        if vals.dtype != object or not any(isinstance(v, (list, tuple, np.ndarray)) for v in vals):
+            continue
+        try:
+            df[col] = pd.Series([np.asarray(v, dtype=np.float64) if isinstance(v, (list, tuple, np.ndarray)) else None
+                                 for v in vals], index=df.index, dtype=object)
+        except (TypeError, ValueError):  # not a numeric list column: pyarrow's own inference
+            continue
+    return df
 
 
 #: PPO health thresholds (the ranges PPO practice treats as healthy; cf. the issue's ddpo measurements).
