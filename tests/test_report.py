@@ -14,9 +14,9 @@ import pytest
 from report_helpers import (
     EVIL_PROMPT,
     EVIL_RUN,
+    NOT_ESTIMABLE_REASON,
     SAMPLER_SENTENCE,
     SENTENCES,
-    SINGULAR_REASON,
     legacy_results,
     synthetic_fits,
     synthetic_results,
@@ -238,12 +238,12 @@ def test_not_estimable_lmm_fit_shows_its_reason_and_no_p(report):
     clip = [r for r in t.rows_by_class("lmm-table") if r[0] == "CLIP (toy)"]
     assert len(clip) == 3
     for row in clip:
-        assert row[-1] == f"not estimable: {SINGULAR_REASON}"
+        assert row[-1] == f"not estimable: {NOT_ESTIMABLE_REASON}"
         assert not set(row) & set(numeric_p) and "p = " not in " ".join(row)
     diag = next(r for r in t.rows("lmm-diagnostics") if r[0] == "CLIP (toy)")
-    assert diag[1] == f"not estimable: {SINGULAR_REASON}"
+    assert diag[1] == f"not estimable: {NOT_ESTIMABLE_REASON}"
     simple = next(r for r in t.rows("simple-effects-table") if r[1] == "CLIP (toy)")
-    assert simple[-1] == f"not estimable: {SINGULAR_REASON}" and simple[2] == "0.001"
+    assert simple[-1] == f"not estimable: {NOT_ESTIMABLE_REASON}" and simple[2] == "0.001"
     # never bold: no <b> between the CLIP row's start and its end in any LMM table
     for m in re.finditer(r"<tr><td class=\"l\">CLIP \(toy\)</td>.*?</tr>", html, re.S):
         assert "<b>" not in m.group(0)
@@ -267,7 +267,7 @@ def test_lmm_fits_in_to_dict_shape():
     t = _tables(html)
     rows = t.rows_by_class("lmm-table")
     assert len(rows) == 3 * 3
-    assert all(r[-1] == f"not estimable: {SINGULAR_REASON}" for r in rows if r[0] == "clip_toy")
+    assert all(r[-1] == f"not estimable: {NOT_ESTIMABLE_REASON}" for r in rows if r[0] == "clip_toy")
     fd = next(r for r in rows if r[0] == "fd_toy")
     assert fd[6] == fmt_p(fits["fd_toy"].term("algorithm[T.PCPO]").p) and fd[2].startswith("[")
     assert not MISSING_WORDS.search(_text(html))

@@ -128,9 +128,11 @@ def test_not_estimable_fits_print_no_p_value():
     assert "NOT ESTIMABLE" in text and " p " not in text.split("Random effects")[1]
 
 
-def test_singular_fit_is_not_estimable_and_leaves_the_family():
-    """A grouping estimated at zero variance: no p-value, and Holm/BH over the other metrics only."""
-    from pcpo_eval.stats.lmm import adjust_across_metrics
+def test_singular_fit_keeps_its_p_values_and_joins_the_family():
+    """A grouping estimated at zero variance is an estimate, not a failure: p-values as lmerTest
+    gives them (tests/test_stats_lme4.py), a remark saying so, and Holm/BH over both metrics."""
+    from pcpo_eval.stats.adjust import benjamini_hochberg, holm
+    from pcpo_eval.stats.lmm import adjust_across_metrics, many_summary
 
     rng = np.random.default_rng(0)
     peff = rng.normal(0, 2, 10)
@@ -140,7 +142,17 @@ def test_singular_fit_is_not_estimable_and_leaves_the_family():
     df = pd.DataFrame(rows, columns=["prompt", "algorithm", "fid", "flat"])
     good = fit_lmm(df, "fid ~ algorithm", ["prompt"])
     sing = fit_lmm(df, "flat ~ algorithm", ["prompt"])
-    assert good.estimable and sing.singular and not sing.estimable and "singular" in sing.reason
+    remark = "singular fit: variance of prompt estimated at 0 (boundary); fixed-effect tests as lmerTest"
+    assert good.estimable and good.remarks == ()
+    assert sing.singular and sing.estimable and sing.reason is None and sing.remarks == (remark,)
+    fe = sing.term("algorithm[T.B]")
+    # prompt variance 0: the LMM is OLS, so t has n - p = 38 df
+    assert fe.df == pytest.approx(38.0, rel=1e-4) and 0.0 < fe.p < 1.0
+    d = sing.to_dict()
+    assert d["fixed"]["algorithm[T.B]"]["p"] == fe.p and d["estimable"] is True and d["remarks"] == [remark]
+    assert f"Note: {remark}" in sing.summary() and "NOT ESTIMABLE" not in sing.summary()
     adj = adjust_across_metrics({"fid": good, "flat": sing})
-    assert adj["flat"]["algorithm[T.B]"] == {"p": None, "p_holm": None, "p_bh": None}
-    assert adj["fid"]["algorithm[T.B]"]["p_holm"] == pytest.approx(adj["fid"]["algorithm[T.B]"]["p"])
+    pv = np.array([good.term("algorithm[T.B]").p, fe.p])
+    for m, a, h, b in zip(("fid", "flat"), pv, holm(pv), benjamini_hochberg(pv), strict=True):
+        assert adj[m]["algorithm[T.B]"] == pytest.approx({"p": a, "p_holm": h, "p_bh": b})
+    assert "not estimable" not in many_summary({"fid": good, "flat": sing}, adj)

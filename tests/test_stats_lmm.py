@@ -217,6 +217,84 @@ def test_singular_fit_is_flagged():
     assert r.singular
     assert r.random_sd["g"] < 1e-3
     assert r.to_dict()["singular"] is True
+    # singular but healthy: estimable, with the remark (p-values vs lmerTest: test_stats_lme4.py)
+    assert r.estimable and r.to_dict()["fixed"]["x"]["p"] == r.term("x").p
+    assert r.remarks == ("singular fit: variance of g estimated at 0 (boundary); fixed-effect tests as lmerTest",)
+    # g at 0 and x varying within g: the fit is OLS, t on n - p = 38 df
+    assert r.term("x").df == pytest.approx(38.0, rel=1e-4)
+
+
+def test_indefinite_variance_hessian_is_inverted_as_lmertest():
+    """H not positive definite: A = 2 H^+ over the eigenvalues above 1e-8 only (lmerTest 3.1
+    ``as_lmerModLT``); positive definite: A = 2 H^-1. Checked on quadratic deviances."""
+    from pcpo_eval.stats.satterthwaite import EIG_TOL, satterthwaite
+
+    q, _ = np.linalg.qr(np.random.default_rng(0).normal(size=(3, 3)))
+    for lam in ([4.0, 1.0, 0.5], [4.0, 1.0, -0.5], [4.0, 1.0, -1e-9]):
+        h = q @ np.diag(lam) @ q.T
+        res = satterthwaite(lambda v, h=h: 0.5 * v @ h @ v, lambda v: np.diag([1.0 + v @ v, 2.0]), np.ones(3),
+                            np.eye(2))
+        np.testing.assert_allclose(np.sort(res.eigenvalues), np.sort(lam), rtol=1e-6, atol=1e-11)
+        keep = np.array(lam) > EIG_TOL
+        a_ref = 2.0 * q[:, keep] @ np.diag(1.0 / np.array(lam)[keep]) @ q[:, keep].T
+        np.testing.assert_allclose(res.a_mat, a_ref, atol=1e-6)
+        assert res.hessian_ok == (min(lam) > 0) and res.n_dropped == (min(lam) <= 0)
+        assert res.n_negative == (min(lam) < -EIG_TOL)
+        g = 2.0 * np.ones(3)  # d(1 + v'v)/dv at v = 1, where the contrast's variance is 3 + 1 = 4
+        assert res.dfs[0] == pytest.approx(2.0 * 16.0 / (g @ a_ref @ g), rel=1e-6)
+        assert np.isnan(res.dfs[1])  # the second contrast's variance does not move: g = 0, no df
+
+
+def _with_eigenvalues(monkeypatch, eig):
+    """Make fit_lmm see a Satterthwaite result whose variance Hessian has ``eig``."""
+    import dataclasses
+
+    import pcpo_eval.stats.lmm as lmm
+
+    real = lmm.satterthwaite
+
+    def fake(*args, **kwargs):
+        return dataclasses.replace(real(*args, **kwargs), eigenvalues=np.asarray(eig, dtype=float))
+
+    monkeypatch.setattr(lmm, "satterthwaite", fake)
+
+
+def test_negative_variance_hessian_eigenvalue_withholds_p(monkeypatch, sleepstudy):
+    """lmerTest's "Model failed to converge with 1 negative eigenvalue": no p, outside the family."""
+    from pcpo_eval.stats.lmm import adjust_across_metrics
+
+    good = fit_lmm(sleepstudy, "Reaction ~ Days", ["Subject"], diagnostics=False)
+    _with_eigenvalues(monkeypatch, [5.0, -1e-3])
+    bad = fit_lmm(sleepstudy, "Reaction ~ Days", ["Subject"], diagnostics=False)
+    assert not bad.estimable and "1 negative eigenvalue(s) (lmerTest: model failed to converge)" in bad.reason
+    assert all(v["p"] is None for v in bad.to_dict()["fixed"].values()) and "NOT ESTIMABLE" in bad.summary()
+    adj = adjust_across_metrics({"a": good, "b": bad})
+    assert adj["b"]["Days"]["p"] is None and adj["a"]["Days"]["p_holm"] == pytest.approx(good.term("Days").p)
+
+
+def test_near_zero_variance_hessian_eigenvalue_is_a_remark(monkeypatch, sleepstudy):
+    """lmerTest's "Model may not have converged with 1 eigenvalue close to zero": p kept, remark."""
+    _with_eigenvalues(monkeypatch, [5.0, 1e-12, -1e-10])
+    r = fit_lmm(sleepstudy, "Reaction ~ Days", ["Subject"], diagnostics=False)
+    assert r.estimable and not r.hessian_ok
+    assert r.remarks and "2 eigenvalue(s) within 1e-08 of 0" in r.remarks[0]
+    assert r.to_dict()["fixed"]["Days"]["p"] == r.term("Days").p
+
+
+def test_non_finite_df_withholds_p(monkeypatch, sleepstudy):
+    import pcpo_eval.stats.lmm as lmm
+
+    real = lmm.satterthwaite
+
+    def nan_df(*args, **kwargs):
+        import dataclasses
+
+        res = real(*args, **kwargs)
+        return dataclasses.replace(res, dfs=np.full_like(res.dfs, np.nan))
+
+    monkeypatch.setattr(lmm, "satterthwaite", nan_df)
+    r = fit_lmm(sleepstudy, "Reaction ~ Days", ["Subject"], diagnostics=False)
+    assert not r.estimable and "Satterthwaite df not computable" in r.reason
 
 
 def test_nonconverged_fit_is_reported(monkeypatch, sleepstudy):

@@ -19,14 +19,21 @@ by REML and reports coefficients with p-values; this module reproduces R's
 4. Flags that are reported, never hidden: ``converged`` (an optimizer claimed convergence *and*
    lme4's gradient and Hessian checks pass) and ``singular`` (a variance parameter on the boundary,
    lme4's ``isSingular`` with tol 1e-4 on theta).
-5. The guard: a fit is ``estimable`` only if it converged, is not singular, its response varies
-   by more than rounding, and every Satterthwaite df is finite. Otherwise the estimates are kept
-   for inspection but no p-value exists: ``to_dict`` gives ``p: null`` with the ``reason``, the
-   text summary prints "NOT ESTIMABLE: <reason>" instead of p-values, and the fit is left out of
-   the Holm / BH family. A singular fit is excluded because a grouping whose variance sits on the
-   boundary at 0 makes its rows count as independent replicates (e.g. ``(1|run)`` estimated at 0
-   with 3 runs per arm turns prompts into replicates of the algorithm effect), which is exactly
-   the anti-conservative test the guard exists to prevent.
+5. The guard: a fit is ``estimable`` only if it converged (which needs a response that varies by
+   more than rounding), the deviance Hessian over the variance parameters has no negative
+   eigenvalue (lmerTest's "failed to converge") and every Satterthwaite df is finite. Otherwise
+   the estimates are kept for inspection but no p-value exists: ``to_dict`` gives ``p: null`` with
+   the ``reason``, the text summary prints "NOT ESTIMABLE: <reason>" instead of p-values, and the
+   fit is left out of the Holm / BH family.
+6. A singular fit that is otherwise healthy is estimable, with the p-values lmerTest gives it:
+   the boundary component stays in the parameter vector at 0, the Satterthwaite derivatives step
+   to both sides of it, and a Hessian that is not positive definite is inverted on its
+   eigenvalues above 1e-8 (lmerTest 3.1 ``as_lmerModLT``). Such a fit carries a remark
+   (``remarks``: "singular fit: variance of X estimated at 0 (boundary); fixed-effect tests as
+   lmerTest") in the summary and the JSON, and enters the Holm / BH family. A zero variance is an estimate, not a failure: the fit is the
+   model with that grouping dropped, and its fixed-effect tests are that model's (e.g. with
+   ``(1|prompt)`` at 0 the algorithm effect is still tested against ``(1|run)``; with ``(1|run)``
+   at 0 it is tested against the residual, as lmerTest does -- the remark says which).
 
 The REML criterion equals lme4's (``-2 * REML log-lik``); tests/test_stats_lme4.py checks fits
 against lme4 / lmerTest themselves.
@@ -46,7 +53,7 @@ from pcpo_eval.errors import UserError
 from pcpo_eval.stats.adjust import benjamini_hochberg, holm
 from pcpo_eval.stats.design import Design, build_design
 from pcpo_eval.stats.lmm_core import SINGULAR_TOL, LMMCore, check_convergence
-from pcpo_eval.stats.satterthwaite import satterthwaite_dfs
+from pcpo_eval.stats.satterthwaite import EIG_TOL, satterthwaite
 
 #: :func:`~pcpo_eval.stats.lmm_core.minimize_bounded` methods tried in order until one converges.
 OPTIMIZERS = ("cobyqa", "nelder-mead")
@@ -137,21 +144,20 @@ class LMMResult:
     theta: tuple[float, ...]
     diagnostics: ResidualDiagnostics | None = field(default=None, compare=False)
     notes: tuple[str, ...] = ()  # why converged is False / what is degenerate, in words
+    remarks: tuple[str, ...] = ()  # facts that do not withhold p-values (a singular fit, lmerTest's warnings)
 
     @property
     def reasons(self) -> tuple[str, ...]:
-        """Why this fit gives no p-values (empty when it is estimable); see the module's point 5."""
-        out = list(self.notes)
-        if self.singular:
-            zero = [k for k, v in self.random_sd.items() if k != "Residual" and v <= SINGULAR_TOL * self.random_sd["Residual"]]
-            out.append(f"singular fit: variance of {', '.join(zero) or 'a random effect'} estimated at 0 (boundary)")
-        if not self.hessian_ok and not any("Satterthwaite" in n for n in out):
-            out.append("Satterthwaite df not computable (deviance Hessian not finite)")
-        return tuple(out)
+        """Why this fit gives no p-values (empty when it is estimable); see the module's point 5.
+
+        Non-convergence (including a response that varies by rounding only), a variance Hessian
+        with negative eigenvalues and non-finite df; a singular fit alone is no reason (point 6).
+        """
+        return self.notes
 
     @property
     def estimable(self) -> bool:
-        """True when the fit's p-values mean something (converged, not singular, finite df)."""
+        """True when the fit's p-values mean something (converged, finite df); singular fits included."""
         return not self.reasons
 
     @property
@@ -200,6 +206,7 @@ class LMMResult:
             "n_obs": self.n_obs,
             "n_groups": dict(self.n_groups),
             "notes": list(self.notes),
+            "remarks": list(self.remarks),
             "diagnostics": self.diagnostics.to_dict() if self.diagnostics else None,
         }
 
@@ -226,7 +233,7 @@ class LMMResult:
             f"obs: {self.n_obs}   groups: " + ", ".join(f"{k} {v}" for k, v in self.n_groups.items()),
             f"Converged: {'yes' if self.converged else 'NO'}   Singular: {'YES' if self.singular else 'no'}"
             f"   optimizer: {self.optimizer}   max|grad|: {self.max_grad:.2e}",
-            *(f"Note: {n}" for n in self.notes),
+            *(f"Note: {n}" for n in (*self.notes, *self.remarks)),
             *([] if self.estimable else [f"NOT ESTIMABLE: {self.reason}; no p-values are reported"]),
             "",
             "Random effects (SD):",
@@ -361,12 +368,24 @@ def _fit(
     # random effect dwarfs the residual (sigma' << 1 after the OLS-based standardization).
     sat_core = LMMCore(core.y / sigma_s, core.X, list(d.blocks)) if sigma_s > 0 else core
     sat_varpar = np.r_[theta, 1.0] if sigma_s > 0 else varpar
-    dfs, _, hess_ok = satterthwaite_dfs(
-        lambda vp: sat_core.deviance_vp(vp, reml), sat_core.vcov_beta, sat_varpar, np.eye(p)
-    )
+    sat = satterthwaite(lambda vp: sat_core.deviance_vp(vp, reml), sat_core.vcov_beta, sat_varpar, np.eye(p))
+    dfs = sat.dfs
+    random_sd, random_corr, icc, singular = _random_effects(d, core, theta, sigma)
+    remarks = []
+    if singular:
+        remarks.append(f"{_boundary_words(d, theta)}; fixed-effect tests as lmerTest")
+    if sat.n_negative:  # lmerTest: "Model failed to converge with k negative eigenvalues"
+        notes.append(
+            f"the deviance Hessian over the variance parameters has {sat.n_negative} negative "
+            "eigenvalue(s) (lmerTest: model failed to converge)"
+        )
+    elif sat.n_dropped:  # lmerTest warns and drops them from A = 2 H^+; so do we
+        remarks.append(
+            f"the deviance Hessian over the variance parameters has {sat.n_dropped} eigenvalue(s) within "
+            f"{EIG_TOL:g} of 0, left out of the Satterthwaite df (lmerTest: model may not have converged)"
+        )
     if not np.all(np.isfinite(dfs)):
         notes.append("Satterthwaite df not computable (deviance Hessian not finite)")
-    random_sd, random_corr, icc, singular = _random_effects(d, core, theta, sigma)
     dev = float(fit.deviance) + log_jac
     return LMMResult(
         formula=formula,
@@ -385,7 +404,7 @@ def _fit(
         n_params=p + core.n_theta + 1,
         converged=converged,
         singular=singular,
-        hessian_ok=hess_ok,
+        hessian_ok=sat.hessian_ok,
         optimizer=fit.optimizer,
         attempts=fit.attempts,
         max_grad=fit.max_grad,
@@ -394,6 +413,7 @@ def _fit(
         theta=tuple(float(v) for v in theta),
         diagnostics=_diagnostics(core, theta, sigma_s) if diagnostics else None,
         notes=tuple(notes),
+        remarks=tuple(remarks),
     )
 
 
@@ -465,6 +485,19 @@ def _fixed_effects_table(
             )
         )
     return tuple(fixed)
+
+
+def _boundary_words(d: Design, theta: np.ndarray) -> str:
+    """What sits on the boundary (a diagonal theta below lme4's isSingular tol 1e-4), in words."""
+    zero, rank, i = [], [], 0
+    for b in d.blocks:
+        diag = [theta[i + c] for c in np.cumsum([0, *range(b.k, 1, -1)])]  # column-major lower triangle
+        if min(diag) < SINGULAR_TOL:
+            (zero if b.k == 1 else rank).append(b.name)
+        i += b.n_theta
+    parts = [f"variance of {', '.join(zero)} estimated at 0"] if zero else []
+    parts += [f"covariance matrix of the random effects of {g} estimated as singular" for g in rank]
+    return f"singular fit: {'; '.join(parts)} (boundary)"
 
 
 def _random_effects(

@@ -19,6 +19,7 @@ H transform with the same Jacobian; the tests check the numbers against lmerTest
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -27,6 +28,8 @@ _D_HESS = 0.1  # numDeriv hessian (genD): relative step
 _EPS = 1e-4  # numDeriv: absolute step for parameters near zero
 _ZERO_TOL = np.sqrt(np.finfo(float).eps / 7e-7)
 _R = 4  # Richardson levels
+#: lmerTest's ``tol``: Hessian eigenvalues above it are inverted, the others are warned about and dropped.
+EIG_TOL = 1e-8
 
 
 def _steps(x: np.ndarray, d: float) -> np.ndarray:
@@ -107,27 +110,65 @@ def satterthwaite_df(var_con: float, grad: np.ndarray, a_mat: np.ndarray) -> flo
     return 2.0 * var_con**2 / denom
 
 
-def satterthwaite_dfs(
+@dataclass(frozen=True)
+class SatterthwaiteResult:
+    """Satterthwaite df of several contrasts and the variance-parameter Hessian they came from."""
+
+    dfs: np.ndarray  # (c,) one df per contrast row, NaN where not computable
+    a_mat: np.ndarray  # A = 2 H^-1, or 2 H^+ over eigenvalues above EIG_TOL when H is not positive definite
+    eigenvalues: np.ndarray  # of the deviance Hessian H over (theta..., sigma); NaN if H is not finite
+
+    @property
+    def hessian_ok(self) -> bool:
+        """H is positive definite (every eigenvalue > 0): A = 2 H^-1."""
+        return bool(np.all(self.eigenvalues > 0.0))
+
+    @property
+    def n_negative(self) -> int:
+        """Eigenvalues below -EIG_TOL (lmerTest: "Model failed to converge with k negative eigenvalues")."""
+        return int(np.sum(self.eigenvalues < -EIG_TOL))
+
+    @property
+    def n_dropped(self) -> int:
+        """Eigenvalues left out of A (H not positive definite: those <= EIG_TOL, as lmerTest)."""
+        return 0 if self.hessian_ok else int(np.sum(~(self.eigenvalues > EIG_TOL)))
+
+
+def satterthwaite(
     deviance_vp: Callable[[np.ndarray], float],
     vcov_beta: Callable[[np.ndarray], np.ndarray],
     varpar: np.ndarray,
     contrasts: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray, bool]:
-    """Satterthwaite df for each row of ``contrasts`` (c, p).
+) -> SatterthwaiteResult:
+    """Satterthwaite df for each row of ``contrasts`` (c, p), as lmerTest 3.1 computes them.
 
-    Returns (df (c,), A = 2 H^{-1}, hessian_ok). ``hessian_ok`` is False when H is not positive
-    definite (lmerTest warns in that case too); df is still computed from the pseudo-inverse so the
-    caller can report it next to the flag rather than hide it.
+    lmerTest (``as_lmerModLT``) inverts the Hessian H of the deviance over (theta..., sigma) on its
+    eigenvalues above 1e-8 only, A = 2 sum_{lambda_i > tol} v_i v_i' / lambda_i, and warns about
+    the others (negative: failed to converge; near zero: may not have converged). The same here
+    whenever H is not positive definite. A positive definite H is inverted in full: the same A
+    as lmerTest's unless an eigenvalue lies in (0, 1e-8], which happens where a theta is huge
+    (a random effect dwarfing the residual, theta ~ 1e9; H's theta entries ~ 1/theta^2): there
+    the small eigenvalue is the scale of theta, not flatness, and dropping it gives lmerTest's
+    wrong df (103 or 3 where the design has 132; tests/test_stats_degenerate.py).
+
+    Singular fits need nothing special: a component estimated at 0 (theta_k = 0) stays in the
+    parameter vector, and the central differences step to both sides of it (the deviance is even
+    in a random intercept's theta, so its cross terms in H and its column of the Jacobian of
+    Cov(beta) vanish there, and it drops out of g'Ag). A non-finite H gives NaN df.
     """
     varpar = np.asarray(varpar, dtype=np.float64)
     h = hessian(deviance_vp, varpar)
     h = 0.5 * (h + h.T)
     p = contrasts.shape[1]
     if not np.all(np.isfinite(h)):  # a step left the parameter space: no df, reported as NaN
-        return np.full(contrasts.shape[0], np.nan), np.full_like(h, np.nan), False
-    eig = np.linalg.eigvalsh(h)
-    ok = bool(np.all(eig > 0))
-    a_mat = 2.0 * (np.linalg.inv(h) if ok else np.linalg.pinv(h))
+        nan = np.full(h.shape[0], np.nan)
+        return SatterthwaiteResult(np.full(contrasts.shape[0], np.nan), np.full_like(h, np.nan), nan)
+    eig, vec = np.linalg.eigh(h)
+    if np.all(eig > 0.0):
+        a_mat = 2.0 * np.linalg.inv(h)
+    else:
+        pos = eig > EIG_TOL
+        a_mat = 2.0 * (vec[:, pos] / eig[pos]) @ vec[:, pos].T
     jac = jacobian(lambda vp: vcov_beta(vp).ravel(), varpar)  # (p*p, k)
     jac = jac.reshape(p, p, -1)
     v = vcov_beta(varpar)
@@ -136,4 +177,15 @@ def satterthwaite_dfs(
         var_con = float(c @ v @ c)
         grad = np.einsum("i,ijk,j->k", c, jac, c)
         dfs.append(satterthwaite_df(var_con, grad, a_mat))
-    return np.asarray(dfs), a_mat, ok
+    return SatterthwaiteResult(np.asarray(dfs), a_mat, eig)
+
+
+def satterthwaite_dfs(
+    deviance_vp: Callable[[np.ndarray], float],
+    vcov_beta: Callable[[np.ndarray], np.ndarray],
+    varpar: np.ndarray,
+    contrasts: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, bool]:
+    """(df (c,), A, hessian_ok) of :func:`satterthwaite`; ``hessian_ok``: H positive definite."""
+    r = satterthwaite(deviance_vp, vcov_beta, varpar, contrasts)
+    return r.dfs, r.a_mat, r.hessian_ok
