@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test bench lint browser lmertest postgres clean-venv
+.PHONY: demo test test-full bench lint browser lmertest postgres clean-venv
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "error: Python >= 3.11 required (found %s); set PYTHON=python3.11" % sys.version.split()[0])'
@@ -19,11 +19,17 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/pcpo-eval demo
 
-## The whole test suite (ruff + pytest, including the few slow tests, the browser tests, the lme4 comparisons and
-## the human study app on a live PostgreSQL server).
+## The test suite CI runs (ruff + pytest, including the few slow tests, the browser tests, the lme4 comparisons and
+## the human study app on a live PostgreSQL server; of the paper-spec end-to-end runs a representative subset),
+## then the 15 slowest tests.
 test: $(STAMP) browser lmertest postgres
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15
+
+## `make test` plus the tests marked `exhaustive` (every paper spec end to end on stand-ins).
+test-full: $(STAMP) browser lmertest postgres
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q --durations=15 --exhaustive
 
 ## Benchmarks: rewrites benchmarks/RESULTS.md.
 bench: $(STAMP) lmertest

@@ -35,3 +35,23 @@ def cli(capsys, monkeypatch):
         return CliResult(code, out.out, out.err)
 
     return run
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "exhaustive: skipped unless pytest --exhaustive (make test-full): the paper-spec "
+                            "end-to-end runs beyond CI's representative subset")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--exhaustive", action="store_true", default=False,
+                     help="also run the tests marked 'exhaustive' (every paper spec end to end; docs/README.md#tests)")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``exhaustive`` are skipped (with the reason) unless ``--exhaustive`` is given."""
+    if config.getoption("--exhaustive"):
+        return
+    skip = pytest.mark.skip(reason="exhaustive: not in CI's representative subset; run with --exhaustive (make test-full)")
+    for item in items:
+        if item.get_closest_marker("exhaustive") is not None:
+            item.add_marker(skip)
