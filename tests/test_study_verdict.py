@@ -1,8 +1,10 @@
 """The study's run-level verdict: defensible or silent.
 
 * An A/A study (one algorithm in both arms, different training seeds) ends with every verdict row
-  "no evidence of a difference" (CI covering 0, not significant); over 200 synthetic A/A studies
-  the share of significant rows stays near the 5% level.
+  "no evidence of a difference" (not significant); over 200 synthetic A/A studies the primary
+  endpoint is significant in <= 5% of *studies* (plus binomial noise) and, with Holm within the
+  secondary family, any row at all in about 5-8%.
+* A frozen arm (reward == its untrained control) is never called faster.
 * A planted difference (faster learning, better images) is detected by every row and by the LMM
   with ``(1|run)``.
 * 1 run per arm: every row and the LMM say "differences between runs", no CI, no p; the report
@@ -30,7 +32,7 @@ from pcpo_eval.stats.runlevel import ONE_RUN_PER_ARM
 from pcpo_eval.study.results import ONE_RUN_LMM
 from pcpo_eval.study.runner import run_study
 from pcpo_eval.study.spec import load_spec
-from pcpo_eval.study.verdicts import UNINFORMATIVE, verdict
+from pcpo_eval.study.verdicts import verdict
 from pcpo_eval.testing import isolate_weight_caches
 
 ANALYSIS = Path(__file__).resolve().parents[1] / "analysis"
@@ -67,14 +69,18 @@ def _fixed(res: dict, metric: str, term: str) -> dict:
 def test_aa_study_finds_no_difference(tmp_path, fakes):
     fakes.curves = {"A": rising(0.07, run_sd=0.01), "B": rising(0.07, run_sd=0.01)}
     fakes.metric_effect = {}
-    res = _study(tmp_path, **AA, seeds={"A": [0, 1, 2], "B": [3, 4, 5]}, targets=[0.3, 0.5])
+    res = _study(tmp_path, **AA, seeds={"A": [0, 1, 2], "B": [3, 4, 5]}, targets=[0.3, 0.5], gain_targets=[0.3])
     rows = res["verdict"]
-    assert {v["quantity"] for v in rows} == {"paired_gain", "final_reward", "auc", "speedup:0.3", "speedup:0.5"}
+    assert [v["quantity"] for v in rows] == ["paired_gain", "final_reward", "auc", "speedup_gain:0.3",
+                                             "speedup_reward:0.3", "speedup_reward:0.5"]
+    assert [v["family"] for v in rows] == ["primary"] + ["secondary"] * 5
     for v in rows:
         assert v["estimable"] and not v["significant"], v
         assert (v["n_baseline_runs"], v["n_treatment_runs"]) == (3, 3)
+        assert not v["paired"] and v["mde"] is not None and v["mde"] > 0  # different seeds: Welch
+        assert v["p_adjusted"] >= v["p"]
         assert v["sentence"].startswith("no evidence of a difference"), v["sentence"]
-        assert v["ci_low"] <= 0 <= (v["ci_high"] if v["ci_high"] is not None else np.inf), v
+    assert res["headline"].startswith("On this study, no evidence of a difference in paired gain")
     off = res["sampler_offset"]["all"]
     assert not off["significant"] and off["ci_low"] <= 0 <= off["ci_high"]
     fit = res["lmm"]["fits"]["lpips_toy"]  # value ~ algorithm + (1|prompt) + (1|run)
@@ -95,20 +101,26 @@ def _aa_logs(rng: np.random.Generator, epochs: int = 12) -> dict[str, pd.DataFra
 
 
 def test_aa_false_positive_rate_of_the_study_verdict(tmp_path):
-    """200 A/A studies through the study's own verdict code: each row significant in <= 10% of them."""
+    """200 A/A studies through the study's own verdict code (arms share seeds, so rows are paired):
+    the primary endpoint is significant in <= 5% of studies + binomial noise, any row in <= 10%.
+    Measured (seed 20240611): primary 4.5%, any of the 6 rows 6.0%."""
     from pcpo_eval.study.verdicts import runs_table
 
-    spec = load_spec(write_spec(tmp_path / "s.yaml", **AA, seeds={"A": [0, 1, 2], "B": [0, 1, 2]}))
+    spec = load_spec(write_spec(tmp_path / "s.yaml", **AA, seeds={"A": [0, 1, 2], "B": [0, 1, 2]},
+                                targets=[0.3, 0.5], gain_targets=[0.3]))
     rng = np.random.default_rng(20240611)
-    hits: dict[str, int] = {}
+    primary = anyrow = 0
     n = 200
     for _ in range(n):
         logs = _aa_logs(rng)
-        for v in verdict(spec, runs_table(spec, {r.name: logs[r.name] for r in spec.runs}), [0.3, 0.5]):
-            hits[v["quantity"]] = hits.get(v["quantity"], 0) + bool(v["significant"])
-    rates = {q: h / n for q, h in hits.items()}
-    assert set(rates) == {"paired_gain", "final_reward", "auc", "speedup:0.3", "speedup:0.5"}
-    assert all(r <= 0.10 for r in rates.values()), rates
+        rows = verdict(spec, runs_table(spec, {r.name: logs[r.name] for r in spec.runs}))
+        assert {v["quantity"] for v in rows} == {"paired_gain", "final_reward", "auc", "speedup_gain:0.3",
+                                                 "speedup_reward:0.3", "speedup_reward:0.5"}
+        assert all(v["paired"] for v in rows)
+        primary += any(v["significant"] for v in rows if v["family"] == "primary")
+        anyrow += any(v["significant"] for v in rows)
+    assert primary / n <= 0.05 + 2 * (0.05 * 0.95 / n) ** 0.5, primary / n
+    assert anyrow / n <= 0.10, anyrow / n
 
 
 def test_planted_difference_is_detected(tmp_path, fakes):
@@ -118,10 +130,14 @@ def test_planted_difference_is_detected(tmp_path, fakes):
     fakes.metric_effect = {"B": 0.05}
     fakes.run_sd_metric = 0.01  # between-run SD of the metric, as large as the within-set noise
     res = _study(tmp_path, **AA, seeds={"A": [0, 1, 2, 3, 4], "B": [5, 6, 7, 8, 9]}, targets=[0.2, 0.4],
-                 select_target=0.4, train={"overrides": {"epochs": 30, "checkpoint_every": 5}})
+                 gain_targets=[0.3], select_target=0.4, train={"overrides": {"epochs": 30, "checkpoint_every": 5}})
+    assert {v["quantity"] for v in res["verdict"]} == {"paired_gain", "final_reward", "auc", "speedup_gain:0.3",
+                                                       "speedup_reward:0.2", "speedup_reward:0.4"}
     for v in res["verdict"]:
         assert v["estimable"] and v["significant"] and v["estimate"] > 0, v
         assert v["ci_low"] > 0 and not v["sentence"].startswith("no evidence"), v
+        assert v["p_adjusted"] < 0.05
+    assert "B's paired gain is higher than A's" in res["headline"]
     fe = _fixed(res, "lpips_toy", "algorithm[T.B]")
     assert res["lmm"]["fits"]["lpips_toy"]["estimable"], res["lmm"]["fits"]["lpips_toy"]["reason"]
     assert fe["estimate"] == pytest.approx(0.05, abs=0.015)
@@ -152,7 +168,8 @@ def test_one_run_per_arm_is_never_a_verdict(tmp_path, fakes):
     html = (tmp_path / "study" / "report.html").read_text()
     assert 'id="one-run-banner"' in html and "not estimable: 1 run per arm" in html
     lines = summary_lines(tmp_path / "study")
-    assert lines[0] == "verdict (runs are the replicates):" and lines[1].strip().startswith("1 run per arm")
+    assert lines[0].startswith("headline: On this study (batch=16), 1 run per arm: differences between runs")
+    assert lines[1] == "verdict (runs are the replicates):" and lines[2].strip().startswith("1 run per arm")
     assert not any("None" in line or "nan" in line for line in lines)
 
 
@@ -162,14 +179,17 @@ def test_one_run_per_arm_is_never_a_verdict(tmp_path, fakes):
 
 
 def test_uninformative_target_is_labelled_not_headlined(tmp_path, fakes):
+    """-1.0 is reached by the untrained controls (they sit at 0): the sampler reaches it, not learning."""
     res = _study(tmp_path, seeds=[0, 1], targets=[-1.0, 0.3])
-    assert res["targets"][0] == {"target": -1.0, "status": "uninformative", "headline": False, "note": UNINFORMATIVE}
-    assert {v["quantity"] for v in res["verdict"] if v["quantity"].startswith("speedup")} == {"speedup:0.3"}
+    t0 = res["targets"][0]
+    assert (t0["target"], t0["curve"], t0["status"], t0["headline"]) == (-1.0, "reward", "uninformative", False)
+    assert t0["note"].startswith("uninformative: the untrained control reaches -1 in 8 of 8 runs")
+    assert {v["quantity"] for v in res["verdict"] if v["quantity"].startswith("speedup")} == {"speedup_reward:0.3"}
     for block in res["speedup"]:
-        row = block["table"]["targets"][0]
-        assert row["uninformative"] and row["speedup_pct"] is None and row["status"] == UNINFORMATIVE
+        row = block["rows"][0]
+        assert row["uninformative"] and row["speedup"] is None and row["status"] == t0["note"]
     lines = summary_lines(tmp_path / "study")
-    assert any("target -1:" in line and line.endswith(UNINFORMATIVE) for line in lines)
+    assert any("reward -1:" in line and line.endswith(t0["note"]) for line in lines)
     assert not any("+0.0%" in line for line in lines)
 
 
@@ -211,14 +231,41 @@ def test_sampler_offset_is_named_not_passed_for_a_speedup(tmp_path, fakes):
     res = _study(tmp_path, **{**AA, "design": {"algorithm": {"DDPO": {"objective": "ppo_clip"},
                                                              "PCPO": {"objective": "pcpo"}}},
                               "compare": {"factor": "algorithm", "baseline": "DDPO", "pcpo": "PCPO"}},
-                 seeds={"DDPO": [0, 1, 2], "PCPO": [3, 4, 5]}, targets=[0.15, 0.5], select_target=0.5)
+                 seeds={"DDPO": [0, 1, 2], "PCPO": [3, 4, 5]}, targets=[0.15, 0.5], gain_targets=[0.3],
+                 select_target=0.5)
     by_q = {v["quantity"]: v for v in res["verdict"]}
-    assert by_q["speedup:0.5"]["significant"] and by_q["speedup:0.5"]["estimate"] > 0  # looks like a speed-up
+    assert "speedup_reward:0.15" not in by_q  # PCPO's untrained control reaches it: uninformative
+    assert res["targets"][0]["note"].startswith("uninformative: the untrained control reaches 0.15 in 3 of 6 runs")
+    assert by_q["speedup_reward:0.5"]["significant"] and by_q["speedup_reward:0.5"]["estimate"] > 0  # looks fast
     assert by_q["paired_gain"]["estimable"] and not by_q["paired_gain"]["significant"]  # the learning is equal
+    assert not by_q["speedup_gain:0.3"]["significant"]  # ... and so is the learning speed
     off = res["sampler_offset"]["all"]
-    assert off["difference"] == pytest.approx(0.2, abs=0.01) and off["significant"]
-    assert "on the untrained control curves alone the speed-up to 0.15 is at least" in off["explains"]
-    assert "neither arm's untrained control reaches 0.5" in off["explains"]
+    assert off["difference"] == pytest.approx(0.2, abs=0.01) and off["significant"] and not off["paired"]
+    assert off["explains_raw_speedup"].startswith("The raw-reward speed-up (0.5: +")
+    assert "is the sampler's, not learning" in res["headline"]
+
+
+def test_frozen_arm_is_never_called_fast(tmp_path, fakes):
+    """A frozen policy (reward == its untrained control every epoch) against one that learns, same seeds:
+    no speed-up row says it is faster, its paired gain is lower, and a target the controls reach has no row."""
+    def frozen(epochs: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        ctrl = 0.25 + rng.normal(0, 0.005, epochs)
+        return ctrl.copy(), ctrl
+
+    fakes.curves = {"DDPO": rising(0.05, run_sd=0.003, control=0.25), "Frozen": frozen}
+    res = _study(tmp_path, **{**AA, "design": {"algorithm": {"DDPO": {"objective": "ppo_clip"},
+                                                             "Frozen": {"objective": "ppo_clip", "learning_rate": 1e-12}}},
+                              "compare": {"factor": "algorithm", "baseline": "DDPO", "pcpo": "Frozen"}},
+                 seeds=[0, 1, 2], targets=[0.2, 0.5], gain_targets=[0.1, 0.2], select_target=0.5)
+    by_q = {v["quantity"]: v for v in res["verdict"]}
+    assert "speedup_reward:0.2" not in by_q  # the untrained controls start above 0.2
+    for q, v in by_q.items():
+        assert v["paired"]
+        if q.startswith("speedup"):
+            assert not (v["significant"] and v["estimate"] > 0), v
+            assert v["estimate"] < 0 and v["details"]["n_censored_treatment"] == 3  # never reaches it
+    assert by_q["paired_gain"]["significant"] and by_q["paired_gain"]["estimate"] < 0
+    assert "Frozen's paired gain is lower than DDPO's" in res["headline"]
 
 
 # ------------------------------------------------------------------------------------------------

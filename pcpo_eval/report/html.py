@@ -51,6 +51,8 @@ from pcpo_eval.report.figures import (
 QUANTITY_LABELS = {
     "epochs_to_target": "epochs to reward {}",
     "speedup": "speed-up to reward {}",
+    "speedup_reward": "speed-up to reward {}",
+    "speedup_gain": "speed-up to gain {} (learning)",
     "paired_gain": "paired gain",
     "final_reward": "final reward",
     "auc": "area under the reward curve",
@@ -140,13 +142,32 @@ def file_uri(path: Path) -> str | None:
 # ------------------------------------------------------------------------------------------------
 
 
+def _is_speedup(quantity: Any) -> bool:
+    return str(quantity).startswith("speedup")
+
+
+def fmt_pct(x: Any) -> str:
+    """A fraction as a signed percentage (0.254 -> +25%); None/NaN -> an en dash."""
+    if _missing(x) or isinstance(x, bool):
+        return "–"
+    x = float(x)
+    return f"{x:+.1%}" if abs(x) < 0.1 else f"{x:+.0%}"
+
+
 def verdict_row(v: dict[str, Any]) -> dict[str, Any]:
-    """One verdict object as printed: p only when the study marked it estimable, bold only then."""
+    """One verdict object as printed: p only when the study marked it estimable, bold only then;
+    speed-ups in %, the row's family with its Holm-adjusted p, its power (MDE) and pairing."""
     ok = v.get("estimable") is True
+    q = v.get("quantity", "")
+    num = fmt_pct if _is_speedup(q) else fmt_num
+    ci = (f"{fmt_pct(v.get('ci_low'))} to {fmt_pct(v.get('ci_high')) if v.get('ci_high') is not None else 'unbounded'}"
+          if _is_speedup(q) and v.get("ci_low") is not None else fmt_ci(v.get("ci_low"), v.get("ci_high")))
     return {
-        "cell": v.get("cell", ""), "quantity": quantity_label(v.get("quantity", "")),
+        "cell": v.get("cell", ""), "quantity": quantity_label(q), "family": v.get("family", ""),
         "comparison": f"{text(v.get('treatment'))} vs {text(v.get('baseline'))}", "sentence": v.get("sentence", ""),
-        "estimate": fmt_num(v.get("estimate")), "ci": fmt_ci(v.get("ci_low"), v.get("ci_high")),
+        "estimate": num(v.get("estimate")), "ci": ci, "mde": ("±" if not _is_speedup(q) and not _missing(v.get("mde")) else "") + num(v.get("mde")),
+        "paired": "paired by seed" if v.get("paired") else "unpaired",
+        "p_adjusted": fmt_p(v.get("p_adjusted")) if ok and v.get("p_adjusted") is not None else "–",
         "runs": f"{fmt_num(v.get('n_treatment_runs'))} vs {fmt_num(v.get('n_baseline_runs'))}",
         "p": fmt_p(v.get("p")) if ok else not_estimable(v.get("reason")), "estimable": ok,
         "significant": ok and v.get("significant") is True,
@@ -174,6 +195,7 @@ def verdict_view(results: dict[str, Any]) -> dict[str, Any]:
     verdict = results.get("verdict")
     return {
         "present": verdict is not None,
+        "headline": results.get("headline") or "",
         "rows": [verdict_row(v) for v in verdict or []],
         "one_run": one_run_per_arm(verdict, results.get("runs")),
         "sampler_offset": per_cell(results.get("sampler_offset")),
@@ -392,6 +414,7 @@ def render_report(results: dict[str, Any], root: str | Path | None = None) -> st
         lstrip_blocks=True,
     )
     env.filters["num"] = fmt_num
+    env.filters["pct"] = fmt_pct
     env.filters["pval"] = fmt_p
     env.filters["term"] = pretty_term
     return env.get_template("report.html.j2").render(**view_model(results, Path(root) if root else None))

@@ -27,6 +27,8 @@ def verdict_lines(res: dict[str, Any]) -> list[str]:
     """The verdict sentences per cell, the 1-run warning and the notes."""
     rows = res.get("verdict") or []
     lines = ["verdict (runs are the replicates):"] if rows else ["verdict: none in this results.json"]
+    if res.get("headline"):
+        lines.insert(0, f"headline: {res['headline']}")
     if rows and all(v.get("n_baseline_runs") == 1 and v.get("n_treatment_runs") == 1 for v in rows):
         lines.append(ONE_RUN_WARNING)
     for v in rows:
@@ -38,15 +40,18 @@ def verdict_lines(res: dict[str, Any]) -> list[str]:
 
 
 def speedup_lines(res: dict[str, Any]) -> list[str]:
-    """The speed-up table: epochs to each target per arm (uninformative targets labelled)."""
+    """The speed-up table: restricted mean epochs to each gain / reward target per arm, in %."""
     lines = []
     for block in res.get("speedup") or []:
-        for row in block.get("table", {}).get("targets", []):
-            sp = row.get("speedup_pct")
-            what = f"{sp:+.1f}%" if isinstance(sp, int | float) else (row.get("status") or "n/a")
-            lines.append(f"  speed-up [{block.get('cell')}] target {_num(row.get('target'), 'g')}: "
-                         f"{block.get('baseline') or 'baseline'} {_num(row.get('baseline_mean'))} vs "
-                         f"{block.get('pcpo') or 'PCPO'} {_num(row.get('pcpo_mean'))} epochs -> {what}")
+        for row in block.get("rows", []):
+            head = f"  speed-up [{block.get('cell')}] {row.get('curve')} {_num(row.get('target'), 'g')}: "
+            if row.get("uninformative"):
+                lines.append(head + str(row.get("status")))
+                continue
+            sp = row.get("speedup")
+            what = f"{sp:+.0%}" if isinstance(sp, int | float) else (row.get("status") or "n/a")
+            lines.append(head + f"{block.get('baseline') or 'baseline'} {row.get('baseline_epochs')} vs "
+                         f"{block.get('pcpo') or 'PCPO'} {row.get('pcpo_epochs')} epochs -> {what}")
     return lines
 
 

@@ -18,7 +18,7 @@ from pcpo_eval.stats.select import (
     select_checkpoints,
 )
 from pcpo_eval.stats.speedup import (
-    SpeedupRow,
+    Speedup,
     SpeedupTable,
     epochs_to_target,
     load_log,
@@ -55,7 +55,7 @@ __all__ = [
     "LMMResult",
     "LRTResult",
     "Selection",
-    "SpeedupRow",
+    "Speedup",
     "SpeedupTable",
     "adjust_across_metrics",
     "benjamini_hochberg",

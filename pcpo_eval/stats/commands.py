@@ -93,14 +93,22 @@ def speedup_cmd(
     lower_is_better: bool = typer.Option(
         False, "--lower-is-better", help="Targets are reached from above."
     ),
+    paired: bool = typer.Option(
+        False, "--paired", help="The i-th --baseline and i-th --pcpo log share a training seed (paired t test)."
+    ),
+    curve: str = typer.Option(
+        "reward", "--curve", help="reward (raw reward_mean) or gain (reward - paired untrained control: learning)."
+    ),
     output: str = typer.Option(None, "--output", "-o", help="Also write the JSON result to this file."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a markdown table."),
 ) -> None:
-    """Epochs to reach each target reward and PCPO's speed-up: (E_base / E_pcpo - 1) x 100%."""
+    """Epochs to reach each target and PCPO's speed-up (E_base / E_pcpo - 1) with a 95% CI, p and power."""
     from pcpo_eval.stats.speedup import speedup_table
 
     _check_outputs(output=output)
-    tab = speedup_table(baseline, pcpo, target, window, not lower_is_better)
+    if curve not in ("reward", "gain"):
+        raise UserError(f"--curve must be reward or gain, got {curve!r}")
+    tab = speedup_table(baseline, pcpo, target, window, not lower_is_better, paired=paired, curve=curve)
     js = dumps(tab.to_dict())
     _write(output, js)
     typer.echo(js if as_json else tab.to_markdown())

@@ -84,7 +84,8 @@ import scipy.integrate
 import scipy.stats
 
 from pcpo_eval.errors import UserError, require
-from pcpo_eval.stats.speedup import moving_average
+from pcpo_eval.stats.power import mde as _mde
+from pcpo_eval.stats.speedup import check_curve, moving_average
 
 Stat = Literal["mean", "iqm"]
 
@@ -103,71 +104,6 @@ ONE_RUN_PER_ARM = "1 run per arm: these are differences between runs; no CI/p-va
 # ---------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class TimeToTarget:
-    """Epochs a run needs to reach a target; ``censored`` = never reached in ``last_epoch`` epochs."""
-
-    epoch: int | None
-    censored: bool
-    first_epoch: int
-    last_epoch: int
-    finite: bool = True
-
-    @property
-    def value(self) -> float:
-        """The epoch, or the censoring epoch (a lower bound) if censored; NaN if the curve is not finite."""
-        if not self.finite:
-            return math.nan
-        return float(self.last_epoch if self.epoch is None else self.epoch)
-
-    @property
-    def at_start(self) -> bool:
-        """Reached at the first logged epoch (the target says nothing about learning speed)."""
-        return self.epoch is not None and self.epoch == self.first_epoch
-
-
-def _curve(
-    curve: Sequence[float] | np.ndarray, epochs: Sequence[int] | np.ndarray | None
-) -> tuple[np.ndarray, np.ndarray]:
-    """Validate a per-epoch curve and its epochs (default 1..T, strictly increasing)."""
-    y = np.asarray(curve, dtype=np.float64)
-    require(y.ndim == 1 and y.size > 0, f"a curve must be a non-empty 1-D array, got shape {y.shape}")
-    e = np.arange(1, y.size + 1) if epochs is None else np.asarray(epochs)
-    require(
-        e.shape == y.shape,
-        f"epochs has shape {e.shape} but the curve has {y.shape}; give one epoch per value",
-    )
-    require(
-        bool(np.all(np.diff(e) > 0)),
-        "epochs must be strictly increasing (sort the log by epoch, one row per epoch)",
-    )
-    return y, e
-
-
-def epochs_to_target(
-    curve: Sequence[float] | np.ndarray,
-    target: float,
-    window: int = 5,
-    *,
-    epochs: Sequence[int] | np.ndarray | None = None,
-    higher_is_better: bool = True,
-) -> TimeToTarget:
-    """First epoch whose trailing moving average reaches ``target``; censored if none does.
-
-    Smoothing as :func:`pcpo_eval.stats.speedup.epochs_to_target` (paper: window 5). A curve with
-    a non-finite value gives ``finite=False`` (no decision can be made on a NaN).
-    """
-    y, e = _curve(curve, epochs)
-    first, last = int(e[0]), int(e[-1])
-    if not np.all(np.isfinite(y)):
-        return TimeToTarget(None, False, first, last, finite=False)
-    s = moving_average(y, window)
-    hit = s >= target if higher_is_better else s <= target
-    if not hit.any():
-        return TimeToTarget(None, True, first, last)
-    return TimeToTarget(int(e[int(np.argmax(hit))]), False, first, last)
-
-
 def reward_at_epochs(
     curve: Sequence[float] | np.ndarray,
     at: Sequence[int] | np.ndarray,
@@ -176,7 +112,7 @@ def reward_at_epochs(
     window: int = 1,
 ) -> np.ndarray:
     """The curve (trailing moving average over ``window`` epochs; 1 = raw) at the epochs ``at``."""
-    y, e = _curve(curve, epochs)
+    y, e = check_curve(curve, epochs)
     s = moving_average(y, window)
     pos = {int(v): i for i, v in enumerate(e)}
     missing = [int(a) for a in np.atleast_1d(at) if int(a) not in pos]
@@ -189,7 +125,7 @@ def reward_at_epochs(
 
 def auc(curve: Sequence[float] | np.ndarray, *, epochs: Sequence[int] | np.ndarray | None = None) -> float:
     """Normalised area under the curve: trapezoid area / epoch span = mean reward over training."""
-    y, e = _curve(curve, epochs)
+    y, e = check_curve(curve, epochs)
     if y.size == 1:
         return float(y[0])
     return float(scipy.integrate.trapezoid(y, e) / (e[-1] - e[0]))
@@ -197,7 +133,7 @@ def auc(curve: Sequence[float] | np.ndarray, *, epochs: Sequence[int] | np.ndarr
 
 def final(curve: Sequence[float] | np.ndarray, k: int = 5) -> float:
     """Mean of the last ``k`` epochs (NaN propagates, so :func:`compare_runs` can report it)."""
-    y, _ = _curve(curve, None)
+    y, _ = check_curve(curve, None)
     require(k >= 1, f"k must be >= 1, got {k}")
     require(y.size >= k, f"the run has {y.size} epochs, fewer than k={k}; lower k")
     return float(y[-k:].mean())
@@ -207,8 +143,8 @@ def paired_gain(
     reward: Sequence[float] | np.ndarray, control: Sequence[float] | np.ndarray, k: int = 5
 ) -> float:
     """Mean of ``reward - control`` over the last ``k`` epochs (same prompts and noises per epoch)."""
-    r, _ = _curve(reward, None)
-    c, _ = _curve(control, None)
+    r, _ = check_curve(reward, None)
+    c, _ = check_curve(control, None)
     require(r.shape == c.shape, f"reward has {r.size} epochs but control has {c.size}; log both every epoch")
     return final(r - c, k)
 
@@ -316,6 +252,33 @@ def permutation_test(
     return PermutationTest((1 + hits) / (1 + m), math.comb(x.size, t.size), False, 1 / (1 + m))
 
 
+def sign_flip_test(
+    diffs: np.ndarray,
+    *,
+    rng: np.random.Generator,
+    limit: int = EXACT_PERMUTATION_LIMIT,
+    n_resamples: int = MC_PERMUTATIONS,
+) -> PermutationTest:
+    """Paired permutation test: under "no difference" each seed's two runs are exchangeable, so each
+    difference's sign is flipped at random; p = share of the 2^n sign patterns with |mean| >= observed
+    (exact up to ``limit`` patterns, else Monte Carlo ``(1 + hits) / (1 + B)``). 3 pairs: p >= 2/8."""
+    d = np.asarray(diffs, dtype=np.float64)
+    n = d.size
+    exact = 2**n <= limit
+    if exact:
+        signs = 1 - 2 * ((np.arange(2**n)[:, None] >> np.arange(n)) & 1)
+    else:
+        signs = rng.choice(np.array([-1, 1]), size=(n_resamples, n))
+    perm = np.abs((signs * d).mean(axis=1))
+    obs = abs(float(d.mean()))
+    tol = 1e-9 * max(1.0, obs)
+    hits = int(np.sum(perm >= obs - tol))
+    if exact:
+        p_min = float(np.mean(perm >= perm.max() - tol))
+        return PermutationTest(hits / perm.size, perm.size, True, p_min)
+    return PermutationTest((1 + hits) / (1 + perm.size), 2**n, False, 1 / (1 + perm.size))
+
+
 @dataclass(frozen=True)
 class TInterval:
     """CI for a difference of (trimmed) means: estimate +- t_{df, 1-alpha/2} * se."""
@@ -356,9 +319,29 @@ def trimmed_t_interval(
     return TInterval(est, est - q * se, est + q * se, se, df)
 
 
+def trimmed_paired_interval(diffs: np.ndarray, *, trim: float, alpha: float) -> TInterval:
+    """One-sample (trimmed) t interval for the mean per-seed difference: the paired t interval
+    (trim=0), or Tukey-McLaughlin's trimmed-mean interval on the differences (trim>0) with
+    ``se^2 = d`` of :func:`_yuen_parts` and ``h - 1`` df."""
+    m, d, h = _yuen_parts(np.asarray(diffs, dtype=np.float64), trim)
+    se = math.sqrt(d)
+    if se == 0.0:
+        return TInterval(m, m, m, 0.0, math.nan)
+    df = float(h - 1)
+    q = float(scipy.stats.t.ppf(1 - alpha / 2, df))
+    return TInterval(m, m - q * se, m + q * se, se, df)
+
+
 @dataclass(frozen=True)
 class Comparison:
-    """Treatment vs baseline over runs (see the module docstring for the methods)."""
+    """Treatment vs baseline over runs (see the module docstring for the methods).
+
+    ``p`` is the two-sided p of the t test whose interval is ``ci_low..ci_high`` (paired t when
+    ``paired``, else Welch / Yuen), so ``significant`` (p < alpha) and "the CI excludes 0" agree;
+    ``p_permutation`` is the distribution-free check (sign flips when paired, relabellings else) with
+    its floor ``p_min``; ``mde`` the smallest |difference| detectable at 80% power at the measured
+    run-to-run spread.
+    """
 
     stat: str
     n_baseline: int
@@ -379,6 +362,10 @@ class Comparison:
     estimable: bool
     reason: str
     significant: bool
+    paired: bool = False
+    df: float | None = None
+    p_permutation: float | None = None
+    mde: float | None = None
 
 
 def _runs(x: Sequence[float] | np.ndarray, name: str) -> np.ndarray:
@@ -387,7 +374,7 @@ def _runs(x: Sequence[float] | np.ndarray, name: str) -> np.ndarray:
     return a
 
 
-def degenerate_reason(baseline: np.ndarray, treatment: np.ndarray) -> str:
+def degenerate_reason(baseline: np.ndarray, treatment: np.ndarray, paired: bool = False) -> str:
     """Why runs cannot support a CI/p-value ('' if they can)."""
     nb, nt = baseline.size, treatment.size
     if nb == 0 or nt == 0:
@@ -400,7 +387,9 @@ def degenerate_reason(baseline: np.ndarray, treatment: np.ndarray) -> str:
     if nb < 2 or nt < 2:
         arm = "baseline" if nb < 2 else "treatment"
         return f"1 {arm} run: no run-to-run spread in that arm; need >= 2 runs per arm for a CI/p-value"
-    if np.ptp(baseline) == 0 and np.ptp(treatment) == 0:
+    if paired and np.ptp(treatment - baseline) == 0:
+        return "no variation in the per-seed differences: the run-to-run spread of the difference is unknown"
+    if not paired and np.ptp(baseline) == 0 and np.ptp(treatment) == 0:
         if baseline[0] == treatment[0]:
             return "no variation: every run of both arms has the same value"
         return "no within-arm variation: every run of each arm has the same value, so the run-to-run spread is unknown"
@@ -414,6 +403,13 @@ def _describe(
     return (float(f(b)), float(f(t))) if ok else (None, None)
 
 
+def _t_p(ci: TInterval) -> float:
+    """Two-sided p of the t statistic behind an interval."""
+    if ci.se == 0.0 or not math.isfinite(ci.df):
+        return math.nan
+    return 2 * float(scipy.stats.t.sf(abs(ci.estimate) / ci.se, ci.df))
+
+
 def compare_runs(
     baseline: Sequence[float] | np.ndarray,
     treatment: Sequence[float] | np.ndarray,
@@ -422,150 +418,51 @@ def compare_runs(
     *,
     rng: np.random.Generator,
     alpha: float = 0.05,
+    paired: bool = False,
 ) -> Comparison:
-    """Compare per-run scalars of two arms: estimate, Welch/Yuen CI, permutation p, P(improvement).
+    """Compare per-run scalars of two arms: estimate, t CI and its p, permutation check, P(improvement), MDE.
 
-    Degenerate inputs (an empty arm, NaN/inf, fewer than 2 runs in an arm, no within-arm
-    variation) give ``estimable=False`` with the reason, ``p=None`` and no CI; the estimate is
-    still reported when it can be computed (with 1 run per arm it is a difference between runs).
+    ``paired``: ``baseline[i]`` and ``treatment[i]`` share a seed (same prompts and noises); the
+    estimate is then stat of the differences and its CI the paired (trimmed) t interval.
+    Degenerate inputs (an empty arm, NaN/inf, fewer than 2 runs in an arm, no variation) give
+    ``estimable=False`` with the reason, ``p=None`` and no CI; the estimate is still reported when it
+    can be computed (with 1 run per arm it is a difference between runs).
     """
     b, t = _runs(baseline, "baseline"), _runs(treatment, "treatment")
     require(0 < alpha < 1, f"alpha must be in (0, 1), got {alpha}")
+    require(not paired or b.size == t.size, f"paired runs need equal arms, got {b.size} and {t.size}")
     f = _stat_fn(stat)
     trim = IQM_TRIM if stat == "iqm" else 0.0
-    ci_method = "Yuen trimmed-mean t (25%)" if trim else "Welch t"
+    ci_method = ("paired " if paired else "") + ("Yuen trimmed-mean t (25%)" if trim else ("t" if paired else "Welch t"))
     bv, tv = _describe(b, t, f)
     est = None if bv is None or tv is None else tv - bv
-    reason = degenerate_reason(b, t)
-    ci = None if reason else trimmed_t_interval(b, t, trim=trim, alpha=alpha)
-    if not reason and ci is not None and ci.se == 0.0:
-        reason = "no within-arm variation left after trimming 25% of runs per end; use stat='mean'"
-    if reason or ci is None:
+    reason = degenerate_reason(b, t, paired)
+    if reason:
         return Comparison(stat, b.size, t.size, bv, tv, est, None, None, ci_method, alpha,
-                          None, "", None, None, None, None, False, reason, False)  # fmt: skip
-    perm = permutation_test(b, t, rng=rng, stat=stat)
-    p_method = (
-        f"{'exact' if perm.exact else 'Monte Carlo'} permutation over {perm.n_relabellings} relabellings"
-    )
+                          None, "", None, None, None, None, False, reason, False, paired)  # fmt: skip
+    if paired:
+        ci = trimmed_paired_interval(t - b, trim=trim, alpha=alpha)
+        perm = sign_flip_test(t - b, rng=rng)
+        sd = float(np.std(t - b, ddof=1))
+        mde = _mde(sd, b.size, paired=True, alpha=alpha)
+    else:
+        ci = trimmed_t_interval(b, t, trim=trim, alpha=alpha)
+        perm = permutation_test(b, t, rng=rng, stat=stat)
+        mde = _mde(float(np.std(b, ddof=1)), b.size, sd_t=float(np.std(t, ddof=1)), n_t=t.size, paired=False,
+                   alpha=alpha)
+    if ci.se == 0.0:
+        reason = "no within-arm variation left after trimming 25% of runs per end; use stat='mean'"
+        return Comparison(stat, b.size, t.size, bv, tv, est, None, None, ci_method, alpha,
+                          None, "", None, None, None, None, False, reason, False, paired)  # fmt: skip
+    p = _t_p(ci)
+    kind = "sign-flip" if paired else "relabelling"
+    p_method = (f"{ci_method} (permutation check: {'exact' if perm.exact else 'Monte Carlo'} {kind} "
+                f"over {perm.n_relabellings})")
     poi = float(probability_of_improvement(b, t))
     poi_lo, poi_hi = stratified_bootstrap_ci(
         b, t, probability_of_improvement, n_boot=n_boot, rng=rng, alpha=alpha
     )
     return Comparison(
-        stat, b.size, t.size, bv, tv, ci.estimate, ci.low, ci.high, ci_method, alpha, perm.p, p_method,
-        perm.p_min, poi, poi_lo, poi_hi, True, "", bool(ci.low > 0 or ci.high < 0),
+        stat, b.size, t.size, bv, tv, ci.estimate, ci.low, ci.high, ci_method, alpha, p, p_method,
+        perm.p_min, poi, poi_lo, poi_hi, True, "", bool(p < alpha), paired, ci.df, perm.p, mde,
     )  # fmt: skip
-
-
-# ---------------------------------------------------------------------------------------------
-# speed-up with censoring
-# ---------------------------------------------------------------------------------------------
-
-
-def fieller_ratio_interval(numer: np.ndarray, denom: np.ndarray, *, alpha: float) -> tuple[float, float]:
-    """CI for mean(numer) / mean(denom) >= 0 from independent samples of positive values (Fieller 1954).
-
-    The set {rho >= 0 : (a - rho b)^2 <= q^2 (v_a + rho^2 v_b)}, a, b the means, v = s^2 / n, q the
-    t quantile with the Welch-Satterthwaite df of a - rho b at rho = a / b. When b^2 > q^2 v_b
-    (the denominator mean is clearly positive) it is the interval between the roots; otherwise it
-    is a ray [low, inf) (``high = inf``), or all of [0, inf) if a is not clearly positive either.
-    Roots below 0 are clipped to 0 (epochs are positive).
-    """
-    a, b = float(np.mean(numer)), float(np.mean(denom))
-    va, vb = float(np.var(numer, ddof=1)) / numer.size, float(np.var(denom, ddof=1)) / denom.size
-    rho = a / b
-    df = (va + rho**2 * vb) ** 2 / (va**2 / (numer.size - 1) + rho**4 * vb**2 / (denom.size - 1))
-    q2 = float(scipy.stats.t.ppf(1 - alpha / 2, df)) ** 2
-    qa, qc = b * b - q2 * vb, a * a - q2 * va  # rho^2 qa - 2 a b rho + qc <= 0
-    disc = a * a * vb + va * qa  # (discriminant / 4) / q^2
-    if qa > 0:  # disc >= 0 here
-        half = math.sqrt(q2 * disc)
-        return max((a * b - half) / qa, 0.0), (a * b + half) / qa
-    if qc <= 0 or disc < 0:  # 0 is in the set, or the set is the whole line
-        return 0.0, math.inf
-    if qa == 0:
-        return qc / (2 * a * b), math.inf
-    return (a * b - math.sqrt(q2 * disc)) / qa, math.inf  # the ray above the positive root
-
-
-@dataclass(frozen=True)
-class Speedup:
-    """Speed-up mean(E_base) / mean(E_treat) - 1 (a fraction: 0.58 = 58%) with censored runs explicit.
-
-    ``bound``: "point" (no censoring), "lower" (baseline runs censored: the speed-up is at least
-    ``estimate``; only ``ci_low`` is given), "upper" (treatment runs censored; only ``ci_high``),
-    "none" (not estimable). Epochs of censored runs are their censoring (last logged) epoch.
-    ``ci_high`` is also None when Fieller's set is unbounded above (few, very spread runs).
-    """
-
-    baseline_epochs: tuple[float, ...]
-    treatment_epochs: tuple[float, ...]
-    n_censored_baseline: int
-    n_censored_treatment: int
-    baseline_mean: float | None
-    treatment_mean: float | None
-    estimate: float | None
-    bound: str
-    ci_low: float | None
-    ci_high: float | None
-    alpha: float
-    p: float | None
-    p_min: float | None
-    uninformative: bool
-    estimable: bool
-    reason: str
-    significant: bool
-
-    @property
-    def n_baseline(self) -> int:
-        return len(self.baseline_epochs)
-
-    @property
-    def n_treatment(self) -> int:
-        return len(self.treatment_epochs)
-
-
-def _speedup_reason(b: Sequence[TimeToTarget], t: Sequence[TimeToTarget], cb: int, ct: int) -> str:
-    """Why the speed-up has no CI ('' if it has one); the order is the order of the checks."""
-    if not b or not t:
-        return f"no {'baseline' if not b else 'treatment'} runs"
-    bad = sum(not r.finite for r in (*b, *t))
-    if bad:
-        return f"non-finite rewards in {bad} of {len(b) + len(t)} runs; fix or exclude those runs explicitly"
-    if all(r.at_start for r in (*b, *t)):
-        return "uninformative target: every run reaches it at its first epoch; choose a higher target"
-    if cb and ct:
-        return (f"{cb} of {len(b)} baseline and {ct} of {len(t)} treatment runs never reach the target "
-                "(censored in both arms: no bound)")  # fmt: skip
-    vb = np.asarray([r.value for r in b])
-    vt = np.asarray([r.value for r in t])
-    return degenerate_reason(vb, vt)
-
-
-def speedup_runs(
-    baseline: Sequence[TimeToTarget],
-    treatment: Sequence[TimeToTarget],
-    *,
-    rng: np.random.Generator,
-    alpha: float = 0.05,
-) -> Speedup:
-    """Speed-up of the treatment over the baseline from per-run epochs to a target, censoring explicit."""
-    require(0 < alpha < 1, f"alpha must be in (0, 1), got {alpha}")
-    vb = np.asarray([r.value for r in baseline], dtype=np.float64)
-    vt = np.asarray([r.value for r in treatment], dtype=np.float64)
-    cb, ct = sum(r.censored for r in baseline), sum(r.censored for r in treatment)
-    finite = vb.size > 0 and vt.size > 0 and bool(np.all(np.isfinite(vb)) and np.all(np.isfinite(vt)))
-    mb, mt = (float(vb.mean()), float(vt.mean())) if finite else (None, None)
-    bound = "none" if (cb and ct) or not finite else ("lower" if cb else "upper" if ct else "point")
-    est = None if bound == "none" or mb is None or mt is None else mb / mt - 1
-    uninformative = bool(baseline) and bool(treatment) and all(r.at_start for r in (*baseline, *treatment))
-    reason = _speedup_reason(baseline, treatment, cb, ct)
-    base = (tuple(vb.tolist()), tuple(vt.tolist()), cb, ct, mb, mt, est)
-    if reason:
-        return Speedup(*base, bound, None, None, alpha, None, None, uninformative, False, reason, False)
-    ratio_lo, ratio_hi = fieller_ratio_interval(vb, vt, alpha=alpha)
-    lo = ratio_lo - 1 if bound in ("point", "lower") else None
-    hi = ratio_hi - 1 if bound in ("point", "upper") and math.isfinite(ratio_hi) else None
-    sig = (lo is not None and lo > 0) or (hi is not None and hi < 0)
-    perm = permutation_test(vb, vt, rng=rng, stat="mean")
-    return Speedup(*base, bound, lo, hi, alpha, perm.p, perm.p_min, uninformative, True, "", sig)

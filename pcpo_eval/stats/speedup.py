@@ -1,25 +1,47 @@
-"""Training speed-up: epochs to reach a target reward, baseline vs PCPO (paper Tab. 2 and App. Tab. 6).
+"""Training speed-up as time to an event: epochs to reach a target, one home for the whole suite.
 
-Conventions (paper App. "Plotting and Visualization Details": curves are "smoothed with a moving
-average window of 5 epochs"; App. Tab. 6: "Speedup is calculated as
-(Epochs_Baseline / Epochs_PCPO - 1) x 100%", e.g. 260 vs 131 epochs -> 98.5%):
+The paper's headline (Tab. efficiency-results, App. Tab. 6) is a speed-up: "(Epochs_Baseline /
+Epochs_PCPO - 1) x 100%" (e.g. 260 vs 131 epochs -> 98.5%, :func:`speedup_pct`), with curves
+"smoothed with a moving average window of 5 epochs". Everything that counts epochs to a target
+(study verdicts, ``pcpo-eval speedup``, the report) calls this module.
 
-* smoothing: trailing moving average over the logged epochs, window 5. The paper does not say how
-  the first ``window - 1`` epochs are handled; we average the epochs available so far (pandas
-  ``rolling(window, min_periods=1)``), so every epoch has a smoothed value and a run that starts
-  above the target reaches it at epoch 1. Rows are taken in epoch order; gaps in the epoch numbers
-  are not filled (the window spans logged rows).
-* epochs to target: the first logged ``epoch`` (1-based, from the log) whose smoothed reward is
-  >= target (or <= target with ``higher_is_better=False``); ``None`` = not reached.
-* several seeds per method: mean and sample SD (ddof=1) of the epochs; the speed-up is computed
-  from the mean epochs, and its spread as the min..max over all (baseline seed, PCPO seed) pairs.
-  If any run of a method never reaches the target, the speed-up is reported as not available
-  (status names who did not reach it) rather than computed from the runs that did; when only the
-  baseline misses it, ``speedup_lower_bound`` uses the baseline's last logged epoch.
+1. Smoothing (:func:`full_window_average`): trailing mean over ``window`` logged epochs. A target
+   can only be reached once a *full* window exists, i.e. from the ``window``-th logged epoch on
+   (``first_eligible``): a single noisy first epoch is not a 5-epoch average, and with the old
+   partial-window rule 38-56% of the demo's runs "reached" a target at epoch 1 (an untrained policy
+   looked fast). :func:`moving_average` (partial windows at the start) is kept for drawing curves and
+   for reward-matched checkpoint selection, never for time to target.
+2. Time to target (:func:`epochs_to_target`): the first eligible epoch whose smoothed value reaches
+   the target; a run that never does is *right-censored* at its last epoch.
+3. Restricted mean time (:func:`km_restricted_mean`): runs that never reach the target are censored
+   observations, so the per-arm summary is the Kaplan-Meier restricted mean time to target up to
+   ``tau`` (RMST, Royston & Parmar 2013): the area under the KM "not yet reached" curve from epoch 0
+   to ``tau``. In a study every compared run is cut to the same last epoch (``tau``), so censoring
+   happens only at ``tau`` and the KM RMST equals the plain mean of ``min(T, tau)`` (tested); the
+   estimand is "expected epochs to the target, counting a run that has not reached it by ``tau`` as
+   ``tau``". Assumption: censoring is administrative (the run ended), not informative.
+4. Speed-up (:func:`speedup_runs`): ``RMST_baseline / RMST_treatment - 1``. The test of "no
+   speed-up" is a t test on the per-run times ``min(T, tau)``: *paired by seed* (the same seed draws
+   the same prompts and noises in both arms) when both arms share their seeds, else Welch. Its CI is
+   Fieller's interval for the ratio of means (Fieller 1954) built from the *same* t statistic: the
+   set of ratios ``rho`` with ``|mean_b - rho mean_t| <= q se(rho)``, ``se(rho)^2 = var(b - rho t)/n``
+   paired or ``v_b + rho^2 v_t`` unpaired, ``q`` the t quantile of the test's df. So the CI excludes
+   a speed-up of 0 exactly when p < alpha, whenever that set is one interval or ray (when it is two
+   pieces, ``[0, r1] U [r2, inf)``, a rare paired case with both means uncertain, the CI reported is
+   their hull ``[0, inf)``, conservative). Power: the minimum detectable speed-up at 80% power and
+   the seeds per arm a 25% speed-up needs (:mod:`pcpo_eval.stats.power`), from the measured spread.
+5. Guards: no runs, non-finite curves, fewer than 2 runs per arm, every run at ``tau`` or otherwise
+   no variation: not estimable, with the reason. A target every run reaches at its first eligible
+   epoch is *uninformative*; a target the untrained controls reach is judged uninformative by the
+   verdict (:mod:`pcpo_eval.stats.verdict`), because then the sampler, not learning, reaches it.
+
+Measured calibration (A/A false positives, power, CI coverage on 40 real toy runs per arm):
+``benchmarks/bench_verdict_calibration.py``, docs/statistics.md.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -28,7 +50,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pcpo_eval.errors import UserError
+from pcpo_eval.errors import UserError, require
 
 LOG_COLUMNS = ("epoch", "reward_mean")
 
@@ -95,152 +117,319 @@ def load_log(path: str | Path) -> pd.DataFrame:
     return validate_log(df, f"log {p}")
 
 
-def smoothed_rewards(log_df: pd.DataFrame, window: int = 5) -> pd.DataFrame:
-    """``epoch``, ``reward_mean`` and ``reward_smoothed`` (trailing moving average) in epoch order."""
-    df = validate_log(log_df)
-    out = df[["epoch", "reward_mean"]].copy()
-    out["reward_smoothed"] = moving_average(out["reward_mean"].to_numpy(), window)
-    return out
 
 
-def epochs_to_target(
-    log_df: pd.DataFrame, target: float, window: int = 5, higher_is_better: bool = True
-) -> int | None:
-    """First epoch whose smoothed reward reaches ``target``; None if the run never does."""
-    s = smoothed_rewards(log_df, window)
-    r = s["reward_smoothed"].to_numpy()
-    hit = r >= target if higher_is_better else r <= target
-    if not hit.any():
-        return None
-    return int(s["epoch"].to_numpy()[int(np.argmax(hit))])
+def full_window_average(x: Sequence[float] | np.ndarray, window: int = 5) -> np.ndarray:
+    """Trailing mean over ``window`` values; NaN for the first ``window - 1`` (no full window yet)."""
+    s = moving_average(x, window)
+    s[: min(window - 1, s.size)] = np.nan
+    return s
 
 
 @dataclass(frozen=True)
-class SpeedupRow:
-    """One target level: per-run epochs, their mean/SD per method, and the speed-up."""
+class TimeToTarget:
+    """Epochs a run needs to reach a target; ``censored`` = not reached by ``last_epoch``.
+
+    ``first_eligible`` is the first epoch with a full smoothing window (the earliest possible hit).
+    """
+
+    epoch: int | None
+    censored: bool
+    first_epoch: int
+    last_epoch: int
+    first_eligible: int | None
+    finite: bool = True
+
+    @property
+    def value(self) -> float:
+        """The epoch, or the censoring epoch if censored; NaN if the curve is not finite."""
+        if not self.finite:
+            return math.nan
+        return float(self.last_epoch if self.epoch is None else self.epoch)
+
+    @property
+    def at_start(self) -> bool:
+        """Reached at the first eligible epoch (such a target says nothing about learning speed)."""
+        return self.epoch is not None and self.epoch == self.first_eligible
+
+    def restricted(self, tau: int) -> TimeToTarget:
+        """The same run observed only up to epoch ``tau`` (a hit after ``tau`` becomes censoring)."""
+        if self.epoch is not None and self.epoch <= tau:
+            return TimeToTarget(self.epoch, False, self.first_epoch, tau, self.first_eligible, self.finite)
+        return TimeToTarget(None, True, self.first_epoch, min(tau, self.last_epoch), self.first_eligible, self.finite)
+
+
+def check_curve(curve: Sequence[float] | np.ndarray, epochs: Sequence[int] | np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """Validate a per-epoch curve and its epochs (default 1..T, strictly increasing)."""
+    y = np.asarray(curve, dtype=np.float64)
+    require(y.ndim == 1 and y.size > 0, f"a curve must be a non-empty 1-D array, got shape {y.shape}")
+    e = np.arange(1, y.size + 1) if epochs is None else np.asarray(epochs)
+    require(e.shape == y.shape, f"epochs has shape {e.shape} but the curve has {y.shape}; give one epoch per value")
+    require(bool(np.all(np.diff(e) > 0)), "epochs must be strictly increasing (sort the log by epoch, one row per epoch)")
+    return y, e
+
+
+def epochs_to_target(
+    curve: Sequence[float] | np.ndarray,
+    target: float,
+    window: int = 5,
+    *,
+    epochs: Sequence[int] | np.ndarray | None = None,
+    higher_is_better: bool = True,
+) -> TimeToTarget:
+    """First epoch whose full-window trailing mean reaches ``target``; censored if none does.
+
+    A curve with a non-finite value gives ``finite=False`` (no decision on a NaN); a curve shorter
+    than the window has no eligible epoch and is censored.
+    """
+    y, e = check_curve(curve, epochs)
+    first, last = int(e[0]), int(e[-1])
+    eligible = int(e[window - 1]) if y.size >= window else None
+    if not np.all(np.isfinite(y)):
+        return TimeToTarget(None, False, first, last, eligible, finite=False)
+    s = full_window_average(y, window)
+    with np.errstate(invalid="ignore"):
+        hit = s >= target if higher_is_better else s <= target
+    if not hit.any():
+        return TimeToTarget(None, True, first, last, eligible)
+    return TimeToTarget(int(e[int(np.argmax(hit))]), False, first, last, eligible)
+
+
+def km_restricted_mean(times: Sequence[float] | np.ndarray, reached: Sequence[bool] | np.ndarray, tau: float) -> float:
+    """Kaplan-Meier restricted mean time to the event up to ``tau``: the integral of S(t) on [0, tau].
+
+    ``times`` are event epochs (``reached``) or censoring epochs; ties put events before censorings
+    (the usual convention). With censoring only at or after ``tau`` this is ``mean(min(T, tau))``.
+    """
+    t = np.asarray(times, dtype=np.float64)
+    d = np.asarray(reached, dtype=bool)
+    require(t.size > 0 and t.shape == d.shape, "km_restricted_mean needs one time and one flag per run")
+    surv, last, area = 1.0, 0.0, 0.0
+    for u in np.unique(t[d & (t <= tau)]):
+        area += surv * (u - last)
+        at_risk = np.sum(t >= u)
+        surv *= 1.0 - np.sum(d & (t == u)) / at_risk
+        last = u
+    return float(area + surv * (tau - last))
+
+
+def fieller_interval(b: np.ndarray, t: np.ndarray, *, paired: bool, q: float) -> tuple[float, float]:
+    """Fieller's set {rho >= 0 : (m_b - rho m_t)^2 <= q^2 v(rho)} for ``rho = mean(b) / mean(t)``.
+
+    ``v(rho) = v_bb - 2 rho v_bt + rho^2 v_tt`` with ``v`` the (co)variances of the means: the
+    sample covariance of the pairs / n when paired, ``s^2/n`` per arm and ``v_bt = 0`` when not. The
+    quadratic ``A rho^2 - 2 B rho + C <= 0``: with ``A > 0`` (the treatment mean clearly positive) an
+    interval, else unbounded above (``high = inf``). Limits below 0 are clipped to 0 (epochs > 0).
+    """
+    mb, mt = float(b.mean()), float(t.mean())
+    if paired:
+        c = np.cov(np.vstack([b, t]), ddof=1) / b.size
+        vbb, vbt, vtt = float(c[0, 0]), float(c[0, 1]), float(c[1, 1])
+    else:
+        vbb, vbt, vtt = float(b.var(ddof=1)) / b.size, 0.0, float(t.var(ddof=1)) / t.size
+    q2 = q * q
+    A, B, C = mt * mt - q2 * vtt, mb * mt - q2 * vbt, mb * mb - q2 * vbb
+    disc = B * B - A * C
+    if A > 0 and disc >= 0:
+        r = math.sqrt(disc)
+        return max((B - r) / A, 0.0), (B + r) / A
+    if A < 0 and disc >= 0:  # outside the roots r1 <= r2: (-inf, r1] U [r2, inf)
+        r = math.sqrt(disc)
+        r1, r2 = (B + r) / A, (B - r) / A  # A < 0: (B + r) / A is the smaller root
+        # r1 < 0: on rho >= 0 the set is the ray [r2, inf) (it holds the estimate mb/mt > 0); else it is
+        # [0, r1] U [r2, inf), two pieces, reported as their hull (conservative: may hold 1 when p < alpha)
+        return (max(r2, 0.0), math.inf) if r1 < 0 else (0.0, math.inf)
+    return 0.0, math.inf
+
+
+@dataclass(frozen=True)
+class Speedup:
+    """Speed-up ``RMST_b / RMST_t - 1`` (a fraction: 0.25 = 25%) of the treatment over the baseline.
+
+    ``baseline_epochs`` / ``treatment_epochs`` are the per-run ``min(T, tau)`` (censored runs at
+    ``tau``); ``p`` and the Fieller CI come from one t test (paired by seed when ``paired``);
+    ``mde`` is the smallest speed-up detectable at 80% power, ``seeds_for_reference`` the seeds per
+    arm a ``reference_effect`` speed-up needs, both at the measured spread (None: not computable).
+    """
 
     target: float
-    baseline_epochs: tuple[int | None, ...]
-    pcpo_epochs: tuple[int | None, ...]
+    baseline_epochs: tuple[float, ...]
+    treatment_epochs: tuple[float, ...]
+    n_censored_baseline: int
+    n_censored_treatment: int
+    tau: int | None
     baseline_mean: float | None
-    baseline_sd: float | None
-    pcpo_mean: float | None
-    pcpo_sd: float | None
-    speedup_pct: float | None
-    speedup_min_pct: float | None
-    speedup_max_pct: float | None
-    speedup_lower_bound_pct: float | None
-    status: str
+    treatment_mean: float | None
+    estimate: float | None
+    ci_low: float | None
+    ci_high: float | None
+    alpha: float
+    p: float | None
+    paired: bool
+    df: float | None
+    mde: float | None
+    reference_effect: float
+    seeds_for_reference: int | None
+    uninformative: bool
+    estimable: bool
+    reason: str
+    significant: bool
+
+    @property
+    def n_baseline(self) -> int:
+        return len(self.baseline_epochs)
+
+    @property
+    def n_treatment(self) -> int:
+        return len(self.treatment_epochs)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self) | {"n_baseline": self.n_baseline, "n_treatment": self.n_treatment}
+
+
+def _reason(b: Sequence[TimeToTarget], t: Sequence[TimeToTarget], vb: np.ndarray, vt: np.ndarray, paired: bool) -> str:
+    """Why the speed-up has no test ('' if it has one); the checks in order."""
+    if not b or not t:
+        return f"no {'baseline' if not b else 'treatment'} runs"
+    bad = sum(not r.finite for r in (*b, *t))
+    if bad:
+        return f"non-finite rewards in {bad} of {len(b) + len(t)} runs; fix or exclude those runs explicitly"
+    if all(r.first_eligible is None for r in (*b, *t)):
+        return f"the runs have {b[0].last_epoch - b[0].first_epoch + 1} epochs, fewer than the smoothing window"
+    if all(r.at_start for r in (*b, *t)):
+        return "uninformative target: every run reaches it at its first full-window epoch; choose a higher target"
+    if len(b) < 2 or len(t) < 2:
+        return "1 run per arm: these are differences between runs; no CI/p-value" if len(b) < 2 and len(t) < 2 \
+            else f"1 {'baseline' if len(b) < 2 else 'treatment'} run: need >= 2 runs per arm for a CI/p-value"
+    if all(r.censored for r in (*b, *t)):
+        return "no run of either arm reaches the target within the compared epochs"
+    if paired and np.ptp(vb - vt) == 0:
+        return "the per-seed differences in epochs are all equal: no spread to test against"
+    if not paired and np.ptp(vb) == 0 and np.ptp(vt) == 0:
+        return "no within-arm variation in epochs to the target: the run-to-run spread is unknown"
+    return ""
+
+
+def _t_test(vb: np.ndarray, vt: np.ndarray, paired: bool, alpha: float) -> tuple[float, float, float, float, float]:
+    """(p, df, q, sd_b, sd_t) of the t test of mean(b) - mean(t) = 0; sd_b is the SD of the differences when paired."""
+    import scipy.stats  # here, not at import: ``import pcpo_eval.stats`` (every CLI start) stays scipy-free
+
+    if paired:
+        d = vb - vt
+        sd = float(d.std(ddof=1))
+        df = float(d.size - 1)
+        tstat = float(d.mean()) / (sd / math.sqrt(d.size))
+        return 2 * float(scipy.stats.t.sf(abs(tstat), df)), df, float(scipy.stats.t.ppf(1 - alpha / 2, df)), sd, sd
+    sb, st = float(vb.std(ddof=1)), float(vt.std(ddof=1))
+    va, vc = sb * sb / vb.size, st * st / vt.size
+    df = (va + vc) ** 2 / (va * va / (vb.size - 1) + vc * vc / (vt.size - 1))
+    tstat = (float(vb.mean()) - float(vt.mean())) / math.sqrt(va + vc)
+    return 2 * float(scipy.stats.t.sf(abs(tstat), df)), df, float(scipy.stats.t.ppf(1 - alpha / 2, df)), sb, st
+
+
+def _as_speedup(rmst_b: float, diff: float | None) -> float | None:
+    """The speed-up that a difference of ``diff`` epochs below ``rmst_b`` means (None if impossible)."""
+    if diff is None or diff >= rmst_b:
+        return None
+    return rmst_b / (rmst_b - diff) - 1.0
+
+
+def speedup_runs(
+    baseline: Sequence[TimeToTarget],
+    treatment: Sequence[TimeToTarget],
+    *,
+    target: float = math.nan,
+    paired: bool = False,
+    alpha: float = 0.05,
+    reference_effect: float = 0.25,
+) -> Speedup:
+    """Speed-up of the treatment over the baseline from per-run times to a target (module docstring).
+
+    Runs are restricted to ``tau`` = the earliest last epoch over all runs. ``paired``: the i-th
+    baseline and i-th treatment run share a seed.
+    """
+    require(0 < alpha < 1, f"alpha must be in (0, 1), got {alpha}")
+    require(not paired or len(baseline) == len(treatment), "paired speed-up needs as many baseline as treatment runs")
+    tau = min((r.last_epoch for r in (*baseline, *treatment)), default=None)
+    b = [r.restricted(tau) for r in baseline] if tau is not None else []
+    t = [r.restricted(tau) for r in treatment] if tau is not None else []
+    vb = np.asarray([r.value for r in b], dtype=np.float64)
+    vt = np.asarray([r.value for r in t], dtype=np.float64)
+    cb, ct = sum(r.censored for r in b), sum(r.censored for r in t)
+    reason = _reason(b, t, vb, vt, paired)
+    finite = vb.size > 0 and vt.size > 0 and bool(np.all(np.isfinite(vb)) and np.all(np.isfinite(vt)))
+    mb = km_restricted_mean(vb, [not r.censored for r in b], tau) if finite else None
+    mt = km_restricted_mean(vt, [not r.censored for r in t], tau) if finite else None
+    est = None if mb is None or mt is None or mt <= 0 else mb / mt - 1
+    uninformative = bool(b) and bool(t) and all(r.at_start for r in (*b, *t))
+    base = dict(target=float(target), baseline_epochs=tuple(vb.tolist()), treatment_epochs=tuple(vt.tolist()),
+                n_censored_baseline=cb, n_censored_treatment=ct, tau=tau, baseline_mean=mb, treatment_mean=mt,
+                estimate=est, alpha=alpha, paired=paired, reference_effect=reference_effect, uninformative=uninformative)
+    if reason:
+        return Speedup(**base, ci_low=None, ci_high=None, p=None, df=None, mde=None, seeds_for_reference=None,
+                       estimable=False, reason=reason, significant=False)
+    from pcpo_eval.stats.power import mde as _mde  # imports scipy: on first use (see _t_test)
+    from pcpo_eval.stats.power import seeds_needed
+
+    p, df, q, sd_b, sd_t = _t_test(vb, vt, paired, alpha)
+    lo, hi = fieller_interval(vb, vt, paired=paired, q=q)
+    d_mde = _mde(sd_b, vb.size, sd_t=sd_t, n_t=vt.size, paired=paired, alpha=alpha)
+    need = seeds_needed(mb - mb / (1 + reference_effect), sd_b, sd_t=sd_t, paired=paired, alpha=alpha)
+    return Speedup(**base, ci_low=lo - 1, ci_high=hi - 1 if math.isfinite(hi) else None, p=p, df=df,
+                   mde=_as_speedup(mb, d_mde), seeds_for_reference=need, estimable=True, reason="",
+                   significant=bool(p < alpha))
 
 
 @dataclass(frozen=True)
 class SpeedupTable:
-    """Speed-up rows for several targets (render with :meth:`to_markdown`)."""
+    """Speed-ups of one treatment over one baseline for several targets (``pcpo-eval speedup``)."""
 
-    rows: tuple[SpeedupRow, ...]
+    rows: tuple[Speedup, ...]
     window: int
-    n_baseline: int
-    n_pcpo: int
     baseline_names: tuple[str, ...]
     pcpo_names: tuple[str, ...]
+    curve: str = "reward"
 
     def to_dict(self) -> dict[str, Any]:
         """JSON shape of ``pcpo-eval speedup --json``."""
-        return {
-            "window": self.window,
-            "baseline_runs": list(self.baseline_names),
-            "pcpo_runs": list(self.pcpo_names),
-            "targets": [
-                asdict(r) | {"baseline_epochs": list(r.baseline_epochs), "pcpo_epochs": list(r.pcpo_epochs)}
-                for r in self.rows
-            ],
-        }
-
-    def to_frame(self) -> pd.DataFrame:
-        """One row per target."""
-        return pd.DataFrame([asdict(r) for r in self.rows]).set_index("target")
+        return {"window": self.window, "curve": self.curve, "baseline_runs": list(self.baseline_names),
+                "pcpo_runs": list(self.pcpo_names), "targets": [r.to_dict() for r in self.rows]}
 
     def to_markdown(self) -> str:
-        """Paper-style table: target, epochs baseline, epochs PCPO, speed-up."""
-
-        def ep(mean: float | None, sd: float | None, n: int) -> str:
-            if mean is None:
-                return "not reached"
-            return f"{mean:.0f}" if n == 1 or sd is None else f"{mean:.1f} ± {sd:.1f}"
-
-        lines = [
-            f"Smoothing: trailing moving average, window {self.window}; "
-            f"{self.n_baseline} baseline / {self.n_pcpo} PCPO run(s).",
-            "",
-            "| Target | Epochs baseline | Epochs PCPO | Speedup |",
-            "|---:|---:|---:|---:|",
-        ]
+        """Target, restricted mean epochs per arm (censored runs), speed-up with CI, p, power."""
+        paired = "paired by position (same seeds)" if self.rows and self.rows[0].paired else "unpaired (Welch)"
+        lines = [f"Smoothing: trailing mean over a full window of {self.window} epochs; {len(self.baseline_names)} "
+                 f"baseline / {len(self.pcpo_names)} PCPO run(s), {paired}; curve: {self.curve}.",
+                 "Epochs: Kaplan-Meier restricted mean to the last common epoch (runs that never reach the "
+                 "target count as that epoch).", "",
+                 "| Target | Epochs baseline | Epochs PCPO | Speed-up (95% CI) | p | detectable at 80% power |",
+                 "|---:|---:|---:|---:|---:|---:|"]
         for r in self.rows:
-            if r.speedup_pct is None:
-                sp = r.status + (
-                    f" (> {r.speedup_lower_bound_pct:.1f}%)" if r.speedup_lower_bound_pct is not None else ""
-                )
-            elif r.speedup_min_pct is not None and r.speedup_min_pct != r.speedup_max_pct:
-                sp = f"{r.speedup_pct:.1f}% [{r.speedup_min_pct:.1f}, {r.speedup_max_pct:.1f}]"
-            else:
-                sp = f"{r.speedup_pct:.1f}%"
-            lines.append(
-                f"| {r.target:g} | {ep(r.baseline_mean, r.baseline_sd, self.n_baseline)} | "
-                f"{ep(r.pcpo_mean, r.pcpo_sd, self.n_pcpo)} | {sp} |"
-            )
+            lines.append(f"| {r.target:g} | {speedup_cell_epochs(r.baseline_mean, r.n_censored_baseline, r.n_baseline)} | "
+                         f"{speedup_cell_epochs(r.treatment_mean, r.n_censored_treatment, r.n_treatment)} | "
+                         f"{speedup_text(r)} | {'' if r.p is None else f'{r.p:.3g}'} | {pct(r.mde, 'none')} |")
         return "\n".join(lines)
 
 
-def _mean_sd(v: list[int]) -> tuple[float | None, float | None]:
-    if not v:
-        return None, None
-    a = np.asarray(v, dtype=np.float64)
-    return float(a.mean()), (float(a.std(ddof=1)) if a.size > 1 else None)
+def pct(x: float | None, missing: str = "?") -> str:
+    """A speed-up fraction as a percentage (0.254 -> '+25%')."""
+    if x is None or not math.isfinite(x):
+        return missing
+    return f"{x:+.1%}" if abs(x) < 0.1 else f"{x:+.0%}"
 
 
-def speedup_row(
-    baseline_logs: Sequence[pd.DataFrame],
-    pcpo_logs: Sequence[pd.DataFrame],
-    target: float,
-    window: int = 5,
-    higher_is_better: bool = True,
-) -> SpeedupRow:
-    """Epochs to ``target`` for every run and the speed-up of PCPO over the baseline."""
-    be = [epochs_to_target(d, target, window, higher_is_better) for d in baseline_logs]
-    pe = [epochs_to_target(d, target, window, higher_is_better) for d in pcpo_logs]
-    b_ok, p_ok = [e for e in be if e is not None], [e for e in pe if e is not None]
-    bm, bs = _mean_sd(b_ok)
-    pm, ps = _mean_sd(p_ok)
-    sp = sp_min = sp_max = lower = None
-    if len(b_ok) == len(be) and len(p_ok) == len(pe):
-        status = "ok"
-        sp = speedup_pct(bm, pm)
-        pairs = [speedup_pct(b, p) for b in b_ok for p in p_ok]
-        sp_min, sp_max = float(min(pairs)), float(max(pairs))
-    else:
-        parts = []
-        if len(b_ok) < len(be):
-            parts.append(f"baseline not reached ({len(be) - len(b_ok)}/{len(be)} runs)")
-        if len(p_ok) < len(pe):
-            parts.append(f"pcpo not reached ({len(pe) - len(p_ok)}/{len(pe)} runs)")
-        status = "; ".join(parts)
-        if not b_ok and len(p_ok) == len(pe):
-            last = float(np.mean([float(validate_log(d)["epoch"].max()) for d in baseline_logs]))
-            lower = speedup_pct(last, pm)
-    return SpeedupRow(
-        target=float(target),
-        baseline_epochs=tuple(be),
-        pcpo_epochs=tuple(pe),
-        baseline_mean=bm,
-        baseline_sd=bs,
-        pcpo_mean=pm,
-        pcpo_sd=ps,
-        speedup_pct=sp,
-        speedup_min_pct=sp_min,
-        speedup_max_pct=sp_max,
-        speedup_lower_bound_pct=lower,
-        status=status,
-    )
+def speedup_cell_epochs(mean: float | None, censored: int, n: int) -> str:
+    if mean is None:
+        return "n/a"
+    return f"{mean:.1f}" + (f" ({censored}/{n} not reached)" if censored else "")
+
+
+def speedup_text(s: Speedup) -> str:
+    """'+25% (95% CI +3% to +60%)' or the reason there is none."""
+    if not s.estimable:
+        return s.reason
+    hi = pct(s.ci_high, "unbounded")
+    return f"{pct(s.estimate)} ({100 * (1 - s.alpha):g}% CI {pct(s.ci_low)} to {hi})"
 
 
 def speedup_table(
@@ -249,35 +438,56 @@ def speedup_table(
     targets: Sequence[float],
     window: int = 5,
     higher_is_better: bool = True,
+    *,
+    paired: bool = False,
+    curve: str = "reward",
+    alpha: float = 0.05,
 ) -> SpeedupTable:
-    """Speed-up rows for each target; logs are DataFrames, log files or RUN directories."""
+    """Speed-ups for each target from logs (DataFrames, log files or RUN directories).
+
+    ``curve``: ``reward`` (``reward_mean``) or ``gain`` (``reward_mean - control_reward_mean``, the
+    learning curve; logs need the paired control). ``paired``: the i-th baseline and i-th PCPO log
+    share a seed.
+    """
     if not baseline or not pcpo:
         raise UserError("give at least one baseline log and one PCPO log")
     if not targets:
-        raise UserError("give at least one --target reward level")
+        raise UserError("give at least one --target level")
+    if paired and len(baseline) != len(pcpo):
+        raise UserError(f"--paired needs as many baseline as PCPO logs (got {len(baseline)} and {len(pcpo)}), "
+                        "given in seed order")
 
     def load(x: pd.DataFrame | str | Path) -> tuple[str, pd.DataFrame]:
-        if isinstance(x, pd.DataFrame):
-            return "<frame>", validate_log(x)
-        return str(x), load_log(x)
+        name, df = ("<frame>", validate_log(x)) if isinstance(x, pd.DataFrame) else (str(x), load_log(x))
+        if curve == "gain":
+            if "control_reward_mean" not in df.columns or not np.isfinite(df["control_reward_mean"].to_numpy(np.float64)).all():
+                raise UserError(f"log {name} has no finite control_reward_mean; the gain curve needs runs trained "
+                                "with paired_control: true (or use the reward curve)")
+            df = df.assign(reward_mean=df["reward_mean"] - df["control_reward_mean"])
+        return name, df
 
-    b = [load(x) for x in baseline]
-    p = [load(x) for x in pcpo]
-    rows = tuple(
-        speedup_row([d for _, d in b], [d for _, d in p], t, window, higher_is_better) for t in targets
-    )
-    return SpeedupTable(rows, window, len(b), len(p), tuple(n for n, _ in b), tuple(n for n, _ in p))
+    b, p = [load(x) for x in baseline], [load(x) for x in pcpo]
+
+    def ttt(df: pd.DataFrame, t: float) -> TimeToTarget:
+        return epochs_to_target(df["reward_mean"].to_numpy(), t, window, epochs=df["epoch"].to_numpy(),
+                                higher_is_better=higher_is_better)
+
+    rows = tuple(speedup_runs([ttt(d, t) for _, d in b], [ttt(d, t) for _, d in p], target=t, paired=paired,
+                              alpha=alpha) for t in targets)
+    return SpeedupTable(rows, window, tuple(n for n, _ in b), tuple(n for n, _ in p), curve)
 
 
 def unreachable_targets(run_dirs: Sequence[str | Path], targets: Sequence[float], window: int) -> list[str]:
-    """Problems for targets that no run's smoothed reward reaches (paper: first epoch reaching it)."""
+    """Problems for targets that no run's full-window smoothed reward reaches."""
     best = float("-inf")
     for rd in run_dirs:
         try:
             log = load_log(Path(rd) / "log.parquet")
         except UserError:
             continue
-        best = max(best, float(moving_average(log["reward_mean"].to_numpy(), window).max()))
+        s = full_window_average(log["reward_mean"].to_numpy(), window)
+        if np.isfinite(s).any():
+            best = max(best, float(np.nanmax(s)))
     out = []
     for t in dict.fromkeys(targets):
         if t == t and not best >= t:  # NaN-safe

@@ -1,61 +1,66 @@
-"""Verdicts over runs: one machine-readable row and one plain sentence per comparison.
+"""Verdicts over runs: one machine-readable row and one plain sentence per comparison, a headline.
 
 Input: a tidy table with one row per (arm, cell, seed, epoch) and columns ``arm``, ``cell``,
 ``seed``, ``epoch``, ``reward_mean`` and optionally ``control_reward_mean`` (the untrained model
 on the same prompts and noises that epoch). A *run* is one (arm, cell, seed); runs, not prompts,
-are the replicates (rliable, Agarwal et al. 2021). For every cell and every treatment arm,
-:func:`verdict_rows` compares the treatment's runs with the baseline's runs on
+are the replicates (rliable, Agarwal et al. 2021). For every cell and treatment arm,
+:func:`verdict_rows` compares the treatment's runs with the baseline's on
 
-* ``final`` -- mean reward of the last ``k`` epochs of each run;
-* ``auc`` -- mean reward over training (normalised area under the curve);
-* ``paired_gain`` -- mean of ``reward - control`` over the last ``k`` epochs (when logged);
-* ``speedup@<target>`` -- mean(E_base) / mean(E_treat) - 1, E = epochs to reach the target
-  (window-5 trailing mean, paper App. Tab. 6), censored runs explicit.
+* ``paired_gain`` -- mean of ``reward - control`` over the last ``k`` epochs: what the run
+  *learned*, with the sampler and the prompt/noise draw cancelled (needs the control);
+* ``final_reward`` -- mean reward of the last ``k`` epochs; ``auc`` -- mean reward over training;
+* ``speedup_gain:<g>`` -- speed-up to a *gain* of ``g`` over the paired control (the speed-up that
+  measures learning), for every informative gain target;
+* ``speedup_reward:<t>`` -- speed-up to a raw reward ``t`` (what the paper reports), for every
+  informative reward target. Both speed-ups: :mod:`pcpo_eval.stats.speedup` (full-window
+  smoothing, Kaplan-Meier restricted mean epochs, Fieller CI from the same t test).
 
-The statistics are those of :mod:`pcpo_eval.stats.runlevel` (Welch/Yuen t CI, exact permutation
-p, Fieller CI for the speed-up; see there for the measured false-positive rates). Rows are not
-adjusted for multiplicity; pass the ``p`` column to :func:`pcpo_eval.stats.adjust.holm` if a
-family of rows is tested together.
+Pairing: when both arms of a cell trained the same seeds (a study's default), run ``i`` of one arm
+and run ``i`` of the other drew the same prompts and initial noises, so the comparison uses the
+per-seed differences (paired t; sign-flip permutation as a check); otherwise Welch over runs.
 
-Row keys (:data:`VERDICT_KEYS`): ``baseline``/``treatment`` are the arm names, ``estimate`` is
-treatment - baseline (a fraction for the speed-up: 0.58 = 58%), ``ci_low``/``ci_high`` are None
-when there is no CI or that side is unbounded, ``p`` is None when not estimable. For estimable
-speed-ups with censored runs, ``reason`` says that the estimate is a bound and which runs never
-reached the target.
+Targets (:func:`target_status`): a reward target that any untrained control curve reaches is
+*uninformative* (the sampler reaches it without learning: a frozen policy would look fast); so is
+a target every run reaches at its first full-window epoch. Uninformative targets get no row.
+
+Families: ``primary`` names the study's primary endpoint(s) (default ``paired_gain`` when the
+controls were logged, else ``final_reward``); every other row is secondary. ``p_adjusted`` is
+Holm's adjustment within the row's family, ``significant`` = ``p_adjusted < alpha``: one primary
+endpoint keeps its level per study, and the secondary rows together keep a family-wise level.
+Every row carries ``mde``, the smallest effect its test detects with 80% power at the measured
+run-to-run spread (:mod:`pcpo_eval.stats.power`).
+
+Row keys (:data:`VERDICT_KEYS`): ``estimate`` is treatment - baseline (a fraction for speed-ups:
+0.25 = 25%), ``ci_low``/``ci_high`` None when there is no CI or that side is unbounded, ``p`` (the
+t test behind the CI) None when not estimable.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from pcpo_eval.errors import UserError, require
-from pcpo_eval.stats.runlevel import (
-    ONE_RUN_PER_ARM,
-    Comparison,
-    Speedup,
-    Stat,
-    TimeToTarget,
-    auc,
-    compare_runs,
-    epochs_to_target,
-    final,
-    paired_gain,
-    speedup_runs,
-)
+from pcpo_eval.stats.adjust import holm
+from pcpo_eval.stats.runlevel import ONE_RUN_PER_ARM, Comparison, Stat, auc, compare_runs, final, paired_gain
+from pcpo_eval.stats.speedup import Speedup, epochs_to_target, pct, speedup_runs
 
 VERDICT_KEYS = (
     "cell", "quantity", "baseline", "treatment", "estimate", "ci_low", "ci_high", "n_baseline_runs",
-    "n_treatment_runs", "p", "estimable", "reason", "significant", "sentence",
+    "n_treatment_runs", "p", "estimable", "reason", "significant", "sentence", "paired", "mde", "family",
+    "p_adjusted", "p_permutation", "baseline_value", "treatment_value", "details",
 )  # fmt: skip
 TABLE_COLUMNS = ("arm", "cell", "seed", "epoch", "reward_mean")
 CONTROL_COLUMN = "control_reward_mean"
 #: quantity -> how a sentence names it
-QUANTITIES = {"final": "final reward", "auc": "reward AUC", "paired_gain": "paired gain"}
+QUANTITIES = {"final_reward": "final reward", "auc": "reward AUC", "paired_gain": "paired gain"}
+SPEEDUP_KINDS = {"speedup_gain": "gain", "speedup_reward": "reward"}
+#: the speed-up the report says how many seeds would detect
+REFERENCE_SPEEDUP = 0.25
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,14 @@ class Verdict:
     reason: str
     significant: bool
     sentence: str
+    paired: bool = False
+    mde: float | None = None
+    family: str = "secondary"
+    p_adjusted: float | None = None
+    p_permutation: float | None = None
+    baseline_value: float | None = None
+    treatment_value: float | None = None
+    details: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON shape: exactly :data:`VERDICT_KEYS`."""
@@ -93,6 +106,13 @@ class RunCurve:
     reward: np.ndarray
     control: np.ndarray | None
 
+    def curve(self, kind: str) -> np.ndarray:
+        """``reward`` or ``gain`` (reward - control)."""
+        if kind == "gain":
+            assert self.control is not None
+            return self.reward - self.control
+        return self.reward
+
 
 def run_curves(table: pd.DataFrame) -> tuple[RunCurve, ...]:
     """Validate the tidy table and split it into runs (one per arm, cell, seed)."""
@@ -101,10 +121,7 @@ def run_curves(table: pd.DataFrame) -> tuple[RunCurve, ...]:
             f"needs {', '.join(TABLE_COLUMNS)} (+ optional {CONTROL_COLUMN})")  # fmt: skip
     require(len(table) > 0, "runs table has no rows")
     for c in ("epoch", "reward_mean", *([CONTROL_COLUMN] if CONTROL_COLUMN in table.columns else [])):
-        require(
-            pd.api.types.is_numeric_dtype(table[c]),
-            f"runs table column {c!r} is not numeric ({table[c].dtype})",
-        )
+        require(pd.api.types.is_numeric_dtype(table[c]), f"runs table column {c!r} is not numeric ({table[c].dtype})")
     key = ["arm", "cell", "seed", "epoch"]
     dup = table.duplicated(key)
     if dup.any():
@@ -114,21 +131,13 @@ def run_curves(table: pd.DataFrame) -> tuple[RunCurve, ...]:
     out = []
     for (arm, cell, seed), g in table.sort_values("epoch").groupby(["arm", "cell", "seed"], sort=True):
         ctrl = g[CONTROL_COLUMN].to_numpy(np.float64) if has_control else None
-        out.append(
-            RunCurve(
-                str(arm),
-                str(cell),
-                str(seed),
-                g["epoch"].to_numpy(),
-                g["reward_mean"].to_numpy(np.float64),
-                ctrl,
-            )
-        )
+        out.append(RunCurve(str(arm), str(cell), str(seed), g["epoch"].to_numpy(),
+                            g["reward_mean"].to_numpy(np.float64), ctrl))
     return tuple(out)
 
 
 def _scalar(run: RunCurve, quantity: str, k: int) -> float:
-    if quantity == "final":
+    if quantity == "final_reward":
         return final(run.reward, k)
     if quantity == "auc":
         return auc(run.reward, epochs=run.epochs)
@@ -138,7 +147,7 @@ def _scalar(run: RunCurve, quantity: str, k: int) -> float:
 
 def _quantities(quantities: Sequence[str] | None, has_control: bool) -> tuple[str, ...]:
     if quantities is None:
-        return ("final", "auc", *(("paired_gain",) if has_control else ()))
+        return (*(("paired_gain",) if has_control else ()), "final_reward", "auc")
     bad = [q for q in quantities if q not in QUANTITIES]
     require(not bad, f"unknown quantity {bad[0] if bad else ''!r}; choose from {', '.join(QUANTITIES)}")
     require(has_control or "paired_gain" not in quantities,
@@ -154,6 +163,59 @@ def _arms(runs: Sequence[RunCurve], baseline: str, treatments: Sequence[str] | N
     bad = [a for a in treatments if a not in arms]
     require(not bad, f"treatment arm {bad[0] if bad else ''!r} is not in the table; arms: {', '.join(arms)}")
     return tuple(treatments)
+
+
+def pair_runs(b: Sequence[RunCurve], t: Sequence[RunCurve]) -> tuple[list[RunCurve], list[RunCurve], bool]:
+    """Both arms in seed order, and whether they pair (the same >= 2 seeds in both arms)."""
+    sb, st = {r.seed: r for r in b}, {r.seed: r for r in t}
+    if set(sb) == set(st) and len(sb) >= 2:
+        seeds = sorted(sb)
+        return [sb[s] for s in seeds], [st[s] for s in seeds], True
+    return list(b), list(t), False
+
+
+def default_primary(has_control: bool) -> tuple[str, ...]:
+    """The primary endpoint when a spec names none: what the runs learned, if the controls say it."""
+    return ("paired_gain",) if has_control else ("final_reward",)
+
+
+# ---------------------------------------------------------------------------------------------
+# targets
+# ---------------------------------------------------------------------------------------------
+
+
+def quantity_name(kind: str, target: float) -> str:
+    """``speedup_gain:<g>`` or ``speedup_reward:<t>`` (the results.json contract)."""
+    return f"speedup_{kind}:{target:g}"
+
+
+def target_status(runs: Sequence[RunCurve], targets: Sequence[float], gain_targets: Sequence[float],
+                  window: int) -> list[dict[str, Any]]:
+    """Per target and curve: ``informative``, or ``uninformative`` with the reason (module docstring)."""
+    out = []
+    for kind, levels in (("reward", targets), ("gain", gain_targets)):
+        if kind == "gain" and (not runs or runs[0].control is None):
+            out += [{"target": float(t), "curve": "gain", "quantity": quantity_name("gain", t), "status": "uninformative",
+                     "headline": False, "note": "no paired control logged: a gain curve needs paired_control: true"}
+                    for t in levels]  # fmt: skip
+            continue
+        for t in levels:
+            note = ""
+            if kind == "gain" and t <= 0:
+                note = "a gain target must be > 0 (the untrained control has gain 0 by definition)"
+            elif kind == "reward" and runs[0].control is not None:
+                # a control with a NaN is not finite (epoch None, censored False): it reaches nothing
+                hits = [r for r in runs if epochs_to_target(r.control, t, window, epochs=r.epochs).epoch is not None]
+                if hits:
+                    note = (f"uninformative: the untrained control reaches {t:g} in {len(hits)} of {len(runs)} runs, "
+                            "so the sampler reaches it without learning")
+            if not note and runs and all(epochs_to_target(r.curve(kind), t, window, epochs=r.epochs).at_start
+                                         for r in runs):
+                note = (f"uninformative: every run's smoothed {kind} reaches {t:g} at its first full-window epoch; "
+                        "choose a higher target")
+            out.append({"target": float(t), "curve": kind, "quantity": quantity_name(kind, t),
+                        "status": "uninformative" if note else "informative", "headline": not note, "note": note})
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -172,83 +234,63 @@ def _level(alpha: float) -> str:
     return f"{100 * (1 - alpha):g}%"
 
 
-def _p_note(significant: bool, p: float | None, p_min: float | None, alpha: float, runs: str) -> str:
-    """Say so when the permutation p and the interval disagree (3 vs 3 runs: p >= 0.1 always)."""
-    if p is None or significant == (p <= alpha):
+def _design(paired: bool, n_t: int, n_b: int) -> str:
+    return f"{n_b} seeds per arm, paired by seed" if paired else f"{n_t} vs {n_b} runs, unpaired"
+
+
+def _p_text(v: Verdict) -> str:
+    if v.p is None:
         return ""
-    if p_min is not None and p_min > alpha:
-        return f"; exact permutation p = {p:.2f} (cannot be below {p_min:.2f} with {runs})"
-    return f"; permutation p = {p:.3f}"
+    adj = f", Holm-adjusted p = {v.p_adjusted:.3g} ({v.family})" if v.p_adjusted is not None else ""
+    return f"; p = {v.p:.3g}{adj}"
 
 
-def comparison_sentence(c: Comparison, label: str, baseline: str, treatment: str) -> str:
-    """One plain sentence for a :class:`Comparison` of ``label`` (e.g. "final reward")."""
-    runs = f"{c.n_treatment} vs {c.n_baseline} runs"
+def comparison_sentence(v: Verdict, c: Comparison, label: str) -> str:
+    """One plain sentence for a comparison row (after the family adjustment)."""
+    b, t = v.baseline, v.treatment
     if not c.estimable:
         if c.reason == ONE_RUN_PER_ARM and c.estimate is not None:
             d = _decimals(abs(c.estimate))
-            return f"1 run per arm: differences between runs, not algorithms ({treatment} - {baseline} {label}: {c.estimate:+.{d}f})"
-        return f"{label} of {treatment} vs {baseline} is not estimable: {c.reason}"
+            return f"1 run per arm: differences between runs, not algorithms ({t} - {b} {label}: {c.estimate:+.{d}f})"
+        return f"{label} of {t} vs {b} is not estimable: {c.reason}"
     assert c.estimate is not None and c.ci_low is not None and c.ci_high is not None
-    assert c.baseline_value is not None and c.treatment_value is not None
     d = _decimals(c.ci_high - c.ci_low)
-    note = _p_note(c.significant, c.p, c.p_min, c.alpha, runs)
-    ci = f"{c.estimate:+.{d}f}, {_level(c.alpha)} CI {c.ci_low:+.{d}f} to {c.ci_high:+.{d}f}, {runs}"
-    if not c.significant:
-        return f"no evidence of a difference in {label} between {treatment} and {baseline} ({ci}){note}"
+    ci = f"{c.estimate:+.{d}f}, {_level(c.alpha)} CI {c.ci_low:+.{d}f} to {c.ci_high:+.{d}f}, {_design(c.paired, c.n_treatment, c.n_baseline)}"
+    power = f"; detectable at 80% power: ±{c.mde:.{d}f}" if c.mde is not None else ""
+    if not v.significant:
+        excl = " (the CI excludes 0, but not after the family's Holm adjustment)" if c.significant else ""
+        return f"no evidence of a difference in {label} between {t} and {b} ({ci}{_p_text(v)}{power}){excl}"
     way = "higher" if c.estimate > 0 else "lower"
-    return (f"{treatment}'s {label} is {way} than {baseline}'s: {c.treatment_value:.{d}f} vs "
-            f"{c.baseline_value:.{d}f} ({ci}){note}")  # fmt: skip
+    assert c.baseline_value is not None and c.treatment_value is not None
+    return f"{t}'s {label} is {way} than {b}'s: {c.treatment_value:.{d}f} vs {c.baseline_value:.{d}f} ({ci}{_p_text(v)}{power})"
 
 
 def _epochs(x: float | None) -> str:
-    return "?" if x is None else (f"{x:.0f}" if float(x).is_integer() else f"{x:.1f}")
+    return "?" if x is None else f"{x:.1f}"
 
 
-def _pct(x: float | None, unbounded: str) -> str:
-    if x is None:
-        return unbounded
-    return f"{x:.1%}" if abs(x) < 0.1 else f"{x:.0%}"  # no "-0%" for a limit just below 0
-
-
-def _censor_note(n_cens: int, runs: Sequence[TimeToTarget], arm: str, target: float) -> str:
-    last = sorted({r.last_epoch for r in runs if r.censored})
-    within = f"within {last[0]} epochs" if len(last) == 1 else "within their logged epochs"
-    return f"{n_cens} of {len(runs)} {arm} runs never reach {target:g} {within}"
-
-
-def speedup_sentence(
-    s: Speedup,
-    target: float,
-    b_runs: Sequence[TimeToTarget],
-    t_runs: Sequence[TimeToTarget],
-    baseline: str,
-    treatment: str,
-) -> str:
-    """One plain sentence for a :class:`Speedup` to ``target``."""
-    runs = f"{s.n_treatment} vs {s.n_baseline} runs"
+def speedup_sentence(v: Verdict, s: Speedup, kind: str) -> str:
+    """One plain sentence for a speed-up row (after the family adjustment)."""
+    b, t, what = v.baseline, v.treatment, f"{kind} {s.target:g}"
     if not s.estimable:
-        if s.reason == ONE_RUN_PER_ARM:
-            return (f"1 run per arm: differences between runs, not algorithms ({treatment} reaches {target:g} "
-                    f"in {_epochs(s.treatment_mean)} epochs vs {_epochs(s.baseline_mean)})")  # fmt: skip
-        return f"epochs to reach {target:g}, {treatment} vs {baseline}, are not estimable: {s.reason}"
-    head = "" if s.significant else f"no evidence of a difference in epochs to reach {target:g}: "
-    lvl = _level(s.alpha)
-    tail = f"{runs}){_p_note(s.significant, s.p, s.p_min, s.alpha, runs)}"
-    if s.bound == "lower":
-        what = _censor_note(s.n_censored_baseline, b_runs, baseline, target)
-        return (f"{head}{treatment} reaches {target:g} in {_epochs(s.treatment_mean)} epochs; {what} (speed-up at "
-                f"least {_pct(s.estimate, '?')}, {lvl} lower limit {_pct(s.ci_low, '?')}, {tail}")  # fmt: skip
-    if s.bound == "upper":
-        what = _censor_note(s.n_censored_treatment, t_runs, treatment, target)
-        return (f"{head}{what}; {baseline} reaches it in {_epochs(s.baseline_mean)} epochs (speed-up at most "
-                f"{_pct(s.estimate, '?')}, {lvl} upper limit {_pct(s.ci_high, 'unbounded')}, {tail}")  # fmt: skip
-    ci = f"{lvl} CI {_pct(s.ci_low, '?')} to {_pct(s.ci_high, 'unbounded')}"
-    if not s.significant:
-        return (f"{head}{_epochs(s.treatment_mean)} vs {_epochs(s.baseline_mean)} epochs "
-                f"(speed-up {_pct(s.estimate, '?')}, {ci}, {tail}")  # fmt: skip
-    return (f"{treatment} reaches {target:g} in {_epochs(s.treatment_mean)} epochs vs {_epochs(s.baseline_mean)} "
-            f"(speed-up {_pct(s.estimate, '?')}, {ci}, {tail}")  # fmt: skip
+        if s.reason.startswith("1 run per arm"):
+            return (f"1 run per arm: differences between runs, not algorithms ({t} reaches {what} in "
+                    f"{_epochs(s.treatment_mean)} epochs vs {_epochs(s.baseline_mean)})")  # fmt: skip
+        return f"speed-up to {what}, {t} vs {b}, is not estimable: {s.reason}"
+    cens = [f"{n} of {m} {arm} runs never reach it" for n, m, arm in
+            ((s.n_censored_treatment, s.n_treatment, t), (s.n_censored_baseline, s.n_baseline, b)) if n]
+    epochs = (f"{_epochs(s.treatment_mean)} vs {_epochs(s.baseline_mean)} epochs (restricted mean to epoch {s.tau}"
+              + (f"; {', '.join(cens)}" if cens else "") + ")")
+    ci = f"speed-up {pct(s.estimate)}, {_level(s.alpha)} CI {pct(s.ci_low)} to {pct(s.ci_high, 'unbounded')}"
+    power = (f"; detectable at 80% power: {pct(s.mde)}" if s.mde is not None else "; no speed-up is detectable at 80% power")
+    need = (f"; a {REFERENCE_SPEEDUP:.0%} speed-up needs {s.seeds_for_reference} seeds per arm"
+            if s.seeds_for_reference is not None else "")
+    tail = f"{ci}, {_design(s.paired, s.n_treatment, s.n_baseline)}{_p_text(v)}{power}{need}"
+    if not v.significant:
+        excl = " (the CI excludes 0, but not after the family's Holm adjustment)" if s.significant else ""
+        return f"no evidence of a difference in epochs to reach {what}: {epochs}; {tail}{excl}"
+    way = "sooner" if (s.estimate or 0) > 0 else "later"
+    return f"{t} reaches {what} {way} than {b}: {epochs}; {tail}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -256,35 +298,44 @@ def speedup_sentence(
 # ---------------------------------------------------------------------------------------------
 
 
-def _bound_reason(
-    s: Speedup, b_runs: Sequence[TimeToTarget], t_runs: Sequence[TimeToTarget], target: float
-) -> str:
-    """The reason field of a speed-up row: why not estimable, or which runs are censored."""
-    if not s.estimable or s.bound == "point":
-        return s.reason
-    if s.bound == "lower":
-        return f"estimate is a lower bound: {_censor_note(s.n_censored_baseline, b_runs, 'baseline', target)} (censored)"
-    return f"estimate is an upper bound: {_censor_note(s.n_censored_treatment, t_runs, 'treatment', target)} (censored)"
+def _speedup(cell: str, b: Sequence[RunCurve], t: Sequence[RunCurve], paired: bool, names: tuple[str, str],
+             kind: str, target: float, window: int, alpha: float) -> tuple[Verdict, Speedup]:
+    bt = [epochs_to_target(r.curve(kind), target, window, epochs=r.epochs) for r in b]
+    tt = [epochs_to_target(r.curve(kind), target, window, epochs=r.epochs) for r in t]
+    s = speedup_runs(bt, tt, target=target, paired=paired, alpha=alpha, reference_effect=REFERENCE_SPEEDUP)
+    details = {"curve": kind, "target": target, "tau": s.tau, "baseline_epochs": list(s.baseline_epochs),
+               "treatment_epochs": list(s.treatment_epochs), "n_censored_baseline": s.n_censored_baseline,
+               "n_censored_treatment": s.n_censored_treatment, "df": s.df,
+               "reference_speedup": REFERENCE_SPEEDUP, "seeds_for_reference": s.seeds_for_reference}
+    v = Verdict(cell, quantity_name(kind, target), *names, s.estimate, s.ci_low, s.ci_high, s.n_baseline, s.n_treatment,
+                s.p, s.estimable, s.reason, s.significant, "", s.paired, s.mde, "secondary", None, None,
+                s.baseline_mean, s.treatment_mean, details)  # fmt: skip
+    return v, s
 
 
-def _speedup_row(cell: str, b: Sequence[RunCurve], t: Sequence[RunCurve], names: tuple[str, str],
-                 target: float, window: int, alpha: float, rng: np.random.Generator) -> Verdict:  # fmt: skip
-    bt = [epochs_to_target(r.reward, target, window, epochs=r.epochs) for r in b]
-    tt = [epochs_to_target(r.reward, target, window, epochs=r.epochs) for r in t]
-    s = speedup_runs(bt, tt, rng=rng, alpha=alpha)
-    return Verdict(
-        cell, f"speedup@{target:g}", names[0], names[1], s.estimate, s.ci_low, s.ci_high, s.n_baseline,
-        s.n_treatment, s.p, s.estimable, _bound_reason(s, bt, tt, target), s.significant,
-        speedup_sentence(s, target, bt, tt, names[0], names[1]),
-    )  # fmt: skip
+def _comparison(cell: str, q: str, c: Comparison, names: tuple[str, str]) -> Verdict:
+    details = {"df": c.df, "ci_method": c.ci_method, "p_method": c.p_method, "p_min_permutation": c.p_min,
+               "poi": c.poi, "poi_ci": [c.poi_ci_low, c.poi_ci_high], "stat": c.stat}
+    return Verdict(cell, q, *names, c.estimate, c.ci_low, c.ci_high, c.n_baseline, c.n_treatment, c.p, c.estimable,
+                   c.reason, c.significant, "", c.paired, c.mde, "secondary", None, c.p_permutation,
+                   c.baseline_value, c.treatment_value, details)  # fmt: skip
 
 
-def _comparison_row(cell: str, q: str, c: Comparison, names: tuple[str, str]) -> Verdict:
-    label = QUANTITIES[q] if c.stat == "mean" else f"IQM {QUANTITIES[q]}"
-    return Verdict(
-        cell, q, names[0], names[1], c.estimate, c.ci_low, c.ci_high, c.n_baseline, c.n_treatment, c.p,
-        c.estimable, c.reason, c.significant, comparison_sentence(c, label, names[0], names[1]),
-    )  # fmt: skip
+def _base(quantity: str) -> str:
+    """``speedup_gain:0.05`` -> ``speedup_gain`` (a primary may name the kind or the exact row)."""
+    return quantity.split(":", 1)[0]
+
+
+def adjust_families(rows: Sequence[Verdict], primary: Sequence[str], alpha: float) -> list[Verdict]:
+    """Mark each row primary/secondary, Holm-adjust p within each family, set ``significant``."""
+    fam = ["primary" if (r.quantity in primary or _base(r.quantity) in primary) else "secondary" for r in rows]
+    out = [replace(r, family=f) for r, f in zip(rows, fam, strict=True)]
+    for name in ("primary", "secondary"):
+        idx = [i for i, r in enumerate(out) if r.family == name and r.estimable and r.p is not None]
+        adj = holm([out[i].p for i in idx]) if idx else []
+        for i, pa in zip(idx, adj, strict=True):
+            out[i] = replace(out[i], p_adjusted=float(pa), significant=bool(pa < alpha))
+    return [r if r.p_adjusted is not None else replace(r, significant=False) for r in out]
 
 
 def verdict_rows(
@@ -295,31 +346,66 @@ def verdict_rows(
     rng: np.random.Generator,
     quantities: Sequence[str] | None = None,
     targets: Sequence[float] = (),
+    gain_targets: Sequence[float] = (),
+    primary: Sequence[str] | None = None,
     k: int = 5,
     window: int = 5,
     stat: Stat = "mean",
     alpha: float = 0.05,
     n_boot: int = 2000,
 ) -> tuple[Verdict, ...]:
-    """Verdicts for every cell x treatment arm x quantity (then x target), in that order.
-
-    ``treatments`` defaults to every arm but the baseline; ``quantities`` to final, auc and
-    (when ``control_reward_mean`` is present) paired_gain; each target adds a speed-up row.
-    """
+    """Verdicts for every cell x treatment arm: the quantities, then the informative gain and reward
+    targets (:func:`target_status`); families adjusted, sentences written (module docstring)."""
     runs = run_curves(table)
-    qs = _quantities(quantities, runs[0].control is not None)
+    has_control = runs[0].control is not None
+    qs = _quantities(quantities, has_control)
     arms = _arms(runs, baseline, treatments)
-    out: list[Verdict] = []
+    status = target_status(runs, targets, gain_targets, window)
+    speed = [(s["curve"], s["target"]) for s in status if s["headline"]]
+    speed = [x for x in speed if x[0] == "gain"] + [x for x in speed if x[0] == "reward"]
+    rows: list[Verdict] = []
+    objs: list[tuple[str, Comparison | Speedup]] = []
     for cell in sorted({r.cell for r in runs}):
-        b = [r for r in runs if r.cell == cell and r.arm == baseline]
+        b_all = [r for r in runs if r.cell == cell and r.arm == baseline]
         for arm in arms:
-            t = [r for r in runs if r.cell == cell and r.arm == arm]
+            b, t, paired = pair_runs(b_all, [r for r in runs if r.cell == cell and r.arm == arm])
             for q in qs:
                 xb = np.asarray([_scalar(r, q, k) for r in b], dtype=np.float64)
                 xt = np.asarray([_scalar(r, q, k) for r in t], dtype=np.float64)
-                c = compare_runs(xb, xt, stat, n_boot, rng=rng, alpha=alpha)
-                out.append(_comparison_row(cell, q, c, (baseline, arm)))
-            out.extend(
-                _speedup_row(cell, b, t, (baseline, arm), float(x), window, alpha, rng) for x in targets
-            )
-    return tuple(out)
+                c = compare_runs(xb, xt, stat, n_boot, rng=rng, alpha=alpha, paired=paired)
+                rows.append(_comparison(cell, q, c, (baseline, arm)))
+                objs.append((QUANTITIES[q] if stat == "mean" else f"IQM {QUANTITIES[q]}", c))
+            for kind, x in speed:
+                v, s = _speedup(cell, b, t, paired, (baseline, arm), kind, x, window, alpha)
+                rows.append(v)
+                objs.append((kind, s))
+    rows = adjust_families(rows, tuple(primary) if primary else default_primary(has_control), alpha)
+    return tuple(replace(v, sentence=speedup_sentence(v, o, lab) if isinstance(o, Speedup)
+                         else comparison_sentence(v, o, lab)) for v, (lab, o) in zip(rows, objs, strict=True))
+
+
+# ---------------------------------------------------------------------------------------------
+# headline
+# ---------------------------------------------------------------------------------------------
+
+
+def headline(rows: Sequence[dict[str, Any]], offset: dict[str, Any] | None = None) -> str:
+    """The study's answer in one or two sentences: the primary endpoint(s) with CI, design and power,
+    then the learning speed-up (gain) and, if the raw-reward speed-up is the sampler's, that."""
+    prim = [r for r in rows if r.get("family") == "primary"]
+    if not prim:
+        return "No run-level verdict: the study has no estimable primary endpoint."
+    parts = []
+    several = len({r["cell"] for r in prim}) > 1
+    for r in prim:
+        where = [r["cell"]] if several else []
+        if r["quantity"] not in QUANTITIES:
+            where.append(r["quantity"].replace("_", " "))
+        parts.append(f"On this study{' (' + ', '.join(where) + ')' if where else ''}, {r['sentence']}")
+    gains = [r for r in rows if r["quantity"].startswith("speedup_gain:") and r["family"] != "primary"]
+    if gains:
+        g = gains[0]
+        parts.append(f"Learning speed ({g['quantity'].split(':')[1]} gain over the untrained control): {g['sentence']}")
+    if offset and offset.get("explains_raw_speedup"):
+        parts.append(offset["explains_raw_speedup"])
+    return " ".join(p.rstrip(".") + "." for p in parts)

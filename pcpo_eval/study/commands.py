@@ -30,10 +30,22 @@ def register(app: typer.Typer) -> None:
         spec: Path = typer.Argument(..., help="study spec (YAML), e.g. analysis/toy_study.yaml"),
         out: Path | None = typer.Option(None, "--out", help="study directory [studies/<name>]"),
         stages: str = typer.Option("all", "--stages", help="comma-separated subset of train,select,generate,metrics,stats,report"),
+        plan: bool = typer.Option(False, "--plan", help="print the seeds per arm, compute and disk the study needs; train nothing"),
+        pilot: Path | None = typer.Option(None, "--pilot", help="with --plan: a finished pilot study folder (its runs give the spread)"),
+        cv: float | None = typer.Option(None, "--cv", help="with --plan and no pilot: run-to-run SD / mean of a per-run quantity"),
+        effect: float = typer.Option(0.25, "--effect", help="with --plan: the relative effect to detect (0.25 = 25%)"),
     ) -> None:
         """Train -> select -> generate -> metrics -> stats -> report; re-running continues after a crash."""
         from pcpo_eval.study.runner import run_study
-        from pcpo_eval.study.spec import STAGES
+        from pcpo_eval.study.spec import STAGES, load_spec
+
+        if plan:
+            from pcpo_eval.study.plan import plan_text
+
+            typer.echo(plan_text(load_spec(spec, check_weights=False), pilot, cv, effect))
+            return
+        if pilot is not None or cv is not None:
+            raise UserError("--pilot and --cv go with --plan (pcpo-eval study SPEC --plan --pilot DIR)")
 
         chosen = STAGES if stages == "all" else tuple(s.strip() for s in stages.split(",") if s.strip())
         path = run_study(spec, out, chosen, log=lambda s: typer.echo(s))

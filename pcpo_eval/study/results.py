@@ -174,7 +174,7 @@ def _fit_dict(fit: Any, forced: str | None) -> dict[str, Any]:
     reasons = [r for r in (forced, fit.reason) if r]
     ok = not reasons
     d |= {"estimable": ok, "reason": "; ".join(reasons) or None}
-    if not ok:  # no inference: the p-values and intervals would treat prompts (or a boundary fit) as replicates
+    if not ok:  # no inference: the p-values and intervals would treat prompts as replicates
         for fe in d["fixed"]:
             fe.update(p=None, z_p=None, ci_low=None, ci_high=None, z_ci_low=None, z_ci_high=None)
     return d
@@ -501,27 +501,6 @@ def grids(sp: StudySpec, layout: StudyLayout) -> list[dict[str, Any]]:
     return out
 
 
-def speedups(sp: StudySpec, layout: StudyLayout, status: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per cell: the speed-up table (paper Table 1/5); uninformative targets keep their row, labelled,
-    with no speed-up (it would read "1 vs 1 epochs, +0.0%")."""
-    from pcpo_eval.stats import speedup_table
-
-    bad = {s["target"]: s["note"] for s in status if not s["headline"]}
-    out = []
-    for cell in sp.cells():
-        b = [layout.run_dir(r) for r in sp.runs if sp.cell_key(r) == cell and sp.role(r) == "baseline"]
-        p = [layout.run_dir(r) for r in sp.runs if sp.cell_key(r) == cell and sp.role(r) == "pcpo"]
-        if not b or not p:
-            continue
-        table = speedup_table(b, p, list(sp.targets), sp.window).to_dict()
-        for row in table["targets"]:
-            if row["target"] in bad:
-                row.update(speedup_pct=None, speedup_min_pct=None, speedup_max_pct=None,
-                           speedup_lower_bound_pct=None, status=bad[row["target"]], uninformative=True)
-        out.append({"cell": cell, "baseline": sp.baseline, "pcpo": sp.pcpo, "table": table})
-    return out
-
-
 # ------------------------------------------------------------------------------------------------
 # results.json
 # ------------------------------------------------------------------------------------------------
@@ -537,7 +516,7 @@ def study_block(sp: StudySpec, layout: StudyLayout) -> dict[str, Any]:
             "runs": [{"name": r.name, "levels": {**r.levels, "seed": str(r.seed)}, "run_dir": str(layout.run_dir(r)),
                       "trained_by_study": r.run_dir is None} for r in sp.runs],
             "sampling": sp.sampling(), "eval": dataclasses.asdict(sp.eval), "targets": list(sp.targets),
-            "select_target": sp.select_target, "select_epoch": sp.select_epoch, "window": sp.window,
+            "gain_targets": list(sp.gain_targets), "primary": list(sp.primary), "select_target": sp.select_target, "select_epoch": sp.select_epoch, "window": sp.window,
             "versions": {"python": platform.python_version()}}
 
 
@@ -554,6 +533,7 @@ def build_results(sp: StudySpec, layout: StudyLayout) -> dict[str, Any]:
         atomic_write_bytes(fig, credit_figure_png())
     results = {
         "study": study_block(sp, layout),
+        "headline": level["headline"],
         "verdict": level["verdict"],
         "verdict_notes": level["verdict_notes"],
         "sampler_offset": level["sampler_offset"],
@@ -561,7 +541,7 @@ def build_results(sp: StudySpec, layout: StudyLayout) -> dict[str, Any]:
         "runs": level["runs"],
         "metric_labels": {**METRIC_LABELS, **labels},
         "metrics": list(sp.metrics),
-        "speedup": speedups(sp, layout, level["targets"]),
+        "speedup": level["speedup"],
         "selection": json.loads(layout.selection_file.read_text()),
         "raw_scores": raw,
         "lmm": lmm,

@@ -155,6 +155,10 @@ class StudySpec:
     #: what reward-matched checkpoints are matched on: ``train`` (smoothed training reward) or
     #: ``eval`` (smoothed held-out validation reward, runs trained with ``validation_every``)
     select_on: str = "train"
+    #: gain levels (reward - paired control) for the learning speed-up rows ``speedup_gain:<g>``
+    gain_targets: tuple[float, ...] = ()
+    #: the primary endpoint(s) of the verdict (others are secondary; Holm within each family)
+    primary: tuple[str, ...] = ()
 
     # derived -----------------------------------------------------------------------------
     @property
@@ -214,7 +218,8 @@ class _Options(NamedTuple):
 
 _TOP_KEYS = {
     "name", "description", "train", "design", "runs", "compare", "seeds", "parallel", "paired_control",
-    "targets", "select_target", "select_epoch", "select_on", "window", "eval", "metrics", "overall_only",
+    "targets", "gain_targets", "primary", "select_target", "select_epoch", "select_on", "window", "eval", "metrics",
+    "overall_only",
     "per_prompt_rank_deficient_ok", "metric_options", "lmm", "preference", "grid",
 }  # fmt: skip
 _TRAIN_KEYS = {"config", "overrides"}
@@ -520,21 +525,56 @@ def _parse_targets(top: dict[str, Any], runs: Sequence[RunSpec], problems: list[
     if not isinstance(targets_raw, list) or not targets_raw:
         problems.append("targets must be a non-empty list of reward levels, e.g. targets: [6.6, 6.9]")
         targets_raw = []
-    targets: list[float] = []
-    for t in targets_raw:
-        try:
-            targets.append(float(t))
-        except (TypeError, ValueError):
-            problems.append(f"target {t!r} is not a number")
+    targets = _finite_list("targets", targets_raw, problems)
     sel = top.get("select_target", targets[-1] if targets else None)
-    try:
-        select_target = float(sel) if sel is not None else float("nan")
-    except (TypeError, ValueError):
-        problems.append(f"select_target {sel!r} is not a number")
-        select_target = float("nan")
+    select_target = (_finite_list("select_target", [sel], problems) or [float("nan")])[0] if sel is not None \
+        else float("nan")
     if runs and all(r.run_dir for r in runs):
         problems += unreachable_targets([r.run_dir for r in runs], [*targets, select_target], window)
     return targets, select_target, int(window)
+
+
+def _finite_list(key: str, values: Any, problems: list[str]) -> list[float]:
+    """Finite numbers of a spec list (NaN / inf / non-numbers are problems, reported before any work)."""
+    out = []
+    for t in values if isinstance(values, list) else []:
+        try:
+            x = float(t)
+        except (TypeError, ValueError):
+            problems.append(f"{key}: {t!r} is not a number")
+            continue
+        if isinstance(t, bool) or x != x or x in (float("inf"), float("-inf")):
+            problems.append(f"{key}: {t!r} is not a finite number")
+            continue
+        out.append(x)
+    return out
+
+
+#: what ``primary:`` may name (a quantity, or a speed-up kind / one speed-up row ``speedup_gain:<g>``)
+PRIMARY_CHOICES = ("paired_gain", "final_reward", "auc", "speedup_gain", "speedup_reward")
+
+
+def _parse_endpoints(top: dict[str, Any], paired_control: bool, problems: list[str]) -> tuple[tuple[float, ...], tuple[str, ...]]:
+    """``gain_targets`` (levels of reward - control, > 0) and ``primary`` (the verdict's primary endpoints)."""
+    raw = top.get("gain_targets", [])
+    if not isinstance(raw, list):
+        problems.append(f"gain_targets must be a list of gain levels (reward - paired control), e.g. [0.03, 0.06]; got {raw!r}")
+    gains = _finite_list("gain_targets", raw, problems)
+    problems += [f"gain_targets: {g:g} must be > 0 (the untrained control has gain 0)" for g in gains if g <= 0]
+    if gains and not paired_control:
+        problems.append("gain_targets need the paired untrained control; remove paired_control: false")
+    prim = top.get("primary", [])
+    prim = [prim] if isinstance(prim, str) else prim
+    if not isinstance(prim, list) or not all(isinstance(p, str) for p in prim):
+        problems.append(f"primary must be a list of endpoint names ({', '.join(PRIMARY_CHOICES)}); got {prim!r}")
+        prim = []
+    for q in prim:
+        if q.split(":", 1)[0] not in PRIMARY_CHOICES:
+            problems.append(f"primary: unknown endpoint {q!r}; choose from {', '.join(PRIMARY_CHOICES)} "
+                            "(or one speed-up row, e.g. speedup_gain:0.05)")
+        elif q.split(":", 1)[0] in ("paired_gain", "speedup_gain") and not paired_control:
+            problems.append(f"primary: {q} needs the paired untrained control; remove paired_control: false")
+    return tuple(gains), tuple(prim)
 
 
 def _run_models(runs: Sequence[RunSpec], problems: list[str]) -> list[str | None]:
@@ -888,6 +928,7 @@ def load_spec(path: str | Path, check_weights: bool = True) -> StudySpec:
                         options.paired_control, existing, problems)
     _check_run_names(runs, problems)
     targets, select_target, window = _parse_targets(top, runs, problems)
+    gain_targets, primary = _parse_endpoints(top, options.paired_control, problems)
     models = _run_models(runs, problems)
     eval_spec = _parse_eval(top.get("eval"), base, models, problems)
     metrics, metric_batch_size, is_splits = _parse_metrics(top.get("metrics"), top.get("metric_options"), problems)
@@ -914,6 +955,7 @@ def load_spec(path: str | Path, check_weights: bool = True) -> StudySpec:
         compare_factor=compare.factor, baseline=compare.baseline, pcpo=compare.pcpo, seeds=seeds,
         parallel=options.parallel, paired_control=options.paired_control, targets=tuple(targets),
         select_target=select_target, select_epoch=options.select_epoch, select_on=options.select_on,
+        gain_targets=gain_targets, primary=primary,
         window=window, eval=eval_spec,
         metrics=metrics, overall_only=overall_only, per_prompt_rank_deficient_ok=rank_ok,
         metric_batch_size=metric_batch_size, is_splits=is_splits, lmm=lmm, preference=preference, grid=grid,

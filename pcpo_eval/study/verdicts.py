@@ -1,30 +1,22 @@
 """Run-level results of a study: the per-run curves, the verdict over runs, the sampler offset.
 
 Runs (design cell x training seed), not prompts, are the replicates (rliable, Agarwal et al.
-2021; :mod:`pcpo_eval.stats.runlevel`). Per comparison cell (e.g. one batch size) the baseline
-arm's runs are compared with the PCPO arm's runs by :func:`pcpo_eval.stats.verdict.verdict_rows`:
+2021). Per comparison cell the baseline arm's runs are compared with the PCPO arm's runs by
+:func:`pcpo_eval.stats.verdict.verdict_rows`, paired by seed when both arms trained the same seeds
+(a study's default): ``paired_gain`` (the primary endpoint unless ``primary:`` says otherwise),
+``final_reward``, ``auc``, ``speedup_gain:<g>`` for ``gain_targets`` (learning speed) and
+``speedup_reward:<t>`` for ``targets`` (the paper's raw-reward speed-up), with Holm adjustment
+within the primary and within the secondary family, and the power of every row.
 
-* ``paired_gain`` -- mean of ``reward - control`` over the last ``k`` epochs (k = the smoothing
-  window, 5, or fewer for shorter runs), when every compared run logged its paired untrained
-  control (``paired_control: true``): the same prompts and noises through the untrained model
-  and the arm's own sampler, so the sampler's offset and the prompt draw cancel;
-* ``final_reward`` -- mean reward of the last ``k`` epochs;
-* ``auc`` -- mean reward over training (normalised trapezoid area);
-* ``speedup:<target>`` -- mean(E_base) / mean(E_pcpo) - 1 with Fieller's CI and censored runs
-  explicit, for every *informative* target.
+Curves of a cell are cut to the epochs every run of that cell logged, so the arms are compared over
+the same training length. The permutation and bootstrap draws use a fixed generator
+(:data:`VERDICT_SEED`), so ``results.json`` is reproducible.
 
-Estimates come with Welch t intervals over runs, exact permutation p-values over run
-relabellings, and nothing is significant with one run per arm ("1 run per arm: differences
-between runs"). Curves of a cell are cut to the epochs every run of that cell logged, so the arms
-are compared over the same training length. The permutation and bootstrap draws use a fixed
-generator (:data:`VERDICT_SEED`), so ``results.json`` is reproducible.
-
-Guards: a target that every run's smoothed reward reaches at its first epoch says nothing about
-learning speed ("uninformative"); it is kept in the speed-up table with that label and left out of
-the verdict. The **sampler offset** per cell compares the arms' untrained controls: their mean
-reward, the difference with its Welch interval, and the speed-up the control curves alone would
-show, set against the trained runs' speed-up (PCPO samples with its own sigma~ schedule, so an
-untrained PCPO model can score differently from an untrained DDPO model).
+The **sampler offset** per cell compares the arms' untrained controls (same prompts and noises,
+each arm's own sampler), paired by seed: PCPO samples with its own sigma~ schedule, so an untrained
+PCPO model can score differently from an untrained DDPO model, and a raw-reward speed-up can then
+be the sampler's. When the offset is significant and the raw-reward speed-up is not matched by a
+learning (gain) speed-up, a sentence says that the offset explains it.
 """
 
 from __future__ import annotations
@@ -35,14 +27,22 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pcpo_eval.stats.runlevel import Speedup, compare_runs, epochs_to_target, speedup_runs
-from pcpo_eval.stats.verdict import CONTROL_COLUMN, verdict_rows
+from pcpo_eval.stats.runlevel import compare_runs
+from pcpo_eval.stats.speedup import pct, speedup_cell_epochs
+from pcpo_eval.stats.verdict import (
+    CONTROL_COLUMN,
+    RunCurve,
+    headline,
+    pair_runs,
+    run_curves,
+    target_status,
+    verdict_rows,
+)
 from pcpo_eval.study.layout import StudyLayout
 from pcpo_eval.study.spec import StudySpec
 
 #: seed of the permutation (Monte Carlo above 10,000 relabellings) and bootstrap draws
 VERDICT_SEED = 20240601
-UNINFORMATIVE = "uninformative: every run's smoothed reward starts at or above this target"
 
 
 def run_logs(sp: StudySpec, layout: StudyLayout) -> dict[str, pd.DataFrame]:
@@ -120,104 +120,114 @@ def runs_table(sp: StudySpec, logs: dict[str, pd.DataFrame]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def target_status(sp: StudySpec, logs: dict[str, pd.DataFrame]) -> list[dict[str, Any]]:
-    """Per target: ``informative``, or ``uninformative`` when every run reaches it at its first epoch."""
-    out = []
-    for t in sp.targets:
-        at_start = [epochs_to_target(log["reward_mean"].to_numpy(), t, sp.window,
-                                     epochs=log["epoch"].to_numpy()).at_start for log in logs.values()]
-        ok = not all(at_start)
-        out.append({"target": t, "status": "informative" if ok else "uninformative", "headline": ok,
-                    "note": "" if ok else UNINFORMATIVE})
-    return out
+def compared_runs(sp: StudySpec, table: pd.DataFrame) -> tuple[RunCurve, ...]:
+    """The runs of the compared arms, as verdict curves."""
+    return run_curves(table[table["arm"].isin([sp.baseline, sp.pcpo])])
 
 
-def _quantity(q: str) -> str:
-    """stats.verdict's quantity names -> the results.json contract (``final_reward``, ``speedup:<t>``)."""
-    if q == "final":
-        return "final_reward"
-    return q.replace("speedup@", "speedup:")
-
-
-def verdict(sp: StudySpec, table: pd.DataFrame, targets: Sequence[float]) -> list[dict[str, Any]]:
+def verdict(sp: StudySpec, table: pd.DataFrame) -> list[dict[str, Any]]:
     """Verdict rows over runs (PCPO arm vs baseline arm, per cell), see the module docstring."""
     k = max(1, min(sp.window, int(table.groupby(["arm", "cell", "seed"]).size().min())))
     rows = verdict_rows(table, sp.baseline, [sp.pcpo], rng=np.random.default_rng(VERDICT_SEED),
-                        targets=list(targets), k=k, window=sp.window)
-    return [v.to_dict() | {"quantity": _quantity(v.quantity)} for v in rows]
+                        targets=list(sp.targets), gain_targets=list(sp.gain_targets) if CONTROL_COLUMN in table else [],
+                        primary=sp.primary or None, k=k, window=sp.window)
+    return [v.to_dict() for v in rows]
 
 
-def _curves(table: pd.DataFrame, cell: str, arm: str, col: str) -> list[tuple[np.ndarray, np.ndarray]]:
-    """(epochs, values) of column ``col`` for each run of ``arm`` in ``cell``."""
-    d = table[(table["cell"] == cell) & (table["arm"] == arm)].sort_values("epoch")
-    return [(g["epoch"].to_numpy(), g[col].to_numpy(np.float64)) for _, g in d.groupby("seed", sort=True)]
+def speedup_blocks(sp: StudySpec, rows: Sequence[dict[str, Any]], status: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``results.json`` ``speedup``: per cell the speed-up table (paper Table 1/5), gain and reward
+    targets, from the verdict's speed-up rows; uninformative targets keep a labelled row."""
+    out = []
+    for cell in sorted({r["cell"] for r in rows}):
+        table = []
+        for st in status:
+            row = next((r for r in rows if r["cell"] == cell and r["quantity"] == st["quantity"]), None)
+            if row is None:
+                table.append({"quantity": st["quantity"], "curve": st["curve"], "target": st["target"],
+                              "uninformative": True, "status": st["note"], "speedup": None})
+                continue
+            d = row["details"]
+            table.append({"quantity": row["quantity"], "curve": d["curve"], "target": d["target"], "uninformative": False,
+                          "baseline_epochs": speedup_cell_epochs(row["baseline_value"], d["n_censored_baseline"],
+                                                                 len(d["baseline_epochs"])),
+                          "pcpo_epochs": speedup_cell_epochs(row["treatment_value"], d["n_censored_treatment"],
+                                                             len(d["treatment_epochs"])),
+                          "speedup": row["estimate"], "ci_low": row["ci_low"], "ci_high": row["ci_high"],
+                          "p": row["p"], "p_adjusted": row["p_adjusted"], "significant": row["significant"],
+                          "mde": row["mde"], "seeds_for_reference": d["seeds_for_reference"], "tau": d["tau"],
+                          "status": row["reason"] or "ok"})
+        out.append({"cell": cell, "baseline": sp.baseline, "pcpo": sp.pcpo, "window": sp.window, "rows": table})
+    return out
 
 
-def _pct(x: float | None) -> str:
-    return "?" if x is None else f"{x:.0%}"
+def _control_means(runs: Sequence[RunCurve]) -> np.ndarray:
+    return np.asarray([float(np.mean(r.control)) for r in runs], dtype=np.float64)
 
 
-def control_speedup_phrase(s: Speedup, target: float, trained: dict[str, Any] | None) -> str:
-    """What the untrained control curves alone give as 'speed-up' to ``target`` (vs the trained runs')."""
-    if s.n_censored_baseline == s.n_baseline and s.n_censored_treatment == s.n_treatment:
-        text = f"neither arm's untrained control reaches {target:g}, so the samplers alone give no speed-up to it"
-    elif s.uninformative:
-        text = f"both arms' untrained controls start at or above {target:g}"
-    elif s.estimate is None:
-        text = f"the control-curve speed-up to {target:g} is not estimable ({s.reason})"
-    else:
-        word = {"lower": "at least ", "upper": "at most "}.get(s.bound, "")
-        ci = "" if not s.estimable else (f", 95% CI {_pct(s.ci_low) if s.ci_low is not None else 'unbounded'} to "
-                                         f"{_pct(s.ci_high) if s.ci_high is not None else 'unbounded'}")
-        text = f"on the untrained control curves alone the speed-up to {target:g} is {word}{_pct(s.estimate)}{ci}"
-    if trained is not None and trained.get("estimate") is not None:
-        text += f" (trained runs: {_pct(trained['estimate'])})"
-    return text
+def _raw_speedup_explained(sp: StudySpec, cell: str, diff: float, significant: bool,
+                           rows: Sequence[dict[str, Any]]) -> str:
+    """A sentence when the raw-reward speed-up goes the sampler offset's way and learning does not."""
+    raw = [r for r in rows if r["cell"] == cell and r["quantity"].startswith("speedup_reward:") and r["estimable"]
+           and r["estimate"] is not None and r["estimate"] * diff > 0]
+    if not raw or not significant:
+        return ""
+    gain = [r for r in rows if r["cell"] == cell and r["quantity"].startswith("speedup_gain:") and r["significant"]
+            and r["estimate"] is not None and r["estimate"] * diff > 0]
+    learned = next((r for r in rows if r["cell"] == cell and r["quantity"] == "paired_gain"), None)
+    if gain or (learned is not None and learned["significant"] and (learned["estimate"] or 0) * diff > 0):
+        return ""
+    speeds = ", ".join(f"{r['quantity'].split(':')[1]}: {pct(r['estimate'])}" for r in raw)
+    who = sp.pcpo if diff > 0 else sp.baseline
+    return (f"The raw-reward speed-up ({speeds}) is the sampler's, not learning: untrained, {who}'s sampler "
+            f"already scores {abs(diff):.3g} higher (paired by seed), and no learning measure (paired gain, gain "
+            "speed-up) shows a difference in that direction.")
 
 
-def sampler_offset(sp: StudySpec, table: pd.DataFrame, rows: Sequence[dict[str, Any]],
-                   targets: Sequence[float]) -> dict[str, dict[str, Any]]:
-    """Per cell: the arms' mean untrained-control reward, the difference (Welch CI over runs) and what
-    the samplers alone explain; {} when the runs have no paired control."""
+def sampler_offset(sp: StudySpec, table: pd.DataFrame, rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per cell: the arms' mean untrained-control reward and their difference, paired by seed when the
+    arms share seeds (else Welch), and whether that offset explains the raw-reward speed-up."""
     if CONTROL_COLUMN not in table.columns:
         return {}
+    runs = compared_runs(sp, table)
     out = {}
-    for cell in sorted(table["cell"].unique()):
-        cb, ct = (_curves(table, cell, arm, CONTROL_COLUMN) for arm in (sp.baseline, sp.pcpo))
-        if not cb or not ct:
+    for cell in sorted({r.cell for r in runs}):
+        b, t, paired = pair_runs([r for r in runs if r.cell == cell and r.arm == sp.baseline],
+                                 [r for r in runs if r.cell == cell and r.arm == sp.pcpo])
+        if not b or not t:
             continue
-        mb = np.asarray([c.mean() for _, c in cb])
-        mt = np.asarray([c.mean() for _, c in ct])
-        cmp_ = compare_runs(mb, mt, rng=np.random.default_rng(VERDICT_SEED))
-        phrases = []
-        for t in targets:
-            s = speedup_runs([epochs_to_target(c, t, sp.window, epochs=e) for e, c in cb],
-                             [epochs_to_target(c, t, sp.window, epochs=e) for e, c in ct],
-                             rng=np.random.default_rng(VERDICT_SEED))
-            trained = next((r for r in rows if r["cell"] == cell and r["quantity"] == f"speedup:{t:g}"), None)
-            phrases.append(control_speedup_phrase(s, t, trained))
+        mb, mt = _control_means(b), _control_means(t)
+        c = compare_runs(mb, mt, rng=np.random.default_rng(VERDICT_SEED), paired=paired)
         diff = float(mt.mean() - mb.mean())
-        ci = (f", 95% CI {cmp_.ci_low:+.3g} to {cmp_.ci_high:+.3g}" if cmp_.estimable else
-              f"; {cmp_.reason}")  # fmt: skip
+        design = f"{len(b)} seeds, paired by seed" if paired else f"{len(t)} vs {len(b)} runs, unpaired"
+        ci = f", 95% CI {c.ci_low:+.3g} to {c.ci_high:+.3g}, {design}" if c.estimable else f"; {c.reason}"
         head = (f"untrained controls (same prompts and noises, each arm's sampler): {sp.pcpo} {mt.mean():.4g} vs "
                 f"{sp.baseline} {mb.mean():.4g} (difference {diff:+.3g}{ci})")
+        explained = _raw_speedup_explained(sp, cell, diff, c.significant, rows)
         out[cell] = {"baseline_control_mean": float(mb.mean()), "treatment_control_mean": float(mt.mean()),
-                     "difference": diff, "ci_low": cmp_.ci_low, "ci_high": cmp_.ci_high,
-                     "significant": cmp_.significant, "explains": "; ".join([head, *phrases])}
+                     "difference": diff, "ci_low": c.ci_low, "ci_high": c.ci_high, "p": c.p, "paired": paired,
+                     "significant": c.significant, "explains_raw_speedup": explained,
+                     "explains": head + (f". {explained}" if explained else "")}
     return out
 
 
 def run_level(sp: StudySpec, layout: StudyLayout) -> dict[str, Any]:
-    """``runs``, ``verdict``, ``sampler_offset`` and ``targets`` of ``results.json``."""
+    """``runs``, ``verdict``, ``headline``, ``sampler_offset``, ``targets`` and ``speedup`` of ``results.json``."""
     logs = run_logs(sp, layout)
     table = runs_table(sp, logs)
-    status = target_status(sp, logs)
-    informative = [s["target"] for s in status if s["headline"]]
-    rows = verdict(sp, table, informative)
+    runs = compared_runs(sp, table)
+    gains = list(sp.gain_targets) if CONTROL_COLUMN in table.columns else []
+    status = target_status(runs, list(sp.targets), gains, sp.window)
+    rows = verdict(sp, table)
     notes = []
     if CONTROL_COLUMN not in table.columns:
         lacking = [r.name for r in sp.runs if not has_control(logs[r.name])]
-        notes.append(f"no paired gain or sampler offset: {len(lacking)} run(s) lack control_reward_mean "
+        notes.append(f"no paired gain, gain speed-up or sampler offset: {len(lacking)} run(s) lack control_reward_mean "
                      f"({', '.join(lacking[:4])}{', ...' if len(lacking) > 4 else ''}); train with paired_control: true")
-    return {"runs": runs_entries(sp, logs), "verdict": rows, "sampler_offset": sampler_offset(sp, table, rows, informative),
-            "targets": status, "verdict_notes": notes}
+    if rows and not any(r["paired"] for r in rows):
+        notes.append("the arms do not share their training seeds, so runs are compared unpaired (Welch); "
+                     "a study with the same seeds in both arms pairs them and needs fewer seeds")
+    offset = sampler_offset(sp, table, rows)
+    first = next(iter(offset.values()), None)
+    return {"runs": runs_entries(sp, logs), "verdict": rows, "headline": headline(rows, first),
+            "sampler_offset": offset, "targets": status, "speedup": speedup_blocks(sp, rows, status),
+            "verdict_notes": notes}

@@ -1,0 +1,100 @@
+"""Power of the run-level t tests: the minimum detectable effect and the seeds a study needs.
+
+Every verdict row tests a difference of run means with a t statistic (:mod:`pcpo_eval.stats.runlevel`):
+
+* paired by seed (n pairs): ``T = mean(d) / (s_d / sqrt(n))`` with ``n - 1`` df;
+* unpaired (Welch): ``T = (mean_t - mean_b) / sqrt(s_t^2/n_t + s_b^2/n_b)`` with Welch-Satterthwaite df.
+
+Under a true difference ``delta`` the statistic is noncentral t with noncentrality
+``delta / se`` (the standard power calculation for the t test, e.g. R's ``power.t.test`` with
+``strict = TRUE``): power = ``P(|T'| > t_{1-alpha/2, df})``, both tails counted. The *minimum
+detectable effect* (MDE) is the ``delta`` with power 0.8 at the run-to-run spread measured in the
+study (``s_d`` or ``s_b, s_t``); :func:`seeds_needed` is the smallest number of seeds per arm that
+detects a stated ``delta`` with power 0.8 at that spread. Both treat the measured spread as the
+truth: with 3 seeds an SD is itself uncertain (its 95% CI spans about 0.5x to 6x), so these are
+planning figures, not guarantees; :mod:`benchmarks.bench_verdict_calibration` measures the power
+the shipped tests actually reach on real toy runs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import scipy.optimize
+import scipy.stats
+
+#: the power a minimum detectable effect refers to (the usual planning convention)
+POWER = 0.8
+#: the largest seed count :func:`seeds_needed` searches
+MAX_SEEDS = 10_000
+
+
+def _se_df(sd_b: float, sd_t: float, n_b: int, n_t: int, paired: bool) -> tuple[float, float]:
+    """Standard error of the difference for a unit-free delta, and the test's df."""
+    if paired:
+        return sd_b / math.sqrt(n_b), float(n_b - 1)  # sd_b = SD of the per-seed differences
+    vb, vt = sd_b**2 / n_b, sd_t**2 / n_t
+    se = math.sqrt(vb + vt)
+    denom = (vb**2 / (n_b - 1) if vb else 0.0) + (vt**2 / (n_t - 1) if vt else 0.0)
+    return se, ((vb + vt) ** 2 / denom if denom > 0 else 1e6)  # no spread at all: the normal limit
+
+
+def t_power(delta: float, sd_b: float, n_b: int, *, sd_t: float | None = None, n_t: int | None = None,
+            paired: bool, alpha: float = 0.05) -> float:
+    """Power of the two-sided t test to detect a true difference ``delta``.
+
+    Paired: ``sd_b`` is the SD of the per-seed differences and ``n_b`` the number of pairs.
+    Unpaired: ``sd_b``/``sd_t`` the per-arm run SDs, ``n_b``/``n_t`` the runs per arm.
+    """
+    n_t = n_b if n_t is None else n_t
+    sd_t = sd_b if sd_t is None else sd_t
+    if min(n_b, n_t) < 2:
+        return math.nan
+    se, df = _se_df(sd_b, sd_t, n_b, n_t, paired)
+    if se == 0.0:
+        return 1.0 if delta != 0 else alpha
+    q = float(scipy.stats.t.ppf(1 - alpha / 2, df))
+    nc = abs(delta) / se
+    # lower tail P(T' < -q) as sf(q; -nc): the same number, but scipy 1.17's nct.cdf(-q, df, nc) is NaN
+    # at scattered nc >~ 7.5 (then the normal limit below was used: 0.92 instead of 0.73 at df 1)
+    pw = float(scipy.stats.nct.sf(q, df, nc) + scipy.stats.nct.sf(q, df, -nc))
+    if not math.isfinite(pw):  # scipy's nct gives NaN far in the tail: the normal limit there
+        pw = float(scipy.stats.norm.sf(q - nc) + scipy.stats.norm.cdf(-q - nc))
+    return min(pw, 1.0)
+
+
+def mde(sd_b: float, n_b: int, *, sd_t: float | None = None, n_t: int | None = None, paired: bool,
+        alpha: float = 0.05, power: float = POWER) -> float | None:
+    """Smallest |delta| detected with probability ``power`` (None when fewer than 2 runs/pairs or
+    no spread was measured)."""
+    n_t = n_b if n_t is None else n_t
+    sd_t = sd_b if sd_t is None else sd_t
+    if min(n_b, n_t) < 2 or not (math.isfinite(sd_b) and math.isfinite(sd_t)) or sd_b + sd_t == 0:
+        return None
+    se, _ = _se_df(sd_b, sd_t, n_b, n_t, paired)
+    f = lambda d: t_power(d, sd_b, n_b, sd_t=sd_t, n_t=n_t, paired=paired, alpha=alpha) - power  # noqa: E731
+    hi = se
+    while f(hi) < 0:
+        hi *= 2
+    return float(scipy.optimize.brentq(f, 0.0, hi, xtol=1e-12 * hi, rtol=1e-10))
+
+
+def seeds_needed(delta: float, sd_b: float, *, sd_t: float | None = None, paired: bool, alpha: float = 0.05,
+                 power: float = POWER) -> int | None:
+    """Smallest seeds per arm (pairs, when paired) detecting ``delta`` with ``power``; None above
+    :data:`MAX_SEEDS` or when ``delta`` is 0."""
+    if delta == 0 or not math.isfinite(delta):
+        return None
+
+    def ok(n: int) -> bool:
+        return t_power(delta, sd_b, n, sd_t=sd_t, n_t=n, paired=paired, alpha=alpha) >= power
+
+    if not ok(MAX_SEEDS):
+        return None
+    lo, hi = 2, 2
+    while not ok(hi):
+        lo, hi = hi, hi * 2
+    while lo < hi:  # power grows with n: the smallest n with ok(n)
+        mid = (lo + hi) // 2
+        lo, hi = (mid + 1, hi) if not ok(mid) else (lo, mid)
+    return min(lo, MAX_SEEDS)
