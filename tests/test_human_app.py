@@ -55,13 +55,18 @@ def test_rater_sees_prompt_two_images_and_progress(study):
     pair = pd.read_parquet(layout.pairs).set_index("pair_id").loc[pair_id]
     assert "Pair 1 of 10" in r.text and ">Left<" in r.text and ">Right<" in r.text and "Tie" in r.text
     assert f'maxlength="{MAX_REASON}"' in r.text
-    srcs = re.findall(r'<img src="(/img/[0-9a-f]+\.png)"', r.text)
-    assert srcs == [f"/img/{pair.left_image}.png", f"/img/{pair.right_image}.png"]
+    srcs = re.findall(r'<img src="(/r/[^/]+/img/[0-9a-f]{32}\.png)"', r.text)
+    assert len(srcs) == 2 and all(s.startswith(f"/r/{token}/img/") for s in srcs)
+    assert pair.left_image not in r.text and pair.right_image not in r.text  # opaque per (rater, pair, side)
     assert pair.prompt.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;") in r.text
-    img = client.get(srcs[0])
-    assert img.status_code == 200 and img.headers["content-type"] == "image/png"
-    assert img.headers["cache-control"].startswith("private")
-    assert img.content == layout.image(pair.left_image).read_bytes()
+    for src, side in zip(srcs, ("left_image", "right_image"), strict=True):
+        img = client.get(src)
+        assert img.status_code == 200 and img.headers["content-type"] == "image/png"
+        assert img.headers["cache-control"] == "no-store"
+        assert "last-modified" not in img.headers and "etag" not in img.headers
+        assert img.content == layout.image(pair[side]).read_bytes()
+    _, _, _, _, token_b = study
+    assert client.get(srcs[0].replace(token, token_b)).status_code == 404  # another rater's image URL
 
 
 def test_answering_advances_to_the_end_and_resumes(study):
@@ -232,7 +237,7 @@ def test_unknown_token_and_security_headers(study, monkeypatch):
     def boom(*_args, **_kwargs):
         raise RuntimeError("internal detail db password")
 
-    monkeypatch.setattr(app_module.db, "answered", boom)
+    monkeypatch.setattr(app_module.db, "rater_status", boom)
     r = client.get(f"/r/{token}")
     assert r.status_code == 500 and "Traceback" not in r.text and "internal detail" not in r.text
     assert r.headers["content-security-policy"]
@@ -251,7 +256,7 @@ def test_migrations_are_idempotent_and_match_the_models(tmp_path):
     db.upgrade(url)
     with db.get_engine(url).connect() as conn:
         assert conn.exec_driver_sql("SELECT name, sql FROM sqlite_master ORDER BY name").all() == schema
-        assert conn.exec_driver_sql("SELECT version_num FROM alembic_version").all() == version == [("0001",)]
+        assert conn.exec_driver_sql("SELECT version_num FROM alembic_version").all() == version == [("0002",)]
         assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
         assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() >= 10000
     assert db.schema_diff(url) == []

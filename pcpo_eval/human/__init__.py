@@ -46,7 +46,7 @@ from pathlib import Path
 
 PAIR_COLUMNS = ("pair_id", "position", "comparison", "kind", "prompt_id", "prompt", "seed", "left_method",
                 "right_method", "left_image", "right_image", "expected")
-RESPONSE_COLUMNS = ("rater", "rater_id", "pair_id", "choice", "reason", "submitted_at")
+RESPONSE_COLUMNS = ("rater", "rater_id", "pair_id", "choice", "reason", "submitted_at", "first_choice", "corrections")
 CHOICES = ("left", "right", "tie")
 KINDS = ("main", "identical", "degraded")
 MAX_REASON = 500
@@ -88,3 +88,13 @@ class HumanLayout:
     @property
     def analysis(self) -> Path:
         return self.root / "analysis.json"
+
+    @property
+    def server(self) -> Path:
+        """The remembered public address of the app (``human raters/serve --base-url``)."""
+        return self.root / "server.json"
+
+    @property
+    def rehearsal(self) -> Path:
+        """Where the analysis of simulated responses goes (never the study's report)."""
+        return self.root / "rehearsal"

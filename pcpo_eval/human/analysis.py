@@ -563,7 +563,7 @@ def simulate_responses(
     rater_sd: float = 0.3,
     prompt_sd: float = 0.3,
 ) -> pd.DataFrame:
-    """Simulated responses (columns RESPONSE_COLUMNS) of ``n_raters`` raters.
+    """Simulated responses (columns RESPONSE_COLUMNS and ``simulated``, always true) of ``n_raters`` raters.
 
     Each rater answers ``responses_per_rater`` main pairs drawn without replacement plus every
     attention-check pair. On a main pair of ``"A vs B"`` the rater ties with ``tie_rate``, else
@@ -602,4 +602,7 @@ def simulate_responses(
     df.insert(0, "rater", [f"rater{r:02d}" for r in df.rater_id])
     df["reason"] = ""
     df["submitted_at"] = pd.date_range(t0, periods=len(df), freq="10s").strftime("%Y-%m-%dT%H:%M:%S+00:00")
-    return df[list(RESPONSE_COLUMNS)]
+    df["first_choice"] = df["choice"]
+    df["corrections"] = 0
+    df["simulated"] = True  # marks a rehearsal: `human analyze` never lets it reach the study report
+    return df[[*RESPONSE_COLUMNS, "simulated"]]

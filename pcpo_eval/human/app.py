@@ -3,36 +3,55 @@
 A rater is known only by the secret token in their link (``/r/<token>``). The app reads from
 ``pairs.parquet`` only the rater-visible columns (``pair_id``, ``position``, ``prompt`` and the two
 opaque image tokens) and loads them into the database at start; method names, comparisons and
-kinds never enter the process. Routes:
+kinds never enter the process. Routes (all under ``--root-path`` when one is set):
 
-* ``GET /``                   -- a neutral page (ask the study organiser for your link);
-* ``GET /r/{token}``          -- the rater's next unanswered pair (or a thank-you page);
-* ``POST /r/{token}/answer``  -- store one answer (idempotent: the first answer wins), 303 back;
-* ``GET /img/{token}.png``    -- an image of some pair (hex tokens only), ``Cache-Control: private``;
-* ``GET /static/...``         -- the stylesheet.
+* ``GET|HEAD /``                      -- a neutral page (ask the study organiser for your link);
+* ``GET|HEAD /r/{token}``             -- the rater's next unanswered pair (or a thank-you page);
+* ``POST /r/{token}/answer``          -- store one answer (idempotent: the first answer wins), 303 back;
+* ``POST /r/{token}/undo``            -- withdraw the rater's last answer (kept, recorded as a correction);
+* ``GET|HEAD /r/{token}/img/{key}.png`` -- one side of one of the rater's pairs;
+* ``GET /static/...``                 -- the stylesheet.
+
+**Blinding.** An image URL is ``HMAC(process secret, rater, pair, side)``: one image shown in two
+pairs (PCPO's, in both bracket comparisons) gets two unrelated URLs, and two raters never share
+one. Images are sent with ``Cache-Control: no-store`` and no ``Last-Modified`` or ``ETag`` (file
+times follow the order images were written, which followed the checkpoints). What the app cannot
+hide is the content itself (pixels, and so the PNG's size): ``tests/test_human_blinding.py``.
+
+**Hardening.** Bodies are read by the guard and refused beyond :data:`MAX_BODY` bytes whatever
+the headers say (chunked too); a POST whose ``Origin`` (or, without one, ``Referer``) is another
+site is refused; tokens never reach the log (one line per failure, paths redacted, SQL
+parameters hidden); a database failure answers the rater with a retry page (their answer was not
+stored, and the page says so) instead of a bare 500.
 
 Each rater sees at most ``per_rater`` pairs (design.json), in a deterministic order seeded by
 (``rng_seed``, rater id) (:func:`pcpo_eval.human.db.assignment`), so a rater resumes where they
-left off. Every response carries ``nosniff``, a self-only Content-Security-Policy, ``no-referrer``
-and ``frame-ancestors 'none'``; an error is a neutral page, never a traceback.
+left off. Every response carries ``nosniff``, a self-only Content-Security-Policy,
+``same-origin`` referrers and ``frame-ancestors 'none'``; an error is a neutral page, never a traceback.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import logging
+import re
+import secrets
 import threading
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import urlsplit
 
 import pandas as pd
 from fastapi import FastAPI, Form, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
+from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pcpo_eval.errors import UserError
@@ -43,21 +62,35 @@ LOG = logging.getLogger("pcpo_eval.human.app")
 MAX_BODY = 64 * 1024
 CSP = ("default-src 'self'; img-src 'self'; style-src 'self'; script-src 'self'; form-action 'self'; "
        "frame-ancestors 'none'; base-uri 'none'; object-src 'none'")
+#: ``same-origin``: a browser then sends this site's ``Origin`` on its own form posts (with
+#: ``no-referrer`` it sends ``Origin: null``) and no referrer, so no token, to any other site.
 SECURITY_HEADERS = (
     (b"x-content-type-options", b"nosniff"),
     (b"content-security-policy", CSP.encode()),
-    (b"referrer-policy", b"no-referrer"),
+    (b"referrer-policy", b"same-origin"),
     (b"x-frame-options", b"DENY"),
 )
 #: Bidirectional-text overrides are stripped from reasons along with control characters.
 BIDI = frozenset("\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 STATUS_TEXT = {
     400: ("Not accepted", "This answer does not belong to your link. Go back to your current pair."),
+    403: ("Not accepted", "This answer was sent from another site and was not saved. Open your link again."),
     404: ("Page not found", "This page does not exist. Ask the study organiser for your link."),
     405: ("Not allowed", "This page cannot be used that way."),
     413: ("Too large", "The request was too large."),
     422: ("Not accepted", "The answer was incomplete."),
+    503: ("Please try again", "The study could not save or load your answers just now. Nothing you saved "
+                              "before is lost; your last answer may not have been saved. Wait a moment, then "
+                              "go back to your pair and answer it again if it is still shown."),
 }
+#: A rater token as ``secrets.token_urlsafe(24)`` writes it (redacted from every log line).
+_TOKEN_IN_TEXT = re.compile(r"[A-Za-z0-9_-]{32}")
+_KEY_RE = re.compile(r"^[0-9a-f]{32}$")
+
+
+def redact(text: str) -> str:
+    """``text`` with anything shaped like a rater token (and every ``/r/<x>`` path segment) hidden."""
+    return _TOKEN_IN_TEXT.sub("<token>", re.sub(r"/r/[^/\s]+", "/r/<token>", str(text)))
 
 
 @dataclass(frozen=True)
@@ -87,6 +120,28 @@ def read_settings(layout: HumanLayout) -> Settings:
     return Settings(seed, per_rater)
 
 
+def normalize_root_path(root_path: str | None) -> str:
+    """``--root-path`` as ``/prefix`` without a trailing slash ("" for none); a bad one is a UserError."""
+    rp = (root_path or "").strip()
+    if rp in ("", "/"):
+        return ""
+    if not re.fullmatch(r"(/[A-Za-z0-9._~-]+)+/?", rp):
+        raise UserError(f"--root-path {root_path!r}: write a path such as /rate or /studies/toy "
+                        "(letters, digits, . _ ~ - between slashes)")
+    return rp.rstrip("/")
+
+
+def origin_of(url: str) -> str | None:
+    """``scheme://host[:port]`` of ``url`` (lower case), None if it has none."""
+    try:
+        parts = urlsplit(url.strip())
+    except ValueError:
+        return None
+    if not parts.scheme or not parts.netloc:
+        return None
+    return f"{parts.scheme.lower()}://{parts.netloc.lower()}"
+
+
 @dataclass
 class _State:
     """What every request needs: the database URL, the pairs (rater-visible columns), the settings."""
@@ -96,9 +151,12 @@ class _State:
     settings: Settings
     order: list[str]
     pairs: dict[str, dict[str, Any]]
-    images: frozenset[str]
     templates: Environment
+    root_path: str = ""
+    origins: frozenset[str] = frozenset()
+    secret: bytes = field(default_factory=lambda: secrets.token_bytes(32))
     _assignments: dict[int, list[str]] = field(default_factory=dict)
+    _keys: dict[int, dict[str, str]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def assignment(self, rater_id: int) -> list[str]:
@@ -109,29 +167,52 @@ class _State:
                                                             self.settings.per_rater)
             return self._assignments[rater_id]
 
+    def image_key(self, rater_id: int, pair_id: str, side: str) -> str:
+        """The opaque name of one side of one pair for one rater: HMAC-SHA256, 128 bits, hex."""
+        msg = f"{rater_id}:{pair_id}:{side}".encode()
+        return hmac.new(self.secret, msg, hashlib.sha256).hexdigest()[:32]
+
+    def image_of(self, rater_id: int, key: str) -> str | None:
+        """The image token behind ``key`` for this rater (None: not one of their pairs' images)."""
+        order = self.assignment(rater_id)
+        with self._lock:
+            keys = self._keys.get(rater_id)
+        if keys is None:
+            keys = {self.image_key(rater_id, p, side): self.pairs[p][f"{side}_image"]
+                    for p in order for side in ("left", "right")}
+            with self._lock:
+                self._keys[rater_id] = keys
+        return keys.get(key)
+
     def page(self, template: str, status: int = 200, **context: Any) -> HTMLResponse:
         """Render ``template`` (autoescaped) as an HTML response."""
-        return HTMLResponse(self.templates.get_template(template).render(**context), status_code=status)
+        html = self.templates.get_template(template).render(base=self.root_path, **context)
+        return HTMLResponse(html, status_code=status)
 
     def message(self, status: int, message: str | None = None, back: str | None = None) -> HTMLResponse:
         """A neutral message page for ``status``."""
         title, default = STATUS_TEXT.get(status, ("Something went wrong", "Please try again later."))
         return self.page("message.html", status, title=title, message=message or default, back=back)
 
+    def rater_home(self, token: str) -> str:
+        return f"{self.root_path}/r/{token}"
 
-def _load_state(root: Path, database_url: str | None) -> _State:
+
+def _load_state(root: Path, database_url: str | None, root_path: str, base_url: str | None) -> _State:
     layout = HumanLayout(Path(root))
     if not layout.pairs.is_file():
         raise UserError(f"{layout.pairs} is missing; run `pcpo-eval human design` first")
     settings = read_settings(layout)
     url = database_url or layout.database_url
-    db.upgrade(url)
-    db.load_pairs(url, pd.read_parquet(layout.pairs, columns=list(db.DB_PAIR_COLUMNS)))
-    frame = db.pairs_frame(url)
+    with db.database_errors(url):
+        db.upgrade(url)
+        db.load_pairs(url, pd.read_parquet(layout.pairs, columns=list(db.DB_PAIR_COLUMNS)))
+        frame = db.pairs_frame(url)
+    db.check_writable(url)
     pairs = {r["pair_id"]: r for r in frame.to_dict("records")}
-    images = frozenset(frame["left_image"]) | frozenset(frame["right_image"])
     env = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=True, undefined=StrictUndefined)
-    return _State(layout, url, settings, list(frame["pair_id"]), pairs, images, env)
+    origins = frozenset(o for o in [origin_of(base_url)] if o) if base_url else frozenset()
+    return _State(layout, url, settings, list(frame["pair_id"]), pairs, env, root_path, origins)
 
 
 def clean_reason(raw: str) -> str:
@@ -142,71 +223,143 @@ def clean_reason(raw: str) -> str:
 
 
 class _Guard:
-    """ASGI middleware: security headers on every response, body size limit, no tracebacks to clients."""
+    """ASGI middleware around the app (see the module docstring).
 
-    def __init__(self, app: Any, render_error: Callable[[], Response]) -> None:
+    1. ``--root-path``: requests arrive with or without the prefix (a proxy may strip it);
+    2. the body is read here, at most :data:`MAX_BODY` bytes whatever ``Content-Length`` or chunking
+       says (413 beyond), and replayed to the app;
+    3. a POST from another origin (``Origin``, else ``Referer``) is refused (403);
+    4. security headers on every response, ``no-store`` unless a route set its own cache policy;
+    5. no traceback to clients, one redacted log line per failure.
+    """
+
+    def __init__(self, app: Any, state: _State) -> None:
         self.app = app
-        self.render_error = render_error
+        self.state = state
 
     async def __call__(self, scope: MutableMapping[str, Any], receive: Callable[[], Awaitable[Any]],
                        send: Callable[[Any], Awaitable[None]]) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        length = dict(scope.get("headers") or []).get(b"content-length", b"0")
+        scope = self._rooted(scope)
+        headers = dict(scope.get("headers") or [])
+        length = headers.get(b"content-length", b"0")
         if not length.isdigit() or int(length) > MAX_BODY:
             await self._send_plain(scope, receive, send, 413)
             return
-        started = False
+        body, ok = await self._read_body(receive)
+        if not ok:
+            await self._send_plain(scope, receive, send, 413)
+            return
+        if scope["method"] not in ("GET", "HEAD") and not self._same_origin(scope, headers):
+            await self.state.message(403)(scope, receive, self._with_headers(send, [False]))
+            return
+        replayed = False
 
+        async def replay() -> Any:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        started = [False]
+        wrapped = self._with_headers(send, started)
+        try:
+            await self.app(scope, replay, wrapped)
+        except Exception as exc:
+            LOG.error("error while serving %s %s: %s", scope.get("method"), redact(scope.get("path", "")),
+                      redact(f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"))
+            if not started[0]:
+                await self.state.message(500)(scope, replay, wrapped)
+
+    def _rooted(self, scope: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+        rp = self.state.root_path
+        if not rp:
+            return scope
+        path = scope.get("path", "/")
+        if not (path == rp or path.startswith(rp + "/")):
+            path = rp + path  # the proxy stripped the prefix
+        return {**scope, "path": path, "root_path": rp}
+
+    @staticmethod
+    async def _read_body(receive: Callable[[], Awaitable[Any]]) -> tuple[bytes, bool]:
+        """The whole request body, counted as it is read; (body, False) once it exceeds MAX_BODY."""
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                break  # the client went away
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > MAX_BODY:
+                return b"", False
+            chunks.append(chunk)
+            more = bool(message.get("more_body", False))
+        return b"".join(chunks), True
+
+    def _same_origin(self, scope: MutableMapping[str, Any], headers: dict[bytes, bytes]) -> bool:
+        """No ``Origin``/``Referer`` (not a browser), or one naming this site (its Host or --base-url)."""
+        host = headers.get(b"host", b"").decode("latin-1").lower()
+        # either scheme: a proxy that terminates TLS forwards https pages' posts over http
+        allowed = set(self.state.origins) | ({f"http://{host}", f"https://{host}"} if host else set())
+        origin = headers.get(b"origin")
+        if origin is not None:
+            return origin.decode("latin-1").lower() in allowed  # "null" (a sandboxed or hidden origin) is not
+        referer = headers.get(b"referer")
+        if referer is not None:
+            return origin_of(referer.decode("latin-1")) in allowed
+        return True
+
+    @staticmethod
+    def _with_headers(send: Callable[[Any], Awaitable[None]], started: list[bool]) -> Callable[[Any], Awaitable[None]]:
         async def send_with_headers(message: MutableMapping[str, Any]) -> None:
-            nonlocal started
             if message["type"] == "http.response.start":
-                started = True
-                headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"server"]
+                started[0] = True
+                headers = [(k, v) for k, v in message.get("headers", [])
+                           if k.lower() not in (b"server", b"last-modified", b"etag")]
                 if not any(k.lower() == b"cache-control" for k, _ in headers):
                     headers.append((b"cache-control", b"no-store"))
                 message["headers"] = headers + list(SECURITY_HEADERS)
             await send(message)
 
-        try:
-            await self.app(scope, receive, send_with_headers)
-        except Exception:
-            LOG.exception("error while serving %s %s", scope.get("method"), scope.get("path"))
-            if not started:
-                await self.render_error()(scope, receive, send_with_headers)
+        return send_with_headers
 
     async def _send_plain(self, scope: Any, receive: Any, send: Any, status: int) -> None:
-        response = Response(STATUS_TEXT[status][1], status_code=status, media_type="text/plain")
-        response.headers.update({k.decode(): v.decode() for k, v in SECURITY_HEADERS})
-        await response(scope, receive, send)
+        response = Response(STATUS_TEXT[status][1], status_code=status, media_type="text/plain",
+                            headers={"connection": "close"})
+        await response(scope, receive, self._with_headers(send, [False]))
 
 
 def _rater_routes(app: FastAPI, state: _State) -> None:
-    """``/r/{token}`` (the next pair) and ``/r/{token}/answer`` (store one answer)."""
+    """``/r/{token}`` (the next pair), its answers, undo and images."""
+    invalid = "This link is not valid. Ask the study organiser for your link."
 
-    @app.get("/r/{token}", response_class=HTMLResponse)
+    @app.api_route("/r/{token}", methods=["GET", "HEAD"], response_class=HTMLResponse)
     def next_pair(token: str) -> HTMLResponse:
         rater = db.rater_by_token(state.url, token)
         if rater is None:
-            return state.message(404, "This link is not valid. Ask the study organiser for your link.")
+            return state.message(404, invalid)
         order = state.assignment(rater.id)
-        done = db.answered(state.url, rater.id)
+        done, last = db.rater_status(state.url, rater.id)
         remaining = [p for p in order if p not in done]
+        undo = {"pair_id": last} if last is not None else None
         if not remaining:
-            return state.page("done.html", n=len(order))
+            return state.page("done.html", n=len(order), token=token, undo=undo)
         pair = state.pairs[remaining[0]]
         return state.page("pair.html", token=token, pair_id=pair["pair_id"], prompt=pair["prompt"],
-                          left_image=pair["left_image"], right_image=pair["right_image"],
-                          k=len(order) - len(remaining) + 1, n=len(order), max_reason=MAX_REASON)
+                          left_key=state.image_key(rater.id, pair["pair_id"], "left"),
+                          right_key=state.image_key(rater.id, pair["pair_id"], "right"),
+                          k=len(order) - len(remaining) + 1, n=len(order), max_reason=MAX_REASON, undo=undo)
 
     @app.post("/r/{token}/answer")
     def answer(token: str, pair_id: Annotated[str, Form()] = "", choice: Annotated[str, Form()] = "",
                reason: Annotated[str, Form()] = "") -> Response:
         rater = db.rater_by_token(state.url, token)
         if rater is None:
-            return state.message(404, "This link is not valid. Ask the study organiser for your link.")
-        back = f"/r/{token}"
+            return state.message(404, invalid)
+        back = state.rater_home(token)
         if choice not in CHOICES:
             return state.message(422, "Choose Left, Right or Tie (about equal).", back)
         text = clean_reason(reason)
@@ -217,21 +370,34 @@ def _rater_routes(app: FastAPI, state: _State) -> None:
         db.submit(state.url, rater.id, pair_id, choice, text)
         return RedirectResponse(back, status_code=303)
 
+    @app.post("/r/{token}/undo")
+    def undo(token: str, pair_id: Annotated[str, Form()] = "") -> Response:
+        rater = db.rater_by_token(state.url, token)
+        if rater is None:
+            return state.message(404, invalid)
+        back = state.rater_home(token)
+        if pair_id not in set(state.assignment(rater.id)):
+            return state.message(400, back=back)
+        db.undo(state.url, rater.id, pair_id)  # False (a second click, an older answer): nothing to do
+        return RedirectResponse(back, status_code=303)
+
+    @app.api_route("/r/{token}/img/{key}.png", methods=["GET", "HEAD"])
+    def image(token: str, key: str) -> Response:
+        rater = db.rater_by_token(state.url, token) if _KEY_RE.match(key) else None
+        image_token = state.image_of(rater.id, key) if rater is not None else None
+        path = state.layout.image(image_token) if image_token and db.TOKEN_RE.match(image_token) else None
+        if path is None or not path.is_file():
+            return state.message(404)
+        return Response(path.read_bytes(), media_type="image/png", headers={"Cache-Control": "no-store"})
+
 
 def _public_routes(app: FastAPI, state: _State) -> None:
-    """``/`` (a neutral page), ``/img/{token}.png`` and the error pages."""
+    """``/`` (a neutral page) and the error pages (a database failure: the retry page)."""
 
-    @app.get("/", response_class=HTMLResponse)
+    @app.api_route("/", methods=["GET", "HEAD"], response_class=HTMLResponse)
     def index() -> HTMLResponse:
         return state.page("message.html", title="Image preference study", back=None,
                           message="To take part, ask the study organiser for your personal link.")
-
-    @app.get("/img/{image_token}.png")
-    def image(image_token: str) -> Response:
-        path = state.layout.image(image_token)
-        if not db.TOKEN_RE.match(image_token) or image_token not in state.images or not path.is_file():
-            return state.message(404)
-        return FileResponse(path, media_type="image/png", headers={"Cache-Control": "private, max-age=86400"})
 
     @app.exception_handler(StarletteHTTPException)
     def http_error(_request: Request, exc: StarletteHTTPException) -> HTMLResponse:
@@ -241,27 +407,44 @@ def _public_routes(app: FastAPI, state: _State) -> None:
     def invalid(_request: Request, _exc: RequestValidationError) -> HTMLResponse:
         return state.message(422)
 
+    @app.exception_handler(SQLAlchemyError)
+    def database_down(request: Request, exc: SQLAlchemyError) -> HTMLResponse:
+        orig = getattr(exc, "orig", None) or exc
+        LOG.error("database error on %s %s: %s", request.method, redact(request.url.path),
+                  redact(f"{type(orig).__name__}: {' '.join(str(orig).split())[:200]}"))
+        m = re.match(r"^/r/([^/]+)", request.scope.get("path", "").removeprefix(state.root_path))
+        page = state.message(503, back=state.rater_home(m.group(1)) if m else None)
+        page.headers["Retry-After"] = "5"
+        return page
 
-def create_app(root: Path, database_url: str | None = None) -> FastAPI:
+
+def create_app(root: Path, database_url: str | None = None, root_path: str = "",
+               base_url: str | None = None) -> FastAPI:
     """The rating app over the study folder ``root`` (database: ``database_url`` or ``root/human.db``).
 
-    Migrates the database to the newest schema and loads the pairs (idempotent) before serving.
+    Migrates the database to the newest schema, loads the pairs (idempotent) and checks that the
+    database accepts writes (a read-only or unreachable one is a UserError now, not a 500 per answer).
+    ``root_path``: the prefix a reverse proxy serves the app under; ``base_url``: the public address
+    raters open (its origin is accepted on answers besides the request's Host).
     """
-    state = _load_state(Path(root), database_url)
+    state = _load_state(Path(root), database_url, normalize_root_path(root_path), base_url)
     app = FastAPI(title="Image preference study", docs_url=None, redoc_url=None, openapi_url=None, debug=False)
     app.state.human = state
     _rater_routes(app, state)
     _public_routes(app, state)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
-    app.add_middleware(_Guard, render_error=lambda: state.message(500))
+    app.add_middleware(_Guard, state=state)
     return app
 
 
-def serve(root: Path, host: str = "127.0.0.1", port: int = 8000, database_url: str | None = None) -> None:
+def serve(root: Path, host: str = "127.0.0.1", port: int = 8000, database_url: str | None = None,
+          root_path: str = "", base_url: str | None = None) -> None:
     """Serve the rating app of ``root`` with uvicorn at ``http://host:port/`` until interrupted."""
     import uvicorn
 
-    app = create_app(Path(root), database_url)
-    print(f"Rating app of {root} at http://{host}:{port}/ (rater links: `pcpo-eval human raters {root}`); "
+    app = create_app(Path(root), database_url, root_path, base_url)
+    rp = normalize_root_path(root_path)
+    print(f"Rating app of {root} at http://{host}:{port}{rp}/ (rater links: `pcpo-eval human raters {root}`); "
           "Ctrl-C stops it", flush=True)
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False, server_header=False)
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False, server_header=False,
+                date_header=False)

@@ -22,15 +22,43 @@ def _url(folder: Path, database_url: str | None) -> str:
 
 
 def _database(folder: Path, database_url: str | None) -> str:
-    """The study's database, migrated to the newest schema and holding the design's pairs."""
-    from pcpo_eval.human.db import load_pairs, upgrade
+    """The study's database, migrated to the newest schema and holding the design's pairs.
+
+    Any database failure (unreachable server, missing driver, read-only or non-SQLite file) is one
+    ``error:`` line (:func:`pcpo_eval.human.db.database_errors`)."""
+    from pcpo_eval.human.db import database_errors, load_pairs, upgrade
     from pcpo_eval.human.design import read_design
 
     _, pairs = read_design(folder)
     url = _url(folder, database_url)
-    upgrade(url)
-    load_pairs(url, pairs)
+    with database_errors(url):
+        upgrade(url)
+        load_pairs(url, pairs)
     return url
+
+
+def _base_url(folder: Path, base_url: str | None) -> str:
+    """``--base-url`` (remembered in HUMAN/server.json), else the remembered one, else a UserError."""
+    from pcpo_eval.human import HumanLayout
+    from pcpo_eval.human.app import origin_of
+    from pcpo_eval.io import atomic_write_json
+
+    lay = HumanLayout(folder)
+    if base_url is not None:
+        if origin_of(base_url) is None or not base_url.lower().startswith(("http://", "https://")):
+            raise UserError(f"--base-url {base_url!r}: give the address raters open, e.g. https://rate.example.org "
+                            "or http://HOST:8000/PREFIX")
+        atomic_write_json(lay.server, {"base_url": base_url.rstrip("/")})
+        return base_url.rstrip("/")
+    if lay.server.is_file():
+        try:
+            saved = json.loads(lay.server.read_text()).get("base_url")
+        except (OSError, ValueError, AttributeError):
+            saved = None
+        if isinstance(saved, str) and origin_of(saved):
+            return saved
+    raise UserError("no address for the rater links yet; pass --base-url with the address raters open "
+                    "(e.g. https://rate.example.org, or http://HOST:8000 on your network); it is remembered")
 
 
 @human.command("design")
@@ -47,7 +75,7 @@ def design_cmd(
     from pcpo_eval.train.commands import resolve_device
 
     ds = dataclasses.replace(load_design_spec(config), device=resolve_device(device))
-    d = make_design(study, out, ds, log=typer.echo)
+    d = make_design(study, out, ds, log=typer.echo, progress=True)
     typer.echo(f"design: {d['n_pairs']} pairs ({d['n_main']} compared, {d['n_pairs'] - d['n_main']} attention "
                f"checks) over {', '.join(d['comparisons'])}; {d['n_images']} images in {out}")
 
@@ -56,22 +84,36 @@ def design_cmd(
 def raters_cmd(
     folder: Path = typer.Argument(..., help="human study folder"),
     add: list[str] = typer.Option([], "--add", help="add a rater by name (repeat the flag for several)"),
-    base_url: str = typer.Option("http://127.0.0.1:8000", "--base-url", help="address raters open"),
+    revoke: list[str] = typer.Option([], "--revoke", help="revoke a rater's link now (their answers are kept)"),
+    rotate: list[str] = typer.Option([], "--rotate", help="give a rater a new link (the old one stops working)"),
+    base_url: str | None = typer.Option(None, "--base-url", help="address raters open, with any --root-path, "
+                                        "e.g. https://rate.example.org/study (remembered in HUMAN/server.json)"),
     database_url: str | None = typer.Option(None, "--database-url", help=DB_HELP),
     as_json: bool = typer.Option(False, "--json", help="print JSON"),
 ) -> None:
-    """Add raters and print every rater's private link with their progress."""
+    """Add, revoke or rotate raters, and print every rater's private link with their progress."""
     from pcpo_eval.human import HumanLayout
     from pcpo_eval.human.app import read_settings
-    from pcpo_eval.human.db import add_raters, progress, rater_links
+    from pcpo_eval.human.db import add_raters, database_errors, progress, rater_links
+    from pcpo_eval.human.db import revoke as revoke_rater
+    from pcpo_eval.human.db import rotate as rotate_rater
 
     url = _database(folder, database_url)
-    if add:
-        add_raters(url, add)
-    links = rater_links(url, base_url.rstrip("/"))
-    prog = progress(url, per_rater=read_settings(HumanLayout(folder)).per_rater).set_index("rater") if links else None
-    rows = [{"rater": name, "link": link, **({k: int(v) for k, v in prog.loc[name].items() if k != "rater_id"}
-                                              if prog is not None and name in prog.index else {})}
+    base = _base_url(folder, base_url)
+    settings = read_settings(HumanLayout(folder))
+    with database_errors(url):
+        if add:
+            add_raters(url, add)
+        for name in revoke:
+            revoke_rater(url, name)
+        for name in rotate:
+            rotate_rater(url, name)
+        links = rater_links(url, base)
+        prog = progress(url, per_rater=settings.per_rater).set_index("rater") if links else None
+    rows = [{"rater": name, "link": link, **({k: int(v) for k, v in prog.loc[name].items()
+                                               if k not in ("rater_id", "revoked")}
+                                              if prog is not None and name in prog.index else {}),
+             "revoked": link == "revoked"}
             for name, link in links]
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
@@ -87,15 +129,23 @@ def serve_cmd(
     folder: Path = typer.Argument(..., help="human study folder"),
     host: str = typer.Option("127.0.0.1", "--host", help="interface to listen on (0.0.0.0: every interface)"),
     port: int = typer.Option(8000, "--port", help="TCP port"),
+    root_path: str = typer.Option("", "--root-path", help="path prefix a reverse proxy serves the app under, "
+                                  "e.g. /rate (the proxy may strip it or not)"),
+    base_url: str | None = typer.Option(None, "--base-url", help="public address raters open (answers from its "
+                                        "origin are accepted; remembered for `human raters`)"),
     database_url: str | None = typer.Option(None, "--database-url", help=DB_HELP),
 ) -> None:
     """Serve the rating web app (uvicorn) until interrupted; answers are stored as they arrive."""
-    from pcpo_eval.human.app import serve
+    from pcpo_eval.human.app import normalize_root_path, serve
 
     if not 0 < port < 65536:
         raise UserError(f"--port {port}; use a TCP port between 1 and 65535")
+    normalize_root_path(root_path)
+    if base_url is not None:
+        _base_url(folder, base_url)
     _check_port(host, port)
-    serve(folder, host=host, port=port, database_url=database_url)  # migrates and loads the pairs itself
+    serve(folder, host=host, port=port, database_url=database_url, root_path=root_path,
+          base_url=base_url)  # migrates, loads the pairs and checks the database is writable itself
 
 
 def _check_port(host: str, port: int) -> None:
@@ -118,11 +168,13 @@ def export_cmd(
 ) -> None:
     """Export every stored response to Parquet (one row per rater and pair)."""
     from pcpo_eval.human import HumanLayout
-    from pcpo_eval.human.db import export_parquet
+    from pcpo_eval.human.db import database_errors, export_parquet
     from pcpo_eval.io import check_out_path
 
     path = check_out_path(output or HumanLayout(folder).responses, "--output", folder=False)
-    written = export_parquet(_database(folder, database_url), path)
+    url = _database(folder, database_url)
+    with database_errors(url):
+        written = export_parquet(url, path)
     typer.echo(f"wrote {len(written)} responses to {path}")
 
 
@@ -135,7 +187,10 @@ def simulate_cmd(
     prefer: list[str] = typer.Option([], "--prefer", help="LABEL=P: raters pick checkpoint LABEL with probability P"),
     rng_seed: int = typer.Option(0, "--rng-seed", help="seed of the simulation"),
 ) -> None:
-    """Simulated raters (planted preferences) to rehearse the analysis; never written to the database."""
+    """Simulated raters (planted preferences) to rehearse the analysis; never written to the database.
+
+    The file is marked simulated (a ``simulated`` column): `human analyze --responses` on it writes
+    to HUMAN/rehearsal/ and labels everything SIMULATED, never the study's report."""
     from pcpo_eval.human.analysis import simulate_responses
     from pcpo_eval.human.design import read_design
     from pcpo_eval.io import atomic_write_parquet, check_out_path
@@ -147,7 +202,8 @@ def simulate_cmd(
         raise UserError("--raters and --per-rater must be >= 1")
     df = simulate_responses(pairs, raters, per_rater, p or 0.5, rng_seed)
     atomic_write_parquet(output, df)
-    typer.echo(f"wrote {len(df)} simulated responses of {raters} raters to {output}")
+    typer.echo(f"wrote {len(df)} SIMULATED responses of {raters} raters to {output} (for rehearsals: `pcpo-eval "
+               f"human analyze {folder} --responses {output}` writes to {folder}/rehearsal/)")
 
 
 def _parse_prefer(items: list[str], labels: set[str]) -> dict[str, float]:

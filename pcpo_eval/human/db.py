@@ -23,7 +23,8 @@ import hashlib
 import re
 import secrets
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -46,7 +47,7 @@ from sqlalchemy import (
     select,
 )
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, IntegrityError
+from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from pcpo_eval.errors import UserError
@@ -81,6 +82,7 @@ class Rater(Base):
     name: Mapped[str] = mapped_column(String(MAX_NAME), unique=True, nullable=False)
     token: Mapped[str] = mapped_column(String(64), unique=True, nullable=False)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 
 
 class Pair(Base):
@@ -106,6 +108,23 @@ class Response(Base):
     rater_id: Mapped[int] = mapped_column(ForeignKey("raters.id"), nullable=False)
     pair_id: Mapped[str] = mapped_column(ForeignKey("pairs.pair_id"), nullable=False)
     choice: Mapped[str] = mapped_column(String(8), nullable=False)
+    reason: Mapped[str] = mapped_column(Text, nullable=False, default="")
+    submitted_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+
+
+class Correction(Base):
+    """An undo (``choice`` NULL) or a re-answer after an undo of one (rater, pair); ``seq`` 1, 2, ..."""
+
+    __tablename__ = "corrections"
+    __table_args__ = (
+        UniqueConstraint("rater_id", "pair_id", "seq"),
+        CheckConstraint("choice IS NULL OR choice IN ('left', 'right', 'tie')", name="choice"),
+    )
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    rater_id: Mapped[int] = mapped_column(ForeignKey("raters.id"), nullable=False)
+    pair_id: Mapped[str] = mapped_column(ForeignKey("pairs.pair_id"), nullable=False)
+    seq: Mapped[int] = mapped_column(Integer, nullable=False)
+    choice: Mapped[str | None] = mapped_column(String(8), nullable=True)
     reason: Mapped[str] = mapped_column(Text, nullable=False, default="")
     submitted_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
 
@@ -148,10 +167,68 @@ def _check_url(url: str) -> None:
     except ArgumentError:
         raise UserError(f"database URL {url!r} is malformed; use e.g. sqlite:///HUMAN/human.db "
                         "or postgresql+psycopg://user@host/db") from None
-    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
-        parent = Path(parsed.database).parent
+    db = parsed.database
+    if parsed.get_backend_name() == "sqlite" and db not in (None, "", ":memory:") and not db.startswith("file:"):
+        parent = Path(db).parent
         if not parent.is_dir():
             raise UserError(f"database folder {parent} does not exist; create it or pass another database URL")
+
+
+def shown_url(url: str) -> str:
+    """``url`` with its password hidden (for messages)."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return "<malformed URL>"
+
+
+def _db_problem(url: str, exc: BaseException) -> str:
+    """One line naming what is wrong with the database at ``url`` and the fix."""
+    where = shown_url(url)
+    if isinstance(exc, ImportError):
+        driver = getattr(exc, "name", None) or str(exc).split()[-1].strip("'\"")
+        return (f"database {where}: its driver {driver!r} is not installed; install it (PostgreSQL: "
+                "pip install -e '.[postgres]') or use the default SQLite database")
+    orig = getattr(exc, "orig", None) or exc
+    text = " ".join(str(orig).split())[:200]
+    low = text.lower()
+    if "readonly" in low or "read-only" in low or "read only" in low:
+        return (f"database {where} is read-only ({text}); make the file and its folder writable by this user "
+                "or pass a writable --database-url")
+    if "file is not a database" in low or "not a database" in low:
+        return f"{where} is not a SQLite database ({text}); move that file away or pass another --database-url"
+    if "unable to open database file" in low:
+        return f"cannot open database {where} ({text}); check the path and its permissions"
+    if isinstance(exc, NoSuchModuleError):
+        return f"database URL {where} names an unknown database type; use sqlite:///... or postgresql+psycopg://..."
+    return (f"database {where} failed ({type(orig).__name__}: {text or 'no message'}); check that it is running "
+            "and reachable, or pass another --database-url")
+
+
+@contextmanager
+def database_errors(url: str) -> Iterator[None]:
+    """Turn any database failure (unreachable server, missing driver, read-only or foreign file) into
+    one :class:`UserError` line naming the database (password hidden) and the fix."""
+    try:
+        yield
+    except UserError:
+        raise
+    except (SQLAlchemyError, ImportError) as exc:
+        raise UserError(_db_problem(url, exc)) from None
+
+
+def check_writable(url: str) -> None:
+    """Fail now (UserError) unless the database at ``url`` is reachable and accepts writes.
+
+    Writes the schema version onto itself in a transaction that is rolled back: a read-only SQLite
+    file (or a PostgreSQL user without write rights) fails here instead of at the first answer.
+    """
+    with database_errors(url), get_engine(url).connect() as conn:
+        trans = conn.begin()
+        try:
+            conn.exec_driver_sql("UPDATE alembic_version SET version_num = version_num")
+        finally:
+            trans.rollback()
 
 
 def get_engine(url: str) -> Engine:
@@ -162,10 +239,10 @@ def get_engine(url: str) -> Engine:
         _check_url(url)
         if make_url(url).get_backend_name() == "sqlite":
             engine = create_engine(url, connect_args={"timeout": 60, "check_same_thread": False},
-                                   pool_size=8, max_overflow=16)
+                                   pool_size=8, max_overflow=16, hide_parameters=True)
             event.listen(engine, "connect", _sqlite_pragmas)
         else:
-            engine = create_engine(url, pool_pre_ping=True)
+            engine = create_engine(url, pool_pre_ping=True, hide_parameters=True)  # tokens never in errors
         _ENGINES[url] = engine
         return engine
 
@@ -322,11 +399,40 @@ def add_raters(url: str, names: Iterable[str]) -> list[tuple[str, str]]:
 
 
 def rater_links(url: str, base_url: str) -> list[tuple[str, str]]:
-    """(name, private link) of every rater, in creation order; ``base_url`` e.g. ``http://host:8000``."""
+    """(name, private link) of every rater, in creation order; ``base_url`` e.g. ``http://host:8000``.
+
+    A revoked rater's link is ``revoked`` (it no longer opens anything)."""
     base = base_url.rstrip("/")
     with get_engine(url).connect() as conn:
-        rows = conn.execute(select(Rater.name, Rater.token).order_by(Rater.id)).all()
-    return [(name, f"{base}/r/{token}") for name, token in rows]
+        rows = conn.execute(select(Rater.name, Rater.token, Rater.revoked_at).order_by(Rater.id)).all()
+    return [(name, "revoked" if revoked is not None else f"{base}/r/{token}") for name, token, revoked in rows]
+
+
+def _rater_id(conn: Any, name: str) -> int:
+    rid = conn.execute(select(Rater.id).where(Rater.name == name)).scalar()
+    if rid is None:
+        names = ", ".join(conn.execute(select(Rater.name).order_by(Rater.id)).scalars()) or "none yet"
+        raise UserError(f"no rater named {name!r}; raters: {names}")
+    return int(rid)
+
+
+def rotate(url: str, name: str) -> str:
+    """Give rater ``name`` a new secret token (their old link stops working at once); returns it.
+
+    A revoked rater is reinstated with the new token. Their answers stay theirs."""
+    token = secrets.token_urlsafe(24)
+    with Session(get_engine(url)) as session, session.begin():
+        rid = _rater_id(session, name)
+        session.execute(Rater.__table__.update().where(Rater.id == rid).values(token=token, revoked_at=None))
+    return token
+
+
+def revoke(url: str, name: str) -> None:
+    """Revoke rater ``name``'s link: it is refused from now on (answers already given are kept)."""
+    with Session(get_engine(url)) as session, session.begin():
+        rid = _rater_id(session, name)
+        session.execute(Rater.__table__.update().where(Rater.id == rid)
+                        .values(token=secrets.token_urlsafe(24), revoked_at=datetime.now(UTC)))
 
 
 def rater_by_token(url: str, token: str) -> RaterInfo | None:
@@ -334,42 +440,122 @@ def rater_by_token(url: str, token: str) -> RaterInfo | None:
     if not token or len(token) > 64:
         return None
     with get_engine(url).connect() as conn:
-        row = conn.execute(select(Rater.id, Rater.name).where(Rater.token == token)).first()
+        row = conn.execute(select(Rater.id, Rater.name)
+                           .where(Rater.token == token, Rater.revoked_at.is_(None))).first()
     return None if row is None else RaterInfo(int(row.id), str(row.name))
 
 
 # ---- responses ---------------------------------------------------------------------------------
 
 
+def _state(conn: Any, rater_id: int) -> tuple[dict[str, datetime], set[str]]:
+    """(answered pair -> time of its standing answer, pairs with a pending undo) of one rater."""
+    first = dict(conn.execute(select(Response.pair_id, Response.submitted_at)
+                              .where(Response.rater_id == rater_id)).all())
+    latest: dict[str, tuple[int, str | None, datetime]] = {}
+    for pair_id, seq, choice, at in conn.execute(select(Correction.pair_id, Correction.seq, Correction.choice,
+                                                        Correction.submitted_at)
+                                                 .where(Correction.rater_id == rater_id)):
+        if pair_id not in latest or seq > latest[pair_id][0]:
+            latest[pair_id] = (seq, choice, at)
+    pending = {p for p, (_, choice, _) in latest.items() if choice is None}
+    times = {p: latest[p][2] if p in latest else t for p, t in first.items() if p not in pending}
+    return times, pending
+
+
 def answered(url: str, rater_id: int) -> set[str]:
-    """The pair ids rater ``rater_id`` has answered."""
+    """The pair ids rater ``rater_id`` has a standing answer to (an undone answer is not one)."""
     with get_engine(url).connect() as conn:
-        return set(conn.execute(select(Response.pair_id).where(Response.rater_id == rater_id)).scalars())
+        return set(_state(conn, rater_id)[0])
+
+
+def rater_status(url: str, rater_id: int) -> tuple[set[str], str | None]:
+    """(pairs with a standing answer, the pair answered last if it may be undone, else None).
+
+    The last answer may be undone unless an undo is already pending (one step back at a time)."""
+    with get_engine(url).connect() as conn:
+        times, pending = _state(conn, rater_id)
+    if pending or not times:
+        return set(times), None
+    return set(times), max(times, key=lambda p: (_aware(times[p]), p))
+
+
+def last_answer(url: str, rater_id: int) -> str | None:
+    """The pair the rater answered last, if it may be undone (:func:`rater_status`)."""
+    return rater_status(url, rater_id)[1]
+
+
+def _aware(value: datetime) -> datetime:
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
+
+
+def _next_seq(conn: Any, rater_id: int, pair_id: str) -> tuple[int, str | None]:
+    """(next correction seq, choice of the latest correction or 'answer' when there is none)."""
+    row = conn.execute(select(Correction.seq, Correction.choice)
+                       .where(Correction.rater_id == rater_id, Correction.pair_id == pair_id)
+                       .order_by(Correction.seq.desc())).first()
+    return (1, "answer") if row is None else (int(row.seq) + 1, row.choice)
+
+
+def undo(url: str, rater_id: int, pair_id: str) -> bool:
+    """Withdraw the rater's last answer (``pair_id`` must be it) so that the pair is asked again.
+
+    Recorded as a correction row with no choice; the first answer stays in ``responses``. Returns
+    False (nothing changed) when ``pair_id`` is not the last answer, e.g. a second click on Undo.
+    """
+    if last_answer(url, rater_id) != pair_id:
+        return False
+    engine = get_engine(url)
+    try:
+        with engine.begin() as conn:
+            seq, _ = _next_seq(conn, rater_id, pair_id)
+            conn.execute(Correction.__table__.insert().values(rater_id=rater_id, pair_id=pair_id, seq=seq, choice=None,
+                                                              reason="", submitted_at=datetime.now(UTC)))
+    except IntegrityError:
+        return False  # a simultaneous undo of the same answer was stored first
+    return True
 
 
 def submit(url: str, rater_id: int, pair_id: str, choice: str, reason: str = "") -> StoredResponse:
-    """Store one answer; a second submit of the same (rater, pair) returns the first one unchanged.
+    """Store one answer; a second submit of the same (rater, pair) returns the standing one unchanged.
 
     The caller validates ``choice``, ``reason`` and that ``pair_id`` is in the rater's assignment.
-    The INSERT is the transaction's first statement, so SQLite's busy timeout applies to it.
+    The INSERT is the transaction's first statement, so SQLite's busy timeout applies to it. After
+    an undo (:func:`undo`) the next submit of that pair is stored as a correction (the first answer
+    stays in ``responses``); the one after that is again a resubmit that changes nothing.
     """
     if choice not in CHOICES or len(reason) > MAX_REASON:
         raise UserError(f"choice must be one of {', '.join(CHOICES)} and the reason at most {MAX_REASON} characters")
     engine = get_engine(url)
+    now = datetime.now(UTC)
     try:
         with engine.begin() as conn:
             conn.execute(Response.__table__.insert().values(
-                rater_id=rater_id, pair_id=pair_id, choice=choice, reason=reason,
-                submitted_at=datetime.now(UTC)))
+                rater_id=rater_id, pair_id=pair_id, choice=choice, reason=reason, submitted_at=now))
         return StoredResponse(choice, reason, True)
     except IntegrityError:
         pass
-    with engine.connect() as conn:
-        row = conn.execute(select(Response.choice, Response.reason)
-                           .where(Response.rater_id == rater_id, Response.pair_id == pair_id)).first()
-    if row is None:  # the IntegrityError was not the unique constraint: an unknown rater or pair
-        raise UserError(f"pair {pair_id} or rater {rater_id} is not in the database; reload the pairs")
-    return StoredResponse(str(row.choice), str(row.reason), False)
+    for _attempt in range(3):
+        with engine.connect() as conn:
+            row = conn.execute(select(Response.choice, Response.reason)
+                               .where(Response.rater_id == rater_id, Response.pair_id == pair_id)).first()
+            if row is None:  # the IntegrityError was not the unique constraint: an unknown rater or pair
+                raise UserError(f"pair {pair_id} or rater {rater_id} is not in the database; reload the pairs")
+            seq, latest = _next_seq(conn, rater_id, pair_id)
+            if latest is not None:  # no pending undo: the standing answer wins
+                if latest == "answer":
+                    return StoredResponse(str(row.choice), str(row.reason), False)
+                standing = conn.execute(select(Correction.choice, Correction.reason).where(
+                    Correction.rater_id == rater_id, Correction.pair_id == pair_id, Correction.seq == seq - 1)).one()
+                return StoredResponse(str(standing.choice), str(standing.reason), False)
+        try:
+            with engine.begin() as conn:
+                conn.execute(Correction.__table__.insert().values(rater_id=rater_id, pair_id=pair_id, seq=seq,
+                                                                  choice=choice, reason=reason, submitted_at=now))
+            return StoredResponse(choice, reason, True)
+        except IntegrityError:
+            continue  # a simultaneous re-answer was stored first: read it
+    raise UserError(f"could not store the answer of rater {rater_id} to pair {pair_id}; try again")
 
 
 def _iso_utc(value: datetime) -> str:
@@ -379,19 +565,45 @@ def _iso_utc(value: datetime) -> str:
 
 
 def export_responses(url: str) -> pd.DataFrame:
-    """Every response joined with its rater's name (columns: exactly RESPONSE_COLUMNS)."""
+    """Every standing answer joined with its rater's name (columns: exactly RESPONSE_COLUMNS).
+
+    ``choice`` / ``reason`` / ``submitted_at`` are the standing answer (the last re-answer after an
+    undo, else the first answer); ``first_choice`` is the first answer, never changed, and
+    ``corrections`` the number of undo and re-answer rows of that pair. A pair whose answer was
+    undone and not yet answered again is left out (the rater withdrew it).
+    """
     query = (select(Rater.name, Response.rater_id, Response.pair_id, Response.choice, Response.reason,
                     Response.submitted_at)
              .join(Rater, Rater.id == Response.rater_id).order_by(Response.id))
     with get_engine(url).connect() as conn:
         rows = conn.execute(query).all()
+        corr = conn.execute(select(Correction.rater_id, Correction.pair_id, Correction.seq, Correction.choice,
+                                   Correction.reason, Correction.submitted_at)
+                            .order_by(Correction.rater_id, Correction.pair_id, Correction.seq)).all()
+    latest: dict[tuple[int, str], Any] = {}
+    counts: dict[tuple[int, str], int] = {}
+    for c in corr:
+        key = (int(c.rater_id), str(c.pair_id))
+        latest[key] = c  # ordered by seq: the last one stands
+        counts[key] = counts.get(key, 0) + 1
+    out = []
+    for name, rid, pid, choice, reason, at in rows:
+        key = (int(rid), str(pid))
+        c = latest.get(key)
+        if c is not None and c.choice is None:
+            continue  # undone, not answered again yet
+        now = (c.choice, c.reason, c.submitted_at) if c is not None else (choice, reason, at)
+        out.append((str(name), int(rid), str(pid), str(now[0]), str(now[1] or ""), _iso_utc(now[2]), str(choice),
+                    counts.get(key, 0)))
     df = pd.DataFrame({
-        "rater": pd.Series([str(r[0]) for r in rows], dtype=str),
-        "rater_id": pd.Series([int(r[1]) for r in rows], dtype="int64"),
-        "pair_id": pd.Series([str(r[2]) for r in rows], dtype=str),
-        "choice": pd.Series([str(r[3]) for r in rows], dtype=str),
-        "reason": pd.Series([str(r[4] or "") for r in rows], dtype=str),
-        "submitted_at": pd.Series([_iso_utc(r[5]) for r in rows], dtype=str),
+        "rater": pd.Series([r[0] for r in out], dtype=str),
+        "rater_id": pd.Series([r[1] for r in out], dtype="int64"),
+        "pair_id": pd.Series([r[2] for r in out], dtype=str),
+        "choice": pd.Series([r[3] for r in out], dtype=str),
+        "reason": pd.Series([r[4] for r in out], dtype=str),
+        "submitted_at": pd.Series([r[5] for r in out], dtype=str),
+        "first_choice": pd.Series([r[6] for r in out], dtype=str),
+        "corrections": pd.Series([r[7] for r in out], dtype="int64"),
     })
     return df[list(RESPONSE_COLUMNS)]
 
@@ -404,17 +616,20 @@ def export_parquet(url: str, path: str | Path) -> pd.DataFrame:
 
 
 def progress(url: str, per_rater: int | None = None) -> pd.DataFrame:
-    """Per rater: ``rater``, ``rater_id``, ``answered``, ``total`` (``per_rater`` from design.json)."""
+    """Per rater: ``rater``, ``rater_id``, ``answered`` (standing answers), ``total`` (``per_rater``
+    from design.json), ``revoked`` (bool)."""
     engine = get_engine(url)
     with engine.connect() as conn:
         n_pairs = int(conn.execute(select(func.count()).select_from(Pair)).scalar_one())
         counts = dict(conn.execute(select(Response.rater_id, func.count())
                                    .group_by(Response.rater_id)).all())
-        raters = conn.execute(select(Rater.id, Rater.name).order_by(Rater.id)).all()
+        raters = conn.execute(select(Rater.id, Rater.name, Rater.revoked_at).order_by(Rater.id)).all()
+        pending = {int(r.id): len(_state(conn, int(r.id))[1]) for r in raters}
     total = n_pairs if per_rater is None else min(int(per_rater), n_pairs)
     return pd.DataFrame({
         "rater": pd.Series([str(r.name) for r in raters], dtype=str),
         "rater_id": pd.Series([int(r.id) for r in raters], dtype="int64"),
-        "answered": pd.Series([int(counts.get(r.id, 0)) for r in raters], dtype="int64"),
+        "answered": pd.Series([int(counts.get(r.id, 0)) - pending[int(r.id)] for r in raters], dtype="int64"),
         "total": pd.Series([total] * len(raters), dtype="int64"),
+        "revoked": pd.Series([r.revoked_at is not None for r in raters], dtype=bool),
     })

@@ -27,6 +27,7 @@ import dataclasses
 import hashlib
 import io
 import json
+import os
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -250,20 +251,27 @@ def _safe(label: str) -> str:
 
 
 def render_sets(view: StudyView, ds: HumanDesignSpec, checkpoints: Sequence[Checkpoint], sets_root: Path,
-                log: Callable[[str], None] = print) -> dict[str, Path]:
-    """Render every checkpoint's prompts x seeds with the study's eval sampler; label -> set folder."""
+                log: Callable[[str], None] = print, progress: bool = False) -> dict[str, Path]:
+    """Render every checkpoint's prompts x seeds with the study's eval sampler; label -> set folder.
+
+    Logs one line per checkpoint (k of m, how many images) and its time; ``progress``: generate's
+    per-batch bar too."""
     from pcpo_eval.generate.runner import generate_set
 
     ev = view.spec["eval"]
     sampling = _sampling(view)
     out: dict[str, Path] = {}
-    for c in checkpoints:
+    for i, c in enumerate(checkpoints, 1):
         folder = sets_root / _safe(c.label)
-        log(f"[human] rendering {c.label} ({c.model}) -> {folder}")
+        n = f"{ds.max_prompts} prompts" if ds.max_prompts else "every prompt"
+        log(f"[human] rendering checkpoint {i} of {len(checkpoints)}: {c.label} ({n} x {ds.seeds} seeds, "
+            f"{sampling['steps']} steps) -> {folder}")
+        t0 = time.perf_counter()
         generate_set(c.model, ds.prompts or ev["prompts"], ds.seeds, folder, batch_size=ds.batch_size,
                      steps=sampling["steps"], cfg=sampling["cfg"], eta=sampling["eta"],
                      schedule=sampling["sigma_schedule"], device=ds.device, max_prompts=ds.max_prompts,
-                     progress=False)
+                     progress=progress)
+        log(f"[human] {c.label} rendered in {time.perf_counter() - t0:.0f} s")
         out[c.label] = folder
     return out
 
@@ -381,11 +389,27 @@ def _attention_rows(rng: np.random.Generator, images: _Images, manifests: dict[s
     return rows
 
 
-def _write_images(images: _Images, folder: Path) -> None:
-    """Every shown image as a PNG without metadata (pixels only) under its token."""
+#: Modification time of every shown image file (2000-01-01 UTC): file times must not tell the order
+#: in which the checkpoints' images were written.
+FILE_TIME = 946_684_800
+
+
+def _write_images(images: _Images, folder: Path, rng_seed: int, log: Callable[[str], None] = print) -> None:
+    """Every shown image as a PNG without metadata (pixels only) under its token.
+
+    Blinding: written in a random order (seeded by ``rng_seed``, apart from the pairs' draws) and all
+    stamped with :data:`FILE_TIME`, so neither file order nor file times follow the checkpoints
+    (before, every PCPO image was older than its baseline partner). Logs progress every ~10%.
+    """
     from PIL import Image
 
-    for tok, src in images.files.items():
+    tokens = list(images.files)
+    order = np.random.default_rng([rng_seed, 1]).permutation(len(tokens))
+    step = max(1, len(tokens) // 10)
+    t0 = time.perf_counter()
+    for i, j in enumerate(order, 1):
+        tok = tokens[j]
+        src = images.files[tok]
         if isinstance(src, Path):
             with Image.open(src) as im:
                 pixels = np.asarray(im.convert("RGB"))
@@ -393,7 +417,44 @@ def _write_images(images: _Images, folder: Path) -> None:
             pixels = src
         buf = io.BytesIO()
         Image.fromarray(pixels).save(buf, format="PNG")  # no text chunks: nothing but pixels
-        (folder / f"{tok}.png").write_bytes(buf.getvalue())
+        path = folder / f"{tok}.png"
+        path.write_bytes(buf.getvalue())
+        os.utime(path, (FILE_TIME, FILE_TIME))
+        if i % step == 0 or i == len(tokens):
+            log(f"[human] images: {i} of {len(tokens)} written ({time.perf_counter() - t0:.0f} s)")
+
+
+def _relative(path: str | None, root: Path) -> str | None:
+    """``path`` relative to the design folder ``root`` when it is a filesystem path; else unchanged."""
+    if not path or not Path(path).is_absolute():
+        return path
+    return os.path.relpath(path, root.resolve())
+
+
+def study_path(design: dict[str, Any], root: str | Path) -> Path | None:
+    """The design's study folder: ``design["study"]`` (relative to the design folder; older designs
+    recorded it absolute)."""
+    study = design.get("study")
+    if not study:
+        return None
+    p = Path(study)
+    return p if p.is_absolute() else (Path(root) / p).resolve()
+
+
+def _relative_paths(design: dict[str, Any], root: Path) -> dict[str, Any]:
+    """``design.json`` with every filesystem path relative to the design folder (moves with it)."""
+    d = dict(design)
+    d["study"] = _relative(d["study"], root)
+    d["checkpoints"] = [{**c, "model": _relative(c["model"], root) if Path(c["model"]).exists() else c["model"]}
+                        for c in d["checkpoints"]]
+    sel = dict(d["selection"])
+    for key in ("reference", "below", "above"):
+        if isinstance(sel.get(key), dict):
+            sel[key] = {k: _relative(v, root) if k in ("model", "path") and isinstance(v, str) and Path(v).exists()
+                        else v for k, v in sel[key].items()}
+    d["selection"] = sel
+    d["paths"] = "relative to this file's folder"
+    return d
 
 
 # ---- the whole design -------------------------------------------------------------------------
@@ -406,7 +467,7 @@ def _settings_hash(d: dict[str, Any]) -> str:
 
 
 def make_design(study: str | Path, out: str | Path, ds: HumanDesignSpec,
-                log: Callable[[str], None] = print) -> dict[str, Any]:
+                log: Callable[[str], None] = print, progress: bool = False) -> dict[str, Any]:
     """Design a human study of the finished ``study`` into folder ``out``; returns ``design.json``.
 
     1. read and check the study, the design and ``out`` (nothing written yet);
@@ -428,10 +489,13 @@ def make_design(study: str | Path, out: str | Path, ds: HumanDesignSpec,
     pairs = _unique_labels(pairs)
     checkpoints = list({c.label: c for p in pairs for c in p}.values())
     t0 = time.perf_counter()
-    sets = render_sets(view, ds, checkpoints, lay.root / "sets", log)
+    n_img = len(checkpoints) * (ds.max_prompts or 0) * ds.seeds
+    log(f"[human] {len(pairs)} comparison(s) of {len(checkpoints)} checkpoints"
+        + (f", {n_img} images to render (resumable)" if n_img else ""))
+    sets = render_sets(view, ds, checkpoints, lay.root / "sets", log, progress)
     table, images = build_pairs(pairs, sets, ds)
     with atomic_dir(lay.images) as tmp:
-        _write_images(images, tmp)
+        _write_images(images, tmp, ds.rng_seed, log)
     atomic_write_parquet(lay.pairs, table)
     design = {**settings, "settings_hash": _settings_hash(settings), "created": time.strftime("%Y-%m-%d %H:%M:%S"),
               "selection": note, "checkpoints": [dataclasses.asdict(c) for c in checkpoints],
@@ -439,6 +503,7 @@ def make_design(study: str | Path, out: str | Path, ds: HumanDesignSpec,
               "n_pairs": int(len(table)), "n_main": int((table["kind"] == "main").sum()),
               "n_prompts": int(table["prompt_id"].nunique()), "n_images": len(images.files),
               "render_seconds": round(time.perf_counter() - t0, 1)}
+    design = _relative_paths(design, lay.root)
     atomic_write_json(lay.design, design)
     return design
 

@@ -7,6 +7,11 @@
 3. write ``HUMAN/analysis.json``; when the design's study folder holds a ``results.json``, copy the
    analysis to ``STUDY/human.json`` (the study keeps it when its stats stage re-runs), add it to
    ``results.json`` and re-render ``report.html`` with its human-study section.
+
+**Rehearsals.** Responses from ``human simulate`` carry a ``simulated`` column. Their analysis is
+a rehearsal: it goes to ``HUMAN/rehearsal/analysis.json`` only, is marked ``"simulated": true``,
+and every verdict and console line starts with ``SIMULATED``; the study's ``human.json``,
+``results.json`` and report are never touched, and the real ``HUMAN/analysis.json`` neither.
 """
 
 from __future__ import annotations
@@ -25,6 +30,14 @@ from pcpo_eval.io import atomic_write_json, to_jsonable
 EXAMPLES_PER_COMPARISON = 3
 
 
+SIMULATED = "SIMULATED"
+
+
+def is_simulated(df: pd.DataFrame) -> bool:
+    """Responses written by ``human simulate`` (its ``simulated`` column is true)."""
+    return "simulated" in df.columns and bool(df["simulated"].fillna(False).astype(bool).any())
+
+
 def read_responses(folder: Path, responses: Path | None, database_url: str | None) -> tuple[pd.DataFrame, str]:
     """The responses to analyse and where they came from."""
     if responses is not None:
@@ -37,14 +50,15 @@ def read_responses(folder: Path, responses: Path | None, database_url: str | Non
             raise UserError(f"--responses {responses} is not a readable Parquet file ({type(exc).__name__}); "
                             "export it again with `pcpo-eval human export`") from None
         return df, str(responses)  # its columns and values are checked by analyze()
-    from pcpo_eval.human.db import export_responses, upgrade
+    from pcpo_eval.human.db import database_errors, export_responses, upgrade
 
     url = database_url or HumanLayout(folder).database_url
     if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
         raise UserError(f"{folder} has no database yet; serve the study (`pcpo-eval human serve {folder}`) and "
                         "collect answers first, or analyse a file with --responses")
-    upgrade(url)
-    return export_responses(url), "database"
+    with database_errors(url):
+        upgrade(url)
+        return export_responses(url), "database"
 
 
 def examples(pairs: pd.DataFrame, responses: pd.DataFrame, root: Path, per: int = EXAMPLES_PER_COMPARISON
@@ -83,12 +97,30 @@ def analyze_folder(folder: str | Path, responses: str | Path | None = None, data
         "per_rater", "seeds", "max_prompts", "identical", "degraded", "created")},
         "examples": examples(pairs, df, folder)})
     lay = HumanLayout(folder)
+    if is_simulated(df):
+        res = _label_simulated(res)
+        lay.rehearsal.mkdir(exist_ok=True)
+        out = lay.rehearsal / "analysis.json"
+        atomic_write_json(out, res)
+        log(f"{SIMULATED} rehearsal (responses from `human simulate`): wrote {out}; the study's report, human.json "
+            f"and results.json and {lay.analysis} are untouched")
+        for line in summary_lines(res):
+            log(line)
+        return res
     atomic_write_json(lay.analysis, res)
     log(f"wrote {lay.analysis}")
     for line in summary_lines(res):
         log(line)
-    _into_study(design, res, log)
+    _into_study(design, res, log, folder)
     return res
+
+
+def _label_simulated(res: dict[str, Any]) -> dict[str, Any]:
+    """Mark a rehearsal's analysis SIMULATED: a flag, a label and every verdict sentence."""
+    comps = [{**c, "verdict": f"{SIMULATED}: {c['verdict']}" if c.get("verdict") else SIMULATED}
+             for c in res.get("comparisons", [])]
+    return {"simulated": True, "label": f"{SIMULATED} responses (human simulate): a rehearsal, not a result",
+            **res, "comparisons": comps, "source": f"{SIMULATED}: {res.get('source')}"}
 
 
 def summary_lines(res: dict[str, Any]) -> list[str]:
@@ -96,13 +128,14 @@ def summary_lines(res: dict[str, Any]) -> list[str]:
     return [f"  {c.get('verdict') or c.get('comparison')}" for c in res.get("comparisons", [])]
 
 
-def _into_study(design: dict[str, Any], res: dict[str, Any], log: Callable[[str], None]) -> None:
+def _into_study(design: dict[str, Any], res: dict[str, Any], log: Callable[[str], None], folder: Path) -> None:
     """Copy the analysis into the study folder and re-render its report (when the study has results)."""
+    from pcpo_eval.human.design import study_path
     from pcpo_eval.report.html import write_report
     from pcpo_eval.study.layout import StudyLayout
 
-    study = design.get("study")
-    lay = StudyLayout(Path(study)) if study else None
+    study = study_path(design, folder)
+    lay = StudyLayout(study) if study else None
     if lay is None or not lay.results_file.is_file():
         log("the design's study folder has no results.json: no report section written (run its stats stage)")
         return
