@@ -25,7 +25,7 @@ NOT_ESTIMABLE_REASON = ("residual SD 1e-15 is within 10000 ulps of the response 
 SAMPLER_SENTENCE = "the samplers alone explain a speed-up of 9% (controls 0.25 vs 0.20)"
 #: Verdict sentences as the study writes them (contract examples); checked verbatim in the report.
 SENTENCES = {
-    "speedup:0.8": "PCPO reaches 0.8 in 12 epochs vs 19 (speed-up 58%, 95% CI 21% to 104%, 3 vs 3 runs)",
+    "speedup_reward:0.8": "PCPO reaches reward 0.8 sooner than DDPO: 12.0 vs 19.0 epochs (speed-up +58%, 95% CI +21% to +104%)",
     "paired_gain": "no evidence of a difference in paired gain (+0.003, 95% CI -0.010 to +0.016, 3 vs 3 runs)",
     "final_reward": "final reward not comparable: the arms stopped at different epochs (40 vs 35)",
 }
@@ -96,6 +96,7 @@ def synthetic_raw_rows() -> list[dict]:
 def synthetic_results(root: Path) -> dict:
     """A results.json-shaped dict with images under ``root`` (the study directory)."""
     from pcpo_eval.stats import adjust_across_metrics, moving_average, speedup_table
+    from pcpo_eval.stats.speedup import speedup_cell_epochs
 
     data = synthetic_scores()
     fits = synthetic_fits(data)
@@ -105,7 +106,15 @@ def synthetic_results(root: Path) -> dict:
     speed = []
     for b in ("16", "32"):
         t = speedup_table([logs[("DDPO", b)]], [logs[("PCPO", b)]], [0.5, 0.8, 0.99], 5)
-        speed.append({"cell": f"batch={b}", "baseline": "DDPO", "pcpo": "PCPO", "table": t.to_dict()})
+        rows = [{"quantity": f"speedup_reward:{r.target:g}", "curve": "reward", "target": r.target, "uninformative": False,
+                 "baseline_epochs": speedup_cell_epochs(r.baseline_mean, r.n_censored_baseline, r.n_baseline),
+                 "pcpo_epochs": speedup_cell_epochs(r.treatment_mean, r.n_censored_treatment, r.n_treatment),
+                 "speedup": r.estimate, "ci_low": r.ci_low, "ci_high": r.ci_high, "p": r.p, "p_adjusted": r.p,
+                 "significant": r.significant, "mde": r.mde, "seeds_for_reference": r.seeds_for_reference, "tau": r.tau,
+                 "status": r.reason or "ok"} for r in t.rows]
+        rows.append({"quantity": "speedup_gain:0.05", "curve": "gain", "target": 0.05, "uninformative": True,
+                     "status": "no paired control logged: a gain curve needs paired_control: true", "speedup": None})
+        speed.append({"cell": f"batch={b}", "baseline": "DDPO", "pcpo": "PCPO", "window": 5, "rows": rows})
     traces = []
     for (a, b), log in logs.items():
         tr = {"run": f"{a}_{b}" if a == "DDPO" else EVIL_RUN, "role": "baseline" if a == "DDPO" else "pcpo",
@@ -173,25 +182,29 @@ def synthetic_results(root: Path) -> dict:
 
 
 def verdict_row(quantity: str, estimate: float | None, ci: tuple[float | None, float | None], p: float | None,
-                n_runs: int, cell: str = "batch=16", sentence: str | None = None, reason: str | None = None) -> dict:
+                n_runs: int, cell: str = "batch=16", sentence: str | None = None, reason: str | None = None,
+                family: str = "secondary") -> dict:
     """One verdict object of the results.json contract (not estimable when ``reason`` is given)."""
     return {"cell": cell, "quantity": quantity, "baseline": "DDPO", "treatment": "PCPO", "estimate": estimate,
             "ci_low": ci[0], "ci_high": ci[1], "n_baseline_runs": n_runs, "n_treatment_runs": n_runs,
             "p": None if reason else p, "estimable": reason is None, "reason": reason,
             "significant": reason is None and p is not None and p < 0.05,
-            "sentence": sentence or SENTENCES.get(quantity, f"{quantity}: PCPO vs DDPO")}
+            "sentence": sentence or SENTENCES.get(quantity, f"{quantity}: PCPO vs DDPO"),
+            "paired": n_runs > 1, "mde": None if reason else 0.1, "family": family,
+            "p_adjusted": None if reason else p, "p_permutation": None, "baseline_value": None,
+            "treatment_value": None, "details": {}}
 
 
 def synthetic_verdict(n_runs: int) -> list[dict]:
     """Verdict rows for two cells; with ``n_runs == 1`` every row is a between-run difference."""
     if n_runs == 1:
         return [verdict_row(q, 0.1, (None, None), None, 1, cell=c, sentence=ONE_RUN_SENTENCE,
-                            reason="1 run per arm") for c in ("batch=16", "batch=32") for q in ("speedup:0.8", "auc")]
+                            reason="1 run per arm") for c in ("batch=16", "batch=32") for q in ("speedup_reward:0.8", "auc")]
     return [
         verdict_row("epochs_to_target:0.8", -7.0, (-10.2, -3.8), 0.004, n_runs,
                     sentence="PCPO reaches 0.8 in 12 epochs vs 19 (3 vs 3 runs)"),
-        verdict_row("speedup:0.8", 58.0, (21.0, 104.0), 0.01, n_runs),
-        verdict_row("paired_gain", 0.003, (-0.010, 0.016), 0.61, n_runs),
+        verdict_row("speedup_reward:0.8", 0.58, (0.21, 1.04), 0.01, n_runs),
+        verdict_row("paired_gain", 0.003, (-0.010, 0.016), 0.61, n_runs, family="primary"),
         verdict_row("final_reward", 0.02, (None, None), None, n_runs, reason="the arms stopped at different epochs"),
         verdict_row("auc", 1.5, (0.2, 2.8), 0.03, n_runs, cell="batch=32"),
         verdict_row("reward_at_epoch:20", 0.04, (-0.01, 0.09), 0.1, n_runs, cell="batch=32"),

@@ -33,6 +33,7 @@ from pcpo_eval.report.html import (
     fmt_ci,
     fmt_num,
     fmt_p,
+    fmt_pct,
     pretty_term,
     quantity_label,
     render_report,
@@ -168,9 +169,12 @@ def test_lmm_numbers_match_result_objects(report):
     fe = next(f for f in results["lmm"]["fits"]["fd_toy"]["fixed"] if f["term"] == "algorithm[T.PCPO]")
     assert fmt_num(fe["estimate"]) in html
     assert fmt_p(results["lmm"]["adjusted"]["fd_toy"]["algorithm[T.PCPO]"]["p_holm"]) in html
-    # speed-up rows from SpeedupTable.to_dict (paper formula)
-    row = results["speedup"][0]["table"]["targets"][0]
-    assert f"{row['speedup_pct']:.1f}%" in html
+    # speed-up rows (restricted mean epochs, paper formula) in %, uninformative targets labelled
+    row = results["speedup"][0]["rows"][0]
+    assert fmt_pct(row["speedup"]) in html and row["baseline_epochs"] in html
+    table = _tables(html).rows("speedup-table")
+    assert len(table) == 2 * 4 and table[0][:3] == ["batch=16", "reward", "0.5"]
+    assert table[3][:4] == ["batch=16", "gain", "0.05", results["speedup"][0]["rows"][3]["status"]]
 
 
 def test_formatters():
@@ -217,15 +221,20 @@ def test_verdict_section_is_first_and_shows_the_sentences(report):
     for sentence in SENTENCES.values():
         assert sentence in text
     for row, v in zip(rows, results["verdict"], strict=True):
-        cell, quantity, comparison, sentence, estimate, ci, runs, p, significant = row
-        assert (cell, sentence, comparison) == (v["cell"], v["sentence"], "PCPO vs DDPO")
-        assert estimate == fmt_num(v["estimate"]) and runs == "3 vs 3"
-        assert ci == fmt_ci(v["ci_low"], v["ci_high"])
+        cell, quantity, family, sentence, estimate, ci, runs, p, p_adj, significant, mde = row
+        assert (cell, sentence, family) == (v["cell"], v["sentence"], v["family"])
+        assert runs == "3 vs 3 (paired by seed)"
+        if v["quantity"].startswith("speedup"):
+            assert estimate == fmt_pct(v["estimate"]) and mde == fmt_pct(v["mde"])
+        else:
+            assert estimate == fmt_num(v["estimate"]) and ci == fmt_ci(v["ci_low"], v["ci_high"])
         if v["estimable"]:
-            assert p == fmt_p(v["p"]) and significant == ("yes" if v["significant"] else "")
+            assert p == fmt_p(v["p"]) and p_adj == fmt_p(v["p_adjusted"])
+            assert significant == ("yes" if v["significant"] else "no")
         else:  # the reason instead of p, and never "significant"
-            assert p == f"not estimable: {v['reason']}" and significant == ""
-    assert rows[1][1] == "speed-up to reward 0.8" and rows[1][5] == "[21, 104]"
+            assert p == f"not estimable: {v['reason']}" and significant == "no" and p_adj == "–"
+    assert rows[1][1] == "speed-up to reward 0.8" and rows[1][4] == "+58%" and rows[1][5] == "+21% to +104%"
+    assert rows[2][2] == "primary"
     # the sampler offset explains itself; several runs per arm: no 1-run banner
     assert t.rows("sampler-offset-table")[0][-1] == SAMPLER_SENTENCE
     assert ONE_RUN_BANNER not in html and NO_VERDICT not in html
@@ -281,7 +290,7 @@ def test_one_run_per_arm_banner():
     assert html.index(ONE_RUN_BANNER) < html.index('id="verdict-table"')
     rows = t.rows("verdict-table")
     assert len(rows) == 4
-    assert all(r[7] == "not estimable: 1 run per arm" and r[8] == "" and r[6] == "1 vs 1" for r in rows)
+    assert all(r[7] == "not estimable: 1 run per arm" and r[9] == "no" and r[6] == "1 vs 1 (unpaired)" for r in rows)
     assert all(r[5] == "–" for r in rows)  # no CI: a dash, not "None"
     assert not MISSING_WORDS.search(_text(html))
 
@@ -336,7 +345,7 @@ def test_missing_numbers_never_print_as_none_or_nan(report):
     assert not MISSING_WORDS.search(_text(html))
     t = _tables(html)
     v = t.rows("verdict-table")[0]
-    assert v[4] == "–" and v[5] == "–" and v[6] == "2 vs –" and v[7] == "–" and v[8] == ""
+    assert v[4] == "–" and v[5] == "–" and v[6] == "2 vs – (unpaired)" and v[7] == "–" and v[9] == "no"
     assert t.rows_by_class("lmm-table")[0][-1] == "not estimable (no reason recorded)"
     assert html.count("missing</span>") >= 2  # progression cells without an image
 
@@ -363,7 +372,7 @@ def test_health_table_and_progression(report):
     assert EVIL_RUN in [r[0] for r in health]
     prog = next(r for a, r in t.tables if a.get("class") == "grid progression")
     assert prog[0] == ["Sample", "epoch 0", "epoch 20", "epoch 40"] and len(prog) == 1 + 2
-    assert "min-max over seeds" in html and "wall-clock seconds" in html  # the band and the axis are stated
+    assert "min-max over seeds" in html and "compute seconds" in html  # the band and the axis are stated
 
 
 def test_seed_band_and_mathtext_safe_labels():

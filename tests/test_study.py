@@ -387,8 +387,9 @@ def test_stages_run_then_skip_finished_work(tmp_path, fakes):
     assert 9 <= n_sets <= 17 and len(fakes.generate_calls) == n_sets and len(fakes.metrics_calls) == n_sets
     res = json.loads((out / "results.json").read_text())
     assert {b["cell"] for b in res["speedup"]} == {"batch=16", "batch=32"}
-    row = res["speedup"][0]["table"]["targets"][1]  # target 0.5 (window 5)
-    assert row["baseline_mean"] > row["pcpo_mean"] and row["speedup_pct"] > 0
+    row = res["speedup"][0]["rows"][1]  # reward target 0.5 (full window 5)
+    assert (row["quantity"], row["curve"]) == ("speedup_reward:0.5", "reward") and row["speedup"] > 0
+    assert float(row["baseline_epochs"].split()[0]) > float(row["pcpo_epochs"].split()[0])
     assert set(res["lmm"]["fits"]) == {"lpips_toy", "lpips_toy @ epoch 12"}
     assert res["lmm"]["formula"] == "value ~ algorithm * batch + (1|prompt) + (1|run)"  # 2 runs per arm
     fit = res["lmm"]["fits"]["lpips_toy"]
@@ -398,8 +399,9 @@ def test_stages_run_then_skip_finished_work(tmp_path, fakes):
     sig = res["raw_scores"]["significance"]
     assert sig["batch=16"]["fd_toy"]["method"].startswith("Welch t over runs of the overall fd_toy (2 vs 2 runs)")
     assert sig["batch=16"]["lpips_toy"]["method"].endswith("+ (1|prompt) + (1|run) (REML, Satterthwaite df)")
-    assert {v["quantity"] for v in res["verdict"]} == {"paired_gain", "final_reward", "auc", "speedup:0.3",
-                                                       "speedup:0.5"}
+    assert {v["quantity"] for v in res["verdict"]} == {"paired_gain", "final_reward", "auc", "speedup_reward:0.3",
+                                                       "speedup_reward:0.5"}
+    assert all(v["paired"] for v in res["verdict"])  # both arms train seeds 0 and 1
     assert {(r["cell"], r["arm"]) for r in res["runs"]} == {(c, a) for c in ("batch=16", "batch=32") for a in ("DDPO", "PCPO")}
     html = report.read_text()
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html and "<script>" not in html

@@ -118,6 +118,9 @@ def test_diagnostics_off_adds_no_columns_and_wall_clock_is_cumulative(tmp_path):
         log["wall_clock_s"].iloc[1] + resumed["wall_time_s"].iloc[2] - resumed["control_time_s"].iloc[2])
     on_disk = pd.read_parquet(tmp_path / "run" / "log.parquet")
     assert on_disk["wall_clock_s"].is_monotonic_increasing
+    # compute_s: the run's own CPU seconds for sampling + training (no control), carried over a resume
+    assert (log["compute_s"] > 0).all() and log["compute_s"].is_monotonic_increasing
+    assert log["compute_s"].iloc[1] == on_disk["compute_s"].iloc[1] < on_disk["compute_s"].iloc[2]
 
 
 def test_one_update_per_epoch_logs_nan_ratios_as_floats(tmp_path):

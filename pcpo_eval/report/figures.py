@@ -211,7 +211,7 @@ def reward_curves_plot(runs: list[dict[str, Any]], roles: dict[str, str], wall_c
             ctl = seed_band(mine, "control_reward_mean", x_key)
             if ctl["x"]:
                 ax.plot(ctl["x"], ctl["mean"], color=c, lw=1.2, ls="--", label=mpl_text(f"{arm}: untrained control"))
-        ax.set(title=mpl_text(cell), xlabel="wall-clock time (s)" if wall_clock else "epoch", ylabel="reward")
+        ax.set(title=mpl_text(cell), xlabel="compute time (s)" if wall_clock else "epoch", ylabel="reward")
         ax.legend(fontsize=6)
     fig.tight_layout()
     return fig_uri(fig)

@@ -520,6 +520,33 @@ def study_block(sp: StudySpec, layout: StudyLayout) -> dict[str, Any]:
             "versions": {"python": platform.python_version()}}
 
 
+def trained_credit(sp: StudySpec) -> tuple[Any, Any, str]:
+    """The credit figure's panels for the schedule and convention the PCPO arm trained (DDIM: its
+    steps, eta, convention and fallback on the model's scheduler; flow: its SDE, steps, eta, shift);
+    the other panels keep the paper's settings. Returns (ddim, flows, caption)."""
+    from pcpo_eval.credit.ddim import SD1_DDIM_CONFIG, ddim_schedule, pcpo_ddim_credit
+    from pcpo_eval.credit.flow import flow_credit
+    from pcpo_eval.models.registry import parse_spec, prediction_of
+
+    cfg = next((r.train for r in sp.runs if r.train is not None and sp.arm(r) == sp.pcpo), None)
+    if cfg is None:
+        return None, None, "paper settings (the PCPO arm's runs were not trained by the study)"
+    if prediction_of(cfg.model) == "velocity":
+        f = flow_credit(cfg.sde, cfg.sample_steps, cfg.sample_eta, cfg.flow_shift)
+        return None, [f], (f"panel ({'c' if cfg.sde == 'dance' else 'd'}) as trained: {cfg.sde} SDE, "
+                           f"{cfg.sample_steps} steps, eta {cfg.sample_eta:g}, shift {cfg.flow_shift:g}")
+    kind, arg = parse_spec(cfg.model)
+    sched = SD1_DDIM_CONFIG
+    if kind == "toy":
+        from pcpo_eval.toy import model as toy_model
+
+        sched = toy_model.load_json(Path(arg or toy_model.WEIGHTS_DIR) / "scheduler_config.json")
+    d = pcpo_ddim_credit(ddim_schedule(sched, cfg.sample_steps, cfg.sample_eta), cfg.credit_convention,
+                         fallback=cfg.credit_fallback)
+    return d, None, (f"panels (a)-(b) as trained: {cfg.model} scheduler, {cfg.sample_steps} DDIM steps, eta "
+                     f"{cfg.sample_eta:g}, {cfg.credit_convention} convention, fallback {cfg.credit_fallback}")
+
+
 def build_results(sp: StudySpec, layout: StudyLayout) -> dict[str, Any]:
     """Everything the report formats (JSON-able), from the spec and the files under ``layout.out``."""
     from pcpo_eval.credit.plot import credit_figure_png
@@ -529,8 +556,8 @@ def build_results(sp: StudySpec, layout: StudyLayout) -> dict[str, Any]:
     level = run_level(sp, layout)
     raw, lmm, labels = image_metrics(sp, layout)
     fig = layout.credit_figure
-    if not fig.is_file():
-        atomic_write_bytes(fig, credit_figure_png())
+    credit_note = trained_credit(sp)
+    atomic_write_bytes(fig, credit_figure_png(*credit_note[:2]))
     results = {
         "study": study_block(sp, layout),
         "headline": level["headline"],
@@ -547,7 +574,7 @@ def build_results(sp: StudySpec, layout: StudyLayout) -> dict[str, Any]:
         "lmm": lmm,
         "preference": preference_table(sp, layout),
         "traces": traces(sp, layout),
-        "figures": {"credit": fig.relative_to(layout.out).as_posix()},
+        "figures": {"credit": fig.relative_to(layout.out).as_posix(), "credit_note": credit_note[2]},
         "grids": grids(sp, layout),
         "human": json.loads(layout.human_file.read_text()) if layout.human_file.is_file() else None,
     }

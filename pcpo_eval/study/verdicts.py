@@ -57,11 +57,13 @@ def _column(log: pd.DataFrame, col: str) -> list[float] | None:
 
 
 def _wall_clock(log: pd.DataFrame) -> list[float] | None:
-    """Cumulative training wall-clock seconds per epoch: the trainer's ``wall_clock_s`` (sampling +
-    training, without the paired control, validation and checkpoint writes), else the cumulative
-    sum of ``wall_time_s`` (older runs: the whole epoch)."""
-    if "wall_clock_s" in log.columns and np.isfinite(log["wall_clock_s"].to_numpy(np.float64)).all():
-        return log["wall_clock_s"].astype(float).tolist()
+    """Cumulative seconds of each run's own compute per epoch for the time axis: the trainer's ``compute_s``
+    (sampling + training without the paired control; process CPU seconds on CPU, so runs sharing cores do
+    not look slow; wall seconds on a GPU), else its ``wall_clock_s`` (older runs), else the cumulative sum
+    of ``wall_time_s``."""
+    for col in ("compute_s", "wall_clock_s"):
+        if col in log.columns and np.isfinite(log[col].to_numpy(np.float64)).all():
+            return log[col].astype(float).tolist()
     if "wall_time_s" in log.columns:
         return log["wall_time_s"].astype(float).fillna(0.0).cumsum().tolist()
     return None

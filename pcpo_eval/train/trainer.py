@@ -26,7 +26,8 @@ Diagnostics and evaluation (docs/training.md): ``diagnostics`` adds the Taylor e
 rho - 1 and the Eq. Delta terms per update (``diagnostics.py``; like the other ratio statistics,
 from this process's samples); ``validation_every`` scores the policy after the epoch on held-out
 prompts with fixed noise and a deterministic sampler (``validation_row``); ``wall_clock_s`` is the
-cumulative sampling + training time; ``init_from`` starts a fresh run from a checkpoint's weights
+cumulative sampling + training time and ``compute_s`` the run's own compute for it (process CPU
+seconds on CPU, so other processes sharing the cores do not inflate it; wall seconds on a GPU); ``init_from`` starts a fresh run from a checkpoint's weights
 (the reference policy stays the base model: :data:`INIT_REFERENCE`); ``step_weighting`` swaps the
 hinge's per-step scale for the uniform high-noise one (``_credit_scale``).
 
@@ -106,6 +107,7 @@ class EpochSamples:
     images: torch.Tensor  # (N, 3, H, W) uint8
     control_rewards: np.ndarray | None = None  # untrained model, same prompts and noises (all processes)
     control_time_s: float = 0.0  # seconds spent sampling the paired control
+    control_cpu_s: float = 0.0  # process CPU seconds of the paired control
 
 
 def training_sampler(cfg: TrainConfig, prediction: str) -> tuple[Sampler, str]:
@@ -225,11 +227,12 @@ class Trainer:
         rewards = self.reward_fn(images.cpu(), prompts).double().numpy()
         all_rewards, adv = self._advantages(epoch, prompts, rewards, pids)
         traj = Trajectory.cat([p[1] for p in parts], dtype=torch.float32)
-        t_control = time.perf_counter()
+        t_control, c_control = time.perf_counter(), time.process_time()
         control = self._control_rewards(epoch, prompts) if cfg.paired_control else None
         return EpochSamples(prompts=prompts, prompt_ids=pids, cond=cond, traj=traj, rewards=rewards,
                             advantages=adv, all_rewards=all_rewards, images=images.cpu(), control_rewards=control,
-                            control_time_s=time.perf_counter() - t_control if cfg.paired_control else 0.0)
+                            control_time_s=time.perf_counter() - t_control if cfg.paired_control else 0.0,
+                            control_cpu_s=time.process_time() - c_control if cfg.paired_control else 0.0)
 
     def _control_rewards(self, epoch: int, prompts: list[str]) -> np.ndarray:
         """Rewards of the untrained model on this epoch's prompts and noises (all processes' samples)."""
@@ -693,6 +696,19 @@ class Trainer:
             return float(last)
         return float(np.nansum([float(r.get("wall_time_s", 0.0)) for r in self.log_rows]))
 
+    def _compute(self) -> float:
+        """Cumulative ``compute_s`` before this epoch (0 for a log from before that column)."""
+        last = self.log_rows[-1].get("compute_s") if self.log_rows else None
+        return float(last) if last is not None and math.isfinite(float(last)) else 0.0
+
+    def _epoch_compute(self, row: dict[str, Any], samples: EpochSamples, cpu_s: float) -> float:
+        """This epoch's own compute for sampling + training, without the paired control: process CPU seconds
+        on CPU (unaffected by other processes sharing the cores), wall seconds on a GPU (the device is the
+        compute; one process per GPU)."""
+        if self.device.type == "cpu":
+            return cpu_s - samples.control_cpu_s
+        return row["wall_time_s"] - samples.control_time_s
+
     def run(self) -> pd.DataFrame:
         """Train epochs ``start_epoch..epochs``; returns the log."""
         cfg = self.cfg
@@ -702,13 +718,14 @@ class Trainer:
                   f"{cfg.gradient_updates} updates/epoch, {sum(p.numel() for p in self.params):,} trainable params, "
                   f"{self.world} process(es), epochs {self.start_epoch}..{cfg.epochs}", flush=True)
         for epoch in range(self.start_epoch, cfg.epochs + 1):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             samples = self.sample_epoch(epoch)
             t1 = time.perf_counter()
             row = self.train_epoch(epoch, samples)
             row["sample_time_s"] = t1 - t0
             row["wall_time_s"] = time.perf_counter() - t0
             row["wall_clock_s"] = self._wall_clock() + row["wall_time_s"] - samples.control_time_s
+            row["compute_s"] = self._compute() + self._epoch_compute(row, samples, time.process_time() - c0)
             if cfg.paired_control:
                 row["control_time_s"] = samples.control_time_s
             if cfg.validation_every > 0 and (epoch % cfg.validation_every == 0 or epoch == cfg.epochs):
