@@ -1,0 +1,96 @@
+"""Power of the run-level t tests (pcpo_eval.stats.power) against statsmodels' power classes."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from statsmodels.stats.power import TTestIndPower, TTestPower
+
+from pcpo_eval.stats.power import MAX_SEEDS, mde, seeds_needed, t_power
+
+
+@pytest.mark.parametrize("paired", [True, False])
+@pytest.mark.parametrize("n", [2, 3, 5, 10])
+def test_power_at_no_difference_is_alpha(paired, n):
+    for alpha in (0.05, 0.1):
+        assert t_power(0.0, 1.3, n, paired=paired, alpha=alpha) == pytest.approx(alpha, rel=1e-9)
+
+
+@pytest.mark.parametrize("n", [3, 5, 10, 20])
+@pytest.mark.parametrize("delta", [0.3, 0.6, 1.0])  # noncentrality <= 5.6: statsmodels is NaN beyond ~7.5
+def test_paired_power_matches_statsmodels_one_sample(n, delta):
+    sd = 0.8
+    ref = TTestPower().power(effect_size=delta / sd, nobs=n, alpha=0.05, alternative="two-sided")
+    assert t_power(delta, sd, n, paired=True) == pytest.approx(ref, rel=1e-7)
+    assert t_power(-delta, sd, n, paired=True) == pytest.approx(ref, rel=1e-7)  # two-sided
+
+
+@pytest.mark.parametrize("n", [3, 5, 10, 20])
+@pytest.mark.parametrize("delta", [0.3, 0.6, 1.0])  # noncentrality <= 5.6: statsmodels is NaN beyond ~7.5
+def test_unpaired_power_matches_statsmodels_equal_sd_and_n(n, delta):
+    """Equal SDs and n: Welch's df is 2n - 2, the pooled test's, so TTestIndPower is the reference."""
+    sd = 0.8
+    ref = TTestIndPower().power(effect_size=delta / sd, nobs1=n, alpha=0.05, ratio=1.0, alternative="two-sided")
+    assert t_power(delta, sd, n, sd_t=sd, n_t=n, paired=False) == pytest.approx(ref, rel=1e-7)
+
+
+@pytest.mark.parametrize("n", [2, 3, 5, 10])
+def test_mde_matches_statsmodels_solve_power(n):
+    sd = 1.7
+    d_paired = TTestPower().solve_power(nobs=n, alpha=0.05, power=0.8, alternative="two-sided")
+    assert mde(sd, n, paired=True) == pytest.approx(d_paired * sd, rel=1e-5)
+    d_ind = TTestIndPower().solve_power(nobs1=n, alpha=0.05, power=0.8, ratio=1.0, alternative="two-sided")
+    assert mde(sd, n, sd_t=sd, n_t=n, paired=False) == pytest.approx(d_ind * sd, rel=1e-5)
+    m = mde(sd, n, paired=True)
+    assert m is not None and t_power(m, sd, n, paired=True) == pytest.approx(0.8, abs=1e-8)
+
+
+def test_mde_without_spread_or_runs_is_none():
+    assert mde(1.0, 1, paired=True) is None
+    assert mde(0.0, 5, paired=True) is None
+    assert mde(math.nan, 5, paired=False) is None
+    assert math.isnan(t_power(1.0, 1.0, 1, paired=True))
+
+
+def test_power_far_in_the_tail_is_exact_not_nan():
+    """scipy's nct.cdf(-q, df, nc) is NaN at scattered nc >~ 7.5; the lower tail must not fall back to
+    a normal limit (at df 1 that said 0.92 where the power is 0.73) nor crash mde's root search."""
+    import numpy as np
+    import scipy.stats
+
+    for n in (2, 3, 5, 11):
+        ncs = np.linspace(6.0, 60.0, 541)
+        pw = np.array([t_power(nc / math.sqrt(n), 1.0, n, paired=True) for nc in ncs])
+        q = scipy.stats.t.ppf(0.975, n - 1)
+        upper = scipy.stats.nct.sf(q, n - 1, ncs)  # the lower tail is < 1e-15 here
+        assert np.all(np.isfinite(pw)) and np.all(np.diff(pw) >= -1e-12)
+        np.testing.assert_allclose(pw, upper, rtol=1e-9, atol=1e-14)
+    assert t_power(14.14 / math.sqrt(2), 1.0, 2, paired=True) == pytest.approx(0.7327, abs=1e-3)
+    # the spread that crashed mde (brentq on a NaN) in a speed-up row: SDs 8.66 / 5.51, 3 runs per arm
+    m = mde(8.660254037844387, 3, sd_t=5.507570547286102, n_t=3, paired=False)
+    assert m is not None
+    assert t_power(m, 8.660254037844387, 3, sd_t=5.507570547286102, n_t=3, paired=False) == pytest.approx(0.8)
+
+
+@pytest.mark.parametrize("paired", [True, False])
+@pytest.mark.parametrize(("delta", "sd"), [(1.0, 1.0), (0.3, 1.0), (2.0, 0.9)])
+def test_seeds_needed_is_the_smallest_n_with_80_percent_power(paired, delta, sd):
+    n = seeds_needed(delta, sd, paired=paired)
+    assert n is not None and n >= 2
+    power = TTestPower().power if paired else TTestIndPower().power
+    kw = {} if paired else {"ratio": 1.0}
+    key = "nobs" if paired else "nobs1"
+    assert power(effect_size=delta / sd, alpha=0.05, alternative="two-sided", **{key: n}, **kw) >= 0.8
+    if n > 2:
+        assert power(effect_size=delta / sd, alpha=0.05, alternative="two-sided", **{key: n - 1}, **kw) < 0.8
+        assert t_power(delta, sd, n - 1, paired=paired) < 0.8 <= t_power(delta, sd, n, paired=paired)
+
+
+def test_seeds_needed_edges():
+    assert seeds_needed(0.0, 1.0, paired=True) is None
+    assert seeds_needed(math.inf, 1.0, paired=True) is None
+    assert seeds_needed(1e-4, 1.0, paired=False) is None  # would need more than MAX_SEEDS
+    assert seeds_needed(10.0, 1.0, paired=True) == 3  # 2 pairs (df 1): power 0.73
+    assert seeds_needed(30.0, 1.0, paired=True) == 2
+    assert MAX_SEEDS == 10_000
