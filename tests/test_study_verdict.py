@@ -311,6 +311,7 @@ def test_toy_aa_spec_validates():
     arms = {spec.arm(r) for r in spec.runs}
     assert arms == {"A", "B"} and {r.train.objective for r in spec.runs} == {"ppo_clip"}
     assert not set(spec.seeds["A"]) & set(spec.seeds["B"])  # different seeds, else the arms are identical runs
+    assert spec.gain_targets and spec.targets[0] > 0  # toy_aesthetic levels, not the old JPEG ones
     assert all(r.train.paired_control for r in spec.runs) and spec.parallel == 2
 
 
@@ -333,3 +334,14 @@ def test_a_failing_run_in_a_worker_is_named_with_its_log_and_the_others_finish(t
     assert msg.startswith("1 of 2 run(s) failed: run algorithm-DDPO__seed-0: UserError: ") and f"(log: {log})" in msg
     assert "Traceback" in log.read_text()
     assert (layout.out / "runs" / "algorithm-PCPO__seed-0" / "log.parquet").is_file()  # the other run finished
+
+
+def test_toy_frozen_spec_is_a_paired_negative_control():
+    """analysis/toy_frozen_study.yaml: the same algorithm, one arm at learning rate 1e-12, shared seeds,
+    gain targets (so every speed-up row can show that the frozen arm is never faster)."""
+    spec = load_spec(ANALYSIS / "toy_frozen_study.yaml")
+    lr = {spec.arm(r): r.train.learning_rate for r in spec.runs}
+    assert lr["Frozen"] == 1e-12 and lr["DDPO"] > 1e-6 and {r.train.objective for r in spec.runs} == {"ppo_clip"}
+    assert spec.seeds["DDPO"] == spec.seeds["Frozen"] and len(spec.seeds["DDPO"]) >= 2  # paired by seed
+    assert spec.gain_targets and spec.primary == ("paired_gain",) and spec.pcpo == "Frozen"
+    assert all(r.train.paired_control for r in spec.runs)

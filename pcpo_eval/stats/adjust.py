@@ -1,7 +1,7 @@
 """Multiple-comparison adjustments across metrics (R's ``p.adjust`` conventions).
 
-Both wrap ``statsmodels.stats.multitest.multipletests`` (a well-kept implementation); tests
-compare them with a direct transcription of R's ``p.adjust`` formulas:
+Both are R's ``p.adjust`` formulas written out; tests compare them with statsmodels'
+``multipletests`` and with a direct transcription:
 
     Holm (1979):   p_(i) -> max_{j <= i} min(1, (m - j + 1) p_(j))     (sorted ascending)
     BH (1995):     p_(i) -> min_{j >= i} min(1, m / j * p_(j))
@@ -16,17 +16,28 @@ import numpy as np
 
 
 def _adjust(pvals: Sequence[float] | np.ndarray, method: str) -> np.ndarray:
-    from statsmodels.stats.multitest import multipletests
+    """R's ``p.adjust`` for ``holm`` / ``BH`` on the finite p-values (NaN kept, excluded from m).
 
+    Written out (a few numpy lines) instead of statsmodels' ``multipletests``, which runs a garbage
+    collection on every call (0.1-0.3 s with torch loaded): the verdict adjusts every study's rows.
+    """
     p = np.asarray(pvals, dtype=np.float64)
     if p.ndim != 1:
         raise ValueError("p-values must be a 1-d sequence")
     if np.any((p[np.isfinite(p)] < 0) | (p[np.isfinite(p)] > 1)):
         raise ValueError("p-values must lie in [0, 1]")
     out = np.full_like(p, np.nan)
-    ok = np.isfinite(p)
-    if ok.any():
-        out[ok] = multipletests(p[ok], method=method)[1]
+    ok = np.flatnonzero(np.isfinite(p))
+    m = ok.size
+    if m == 0:
+        return out
+    order = ok[np.argsort(p[ok], kind="stable")]
+    ps = p[order]
+    if method == "holm":  # p_(i) -> max_{j <= i} min(1, (m - j + 1) p_(j))
+        adj = np.maximum.accumulate(np.minimum(1.0, (m - np.arange(m)) * ps))
+    else:  # BH: p_(i) -> min_{j >= i} min(1, m / j p_(j))
+        adj = np.minimum.accumulate(np.minimum(1.0, m / np.arange(1, m + 1) * ps)[::-1])[::-1]
+    out[order] = adj
     return out
 
 
@@ -37,4 +48,4 @@ def holm(pvals: Sequence[float] | np.ndarray) -> np.ndarray:
 
 def benjamini_hochberg(pvals: Sequence[float] | np.ndarray) -> np.ndarray:
     """Benjamini-Hochberg step-up adjusted p-values (false discovery rate)."""
-    return _adjust(pvals, "fdr_bh")
+    return _adjust(pvals, "bh")

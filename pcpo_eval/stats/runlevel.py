@@ -8,67 +8,36 @@ edge of the statistical precipice"), every run is reduced to one number (final r
 paired gain, epochs to a target) and arms are compared over runs.
 
 Per-run quantities (curves are per-epoch ``reward_mean``; epochs are 1-based unless given):
-
-* :func:`epochs_to_target` -- first epoch whose trailing moving average (window 5, the paper's
-  smoothing, :func:`pcpo_eval.stats.speedup.moving_average`) reaches the target. A run that never
-  reaches it is *right-censored* at its last logged epoch (true value > last epoch); it is kept
-  and flagged, never dropped.
-* :func:`reward_at_epochs`, :func:`auc` (trapezoid area divided by the epoch span, i.e. the mean
-  reward over training, in reward units), :func:`final` (mean of the last ``k`` epochs) and
-  :func:`paired_gain` (mean of ``reward - control`` over the last ``k`` epochs; the control is
-  the untrained model on the same prompts and noises, so epoch-level noise cancels).
+:func:`reward_at_epochs`, :func:`auc` (trapezoid area divided by the epoch span, i.e. the mean
+reward over training, in reward units), :func:`final` (mean of the last ``k`` epochs) and
+:func:`paired_gain` (mean of ``reward - control`` over the last ``k`` epochs; the control is the
+untrained model on the same prompts and noises, so epoch-level noise cancels). Epochs to a target
+and the speed-up live in :mod:`pcpo_eval.stats.speedup` (full-window smoothing, censoring,
+Kaplan-Meier restricted mean, Fieller CI).
 
 Comparison of arms (:func:`compare_runs`), with ``stat`` = mean or IQM (rliable's interquartile
 mean, ``scipy.stats.trim_mean(x, 0.25)``; with 3 runs nothing is trimmed, so IQM = mean):
 
-* estimate = stat(treatment) - stat(baseline);
-* CI: Welch's t interval (mean) or Yuen's trimmed-mean t interval (IQM; Yuen 1974, the same
-  interval as ``scipy.stats.ttest_ind(..., equal_var=False, trim=0.25)``). **Not** rliable's
-  stratified percentile bootstrap, by measurement: rliable 1.2.0 does not import with the installed
-  pandas 3.1.1 (its dependency ``arch`` 7.2.0 fails in ``deprecate_kwarg``), and on A/A studies (both
-  arms from one learning-curve process; ``tests/test_stats_runlevel.py::significance_rates`` with
-  ``n_studies=1000``, seeds 20240703 for 3 runs and 20240705 for 5 runs per arm, alpha 0.05) the
-  95% percentile-bootstrap interval excluded 0 in 19.2-20.8% of studies at 3 runs per arm and
-  11.7-12.4% at 5 (final reward, AUC, paired gain), whereas the Welch interval did so in
-  3.3-4.0% (3 runs) and 3.9-4.5% (5 runs). Bootstrapping 3 values sees at most 10 distinct
-  resamples per arm and shrinks the spread by (n-1)/n; it cannot hold its level. Welch assumes
-  roughly normal run summaries; it held its level here, also for the skewed epochs-to-target.
-  Power at 5 runs per arm (seed 20240735): a paired-gain shift of +3 run-level SD was detected
-  in 98.2% of studies (68.1% at 3 runs per arm).
-* ``significant`` = estimable and the CI excludes 0.
-* p: two-sided permutation test over runs (relabel which runs belong to which arm), exact
-  when there are at most :data:`EXACT_PERMUTATION_LIMIT` relabellings (3 vs 3 -> 20), else
-  Monte Carlo with ``(1 + hits) / (1 + B)``. It is distribution-free, so it is the p-value; note
-  that with 3 vs 3 runs the smallest attainable two-sided p is 2/20 = 0.1, so p can exceed alpha
-  while the Welch interval excludes 0 (``p_min`` says so).
+* paired by seed (``paired=True``: run i of both arms drew the same prompts and noises): the
+  estimate is stat of the per-seed differences, the CI the one-sample t interval on them
+  (``scipy.stats.ttest_rel``; Tukey-McLaughlin trimmed interval for IQM), ``n - 1`` df;
+* unpaired: estimate = stat(treatment) - stat(baseline), Welch's t interval (mean) or Yuen's
+  trimmed-mean interval (IQM; ``scipy.stats.ttest_ind(..., equal_var=False, trim=0.25)``);
+* ``p`` is the two-sided p of the same t statistic, so ``significant`` (p < alpha) and "the CI
+  excludes 0" agree; ``p_permutation`` is a distribution-free check (exact sign flips when paired,
+  2^n patterns, floor ``p_min`` = 2/8 at 3 pairs; relabellings when not, 2/20 at 3 vs 3), never
+  used for ``significant``; ``mde`` the smallest |difference| detectable at 80% power at the
+  measured spread (:mod:`pcpo_eval.stats.power`).
+* Not rliable's stratified percentile bootstrap, by measurement: rliable 1.2.0 does not import with
+  the installed pandas (its dependency ``arch`` 7.2.0 fails in ``deprecate_kwarg``), and on 1000
+  simulated A/A studies per setting (``significance_rates`` in ``tests/test_stats_runlevel.py`` as
+  of commit e74f9b6; seeds 20240703 / 20240705) its 95% interval excluded 0 in 19.2-20.8% of
+  studies at 3 runs per arm and 11.7-12.4% at 5, the Welch interval in 3.3-4.0% and 3.9-4.5%.
+  Bootstrapping 3 values sees at most 10 distinct resamples per arm and shrinks the spread by
+  (n-1)/n. The current calibration of whole studies (paired t, Holm families, speed-ups) is in
+  ``tests/test_stats_verdict.py`` (A/A rates and power, seeds in the docstrings).
 * probability of improvement P(X_t > X_b) + P(X_t = X_b)/2 (rliable: Mann-Whitney U / (n_t n_b))
-  with a stratified percentile bootstrap CI (each arm resampled independently), as rliable.
-  It is descriptive, never used for ``significant``: in the A/A studies above (n_boot 200) its
-  95% interval excluded 0.5 in 17.9-18.6% of studies at 3 runs per arm and 9.4-10.5% at 5.
-
-Speed-up with censoring (:func:`speedup_runs`): speed-up = mean(E_base) / mean(E_treat) - 1
-(paper App. Tab. 6), CI by Fieller's theorem for a ratio of independent means with the Welch t
-quantile (consistent with the Welch interval above, not a bootstrap, for the same measured
-reason). Measured as above: A/A false-positive rate 4.2% (3 runs per arm), 4.4% (5 runs), 4.4%
-with a target that leaves 45% of the studies with censored runs in one arm (seed 20240713);
-a treatment that learns 2x faster is detected in 75.4% of studies at 5 runs per arm (32.9% at
-3; seed 20240725). Censored runs enter at their censoring epoch (a lower bound on their true
-epochs), and the rule is:
-
-* no censored run: a point estimate and a two-sided CI;
-* censored runs only in the baseline: the estimate is a *lower bound* on the speed-up (the
-  baseline mean can only be larger) and only the lower CI limit is reported (it is a valid,
-  conservative lower confidence limit for the true ratio); significant if it is > 0;
-* censored runs only in the treatment: symmetric *upper bound*; significant if its upper
-  limit is < 0;
-* censored runs in both arms: not estimable ("k of n baseline and m of n treatment runs never
-  reach the target (censored in both arms: no bound)"): bounds in opposite directions do not
-  combine into anything;
-* every run of both arms reaches the target at its first logged epoch: "uninformative target".
-
-The permutation p of the speed-up is computed on the epochs with censored runs at their
-censoring epoch; it is exact under "the two arms are the same process" when all runs are
-censored at the same epoch (equal run lengths).
+  with a stratified percentile bootstrap CI (each arm resampled independently): descriptive only.
 """
 
 from __future__ import annotations
@@ -387,7 +356,10 @@ def degenerate_reason(baseline: np.ndarray, treatment: np.ndarray, paired: bool 
     if nb < 2 or nt < 2:
         arm = "baseline" if nb < 2 else "treatment"
         return f"1 {arm} run: no run-to-run spread in that arm; need >= 2 runs per arm for a CI/p-value"
-    if paired and np.ptp(treatment - baseline) == 0:
+    # equal differences up to rounding (0.6 - 0.5 vs 0.8 - 0.7 differ in the last bit) are equal: a
+    # spread of 1e-17 would give a t of 1e16 and 'significant'
+    scale = max(1.0, float(np.max(np.abs(np.r_[baseline, treatment]))))
+    if paired and np.ptp(treatment - baseline) <= 1e-12 * scale:
         return "no variation in the per-seed differences: the run-to-run spread of the difference is unknown"
     if not paired and np.ptp(baseline) == 0 and np.ptp(treatment) == 0:
         if baseline[0] == treatment[0]:

@@ -379,7 +379,9 @@ def verdict_rows(
                 v, s = _speedup(cell, b, t, paired, (baseline, arm), kind, x, window, alpha)
                 rows.append(v)
                 objs.append((kind, s))
-    rows = adjust_families(rows, tuple(primary) if primary else default_primary(has_control), alpha)
+    if not primary:  # the default primary endpoint, or the first quantity asked for when it is not among them
+        primary = [q for q in default_primary(has_control) if q in qs] or list(qs[:1])
+    rows = adjust_families(rows, tuple(primary), alpha)
     return tuple(replace(v, sentence=speedup_sentence(v, o, lab) if isinstance(o, Speedup)
                          else comparison_sentence(v, o, lab)) for v, (lab, o) in zip(rows, objs, strict=True))
 
