@@ -63,6 +63,13 @@ BETA_BOUND = 30.0  # |beta| bound inside the optimizer: a logit beyond it is sep
 SEPARATION_BETA = 12.0  # |beta| above which the fit is reported as not estimable (separation)
 STAGE1_GTOL = 1e-3  # projected gradient at which stage 1 stops: it only gives stage 2 its start
 STAGE2_GTOL = 1e-8  # projected gradient at which stage 2 stops (the estimates)
+#: Stepping off a zero random-effect SD (:func:`_escape_zero`): the local probe, the SDs probed
+#: further out, the D gain that counts as lower, the most subsets of zero SDs probed (2^k - 1, k <= 3).
+ZERO_PROBE = 1e-3
+RESTART_THETAS = (0.05, 0.15, 0.4, 1.0)
+RESTART_GAIN = 1e-10
+MAX_RESTART_SUBSETS = 7
+POLISH_STEPS = 3  # Newton steps after the optimizer (:func:`_polish`)
 _ETA_THRESH = 30.0  # R's binomial linkinv: mu is clamped to [eps, 1 - eps] beyond |eta| = 30
 _EPS = np.finfo(float).eps
 _HUGE = 1e300
@@ -403,14 +410,108 @@ def _stage2(prob: _Problem, theta0: np.ndarray, beta0: np.ndarray) -> tuple[np.n
         return d if ok else _HUGE
 
     x, fx, ok = _minimize(f, np.concatenate([theta0, beta0]), lower, upper, STAGE2_GTOL)
-    for i in range(k):  # lme4 check.boundary
-        if 0.0 < x[i] < BOUNDARY_TOL:
+    return x, fx, ok
+
+
+def _laplace(prob: _Problem) -> object:
+    """The stage-2 objective D(theta, beta) (``_HUGE`` where PIRLS fails)."""
+    k = len(prob.codes)
+
+    def f(x: np.ndarray) -> float:
+        d, _, ok = pirls_u(prob, x[:k], x[k:])
+        return d if ok else _HUGE
+
+    return f
+
+
+def _escape_zero(prob: _Problem, x: np.ndarray, fx: float, ok: bool) -> tuple[np.ndarray, float, bool]:
+    """Step off a zero random-effect SD when that lowers D: restart stage 2 from there.
+
+    D(theta, beta) is even in each theta_k (u_k -> -u_k), so dD/dtheta_k = 0 at theta_k = 0 whatever
+    the data: a gradient-based optimizer that reaches theta_k = 0 stops there even where it is a
+    saddle (D falls for theta_k > 0); lme4's derivative-free BOBYQA / Nelder-Mead steps off it.
+    Evenness also makes the mixed second derivatives of theta_k with every other parameter vanish
+    at theta_k = 0, so D(theta_k = delta) < D(0) at a small delta is the local test that 0 is not a
+    minimum; larger :data:`RESTART_THETAS` catch a lower D further out. Every subset of the zero SDs
+    is probed; stage 2 restarts from the best probe below D, until no probe is. Measured before
+    this step on 60 simulated human-study fits (tests/test_stats_glmm.py): 4 fits stopped at
+    theta = (0, 0), D up to 0.032 above the optimum (glmer: theta_rater 0.04-0.12).
+    """
+    from itertools import combinations
+
+    k = len(prob.codes)
+    f = _laplace(prob)
+    for _ in range(2 * k + 1):
+        zero = [i for i in range(k) if x[i] < SINGULAR_TOL]
+        subsets = [list(c) for r in range(1, len(zero) + 1) for c in combinations(zero, r)]
+        best_start, best_f = None, fx - RESTART_GAIN
+        for sub in subsets[:MAX_RESTART_SUBSETS]:
+            for t in (ZERO_PROBE, *RESTART_THETAS):
+                start = x.copy()
+                start[sub] = t
+                fs = f(start)
+                if fs < best_f:
+                    best_start, best_f = start, fs
+        if best_start is None:
+            return x, fx, ok
+        x2, f2, ok2 = _stage2(prob, best_start[:k], best_start[k:])
+        if f2 >= fx - RESTART_GAIN:
+            return x, fx, ok
+        x, fx, ok = x2, f2, ok2
+    return x, fx, ok
+
+
+def _polish(prob: _Problem, x: np.ndarray, fx: float) -> tuple[np.ndarray, float]:
+    """Newton steps on the free parameters from the derivatives lme4 itself uses (``deriv12``).
+
+    L-BFGS-B on finite-difference gradients stops within ~1e-6 of the optimum in D, which leaves
+    the estimates ~1e-4 relative from it where D is flat; a Newton step on the central-difference
+    gradient and Hessian (step 1e-4: errors ~1e-8) lands on it. A theta that the step takes below 0
+    is set to 0 (the bound) and held there; each step is kept only if D does not increase.
+    """
+    k = len(prob.codes)
+    f = _laplace(prob)
+    for _ in range(POLISH_STEPS):
+        g, h = deriv12(f, x, fx, DERIV_DELTA)
+        free = np.ones(x.size, bool)
+        free[:k] = ~((x[:k] <= 0.0) & (g[:k] >= 0.0))  # at the bound and pushed into it: held
+        if not np.all(np.isfinite(g)) or not np.all(np.isfinite(h[np.ix_(free, free)])):
+            break
+        try:
+            step = -np.linalg.solve(h[np.ix_(free, free)], g[free])
+        except np.linalg.LinAlgError:
+            break
+        if not np.all(np.linalg.eigvalsh(0.5 * (h[np.ix_(free, free)] + h[np.ix_(free, free)].T)) > 0):
+            break  # not a minimum's neighbourhood: leave the optimizer's point
+        moved = False
+        for _half in range(10):
+            x2 = x.copy()
+            x2[free] += step
+            x2[:k] = np.maximum(x2[:k], 0.0)
+            x2[k:] = np.clip(x2[k:], -BETA_BOUND, BETA_BOUND)
+            f2 = f(x2)
+            if f2 <= fx:
+                moved = f2 < fx - 1e-12
+                x, fx = x2, f2
+                break
+            step = step / 2.0
+        if not moved or np.max(np.abs(step)) < 1e-10:
+            break
+    return x, fx
+
+
+def _check_boundary(prob: _Problem, x: np.ndarray, fx: float) -> tuple[np.ndarray, float]:
+    """lme4 ``check.boundary``: a theta within :data:`BOUNDARY_TOL` of 0 is set to 0 if D is no worse."""
+    k = len(prob.codes)
+    f = _laplace(prob)
+    for i in range(k):
+        if 0.0 < x[i] <= BOUNDARY_TOL:
             x2 = x.copy()
             x2[i] = 0.0
             f2 = f(x2)
-            if f2 < fx:
+            if f2 <= fx:
                 x, fx = x2, f2
-    return x, fx, ok
+    return x, fx
 
 
 def fit_binomial_glmm(
@@ -439,6 +540,9 @@ def _fit(prob: _Problem, names: list[str], groups: list[str]) -> GLMMFit:
     if not np.all(np.isfinite(beta1)):
         beta1 = np.zeros(prob.p)
     x, dev, ok2 = _stage2(prob, theta1, np.clip(beta1, -BETA_BOUND, BETA_BOUND))
+    x, dev, ok2 = _escape_zero(prob, x, dev, ok2)
+    x, dev = _polish(prob, x, dev)
+    x, dev = _check_boundary(prob, x, dev)
     theta, beta = x[:k], x[k:]
 
     def f(z: np.ndarray) -> float:
