@@ -63,7 +63,7 @@ def pairs2() -> pd.DataFrame:
 
 def test_planted_preference_is_found(pairs2):
     resp = simulate_responses(pairs2, 15, 20, {"pcpo@120": 0.7}, rng_seed=3)
-    assert list(resp.columns) == list(RESPONSE_COLUMNS)
+    assert list(resp.columns) == [*RESPONSE_COLUMNS, "simulated"] and resp["simulated"].all()
     out = analyze(pairs2, resp, bootstrap=200)
     json.dumps(out, allow_nan=False)
     assert out["counts"]["main_responses_used"] == 300
@@ -197,6 +197,8 @@ def _resp(rows: list[tuple[int, str, str]]) -> pd.DataFrame:
     df["rater"] = [f"r{r}" for r in df.rater_id]
     df["reason"] = ""
     df["submitted_at"] = "2026-01-01T00:00:00+00:00"
+    df["first_choice"] = df["choice"]
+    df["corrections"] = 0
     return df[list(RESPONSE_COLUMNS)]
 
 

@@ -71,6 +71,9 @@ def test_design_brackets_the_matched_reward_and_hides_the_methods(study, human):
     assert below is None or below["reward"] < ref["reward"]
     assert above is None or above["reward"] >= ref["reward"]
     assert above is None or below is None or below["epoch"] < above["epoch"]
+    # every path in design.json is relative to the design folder (the folder can move)
+    assert not Path(design["study"]).is_absolute() and (human / design["study"]).resolve() == study.resolve()
+    assert all(not Path(c["model"]).is_absolute() for c in design["checkpoints"])
     n_comp = len(design["comparisons"])
     assert 1 <= n_comp <= 2
     main = pairs[pairs["kind"] == "main"]
@@ -133,7 +136,7 @@ def test_raters_rate_through_the_app_and_the_analysis_reaches_the_report(study, 
 
     from pcpo_eval.human.app import create_app
 
-    res = cli("human", "raters", human, "--add", "ann", "--add", "ben", "--json")
+    res = cli("human", "raters", human, "--add", "ann", "--add", "ben", "--json", "--base-url", "http://127.0.0.1:8000")
     assert res.returncode == 0, res.stderr
     links = {r["rater"]: r["link"] for r in json.loads(res.stdout)}
     pairs = pd.read_parquet(human / "pairs.parquet").set_index("pair_id")
@@ -150,24 +153,36 @@ def test_raters_rate_through_the_app_and_the_analysis_reaches_the_report(study, 
             assert "Thank you" in client.get(path).text
     res = cli("human", "export", human)
     assert res.returncode == 0 and "wrote 24 responses" in res.stdout
-    # the analysis of simulated raters (planted preference for PCPO) goes into the study's report
-    sim = human / "sim.parquet"
-    pcpo = next(c["label"] for c in json.loads((human / "design.json").read_text())["checkpoints"]
-                if c["label"].startswith("PCPO"))
-    res = cli("human", "simulate", human, "-o", sim, "--raters", "12", "--per-rater", "25", "--prefer", f"{pcpo}=0.8")
-    assert res.returncode == 0, res.stderr
-    res = cli("human", "analyze", human, "--responses", sim, "--bootstrap", "50", "--json")
+    # the analysis of the raters' answers goes into the study's report
+    res = cli("human", "analyze", human, "--bootstrap", "50", "--json")
     assert res.returncode == 0, res.stderr
     analysis = json.loads(res.stdout)
-    assert analysis["comparisons"] and json.loads((study / "human.json").read_text()) == analysis
+    assert analysis["comparisons"] and analysis["source"] == "database" and "simulated" not in analysis
+    assert json.loads((study / "human.json").read_text()) == analysis
     results = json.loads((study / "results.json").read_text())
     assert results["human"]["comparisons"] == analysis["comparisons"]
     html = (study / "report.html").read_text()
-    assert 'id="human"' in html and "Human preference study" in html
+    assert 'id="human"' in html and "Human preference study" in html and "SIMULATED" not in html
     # the human verdict sentences are in the report's first section too
     assert html.index('id="human-verdict"') < html.index('id="spec"')
     assert all(c["verdict"].split(":")[0] in html for c in analysis["comparisons"])
     assert html.count('src="data:image/png;base64,') >= 2 * len(analysis["examples"])
+    # a rehearsal on simulated raters (planted preference for PCPO) never touches the real results
+    sim = human / "sim.parquet"
+    pcpo = next(c["label"] for c in json.loads((human / "design.json").read_text())["checkpoints"]
+                if c["label"].startswith("PCPO"))
+    res = cli("human", "simulate", human, "-o", sim, "--raters", "12", "--per-rater", "25", "--prefer", f"{pcpo}=0.8")
+    assert res.returncode == 0 and "SIMULATED" in res.stdout, res.stderr
+    real = {p: p.read_bytes() for p in (study / "human.json", study / "results.json", study / "report.html",
+                                        human / "analysis.json")}
+    res = cli("human", "analyze", human, "--responses", sim, "--bootstrap", "50")
+    assert res.returncode == 0, res.stderr
+    assert "SIMULATED rehearsal" in res.stdout and all(line.strip().startswith("SIMULATED")
+                                                       for line in res.stdout.splitlines()[1:] if line.strip())
+    assert {p: p.read_bytes() for p in real} == real
+    rehearsal = json.loads((human / "rehearsal" / "analysis.json").read_text())
+    assert rehearsal["simulated"] is True and rehearsal["label"].startswith("SIMULATED")
+    assert all(c["verdict"].startswith("SIMULATED: ") for c in rehearsal["comparisons"])
     # the study's stats stage keeps the human section when it re-runs
     from pcpo_eval.study.runner import Study
     from pcpo_eval.study.spec import load_spec

@@ -4,16 +4,18 @@ The paper's strongest claim about image quality is a human study: checkpoints th
 matched reward (e.g. PCPO at epoch 120 against DDPO at 180 and 240), 45 prompts x 10 seeds, about
 300 responses. This stage runs one over a finished study, in four steps::
 
-    pcpo-eval human design SPEC.yaml --out HUMAN     # 1. pairs.parquet + anonymised images
-    pcpo-eval human raters HUMAN --add alice bob      #    one private link per rater
-    pcpo-eval human serve HUMAN                       # 2. the rating web app (uvicorn + SQLite)
-    pcpo-eval human analyze HUMAN                     # 3. analysis.json + the report section
+    pcpo-eval human design STUDY --config FILE --out HUMAN   # 1. pairs.parquet + anonymised images
+    pcpo-eval human raters HUMAN --add alice --add bob --base-url https://rate.example.org
+                                                             #    one private link per rater
+    pcpo-eval human serve HUMAN                              # 2. the rating web app (uvicorn + SQLite)
+    pcpo-eval human analyze HUMAN                            # 3. analysis.json + the report section
 
 Modules (one job each):
 
 * :mod:`~pcpo_eval.human.design`   -- which checkpoints meet, prompts x seeds, sides, order, attention checks
 * :mod:`~pcpo_eval.human.db`       -- the database schema (SQLAlchemy) and its Alembic migrations
 * :mod:`~pcpo_eval.human.app`      -- the FastAPI app a rater sees (no method names anywhere in it)
+* :mod:`~pcpo_eval.human.report`   -- ``human analyze``: the analysis files and the study report section
 * :mod:`~pcpo_eval.human.analysis` -- win rates, Bradley-Terry, mixed logistic model, agreement, checks
 
 The folder ``HUMAN/`` (one home for its layout: :class:`HumanLayout`)::
@@ -24,6 +26,8 @@ The folder ``HUMAN/`` (one home for its layout: :class:`HumanLayout`)::
     HUMAN/human.db           the SQLite database (default; PostgreSQL by URL instead)
     HUMAN/responses.parquet  the admin export (columns: RESPONSE_COLUMNS)
     HUMAN/analysis.json      the analysis (read by the study report)
+    HUMAN/server.json        the address raters open (``--base-url``, remembered)
+    HUMAN/rehearsal/         the analysis of simulated responses (never the study report)
 
 Pairs table (``pairs.parquet``): ``pair_id`` (opaque 16-hex token, the only id a rater sees),
 ``position`` (0.. the design's randomised order), ``comparison`` (e.g. ``"pcpo@120 vs ddpo@180"``),
@@ -35,8 +39,10 @@ degraded one; empty for ``main``).
 
 Responses (database and export): ``rater`` (the rater's display name), ``rater_id`` (integer),
 ``pair_id``, ``choice`` (``left`` | ``right`` | ``tie``), ``reason`` (optional free text, at
-most 500 characters), ``submitted_at`` (UTC ISO 8601). One response per (rater, pair): a second
-submit of the same pair is answered with the stored response and changes nothing.
+most 500 characters), ``submitted_at`` (UTC ISO 8601), ``first_choice`` (the first answer, never
+changed), ``corrections`` (undo / re-answer rows). One response per (rater, pair): a second
+submit of the same pair is answered with the stored response and changes nothing; after an undo
+the re-answer is stored as a correction and becomes the standing ``choice``.
 """
 
 from __future__ import annotations

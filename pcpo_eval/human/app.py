@@ -371,14 +371,14 @@ def _rater_routes(app: FastAPI, state: _State) -> None:
         return RedirectResponse(back, status_code=303)
 
     @app.post("/r/{token}/undo")
-    def undo(token: str, pair_id: Annotated[str, Form()] = "") -> Response:
+    def undo(token: str, undo_pair_id: Annotated[str, Form()] = "") -> Response:
         rater = db.rater_by_token(state.url, token)
         if rater is None:
             return state.message(404, invalid)
         back = state.rater_home(token)
-        if pair_id not in set(state.assignment(rater.id)):
+        if undo_pair_id not in set(state.assignment(rater.id)):
             return state.message(400, back=back)
-        db.undo(state.url, rater.id, pair_id)  # False (a second click, an older answer): nothing to do
+        db.undo(state.url, rater.id, undo_pair_id)  # False (a second click, an older answer): nothing to do
         return RedirectResponse(back, status_code=303)
 
     @app.api_route("/r/{token}/img/{key}.png", methods=["GET", "HEAD"])

@@ -1,6 +1,6 @@
 """The rating database: SQLAlchemy models, Alembic migrations and the admin helpers.
 
-Three tables (the migration ``0001_initial`` creates them):
+Tables (the migrations ``0001_initial`` and ``0002_revoke_and_corrections`` create them):
 
 * ``raters``    -- ``id``, ``name`` (unique), ``token`` (``secrets.token_urlsafe(24)``, unique: the
   secret in a rater's link), ``created_at``;
@@ -8,7 +8,10 @@ Three tables (the migration ``0001_initial`` creates them):
   the only columns of ``pairs.parquet`` a rater may see. Method names, comparisons and kinds stay
   in ``pairs.parquet`` on the server and never enter the database;
 * ``responses`` -- ``id``, ``rater_id``, ``pair_id``, ``choice``, ``reason``, ``submitted_at``, with
-  ``UNIQUE(rater_id, pair_id)``: the first answer wins, a resubmit returns it unchanged.
+  ``UNIQUE(rater_id, pair_id)``: the first answer wins, a resubmit returns it unchanged;
+* ``corrections`` (migration ``0002``, which also adds ``raters.revoked_at``) -- an undo of the
+  rater's last answer (``choice`` NULL) and the re-answer after it, numbered by ``seq`` with
+  ``UNIQUE(rater_id, pair_id, seq)``; ``responses`` is never updated, so no first answer is lost.
 
 SQLite is the default (``sqlite:///HUMAN/human.db``), in WAL mode with a 60 s busy timeout and
 ``synchronous=FULL``, so concurrent writers wait instead of failing and an answer acknowledged to

@@ -53,7 +53,8 @@ def read_responses(folder: Path, responses: Path | None, database_url: str | Non
     from pcpo_eval.human.db import database_errors, export_responses, upgrade
 
     url = database_url or HumanLayout(folder).database_url
-    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
+    sqlite_file = url.removeprefix("sqlite:///") if url.startswith("sqlite:///") else None
+    if sqlite_file and not sqlite_file.startswith("file:") and not Path(sqlite_file).is_file():
         raise UserError(f"{folder} has no database yet; serve the study (`pcpo-eval human serve {folder}`) and "
                         "collect answers first, or analyse a file with --responses")
     with database_errors(url):
