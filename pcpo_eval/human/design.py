@@ -425,10 +425,11 @@ def _write_images(images: _Images, folder: Path, rng_seed: int, log: Callable[[s
 
 
 def _relative(path: str | None, root: Path) -> str | None:
-    """``path`` relative to the design folder ``root`` when it is a filesystem path; else unchanged."""
-    if not path or not Path(path).is_absolute():
+    """``path`` (absolute, or relative to the working directory) relative to the design folder
+    ``root`` when it names an existing file or folder; else unchanged (e.g. a model name)."""
+    if not path or not Path(path).exists():
         return path
-    return os.path.relpath(path, root.resolve())
+    return os.path.relpath(Path(path).resolve(), root.resolve())
 
 
 def study_path(design: dict[str, Any], root: str | Path) -> Path | None:
@@ -445,13 +446,12 @@ def _relative_paths(design: dict[str, Any], root: Path) -> dict[str, Any]:
     """``design.json`` with every filesystem path relative to the design folder (moves with it)."""
     d = dict(design)
     d["study"] = _relative(d["study"], root)
-    d["checkpoints"] = [{**c, "model": _relative(c["model"], root) if Path(c["model"]).exists() else c["model"]}
-                        for c in d["checkpoints"]]
+    d["checkpoints"] = [{**c, "model": _relative(c["model"], root)} for c in d["checkpoints"]]
     sel = dict(d["selection"])
     for key in ("reference", "below", "above"):
         if isinstance(sel.get(key), dict):
-            sel[key] = {k: _relative(v, root) if k in ("model", "path") and isinstance(v, str) and Path(v).exists()
-                        else v for k, v in sel[key].items()}
+            sel[key] = {k: _relative(v, root) if k in ("model", "path") and isinstance(v, str) else v
+                        for k, v in sel[key].items()}
     d["selection"] = sel
     d["paths"] = "relative to this file's folder"
     return d
