@@ -1,8 +1,8 @@
 """The rating app in a real browser: headless Debian ``/usr/bin/chromium`` driven by Playwright.
 
 Against ``serve()`` in a subprocess: open a rater link, rate three pairs by clicking the real
-buttons (one with a typed reason), watch the progress line advance, and find the three responses
-in the database. Skipped (with the reason) when chromium or playwright is missing or chromium
+buttons (one with a typed reason), undo the third and answer it again, watch the progress line,
+and find the three responses (the first answers kept) in the database. Skipped (with the reason) when chromium or playwright is missing or chromium
 cannot start in this sandbox; no browser is ever downloaded.
 """
 
@@ -58,11 +58,19 @@ def test_rate_three_pairs_in_chromium(tmp_path, browser):
             with page.expect_navigation():
                 page.click(button)
         assert page.inner_text("#progress") == "Pair 4 of 6"
+        with page.expect_navigation():  # a misclick on the third pair: undo it and answer again
+            page.click("#undo-last")
+        assert page.inner_text("#progress") == "Pair 3 of 6"
+        assert PAIR_ID_RE.search(page.content()).group(1) == clicked[2]
+        with page.expect_navigation():
+            page.click("#choose-left")
+        assert page.inner_text("#progress") == "Pair 4 of 6"
         assert errors == []
     finally:
         stop_server(proc)
     df = db.export_responses(url)
     assert df.pair_id.tolist() == clicked
-    assert df.choice.tolist() == ["left", "tie", "right"]
+    assert df.choice.tolist() == ["left", "tie", "left"]  # Chromium's own Origin header was accepted
+    assert df.first_choice.tolist() == ["left", "tie", "right"] and df.corrections.tolist() == [0, 0, 2]
     assert df.reason.tolist() == ["", "both look the same", ""]
     db.dispose(url)
