@@ -98,8 +98,11 @@ def test_design_is_deterministic_and_refuses_other_settings(study, human, tmp_pa
     from pcpo_eval.errors import UserError
     from pcpo_eval.human.design import make_design, parse_design_spec
 
-    again = tmp_path / "again"
-    make_design(study, again, parse_design_spec(DESIGN), log=lambda s: None)
+    again, lines = tmp_path / "again", []
+    make_design(study, again, parse_design_spec(DESIGN), log=lines.append)
+    # progress: a line per rendered checkpoint (k of m) and the image writing
+    assert any(line.startswith("[human] rendering checkpoint 1 of ") for line in lines), lines
+    assert any(re.match(r"\[human\] images: (\d+) of \1 written", line) for line in lines), lines
     pd.testing.assert_frame_equal(pd.read_parquet(again / "pairs.parquet"), pd.read_parquet(human / "pairs.parquet"))
     before = (again / "pairs.parquet").read_bytes()
     make_design(study, again, parse_design_spec(DESIGN), log=lambda s: None)  # same settings: nothing to do

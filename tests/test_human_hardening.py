@@ -17,7 +17,7 @@ import sqlite3
 import pandas as pd
 import pytest
 from fastapi.testclient import TestClient
-from human_fixtures import PAIR_ID_RE, PROGRESS_RE, make_human_dir
+from human_fixtures import PAIR_ID_RE, PROGRESS_RE, free_port, make_human_dir
 from sqlalchemy.exc import OperationalError
 
 from pcpo_eval.errors import UserError
@@ -263,7 +263,7 @@ def test_database_failures_are_one_line_through_the_cli(tmp_path, cli, case, com
     else:
         extra = ["--database-url", f"sqlite:///{tmp_path}/no/such/h.db"]
     args = {"raters": ["--base-url", "http://h:1", "--add", "ann"], "export": [], "analyze": [],
-            "serve": ["--port", "1"]}[command]
+            "serve": ["--port", str(free_port())]}[command]
     before = {p: p.read_bytes() for p in layout.root.rglob("*") if p.is_file()}
     res = cli("human", command, layout.root, *args, *extra)
     lines = res.stderr.strip().splitlines()

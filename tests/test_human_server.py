@@ -139,3 +139,39 @@ def test_concurrent_raters_survive_a_sigkill(tmp_path):
     pd.testing.assert_frame_equal(db.export_parquet(url, layout.responses), pd.read_parquet(layout.responses))
     assert db.progress(url, PER_RATER)["answered"].tolist() == QUOTAS
     db.dispose(url)
+
+
+def test_real_server_limits_chunked_bodies_and_checks_origin(tmp_path):
+    """Against uvicorn itself: a chunked body (no Content-Length) of 200 KB or 1 MB is refused
+    (413) and stores nothing, a cross-origin answer is refused (403), HEAD works, and the server
+    log never holds a rater's token."""
+    layout = make_human_dir(tmp_path / "HUMAN", n_prompts=3, n_seeds=2, n_checks=0)
+    url, port, log = layout.database_url, free_port(), tmp_path / "server.log"
+    db.upgrade(url)
+    ((_, token),) = db.add_raters(url, ["ann"])
+    proc = start_server(layout.root, port, log)
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10.0, follow_redirects=False) as http:
+            pair_id = PAIR_ID_RE.search(http.get(f"/r/{token}").text).group(1)
+            form = f"pair_id={pair_id}&choice=left&reason=".encode()
+            for size in (200 * 1024, 1024 * 1024):
+                def chunks(size=size):
+                    yield form
+                    for _ in range(size // 16384):
+                        yield b"x" * 16384
+
+                r = http.post(f"/r/{token}/answer", content=chunks(),
+                              headers={"content-type": "application/x-www-form-urlencoded"})
+                assert r.status_code == 413 and r.request.headers["transfer-encoding"] == "chunked", size
+            r = http.post(f"/r/{token}/answer", content=form, headers={
+                "content-type": "application/x-www-form-urlencoded", "origin": "https://evil.example"})
+            assert r.status_code == 403
+            assert db.export_responses(url).empty
+            assert http.head("/").status_code == 200 and http.head(f"/r/{token}").status_code == 200
+            r = http.post(f"/r/{token}/answer", content=form, headers={
+                "content-type": "application/x-www-form-urlencoded", "origin": f"http://127.0.0.1:{port}"})
+            assert r.status_code == 303 and len(db.export_responses(url)) == 1
+    finally:
+        stop_server(proc)
+    assert token not in log.read_text()
+    db.dispose(url)
