@@ -21,8 +21,12 @@ reweighted least squares (PIRLS: Newton steps on the penalized deviance with ste
 Fitting in lme4's two stages: (1) ``nAGQ = 0``: optimize theta alone, with beta found by PIRLS
 jointly with u; (2) ``nAGQ = 1``: optimize (theta, beta) jointly from stage 1's values, PIRLS over
 u only, theta >= 0 (bounded L-BFGS-B on central-difference gradients, see :func:`_minimize`;
-lme4 uses BOBYQA then Nelder-Mead: the optimum is the same, the path is not). Then lme4's
-``check.boundary`` (a theta below 1e-5 is set to 0 if that is no worse), ``deriv12`` (central
+lme4 uses BOBYQA then Nelder-Mead: the optimum is the same, the path is not). D is even in each
+theta_k, so a zero SD is a stationary point a gradient method cannot leave even where D falls
+beside it; every subset of zero SDs is probed and stage 2 restarts from a lower probe
+(:func:`_escape_zero`), then Newton steps on lme4's ``deriv12`` derivatives land on the optimum
+(:func:`_polish`). Then lme4's
+``check.boundary`` (a theta at most 1e-5 is set to 0 if that is no worse), ``deriv12`` (central
 differences, step 1e-4) for the gradient and Hessian of D at the optimum, ``vcov.merMod``'s
 covariance ``Cov(beta) = 2 [H^-1]_{beta,beta}`` (falling back, as lme4, to the PIRLS
 ``(X'WX - X'WZ Lambda M^-1 Lambda'Z'WX)^-1`` when H is not positive definite), Wald
