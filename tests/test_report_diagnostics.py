@@ -51,3 +51,17 @@ def test_report_shows_the_sections_only_when_logged():
                                     "reward_smoothed": [0.1]}]})
     html = render_report(bare)
     assert "Held-out validation reward" not in html and "Ratio diagnostics per update" not in html
+
+
+def test_plot_with_every_per_update_value_missing():
+    """Runs whose per-update lists hold only missing values (null in results.json) or zeros: the figure is
+    drawn (an empty panel says so), without a legend warning."""
+    import warnings
+
+    traces = [{**t, "delta_ratio_per_update": [[None]] * 4, "taylor_rel_err_per_update": [[0.0]] * 4} for t in TRACES]
+    x, y = per_update_series(traces[0], "delta_ratio_per_update")
+    assert x == [0.5, 1.5, 2.5, 3.5] and all(math.isnan(v) for v in y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert diagnostics_plot(traces).startswith("data:image/png;base64,")
+        assert diagnostics_plot([{**TRACES[0], "delta_ratio_per_update": [[None]] * 4}]).startswith("data:image/png")

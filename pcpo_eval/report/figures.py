@@ -302,9 +302,12 @@ def diagnostics_plot(traces: list[dict[str, Any]]) -> str | None:
             if pos:
                 ax.plot(*zip(*pos, strict=True), color=color(t.get("role", "other")), lw=0.8, marker=".", ms=3,
                         label=mpl_text(t["run"]))
+        if not ax.lines:  # every value missing (NaN: e.g. only on-policy updates for the ratio) or 0
+            ax.text(0.5, 0.5, "no positive finite value logged", transform=ax.transAxes, ha="center", fontsize=8)
         ax.set(title=title, xlabel="epoch (per update)", yscale="log")
+    if axes[0].lines or axes[1].lines:
+        (axes[0] if axes[0].lines else axes[1]).legend(fontsize=6)
     axes[0].axhline(0.012, color="black", lw=0.6, ls=":")
     axes[1].axhline(1.0, color="black", lw=0.6, ls=":")
-    axes[0].legend(fontsize=6)
     fig.tight_layout()
     return fig_uri(fig)
