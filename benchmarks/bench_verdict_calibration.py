@@ -200,7 +200,9 @@ def main(argv: list[str] | None = None) -> int:
         sizes.append(n_need)
     rng = np.random.default_rng(SEED)
     t0 = time.perf_counter()
-    print(f"# Verdict calibration on real toy runs ({len(ddpo)} DDPO and {len(pcpo)} PCPO seeds of the demo regime)\n")
+    print("## Verdict calibration on real toy runs\n")
+    print(f"{len(ddpo)} DDPO and {len(pcpo)} PCPO seeds of the demo regime (`benchmarks/calibration_runs.py`, "
+          f"`benchmarks/data/toy_demo_runs.parquet`); `benchmarks/bench_verdict_calibration.py --studies {a.studies}`.\n")
     print(f"{a.studies} resampled studies per row (seeds drawn without replacement, numpy seed {SEED}); targets "
           f"{settings['targets']}, gain targets {settings['gain_targets']}, window {sp.window}; primary endpoint: "
           f"{settings['primary'] or 'paired_gain (default)'}. Rates with 95% Clopper-Pearson intervals.")

@@ -47,14 +47,16 @@ def _configs() -> dict[str, object]:
     return out
 
 
-def train_one(arm: str, seed: int) -> pd.DataFrame:
-    """Train one (arm, seed) of the demo regime in a temporary directory; its per-epoch curves."""
+def train_one(arm: str, seed: int, config: object) -> pd.DataFrame:
+    """Train one (arm, seed) of the demo regime (``config``: the arm's resolved TrainConfig, read once by
+    the parent so that editing the spec meanwhile cannot change a running calibration) in a temporary
+    directory; its per-epoch curves."""
     import torch
 
     from pcpo_eval.train.trainer import train
 
     torch.set_num_threads(1)
-    cfg = dataclasses.replace(_configs()[arm], seed=seed, checkpoint_every=10_000, log_to="none")
+    cfg = dataclasses.replace(config, seed=seed, checkpoint_every=10_000, log_to="none")
     tmp = Path(tempfile.mkdtemp(prefix=f"calib-{arm}-{seed}-"))
     try:
         c0 = time.process_time()
@@ -79,13 +81,14 @@ def main(argv: list[str] | None = None) -> int:
 
     done = pd.read_parquet(a.out) if a.out.is_file() else pd.DataFrame(columns=["arm", "seed"])
     have = set(zip(done["arm"], done["seed"].astype(int), strict=True))
-    todo = [(arm, s) for s in range(a.seeds) for arm in _configs() if (arm, s) not in have]
+    configs = _configs()
+    todo = [(arm, s) for s in range(a.seeds) for arm in configs if (arm, s) not in have]
     print(f"{len(have)} runs cached, {len(todo)} to train -> {a.out}", flush=True)
     os.environ.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     t0 = time.perf_counter()
     frames = [done] if len(done) else []
     with ProcessPoolExecutor(max_workers=a.workers) as ex:
-        futs = {ex.submit(train_one, arm, s): (arm, s) for arm, s in todo}
+        futs = {ex.submit(train_one, arm, s, configs[arm]): (arm, s) for arm, s in todo}
         for i, f in enumerate(as_completed(futs), 1):
             frames.append(f.result())
             a.out.parent.mkdir(parents=True, exist_ok=True)

@@ -286,6 +286,7 @@ def _lmm_diagnostics(m: str, f: dict[str, Any], label: str) -> dict[str, Any]:
         "random_sd": f.get("random_sd", f.get("random")) or {}, "max_grad": f.get("max_grad"),
         "normality_test": dg.get("normality_test"), "normality_p": dg.get("normality_p"),
         "skewness": dg.get("skewness"), "kurtosis": dg.get("excess_kurtosis"), "qq": qq_plot(f, label),
+        "remarks": list(f.get("remarks") or []),
     }  # fmt: skip
 
 
