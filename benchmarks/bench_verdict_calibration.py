@@ -46,7 +46,6 @@ import scipy.stats
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pcpo_eval.stats.power import seeds_needed  # noqa: E402
 from pcpo_eval.stats.speedup import epochs_to_target, speedup_runs  # noqa: E402
 from pcpo_eval.stats.verdict import run_curves, verdict_rows  # noqa: E402
 from pcpo_eval.study.spec import load_spec  # noqa: E402
@@ -167,19 +166,24 @@ def run_scenario(sc: Scenario, n: int, studies: int, settings: dict, truth: dict
                 c[0] += v.ci_low <= 0.0 <= hi
                 c[1] += 1
     return {"primary": clopper(prim, studies), "any": clopper(anyrow, studies), "faster": clopper(faster, studies),
-            "rows": {q: clopper(k, m) for q, (k, m) in per_row.items()},
+            "rows": {q: clopper(k, m) + ("" if m == studies else f" of {m} studies with the row") for q, (k, m) in per_row.items()},
             "coverage": {q: clopper(k, m) for q, (k, m) in cover.items()}}
 
 
-def planning_seeds(ddpo: dict[int, pd.DataFrame], pilot: int, k: int) -> tuple[int | None, float, float]:
-    """The planning rule (``pcpo-eval study --plan``) on a pilot of ``pilot`` DDPO runs: seeds per arm that
-    detect a doubled gain (delta = mean gain) with 80% power, unpaired SD of the paired gain."""
-    seeds = sorted(ddpo)[:pilot]
-    gains = np.asarray([float((ddpo[s]["reward_mean"] - ddpo[s]["control_reward_mean"]).to_numpy()[-k:].mean())
-                        for s in seeds])
-    # the planted arm's gain has twice the spread; its SD enters the unpaired difference
-    sd_b, sd_t = float(gains.std(ddof=1)), 2 * float(gains.std(ddof=1))
-    return seeds_needed(float(gains.mean()), sd_b, sd_t=sd_t, paired=False), float(gains.mean()), sd_b
+def planning_seeds(ddpo: dict[int, pd.DataFrame], settings: dict, pilot: int) -> tuple[int | None, dict]:
+    """What ``pcpo-eval study --plan`` recommends for a doubled gain (+100% of the baseline's paired gain),
+    from a pilot study of ``pilot`` DDPO seeds against ``pilot`` other seeds rewritten to twice the gain
+    (the pilot's verdict rows, exactly as a finished pilot's results.json holds them)."""
+    from pcpo_eval.study.plan import plan_rows
+
+    seeds = sorted(ddpo)[: 2 * pilot]
+    lab = [str(i) for i in range(pilot)]
+    table = pd.concat([arm_frame([ddpo[x] for x in seeds[:pilot]], "A", lab),
+                       arm_frame([ddpo[x] for x in seeds[pilot:]], "B", lab, twice_gain)])
+    rows = verdict_rows(table, "A", ["B"], rng=np.random.default_rng(0), n_boot=50, **settings)
+    plan = {r["endpoint"]: r for r in plan_rows(load_spec(SPEC, check_weights=False),
+                                                {"verdict": [v.to_dict() for v in rows]}, None, 1.0)}
+    return plan["paired_gain"]["seeds"], plan["paired_gain"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -194,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = {"targets": list(sp.targets), "gain_targets": list(sp.gain_targets), "window": sp.window, "k": k,
                 "primary": list(sp.primary) or None}
     truth = truth_speedups(ddpo, list(sp.gain_targets), sp.window)
-    n_need, g_mean, g_sd = planning_seeds(ddpo, 5, k)
+    n_need, plan = planning_seeds(ddpo, settings, min(5, len(ddpo) // 2))
     sizes = [int(x) for x in a.sizes.split(",")]
     if n_need is not None and n_need not in sizes and 2 * n_need <= len(ddpo):
         sizes.append(n_need)
@@ -206,8 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{a.studies} resampled studies per row (seeds drawn without replacement, numpy seed {SEED}); targets "
           f"{settings['targets']}, gain targets {settings['gain_targets']}, window {sp.window}; primary endpoint: "
           f"{settings['primary'] or 'paired_gain (default)'}. Rates with 95% Clopper-Pearson intervals.")
-    print(f"Planning rule on a 5-seed DDPO pilot (mean gain {g_mean:.4f}, SD {g_sd:.4f}): a doubled gain needs "
-          f"{n_need} seeds per arm. Pool truth of the planted speed-ups: "
+    print(f"`study --plan` on a {min(5, len(ddpo) // 2)}-vs-{min(5, len(ddpo) // 2)}-seed pilot of the planted scenario (baseline paired gain {plan['baseline']:.4f}, "
+          f"SD of the differences {plan['sd']:.4f}): a doubled gain (+100%) needs {n_need} seeds per arm. Pool truth of "
+          "the planted speed-ups: "
           + ", ".join(f"{q} {v:+.1%}" for q, v in truth.items()) + "\n")
     print("| scenario | seeds/arm | primary significant | any row significant | called faster (any speed-up) | "
           "per-row significant | CI coverage (gain speed-ups) |")

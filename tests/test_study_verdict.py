@@ -345,3 +345,20 @@ def test_toy_frozen_spec_is_a_paired_negative_control():
     assert spec.seeds["DDPO"] == spec.seeds["Frozen"] and len(spec.seeds["DDPO"]) >= 2  # paired by seed
     assert spec.gain_targets and spec.primary == ("paired_gain",) and spec.pcpo == "Frozen"
     assert all(r.train.paired_control for r in spec.runs)
+
+
+def test_endpoint_keys_are_validated_before_any_work(tmp_path):
+    """NaN / inf targets, a gain target <= 0 and an unknown primary endpoint are refused at load, in one error."""
+    from pcpo_eval.errors import UserError
+
+    spec = write_spec(tmp_path / "s.yaml", targets=[float("nan"), 0.5], gain_targets=[-0.1, float("inf")],
+                      primary=["paired_gain", "fid"], select_target=0.5)
+    with pytest.raises(UserError) as ei:
+        load_spec(spec)
+    msg = str(ei.value)
+    for needle in ("target nan is not a finite number", "gain target inf is not a finite number",
+                   "gain_targets: -0.1 must be > 0", "primary: unknown endpoint 'fid'"):
+        assert needle in msg, needle
+    assert not (tmp_path / "study").exists()
+    ok = load_spec(write_spec(tmp_path / "t.yaml", gain_targets=[0.1], primary="speedup_gain:0.1"))
+    assert ok.gain_targets == (0.1,) and ok.primary == ("speedup_gain:0.1",)

@@ -525,7 +525,7 @@ def _parse_targets(top: dict[str, Any], runs: Sequence[RunSpec], problems: list[
     if not isinstance(targets_raw, list) or not targets_raw:
         problems.append("targets must be a non-empty list of reward levels, e.g. targets: [6.6, 6.9]")
         targets_raw = []
-    targets = _finite_list("targets", targets_raw, problems)
+    targets = _finite_list("target", targets_raw, problems)
     sel = top.get("select_target", targets[-1] if targets else None)
     select_target = (_finite_list("select_target", [sel], problems) or [float("nan")])[0] if sel is not None \
         else float("nan")
@@ -541,10 +541,10 @@ def _finite_list(key: str, values: Any, problems: list[str]) -> list[float]:
         try:
             x = float(t)
         except (TypeError, ValueError):
-            problems.append(f"{key}: {t!r} is not a number")
+            problems.append(f"{key} {t!r} is not a number")
             continue
         if isinstance(t, bool) or x != x or x in (float("inf"), float("-inf")):
-            problems.append(f"{key}: {t!r} is not a finite number")
+            problems.append(f"{key} {t!r} is not a finite number")
             continue
         out.append(x)
     return out
@@ -559,7 +559,7 @@ def _parse_endpoints(top: dict[str, Any], paired_control: bool, problems: list[s
     raw = top.get("gain_targets", [])
     if not isinstance(raw, list):
         problems.append(f"gain_targets must be a list of gain levels (reward - paired control), e.g. [0.03, 0.06]; got {raw!r}")
-    gains = _finite_list("gain_targets", raw, problems)
+    gains = _finite_list("gain target", raw, problems)
     problems += [f"gain_targets: {g:g} must be > 0 (the untrained control has gain 0)" for g in gains if g <= 0]
     if gains and not paired_control:
         problems.append("gain_targets need the paired untrained control; remove paired_control: false")
