@@ -465,13 +465,14 @@ def _escape_zero(prob: _Problem, x: np.ndarray, fx: float, ok: bool) -> tuple[np
     return x, fx, ok
 
 
-def _polish(prob: _Problem, x: np.ndarray, fx: float) -> tuple[np.ndarray, float]:
+def _polish(prob: _Problem, x: np.ndarray, fx: float) -> tuple[np.ndarray, float, tuple | None]:
     """Newton steps on the free parameters from the derivatives lme4 itself uses (``deriv12``).
 
     L-BFGS-B on finite-difference gradients stops within ~1e-6 of the optimum in D, which leaves
     the estimates ~1e-4 relative from it where D is flat; a Newton step on the central-difference
     gradient and Hessian (step 1e-4: errors ~1e-8) lands on it. A theta that the step takes below 0
-    is set to 0 (the bound) and held there; each step is kept only if D does not increase.
+    is set to 0 (the bound) and held there; a step is kept only if D does not increase, and none is
+    taken once its predicted gain is below 1e-10. Returns (x, D(x), (g, h) at x or None).
     """
     k = len(prob.codes)
     f = _laplace(prob)
@@ -479,15 +480,15 @@ def _polish(prob: _Problem, x: np.ndarray, fx: float) -> tuple[np.ndarray, float
         g, h = deriv12(f, x, fx, DERIV_DELTA)
         free = np.ones(x.size, bool)
         free[:k] = ~((x[:k] <= 0.0) & (g[:k] >= 0.0))  # at the bound and pushed into it: held
-        if not np.all(np.isfinite(g)) or not np.all(np.isfinite(h[np.ix_(free, free)])):
-            break
+        hf = h[np.ix_(free, free)]
+        if not (np.all(np.isfinite(g)) and np.all(np.isfinite(hf))):
+            return x, fx, (g, h)
         try:
-            step = -np.linalg.solve(h[np.ix_(free, free)], g[free])
+            step = -np.linalg.solve(hf, g[free])
         except np.linalg.LinAlgError:
-            break
-        if not np.all(np.linalg.eigvalsh(0.5 * (h[np.ix_(free, free)] + h[np.ix_(free, free)].T)) > 0):
-            break  # not a minimum's neighbourhood: leave the optimizer's point
-        moved = False
+            return x, fx, (g, h)
+        if not np.all(np.linalg.eigvalsh(0.5 * (hf + hf.T)) > 0) or -0.5 * float(g[free] @ step) < 1e-10:
+            return x, fx, (g, h)  # not a minimum's neighbourhood, or already at the optimum
         for _half in range(10):
             x2 = x.copy()
             x2[free] += step
@@ -495,13 +496,12 @@ def _polish(prob: _Problem, x: np.ndarray, fx: float) -> tuple[np.ndarray, float
             x2[k:] = np.clip(x2[k:], -BETA_BOUND, BETA_BOUND)
             f2 = f(x2)
             if f2 <= fx:
-                moved = f2 < fx - 1e-12
                 x, fx = x2, f2
                 break
             step = step / 2.0
-        if not moved or np.max(np.abs(step)) < 1e-10:
-            break
-    return x, fx
+        else:
+            return x, fx, (g, h)
+    return x, fx, None
 
 
 def _check_boundary(prob: _Problem, x: np.ndarray, fx: float) -> tuple[np.ndarray, float]:
@@ -545,7 +545,8 @@ def _fit(prob: _Problem, names: list[str], groups: list[str]) -> GLMMFit:
         beta1 = np.zeros(prob.p)
     x, dev, ok2 = _stage2(prob, theta1, np.clip(beta1, -BETA_BOUND, BETA_BOUND))
     x, dev, ok2 = _escape_zero(prob, x, dev, ok2)
-    x, dev = _polish(prob, x, dev)
+    x, dev, derivs = _polish(prob, x, dev)
+    x_polished = x.copy()
     x, dev = _check_boundary(prob, x, dev)
     theta, beta = x[:k], x[k:]
 
@@ -554,7 +555,8 @@ def _fit(prob: _Problem, names: list[str], groups: list[str]) -> GLMMFit:
         return d if ok else np.nan
 
     dev = f(x)
-    g, h = deriv12(f, x, dev, DERIV_DELTA)
+    reuse = derivs is not None and np.array_equal(x, x_polished) and bool(np.all(np.abs(derivs[1]) < 1e100))
+    g, h = derivs if reuse else deriv12(f, x, dev, DERIV_DELTA)  # the polish's, at this very point
     singular = bool(np.any(theta < SINGULAR_TOL))
     msgs = [] if ok2 or _projected_grad(g, theta) < GRAD_TOL else [
         f"optimizer stopped with projected gradient {_projected_grad(g, theta):.3g} > {GRAD_TOL:g}"]
