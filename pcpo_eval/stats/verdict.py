@@ -199,9 +199,13 @@ def target_status(runs: Sequence[RunCurve], targets: Sequence[float], gain_targe
                      "headline": False, "note": "no paired control logged: a gain curve needs paired_control: true"}
                     for t in levels]  # fmt: skip
             continue
+        short = bool(runs) and all(r.epochs.size < window for r in runs)
         for t in levels:
             note = ""
-            if kind == "gain" and t <= 0:
+            if short:
+                note = (f"uninformative: the runs have at most {max(r.epochs.size for r in runs)} epochs, fewer than the "
+                        f"smoothing window ({window}), so no run can reach a target")
+            elif kind == "gain" and t <= 0:
                 note = "a gain target must be > 0 (the untrained control has gain 0 by definition)"
             elif kind == "reward" and runs[0].control is not None:
                 # a control with a NaN is not finite (epoch None, censored False): it reaches nothing
