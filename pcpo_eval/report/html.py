@@ -435,6 +435,9 @@ def write_report(study_dir: str | Path, out_file: str | Path | None = None) -> P
     if not isinstance(results, dict):
         raise UserError(f"{res} holds a JSON {type(results).__name__}, not a study's results object; "
                         "re-run the study's stats stage")
+    if not isinstance(results.get("study"), dict):
+        raise UserError(f"{res} is not a study's results object (no 'study' section); nothing was written "
+                        f"(an existing report is kept); re-run `pcpo-eval study SPEC --out {study_dir} --stages stats`")
     out = Path(out_file) if out_file is not None else study_dir / "report.html"
     atomic_write_text(out, render_report(results, study_dir))
     return out
