@@ -21,3 +21,49 @@ def test_report_refuses_non_results_keeps_html(cli, box, content):  # noqa: F811
     line = rejected(cli, box, "report", study, needles=["results.json"])
     assert "re-run" in line
     assert (study / "report.html").read_text() == "<html>the previous report</html>"
+
+
+# ---- 2a. identical runs in both arms -----------------------------------------------------------
+
+AA = {"design": {"algorithm": {"A": {"objective": "ppo_clip"}, "B": {"objective": "ppo_clip"}}},
+      "compare": {"factor": "algorithm", "baseline": "A", "pcpo": "B"},
+      "lmm": {"formula": "value ~ algorithm + (1|prompt)"}}
+
+
+def test_study_refuses_aa_with_equal_seeds(cli, box):  # noqa: F811
+    from test_study import write_spec
+
+    spec = write_spec(box / "aa.yaml", **AA, seeds=[0, 1, 2])
+    line = rejected(cli, box, "study", spec, "--out", box / "out", needles=[
+        "would be identical", "algorithm-A__seed-0", "algorithm-B__seed-0", "(and 2 more pair(s))",
+        "seeds: {A: [0, 1, 2], B: [3, 4, 5]}"])
+    assert not (box / "out").exists() and "problem(s)" in line
+    # the fix the message names is accepted
+    from pcpo_eval.study.spec import load_spec
+
+    ok = load_spec(write_spec(box / "aa.yaml", **AA, seeds={"A": [0, 1, 2], "B": [3, 4, 5]}), check_weights=False)
+    assert len(ok.runs) == 6
+
+
+def test_study_refuses_one_run_dir_in_both_arms(cli, box):  # noqa: F811
+    from test_study import _write_run
+
+    rd = box / "run one"
+    _write_run(rd, 8, 0.05, 2)
+    other = box / "run two"
+    _write_run(other, 8, 0.05, 2)
+    design = {"algorithm": {"DDPO": {"objective": "ppo_clip"}, "PCPO": {"objective": "pcpo"}}}
+    runs = [{"levels": {"algorithm": "DDPO"}, "seed": 0, "run_dir": str(rd)},
+            {"levels": {"algorithm": "PCPO"}, "seed": 0, "run_dir": str(box / "." / "run one")}]
+    from test_study import write_spec
+
+    spec = write_spec(box / "runs.yaml", design=design, runs=runs, seeds=[0], targets=[0.2], select_target=0.2,
+                      lmm={"formula": "value ~ algorithm + (1|prompt)"})
+    rejected(cli, box, "study", spec, "--out", box / "out",
+             needles=["use the same run directory", "run one", "different run directory"])
+    runs[1]["run_dir"] = str(other)
+    write_spec(box / "runs.yaml", design=design, runs=runs, seeds=[0], targets=[0.2], select_target=0.2,
+               lmm={"formula": "value ~ algorithm + (1|prompt)"})
+    from pcpo_eval.study.spec import load_spec
+
+    assert {r.run_dir for r in load_spec(box / "runs.yaml", check_weights=False).runs} == {str(rd), str(other)}

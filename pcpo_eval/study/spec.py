@@ -515,6 +515,37 @@ def _check_run_names(runs: Sequence[RunSpec], problems: list[str]) -> None:
                             "to [A-Za-z0-9._=-] and compared ignoring case); rename one of the levels")
 
 
+def _check_identical_runs(runs: Sequence[RunSpec], compare: str, problems: list[str]) -> None:
+    """Two runs that would be the same run: one existing run directory listed twice (``runs:``), or
+    two trained runs of different arms with the same resolved train config and seed (an A/A design
+    with equal seeds and overrides); comparing them would compare a run with itself."""
+    dirs: dict[str, RunSpec] = {}
+    for r in runs:
+        if r.run_dir is None:
+            continue
+        key = str(Path(r.run_dir).resolve())
+        other = dirs.setdefault(key, r)
+        if other is not r:
+            problems.append(f"runs {other.name} and {r.name} use the same run directory {r.run_dir}; list a "
+                            "different run directory for each (cell, seed)")
+    trained: dict[str, RunSpec] = {}
+    same: list[tuple[RunSpec, RunSpec]] = []
+    for r in runs:
+        if r.train is None:
+            continue
+        key = json.dumps(r.train.to_dict(), sort_keys=True, default=str)
+        other = trained.setdefault(key, r)
+        if other is not r and other.levels.get(compare) != r.levels.get(compare):
+            same.append((other, r))
+    if same:
+        a, b = same[0]
+        more = f" (and {len(same) - 1} more pair(s))" if len(same) > 1 else ""
+        problems.append(f"runs {a.name} and {b.name}{more} would be identical: the same train config and seed in "
+                        f"both arms of {compare}; give the arms different seeds, e.g. seeds: "
+                        f"{{{a.levels.get(compare)}: [0, 1, 2], {b.levels.get(compare)}: [3, 4, 5]}}, "
+                        "or different overrides")
+
+
 def _parse_targets(top: dict[str, Any], runs: Sequence[RunSpec], problems: list[str]) -> tuple[list[float], float, int]:
     """``targets``, ``select_target`` (default: the last target) and ``window``; existing runs must reach them."""
     window = top.get("window", 5)
@@ -927,6 +958,7 @@ def load_spec(path: str | Path, check_weights: bool = True) -> StudySpec:
     runs = _expand_runs(factors, level_configs, train_config, train_overrides, compare.factor, seeds,
                         options.paired_control, existing, problems)
     _check_run_names(runs, problems)
+    _check_identical_runs(runs, compare.factor, problems)
     targets, select_target, window = _parse_targets(top, runs, problems)
     gain_targets, primary = _parse_endpoints(top, options.paired_control, problems)
     models = _run_models(runs, problems)
