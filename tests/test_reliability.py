@@ -67,3 +67,36 @@ def test_study_refuses_one_run_dir_in_both_arms(cli, box):  # noqa: F811
     from pcpo_eval.study.spec import load_spec
 
     assert {r.run_dir for r in load_spec(box / "runs.yaml", check_weights=False).runs} == {str(rd), str(other)}
+
+
+# ---- 2b. non-finite speed-up targets and rewards -----------------------------------------------
+
+def _log(path, rewards):
+    import numpy as np
+    import pandas as pd
+
+    pd.DataFrame({"epoch": np.arange(1, len(rewards) + 1), "reward_mean": rewards}).to_parquet(path, index=False)
+    return path
+
+
+@pytest.mark.parametrize("target", ["nan", "inf", "-inf"])
+def test_speedup_and_select_refuse_non_finite_target(cli, box, target):  # noqa: F811
+    import numpy as np
+
+    ok = _log(box / "ok ü.parquet", np.linspace(0, 1, 10))
+    rejected(cli, box, "speedup", "--baseline", ok, "--pcpo", ok, "--target", "0.5", "--target", target,
+             "-o", box / "out.json", needles=[f"--target {target} is not a finite number", "--target 0.8"])
+    rejected(cli, box, "select", box, "--target", target, needles=["is not a finite number"])
+
+
+def test_speedup_refuses_log_with_inf_reward(cli, box):  # noqa: F811
+    import numpy as np
+
+    ok = _log(box / "ok ü.parquet", np.linspace(0, 1, 10))
+    r = np.linspace(0, 1, 10)
+    r[4] = np.inf
+    bad = _log(box / "inf ü.parquet", r)
+    (box / "old.json").write_text('{"kept": true}\n')
+    rejected(cli, box, "speedup", "--baseline", ok, "--pcpo", bad, "--target", "0.5", "-o", box / "old.json",
+             needles=["inf ü.parquet", "'reward_mean' has 1 non-finite", "leave that run out"])
+    assert cli("speedup", "--baseline", ok, "--pcpo", ok, "--target", "0.5").returncode == 0

@@ -7,6 +7,7 @@ text or JSON (``--json``). Bad input raises :class:`~pcpo_eval.errors.UserError`
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import typer
@@ -25,6 +26,30 @@ def _check_outputs(**files: str | None) -> None:
     for flag, path in files.items():
         if path:
             check_out_path(path, f"--{flag}", folder=False)
+
+
+def _check_targets(targets: list[float]) -> None:
+    """``--target`` must be a finite reward level (nan / inf would give a table of nothing reached)."""
+    bad = [t for t in targets if not math.isfinite(t)]
+    if bad:
+        raise UserError(f"--target {bad[0]} is not a finite number; give a reward level, e.g. --target 0.8")
+
+
+def _check_finite_logs(logs: list[str], curve: str) -> None:
+    """Refuse logs with infinite rewards (NaN is refused by the log reader) before anything is fitted."""
+    import numpy as np
+
+    from pcpo_eval.stats.speedup import load_log
+
+    cols = ["reward_mean", *(["control_reward_mean"] if curve == "gain" else [])]
+    for log in logs:
+        df = load_log(log)
+        for c in cols:
+            if c in df.columns:
+                n_bad = int((~np.isfinite(df[c].to_numpy(np.float64))).sum())
+                if n_bad:
+                    raise UserError(f"log {log} column {c!r} has {n_bad} non-finite (inf/NaN) values; fix or "
+                                    "drop those epochs, or leave that run out")
 
 
 def _write(out: str | None, text: str) -> None:
@@ -108,6 +133,8 @@ def speedup_cmd(
     _check_outputs(output=output)
     if curve not in ("reward", "gain"):
         raise UserError(f"--curve must be reward or gain, got {curve!r}")
+    _check_targets(target)
+    _check_finite_logs([*baseline, *pcpo], curve)
     tab = speedup_table(baseline, pcpo, target, window, not lower_is_better, paired=paired, curve=curve)
     js = dumps(tab.to_dict())
     _write(output, js)
@@ -134,6 +161,7 @@ def select_cmd(
     from pcpo_eval.stats.select import select_checkpoints
 
     _check_outputs(output=output)
+    _check_targets([target])
     sel = select_checkpoints(run_dirs, target, window, matched_to, on)
     js = dumps(sel.to_dict())
     _write(output, js)
