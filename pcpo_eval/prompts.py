@@ -40,6 +40,7 @@ missing, a documented lower bound is used instead (see :func:`approx_clip_token_
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -143,6 +144,30 @@ _FILE_SUFFIXES = (".txt", ".csv", ".parquet")
 # ---------------------------------------------------------------------------------------------
 
 
+_BOMS = ((b"\xef\xbb\xbf", "utf-8-sig"), (b"\xff\xfe\x00\x00", "utf-32"), (b"\x00\x00\xfe\xff", "utf-32"),
+         (b"\xff\xfe", "utf-16"), (b"\xfe\xff", "utf-16"))
+
+
+def read_prompt_text(path: str | Path, what: str = "prompt file") -> str:
+    """The text of a prompt file: UTF-8, or UTF-8 / UTF-16 / UTF-32 with a byte-order mark (the BOM is
+    dropped, never part of the first prompt); anything else is a one-line UserError naming the encoding."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except PermissionError:
+        raise UserError(f"{what} {str(path)!r} is not readable (permission denied); fix its permissions") from None
+    encoding = next((enc for bom, enc in _BOMS if data.startswith(bom)), "utf-8")
+    try:
+        text = data.decode(encoding)
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{what} {str(path)!r} is not valid {encoding.replace('-sig', '')} text (byte {exc.start}); "
+                        "save it as UTF-8 (or UTF-16 with a byte-order mark)") from None
+    if "\x00" in text:
+        raise UserError(f"{what} {str(path)!r} holds NUL characters (UTF-16 without a byte-order mark?); "
+                        "save it as UTF-8 (or UTF-16 with a byte-order mark)")
+    return text
+
+
 def read_prompt_file(path: str | Path) -> PromptSet:
     """Read a ``.txt`` / ``.csv`` / ``.parquet`` prompt file (see the module docstring)."""
     path = Path(path)
@@ -152,14 +177,16 @@ def read_prompt_file(path: str | Path) -> PromptSet:
         )
     suffix = path.suffix.lower()
     if suffix == ".txt":
-        lines = [ln.strip() for ln in path.read_text(encoding="utf-8").splitlines()]
+        lines = [ln.strip() for ln in read_prompt_text(path).splitlines()]
         prompts = [ln for ln in lines if ln]
         ids: list[int] = list(range(len(prompts)))
     elif suffix in (".csv", ".parquet"):
         import pandas as pd
 
         try:
-            df = pd.read_csv(path) if suffix == ".csv" else pd.read_parquet(path)
+            df = pd.read_csv(io.StringIO(read_prompt_text(path))) if suffix == ".csv" else pd.read_parquet(path)
+        except UserError:
+            raise
         except pd.errors.EmptyDataError:
             df = pd.DataFrame({"prompt": []})
         except Exception as exc:  # noqa: BLE001 - any parse failure is the user's file
@@ -601,7 +628,7 @@ def _read_json(path: Path):
 def read_dataset_file(ds: PromptDataset, path: Path) -> list[str]:
     """All prompts of ``path`` in file order, read as ``ds.reader`` says (see :data:`ReaderKind`)."""
     if ds.reader == "lines" or (ds.reader != "table" and path.suffix.lower() == ".txt"):
-        prompts = [ln.strip() for ln in path.read_text(encoding="utf-8").splitlines()]
+        prompts = [ln.strip() for ln in read_prompt_text(path, f"prompt set {ds.name}: file").splitlines()]
     elif ds.reader == "table" or path.suffix.lower() in (".csv", ".parquet", ".arrow"):
         prompts = _read_table_column(path, ds.columns)
     elif ds.reader == "json_records":

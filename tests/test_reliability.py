@@ -100,3 +100,34 @@ def test_speedup_refuses_log_with_inf_reward(cli, box):  # noqa: F811
     rejected(cli, box, "speedup", "--baseline", ok, "--pcpo", bad, "--target", "0.5", "-o", box / "old.json",
              needles=["inf ü.parquet", "'reward_mean' has 1 non-finite", "leave that run out"])
     assert cli("speedup", "--baseline", ok, "--pcpo", ok, "--target", "0.5").returncode == 0
+
+
+# ---- 2c. prompt file encodings -----------------------------------------------------------------
+
+GEN = ["--max-prompts", "1", "--seeds", "1", "--steps", "2", "--no-progress"]
+
+
+@pytest.mark.parametrize("name, data", [
+    ("bom.txt", "\ufeffred circle\nblue square\n".encode()),
+    ("utf16.txt", "red circle\nblue square\n".encode("utf-16")),
+    ("utf16.csv", "prompt\nred circle\nblue square\n".encode("utf-16")),
+    ("bom.csv", "\ufeffprompt\nred circle\nblue square\n".encode()),
+], ids=["utf8-bom-txt", "utf16-txt", "utf16-csv", "utf8-bom-csv"])
+def test_generate_reads_bom_prompt_files(cli, box, name, data):  # noqa: F811
+    import pandas as pd
+
+    (box / name).write_bytes(data)
+    res = cli("generate", "--model", "toy", "--prompts", box / name, "--out", box / "set", *GEN)
+    assert res.returncode == 0, res.stderr[-2000:]
+    man = pd.read_parquet(box / "set" / "manifest.parquet")
+    assert list(man["prompt"].unique()) == ["red circle"]  # no BOM glued to the first prompt
+
+
+@pytest.mark.parametrize("data, needles", [
+    ("caf\xe9 au lait\n".encode("latin-1"), ["is not valid utf-8 text", "save it as UTF-8"]),
+    ("a red cube\n".encode("utf-16-le"), ["NUL characters", "UTF-16 without a byte-order mark"]),
+], ids=["latin1", "utf16-no-bom"])
+def test_generate_refuses_undecodable_prompt_file(cli, box, data, needles):  # noqa: F811
+    (box / "p ü.txt").write_bytes(data)
+    rejected(cli, box, "generate", "--model", "toy", "--prompts", box / "p ü.txt", "--out", box / "set", *GEN,
+             needles=["p ü.txt", *needles])
