@@ -64,7 +64,7 @@ def _register_metrics(app: typer.Typer) -> None:
         metrics: str = typer.Option(
             DEFAULT_METRICS,
             "--metrics",
-            help=f"comma-separated: {','.join(METRICS)}",
+            help=f"comma-separated, any of: {', '.join(METRICS)}",
         ),
         out: Path = typer.Option(
             ..., "--out", help="output directory (metrics.json, per_prompt.parquet, per_image.parquet)"

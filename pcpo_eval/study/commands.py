@@ -28,7 +28,7 @@ def register(app: typer.Typer) -> None:
     @app.command("study")
     def study_cmd(
         spec: Path = typer.Argument(..., help="study spec (YAML), e.g. analysis/toy_study.yaml"),
-        out: Path | None = typer.Option(None, "--out", help="study directory [studies/<name>]"),
+        out: Path | None = typer.Option(None, "--out", help="study directory (default: studies/<name>, the spec's name)"),
         stages: str = typer.Option("all", "--stages", help="comma-separated subset of train,select,generate,metrics,stats,report"),
         plan: bool = typer.Option(False, "--plan", help="print the seeds per arm, compute and disk the study needs; train nothing"),
         pilot: Path | None = typer.Option(None, "--pilot", help="with --plan: a finished pilot study folder (its runs give the spread)"),
