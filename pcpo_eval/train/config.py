@@ -267,6 +267,8 @@ def _coerce(key: str, value: Any) -> Any:
         if hint is float:
             return float(value)
         if hint is str:
+            if isinstance(value, bool):  # YAML 1.1 reads a bare no / off / yes as a boolean
+                return {False: "no", True: "yes"}[value] if key == "mixed_precision" else str(value).lower()
             return str(value)
         if isinstance(value, str):
             value = yaml.safe_load(value)

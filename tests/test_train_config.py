@@ -1,0 +1,15 @@
+"""Train-config parsing details (YAML scalars that are not what they look like)."""
+
+from __future__ import annotations
+
+
+def test_mixed_precision_no_survives_yaml_booleans(tmp_path):
+    """YAML 1.1 reads a bare `no` as false: `mixed_precision: no` in a file or `mixed_precision=no` on the
+    command line still means "no" (it used to fail as mixed_precision='False')."""
+    from pcpo_eval.train.config import load_config
+
+    f = tmp_path / "c.yaml"
+    f.write_text("mixed_precision: no\n")
+    assert load_config(f).mixed_precision == "no"
+    assert load_config(None, ["mixed_precision=no"]).mixed_precision == "no"
+    assert load_config(None, ["mixed_precision=bf16"]).mixed_precision == "bf16"
