@@ -253,6 +253,12 @@ def test_ppo_health_warning_names_the_fix():
     assert ppo_health_warning(pd.DataFrame({"approx_kl": [1e-4, 2e-4], "clipfrac": [0.01, 0.02]})) is None
     msg = ppo_health_warning(pd.DataFrame({"approx_kl": [23.0, 65.0], "clipfrac": [0.45, 0.45]}))
     assert msg is not None and "lower the learning rate" in msg and "\n" not in msg
+    assert "median approx_kl 44 > 0.05 and mean clipfrac 0.45 > 0.25" in msg
+    # Only the condition that fired is named.
+    kl_only = ppo_health_warning(pd.DataFrame({"approx_kl": [0.2, 0.4], "clipfrac": [0.01, 0.02]}))
+    assert kl_only == "updates too large (median approx_kl 0.3 > 0.05): lower the learning rate or the clip range"
+    cf_only = ppo_health_warning(pd.DataFrame({"approx_kl": [1e-4, 2e-4], "clipfrac": [0.3, 0.5]}))
+    assert cf_only == "updates too large (mean clipfrac 0.4 > 0.25): lower the learning rate or the clip range"
 
 
 def test_non_finite_config_values_are_rejected():

@@ -590,6 +590,7 @@ class Trainer:
         if mismatch:
             raise UserError(f"--resume: config differs from the run's config.yaml in {', '.join(mismatch)}; "
                             "resume with the same settings (only epochs may change)")
+        ck.check_resumable_weights(latest)
         state = ck.load_training_state(latest)
         if "peft_state" in state:
             from peft.utils import set_peft_model_state_dict
@@ -797,10 +798,14 @@ def ppo_health_warning(log: pd.DataFrame) -> str | None:
     if "approx_kl" not in log or "clipfrac" not in log or log.empty:
         return None
     kl, cf = float(np.nanmedian(log["approx_kl"])), float(np.nanmean(log["clipfrac"]))
-    if kl > HEALTHY_APPROX_KL or cf > HEALTHY_CLIPFRAC:
-        return (f"updates too large (median approx_kl {kl:.3g} > {HEALTHY_APPROX_KL} or mean clipfrac {cf:.3g} > "
-                f"{HEALTHY_CLIPFRAC}): lower the learning rate or the clip range")
-    return None
+    fired = []  # only the condition(s) out of range
+    if kl > HEALTHY_APPROX_KL:
+        fired.append(f"median approx_kl {kl:.3g} > {HEALTHY_APPROX_KL}")
+    if cf > HEALTHY_CLIPFRAC:
+        fired.append(f"mean clipfrac {cf:.3g} > {HEALTHY_CLIPFRAC}")
+    if not fired:
+        return None
+    return f"updates too large ({' and '.join(fired)}): lower the learning rate or the clip range"
 
 
 class _LoraDisabled:
