@@ -7,7 +7,7 @@ exit code 2 and an unchanged folder (sha256 of every file before/after; helpers 
 from __future__ import annotations
 
 import pytest
-from test_bad_input import box, rejected  # noqa: F401  (the fixture is used by name)
+from test_bad_input import box, rejected, toy_run  # noqa: F401  (fixtures are used by name)
 
 # ---- 1. report on a results.json that is not a study's results ---------------------------------
 
@@ -131,3 +131,28 @@ def test_generate_refuses_undecodable_prompt_file(cli, box, data, needles):  # n
     (box / "p ü.txt").write_bytes(data)
     rejected(cli, box, "generate", "--model", "toy", "--prompts", box / "p ü.txt", "--out", box / "set", *GEN,
              needles=["p ü.txt", *needles])
+
+
+# ---- 2d. --resume verifies the latest checkpoint's weights file --------------------------------
+
+@pytest.mark.parametrize("damage", ["truncate", "flip-last-byte", "delete"])
+def test_resume_refuses_damaged_lora(cli, box, toy_run, damage):  # noqa: F811
+    import shutil
+
+    from test_bad_input import RESUME_OVERRIDES, TOY_CFG
+
+    run = shutil.copytree(toy_run, box / "run")
+    lora = run / "checkpoints" / "epoch_0001" / "pytorch_lora_weights.safetensors"
+    data = lora.read_bytes()
+    if damage == "truncate":
+        lora.write_bytes(data[: len(data) // 2])
+        needle = "is truncated or corrupt"
+    elif damage == "flip-last-byte":
+        lora.write_bytes(data[:-1] + bytes([data[-1] ^ 0xFF]))
+        needle = "does not match the weights_sha256"
+    else:
+        lora.unlink()
+        needle = "lacks its weights file"
+    rejected(cli, box, "train", TOY_CFG, "--out", run, "--resume", *RESUME_OVERRIDES,
+             needles=[needle, "pytorch_lora_weights.safetensors", "delete that checkpoint folder",
+                      "epoch_0001", "resume from the one before it"])

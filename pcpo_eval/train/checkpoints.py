@@ -112,7 +112,7 @@ def read_meta(ckpt: str | Path) -> dict[str, Any]:
         raise UserError(f"{p} is missing or unreadable ({exc.__class__.__name__}); not a pcpo-eval checkpoint") from None
 
 
-def check_weights_file(path: Path) -> None:
+def check_weights_file(path: Path, fix: str = "copy it again or re-save the checkpoint with pcpo-eval train") -> None:
     """Raise a one-line UserError unless ``path`` is a complete safetensors file.
 
     ``safe_open`` parses the header and checks that the data section is as long as the header
@@ -125,8 +125,7 @@ def check_weights_file(path: Path) -> None:
             fh.keys()
     except (SafetensorError, OSError) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise UserError(f"weights file {path} is truncated or corrupt ({first[:160]}); "
-                        "copy it again or re-save the checkpoint with pcpo-eval train") from None
+        raise UserError(f"weights file {path} is truncated or corrupt ({first[:160]}); {fix}") from None
 
 
 @contextlib.contextmanager
@@ -193,6 +192,24 @@ def load_training_state(ckpt: str | Path) -> dict[str, Any]:
         raise UserError(f"{path} is not a pcpo-eval training state; "
                         "delete that checkpoint folder to resume from the one before it")
     return state
+
+
+def check_resumable_weights(ckpt: str | Path) -> None:
+    """The weights file of checkpoint ``ckpt`` is present, a complete safetensors file and, when the
+    checkpoint recorded one, matches its ``weights_sha256``; else one UserError naming the file and the
+    fix (delete that checkpoint folder to resume from the one before it). ``--resume`` calls this
+    before it loads anything: resuming past a truncated weights file would leave it in the run."""
+    ckpt = Path(ckpt)
+    fix = f"delete that checkpoint folder ({ckpt}) to resume from the one before it"
+    meta = read_meta(ckpt)
+    path = ckpt / str(meta.get("weights_file") or LORA_FILE)
+    if not path.is_file():
+        raise UserError(f"--resume: checkpoint {ckpt} lacks its weights file {path.name}; {fix}")
+    check_weights_file(path, fix)
+    want = meta.get("weights_sha256")
+    if want and sha256_file(path) != want:
+        raise UserError(f"--resume: weights file {path} does not match the weights_sha256 its checkpoint.json "
+                        f"recorded (changed or corrupt after saving); {fix}")
 
 
 def run_dir_of(ckpt: Path) -> Path:
