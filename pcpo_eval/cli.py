@@ -108,6 +108,15 @@ def path_error_line(exc: OSError) -> str:
     return f"{(exc.strerror or type(exc).__name__).lower()}{where}; check the path exists and is writable/readable by you"
 
 
+def interrupted_line() -> str:
+    """What Ctrl-C prints: the work is resumable (results are written atomically, finished work is
+    skipped on a re-run); ``train`` continues with ``--resume``."""
+    cmd = next((a for a in sys.argv[1:] if not a.startswith("-")), "")
+    how = ("re-run the same command with --resume to continue from the latest checkpoint" if cmd == "train"
+           else "re-run the same command to continue (finished work is skipped)")
+    return f"interrupted (Ctrl-C); what was written is complete and the state is resumable: {how}"
+
+
 def _fail(line: str, code: int = 2) -> NoReturn:
     typer.echo(f"error: {line}", err=True)
     sys.exit(code)
@@ -126,8 +135,14 @@ def main() -> None:
         _fail(usage_error_line(exc), 2)
     except PATH_ERRORS as exc:
         _fail(path_error_line(exc), 2)
-    except typer.Abort:
+    except KeyboardInterrupt:
+        _fail(interrupted_line(), 130)
+    except typer.Abort as exc:
+        if isinstance(exc.__cause__, KeyboardInterrupt):  # older click / typer turn Ctrl-C into Abort
+            _fail(interrupted_line(), 130)
         _fail("aborted; nothing else to do", 1)
+    if rv == 130:  # typer turns Ctrl-C (KeyboardInterrupt) into Exit(130), returned here; no command exits 130
+        _fail(interrupted_line(), 130)
     sys.exit(rv if isinstance(rv, int) else 0)
 
 

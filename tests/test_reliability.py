@@ -156,3 +156,67 @@ def test_resume_refuses_damaged_lora(cli, box, toy_run, damage):  # noqa: F811
     rejected(cli, box, "train", TOY_CFG, "--out", run, "--resume", *RESUME_OVERRIDES,
              needles=[needle, "pytorch_lora_weights.safetensors", "delete that checkpoint folder",
                       "epoch_0001", "resume from the one before it"])
+
+
+# ---- 4. Ctrl-C ---------------------------------------------------------------------------------
+
+def test_ctrl_c_in_process_is_one_line_130(cli, monkeypatch, tmp_path):
+    import numpy as np
+
+    import pcpo_eval.stats.speedup as sp
+    import pcpo_eval.train.trainer as tr
+
+    def interrupt(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sp, "speedup_table", interrupt)
+    monkeypatch.setattr(tr, "train", interrupt)
+    log = _log(tmp_path / "a.parquet", np.linspace(0, 1, 10))
+    res = cli("speedup", "--baseline", log, "--pcpo", log, "--target", "1")
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 130 and len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
+    assert lines[0].startswith("error: interrupted") and "resumable" in lines[0] and "re-run the same command" in lines[0]
+
+
+def test_ctrl_c_train_names_resume(cli, monkeypatch, tmp_path):
+    from test_bad_input import TOY_CFG
+
+    import pcpo_eval.train.trainer as tr
+
+    def interrupt(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tr, "train", interrupt)
+    res = cli("train", TOY_CFG, "--out", tmp_path / "run", "epochs=1")
+    assert res.returncode == 130, res.stderr[-2000:]
+    assert res.stderr.strip().splitlines() == [
+        "error: interrupted (Ctrl-C); what was written is complete and the state is resumable: "
+        "re-run the same command with --resume to continue from the latest checkpoint"]
+
+
+def test_real_sigint_exits_130(tmp_path):
+    """A real SIGINT to a running command (the process waits in a stand-in for a long computation)."""
+    import signal
+    import subprocess
+    import sys
+
+    code = ("import sys, time\n"
+            "import pcpo_eval.stats.speedup as sp\n"
+            "def slow(*a, **k):\n"
+            "    print('ready', flush=True)\n"
+            "    time.sleep(60)\n"
+            "sp.speedup_table = slow\n"
+            "sys.argv = ['pcpo-eval', 'speedup', '--baseline', 'a.parquet', '--pcpo', 'a.parquet', '--target', '1']\n"
+            "from pcpo_eval.cli import main\n"
+            "main()\n")
+    import numpy as np
+
+    _log(tmp_path / "a.parquet", np.linspace(0, 1, 10))
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         cwd=tmp_path)
+    assert p.stdout.readline().strip() == "ready"
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 130, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: interrupted (Ctrl-C)"), err
