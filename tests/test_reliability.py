@@ -7,13 +7,17 @@ exit code 2 and an unchanged folder (sha256 of every file before/after; helpers 
 from __future__ import annotations
 
 import pytest
-from test_bad_input import box, rejected, toy_run  # noqa: F401  (fixtures are used by name)
+import test_bad_input
+from test_bad_input import rejected
+
+box = test_bad_input.box  # fixtures shared with tests/test_bad_input.py (used by name)
+toy_run = test_bad_input.toy_run
 
 # ---- 1. report on a results.json that is not a study's results ---------------------------------
 
 @pytest.mark.parametrize("content", ["{}", "[]", "3", "null", '"x"', '{"runs": []}', '{"study": 1}'],
                          ids=["empty-object", "list", "number", "null", "string", "no-study", "study-not-object"])
-def test_report_refuses_non_results_keeps_html(cli, box, content):  # noqa: F811
+def test_report_refuses_non_results_keeps_html(cli, box, content):
     study = box / "study"
     study.mkdir()
     (study / "report.html").write_text("<html>the previous report</html>")
@@ -30,7 +34,7 @@ AA = {"design": {"algorithm": {"A": {"objective": "ppo_clip"}, "B": {"objective"
       "lmm": {"formula": "value ~ algorithm + (1|prompt)"}}
 
 
-def test_study_refuses_aa_with_equal_seeds(cli, box):  # noqa: F811
+def test_study_refuses_aa_with_equal_seeds(cli, box):
     from test_study import write_spec
 
     spec = write_spec(box / "aa.yaml", **AA, seeds=[0, 1, 2])
@@ -45,7 +49,7 @@ def test_study_refuses_aa_with_equal_seeds(cli, box):  # noqa: F811
     assert len(ok.runs) == 6
 
 
-def test_study_refuses_one_run_dir_in_both_arms(cli, box):  # noqa: F811
+def test_study_refuses_one_run_dir_in_both_arms(cli, box):
     from test_study import _write_run
 
     rd = box / "run one"
@@ -80,7 +84,7 @@ def _log(path, rewards):
 
 
 @pytest.mark.parametrize("target", ["nan", "inf", "-inf"])
-def test_speedup_and_select_refuse_non_finite_target(cli, box, target):  # noqa: F811
+def test_speedup_and_select_refuse_non_finite_target(cli, box, target):
     import numpy as np
 
     ok = _log(box / "ok ü.parquet", np.linspace(0, 1, 10))
@@ -89,7 +93,7 @@ def test_speedup_and_select_refuse_non_finite_target(cli, box, target):  # noqa:
     rejected(cli, box, "select", box, "--target", target, needles=["is not a finite number"])
 
 
-def test_speedup_refuses_log_with_inf_reward(cli, box):  # noqa: F811
+def test_speedup_refuses_log_with_inf_reward(cli, box):
     import numpy as np
 
     ok = _log(box / "ok ü.parquet", np.linspace(0, 1, 10))
@@ -113,7 +117,7 @@ GEN = ["--max-prompts", "1", "--seeds", "1", "--steps", "2", "--no-progress"]
     ("utf16.csv", "prompt\nred circle\nblue square\n".encode("utf-16")),
     ("bom.csv", "\ufeffprompt\nred circle\nblue square\n".encode()),
 ], ids=["utf8-bom-txt", "utf16-txt", "utf16-csv", "utf8-bom-csv"])
-def test_generate_reads_bom_prompt_files(cli, box, name, data):  # noqa: F811
+def test_generate_reads_bom_prompt_files(cli, box, name, data):
     import pandas as pd
 
     (box / name).write_bytes(data)
@@ -127,7 +131,7 @@ def test_generate_reads_bom_prompt_files(cli, box, name, data):  # noqa: F811
     ("caf\xe9 au lait\n".encode("latin-1"), ["is not valid utf-8 text", "save it as UTF-8"]),
     ("a red cube\n".encode("utf-16-le"), ["NUL characters", "UTF-16 without a byte-order mark"]),
 ], ids=["latin1", "utf16-no-bom"])
-def test_generate_refuses_undecodable_prompt_file(cli, box, data, needles):  # noqa: F811
+def test_generate_refuses_undecodable_prompt_file(cli, box, data, needles):
     (box / "p ü.txt").write_bytes(data)
     rejected(cli, box, "generate", "--model", "toy", "--prompts", box / "p ü.txt", "--out", box / "set", *GEN,
              needles=["p ü.txt", *needles])
@@ -136,7 +140,7 @@ def test_generate_refuses_undecodable_prompt_file(cli, box, data, needles):  # n
 # ---- 2d. --resume verifies the latest checkpoint's weights file --------------------------------
 
 @pytest.mark.parametrize("damage", ["truncate", "flip-last-byte", "delete"])
-def test_resume_refuses_damaged_lora(cli, box, toy_run, damage):  # noqa: F811
+def test_resume_refuses_damaged_lora(cli, box, toy_run, damage):
     import shutil
 
     from test_bad_input import RESUME_OVERRIDES, TOY_CFG
@@ -220,3 +224,95 @@ def test_real_sigint_exits_130(tmp_path):
     assert p.returncode == 130, err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: interrupted (Ctrl-C)"), err
+
+
+# ---- 3. study workers die with the study; one study process per folder -------------------------
+
+def _study_spec(box):
+    from test_study import write_spec
+
+    return write_spec(box / "tiny.yaml", train={"overrides": {"epochs": 200, "sample_steps": 2, "checkpoint_every": 100}},
+                      parallel=2)
+
+
+def test_sigkill_of_a_parallel_study_kills_its_workers_and_frees_the_lock(cli, box, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    spec = _study_spec(box)
+    out = tmp_path / "study out"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    study = subprocess.Popen([sys.executable, "-m", "pcpo_eval", "study", str(spec), "--out", str(out)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        workers: list[psutil.Process] = []
+        while time.monotonic() < deadline and len(workers) < 2:
+            assert study.poll() is None, study.stderr.read().decode()[-2000:]
+            workers = [c for c in psutil.Process(study.pid).children()
+                       if "pcpo_eval.study.training" in " ".join(c.cmdline())]
+            time.sleep(0.2)
+        assert len(workers) == 2, "the study did not start its two workers"
+        # a second study process on the same folder is refused while the first holds it
+        before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+        second = cli("study", spec, "--out", out)
+        assert second.returncode == 2, second.stderr[-2000:]
+        lines = second.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: study folder") and "in use by another" in lines[0]
+        assert f"pid {study.pid}" in lines[0] and "choose another --out" in lines[0]
+        assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+        study.send_signal(signal.SIGKILL)
+        study.wait(timeout=30)
+        gone, alive = psutil.wait_procs(workers, timeout=30)
+        assert not alive, f"worker(s) {[p.pid for p in alive]} outlived the killed study"
+    finally:
+        if study.poll() is None:
+            study.kill()
+            study.wait()
+        for w in workers:
+            if w.is_running():
+                w.kill()
+    # the dead study's lock is released by the kernel: the folder can be taken again
+    import fcntl
+
+    with open(out / ".lock", "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def test_worker_dies_with_its_parent(tmp_path):
+    """The worker-side half, without a study: a child of a killed parent calls die_with_parent."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    code = ("import os, subprocess, sys\n"
+            "env = {**os.environ, 'PCPO_STUDY_PARENT_PID': str(os.getpid())}\n"
+            "c = subprocess.Popen([sys.executable, '-c', 'from pcpo_eval.study.training import die_with_parent; "
+            "import time; die_with_parent(); print(1, flush=True); time.sleep(300)'], env=env, stdout=subprocess.PIPE)\n"
+            "c.stdout.readline()\n"
+            "print(c.pid, flush=True)\n"
+            "os.kill(os.getpid(), 9)\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    child = psutil.Process(int(p.stdout.strip()))
+    gone, alive = psutil.wait_procs([child], timeout=30) if child.is_running() else ([child], [])
+    alive = [c for c in alive if c.status() != psutil.STATUS_ZOMBIE]
+    for c in alive:
+        c.kill()
+    assert not alive, "the worker outlived its killed parent"
+
+
+# ---- 5. corrupt study_state.json ---------------------------------------------------------------
+
+@pytest.mark.parametrize("content", [b'{"train": {"finger', b"[1, 2]", b"\xff\xfe\x00"], ids=["truncated", "list", "binary"])
+def test_corrupt_study_state_is_one_line(cli, box, content):
+    spec = _study_spec(box)
+    out = box / "study"
+    out.mkdir()
+    (out / "study_state.json").write_bytes(content)
+    rejected(cli, box, "study", spec, "--out", out, needles=["study_state.json", "delete", "re-run the same command"])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -54,10 +55,53 @@ class Study:
         self.layout = StudyLayout(Path(out))
         self.out = self.layout.out
         self.log = log
-        self.state: dict[str, Any] = {}
         self.timings: dict[str, float] = {}  #: wall seconds of each stage in this invocation
-        if self.layout.state_file.is_file():
-            self.state = json.loads(self.layout.state_file.read_text())
+        self.state: dict[str, Any] = self._load_state()
+        self._lock_fh: Any = None
+
+    def _load_state(self) -> dict[str, Any]:
+        """``study_state.json`` (finished stages and their fingerprints); a corrupt file is one UserError."""
+        path = self.layout.state_file
+        if not path.is_file():
+            return {}
+        fix = (f"delete {path} to re-check every stage (trained runs, image sets and metrics already on disk "
+               "are reused), then re-run the same command")
+        try:
+            state = json.loads(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            why = exc.msg if isinstance(exc, json.JSONDecodeError) else "not UTF-8"
+            raise UserError(f"study state {path} is corrupt ({why}); {fix}") from None
+        if not isinstance(state, dict) or not all(isinstance(v, dict) for v in state.values()):
+            raise UserError(f"study state {path} is not a study state (a mapping of stage -> record); {fix}")
+        return state
+
+    def _lock(self) -> None:
+        """Hold ``OUT/.lock`` (``flock``) while this process runs the study: a second study process on the
+        same folder is refused with one line instead of both writing the same runs and files."""
+        try:
+            import fcntl
+        except ImportError:  # not POSIX: no lock
+            return
+        path = self.out / ".lock"
+        fh = open(path, "a+", encoding="utf-8")  # noqa: SIM115 (held until the study ends)
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            fh.seek(0)
+            pid = fh.read().strip() or "?"
+            fh.close()
+            raise UserError(f"study folder {self.out} is in use by another pcpo-eval study process (pid {pid}); "
+                            "wait for it to finish (or stop it), or choose another --out") from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"{os.getpid()}\n")
+        fh.flush()
+        self._lock_fh = fh
+
+    def _unlock(self) -> None:
+        if self._lock_fh is not None:
+            self._lock_fh.close()  # closing the file releases the flock
+            self._lock_fh = None
 
     # -- bookkeeping ---------------------------------------------------------------------------
     def _save_state(self) -> None:
@@ -73,6 +117,14 @@ class Study:
     def run(self, stages: Sequence[str] = STAGES) -> Path:
         """Run ``stages`` in order; returns the report path (or the study dir)."""
         self.out.mkdir(parents=True, exist_ok=True)
+        self._lock()
+        try:
+            self.state = self._load_state()  # re-read under the lock
+            return self._run(stages)
+        finally:
+            self._unlock()
+
+    def _run(self, stages: Sequence[str]) -> Path:
         atomic_write_text(self.out / "study.yaml", yaml.safe_dump(self.spec.raw, sort_keys=False))
         atomic_write_json(self.out / "spec.resolved.json", self.spec.to_dict())
         for stage in stages:

@@ -13,7 +13,8 @@ next pending run goes to whichever worker finishes first. Plain subprocesses, no
 ``multiprocessing``: nothing is pickled and the caller's ``__main__`` is never re-imported, so a
 study can be started from any script. Each run's console output goes to
 ``OUT/logs/train/<run>.log``; a failed run is named with that log after the other runs have
-finished, so a re-run resumes only what is missing.
+finished, so a re-run resumes only what is missing. Workers die with the study process, even when
+it is killed with SIGKILL (:func:`die_with_parent`): no orphan keeps training into the folder.
 """
 
 from __future__ import annotations
@@ -123,7 +124,7 @@ def _train_parallel(todo: Sequence[tuple[RunSpec, bool]], layout: StudyLayout, p
     errors_dir = layout.out / "logs" / "train"
     errors_dir.mkdir(parents=True, exist_ok=True)
     root = str(Path(__file__).resolve().parents[2])  # the checkout holding pcpo_eval, importable from any cwd
-    env = {**os.environ, **ONE_THREAD_ENV,
+    env = {**os.environ, **ONE_THREAD_ENV, PARENT_ENV: str(os.getpid()),
            "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
     workers = []
     for i in range(min(parallel, len(queue))):
@@ -224,8 +225,48 @@ def worker_loop(tasks: IO[str], replies: IO[str]) -> None:
             replies.flush()
 
 
+#: environment variable naming the study process a worker belongs to (it dies with that process)
+PARENT_ENV = "PCPO_STUDY_PARENT_PID"
+
+
+def die_with_parent(parent: int | None = None, poll_s: float = 1.0) -> None:
+    """Make this worker exit when the study process that started it dies, even by SIGKILL.
+
+    Linux: ``prctl(PR_SET_PDEATHSIG, SIGKILL)``, then a check that the parent did not die before the
+    call. Elsewhere: a daemon thread polls the parent pid. (Closing stdin is not enough: a worker in
+    the middle of a run reads its next task only after the run.)
+    """
+    import signal
+    import threading
+    import time
+
+    parent = int(os.environ.get(PARENT_ENV, "0") or 0) if parent is None else parent
+    if not parent:
+        return
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.prctl(1, int(signal.SIGKILL), 0, 0, 0) == 0:  # 1 = PR_SET_PDEATHSIG
+                if os.getppid() != parent:  # the parent died before prctl
+                    os._exit(1)
+                return
+        except (OSError, AttributeError):
+            pass
+
+    def watch() -> None:
+        while True:
+            if os.getppid() != parent:
+                os._exit(1)
+            time.sleep(poll_s)
+
+    threading.Thread(target=watch, name="die-with-parent", daemon=True).start()
+
+
 def main() -> None:
     """Worker entry point: replies go to a private copy of stdout; stray writes to fd 1 go to stderr."""
+    die_with_parent()
     replies = os.fdopen(os.dup(1), "w", encoding="utf-8")
     os.dup2(2, 1)
     with contextlib.closing(replies):
