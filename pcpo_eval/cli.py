@@ -16,6 +16,7 @@ Heavy imports (torch, diffusers, statsmodels) happen inside the commands, so ``-
 
 from __future__ import annotations
 
+import errno
 import importlib
 import sys
 from typing import Any, NoReturn
@@ -135,6 +136,13 @@ def main() -> None:
         _fail(usage_error_line(exc), 2)
     except PATH_ERRORS as exc:
         _fail(path_error_line(exc), 2)
+    except OSError as exc:
+        if exc.errno != errno.ENAMETOOLONG:
+            raise
+        name = str(exc.filename or "")
+        short = name if len(name) <= 60 else name[:30] + "..." + name[-20:]
+        _fail(f"file name too long: {short!r}; each name in a path may have at most 255 bytes (usually): "
+              "choose a shorter name", 2)
     except KeyboardInterrupt:
         _fail(interrupted_line(), 130)
     except typer.Abort as exc:

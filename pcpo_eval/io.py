@@ -69,6 +69,39 @@ def ensure_dir(path: str | os.PathLike, what: str = "output folder") -> Path:
     return p
 
 
+#: bytes a written file's name needs beyond its own: the temporary ``.{name}.XXXXXXXX.tmp`` of atomic writes
+TEMP_NAME_EXTRA = 14
+
+
+def check_name_lengths(p: Path, what: str, folder: bool = True) -> None:
+    """Every name in ``p`` fits the file system's limit (NAME_MAX bytes, usually 255; an output file's
+    own name 14 bytes fewer, for its temporary name) and the whole path fits PATH_MAX: one UserError."""
+    anc = Path(p.absolute().anchor or "/")
+    for q in reversed(p.absolute().parents):  # the deepest existing folder, found from the root down
+        try:
+            if not q.is_dir():
+                break
+        except OSError:  # e.g. a name too long to look up
+            break
+        anc = q
+    try:
+        name_max = os.pathconf(anc, "PC_NAME_MAX")
+        path_max = os.pathconf(anc, "PC_PATH_MAX")
+    except (OSError, ValueError, AttributeError):  # not POSIX: the usual limits
+        name_max, path_max = 255, 4096
+    parts = p.parts
+    for i, part in enumerate(parts):
+        limit = name_max - (TEMP_NAME_EXTRA if i == len(parts) - 1 and not folder else 0)
+        n = len(os.fsencode(part))
+        if n > limit:
+            short = part if len(part) <= 40 else part[:20] + "..." + part[-12:]
+            raise UserError(f"{what} {short!r}: a name of {n} bytes is too long (at most {limit} bytes here); "
+                            "choose a shorter name")
+    if len(os.fsencode(str(p.absolute()))) >= path_max:
+        raise UserError(f"{what}: the path is {len(os.fsencode(str(p.absolute())))} bytes long (at most "
+                        f"{path_max - 1} here); choose a shorter path")
+
+
 def check_out_path(path: str | os.PathLike, what: str = "--out", folder: bool = True) -> Path:
     """Check, without writing anything, that output ``path`` (a folder, or a file) can be written.
 
@@ -77,6 +110,7 @@ def check_out_path(path: str | os.PathLike, what: str = "--out", folder: bool = 
     -- so a command fails before it computes or writes anything. Returns ``Path(path)``.
     """
     p = Path(path)
+    check_name_lengths(p, what, folder)
     if p.exists() and folder and not p.is_dir():
         raise UserError(f"{what} {p} is a file, not a folder; choose a folder path")
     if p.exists() and not folder and p.is_dir():

@@ -316,3 +316,40 @@ def test_corrupt_study_state_is_one_line(cli, box, content):
     out.mkdir()
     (out / "study_state.json").write_bytes(content)
     rejected(cli, box, "study", spec, "--out", out, needles=["study_state.json", "delete", "re-run the same command"])
+
+
+# ---- 5. names over 255 bytes, huge --seeds -----------------------------------------------------
+
+LONG = "n" * 300  # over NAME_MAX (255 bytes) on Linux file systems
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["generate", "--model", "toy", "--prompts", "toy", "--seeds", "1", "--out", "{box}/" + LONG], ["--out", "300 bytes"]),
+    (["generate", "--model", "toy", "--prompts", "toy", "--seeds", "1", "--out", "{box}/" + LONG + "/sub"],
+     ["--out", "300 bytes"]),
+    (["generate", "--model", "toy", "--prompts", "toy", "--seeds", "1", "--out", "{box}/" + "ü" * 150],
+     ["--out", "300 bytes"]),
+    (["study", "{spec}", "--out", "{box}/" + LONG], ["--out", "300 bytes"]),
+    (["report", "{box}/" + LONG], ["file name too long"]),
+    (["speedup", "--baseline", "{log}", "--pcpo", "{log}", "--target", "0.5", "-o", "{box}/" + "j" * 250 + ".json"],
+     ["--output", "255 bytes", "at most 241"]),
+], ids=["generate-out", "generate-out-parent", "generate-out-multibyte", "study-out", "report-dir", "speedup-output"])
+def test_long_names_are_one_line(cli, box, args, needles):
+    import numpy as np
+
+    spec = _study_spec(box)
+    log = _log(box / "ok.parquet", np.linspace(0, 1, 10))
+    args = [a.format(box=box, spec=spec, log=log) for a in args]
+    line = rejected(cli, box, *args, needles=needles)
+    assert "shorter" in line
+
+
+@pytest.mark.parametrize("seeds, needle", [
+    ("99999999999", "seed 99999999998 too large"),
+    ("5-99999999999", "seed 99999999999 too large"),
+    ("10000001", "seed 10000000 too large"),
+    ("²", "is malformed"),
+], ids=["count", "range", "just-over", "unicode-digit"])
+def test_generate_huge_seeds_is_one_line(cli, box, seeds, needle):
+    rejected(cli, box, "generate", "--model", "toy", "--prompts", "toy", "--seeds", seeds, "--out", box / "set",
+             needles=[needle] if "malformed" in needle else [needle, "<= 9999999", "--seeds 0-9999999"])

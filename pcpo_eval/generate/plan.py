@@ -31,15 +31,21 @@ def parse_seeds(spec: str | int | Sequence[int]) -> list[int]:
         spec = str(int(spec))
     if isinstance(spec, str):
         s = spec.strip()
-        if s.isdigit():
+        too_large = (f"--seeds {spec!r}: seed {{}} too large; seeds must be <= {MAX_SEED} (file names use 7 digits), "
+                     f"e.g. --seeds 8 or --seeds 0-{MAX_SEED}")
+        if s.isascii() and s.isdigit():
             n = int(s)
             if n < 1:
                 raise UserError(f"--seeds {spec!r}: need at least one seed; use N >= 1 or A-B")
+            if n - 1 > MAX_SEED:  # checked before the list is built (--seeds 99999999999 would exhaust memory)
+                raise UserError(too_large.format(n - 1))
             seeds = list(range(n))
-        elif m := _SEED_RANGE.match(s):
+        elif (m := _SEED_RANGE.match(s)) and s.isascii():
             a, b = int(m.group(1)), int(m.group(2))
             if a > b:
                 raise UserError(f"--seeds {spec!r}: range start exceeds its end; write A-B with A <= B")
+            if b > MAX_SEED:
+                raise UserError(too_large.format(b))
             seeds = list(range(a, b + 1))
         else:
             raise UserError(f"--seeds {spec!r} is malformed; use N (seeds 0..N-1) or A-B (inclusive)")

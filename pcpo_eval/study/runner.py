@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from pcpo_eval.errors import UserError
-from pcpo_eval.io import atomic_write_json, atomic_write_text, sha256_file
+from pcpo_eval.io import atomic_write_json, atomic_write_text, check_out_path, sha256_file
 from pcpo_eval.stats.speedup import unreachable_targets
 from pcpo_eval.study.layout import StudyLayout
 from pcpo_eval.study.spec import STAGES, StudySpec, _safe_name, load_spec
@@ -282,5 +282,5 @@ def run_study(spec_path: str | Path, out: str | Path | None = None, stages: Sequ
     bad = [s for s in stages if s not in STAGES]
     if bad:
         raise UserError(f"unknown stage(s) {', '.join(bad)}; stages: {', '.join(STAGES)}")
-    out_dir = Path(out) if out is not None else Path("studies") / _safe_name(spec.name)
+    out_dir = check_out_path(Path(out) if out is not None else Path("studies") / _safe_name(spec.name), "--out")
     return Study(spec, out_dir, log).run(stages)
