@@ -78,10 +78,10 @@ class Study:
     def _lock(self) -> None:
         """Hold ``OUT/.lock`` (``flock``) while this process runs the study: a second study process on the
         same folder is refused with one line instead of both writing the same runs and files."""
-        try:
-            import fcntl
-        except ImportError:  # not POSIX: no lock
+        if os.name != "posix":  # no flock: no lock
             return
+        import fcntl
+
         path = self.out / ".lock"
         fh = open(path, "a+", encoding="utf-8")  # noqa: SIM115 (held until the study ends)
         try:
