@@ -106,7 +106,10 @@ def test_aa_false_positive_rate_of_the_study_verdict(tmp_path):
     Measured (seed 20240611): primary 4.5%, any of the 6 rows 6.0%."""
     from pcpo_eval.study.verdicts import runs_table
 
-    spec = load_spec(write_spec(tmp_path / "s.yaml", **AA, seeds={"A": [0, 1, 2], "B": [0, 1, 2]},
+    # the arms share seeds (paired rows); their configs differ only so that the spec is not refused as
+    # "identical runs" -- the logs below come from one curve process in both arms
+    paired_aa = {**AA, "design": {"algorithm": {"A": {"objective": "ppo_clip"}, "B": {"objective": "pcpo"}}}}
+    spec = load_spec(write_spec(tmp_path / "s.yaml", **paired_aa, seeds={"A": [0, 1, 2], "B": [0, 1, 2]},
                                 targets=[0.3, 0.5], gain_targets=[0.3]))
     rng = np.random.default_rng(20240611)
     primary = anyrow = 0
