@@ -11,23 +11,9 @@ from __future__ import annotations
 import re
 
 import pytest
-import typer.main
+from test_cli_flags import COMMANDS  # the one walk over the real CLI tree: "human raters" -> click command
 
-from pcpo_eval.cli import app
-
-
-def _leaves():
-    def walk(cmd, path):
-        if hasattr(cmd, "commands"):
-            for name, sub in cmd.commands.items():
-                yield from walk(sub, [*path, name])
-        else:
-            yield path, cmd
-
-    return list(walk(typer.main.get_command(app), []))
-
-
-LEAVES = _leaves()
+LEAVES = [(name.split(), cmd) for name, cmd in COMMANDS.items()]
 
 
 def _squash(text: str) -> str:
