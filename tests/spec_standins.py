@@ -83,6 +83,15 @@ def _kind(path: Path) -> str:
     return load_spec(path, check_weights=False).base_model.split(":", 1)[0]
 
 
+def _tiny_epochs(value: Any) -> Any:
+    """A stated checkpoint epoch (or per-arm epochs) mapped onto the 2 stand-in epochs, order kept:
+    the latest stated epoch -> 2, earlier ones -> 1 (PCPO E120 vs DanceGRPO E180 -> E1 vs E2)."""
+    if isinstance(value, dict):
+        top = max(value.values())
+        return {k: 2 if v == top else 1 for k, v in value.items()}
+    return TINY_TRAIN["epochs"]
+
+
 def standin_spec(name: str, tmp: Path, bases: dict[str, str]) -> Path:
     """``analysis/<name>`` rewritten for the stand-ins (see the module docstring); returns its path."""
     src = ANALYSIS / name
@@ -110,9 +119,23 @@ def standin_spec(name: str, tmp: Path, bases: dict[str, str]) -> Path:
     data["overall_only"] = [m for m in data["metrics"] if METRICS[m].kind in ("fd", "is")]
     data.pop("per_prompt_rank_deficient_ok", None)
     data["metric_options"] = {"batch_size": 4, "is_splits": 1}
-    if data.get("preference"):
-        data["preference"] |= {"prompts": str(prompts), "max_prompts": 2, "seeds": 1}
-    data["grid"] = {"prompts": 2, "seeds": 2}
+    prefs = data.get("preference")
+    for pr in (prefs if isinstance(prefs, list) else [prefs] if prefs else []):
+        pr |= {"prompts": str(prompts), "max_prompts": 2, "seeds": 1}
+        pr.pop("max_prompt_tokens", None)
+        if "epochs" in pr:
+            pr["epochs"] = _tiny_epochs(pr["epochs"])
+    if isinstance(data.get("select_epoch"), dict | int) and not isinstance(data.get("select_epoch"), bool):
+        data["select_epoch"] = _tiny_epochs(data["select_epoch"])
+    grids = data.get("grid")
+    if isinstance(grids, list):  # the paper's named prompts kept (2 of them), 2 seeds, stated epochs mapped
+        for g in grids:
+            g["prompts"] = g["prompts"][:2] if isinstance(g.get("prompts"), list) else 2
+            g["seeds"] = g["seeds"][:2] if isinstance(g.get("seeds"), list) else 2
+            if "epochs" in g:
+                g["epochs"] = _tiny_epochs(g["epochs"])
+    else:
+        data["grid"] = {"prompts": 2, "seeds": 2}
     out = tmp / name
     out.write_text(yaml.safe_dump(data, sort_keys=False))
     return out

@@ -34,6 +34,10 @@ PAPER_SPECS = {
 }  # fmt: skip
 
 
+#: the paper's exact one-run-per-arm design, a documented variant (its header says what it cannot show)
+ONE_RUN_VARIANTS = {"ddpo_aesthetic_one_run.yaml"}
+
+
 @pytest.fixture(autouse=True)
 def _no_real_weights(tmp_path, monkeypatch):
     """Empty weight caches: the toy specs must validate with weights checked on any machine."""
@@ -49,6 +53,9 @@ def test_spec_trains_replicates_with_paired_controls(path):
     """A verdict compares arms over runs: every shipped spec trains >= 2 seeds per arm with paired controls."""
     spec = load_spec(path, check_weights=False)
     for arm, seeds in spec.seeds.items():
+        if path.name in ONE_RUN_VARIANTS:
+            assert len(seeds) == 1 and "cannot show" in path.read_text()
+            continue
         assert len(seeds) >= 2, f"{path.name}: arm {arm} has seeds {seeds}"
     assert spec.paired_control and all(r.train.paired_control for r in spec.runs)
     assert len({r.name for r in spec.runs}) == len(spec.runs)

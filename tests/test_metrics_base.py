@@ -28,7 +28,7 @@ from pcpo_eval.weights.backends import BACKENDS
 def test_views_are_derived_from_the_one_table() -> None:
     assert list(METRIC_BACKENDS) == list(METRIC_LABELS) == list(METRICS)
     assert all(METRIC_BACKENDS[n] == m.backends and METRIC_LABELS[n] == m.label for n, m in METRICS.items())
-    assert PREFERENCE_METRICS == ("hps", "pickscore", "imagereward", "clipscore", "aesthetic", "bertscore")
+    assert PREFERENCE_METRICS == ("hps", "hps_v20", "pickscore", "imagereward", "clipscore", "aesthetic", "bertscore")
     assert all(METRICS[n].kind == "reward" and not METRICS[n].needs_reference for n in PREFERENCE_METRICS)
     assert all(m.name == n for n, m in METRICS.items())
 

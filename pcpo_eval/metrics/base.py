@@ -87,6 +87,8 @@ def _fd_dim(info: MetricInfo, feature_dim: int | None) -> int:
 _PREFERENCE = (
     # name, label, backends
     ("hps", "HPSv2.1", ("hps",)),
+    # HPSv2 (v2.0 weights): the paper's Table dpo-comparison uses it "to align with prior works" (l.1276)
+    ("hps_v20", "HPSv2", ("hps_v20",)),
     ("pickscore", "PickScore", ("pickscore", "pickscore_processor")),
     ("imagereward", "ImgRwd", ("imagereward", "imagereward_med_config", "bert_base_uncased")),
     ("clipscore", "CLIPScore", ("clipscore",)),

@@ -33,6 +33,7 @@ REGISTRY: dict[str, str] = {
     # Real preference models, loaded from local weights only.
     "aesthetic": "pcpo_eval.rewards.preference:laion_aesthetic",
     "hps": "pcpo_eval.rewards.preference:hpsv21",
+    "hps_v20": "pcpo_eval.rewards.preference:hpsv20",
     "pickscore": "pcpo_eval.rewards.preference:pickscore",
     "imagereward": "pcpo_eval.rewards.preference:imagereward",
     "clipscore": "pcpo_eval.rewards.preference:clipscore",

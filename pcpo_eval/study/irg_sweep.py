@@ -117,6 +117,8 @@ def load_sweep(path: str | Path) -> IRGSweepSpec:
         raise UserError(f"IRG sweep file {path} has {len(problems)} problem(s): " + "; ".join(problems))
     d = dict(d)
     d["checkpoints"] = {str(k): _resolve(path.parent, v) for k, v in d["checkpoints"].items()}
+    if isinstance(d.get("prompts"), str):  # a prompt file next to the sweep file (e.g. irg_prompts.txt)
+        d["prompts"] = _resolve(path.parent, d["prompts"])
     d["lambdas"] = tuple(tuple(float(x) for x in row) for row in d["lambdas"])
     d["metrics"] = tuple(d["metrics"])
     return IRGSweepSpec(**d)

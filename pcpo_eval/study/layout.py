@@ -7,6 +7,8 @@
     OUT/selection.json               per run: reward-matched checkpoint (or "not reached") and matched-epoch checkpoint
     OUT/sets/base, sets/<run>/epoch_NNNN           eval image sets    (pref_sets/... on preference prompts)
     OUT/metrics/base, metrics/<run>/epoch_NNNN     their metrics      (pref_metrics/...)
+    OUT/pref_sets/<name>/..., pref_metrics/<name>/...   one folder per named preference set (a list)
+    OUT/grid_sets/<grid>/base, grid_sets/<grid>/<run>/epoch_NNNN   grids with named prompts / seeds / epochs
     OUT/results.json, report.html, study_state.json, figures/credit.png
     OUT/human.json                   the human study's analysis (written by `pcpo-eval human analyze`)
 
@@ -43,11 +45,18 @@ class StudyLayout:
         """Console output of a run trained in a worker process."""
         return self.out / "logs" / "train" / f"{run.name}.log"
 
-    def set_dir(self, label: str, pref: bool = False) -> Path:
-        return self.out / ("pref_sets" if pref else "sets") / label
+    def set_dir(self, label: str, pref: bool = False, name: str = "") -> Path:
+        """An image set; ``name``: a named preference set (``pref_sets/<name>/<label>``)."""
+        root = self.out / ("pref_sets" if pref else "sets")
+        return (root / name if pref and name else root) / label
 
-    def metrics_dir(self, label: str, pref: bool = False) -> Path:
-        return self.out / ("pref_metrics" if pref else "metrics") / label
+    def metrics_dir(self, label: str, pref: bool = False, name: str = "") -> Path:
+        root = self.out / ("pref_metrics" if pref else "metrics")
+        return (root / name if pref and name else root) / label
+
+    def grid_set_dir(self, grid: str, label: str) -> Path:
+        """The small image set of one model for a grid rendered on its own prompts / seeds / epochs."""
+        return self.out / "grid_sets" / grid / label
 
     @property
     def selection_file(self) -> Path:

@@ -381,14 +381,16 @@ def image_metrics(sp: StudySpec, layout: StudyLayout) -> tuple[dict[str, Any], d
     for match in ("reward", "epoch"):
         if match == "epoch" and epoch is None:
             continue
-        suffix = "" if match == "reward" else f" @ epoch {epoch}"
+        # an explicit per-arm selection carries its label ("DanceGRPO E180, PCPO E120"), not one epoch
+        where = epoch if isinstance(epoch, str) else f"epoch {epoch}"
+        suffix = "" if match == "reward" else f" @ {where}"
         c = comparison(sp, layout, match)
         significance.update(_suffixed(c["significance"], suffix))
         raw += raw_score_rows(sp, c["rows"], c["values"], significance, suffix)
         fits.update(_suffixed(c["fits"], suffix))
         adjusted.update(_suffixed(c["adjusted"], suffix))
         labels.update({f"{m}{suffix}": f"{METRIC_LABELS[m]}{suffix}" for m in c["fits"]} if suffix else {})
-        key = "matched reward" if match == "reward" else f"epoch {epoch}"
+        key = "matched reward" if match == "reward" else where
         formulas[key] = c["formula"]
         if c["image_formula"]:
             image_formulas[key] = c["image_formula"]
@@ -427,23 +429,33 @@ def _rule(sp: StudySpec) -> str:
 # ------------------------------------------------------------------------------------------------
 
 
-def preference_table(sp: StudySpec, layout: StudyLayout) -> dict[str, Any] | None:
-    """Table-6 rows: preference scores of the base model and each selected checkpoint (best marked)."""
-    if sp.preference is None:
+def preference_sets(sp: StudySpec, layout: StudyLayout, pr: Any) -> list[tuple[str, str, dict[str, Any] | None]]:
+    """(label, model, row) scored on preference set ``pr``: its stated epochs, else every selected set."""
+    from pcpo_eval.study.selection import explicit_sets
+
+    if pr.epochs is not None:
+        return explicit_sets(sp, layout, pr.epochs, f"preference {pr.name}".strip() + ".epochs")
+    return layout.eval_sets(sp.base_model)
+
+
+def preference_table(sp: StudySpec, layout: StudyLayout, pr: Any = None) -> dict[str, Any] | None:
+    """Table-6 rows on one preference set (default: the first): base and each checkpoint (best marked)."""
+    pr = pr if pr is not None else sp.preference
+    if pr is None:
         return None
     rows = []
-    for label, _, c in layout.eval_sets(sp.base_model):
-        mj = _metrics_json(layout.metrics_dir(label, pref=True) / "metrics.json")["metrics"]
+    for label, _, c in preference_sets(sp, layout, pr):
+        mj = _metrics_json(layout.metrics_dir(label, True, pr.name) / "metrics.json")["metrics"]
         rows.append({"label": "Base model" if c is None else f"{c['name']} (E{int(c['epoch'])})",
                      "role": "base" if c is None else c["role"], "cell": "" if c is None else c["cell"],
-                     "values": {m: mj.get(m) for m in sp.preference.metrics}})
-    for m in sp.preference.metrics:
+                     "values": {m: mj.get(m) for m in pr.metrics}})
+    for m in pr.metrics:
         vals = [r["values"][m] for r in rows if r["values"].get(m) is not None]
         best = (max if METRICS[m].higher_is_better else min)(vals) if vals else None
         for r in rows:
             r.setdefault("best", {})[m] = bool(vals) and r["values"].get(m) == best
-    return {"prompts": sp.preference.prompts, "seeds": sp.preference.seeds, "columns": list(sp.preference.metrics),
-            "rows": rows}
+    return {"name": pr.name, "prompts": pr.prompts, "seeds": pr.seeds, "columns": list(pr.metrics), "rows": rows,
+            "epochs": pr.epochs}
 
 
 def _per_update_values(v: Any) -> list[float]:
@@ -477,28 +489,10 @@ def traces(sp: StudySpec, layout: StudyLayout) -> list[dict[str, Any]]:
 
 
 def grids(sp: StudySpec, layout: StudyLayout) -> list[dict[str, Any]]:
-    """Same prompts and seeds for base / baseline / PCPO at matched reward, per cell (paths into OUT)."""
-    from pcpo_eval.imageset import image_rel_path
+    """Same prompts and seeds for base / baseline / PCPO per grid and cell (:mod:`.grids`)."""
+    from pcpo_eval.study.grids import grid_blocks
 
-    man = pd.read_parquet(layout.set_dir("base") / "manifest.parquet")
-    pids = sorted(man["prompt_id"].unique().tolist())[: sp.grid.prompts]
-    seeds = sorted(man["seed"].unique().tolist())[: sp.grid.seeds]
-    prompts = dict(zip(man["prompt_id"], man["prompt"], strict=False))
-    sel = layout.matched("reward")
-    out = []
-    for cell in sp.cells():
-        cols = [{"label": "Base model", "role": "base", "set": "sets/base", "epoch": None, "reward": None}]
-        for role in ("baseline", "pcpo"):
-            c = next((c for c in sel if c["cell"] == cell and c["role"] == role), None)
-            if c is not None:
-                cols.append({"label": f"{c['arm']} seed {c['seed']} (E{int(c['epoch'])})", "role": role,
-                             "set": f"sets/{set_label(c['name'], c['epoch'])}", "epoch": int(c["epoch"]),
-                             "reward": float(c["reward"])})
-        rows = [{"prompt_id": int(p), "prompt": str(prompts[p]), "seeds": [int(s) for s in seeds],
-                 "images": [[f"{col['set']}/{image_rel_path(int(p), int(s))}" for s in seeds] for col in cols]}
-                for p in pids]
-        out.append({"cell": cell, "columns": cols, "rows": rows})
-    return out
+    return grid_blocks(sp, layout)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -573,6 +567,7 @@ def build_results(sp: StudySpec, layout: StudyLayout) -> dict[str, Any]:
         "raw_scores": raw,
         "lmm": lmm,
         "preference": preference_table(sp, layout),
+        "preferences": [preference_table(sp, layout, p) for p in sp.preferences],
         "traces": traces(sp, layout),
         "figures": {"credit": fig.relative_to(layout.out).as_posix(), "credit_note": credit_note[2]},
         "grids": grids(sp, layout),

@@ -176,26 +176,27 @@ class Study:
             self.log(f"  warning: every run's first checkpoint already reaches select_target {sp.select_target:g}; "
                      "the reward-matched checkpoints are the first ones (raise select_target)")
         if selection["epoch"] is not None:
-            self.log(f"  matched epoch: {selection['epoch']} (every run)")
+            self.log(f"  explicit epochs: {selection['epoch']}" if selection.get("epochs")
+                     else f"  matched epoch: {selection['epoch']} (every run)")
 
     # -- 3. generate ---------------------------------------------------------------------------
     def stage_generate(self) -> None:
         from pcpo_eval.generate.plan import parse_seeds
         from pcpo_eval.generate.runner import generate_set
         from pcpo_eval.prompts import load_prompts
+        from pcpo_eval.study.results import preference_sets
 
         ev, sp = self.spec.eval, self.spec
         s = sp.sampling()
         sets = self.layout.eval_sets(sp.base_model)
         n_expected = len(load_prompts(ev.prompts, limit=ev.max_prompts)) * len(parse_seeds(ev.seeds))
-        jobs = [(label, model, False, ev.prompts, ev.seeds, ev.max_prompts, None) for label, model, _ in sets]
-        if sp.preference is not None:
-            pr = sp.preference
-            jobs += [(label, model, True, pr.prompts, pr.seeds, pr.max_prompts, pr.max_prompt_tokens)
-                     for label, model, _ in sets]
-        for label, model, pref, prompts, seeds, maxp, maxtok in jobs:
-            out = self.layout.set_dir(label, pref)
-            n = n_expected if not pref else None
+        jobs = [(self.layout.set_dir(label), model, ev.prompts, ev.seeds, ev.max_prompts, None, n_expected)
+                for label, model, _ in sets]
+        for pr in sp.preferences:
+            jobs += [(self.layout.set_dir(label, True, pr.name), model, pr.prompts, pr.seeds, pr.max_prompts,
+                      pr.max_prompt_tokens, None) for label, model, _ in preference_sets(sp, self.layout, pr)]
+        jobs += self._grid_jobs()
+        for out, model, prompts, seeds, maxp, maxtok, n in jobs:
             if _set_complete(out, n):
                 self.log(f"  set {out.relative_to(self.out)}: complete, skipped")
                 continue
@@ -204,21 +205,37 @@ class Study:
                          eta=s["eta"], schedule=s["sigma_schedule"], device=ev.device, max_prompts=maxp,
                          max_prompt_tokens=maxtok, progress=False)
 
+    def _grid_jobs(self) -> list[tuple[Path, str, Any, list[int], None, None, int]]:
+        """Sets of the grids with named prompts, seed lists or stated epochs (:mod:`.grids`)."""
+        from pcpo_eval.study.grids import grid_models, grid_prompt_set, grid_seeds
+        from pcpo_eval.study.sections import grid_dir_name
+
+        jobs = []
+        for i, g in enumerate(self.spec.grids):
+            if not g.own_sets:
+                continue
+            ps, seeds = grid_prompt_set(self.spec, g), grid_seeds(self.spec, g)
+            for label, model, _ in grid_models(self.spec, self.layout, g):
+                jobs.append((self.layout.grid_set_dir(grid_dir_name(g, i), label), model, ps, seeds, None, None,
+                             len(ps) * len(seeds)))
+        return jobs
+
     # -- 4. metrics ----------------------------------------------------------------------------
     def stage_metrics(self) -> None:
         from pcpo_eval.metrics.base import METRICS
         from pcpo_eval.metrics.workers import MetricsOptions, run_metrics
+        from pcpo_eval.study.results import preference_sets
 
         sp, lay = self.spec, self.layout
         opts = MetricsOptions(batch_size=sp.metric_batch_size, device=sp.eval.device, is_splits=sp.is_splits)
         base = lay.set_dir("base")
         sets = lay.eval_sets(sp.base_model)
-        jobs = [(label, False, list(sp.metrics)) for label, _, _ in sets]
-        if sp.preference is not None:
-            jobs += [(label, True, list(sp.preference.metrics)) for label, _, _ in sets]
-        for label, pref, names in jobs:
-            out = lay.metrics_dir(label, pref)
-            sdir = lay.set_dir(label, pref)
+        jobs = [(label, False, "", list(sp.metrics)) for label, _, _ in sets]
+        for pr in sp.preferences:
+            jobs += [(label, True, pr.name, list(pr.metrics)) for label, _, _ in preference_sets(sp, lay, pr)]
+        for label, pref, pname, names in jobs:
+            out = lay.metrics_dir(label, pref, pname)
+            sdir = lay.set_dir(label, pref, pname)
             fp = _fingerprint([names, sdir / "manifest.parquet", None if pref else base / "manifest.parquet"])
             done = out / "metrics.json"
             if done.is_file() and json.loads(done.read_text()).get("study_fingerprint") == fp:
@@ -231,14 +248,14 @@ class Study:
 
     # -- 5. stats ------------------------------------------------------------------------------
     def stage_stats(self) -> None:
-        from pcpo_eval.study.results import build_results
+        from pcpo_eval.study.results import build_results, preference_sets
 
         sp, lay = self.spec, self.layout
         inputs = [lay.selection_file, *(lay.run_dir(r) / "log.parquet" for r in sp.runs)]
         for label, _, _ in lay.eval_sets(sp.base_model):
             inputs.append(lay.metrics_dir(label) / "metrics.json")
-            if sp.preference is not None:
-                inputs.append(lay.metrics_dir(label, True) / "metrics.json")
+        for pr in sp.preferences:
+            inputs += [lay.metrics_dir(label, True, pr.name) / "metrics.json" for label, _, _ in preference_sets(sp, lay, pr)]
         fp = _fingerprint([sp.to_dict(), *inputs])
         if self._done("stats", fp) and lay.results_file.is_file():
             self.log("  statistics unchanged, skipped")

@@ -14,6 +14,11 @@ Two comparisons, each with one checkpoint per run:
 * **matched epoch**: every run at the same epoch, ``select_epoch`` (``final`` = the last epoch at
   which every run saved a checkpoint), so a method that reaches the target early is also compared
   after the same amount of training. ``select_epoch: null`` turns it off.
+* **explicit epochs** (``select_epoch: {DanceGRPO: 180, PCPO: 120}``): each arm at its own stated
+  checkpoint, the paper's protocol where it compares fixed checkpoints (Table raw-scores-merged (b):
+  PCPO at a higher-reward checkpoint than DanceGRPO, l.615-617; preference tables at E200 /
+  E120 vs E180). ``selection.json`` then holds ``epoch`` as a label (``"DanceGRPO E180, PCPO E120"``)
+  and ``epochs`` as the mapping; the rows are the ``at_epoch`` rows.
 
 A ``select_target`` that every run's first saved checkpoint already reaches makes the
 matched-reward checkpoint simply each run's first checkpoint; the selection says so
@@ -27,7 +32,7 @@ from typing import Any
 
 from pcpo_eval.errors import UserError
 from pcpo_eval.stats.select import RunCheckpoint, match_checkpoint, run_checkpoints
-from pcpo_eval.study.layout import StudyLayout
+from pcpo_eval.study.layout import StudyLayout, set_label
 from pcpo_eval.study.spec import RunSpec, StudySpec
 
 
@@ -63,11 +68,48 @@ def matched_epoch(select_epoch: int | str, cks: dict[str, Sequence[RunCheckpoint
     return int(select_epoch)
 
 
+def epochs_label(epochs: dict[str, int]) -> str:
+    """``DanceGRPO E180, PCPO E120``: the label of an explicit per-arm selection."""
+    return ", ".join(f"{arm} E{int(e)}" for arm, e in epochs.items())
+
+
+def explicit_epochs(sp: StudySpec, cks: dict[str, Sequence[RunCheckpoint]], epochs: dict[str, int],
+                    what: str = "select_epoch") -> dict[str, int]:
+    """Run name -> its arm's stated epoch; a UserError naming every run that did not save it."""
+    out = {r.name: int(epochs[sp.arm(r)]) for r in sp.runs if sp.arm(r) in epochs}
+    missing = [f"{n} (E{e})" for n, e in out.items() if e not in {c.epoch for c in cks[n]}]
+    if missing:
+        raise UserError(f"{what} {epochs_label(epochs)}: no checkpoint at that epoch in {', '.join(missing)}; "
+                        "train with a checkpoint_every that divides it, or change the epochs")
+    return out
+
+
 def epoch_row(sp: StudySpec, run: RunSpec, cks: Sequence[RunCheckpoint], epoch: int) -> dict[str, Any]:
-    """The run's checkpoint at the matched epoch (its smoothed reward there)."""
+    """The run's checkpoint at the matched (or its arm's explicit) epoch (its smoothed reward there)."""
     c = next(c for c in cks if c.epoch == epoch)
     return {**_identity(sp, run), "match": "epoch", "epoch": epoch, "path": c.path, "reward": c.reward,
             "reached": True, "status": f"epoch {epoch}"}
+
+
+def explicit_sets(sp: StudySpec, layout: StudyLayout, epochs: dict[str, int],
+                  what: str) -> list[tuple[str, str, dict[str, Any] | None]]:
+    """(label, model, row) of the base model and of every run at its arm's stated epoch (the paper's fixed
+    checkpoints: ``preference[].epochs``, ``grid[].epochs``); a missing checkpoint is one UserError."""
+    out: list[tuple[str, str, dict[str, Any] | None]] = [("base", sp.base_model, None)]
+    missing = []
+    for run in sp.runs:
+        if sp.arm(run) not in epochs:
+            continue
+        e = int(epochs[sp.arm(run)])
+        path = layout.run_dir(run) / "checkpoints" / f"epoch_{e:04d}"
+        if not path.is_dir():
+            missing.append(f"{run.name} (E{e})")
+        out.append((set_label(run.name, e), str(path), {**_identity(sp, run), "epoch": e, "path": str(path),
+                                                         "reward": None, "match": "explicit"}))
+    if missing:
+        raise UserError(f"{what} {epochs_label(epochs)}: no checkpoint at that epoch in {', '.join(missing)}; "
+                        "train with a checkpoint_every that divides it, or change the epochs")
+    return out
 
 
 def select(sp: StudySpec, layout: StudyLayout) -> dict[str, Any]:
@@ -82,7 +124,14 @@ def select(sp: StudySpec, layout: StudyLayout) -> dict[str, Any]:
         starts_above.append(ck[0].reward >= sp.select_target)
     if not any(r["reached"] for r in rows):
         raise UserError(f"select_target {sp.select_target:g} is reached by no run; lower it or train longer")
-    epoch = None if sp.select_epoch is None else matched_epoch(sp.select_epoch, cks)
-    at_epoch = [] if epoch is None else [epoch_row(sp, r, cks[r.name], epoch) for r in sp.runs]
+    if isinstance(sp.select_epoch, dict):
+        per_run = explicit_epochs(sp, cks, sp.select_epoch)
+        at_epoch = [epoch_row(sp, r, cks[r.name], per_run[r.name]) | {"status": f"explicit epoch {per_run[r.name]}"}
+                    for r in sp.runs if r.name in per_run]
+        epoch: int | str | None = epochs_label(sp.select_epoch)
+    else:
+        epoch = None if sp.select_epoch is None else matched_epoch(sp.select_epoch, cks)
+        at_epoch = [] if epoch is None else [epoch_row(sp, r, cks[r.name], int(epoch)) for r in sp.runs]
     return {"target": sp.select_target, "window": sp.window, "on": sp.select_on, "target_uninformative": all(starts_above),
-            "runs": rows, "epoch": epoch, "at_epoch": at_epoch}
+            "runs": rows, "epoch": epoch, "at_epoch": at_epoch,
+            "epochs": dict(sp.select_epoch) if isinstance(sp.select_epoch, dict) else None}

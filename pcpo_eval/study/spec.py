@@ -3,7 +3,8 @@
 :func:`load_spec` reads the YAML once and hands each section to its parser (``_parse_train``,
 ``_parse_design``, ``_parse_compare``, ``_parse_seeds``, ``_parse_options``, ``_parse_runs``,
 ``_expand_runs``, ``_check_run_names``, ``_parse_targets``, ``_parse_eval``, ``_parse_metrics``,
-``_check_per_prompt``, ``_parse_lmm``, ``_parse_preference``, ``_check_weights``).
+``_check_per_prompt``, ``_parse_lmm``, ``_check_weights``; preference sets, grids and explicit
+checkpoint epochs in :mod:`.sections`).
 Each parser takes its raw section and the shared ``problems`` list (plus the facts parsed before
 it that it depends on), appends one line per problem and returns a usable value, so one pass
 reports everything; ``load_spec`` then raises one :class:`~pcpo_eval.errors.UserError`.
@@ -33,6 +34,7 @@ from pcpo_eval.io import read_yaml_mapping
 from pcpo_eval.metrics.base import METRICS, PREFERENCE_METRICS, per_prompt_problem
 from pcpo_eval.stats.formula import parse_lmm_formula
 from pcpo_eval.stats.speedup import unreachable_targets
+from pcpo_eval.study.sections import GridSpec, PreferenceSpec, parse_epoch_map, parse_grids, parse_preferences
 from pcpo_eval.train.config import TrainConfig, config_from_dict, read_config_file
 
 STAGES = ("train", "select", "generate", "metrics", "stats", "report")
@@ -84,25 +86,6 @@ class LMMSpec:
 
 
 @dataclass(frozen=True)
-class PreferenceSpec:
-    """Preference scores of base and selected checkpoints on (unseen) prompts (paper Table 6)."""
-
-    prompts: str
-    seeds: str = "1"
-    metrics: tuple[str, ...] = ("hps",)
-    max_prompts: int | None = None
-    max_prompt_tokens: int | None = None
-
-
-@dataclass(frozen=True)
-class GridSpec:
-    """Image grids: the first ``prompts`` prompts x first ``seeds`` seeds of the eval set."""
-
-    prompts: int = 4
-    seeds: int = 4
-
-
-@dataclass(frozen=True)
 class RunSpec:
     """One run: a design cell (its factor levels, config overrides) x one training seed.
 
@@ -139,7 +122,8 @@ class StudySpec:
     paired_control: bool  #: trained runs log the untrained model's reward (``control_reward_mean``)
     targets: tuple[float, ...]
     select_target: float
-    select_epoch: int | str | None  #: matched-epoch comparison: "final", an epoch, or None (off)
+    #: matched-epoch comparison: "final", an epoch, {arm: epoch} (explicit checkpoints), or None (off)
+    select_epoch: int | str | dict[str, int] | None
     window: int
     eval: EvalSpec
     metrics: tuple[str, ...]
@@ -159,6 +143,10 @@ class StudySpec:
     gain_targets: tuple[float, ...] = ()
     #: the primary endpoint(s) of the verdict (others are secondary; Holm within each family)
     primary: tuple[str, ...] = ()
+    #: every preference prompt set (``preference`` is the first); see :mod:`.sections`
+    preferences: tuple[PreferenceSpec, ...] = ()
+    #: every image grid (``grid`` is the first)
+    grids: tuple[GridSpec, ...] = ()
 
     # derived -----------------------------------------------------------------------------
     @property
@@ -812,8 +800,10 @@ def _parse_options(top: dict[str, Any], problems: list[str]) -> _Options:
         problems.append(f"paired_control must be true or false, got {paired!r}")
         paired = True
     sel = top.get("select_epoch", "final")
-    if not (sel is None or sel == "final" or (isinstance(sel, int) and not isinstance(sel, bool) and sel >= 1)):
-        problems.append(f"select_epoch must be final, a positive epoch or null (no matched-epoch comparison), got {sel!r}")
+    if not (sel is None or sel == "final" or isinstance(sel, dict)
+            or (isinstance(sel, int) and not isinstance(sel, bool) and sel >= 1)):
+        problems.append(f"select_epoch must be final, a positive epoch, a mapping of each arm to its epoch "
+                        f"(explicit checkpoints) or null (no matched-epoch comparison), got {sel!r}")
         sel = "final"
     on = top.get("select_on", "train")
     if on not in ("train", "eval"):
@@ -839,22 +829,6 @@ def _parse_lmm(section: Any, factors: Factors, problems: list[str]) -> LMMSpec:
     if spec.adjust not in ("holm", "bh"):
         problems.append(f"lmm.adjust {spec.adjust!r} (choose holm or bh)")
     return spec
-
-
-def _parse_preference(section: Any, base: Path, problems: list[str]) -> PreferenceSpec | None:
-    """``preference: {prompts, seeds, metrics, ...}`` (optional); its prompt file is checked with the weights."""
-    if section is None:
-        return None
-    pr = _section("preference", section, _fields(PreferenceSpec), problems)
-    metrics = tuple(str(m) for m in (pr.get("metrics") or ()))
-    for m in metrics:
-        if m not in PREFERENCE_METRICS:
-            problems.append(f"preference metric {m!r} (choose from {', '.join(PREFERENCE_METRICS)})")
-    if "prompts" not in pr:
-        problems.append("preference.prompts is required (a prompt set name or file)")
-        return None
-    return PreferenceSpec(**{**pr, "metrics": metrics or ("hps",), "seeds": str(pr.get("seeds", "1")),
-                             "prompts": _prompt_source(base, str(pr["prompts"]))})
 
 
 def reward_backends(name: str, options: dict[str, Any] | None = None) -> tuple[str, ...]:
@@ -900,22 +874,22 @@ def _prompts_missing(role: str, pset: str) -> str | None:
 
 
 def _check_prompt_sources(cfgs: Sequence[TrainConfig], eval_prompts: str | None,
-                          preference: PreferenceSpec | None, problems: list[str]) -> None:
+                          preferences: Sequence[PreferenceSpec], problems: list[str]) -> None:
     """Every prompt set the study reads: training, held-out validation, eval and preference prompts."""
     sources = [("training prompts", p) for p in sorted({c.prompts for c in cfgs})]
     sources += [("validation_prompts", p) for p in sorted({c.validation_prompts for c in cfgs if c.validation_prompts})]
     sources += [("eval.prompts", eval_prompts)] if eval_prompts else []
-    sources += [("preference.prompts", preference.prompts)] if preference is not None else []
+    sources += [(f"preference {p.name}".strip() + ".prompts", p.prompts) for p in preferences]
     for role, pset in dict.fromkeys(sources):
         if (msg := _prompts_missing(role, pset)) is not None:
             problems.append(msg)
 
 
-def _check_weights(runs: Sequence[RunSpec], metrics: Sequence[str], preference: PreferenceSpec | None,
+def _check_weights(runs: Sequence[RunSpec], metrics: Sequence[str], preferences: Sequence[PreferenceSpec],
                    problems: list[str], eval_prompts: str | None = None) -> None:
     """External assets: prompt sets (files or datasets), reward / metric backends, base models."""
     cfgs = [r.train for r in runs if r.train is not None]
-    _check_prompt_sources(cfgs, eval_prompts, preference, problems)
+    _check_prompt_sources(cfgs, eval_prompts, preferences, problems)
     for rw, opts in sorted({(c.reward, json.dumps(c.reward_options, sort_keys=True)) for c in cfgs}):
         backends = reward_backends(rw, json.loads(opts))
         problems += [f"training reward {rw}: {m}" for m in _backend_missing(backends)]
@@ -923,7 +897,7 @@ def _check_weights(runs: Sequence[RunSpec], metrics: Sequence[str], preference: 
         if (msg := _model_missing(m)) is not None:
             problems.append(msg)
     users: dict[str, list[str]] = {}  # one problem per absent backend, naming every metric that needs it
-    for m in [*metrics, *(preference.metrics if preference is not None else ())]:
+    for m in [*metrics, *(m for p in preferences for m in p.metrics)]:
         for b in (METRICS[m].backends if m in METRICS else ()):
             if m not in users.setdefault(b, []):
                 users[b].append(m)
@@ -967,8 +941,14 @@ def load_spec(path: str | Path, check_weights: bool = True) -> StudySpec:
     overall_only, rank_ok = _parse_metric_lists(top, metrics, problems)
     _check_per_prompt(metrics, overall_only, rank_ok, eval_spec, is_splits, problems)
     lmm = _parse_lmm(top.get("lmm"), factors, problems)
-    preference = _parse_preference(top.get("preference"), base, problems)
-    grid = GridSpec(**_section("grid", top.get("grid"), _fields(GridSpec), problems))
+    levels = list(factors.get(compare.factor, {}))
+    arm_of = lambda r: r.levels.get(compare.factor, "")  # noqa: E731
+    if isinstance(options.select_epoch, dict):
+        options = options._replace(select_epoch=parse_epoch_map("select_epoch", options.select_epoch, levels, runs,
+                                                                arm_of, problems))
+    preferences = parse_preferences(top.get("preference"), lambda p: _prompt_source(base, p), levels, runs, arm_of,
+                                    PREFERENCE_METRICS, problems)
+    grids = parse_grids(top.get("grid"), levels, runs, arm_of, problems)
     if options.select_on == "eval":
         no_val = [r.name for r in runs if r.train is not None and r.train.validation_every <= 0]
         if no_val:
@@ -976,7 +956,7 @@ def load_spec(path: str | Path, check_weights: bool = True) -> StudySpec:
                             f"{' ...' if len(no_val) > 3 else ''} train without it; set validation_every and "
                             "validation_prompts in train.overrides, or select_on: train")
     if check_weights:
-        _check_weights(runs, metrics, preference, problems, eval_spec.prompts)
+        _check_weights(runs, metrics, preferences, problems, eval_spec.prompts)
     if problems:
         raise UserError(f"study spec {path} has {len(problems)} problem(s): "
                         + "; ".join(f"({i}) {p}" for i, p in enumerate(problems, 1)))
@@ -990,6 +970,8 @@ def load_spec(path: str | Path, check_weights: bool = True) -> StudySpec:
         gain_targets=gain_targets, primary=primary,
         window=window, eval=eval_spec,
         metrics=metrics, overall_only=overall_only, per_prompt_rank_deficient_ok=rank_ok,
-        metric_batch_size=metric_batch_size, is_splits=is_splits, lmm=lmm, preference=preference, grid=grid,
+        metric_batch_size=metric_batch_size, is_splits=is_splits, lmm=lmm,
+        preference=preferences[0] if preferences else None, grid=grids[0] if grids else GridSpec(),
+        preferences=preferences, grids=grids,
         source=str(path.resolve()), raw=data,
     )

@@ -110,7 +110,7 @@ BACKENDS: dict[str, Backend] = {
             hf_repos=("xswu/HPSv2",),
             extra=("~/.cache/hpsv2/HPS_v2_compressed.pt",),
             obtain=_hf_obtain("xswu/HPSv2", "HPS_v2_compressed.pt"),
-            used_by="reward/metric 'hps' with version='v2.0'",
+            used_by="reward/metric 'hps_v20' (= 'hps' with version='v2.0')",
         ),
         Backend(
             name="pickscore",
