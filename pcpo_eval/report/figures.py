@@ -1,12 +1,26 @@
-"""The report's plots: matplotlib (Agg) figures returned as ``data:image/png;base64`` URIs.
+"""The report's plots: matplotlib (Agg) figures, embedded as ``data:image/png;base64`` URIs and
+written as paper files (SVG and PDF vector, 300-dpi PNG) by :func:`save_figure`.
 
-Plotting only. The one aggregation done here is for drawing: a curve "mean over seeds" with a
-min-max band is the pointwise mean / min / max of the per-run values logged at the same epoch
-(the figure captions say so); no test statistic, interval or p-value is computed here, those come
-from ``results.json``. Figures follow the paper's conventions: Fig. 5 (reward and clip fraction
-per epoch; the held-out validation reward), the appendix rho and first-layer |g| plots, the ratio
+Paper conventions (issue 29): widths for a two-column paper (:data:`SINGLE_COLUMN_IN` = 3.3 in
+for one panel, :data:`DOUBLE_COLUMN_IN` = 6.8 in for several), fonts >= 7 pt
+(:data:`PAPER_RC`), text kept as text in SVG and TrueType (Type 42) fonts in PDF, panel titles
+that say what is plotted (a study's single cell, named ``all``, is not repeated in them).
+
+Plotting only, with two exceptions that are drawing aids or descriptive summaries:
+a curve "mean over seeds" with a min-max band is the pointwise mean / min / max of the per-run
+values logged at the same epoch (the figure captions say so); the rliable panels (Agarwal et al.
+2021, "Deep RL at the edge of the statistical precipice": interval estimates and probability of
+improvement) reduce each run to its final reward / AUC / paired gain with the functions the
+verdict uses and call :func:`pcpo_eval.stats.runlevel.iqm_interval` and
+:func:`pcpo_eval.stats.runlevel.poi_interval` (percentile bootstrap, fixed seed
+:data:`BOOTSTRAP_SEED`). Every test statistic, inferential interval and p-value comes from
+``results.json``. Figures follow the paper's conventions: Fig. 5 (reward and clip fraction per
+epoch; the held-out validation reward), the appendix rho and first-layer |g| plots, the ratio
 diagnostics (Taylor error of log rho ~ rho - 1 and the |dot| / squared-norm ratio of Eq. Delta per
 update, Fig. on-policy-justification) and Q-Q plots of the LMM residuals.
+
+Each ``*_figure`` function returns a matplotlib figure (or None when its data is absent); the
+``*_plot`` function of the same name returns it as a PNG data URI for the HTML report.
 
 User text (run, cell and arm names) reaches matplotlib only through :func:`mpl_text`, which escapes
 ``$`` so a name can never be parsed as mathtext (a malformed ``$...$`` would make ``savefig`` fail).
@@ -15,14 +29,37 @@ User text (run, cell and arm names) reaches matplotlib only through :func:`mpl_t
 from __future__ import annotations
 
 import base64
+import functools
 import io
 import math
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 BASELINE_COLOR, PCPO_COLOR, OTHER_COLOR = "tab:blue", "tab:orange", "tab:gray"
 #: Roles an arm can take in the plots (colour and legend order).
 ROLE_ORDER = {"baseline": 0, "pcpo": 1, "other": 2}
+#: Figure widths (inches) of a two-column paper: one column, and the full text width.
+SINGLE_COLUMN_IN, DOUBLE_COLUMN_IN = 3.3, 6.8
+#: Files :func:`save_figure` writes per figure, and the PNG resolution.
+FORMATS = ("svg", "pdf", "png")
+PNG_DPI = 300
+#: Resolution of the PNGs embedded in the HTML report.
+HTML_DPI = 120
+#: matplotlib settings of every report figure: >= 7 pt text, thin lines, editable text in SVG,
+#: TrueType fonts in PDF (journals reject Type 3), no timestamps (files repeat byte for byte).
+PAPER_RC: dict[str, Any] = {
+    "font.size": 8, "axes.titlesize": 8, "axes.labelsize": 8, "xtick.labelsize": 7, "ytick.labelsize": 7,
+    "legend.fontsize": 7, "legend.frameon": False, "lines.linewidth": 1.2, "lines.markersize": 3,
+    "axes.linewidth": 0.6, "savefig.bbox": "tight", "savefig.pad_inches": 0.02,
+    "svg.fonttype": "none", "svg.hashsalt": "pcpo-eval", "pdf.fonttype": 42,
+}  # fmt: skip
+#: Seed of the rliable panels' bootstrap (the same figure every time).
+BOOTSTRAP_SEED = 20210825
+#: Per-run quantities of the rliable panels (the verdict's definitions, :mod:`pcpo_eval.stats.verdict`).
+RUN_QUANTITIES = {"paired_gain": "paired gain (reward - control)", "final_reward": "final reward",
+                  "auc": "reward AUC (mean over training)"}
 
 
 def _plt() -> Any:
@@ -34,13 +71,59 @@ def _plt() -> Any:
     return plt
 
 
-def fig_uri(fig: Any, dpi: int = 96) -> str:
-    """A matplotlib figure as a ``data:image/png;base64`` URI (figure closed)."""
+def paper_style(build: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorator: build the figure under :data:`PAPER_RC` (fonts are fixed when text is created)."""
+
+    @functools.wraps(build)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        import matplotlib
+
+        _plt()
+        with matplotlib.rc_context(PAPER_RC):
+            return build(*args, **kwargs)
+
+    return wrapper
+
+
+def fig_uri(fig: Any, dpi: int = HTML_DPI, close: bool = True) -> str:
+    """A matplotlib figure as a ``data:image/png;base64`` URI (closed unless ``close=False``)."""
+    import matplotlib
+
     plt = _plt()
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
-    plt.close(fig)
+    with matplotlib.rc_context(PAPER_RC):
+        fig.savefig(buf, format="png", dpi=dpi)
+    if close:
+        plt.close(fig)
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _uri(fig: Any) -> str | None:
+    return None if fig is None else fig_uri(fig)
+
+
+def figure_name(text: str) -> str:
+    """A file-name stem from user text (``qq_<metric>``): letters, digits, ``.-_`` only."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._") or "figure"
+
+
+def save_figure(fig: Any, out_dir: str | Path, name: str) -> list[Path]:
+    """Write ``name.svg``, ``name.pdf`` and a 300-dpi ``name.png`` under ``out_dir`` (figure kept open)."""
+    import matplotlib
+
+    from pcpo_eval.io import atomic_write_bytes
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    with matplotlib.rc_context(PAPER_RC):
+        for fmt in FORMATS:
+            buf = io.BytesIO()
+            fig.savefig(buf, format=fmt, dpi=PNG_DPI, metadata={"Date": None} if fmt in ("svg", "pdf") else None)
+            path = out / f"{name}.{fmt}"
+            atomic_write_bytes(path, buf.getvalue())
+            paths.append(path)
+    return paths
 
 
 def mpl_text(s: Any) -> str:
@@ -58,14 +141,41 @@ def finite(values: Sequence[Any] | None) -> list[float]:
     return [float(v) if v is not None else math.nan for v in (values or [])]
 
 
+def panel_title(what: str, cell: Any = "") -> str:
+    """``what`` plus the cell it shows (``batch=16: reward per epoch``); a study's only cell,
+    ``all``, is left out (a panel titled "all" says nothing)."""
+    cell = str(cell)
+    return mpl_text(what if cell in ("", "all") else f"{cell}: {what}")
+
+
 def _cells(items: list[dict[str, Any]]) -> list[str]:
     return list(dict.fromkeys(str(t["cell"]) for t in items))
 
 
-def _axes_per_cell(n: int, height: float) -> tuple[Any, list[Any]]:
+def panel_grid(n: int, panel_height: float = 2.3, rows_per_panel: int = 1) -> tuple[Any, list[list[Any]]]:
+    """A figure for ``n`` panels, at most 3 per row: one column wide (3.3 in) for one panel, the text
+    width (6.8 in) otherwise. Returns the figure and, per panel, its ``rows_per_panel`` axes."""
     plt = _plt()
-    fig, axes = plt.subplots(1, n, figsize=(4.6 * n, height), squeeze=False)
-    return fig, list(axes[0])
+    ncols = max(1, min(n, 3))
+    nrows = math.ceil(max(n, 1) / ncols)
+    width = SINGLE_COLUMN_IN if n == 1 else DOUBLE_COLUMN_IN
+    fig, axes = plt.subplots(nrows * rows_per_panel, ncols, squeeze=False,
+                             figsize=(width, panel_height * nrows * rows_per_panel))
+    panels = [[axes[(j // ncols) * rows_per_panel + r][j % ncols] for r in range(rows_per_panel)] for j in range(n)]
+    for j in range(n, nrows * ncols):  # unused slots of the last row
+        for r in range(rows_per_panel):
+            axes[(j // ncols) * rows_per_panel + r][j % ncols].set_visible(False)
+    return fig, panels
+
+
+def _axes_per_cell(n: int, height: float = 2.3) -> tuple[Any, list[Any]]:
+    fig, panels = panel_grid(n, height)
+    return fig, [p[0] for p in panels]
+
+
+def _legend(ax: Any) -> None:
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="best", handlelength=1.5)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -73,90 +183,111 @@ def _axes_per_cell(n: int, height: float) -> tuple[Any, list[Any]]:
 # ------------------------------------------------------------------------------------------------
 
 
-def traces_plot(traces: list[dict[str, Any]], window: int) -> str | None:
+@paper_style
+def traces_figure(traces: list[dict[str, Any]], window: int) -> Any:
     """Fig. 5 style: smoothed reward (top) and clip fraction (bottom), one column per cell."""
     if not traces:
         return None
-    plt = _plt()
     cells = _cells(traces)
-    fig, axes = plt.subplots(2, len(cells), figsize=(4.6 * len(cells), 6), squeeze=False)
-    for j, cell in enumerate(cells):
+    fig, panels = panel_grid(len(cells), 2.0, rows_per_panel=2)
+    for (top, bottom), cell in zip(panels, cells, strict=True):
         for t in (t for t in traces if t["cell"] == cell):
             c = color(t["role"])
-            ax = axes[0][j]
-            ax.plot(t["epoch"], finite(t["reward_mean"]), color=c, alpha=0.25, lw=0.8)
-            ax.plot(t["epoch"], finite(t["reward_smoothed"]), color=c, lw=1.8, label=mpl_text(t["run"]))
+            top.plot(t["epoch"], finite(t["reward_mean"]), color=c, alpha=0.25, lw=0.6)
+            top.plot(t["epoch"], finite(t["reward_smoothed"]), color=c, label=mpl_text(t["run"]))
             if "clipfrac_smoothed" in t:
-                axes[1][j].plot(t["epoch"], finite(t["clipfrac_smoothed"]), color=c, lw=1.8)
-        axes[0][j].set(title=mpl_text(f"{cell}: reward (window {window})"), xlabel="epoch", ylabel="reward")
-        axes[1][j].set(title="clip fraction (smoothed)", xlabel="epoch", ylabel="clip fraction")
-        axes[0][j].legend(fontsize=6)
+                bottom.plot(t["epoch"], finite(t["clipfrac_smoothed"]), color=c)
+        top.set(title=panel_title(f"reward (moving average, {window} epochs)", cell), xlabel="epoch", ylabel="reward")
+        bottom.set(title=panel_title("clip fraction (moving average)", cell), xlabel="epoch", ylabel="clip fraction")
+        _legend(top)
     fig.tight_layout()
-    return fig_uri(fig)
+    return fig
 
 
-def rho_plot(traces: list[dict[str, Any]]) -> str | None:
+def traces_plot(traces: list[dict[str, Any]], window: int) -> str | None:
+    """:func:`traces_figure` as a PNG data URI."""
+    return _uri(traces_figure(traces, window))
+
+
+@paper_style
+def rho_figure(traces: list[dict[str, Any]]) -> Any:
     """Policy ratio rho per epoch: mean +- SD band, min / max dashed (from the run logs)."""
     have = [t for t in traces if "rho_mean" in t]
     if not have:
         return None
     cells = _cells(have)
-    fig, axes = _axes_per_cell(len(cells), 3.4)
+    fig, axes = _axes_per_cell(len(cells))
     for ax, cell in zip(axes, cells, strict=True):
         for t in (t for t in have if t["cell"] == cell):
             c = color(t["role"])
             ep = t["epoch"]
             m = finite(t["rho_mean"])
             s = finite(t.get("rho_std")) or [0.0] * len(m)
-            ax.plot(ep, m, color=c, lw=1.5, label=mpl_text(t["run"]))
+            ax.plot(ep, m, color=c, label=mpl_text(t["run"]))
             ax.fill_between(ep, [a - b for a, b in zip(m, s, strict=True)], [a + b for a, b in zip(m, s, strict=True)],
-                            color=c, alpha=0.2)
+                            color=c, alpha=0.2, lw=0)
             for k in ("rho_min", "rho_max"):
                 if k in t:
-                    ax.plot(ep, finite(t[k]), color=c, lw=0.7, ls="--")
-        ax.axhline(1.0, color="black", lw=0.6)
-        ax.set(title=mpl_text(f"{cell}: rho (mean ± SD; min/max dashed)"), xlabel="epoch", ylabel="rho")
-        ax.legend(fontsize=6)
+                    ax.plot(ep, finite(t[k]), color=c, lw=0.6, ls="--")
+        ax.axhline(1.0, color="black", lw=0.5)
+        ax.set(title=panel_title("policy ratio rho (mean ± SD; min/max dashed)", cell), xlabel="epoch", ylabel="rho")
+        _legend(ax)
     fig.tight_layout()
-    return fig_uri(fig)
+    return fig
 
 
-def grad_plot(traces: list[dict[str, Any]]) -> str | None:
-    """First-layer |g| mean and variance per epoch (log scale)."""
+def rho_plot(traces: list[dict[str, Any]]) -> str | None:
+    """:func:`rho_figure` as a PNG data URI."""
+    return _uri(rho_figure(traces))
+
+
+@paper_style
+def grad_figure(traces: list[dict[str, Any]]) -> Any:
+    """First-layer |g| mean and variance per epoch (log scale); second cell dashed."""
     have = [t for t in traces if "grad_first_abs_mean" in t]
     if not have:
         return None
-    plt = _plt()
-    fig, axes = plt.subplots(1, 2, figsize=(9.5, 3.4))
+    fig, axes = _plt().subplots(1, 2, figsize=(DOUBLE_COLUMN_IN, 2.4))
     for t in have:
         c = color(t["role"])
         ls = "-" if t["cell"] == have[0]["cell"] else "--"
         axes[0].plot(t["epoch"], finite(t["grad_first_abs_mean"]), color=c, ls=ls, label=mpl_text(t["run"]))
         if "grad_first_abs_var" in t:
             axes[1].plot(t["epoch"], finite(t["grad_first_abs_var"]), color=c, ls=ls)
-    axes[0].set(title="mean |g| (first layer)", xlabel="epoch", yscale="log")
-    axes[1].set(title="var |g| (first layer)", xlabel="epoch", yscale="log")
-    axes[0].legend(fontsize=6)
+    axes[0].set(title="first-layer gradient: mean |g|", xlabel="epoch", ylabel="mean |g|", yscale="log")
+    axes[1].set(title="first-layer gradient: variance of |g|", xlabel="epoch", ylabel="var |g|", yscale="log")
+    _legend(axes[0])
     fig.tight_layout()
-    return fig_uri(fig)
+    return fig
 
 
-def qq_plot(fit: dict[str, Any], label: str) -> str | None:
+def grad_plot(traces: list[dict[str, Any]]) -> str | None:
+    """:func:`grad_figure` as a PNG data URI."""
+    return _uri(grad_figure(traces))
+
+
+@paper_style
+def qq_figure(fit: dict[str, Any], label: str) -> Any:
     """Normal Q-Q plot of the standardized conditional residuals stored with an LMM fit."""
     dg = fit.get("diagnostics")
     if not dg or not dg.get("qq_theoretical"):
         return None
-    plt = _plt()
     x, y = dg["qq_theoretical"], dg["qq_sample"]
-    fig, ax = plt.subplots(figsize=(3.0, 3.0))
-    ax.scatter(x, y, s=5)
+    fig, ax = _plt().subplots(figsize=(2.3, 2.3))
+    ax.scatter(x, y, s=4, lw=0)
     lo, hi = min(x[0], y[0]), max(x[-1], y[-1])
-    ax.plot([lo, hi], [lo, hi], color="gray", lw=1)
+    ax.plot([lo, hi], [lo, hi], color="gray", lw=0.8)
     r = dg.get("qq_r")
-    ax.set(title=mpl_text(f"{label}: Q-Q" + (f" (r = {r:.3f})" if r is not None else "")),
+    ax.set(title=mpl_text(f"{label}: LMM residual Q-Q" + (f" (r = {r:.3f})" if r is not None else "")),
            xlabel="normal quantiles", ylabel="std. residuals")
     fig.tight_layout()
-    return fig_uri(fig, dpi=80)
+    return fig
+
+
+def qq_plot(fit: dict[str, Any], label: str) -> str | None:
+    """:func:`qq_figure` as a PNG data URI (lower resolution: several per row in the HTML)."""
+    fig = qq_figure(fit, label)
+    return None if fig is None else fig_uri(fig, dpi=96)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -192,14 +323,15 @@ def _arms(runs: list[dict[str, Any]], roles: dict[str, str]) -> list[str]:
     return sorted(arms, key=lambda a: ROLE_ORDER.get(roles.get(a, "other"), 2))
 
 
-def reward_curves_plot(runs: list[dict[str, Any]], roles: dict[str, str], wall_clock: bool = False) -> str | None:
-    """Reward per epoch (or per cumulative wall-clock second): per arm the mean over seeds with a
+@paper_style
+def reward_curves_figure(runs: list[dict[str, Any]], roles: dict[str, str], wall_clock: bool = False) -> Any:
+    """Reward per epoch (or per cumulative compute second): per arm the mean over seeds with a
     min-max band over seeds, and the paired untrained controls (same prompts and seeds) dashed."""
     if not runs:
         return None
     x_key = "wall_time_s" if wall_clock else None
     cells = _cells(runs)
-    fig, axes = _axes_per_cell(len(cells), 3.6)
+    fig, axes = _axes_per_cell(len(cells))
     for ax, cell in zip(axes, cells, strict=True):
         here = [r for r in runs if str(r["cell"]) == cell]
         for arm in _arms(here, roles):
@@ -207,35 +339,66 @@ def reward_curves_plot(runs: list[dict[str, Any]], roles: dict[str, str], wall_c
             c = color(roles.get(arm, "other"))
             b = seed_band(mine, "reward_mean", x_key)
             ax.fill_between(b["x"], b["lo"], b["hi"], color=c, alpha=0.2, lw=0)
-            ax.plot(b["x"], b["mean"], color=c, lw=1.8, label=mpl_text(f"{arm} ({len(mine)} seeds)"))
+            ax.plot(b["x"], b["mean"], color=c, label=mpl_text(f"{arm} ({len(mine)} seeds)"))
             ctl = seed_band(mine, "control_reward_mean", x_key)
             if ctl["x"]:
-                ax.plot(ctl["x"], ctl["mean"], color=c, lw=1.2, ls="--", label=mpl_text(f"{arm}: untrained control"))
-        ax.set(title=mpl_text(cell), xlabel="compute time (s)" if wall_clock else "epoch", ylabel="reward")
-        ax.legend(fontsize=6)
+                ax.plot(ctl["x"], ctl["mean"], color=c, lw=0.9, ls="--", label=mpl_text(f"{arm}: untrained control"))
+        what = "reward against compute time" if wall_clock else "reward per epoch"
+        ax.set(title=panel_title(what, cell), xlabel="compute time (s)" if wall_clock else "epoch", ylabel="reward")
+        _legend(ax)
     fig.tight_layout()
-    return fig_uri(fig)
+    return fig
 
 
-def kl_reward_plot(runs: list[dict[str, Any]], roles: dict[str, str]) -> str | None:
-    """Reward against the PPO approx. KL of each epoch, one line per run (how much policy change
-    each arm spends per unit of reward)."""
+def reward_curves_plot(runs: list[dict[str, Any]], roles: dict[str, str], wall_clock: bool = False) -> str | None:
+    """:func:`reward_curves_figure` as a PNG data URI."""
+    return _uri(reward_curves_figure(runs, roles, wall_clock))
+
+
+def kl_bins(points: list[tuple[float, float]], n_bins: int = 8) -> tuple[list[float], list[float]]:
+    """Drawing aid of the KL-reward plot: (x, y) points sorted by x, cut into ``n_bins`` groups of
+    (nearly) equal size; returns the mean x and mean y of each group, so the line runs left to right."""
+    pts = sorted(p for p in points if math.isfinite(p[0]) and math.isfinite(p[1]))
+    if not pts:
+        return [], []
+    k = max(1, min(n_bins, len(pts)))
+    groups = [pts[i * len(pts) // k:(i + 1) * len(pts) // k] for i in range(k)]
+    return ([sum(p[0] for p in g) / len(g) for g in groups if g], [sum(p[1] for p in g) / len(g) for g in groups if g])
+
+
+@paper_style
+def kl_reward_figure(runs: list[dict[str, Any]], roles: dict[str, str]) -> Any:
+    """Reward against the PPO approx. KL of each epoch: one dot per (run, epoch); per arm a line
+    through the mean reward of 8 equal-count KL bins, sorted by KL (how much policy change each
+    arm spends per unit of reward). KL on a log axis when every value is positive."""
     have = [r for r in runs if r.get("approx_kl")]
     if not have:
         return None
     cells = _cells(have)
-    fig, axes = _axes_per_cell(len(cells), 3.6)
+    fig, axes = _axes_per_cell(len(cells))
     for ax, cell in zip(axes, cells, strict=True):
-        labelled: set[str] = set()
-        for r in (r for r in have if str(r["cell"]) == cell):
-            arm = str(r.get("arm", ""))
-            ax.plot(finite(r["approx_kl"]), finite(r.get("reward_mean")), color=color(roles.get(arm, "other")),
-                    lw=0.8, marker="o", ms=2.5, alpha=0.8, label=None if arm in labelled else mpl_text(arm))
-            labelled.add(arm)
-        ax.set(title=mpl_text(cell), xlabel="approx. KL (per epoch)", ylabel="reward")
-        ax.legend(fontsize=6)
+        here = [r for r in have if str(r["cell"]) == cell]
+        for arm in _arms(here, roles):
+            c = color(roles.get(arm, "other"))
+            pts = [(x, y) for r in here if str(r.get("arm", "")) == arm
+                   for x, y in zip(finite(r["approx_kl"]), finite(r.get("reward_mean")), strict=False)]
+            ok = [p for p in pts if math.isfinite(p[0]) and math.isfinite(p[1])]
+            if ok:
+                ax.scatter(*zip(*ok, strict=True), s=5, color=c, alpha=0.35, lw=0)
+            bx, by = kl_bins(ok)
+            ax.plot(bx, by, color=c, marker="o", ms=3, label=mpl_text(arm))
+        xs = [p for r in here for p in finite(r["approx_kl"]) if math.isfinite(p)]
+        if xs and min(xs) > 0:
+            ax.set_xscale("log")
+        ax.set(title=panel_title("reward against approx. KL", cell), xlabel="approx. KL (per epoch)", ylabel="reward")
+        _legend(ax)
     fig.tight_layout()
-    return fig_uri(fig)
+    return fig
+
+
+def kl_reward_plot(runs: list[dict[str, Any]], roles: dict[str, str]) -> str | None:
+    """:func:`kl_reward_figure` as a PNG data URI."""
+    return _uri(kl_reward_figure(runs, roles))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -248,14 +411,15 @@ def _as_runs(traces: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{**t, "epochs": t.get("epoch") or [], "arm": str(t.get("arm") or t.get("role", ""))} for t in traces]
 
 
-def validation_plot(traces: list[dict[str, Any]], roles: dict[str, str]) -> str | None:
+@paper_style
+def validation_figure(traces: list[dict[str, Any]], roles: dict[str, str]) -> Any:
     """Held-out validation reward per epoch (paper Fig. 5; Flow-GRPO's eval): per arm the mean over
     seeds with a min-max band over seeds, the untrained model on the same images dashed."""
     runs = [r for r in _as_runs(traces) if any(v is not None and math.isfinite(v) for v in finite(r.get("val_reward_mean")))]
     if not runs:
         return None
     cells = _cells(runs)
-    fig, axes = _axes_per_cell(len(cells), 3.6)
+    fig, axes = _axes_per_cell(len(cells))
     for ax, cell in zip(axes, cells, strict=True):
         here = [r for r in runs if str(r["cell"]) == cell]
         for arm in _arms(here, roles):
@@ -263,14 +427,19 @@ def validation_plot(traces: list[dict[str, Any]], roles: dict[str, str]) -> str 
             c = color(roles.get(arm, mine[0].get("role", "other")))
             b = seed_band(mine, "val_reward_mean")
             ax.fill_between(b["x"], b["lo"], b["hi"], color=c, alpha=0.2, lw=0)
-            ax.plot(b["x"], b["mean"], color=c, lw=1.8, marker="o", ms=3, label=mpl_text(f"{arm} ({len(mine)} seeds)"))
+            ax.plot(b["x"], b["mean"], color=c, marker="o", label=mpl_text(f"{arm} ({len(mine)} seeds)"))
             ctl = seed_band(mine, "val_control_reward_mean")
             if ctl["x"]:
-                ax.plot(ctl["x"], ctl["mean"], color=c, lw=1.2, ls="--", label=mpl_text(f"{arm}: untrained"))
-        ax.set(title=mpl_text(f"{cell}: held-out validation reward"), xlabel="epoch", ylabel="validation reward")
-        ax.legend(fontsize=6)
+                ax.plot(ctl["x"], ctl["mean"], color=c, lw=0.9, ls="--", label=mpl_text(f"{arm}: untrained"))
+        ax.set(title=panel_title("held-out validation reward", cell), xlabel="epoch", ylabel="validation reward")
+        _legend(ax)
     fig.tight_layout()
-    return fig_uri(fig)
+    return fig
+
+
+def validation_plot(traces: list[dict[str, Any]], roles: dict[str, str]) -> str | None:
+    """:func:`validation_figure` as a PNG data URI."""
+    return _uri(validation_figure(traces, roles))
 
 
 def per_update_series(trace: dict[str, Any], key: str) -> tuple[list[float], list[float]]:
@@ -284,30 +453,177 @@ def per_update_series(trace: dict[str, Any], key: str) -> tuple[list[float], lis
     return xs, ys
 
 
-def diagnostics_plot(traces: list[dict[str, Any]]) -> str | None:
+@paper_style
+def diagnostics_figure(traces: list[dict[str, Any]]) -> Any:
     """Per update, one line per run: the maximum relative Taylor error of log rho ~ rho - 1 (App.
     "Soundness": the paper reports <= 1.2%) and the |dot| / squared-norm ratio of Eq. Delta (Fig.
     on-policy-justification; at update 0 of an epoch both terms vanish, so it starts at update 1)."""
-    keys = [("taylor_rel_err_per_update", "max relative Taylor error of log rho ~ rho - 1"),
+    keys = [("taylor_rel_err_per_update", "max rel. Taylor error of log rho ≈ rho - 1"),
             ("delta_ratio_per_update", "|dot| / squared norm (Eq. Delta)")]
     have = [t for t in traces if any(t.get(k) for k, _ in keys)]
     if not have:
         return None
-    plt = _plt()
-    fig, axes = plt.subplots(1, 2, figsize=(9.5, 3.4))
+    fig, axes = _plt().subplots(1, 2, figsize=(DOUBLE_COLUMN_IN, 2.4))
     for ax, (key, title) in zip(axes, keys, strict=True):
         for t in have:
             x, y = per_update_series(t, key)
             pos = [(a, b) for a, b in zip(x, y, strict=True) if math.isfinite(b) and b > 0]
             if pos:
-                ax.plot(*zip(*pos, strict=True), color=color(t.get("role", "other")), lw=0.8, marker=".", ms=3,
+                ax.plot(*zip(*pos, strict=True), color=color(t.get("role", "other")), lw=0.7, marker=".", ms=2.5,
                         label=mpl_text(t["run"]))
         if not ax.lines:  # every value missing (NaN: e.g. only on-policy updates for the ratio) or 0
-            ax.text(0.5, 0.5, "no positive finite value logged", transform=ax.transAxes, ha="center", fontsize=8)
+            ax.text(0.5, 0.5, "no positive finite value logged", transform=ax.transAxes, ha="center")
         ax.set(title=title, xlabel="epoch (per update)", yscale="log")
     if axes[0].lines or axes[1].lines:
-        (axes[0] if axes[0].lines else axes[1]).legend(fontsize=6)
-    axes[0].axhline(0.012, color="black", lw=0.6, ls=":")
-    axes[1].axhline(1.0, color="black", lw=0.6, ls=":")
+        _legend(axes[0] if axes[0].lines else axes[1])
+    axes[0].axhline(0.012, color="black", lw=0.5, ls=":")
+    axes[1].axhline(1.0, color="black", lw=0.5, ls=":")
     fig.tight_layout()
-    return fig_uri(fig)
+    return fig
+
+
+def diagnostics_plot(traces: list[dict[str, Any]]) -> str | None:
+    """:func:`diagnostics_figure` as a PNG data URI."""
+    return _uri(diagnostics_figure(traces))
+
+
+# ------------------------------------------------------------------------------------------------
+# rliable panels over runs (from results["runs"]): interval estimates, probability of improvement
+# ------------------------------------------------------------------------------------------------
+
+
+def _run_value(reward: Any, control: Any, quantity: str, k: int, epochs: Any) -> float:
+    from pcpo_eval.stats.runlevel import auc, final, paired_gain
+
+    if quantity == "final_reward":
+        return final(reward, k)
+    if quantity == "auc":
+        return auc(reward, epochs=epochs)
+    return paired_gain(reward, control, k) if control is not None else math.nan
+
+
+def run_scalars(runs: list[dict[str, Any]], window: int = 5) -> dict[tuple[str, str], dict[str, list[float]]]:
+    """Per (cell, arm) and quantity of :data:`RUN_QUANTITIES`, the finite per-run values, as the
+    verdict defines them (:mod:`pcpo_eval.stats.verdict`): every run of a cell cut at the cell's
+    shortest run, ``k = min(window, epochs)`` last epochs; a run with a missing value is left out."""
+    import numpy as np
+
+    out: dict[tuple[str, str], dict[str, list[float]]] = {}
+    for cell in _cells(runs):
+        here = [r for r in runs if str(r["cell"]) == cell and r.get("epochs")]
+        last = min((max(r["epochs"]) for r in here), default=0)
+        for r in here:
+            keep = [i for i, e in enumerate(r["epochs"]) if e <= last]
+            if not keep:
+                continue
+            epochs = np.asarray([r["epochs"][i] for i in keep])
+            reward = np.asarray(finite(r.get("reward_mean")) + [math.nan] * len(r["epochs"]), dtype=float)[keep]
+            ctl = r.get("control_reward_mean")
+            control = np.asarray(finite(ctl) + [math.nan] * len(r["epochs"]), dtype=float)[keep] if ctl else None
+            k = max(1, min(int(window), len(keep)))
+            mine = out.setdefault((cell, str(r.get("arm", ""))), {q: [] for q in RUN_QUANTITIES})
+            for q in RUN_QUANTITIES:
+                v = _run_value(reward, control, q, k, epochs)
+                if math.isfinite(v):
+                    mine[q].append(v)
+    return out
+
+
+def _row_label(cell: str, text: str, n_cells: int) -> str:
+    return mpl_text(text if n_cells == 1 or cell in ("", "all") else f"{text}, {cell}")
+
+
+def _interval_panels(n_panels: int, n_rows: int) -> tuple[Any, list[Any]]:
+    width = SINGLE_COLUMN_IN if n_panels == 1 else DOUBLE_COLUMN_IN
+    fig, axes = _plt().subplots(1, n_panels, squeeze=False, sharey=True,
+                                figsize=(width, 0.9 + 0.28 * max(n_rows, 1)))
+    return fig, list(axes[0])
+
+
+def _interval(ax: Any, i: int, est: float, lo: float, hi: float, c: str) -> None:
+    """One rliable row: a bar from ``lo`` to ``hi`` and a black tick at the estimate."""
+    ax.barh(i, max(hi - lo, 1e-12), left=lo, height=0.6, color=c, alpha=0.75, lw=0)
+    ax.vlines(est, i - 0.35, i + 0.35, color="black", lw=1.2)
+
+
+def _finish_rows(axes: list[Any], labels: list[str]) -> None:
+    axes[0].set_yticks(range(len(labels)), labels)
+    axes[0].set_ylim(len(labels) - 0.4, -0.6)
+
+
+@paper_style
+def interval_estimates_figure(runs: list[dict[str, Any]], roles: dict[str, str], window: int = 5,
+                              n_boot: int = 2000) -> Any:
+    """rliable's interval estimates (Agarwal et al. 2021): per arm (and cell) the IQM over runs of
+    each per-run quantity with its 95% percentile bootstrap CI (:func:`~pcpo_eval.stats.runlevel.iqm_interval`)."""
+    import numpy as np
+
+    from pcpo_eval.stats.runlevel import iqm_interval
+
+    vals = run_scalars(runs or [], window)
+    qs = [q for q in RUN_QUANTITIES if any(v[q] for v in vals.values())]
+    if not qs:
+        return None
+    cells = _cells(runs)
+    rows = sorted(vals, key=lambda ca: (cells.index(ca[0]), ROLE_ORDER.get(roles.get(ca[1], "other"), 2), ca[1]))
+    fig, axes = _interval_panels(len(qs), len(rows))
+    for ax, q in zip(axes, qs, strict=True):
+        for i, (cell, arm) in enumerate(rows):
+            if vals[(cell, arm)][q]:
+                est, lo, hi = iqm_interval(vals[(cell, arm)][q], n_boot=n_boot,
+                                           rng=np.random.default_rng(BOOTSTRAP_SEED))
+                _interval(ax, i, est, lo, hi, color(roles.get(arm, "other")))
+        ax.set(title=f"{RUN_QUANTITIES[q]}", xlabel="IQM over runs, 95% CI")
+    _finish_rows(axes, [_row_label(c, f"{a} ({max(len(v) for v in vals[(c, a)].values())} runs)", len(cells))
+                        for c, a in rows])
+    fig.tight_layout()
+    return fig
+
+
+def interval_estimates_plot(runs: list[dict[str, Any]], roles: dict[str, str], window: int = 5) -> str | None:
+    """:func:`interval_estimates_figure` as a PNG data URI."""
+    return _uri(interval_estimates_figure(runs, roles, window))
+
+
+def improvement_pairs(runs: list[dict[str, Any]], roles: dict[str, str]) -> list[tuple[str, str, str]]:
+    """(cell, baseline arm, other arm): every arm of a cell against the cell's baseline-role arm."""
+    out = []
+    for cell in _cells(runs):
+        arms = _arms([r for r in runs if str(r["cell"]) == cell], roles)
+        base = next((a for a in arms if roles.get(a) == "baseline"), None)
+        out += [(cell, base, a) for a in arms if base is not None and a != base]
+    return out
+
+
+@paper_style
+def improvement_figure(runs: list[dict[str, Any]], roles: dict[str, str], window: int = 5,
+                       n_boot: int = 2000) -> Any:
+    """rliable's probability of improvement (Agarwal et al. 2021): P(a run of arm X beats a run of the
+    baseline) per per-run quantity, with its 95% stratified bootstrap CI
+    (:func:`~pcpo_eval.stats.runlevel.poi_interval`); 0.5 = no difference."""
+    import numpy as np
+
+    from pcpo_eval.stats.runlevel import poi_interval
+
+    vals = run_scalars(runs or [], window)
+    pairs = [p for p in improvement_pairs(runs or [], roles) if (p[0], p[1]) in vals and (p[0], p[2]) in vals]
+    qs = [q for q in RUN_QUANTITIES if any(vals[(c, b)][q] and vals[(c, t)][q] for c, b, t in pairs)]
+    if not qs:
+        return None
+    fig, axes = _interval_panels(len(qs), len(pairs))
+    for ax, q in zip(axes, qs, strict=True):
+        for i, (cell, base, arm) in enumerate(pairs):
+            b, t = vals[(cell, base)][q], vals[(cell, arm)][q]
+            if b and t:
+                est, lo, hi = poi_interval(b, t, n_boot=n_boot, rng=np.random.default_rng(BOOTSTRAP_SEED))
+                _interval(ax, i, est, lo, hi, color(roles.get(arm, "other")))
+        ax.axvline(0.5, color="black", lw=0.5, ls="--")
+        ax.set(xlim=(-0.02, 1.02), title=RUN_QUANTITIES[q], xlabel="P(improvement), 95% CI")
+    _finish_rows(axes, [_row_label(c, f"P({a} > {b})", len(_cells(runs))) for c, b, a in pairs])
+    fig.tight_layout()
+    return fig
+
+
+def improvement_plot(runs: list[dict[str, Any]], roles: dict[str, str], window: int = 5) -> str | None:
+    """:func:`improvement_figure` as a PNG data URI."""
+    return _uri(improvement_figure(runs, roles, window))

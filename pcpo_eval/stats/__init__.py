@@ -84,6 +84,8 @@ _RUNLEVEL_NAMES = {
     "TimeToTarget": "runlevel",
     "compare_runs": "runlevel",
     "iqm": "runlevel",
+    "iqm_interval": "runlevel",
+    "poi_interval": "runlevel",
     "permutation_test": "runlevel",
     "probability_of_improvement": "runlevel",
     "speedup_runs": "runlevel",

@@ -59,11 +59,25 @@ def register(app: typer.Typer) -> None:
     def report_cmd(
         study_dir: Path = typer.Argument(..., help="study directory (holds results.json)"),
         output: Path | None = typer.Option(None, "--output", "-o", help="HTML file [STUDY_DIR/report.html]"),
+        figures_only: bool = typer.Option(False, "--figures-only",
+                                          help="write only the figure files (SVG, PDF, 300-dpi PNG), no HTML"),
+        figures_dir: Path | None = typer.Option(None, "--figures-dir", help="folder of the figure files [STUDY_DIR/figures]"),
     ) -> None:
-        """Write the self-contained HTML report of a finished study."""
-        from pcpo_eval.report.html import write_report
+        """Write the self-contained HTML report of a finished study and its figures as SVG, PDF and PNG."""
+        from pcpo_eval.report.html import write_figures, write_report
 
+        if figures_only or figures_dir is not None:
+            if figures_only and output is not None:
+                raise UserError("--figures-only writes no HTML; drop --output (or drop --figures-only)")
+            paths = write_figures(study_dir, figures_dir)
+            typer.echo(f"wrote {len(paths)} figure files ({len(paths) // 3} figures) to "
+                       f"{figures_dir if figures_dir is not None else study_dir / 'figures'}")
+            if figures_only:
+                return
+            typer.echo(f"wrote {write_report(study_dir, output, figures=False)}")
+            return
         typer.echo(f"wrote {write_report(study_dir, output)}")
+        typer.echo(f"wrote the figures (SVG, PDF, PNG) to {study_dir / 'figures'}")
 
     @app.command("irg-sweep")
     def irg_sweep_cmd(
