@@ -29,7 +29,7 @@ PROMPTS = ["a cat", "a red ball", "a dog on a mat", 'a sign that says "hello"']
 TINY_TRAIN: dict[str, Any] = {
     "epochs": 2, "checkpoint_every": 1, "sample_steps": 2, "sample_batch_size": 4, "sample_batches_per_epoch": 1,
     "train_batch_size": 2, "gradient_updates": 1, "images_per_prompt": 2, "mixed_precision": "no", "device": "cpu",
-    "stat_min_count": 1, "log_to": "none",
+    "stat_min_count": 1, "log_to": "none", "paper_total_batch": 0,
 }  # fmt: skip
 
 

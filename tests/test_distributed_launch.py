@@ -69,6 +69,10 @@ def test_slurm_train_example_names_a_valid_launch_and_config():
     assert {"--out", "--device"} <= set(rest) and "--resume" not in rest  # $RESUME is empty on a first start
     cfg = load_config(ROOT / config, overrides)
     assert cfg.objective == "pcpo" and cfg.seed == 0 and (ROOT / config).is_file()
+    text = (EXAMPLES / "slurm_train.sbatch").read_text()
+    nodes = int(re.search(r"--nodes=(\d+)", text).group(1))
+    world = nodes * int(argv[argv.index("--nproc_per_node") + 1])
+    assert cfg.paper_total_batch > 0 and cfg.total_batch_problem(world) is None  # the paper's total, not 16x it
     assert defaults["RUN"].startswith("runs/")
 
 

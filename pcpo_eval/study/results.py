@@ -53,7 +53,7 @@ from pcpo_eval.study.spec import StudySpec
 TRACE_COLUMNS = (
     "reward_mean", "reward_std", "clipfrac", "approx_kl", "rho_mean", "rho_min", "rho_max", "rho_std",
     "grad_first_abs_mean", "grad_first_abs_var", "wall_time_s", "wall_clock_s", "val_reward_mean", "val_reward_sem",
-    "val_control_reward_mean", "taylor_rel_err_max", "taylor_rel_err_active_max", "delta_ratio_first_offpolicy",
+    "val_control_reward_mean", "kl_ref", "taylor_rel_err_max", "taylor_rel_err_active_max", "delta_ratio_first_offpolicy",
 )  # fmt: skip
 #: per-update list columns of ``diagnostics: true`` runs (train/diagnostics.py), carried as lists per epoch
 PER_UPDATE_COLUMNS = ("taylor_rel_err_per_update", "delta_ratio_per_update")
@@ -468,6 +468,7 @@ def _per_update_values(v: Any) -> list[float]:
 
 def traces(sp: StudySpec, layout: StudyLayout) -> list[dict[str, Any]]:
     """Per run: log columns by epoch, and reward / clip fraction smoothed with the study's window."""
+    from pcpo_eval.report.kl_ref import running_mean
     from pcpo_eval.stats import load_log, moving_average
 
     out = []
@@ -484,6 +485,8 @@ def traces(sp: StudySpec, layout: StudyLayout) -> list[dict[str, Any]]:
         tr["reward_smoothed"] = moving_average(log["reward_mean"].to_numpy(), sp.window).tolist()
         if "clipfrac" in log.columns:
             tr["clipfrac_smoothed"] = moving_average(log["clipfrac"].to_numpy(), sp.window).tolist()
+        if "kl_ref" in log.columns:  # Fig. sd3_flowgrpo (c, d): KL to the reference as a running mean (l.1304-1307)
+            tr["kl_ref_running_mean"] = running_mean(log["kl_ref"].tolist())
         out.append(tr)
     return out
 
@@ -545,6 +548,7 @@ def build_results(sp: StudySpec, layout: StudyLayout) -> dict[str, Any]:
     """Everything the report formats (JSON-able), from the spec and the files under ``layout.out``."""
     from pcpo_eval.credit.plot import credit_figure_png
     from pcpo_eval.metrics.base import METRIC_LABELS
+    from pcpo_eval.report.kl_ref import kl_ref_png
     from pcpo_eval.study.verdicts import run_level
 
     level = run_level(sp, layout)
@@ -552,6 +556,10 @@ def build_results(sp: StudySpec, layout: StudyLayout) -> dict[str, Any]:
     fig = layout.credit_figure
     credit_note = trained_credit(sp)
     atomic_write_bytes(fig, credit_figure_png(*credit_note[:2]))
+    trace_rows = traces(sp, layout)
+    kl_png = kl_ref_png(trace_rows)
+    if kl_png is not None:
+        atomic_write_bytes(layout.out / "figures" / "kl_ref_reward.png", kl_png)
     results = {
         "study": study_block(sp, layout),
         "headline": level["headline"],
@@ -568,8 +576,9 @@ def build_results(sp: StudySpec, layout: StudyLayout) -> dict[str, Any]:
         "lmm": lmm,
         "preference": preference_table(sp, layout),
         "preferences": [preference_table(sp, layout, p) for p in sp.preferences],
-        "traces": traces(sp, layout),
-        "figures": {"credit": fig.relative_to(layout.out).as_posix(), "credit_note": credit_note[2]},
+        "traces": trace_rows,
+        "figures": {"credit": fig.relative_to(layout.out).as_posix(), "credit_note": credit_note[2],
+                    "kl_ref": "figures/kl_ref_reward.png" if kl_png is not None else None},
         "grids": grids(sp, layout),
         "human": json.loads(layout.human_file.read_text()) if layout.human_file.is_file() else None,
     }

@@ -96,10 +96,14 @@ class TrainConfig:
     cfg_detach_uncond: bool = False  #: no gradient through the unconditional CFG branch in training (Flow-GRPO)
     lora_rank: int = 4  #: 0 = full fine-tune
     lora_alpha: float = 4.0
-    #: no | fp16 | bf16 autocast (GPU only; ignored on CPU); fp16 adds dynamic loss scaling
+    #: no | fp16 | bf16 autocast (CUDA; bf16 also on CPU, fp16 ignored there); fp16 adds dynamic loss scaling
     #: (torch.amp.GradScaler), as accelerate's fp16 mixed precision in ddpo-pytorch
     mixed_precision: str = "no"
     checkpoint_every: int = 1  #: save every N epochs (and at the last epoch)
+    #: the paper's images per iteration over ALL processes (Table master-hyperparams "Images per
+    #: iteration"); the trainer refuses a launch whose processes x sample_batch_size x
+    #: sample_batches_per_epoch differs (:meth:`total_batch_problem`). 0: no stated total.
+    paper_total_batch: int = 0
     #: also sample the UNTRAINED model each epoch on the same prompts and noises (same keyed
     #: generators, same sampler and schedule) and log its reward as ``control_reward_mean``: the
     #: paired control that separates learning from the sampler and from which prompts were drawn
@@ -158,6 +162,7 @@ class TrainConfig:
         need(self.learning_rate > 0, f"learning_rate must be > 0 (got {self.learning_rate})")
         need(self.lora_rank >= 0, f"lora_rank must be >= 0 (got {self.lora_rank})")
         need(self.beta_kl >= 0, f"beta_kl must be >= 0 (got {self.beta_kl})")
+        need(int(self.paper_total_batch) >= 0, f"paper_total_batch must be >= 0 (0: none stated; got {self.paper_total_batch})")
         need(self.train_min_sigma >= 0, f"train_min_sigma must be >= 0 (got {self.train_min_sigma})")
         problems += self._extension_problems()
         n = self.samples_per_epoch
@@ -200,6 +205,22 @@ class TrainConfig:
         if int(self.validation_every) > 0 and not str(self.validation_prompts).strip():
             out.append("validation_every > 0 needs validation_prompts (a prompt set disjoint from the training prompts)")
         return out
+
+    def total_batch_problem(self, world: int) -> str | None:
+        """Why ``world`` processes would not train on ``paper_total_batch`` images per iteration (with the
+        fix), or None. Batch sizes are per process, so a launcher multiplies them."""
+        want, per = int(self.paper_total_batch), int(self.sample_batch_size)
+        got = int(world) * self.samples_per_epoch
+        if want <= 0 or got == want:
+            return None
+        if want % (int(world) * per) == 0:
+            fix = f"add the override sample_batches_per_epoch={want // (int(world) * per)}"
+        else:
+            fix = (f"{want} is not a multiple of {world} processes x sample_batch_size {per}: launch a process count "
+                   f"that divides {want // per if want % per == 0 else want}, or change sample_batch_size")
+        return (f"this launch trains on {world} process(es) x {per} x {self.sample_batches_per_epoch} = {got} images "
+                f"per iteration, but the config states the paper's total paper_total_batch={want} (batch sizes are per "
+                f"process); {fix}, or paper_total_batch=0 to train a different total on purpose")
 
     @property
     def samples_per_epoch(self) -> int:
