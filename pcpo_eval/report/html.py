@@ -12,13 +12,17 @@ NaN) as an en dash, never as "None" or "nan".
 Sections, in order: **verdict** (one row per run-level comparison: sentence, estimate with 95% CI,
 runs per arm, p or the reason it is not estimable; the 1-run-per-arm warning; the sampler offset of
 the untrained controls); study spec; speed-up (Table 1/5); reward curves over seeds against epochs
-and wall-clock seconds, KL-reward, PPO health; reward-matched checkpoints; raw scores (Table 2,
+and wall-clock seconds, KL-reward, rliable's interval estimates and probability of improvement over
+runs (descriptive, :mod:`pcpo_eval.report.figures`), PPO health; reward-matched checkpoints; raw scores (Table 2,
 significant differences in bold) and their simple effects; LMM tables per effect (Tables 3-4) with
 95% CIs, df method and diagnostics; preference metrics (Table 6); the human preference study (only
 when results.json has ``human``: win rates with exact CIs, mixed logistic model, Bradley-Terry,
 agreement, attention checks, example pairs); training traces (Fig. 5) with rho
 and |g| statistics; the credit-weight figure (Fig. 2); image grids at matched reward; progression
 over epochs (only when results.json has ``progression``).
+
+Figures: every plot is also written as ``figures/<name>.svg``, ``.pdf`` and a 300-dpi ``.png``
+(:func:`write_report`; :func:`write_figures` writes only those, ``pcpo-eval report --figures-only``).
 
 Not estimable (an LMM fit or a verdict row with ``estimable: false``): the p and adjusted-p cells
 hold "not estimable: <reason>", nothing is bold, and no "p = " is printed for it.
@@ -37,15 +41,28 @@ from typing import Any
 from pcpo_eval.errors import UserError
 from pcpo_eval.io import atomic_write_text, read_text_file
 from pcpo_eval.report.figures import (
-    diagnostics_plot,
-    grad_plot,
-    kl_reward_plot,
-    qq_plot,
-    reward_curves_plot,
-    rho_plot,
-    traces_plot,
-    validation_plot,
+    HTML_DPI,
+    diagnostics_figure,
+    fig_uri,
+    figure_name,
+    grad_figure,
+    improvement_figure,
+    interval_estimates_figure,
+    kl_reward_figure,
+    qq_figure,
+    reward_curves_figure,
+    rho_figure,
+    save_figure,
+    traces_figure,
+    validation_figure,
 )
+
+#: Figures the report embeds and writes (``figures/<name>.svg|pdf|png``), in report order; plus one
+#: ``qq_<metric>`` per LMM fit. ``figures/credit.png`` is the stats stage's (credit weights, Fig. 2).
+FIGURE_NAMES = ("reward_curves", "reward_compute_time", "kl_reward", "interval_estimates",
+                "probability_of_improvement", "traces", "rho", "gradients", "validation", "ratio_diagnostics")
+#: Resolution of the Q-Q plots embedded in the HTML (several per row).
+QQ_HTML_DPI = 96
 
 #: What the verdict's ``quantity`` keys mean (``name:arg`` -> label with the argument).
 QUANTITY_LABELS = {
@@ -223,19 +240,71 @@ def health_rows(runs: list[dict[str, Any]], roles: dict[str, str]) -> list[dict[
     return out
 
 
-def runs_view(results: dict[str, Any]) -> dict[str, Any] | None:
+def runs_view(results: dict[str, Any], uris: dict[str, str]) -> dict[str, Any] | None:
     """Figures and the PPO-health table from ``runs`` (None for an older results.json without it)."""
     runs = results.get("runs")
     if not runs:
         return None
     roles = arm_roles(results)
     return {
-        "reward_png": reward_curves_plot(runs, roles),
-        "wall_png": reward_curves_plot(runs, roles, wall_clock=True) if any(r.get("wall_time_s") for r in runs) else None,
-        "kl_png": kl_reward_plot(runs, roles),
+        "reward_png": uris.get("reward_curves"),
+        "wall_png": uris.get("reward_compute_time"),
+        "kl_png": uris.get("kl_reward"),
+        "interval_png": uris.get("interval_estimates"),
+        "poi_png": uris.get("probability_of_improvement"),
         "health": health_rows(runs, roles),
         "has_controls": any(r.get("control_reward_mean") for r in runs),
     }
+
+
+def _qq_names(results: dict[str, Any]) -> dict[str, str]:
+    """LMM metric -> its Q-Q figure's file stem (``qq_<metric>``, unique)."""
+    names: dict[str, str] = {}
+    for m in (results.get("lmm") or {}).get("fits", {}):
+        stem, i = f"qq_{figure_name(str(m))}", 2
+        while stem in names.values():
+            stem, i = f"qq_{figure_name(str(m))}_{i}", i + 1
+        names[m] = stem
+    return names
+
+
+def report_figures(results: dict[str, Any]) -> dict[str, Any]:
+    """Every figure of the report by file stem (:data:`FIGURE_NAMES`, ``qq_<metric>``), as open
+    matplotlib figures; figures whose data ``results`` lacks are left out."""
+    runs = results.get("runs") or []
+    roles = arm_roles(results)
+    trs = results.get("traces") or []
+    window = int(results.get("study", {}).get("window", 5))
+    builders = {
+        "reward_curves": lambda: reward_curves_figure(runs, roles),
+        "reward_compute_time": lambda: (reward_curves_figure(runs, roles, wall_clock=True)
+                                        if any(r.get("wall_time_s") for r in runs) else None),
+        "kl_reward": lambda: kl_reward_figure(runs, roles),
+        "interval_estimates": lambda: interval_estimates_figure(runs, roles, window),
+        "probability_of_improvement": lambda: improvement_figure(runs, roles, window),
+        "traces": lambda: traces_figure(trs, window),
+        "rho": lambda: rho_figure(trs),
+        "gradients": lambda: grad_figure(trs),
+        "validation": lambda: validation_figure(trs, roles),
+        "ratio_diagnostics": lambda: diagnostics_figure(trs),
+    }
+    figs = {name: build() for name, build in builders.items()}
+    labels = results.get("metric_labels", {})
+    fits = (results.get("lmm") or {}).get("fits", {})
+    for m, stem in _qq_names(results).items():
+        figs[stem] = qq_figure(fits[m], labels.get(m, m)) if "error" not in fits[m] else None
+    return {k: v for k, v in figs.items() if v is not None}
+
+
+def figure_uris(figs: dict[str, Any], save_to: str | Path | None = None) -> dict[str, str]:
+    """The figures as PNG data URIs (closed afterwards); with ``save_to`` each is also written there
+    as SVG, PDF and 300-dpi PNG (:func:`~pcpo_eval.report.figures.save_figure`)."""
+    uris = {}
+    for name, fig in figs.items():
+        if save_to is not None:
+            save_figure(fig, save_to, name)
+        uris[name] = fig_uri(fig, dpi=QQ_HTML_DPI if name.startswith("qq_") else HTML_DPI)
+    return uris
 
 
 # ------------------------------------------------------------------------------------------------
@@ -274,7 +343,7 @@ def _lmm_effect_rows(term: str, lmm: dict[str, Any], labels: dict[str, str]) -> 
     return rows
 
 
-def _lmm_diagnostics(m: str, f: dict[str, Any], label: str) -> dict[str, Any]:
+def _lmm_diagnostics(m: str, f: dict[str, Any], label: str, qq: str | None = None) -> dict[str, Any]:
     if "error" in f:
         return {"metric": label, "error": f["error"]}
     dg = f.get("diagnostics") or {}
@@ -285,18 +354,19 @@ def _lmm_diagnostics(m: str, f: dict[str, Any], label: str) -> dict[str, Any]:
         "reml": f.get("reml_criterion", f.get("deviance")), "n_obs": f.get("n_obs"),
         "random_sd": f.get("random_sd", f.get("random")) or {}, "max_grad": f.get("max_grad"),
         "normality_test": dg.get("normality_test"), "normality_p": dg.get("normality_p"),
-        "skewness": dg.get("skewness"), "kurtosis": dg.get("excess_kurtosis"), "qq": qq_plot(f, label),
+        "skewness": dg.get("skewness"), "kurtosis": dg.get("excess_kurtosis"), "qq": qq,
         "remarks": list(f.get("remarks") or []),
     }  # fmt: skip
 
 
-def lmm_view(lmm: dict[str, Any], labels: dict[str, str]) -> dict[str, Any]:
-    """Per effect (fixed term, intercept excluded) a row per metric; per metric the diagnostics."""
+def lmm_view(lmm: dict[str, Any], labels: dict[str, str], qq: dict[str, str] | None = None) -> dict[str, Any]:
+    """Per effect (fixed term, intercept excluded) a row per metric; per metric the diagnostics and
+    its Q-Q plot (``qq``: metric -> data URI)."""
     fits = lmm.get("fits", {})
     terms = list(dict.fromkeys(fe["term"] for f in fits.values() for fe in fixed_effects(f)
                                if fe["term"] != "(Intercept)"))
     effects = [{"term": t, "label": pretty_term(t), "rows": _lmm_effect_rows(t, lmm, labels)} for t in terms]
-    diags = [_lmm_diagnostics(m, f, labels.get(m, m)) for m, f in fits.items()]
+    diags = [_lmm_diagnostics(m, f, labels.get(m, m), (qq or {}).get(m)) for m, f in fits.items()]
     return {"effects": effects, "diagnostics": diags,
             "adjust_label": "Benjamini-Hochberg" if lmm.get("adjust") == "bh" else "Holm"}
 
@@ -370,14 +440,15 @@ def human_view(h: dict[str, Any] | None) -> dict[str, Any] | None:
             "raters": (h.get("attention_checks") or {}).get("raters", []), "examples": examples}
 
 
-def view_model(results: dict[str, Any], root: Path | None) -> dict[str, Any]:
-    """Everything the template needs, with plots rendered to data URIs."""
+def view_model(results: dict[str, Any], root: Path | None, uris: dict[str, str] | None = None) -> dict[str, Any]:
+    """Everything the template needs; ``uris`` are the figures as data URIs (default: drawn here)."""
+    uris = figure_uris(report_figures(results)) if uris is None else uris
     labels = results.get("metric_labels", {})
     study = results.get("study", {})
-    trs = results.get("traces", [])
     figs = results.get("figures", {})
     credit = file_uri(Path(root) / figs["credit"]) if root is not None and figs.get("credit") else figs.get("credit_uri")
     raw = results.get("raw_scores") or {}
+    qq = {m: uris[stem] for m, stem in _qq_names(results).items() if stem in uris}
     return {
         "r": results,
         "study": study,
@@ -387,14 +458,14 @@ def view_model(results: dict[str, Any], root: Path | None) -> dict[str, Any]:
         "verdict": verdict_view(results),
         "banner": ONE_RUN_BANNER,
         "no_verdict": NO_VERDICT,
-        "curves": runs_view(results),
+        "curves": runs_view(results, uris),
         "simple_effects": simple_effect_rows(raw.get("significance") or {}, labels),
-        "lmm": lmm_view(results.get("lmm", {}), labels) if results.get("lmm") else None,
-        "traces_png": traces_plot(trs, int(study.get("window", 5))),
-        "rho_png": rho_plot(trs),
-        "grad_png": grad_plot(trs),
-        "val_png": validation_plot(trs, arm_roles(results)),
-        "diag_png": diagnostics_plot(trs),
+        "lmm": lmm_view(results.get("lmm", {}), labels, qq) if results.get("lmm") else None,
+        "traces_png": uris.get("traces"),
+        "rho_png": uris.get("rho"),
+        "grad_png": uris.get("gradients"),
+        "val_png": uris.get("validation"),
+        "diag_png": uris.get("ratio_diagnostics"),
         "credit_png": credit,
         # Fig. sd3_flowgrpo (c, d): reward against the running-mean KL to the reference (study/results.py)
         "kl_ref_png": file_uri(Path(root) / figs["kl_ref"]) if root is not None and figs.get("kl_ref") else None,
@@ -404,10 +475,13 @@ def view_model(results: dict[str, Any], root: Path | None) -> dict[str, Any]:
     }
 
 
-def render_report(results: dict[str, Any], root: str | Path | None = None) -> str:
-    """The report's HTML (a string) from a results dict; ``root`` resolves relative image paths."""
+def render_report(results: dict[str, Any], root: str | Path | None = None,
+                  figures_dir: str | Path | None = None) -> str:
+    """The report's HTML (a string) from a results dict; ``root`` resolves relative image paths;
+    with ``figures_dir`` every figure is also written there (SVG, PDF, 300-dpi PNG)."""
     import jinja2
 
+    uris = figure_uris(report_figures(results), figures_dir)
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("pcpo_eval.report", "templates"),
         autoescape=True,  # every {{ }} is HTML-escaped: prompts and run names are text, never markup
@@ -420,11 +494,11 @@ def render_report(results: dict[str, Any], root: str | Path | None = None) -> st
     env.filters["pct"] = fmt_pct
     env.filters["pval"] = fmt_p
     env.filters["term"] = pretty_term
-    return env.get_template("report.html.j2").render(**view_model(results, Path(root) if root else None))
+    return env.get_template("report.html.j2").render(**view_model(results, Path(root) if root else None, uris))
 
 
-def write_report(study_dir: str | Path, out_file: str | Path | None = None) -> Path:
-    """Render ``STUDY_DIR/results.json`` into ``out_file`` (default ``STUDY_DIR/report.html``)."""
+def read_results(study_dir: str | Path) -> dict[str, Any]:
+    """``STUDY_DIR/results.json`` as a dict; anything else is one :class:`UserError` line."""
     study_dir = Path(study_dir)
     res = study_dir / "results.json"
     if not res.is_file():
@@ -440,6 +514,33 @@ def write_report(study_dir: str | Path, out_file: str | Path | None = None) -> P
     if not isinstance(results.get("study"), dict):
         raise UserError(f"{res} is not a study's results object (no 'study' section); nothing was written "
                         f"(an existing report is kept); re-run `pcpo-eval study SPEC --out {study_dir} --stages stats`")
+    return results
+
+
+def write_report(study_dir: str | Path, out_file: str | Path | None = None, figures: bool = True) -> Path:
+    """Render ``STUDY_DIR/results.json`` into ``out_file`` (default ``STUDY_DIR/report.html``); with
+    ``figures`` (default) every figure also goes to ``STUDY_DIR/figures/<name>.svg|pdf|png``."""
+    study_dir = Path(study_dir)
+    results = read_results(study_dir)
     out = Path(out_file) if out_file is not None else study_dir / "report.html"
-    atomic_write_text(out, render_report(results, study_dir))
+    atomic_write_text(out, render_report(results, study_dir, study_dir / "figures" if figures else None))
     return out
+
+
+def write_figures(study_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:
+    """Only the report's figures of ``STUDY_DIR/results.json``: ``<name>.svg``, ``.pdf`` and a 300-dpi
+    ``.png`` each, in ``out_dir`` (default ``STUDY_DIR/figures``); returns the files written."""
+    study_dir = Path(study_dir)
+    results = read_results(study_dir)
+    out = Path(out_dir) if out_dir is not None else study_dir / "figures"
+    paths: list[Path] = []
+    for name, fig in report_figures(results).items():
+        paths += save_figure(fig, out, name)
+        _close(fig)
+    return paths
+
+
+def _close(fig: Any) -> None:
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)

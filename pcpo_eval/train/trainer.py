@@ -265,8 +265,7 @@ class Trainer:
             traj = self.sampler.sample(ad, cond, self.null.repeat(len(prompts)), cfg=cfg.cfg, steps=cfg.sample_steps,
                                        eta=cfg.sample_eta, generators=gens, schedule=self.schedule, record=record,
                                        x_T=x_T)
-            images = ad.decode(traj.latents.float())  # the VAE under autocast too (SD-1.x's VAE is bf16/fp16-safe)
-        return cond, traj, images
+        return cond, traj, ad.decode(traj.latents.float())
 
     def _advantages(self, epoch: int, prompts: list[str], rewards: np.ndarray,
                     pids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -556,13 +555,10 @@ class Trainer:
             self.adapter.denoiser = live
 
     def _autocast(self):
-        """``mixed_precision`` as autocast: fp16 / bf16 on CUDA, bf16 on CPU too (so CI runs this path);
-        fp16 on CPU is ignored (CPU autocast covers few fp16 kernels), as is ``no``."""
-        mp = self.cfg.mixed_precision
-        if mp == "no" or (self.device.type != "cuda" and mp != "bf16"):
+        if self.device.type != "cuda" or self.cfg.mixed_precision == "no":
             return nullcontext()
-        dtype = torch.float16 if mp == "fp16" else torch.bfloat16
-        return torch.autocast(self.device.type, dtype=dtype)
+        dtype = torch.float16 if self.cfg.mixed_precision == "fp16" else torch.bfloat16
+        return torch.autocast("cuda", dtype=dtype)
 
     # ------------------------------------------------------------------------------------
     # 3./4. checkpoints, logs, resume
