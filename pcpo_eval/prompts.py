@@ -21,7 +21,7 @@ MSCOCO-2017 val captions and DrawBench, each with the split and count the paper 
 pcpo-paper.tex lines). Nothing is downloaded: :func:`locate_dataset` looks at an explicit path,
 then ``PCPO_PROMPTS_<NAME>``, then ``$PCPO_PROMPTS_DIR/<name>/`` (default
 ``~/.cache/pcpo_eval/prompts``), then the Hugging Face hub cache (``HF_HUB_CACHE`` >
-``HF_HOME/hub``, dataset snapshots as ``huggingface-cli download --repo-type dataset`` leaves them)
+``HF_HOME/hub``, dataset snapshots as ``hf download --repo-type dataset`` leaves them)
 and the ``datasets`` Arrow cache (``HF_DATASETS_CACHE`` > ``HF_HOME/datasets``). ``pcpo-eval
 prompts`` lists every set, where it looked and the exact command that fetches the rest.
 
@@ -332,7 +332,8 @@ def load_prompts(
 #: ``prompt`` key, duplicates dropped in first-seen order), ``mjhq_meta`` (MJHQ-30K's
 #: ``meta_data.json``: ``{image_id: {"category", "prompt"}}`` in file order), ``coco_captions``
 #: (COCO ``captions_*.json``: the first caption of each image, images in file order), ``table``
-#: (CSV / Parquet / Arrow with one of ``columns``).
+#: (CSV / Parquet / Arrow with one of ``columns``), ``pickapic_captions`` (a table's ``caption`` column,
+#: unique in file order, captions with >= 5 spaces: Flow-GRPO's dataset/pickscore/prpocess.py).
 ReaderKind = str
 
 
@@ -383,7 +384,7 @@ def _fetch(url: str, name: str, filename: str) -> str:
 
 
 def _hf_fetch(repo: str, files: str) -> str:
-    return f"huggingface-cli download {repo} {files} --repo-type dataset"
+    return f"hf download {repo} {files} --repo-type dataset"
 
 
 #: Every public prompt set pcpo-eval knows, by name (paper line numbers refer to pcpo-paper.tex).
@@ -433,14 +434,18 @@ DATASETS: dict[str, PromptDataset] = {
         ),
         PromptDataset(
             name="pickapic_sfw",
-            description="Pick-a-Pic safe-for-work subset used by setup 9 (file not identified in the public Flow-GRPO tree)",
+            description="Pick-a-Pic v1 safe-for-work captions (CarperAI/pickapic_v1_no_images_training_sfw), "
+            "made into prompts with Flow-GRPO's recipe (dataset/pickscore/prpocess.py: unique captions with >= 5 "
+            "spaces, file order; its unseeded shuffle is not reproducible and not applied). The Flow-GRPO tree "
+            "(yifan123/flow_grpo ac4c86e) ships no SFW file itself; a .txt you point at is taken line by line",
             paper="setup 9 training prompts 'Pick-SFW' (l.1094, l.1136-1137, l.1225-1226)",
             split="train (SFW subset)",
             paper_count=None,
-            reader="lines",
-            files=("train.txt", "pickapic_sfw_train_prompts.txt"),
-            obtain="obtain the SFW prompt list the paper names (l.1137) and save it as "
-            "$PCPO_PROMPTS_DIR/pickapic_sfw/train.txt, or point PCPO_PROMPTS_PICKAPIC_SFW at it",
+            reader="pickapic_captions",
+            files=("pickapic_training_sfw.parquet", "train.txt", "pickapic_sfw_train_prompts.txt"),
+            hf_repo="CarperAI/pickapic_v1_no_images_training_sfw",
+            columns=("caption",),
+            obtain=_hf_fetch("CarperAI/pickapic_v1_no_images_training_sfw", "pickapic_training_sfw.parquet"),
         ),
         PromptDataset(
             name="ocr_train",
@@ -629,6 +634,9 @@ def read_dataset_file(ds: PromptDataset, path: Path) -> list[str]:
     """All prompts of ``path`` in file order, read as ``ds.reader`` says (see :data:`ReaderKind`)."""
     if ds.reader == "lines" or (ds.reader != "table" and path.suffix.lower() == ".txt"):
         prompts = [ln.strip() for ln in read_prompt_text(path, f"prompt set {ds.name}: file").splitlines()]
+    elif ds.reader == "pickapic_captions":  # Flow-GRPO dataset/pickscore/prpocess.py: unique, >= 5 spaces
+        caps = dict.fromkeys(_read_table_column(path, ds.columns))
+        prompts = [c for c in caps if c.count(" ") >= 5]
     elif ds.reader == "table" or path.suffix.lower() in (".csv", ".parquet", ".arrow"):
         prompts = _read_table_column(path, ds.columns)
     elif ds.reader == "json_records":

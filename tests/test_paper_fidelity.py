@@ -216,3 +216,34 @@ def test_kl_ref_running_mean_and_figure():
     tr = {"run": "r", "role": "pcpo", "cell": "all", "kl_ref": [0.1, 0.3], "reward_smoothed": [0.5, 0.6]}
     assert kl_ref_png([tr]).startswith(b"\x89PNG")
     assert kl_ref_png([{**tr, "kl_ref": [float("nan")] * 2}]) is None
+
+
+# -- commands: --model base, prompt sets ---------------------------------------------------------------
+
+
+def test_model_base_is_refused_with_the_fix(cli, tmp_path):
+    res = cli("generate", "--model", "base", "--prompts", "toy", "--seeds", "1", "--out", tmp_path / "s")
+    assert res.returncode == 2
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "toy" in lines[0] and "sd1:" in lines[0]
+
+
+def test_pickapic_sfw_follows_flowgrpos_recipe(tmp_path, monkeypatch):
+    import pandas as pd
+
+    from pcpo_eval.prompts import DATASETS, load_dataset_prompts
+
+    ds = DATASETS["pickapic_sfw"]
+    assert ds.obtain.startswith("hf download CarperAI/pickapic_v1_no_images_training_sfw")
+    caps = ["a cat on a mat in the sun", "short caption", "a cat on a mat in the sun", "one two three four five six"]
+    f = tmp_path / "pickapic_training_sfw.parquet"
+    pd.DataFrame({"caption": caps}).to_parquet(f)
+    monkeypatch.setenv(ds.env_var, str(f))
+    assert list(load_dataset_prompts("pickapic_sfw").prompts) == [caps[0], caps[3]]
+
+
+def test_prompt_fetch_commands_name_hf_not_huggingface_cli():
+    from pcpo_eval.prompts import DATASETS
+
+    assert all("huggingface-cli" not in d.obtain for d in DATASETS.values())
+    assert any(d.obtain.startswith("hf download ") for d in DATASETS.values())

@@ -178,7 +178,7 @@ def test_every_dataset_entry_is_complete():
         assert ds.files and ds.obtain and ds.paper and ds.description
         assert "l." in ds.paper or "not used" in ds.paper, ds.name  # cites the .tex line
         if ds.hf_repo:
-            assert f"huggingface-cli download {ds.hf_repo}" in ds.obtain and "--repo-type dataset" in ds.obtain
+            assert f"hf download {ds.hf_repo}" in ds.obtain and "--repo-type dataset" in ds.obtain
     assert DATASETS["pickapic_test"].paper_count == 2048
     assert (DATASETS["mjhq30k"].max_tokens, DATASETS["mjhq30k"].limit) == (77, 5000)
     assert DATASETS["coco2017_val"].paper_count == 5000
@@ -192,7 +192,7 @@ def test_absent_dataset_is_one_line_naming_the_variable(prompt_caches):
             load_prompts(name)
         msg = str(exc.value)
         assert "\n" not in msg and f"PCPO_PROMPTS_{name.upper()}" in msg and "not found" in msg
-    with pytest.raises(UserError, match="huggingface-cli download playgroundai/MJHQ-30K meta_data.json"):
+    with pytest.raises(UserError, match="hf download playgroundai/MJHQ-30K meta_data.json"):
         load_prompts("mjhq30k")
 
 
@@ -311,7 +311,7 @@ def test_prompts_command_lists_every_set(prompt_caches):
     assert any("datasets--playgroundai--MJHQ-30K" in s for s in rows["mjhq30k"]["searched"])
     table = CliRunner().invoke(app, ["prompts"]).output
     assert "[found  ] pickapic_test    3 prompts; paper used 2048" in table
-    assert "obtain: huggingface-cli download playgroundai/MJHQ-30K meta_data.json --repo-type dataset" in table
+    assert "obtain: hf download playgroundai/MJHQ-30K meta_data.json --repo-type dataset" in table
     assert "[found  ] simple_animals   45 prompts" in table
     bad = CliRunner().invoke(app, ["prompts", "nope"])
     assert bad.exit_code != 0 and "unknown prompt set 'nope'" in str(bad.exception)

@@ -29,7 +29,7 @@ from pcpo_eval.io import sha256_file
 ENV_VAR = "PCPO_DINOV2_PATH"
 HF_REPO = "facebook/dinov2-large"
 HOW_TO_GET = (
-    f"run `huggingface-cli download {HF_REPO}` on a connected machine and copy the snapshot into HF_HOME, "
+    f"run `hf download {HF_REPO}` on a connected machine and copy the snapshot into HF_HOME, "
     f"or point ${ENV_VAR} at the model directory"
 )
 INPUT_SIZE = 224

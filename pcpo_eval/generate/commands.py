@@ -16,7 +16,7 @@ from pcpo_eval.train.commands import DEVICE_HELP, resolve_device
 
 def generate(
     model: str = typer.Option(
-        ..., "--model", help="base | toy | sd1:PATH | RUN/checkpoints/epoch_NNNN | irg:CKPT=L[,CKPT=L]\\[@REF]"
+        ..., "--model", help="toy | sd1:PATH | sd3:... | flux:... | RUN/checkpoints/epoch_NNNN | irg:CKPT=L[,CKPT=L]\\[@REF]"
     ),
     prompts: str = typer.Option(
         ..., "--prompts",

@@ -121,12 +121,12 @@ def default_irg_reference(checkpoint_spec: str) -> str:
     """The base model a checkpoint was fine-tuned from (the IRG reference when ``@REF`` is omitted).
 
     Read from the checkpoint's ``checkpoint.json`` (``model``) or its run's ``config.yaml``
-    (``model``); ``base`` when the spec is not a checkpoint.
+    (``model``); ``toy`` when the spec is not a checkpoint (the toy model, formerly called ``base``).
     """
     from pcpo_eval.train import checkpoints
 
     ckpt = checkpoints.resolve_checkpoint(checkpoint_spec)
     if ckpt is None:
-        return "base"
+        return "toy"
     meta = checkpoints.read_meta(ckpt)
-    return str(meta.get("model") or checkpoints.load_run_config(checkpoints.run_dir_of(ckpt)).get("model", "base"))
+    return str(meta.get("model") or checkpoints.load_run_config(checkpoints.run_dir_of(ckpt)).get("model", "toy"))

@@ -235,18 +235,22 @@ def resolve_checkpoint(spec: str | Path) -> Path | None:
 
 
 def load_model_from_spec(spec: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
-    """A ready ModelAdapter from ``base`` (the toy model), a registry spec, a checkpoint or a run dir."""
+    """A ready ModelAdapter from a registry spec (``toy``, ``sd1:PATH``, ...), a checkpoint or a run dir.
+
+    ``base`` names no model here (a study's base model is its setup's ``model:``): refused with the fix."""
     from pcpo_eval.models.registry import REGISTRY, load_model
 
     ckpt = resolve_checkpoint(spec)
     if ckpt is None:
         kind = str(spec).split(":", 1)[0]
         if spec == "base":
-            spec = "toy"
-        elif kind not in REGISTRY:
+            raise UserError("--model base names no model outside a study: name the base model itself, e.g. toy (the "
+                            "embedded toy model), sd1:CompVis/stable-diffusion-v1-4, sd3:..., flux:... (a setup's "
+                            "`model:` key; a study's base model is in its spec.resolved.json, base_model)")
+        if kind not in REGISTRY:
             raise UserError(
                 f"unknown model {spec!r}: not a checkpoint or run directory, nor a spec of kind "
-                f"{', '.join(sorted(REGISTRY))} (or 'base')"
+                f"{', '.join(sorted(REGISTRY))}"
             )
         adapter = load_model(str(spec), device=device, dtype=dtype)
         adapter.spec = str(spec)
