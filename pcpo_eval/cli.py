@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import errno
 import importlib
+import os
 import sys
 from typing import Any, NoReturn
 
@@ -25,7 +26,7 @@ import typer
 from typer._click.exceptions import NoArgsIsHelpError  # typer pinned in pyproject.toml
 
 from pcpo_eval import __version__
-from pcpo_eval.errors import UserError
+from pcpo_eval.errors import ProblemList, UserError
 
 PROG = "pcpo-eval"
 
@@ -119,8 +120,19 @@ def interrupted_line() -> str:
 
 
 def _fail(line: str, code: int = 2) -> NoReturn:
-    typer.echo(f"error: {line}", err=True)
+    """``error: <line>`` on stderr, printed once under a launcher (rank 0); every rank exits ``code``."""
+    if os.environ.get("RANK", "0") in ("", "0"):
+        typer.echo(f"error: {line}", err=True)
     sys.exit(code)
+
+
+def error_text(exc: UserError) -> str:
+    """The error's text: one line, or for a :class:`ProblemList` of several items its head and one
+    indented line per item (a list of missing weights reads better than a 1,500-character line)."""
+    items = getattr(exc, "items", None)
+    if isinstance(exc, ProblemList) and items and len(items) > 1:
+        return one_line(exc.head) + ":\n" + "\n".join(f"  ({i}) {one_line(p)}" for i, p in enumerate(items, 1))
+    return one_line(str(exc))
 
 
 def main() -> None:
@@ -128,7 +140,7 @@ def main() -> None:
     try:
         rv = app(standalone_mode=False)
     except UserError as exc:
-        _fail(one_line(str(exc)), exc.exit_code)
+        _fail(error_text(exc), exc.exit_code)
     except NoArgsIsHelpError as exc:  # a bare group (`pcpo-eval`, `pcpo-eval credit`): show its help
         typer.echo(exc.format_message())
         sys.exit(0)

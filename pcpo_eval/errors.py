@@ -18,6 +18,18 @@ class MissingWeightsError(UserError, FileNotFoundError):
     """Weights of a real model (or the toy world) are absent or unreadable."""
 
 
+class ProblemList(UserError):
+    """Several problems found at once (e.g. every missing weight of a study or a training run).
+
+    ``str()`` is one line (``head: (1) ...; (2) ...``) for library users and logs; the CLI prints
+    ``error: head`` and then each item on its own line -- the one exception to one-line errors.
+    """
+
+    def __init__(self, head: str, items: list[str]) -> None:
+        self.head, self.items = head, list(items)
+        super().__init__(f"{head}: " + "; ".join(f"({i}) {p}" for i, p in enumerate(self.items, 1)))
+
+
 def require(condition: bool, message: str) -> None:
     """Raise :class:`UserError` with ``message`` unless ``condition`` holds."""
     if not condition:

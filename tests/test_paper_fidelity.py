@@ -247,3 +247,27 @@ def test_prompt_fetch_commands_name_hf_not_huggingface_cli():
 
     assert all("huggingface-cli" not in d.obtain for d in DATASETS.values())
     assert any(d.obtain.startswith("hf download ") for d in DATASETS.values())
+
+
+# -- missing weights: one error, one item per line, printed once -----------------------------------------
+
+
+def test_train_lists_every_missing_item_once_one_per_line(cli, tmp_path, monkeypatch):
+    from pcpo_eval.testing import isolate_weight_caches
+
+    isolate_weight_caches(tmp_path, monkeypatch)
+    monkeypatch.setenv("PCPO_PROMPTS_DIR", str(tmp_path / "no_prompts"))
+    res = cli("train", ROOT / "train" / "configs" / "setup5_dancegrpo_sd14.yaml", "--out", tmp_path / "r")
+    assert res.returncode == 2 and not (tmp_path / "r").exists()
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert lines[0].startswith("error: training config") and "item(s) not found" in lines[0]
+    items = lines[1:]
+    assert len(items) >= 3 and all(re.match(r"  \(\d+\) ", ln) for ln in items)  # prompts, HPS weights, SD-1.4
+    assert any("hpdv2" in ln for ln in items) and any("hps" in ln.lower() for ln in items)
+    assert len(set(items)) == len(items)
+
+
+def test_errors_print_once_under_a_launcher(cli, tmp_path, monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    res = cli("generate", "--model", "base", "--prompts", "toy", "--seeds", "1", "--out", tmp_path / "s")
+    assert res.returncode == 2 and res.stderr.strip() == ""  # rank 1 exits 2 silently; rank 0 prints

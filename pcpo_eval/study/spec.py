@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from pcpo_eval.errors import UserError
+from pcpo_eval.errors import ProblemList, UserError
 from pcpo_eval.io import read_yaml_mapping
 from pcpo_eval.metrics.base import METRICS, PREFERENCE_METRICS, per_prompt_problem
 from pcpo_eval.stats.formula import parse_lmm_formula
@@ -955,8 +955,11 @@ def load_spec(path: str | Path, check_weights: bool = True) -> StudySpec:
             problems.append(f"select_on: eval needs the held-out validation reward, but {', '.join(no_val[:3])}"
                             f"{' ...' if len(no_val) > 3 else ''} train without it; set validation_every and "
                             "validation_prompts in train.overrides, or select_on: train")
+    n_spec_problems = len(problems)
     if check_weights:
         _check_weights(runs, metrics, preferences, problems, eval_spec.prompts)
+    if len(problems) > n_spec_problems:  # missing weights / prompt sets: the CLI lists them one per line
+        raise ProblemList(f"study spec {path} has {len(problems)} problem(s)", problems)
     if problems:
         raise UserError(f"study spec {path} has {len(problems)} problem(s): "
                         + "; ".join(f"({i}) {p}" for i, p in enumerate(problems, 1)))

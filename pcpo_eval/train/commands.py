@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from pcpo_eval.errors import UserError
+from pcpo_eval.errors import ProblemList, UserError
 
 DEVICE_HELP = "auto = this process's GPU (LOCAL_RANK) when CUDA is available, else cpu | cpu | cuda:N"
 
@@ -64,6 +64,11 @@ def train_cmd(
     if log_to is not None:
         extra.append(f"log_to={log_to.strip() or 'none'}")
     cfg = load_config(config, [*(overrides or []), *extra])
+    from pcpo_eval.train.preflight import missing_assets
+
+    if missing := missing_assets(cfg):  # every absent weight / prompt set at once, before any process loads
+        raise ProblemList(f"training config {config} needs {len(missing)} item(s) not found here; nothing was "
+                          "started (`pcpo-eval weights` / `pcpo-eval prompts` show where each was looked for)", missing)
     log = train(cfg, out, resume=resume)
     if len(log):
         last = log.iloc[-1]
