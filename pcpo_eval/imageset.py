@@ -5,7 +5,9 @@
 docs/metrics.md):
 
 - missing/unreadable/truncated image, or bytes whose sha256 differs from the manifest: UserError
-  naming the file (the sha256 check is what makes the hash-keyed feature cache safe);
+  naming the file. :meth:`ImageSet.verify` hashes every file once per process before a cache keyed
+  by those hashes is trusted, so a changed or corrupt PNG is found even when every feature, score and
+  LPIPS value of the set is already cached (nothing would decode it);
 - grayscale / palette / RGBA / other modes: converted with PIL ``convert("RGB")`` (alpha dropped),
   exactly what clean-fid and dgm-eval do; the count is reported in the settings;
 - images of a size different from the set's first image: UserError (a set has one resolution;
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +30,11 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 from pcpo_eval.errors import UserError
+from pcpo_eval.io import sha256_file
+
+#: files verified in this process: (real path, size, mtime_ns, expected sha256); a file changed since
+#: (size or mtime) is hashed again
+_VERIFIED: set[tuple[str, int, int, str]] = set()
 
 REQUIRED_COLUMNS = ("prompt_id", "prompt", "seed", "path", "image_sha256")
 
@@ -98,6 +106,35 @@ class ImageSet:
     @property
     def shas(self) -> list[str]:
         return self.manifest["image_sha256"].astype(str).tolist()
+
+    def verify(self) -> None:
+        """Check every listed file against its ``image_sha256`` (once per process per unchanged file).
+
+        The feature, reward and LPIPS caches are keyed by these hashes, so a warm cache never decodes
+        the images; this check is what ties the cached values to the bytes on disk. UserError naming
+        the first missing or modified file, with the repair (``generate`` re-renders a file whose hash
+        does not match its record).
+        """
+        for path, want in zip(self.manifest["path"].astype(str), self.shas, strict=True):
+            full = self.root / path
+            try:
+                st = full.stat()
+            except OSError as exc:
+                raise UserError(f"cannot read image {full}: {exc.strerror or exc}; the set is incomplete, "
+                                "re-run the `pcpo-eval generate` command that made it to repair it") from None
+            key = (os.path.realpath(full), st.st_size, st.st_mtime_ns, want)
+            if key in _VERIFIED:
+                continue
+            try:
+                got = sha256_file(full)
+            except OSError as exc:
+                raise UserError(f"cannot read image {full}: {exc.strerror or exc}") from None
+            if got != want:
+                raise UserError(
+                    f"{full} does not match its image_sha256 in the manifest (the file was modified or is "
+                    "corrupt); re-run the `pcpo-eval generate` command that made the set to re-render it"
+                )
+            _VERIFIED.add(key)
 
     def prompts(self) -> dict[int, str]:
         """prompt_id -> prompt text."""

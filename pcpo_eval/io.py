@@ -8,7 +8,9 @@ create them private. A path that cannot be written (a parent that is a plain fil
 without write permission) is a one-line :class:`~pcpo_eval.errors.UserError` before anything is
 written. Config and spec files are read by :func:`read_yaml_mapping`; :func:`check_finite` rejects
 NaN/inf in them; result objects become strict JSON through :func:`to_jsonable`; weights become
-byte-reproducible safetensors through :func:`safetensors_bytes`.
+byte-reproducible safetensors through :func:`safetensors_bytes`. Temporary files and folders
+left by a killed writer (``.{name}.XXXXXXXX.tmp``) are removed by :func:`remove_stale_temps` when
+the same command runs again in the same folder, unless a live process still holds them open.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ import json
 import math
 import numbers
 import os
+import re
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -161,11 +165,13 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     path = Path(path)
     ensure_dir(path.parent, "folder")
     try:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     except PermissionError:
         raise UserError(f"cannot write {path}: permission denied in {path.parent}; "
                         "choose a folder you can write") from None
     os.chmod(tmp, dir_mode())
+    # held open while the folder is written: remove_stale_temps sees a live writer in /proc/PID/fd
+    held = os.open(tmp, os.O_RDONLY)
     try:
         yield tmp
         if path.exists():
@@ -179,6 +185,80 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        os.close(held)
+
+
+#: the name of a temporary file or folder of :func:`atomic_write` / :func:`atomic_dir` /
+#: ``write_image_file``: ``.{name}.`` + mkstemp's 8 random characters + ``.tmp``
+TEMP_NAME = re.compile(r"^\..+\.[A-Za-z0-9_]{8}\.tmp$")
+#: without /proc (not Linux) a temporary entry counts as stale only after this many seconds untouched
+STALE_TEMP_AGE_S = 3600.0
+
+
+def _held_paths() -> set[str] | None:
+    """Paths open by live processes (their fds and working folders), from /proc; None without /proc."""
+    if not os.path.isdir("/proc/self/fd"):
+        return None
+    held: set[str] = set()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            held.add(os.readlink(f"/proc/{pid}/cwd"))
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:  # gone, or another user's process
+            continue
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                held.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+    return held
+
+
+def _is_held(path: Path, held: set[str] | None) -> bool:
+    if held is None:
+        try:
+            return time.time() - path.lstat().st_mtime < STALE_TEMP_AGE_S
+        except OSError:
+            return True
+    p = os.path.realpath(path)
+    return p in held or any(h.startswith(p + os.sep) for h in held)
+
+
+def remove_stale_temps(root: str | os.PathLike, recursive: bool = True) -> list[Path]:
+    """Delete the temporary files/folders of our atomic writers that a killed run left under ``root``.
+
+    Only names of our own pattern (:data:`TEMP_NAME`), and only ones no live process holds open
+    (checked in ``/proc``: a writer keeps its temporary file, or folder, open until it renames it;
+    without ``/proc``, ones untouched for :data:`STALE_TEMP_AGE_S`). Returns what was removed.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found: list[Path] = []
+    if recursive:
+        for dirpath, dirnames, filenames in os.walk(root):
+            for name in filenames + dirnames:
+                if TEMP_NAME.match(name):
+                    found.append(Path(dirpath) / name)
+            dirnames[:] = [d for d in dirnames if not TEMP_NAME.match(d)]
+    else:
+        found = [p for p in root.iterdir() if TEMP_NAME.match(p.name)]
+    if not found:
+        return []
+    held = _held_paths()
+    removed = []
+    for p in found:
+        if _is_held(p, held):
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
+            removed.append(p)
+    return removed
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:

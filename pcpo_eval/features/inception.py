@@ -134,7 +134,12 @@ class InceptionExtractor(FeatureExtractor):
         path = locate_weights(weights_path)
         self.device = torch.device(device)
         if is_torchscript(path):
-            base = torch.jit.load(str(path), map_location="cpu").eval()
+            try:
+                base = torch.jit.load(str(path), map_location="cpu").eval()
+            except Exception as exc:  # noqa: BLE001 - a damaged archive raises many types
+                raise MissingWeightsError(
+                    f"{path} is not a loadable TorchScript file ({type(exc).__name__}); {HOW_TO_GET}"
+                ) from None
             if not hasattr(base, "layers") or not hasattr(base, "output"):
                 raise MissingWeightsError(
                     f"{path} is a TorchScript file without 'layers'/'output'; expected NVIDIA's {TORCHSCRIPT_NAME}"
@@ -147,7 +152,7 @@ class InceptionExtractor(FeatureExtractor):
                 state = torch.load(str(path), map_location="cpu", weights_only=True)
                 self.trunk = TFInceptionTrunk()
                 self.trunk.load_state_dict(state)
-            except (RuntimeError, KeyError, ValueError, OSError) as exc:
+            except Exception as exc:  # noqa: BLE001 - torch.load raises many types for a file that is not a state dict
                 raise MissingWeightsError(
                     f"{path} is not a converted TF Inception state dict ({type(exc).__name__}); {HOW_TO_GET}"
                 ) from exc

@@ -9,6 +9,7 @@ identifies the network whatever file it was loaded from.
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -67,6 +68,17 @@ class ToyExtractor(FeatureExtractor):
         return [t.float() for t in self.classifier(images.to(self.device))["layers"]]
 
 
-def make_toy(**options: Any) -> ToyExtractor:
-    """Registry factory (options: ``classifier`` (a stand-in module), ``device``)."""
+def make_toy(weights_path: str | Path | None = None, **options: Any) -> ToyExtractor:
+    """Registry factory (options: ``classifier`` (a stand-in module), ``device``; ``weights_path``: a toy
+    weights folder with ``classifier.safetensors`` + ``classifier_config.json``, default the shipped one)."""
+    if weights_path is not None and options.get("classifier") is None:
+        from pcpo_eval.errors import UserError
+        from pcpo_eval.toy.classifier import load_classifier
+
+        wd = Path(weights_path)
+        if not (wd / "classifier_config.json").is_file() or not (wd / "classifier.safetensors").is_file():
+            raise UserError(f"toy weights: {wd} is not a folder with classifier.safetensors and "
+                            "classifier_config.json; pass such a folder (e.g. one written by `pcpo-eval toy pretrain`) "
+                            "or leave --weights out for the shipped classifier")
+        options["classifier"] = load_classifier(wd, options.get("device", "cpu"))
     return ToyExtractor(**options)

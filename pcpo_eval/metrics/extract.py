@@ -65,6 +65,7 @@ def _compute_into_cache(
     report: ExtractionReport,
 ) -> None:
     """Fill ``cache`` for ``keys`` (row keys of ``image_set``): batches dealt round-robin to ranks."""
+    image_set.verify()  # the keys are the files' recorded hashes: check the files before trusting the cache
     first_row: dict[str, int] = {}
     for row, k in enumerate(keys):
         first_row.setdefault(k, row)

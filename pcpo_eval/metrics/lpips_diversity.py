@@ -305,6 +305,7 @@ class LpipsDiversityMetric(Metric):
 
     def update(self, data: EvalData) -> None:
         s, batch, shas = data.image_set, data.options.lpips_batch, data.image_set.shas
+        s.verify()  # the per-prompt cache is keyed by the recorded hashes: check the files first
         digest = settings_digest(self.embedder_settings)[:16]
         root = cache_root(s, data.options) / "lpips" / f"{self.embedder.name}-{digest}"
         for pid in data.my_prompts():

@@ -35,9 +35,9 @@ from pcpo_eval import dist
 from pcpo_eval.errors import UserError
 from pcpo_eval.features import FeatureExtractor, make_extractor
 from pcpo_eval.imageset import ImageSet, check_min_images, check_same_prompts
-from pcpo_eval.io import atomic_write, atomic_write_json, atomic_write_parquet
+from pcpo_eval.io import atomic_write, atomic_write_json, atomic_write_parquet, remove_stale_temps
 from pcpo_eval.metrics.base import METRICS
-from pcpo_eval.metrics.extract import ExtractionReport, MetricsOptions, extract_set
+from pcpo_eval.metrics.extract import ExtractionReport, MetricsOptions, cache_root, extract_set
 from pcpo_eval.metrics.frechet import FrechetDistanceMetric
 from pcpo_eval.metrics.inception_score import InceptionScoreMetric
 from pcpo_eval.metrics.lpips_diversity import LpipsDiversityMetric
@@ -219,6 +219,11 @@ def compute_metrics(
     s = image_set if isinstance(image_set, ImageSet) else ImageSet.load(image_set)
     ref = reference if reference is None or isinstance(reference, ImageSet) else ImageSet.load(reference)
     validate_request(names, s, ref, options)
+    for one in (s, ref):  # every file against its recorded sha256 before any cache keyed by it is used
+        if one is not None:
+            one.verify()
+    if dist.is_main():
+        remove_stale_temps(cache_root(s, options))  # left by a killed run; never ones a live process holds
     objects, extractors, wanted = build_metrics(names, options)
     data = EvalData(s, ref, options, report, extractors)
     data.outputs = {
@@ -263,6 +268,8 @@ def run_metrics(
     """Compute ``metrics`` for ``image_set`` and (if ``out_dir``) write the three outputs."""
     if out_dir is not None:
         check_out_dir(out_dir)
+        if dist.is_main():
+            remove_stale_temps(out_dir, recursive=False)
     result = compute_metrics(image_set, metrics, reference, options)
     if out_dir is not None:
         write_outputs(result, out_dir)
@@ -280,6 +287,10 @@ def export_features(
     if out.is_dir():
         raise UserError(f"--out {out} is a directory; give a .npy file path")
     s = ImageSet.load(image_set)
+    s.verify()
+    if dist.is_main():
+        remove_stale_temps(cache_root(s, options))
+        remove_stale_temps(out.parent, recursive=False)
     ext = make_extractor(extractor, device=options.device, **options.extractor_options.get(extractor, {}))
     feats = extract_set(s, ext, options)["features"]
     if dist.is_main():

@@ -39,9 +39,15 @@ import pandas as pd
 from pcpo_eval.errors import UserError
 from pcpo_eval.io import atomic_dir, atomic_write_parquet, atomic_write_text, sha256_file
 from pcpo_eval.registry import optional_module
-from pcpo_eval.train.checkpoints import FULL_FILE, LORA_FILE, META_FILE, checkpoint_dir
+from pcpo_eval.train.checkpoints import FULL_FILE, LORA_FILE, META_FILE, check_weights_file, checkpoint_dir
 
 KINDS = ("dancegrpo", "flowgrpo")
+#: run kind -> the --model kinds it can have fine-tuned (Flow-GRPO: SD3.5 / FLUX LoRA, SD-1 UNet LoRA;
+#: DanceGRPO: the SD-1 UNet or the FLUX transformer)
+MODEL_KINDS = {"flowgrpo": ("sd3", "flux", "sd1"), "dancegrpo": ("sd1", "flux")}
+#: the denoiser folder of a diffusers pipeline, by model kind
+DENOISER_FOLDER = {"sd1": "unet", "sd3": "transformer", "flux": "transformer"}
+FIX_SOURCE = "copy the reference run's checkpoint again (or leave that checkpoint out of the source folder)"
 #: W&B per-update keys averaged into our per-epoch PPO-health columns
 UPDATE_KEYS = {"approx_kl": "approx_kl", "clipfrac": "clipfrac", "kl": "kl_mean", "policy_loss": "loss"}
 
@@ -62,6 +68,16 @@ def wandb_records(path: Path) -> list[dict[str, Any]]:
     data = path.read_bytes()
     if data[:4] != b":W&B":
         raise UserError(f"{path} is not a W&B transaction log (no ':W&B' header)")
+    try:
+        return _wandb_rows(pb, data)
+    except Exception as exc:  # noqa: BLE001 - protobuf / struct / JSON errors of a damaged log
+        raise UserError(f"{path} is a corrupt or truncated W&B transaction log ({type(exc).__name__}: "
+                        f"{str(exc).splitlines()[0][:100] if str(exc).strip() else 'unreadable record'}); "
+                        "export the run's history with wandb's API (run.history()) to CSV and pass that as --log") from None
+
+
+def _wandb_rows(pb: Any, data: bytes) -> list[dict[str, Any]]:
+    """The history rows of a transaction log's bytes (:func:`wandb_records`); raises on damage."""
     rows, pos, block, buf = [], 7, 32768, b""
     while pos + 7 <= len(data):
         left = block - pos % block
@@ -69,6 +85,8 @@ def wandb_records(path: Path) -> list[dict[str, Any]]:
             pos += left
             continue
         _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if pos + 7 + length > len(data) or kind > 4:
+            raise ValueError(f"record at byte {pos} runs past the end of the file or has an unknown type")
         chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
         if kind in (2, 3):
             buf += chunk
@@ -116,8 +134,17 @@ def flowgrpo_epochs(hist: pd.DataFrame, reward_key: str = "avg") -> pd.DataFrame
         keys = sorted(c for c in hist.columns if c.startswith("reward_"))
         raise UserError(f"log has no {col} / epoch columns (reward columns: {', '.join(keys) or 'none'}); "
                         "pass --reward-key with one of them, without the reward_ prefix")
+    for c in [col, "epoch", *(f"eval_{col}",) * (f"eval_{col}" in hist.columns)]:
+        values = pd.to_numeric(hist[c], errors="coerce")
+        bad = hist[c].notna() & ~np.isfinite(values.fillna(0.0))
+        if bad.any():
+            i = int(np.flatnonzero(bad.to_numpy())[0])
+            raise UserError(f"log column {c!r} holds {int(bad.sum())} non-finite or non-numeric value(s) "
+                            f"(first at _step {hist['_step'].iloc[i]}: {hist[c].iloc[i]!r}); an imported reward must "
+                            "be a finite number: fix or drop those rows of the log")
     rows = hist[hist[col].notna() & hist["epoch"].notna()]
-    out = pd.DataFrame({"epoch": rows["epoch"].astype(int).to_numpy() + 1, "reward_mean": rows[col].astype(float)})
+    out = pd.DataFrame({"epoch": rows["epoch"].astype(float).astype(int).to_numpy() + 1,
+                        "reward_mean": rows[col].astype(float)})
     out = out.drop_duplicates("epoch", keep="last").set_index("epoch")
     upd = hist[hist["epoch"].notna()]
     for src, dst in UPDATE_KEYS.items():
@@ -200,6 +227,7 @@ def peft_lora_to_diffusers(folder: Path, prefix: str = "transformer") -> tuple[d
     except (OSError, json.JSONDecodeError) as exc:
         raise UserError(f"{cfg_path} is missing or not JSON ({type(exc).__name__}); not a peft LoRA folder") from None
     tensors = {}
+    check_weights_file(folder / "adapter_model.safetensors", FIX_SOURCE)
     for k, v in load_file(str(folder / "adapter_model.safetensors")).items():
         k = k.removeprefix("base_model.model.")
         if ".lora_A." not in k and ".lora_B." not in k:
@@ -212,6 +240,89 @@ def peft_lora_to_diffusers(folder: Path, prefix: str = "transformer") -> tuple[d
     meta = {"format": "pt", LORA_ADAPTER_METADATA_KEY: json.dumps({f"{prefix}.{k}": v for k, v in keep.items()},
                                                                   sort_keys=True)}
     return tensors, meta
+
+
+def _denoiser_shapes(kind: str, arg: str) -> dict[str, tuple[int, ...]] | None:
+    """Tensor name -> shape of the base pipeline's denoiser (read from safetensors headers, nothing
+    loaded); None when its weights are not single or sharded ``*.safetensors`` files."""
+    from safetensors import SafetensorError, safe_open
+
+    from pcpo_eval.models.registry import pipeline_location
+    from pcpo_eval.weights.locate import hf_snapshot_file
+
+    where = pipeline_location(kind, arg)  # MissingWeightsError (one line) when absent
+    root = Path(where)
+    if not root.is_dir():
+        index = hf_snapshot_file(where, "model_index.json")
+        root = Path(index).parent if index is not None else root
+    files = sorted((root / DENOISER_FOLDER[kind]).glob("*.safetensors"))
+    plain = [f for f in files if ".fp16." not in f.name] or files
+    if not plain:
+        return None
+    shapes: dict[str, tuple[int, ...]] = {}
+    for f in plain:
+        try:
+            with safe_open(str(f), framework="pt") as fh:
+                for k in fh.keys():  # noqa: SIM118 - safe_open is not a mapping
+                    shapes[k] = tuple(fh.get_slice(k).get_shape())
+        except (SafetensorError, OSError) as exc:
+            raise UserError(f"--model {kind}:{arg}: {f} is truncated or corrupt ({str(exc).splitlines()[0][:100]}); "
+                            "download the base model again") from None
+    return shapes
+
+
+def check_model(kind: str, model: str, cks: dict[int, Path]) -> None:
+    """``--model`` names a base model kind this run kind trains, whose weights are here and fit the
+    checkpoints (tensor names and shapes from safetensors headers): UserError otherwise."""
+    from safetensors import safe_open
+
+    from pcpo_eval.models.registry import REGISTRY, parse_spec
+
+    mkind, arg = parse_spec(model)
+    if mkind not in REGISTRY:
+        raise UserError(f"unknown --model {model!r}; valid kinds: {', '.join(sorted(REGISTRY))} "
+                        f"(a {kind} run fine-tunes {' or '.join(MODEL_KINDS[kind])}, e.g. --model sd3:PATH_OR_HF_ID)")
+    if mkind not in MODEL_KINDS[kind]:
+        raise UserError(f"--model {model!r}: a {kind} run fine-tunes {' or '.join(MODEL_KINDS[kind])}, not {mkind}; "
+                        "pass the base model the run was trained from")
+    if not arg and mkind == "sd1":
+        raise UserError("--model sd1 needs a location: sd1:PATH_OR_HF_ID (the base model the run was trained from)")
+    from pcpo_eval.models.flux import DEFAULT_FLUX
+    from pcpo_eval.models.sd3 import DEFAULT_SD3
+
+    default = DEFAULT_SD3 if mkind == "sd3" else DEFAULT_FLUX
+    base = _denoiser_shapes(mkind, arg or default)
+    if base is None:
+        return
+    epoch, folder = min(cks.items())
+    name = "adapter_model.safetensors" if kind == "flowgrpo" else "diffusion_pytorch_model.safetensors"
+    with safe_open(str(folder / name), framework="pt") as fh:
+        ck = {k: tuple(fh.get_slice(k).get_shape()) for k in fh.keys()}  # noqa: SIM118
+    problems = []
+    if kind == "dancegrpo":
+        missing = sorted(set(base) - set(ck))
+        extra = sorted(set(ck) - set(base))
+        wrong = sorted(k for k in set(ck) & set(base) if ck[k] != base[k])
+        if wrong:
+            problems.append(f"{wrong[0]} is {list(ck[wrong[0]])} in the checkpoint but {list(base[wrong[0]])} in the model")
+        if missing or extra:
+            problems.append(f"{len(missing)} tensor(s) of the model are absent and {len(extra)} unknown "
+                            f"(e.g. {(missing or extra)[0]})")
+    else:
+        for k, shape in ck.items():
+            if ".lora_A." not in k and ".lora_B." not in k:
+                continue
+            module = k.removeprefix("base_model.model.").split(".lora_")[0]
+            target = base.get(f"{module}.weight")
+            if target is None:
+                problems.append(f"its LoRA targets {module}, which the model does not have")
+                break
+            if (".lora_A." in k and shape[-1] != target[1]) or (".lora_B." in k and shape[0] != target[0]):
+                problems.append(f"its LoRA on {module} has shape {list(shape)}, the module {list(target)}")
+                break
+    if problems:
+        raise UserError(f"checkpoint {folder / name} (epoch {epoch}) does not fit --model {model!r}: {problems[0]}; "
+                        "pass the base model the run was trained from")
 
 
 def _write_checkpoint(out: Path, epoch: int, src: Path, kind: str, model: str, reward: float | None) -> None:
@@ -263,6 +374,10 @@ def import_run(kind: str, src: str | Path, out: str | Path, model: str, log: str
     if beyond:
         raise UserError(f"checkpoints at epochs {beyond[:5]} have no logged reward (log covers epochs "
                         f"{int(table['epoch'].min())}..{int(table['epoch'].max())}); pass the full log")
+    for folder in cks.values():
+        check_weights_file(folder / ("adapter_model.safetensors" if kind == "flowgrpo" else
+                                     "diffusion_pytorch_model.safetensors"), FIX_SOURCE)
+    check_model(kind, model, cks)
     out.mkdir(parents=True, exist_ok=True)
     rewards = dict(zip(table["epoch"].astype(int), table["reward_mean"].astype(float), strict=True))
     for epoch, folder in sorted(cks.items()):
