@@ -1,21 +1,46 @@
 """Rewards and preference scores behind one registry, shared by the trainer and the metrics.
 
 A reward is a callable ``fn(images, prompts) -> torch.Tensor`` of shape (B,) (float32, CPU), where
-``images`` is a uint8 tensor (B, 3, H, W) and ``prompts`` a list of B strings, in the style of
-ddpo-pytorch's ``rewards.py`` factories. Factories take keyword options (``device``, weight paths)
+``images`` is a uint8 tensor (B, 3, H, W) on the CPU and ``prompts`` a list of B strings, in the style
+of ddpo-pytorch's ``rewards.py`` factories. Factories take keyword options (``device``, weight paths)
 and load real models only from local files; a missing file raises
 :class:`pcpo_eval.errors.MissingWeightsError` naming the file or variable to set.
+
+What a config's ``reward:`` may name (:func:`make_reward`, docs/training.md#rewards):
+
+* a built-in name of :data:`REGISTRY` (``aesthetic``, ``toy_aesthetic``, ...);
+* a custom factory as ``"module:function"`` (importable from the working directory or the
+  environment), or the name of an entry point in the group :data:`ENTRY_POINT_GROUP`
+  (``[project.entry-points."pcpo_eval.rewards"]`` of a plug-in package). A custom factory follows
+  the built-ins' conventions: called with the config's ``reward_options`` as keywords (``device``
+  among them when the config sets it), it returns ``fn(images, prompts)``; its scores are checked
+  (:func:`checked_reward`: one finite-or-NaN number per image, else one error line naming it);
+* a weighted sum ``{aesthetic: 0.7, hps: 0.3}`` (:class:`WeightedReward`): each component is built
+  as above, with ``reward_options`` keyed by component name; the trainer logs each component's mean
+  as its own column ``reward_<name>_mean`` (:func:`component_column`).
+
+This module imports no torch at import time, so configs can check a ``reward:`` value cheaply.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
-from typing import Any, Protocol
-
-import torch
+import importlib.util
+import math
+import re
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pcpo_eval.errors import UserError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+#: Entry-point group of reward plug-ins: ``name = "package.module:factory"``.
+ENTRY_POINT_GROUP = "pcpo_eval.rewards"
+#: What a config's ``reward`` holds: one name, or component name -> weight.
+RewardSpec = str | dict[str, float]
 
 
 class RewardFn(Protocol):
@@ -46,10 +71,159 @@ REGISTRY: dict[str, str] = {
 }
 
 
-def make_reward(name: str, **options: Any) -> RewardFn:
-    """Build the reward ``name`` from :data:`REGISTRY` (options go to its factory)."""
-    if name not in REGISTRY:
-        raise UserError(f"unknown reward {name!r}; choose one of: {', '.join(sorted(REGISTRY))}")
-    module_name, factory_name = REGISTRY[name].split(":")
-    factory: Callable[..., RewardFn] = getattr(importlib.import_module(module_name), factory_name)
-    return factory(**options)
+def parse_reward(value: Any) -> RewardSpec:
+    """A config's ``reward`` value checked: a non-empty name, or a non-empty mapping of names to
+    finite numeric weights (a YAML mapping given as text, ``reward={aesthetic: 0.7, hps: 0.3}`` on
+    the command line, is read as one). Raises :class:`UserError` naming the problem."""
+    if isinstance(value, str) and value.strip().startswith("{"):
+        import yaml
+
+        try:
+            value = yaml.safe_load(value)
+        except yaml.YAMLError:
+            raise UserError(f"reward {value!r} is not a YAML mapping; write e.g. {{aesthetic: 0.7, hps: 0.3}}") from None
+    if isinstance(value, str):
+        if not value.strip():
+            raise UserError("reward is empty; name a reward (e.g. toy_aesthetic) or a weighted sum {a: 0.7, b: 0.3}")
+        return value.strip()
+    if not isinstance(value, Mapping) or not value:
+        raise UserError(f"reward must be a name or a mapping name -> weight, e.g. {{aesthetic: 0.7, hps: 0.3}}; got {value!r}")
+    out: dict[str, float] = {}
+    for name, w in value.items():
+        ok = isinstance(w, int | float) and not isinstance(w, bool) and math.isfinite(float(w))
+        if not isinstance(name, str) or not name.strip() or not ok:
+            raise UserError(f"reward weight {name!r}: {w!r} is not a finite number; write name: weight, e.g. aesthetic: 0.7")
+        out[name.strip()] = float(w)
+    return out
+
+
+def reward_label(spec: RewardSpec) -> str:
+    """``aesthetic`` or ``0.7*aesthetic + 0.3*hps`` (messages, model cards)."""
+    if isinstance(spec, str):
+        return spec
+    return " + ".join(f"{w:g}*{n}" for n, w in spec.items())
+
+
+def reward_parts(spec: RewardSpec, options: Mapping[str, Any] | None = None) -> list[tuple[str, float, dict[str, Any]]]:
+    """(name, weight, factory options) of each component; a single reward is one part of weight 1.
+
+    A weighted reward's ``options`` map component names to their options; another key is an error.
+    """
+    options = dict(options or {})
+    if isinstance(spec, str):
+        return [(spec, 1.0, options)]
+    extra = sorted(set(options) - set(spec))
+    if extra:
+        raise UserError(f"reward_options key(s) {', '.join(map(str, extra))} name no component of the weighted reward "
+                        f"{reward_label(spec)}; key reward_options by component, e.g. {{{next(iter(spec))}: {{device: cpu}}}}")
+    bad = [n for n, o in options.items() if not isinstance(o, Mapping)]
+    if bad:
+        raise UserError(f"reward_options.{bad[0]} must be a mapping of that reward's options")
+    return [(n, w, dict(options.get(n) or {})) for n, w in spec.items()]
+
+
+def component_column(name: str) -> str:
+    """The training-log column of a weighted reward's component: ``reward_<name>_mean``."""
+    return f"reward_{re.sub(r'[^A-Za-z0-9]+', '_', name).strip('_')}_mean"
+
+
+def _entry_point(name: str) -> Any:
+    from importlib.metadata import entry_points
+
+    return next((ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == name), None)
+
+
+def resolve_factory(name: str) -> tuple[Callable[..., RewardFn], bool]:
+    """(factory, built-in?) for a registry name, an entry point of :data:`ENTRY_POINT_GROUP` or
+    ``module:function``; anything else is one :class:`UserError` line listing the choices."""
+    if name in REGISTRY:
+        module_name, factory_name = REGISTRY[name].split(":")
+        return getattr(importlib.import_module(module_name), factory_name), True
+    ep = _entry_point(name)
+    if ep is not None:
+        try:
+            return ep.load(), False
+        except (ImportError, AttributeError) as exc:
+            raise UserError(f"reward plug-in {name!r} ({ep.value}) does not load: {exc}; reinstall the package "
+                            "that declares it") from None
+    if ":" in name:
+        module_name, _, factory_name = name.partition(":")
+        try:
+            found = importlib.util.find_spec(module_name) is not None
+        except (ModuleNotFoundError, ValueError):  # a missing parent package, an empty name
+            found = False
+        if not found:
+            raise UserError(f"reward {name!r}: cannot import module {module_name!r}; put it on PYTHONPATH "
+                            "or install it")
+        factory = getattr(importlib.import_module(module_name), factory_name, None)  # its own errors propagate
+        if factory is None:
+            raise UserError(f"reward {name!r}: module {module_name!r} has no {factory_name!r}")
+        if not callable(factory):
+            raise UserError(f"reward {name!r} is not callable; name a factory function(**options) -> fn(images, prompts)")
+        return factory, False
+    raise UserError(f"unknown reward {name!r}; choose one of: {', '.join(sorted(REGISTRY))}, a plug-in of the "
+                    f"{ENTRY_POINT_GROUP!r} entry points, or a custom factory as 'module:function'")
+
+
+def checked_reward(name: str, fn: RewardFn) -> RewardFn:
+    """``fn`` whose output is checked and normalised like the built-ins': a tensor / array / list of one
+    number per image, returned as float32 (B,) on the CPU; a wrong shape or type is one
+    :class:`UserError` naming the reward (NaN/inf pass through: the trainer rejects that epoch)."""
+    import numpy as np
+    import torch
+
+    def wrapped(images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+        out = fn(images, prompts)
+        try:
+            t = out.detach().float().cpu() if isinstance(out, torch.Tensor) else torch.as_tensor(np.asarray(out, dtype=np.float32))
+        except (TypeError, ValueError):
+            raise UserError(f"reward {name!r} returned {type(out).__name__}; return one number per image "
+                            "(a tensor of shape (B,))") from None
+        if t.ndim == 2 and t.shape[1] == 1:
+            t = t[:, 0]
+        if t.shape != (images.shape[0],):
+            raise UserError(f"reward {name!r} returned shape {tuple(t.shape)} for {images.shape[0]} images; "
+                            "return one number per image (shape (B,))")
+        return t
+
+    return wrapped
+
+
+class WeightedReward:
+    """``sum_k w_k r_k(images, prompts)``; ``last_components`` keeps each component's scores of the
+    last call (name -> float64 array), which the trainer logs as ``reward_<name>_mean``."""
+
+    def __init__(self, parts: list[tuple[str, float, RewardFn]]) -> None:
+        self.parts = parts
+        self.last_components: dict[str, np.ndarray] = {}
+
+    def __call__(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+        total = None
+        comps = {}
+        for name, w, fn in self.parts:
+            r = fn(images, prompts)
+            comps[name] = r.double().numpy()
+            total = w * r if total is None else total + w * r
+        self.last_components = comps
+        assert total is not None
+        return total.float()
+
+
+def make_reward(name: RewardSpec, **options: Any) -> RewardFn:
+    """Build the reward ``name``: a :data:`REGISTRY` name, a plug-in, ``module:function`` or a weighted
+    sum (see the module doc); options go to the factory (per component for a weighted sum)."""
+    spec = parse_reward(name)
+    if isinstance(spec, str):
+        factory, builtin = resolve_factory(spec)
+        fn = factory(**options)
+        return fn if builtin else checked_reward(spec, fn)
+    built = []
+    for part, w, opts in reward_parts(spec, options):
+        factory, _ = resolve_factory(part)
+        built.append((part, w, checked_reward(part, factory(**opts))))
+    return WeightedReward(built)
+
+
+def reward_components(fn: Any) -> dict[str, np.ndarray]:
+    """A weighted reward's per-component scores of its last call (empty for a single reward)."""
+    return dict(getattr(fn, "last_components", None) or {})

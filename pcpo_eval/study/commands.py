@@ -22,6 +22,23 @@ def find_demo_spec() -> Path:
     raise UserError(f"{DEMO_SPEC} not found; run `pcpo-eval demo` from the pcpo-eval checkout")
 
 
+def report(study_dir: Path, output: Path | None, figures_only: bool, figures_dir: Path | None) -> None:
+    """``pcpo-eval report``: the HTML report and the figure files, or (``--figures-only``) the files only."""
+    from pcpo_eval.report.html import write_figures, write_report
+
+    if figures_only and output is not None:
+        raise UserError("--figures-only writes no HTML; drop --output (or drop --figures-only)")
+    if figures_only or figures_dir is not None:
+        paths = write_figures(study_dir, figures_dir)
+        typer.echo(f"wrote {len(paths)} figure files ({len(paths) // 3} figures) to "
+                   f"{figures_dir if figures_dir is not None else study_dir / 'figures'}")
+        if not figures_only:
+            typer.echo(f"wrote {write_report(study_dir, output, figures=False)}")
+        return
+    typer.echo(f"wrote {write_report(study_dir, output)}")
+    typer.echo(f"wrote the figures (SVG, PDF, PNG) to {study_dir / 'figures'}")
+
+
 def register(app: typer.Typer) -> None:
     """Add ``study``, ``report``, ``irg-sweep`` and ``demo`` to the ``pcpo-eval`` app."""
 
@@ -64,20 +81,7 @@ def register(app: typer.Typer) -> None:
         figures_dir: Path | None = typer.Option(None, "--figures-dir", help="folder of the figure files [STUDY_DIR/figures]"),
     ) -> None:
         """Write the self-contained HTML report of a finished study and its figures as SVG, PDF and PNG."""
-        from pcpo_eval.report.html import write_figures, write_report
-
-        if figures_only or figures_dir is not None:
-            if figures_only and output is not None:
-                raise UserError("--figures-only writes no HTML; drop --output (or drop --figures-only)")
-            paths = write_figures(study_dir, figures_dir)
-            typer.echo(f"wrote {len(paths)} figure files ({len(paths) // 3} figures) to "
-                       f"{figures_dir if figures_dir is not None else study_dir / 'figures'}")
-            if figures_only:
-                return
-            typer.echo(f"wrote {write_report(study_dir, output, figures=False)}")
-            return
-        typer.echo(f"wrote {write_report(study_dir, output)}")
-        typer.echo(f"wrote the figures (SVG, PDF, PNG) to {study_dir / 'figures'}")
+        report(study_dir, output, figures_only, figures_dir)
 
     @app.command("irg-sweep")
     def irg_sweep_cmd(

@@ -890,9 +890,13 @@ def _check_weights(runs: Sequence[RunSpec], metrics: Sequence[str], preferences:
     """External assets: prompt sets (files or datasets), reward / metric backends, base models."""
     cfgs = [r.train for r in runs if r.train is not None]
     _check_prompt_sources(cfgs, eval_prompts, preferences, problems)
-    for rw, opts in sorted({(c.reward, json.dumps(c.reward_options, sort_keys=True)) for c in cfgs}):
-        backends = reward_backends(rw, json.loads(opts))
-        problems += [f"training reward {rw}: {m}" for m in _backend_missing(backends)]
+    from pcpo_eval.rewards import reward_parts
+
+    # a weighted reward ({aesthetic: 0.7, hps: 0.3}) is a dict: compare rewards by their JSON text
+    for rw, opts in sorted({(json.dumps(c.reward, sort_keys=True), json.dumps(c.reward_options, sort_keys=True))
+                            for c in cfgs}):
+        for name, _, options in reward_parts(json.loads(rw), json.loads(opts)):
+            problems += [f"training reward {name}: {m}" for m in _backend_missing(reward_backends(name, options))]
     for m in sorted({c.model for c in cfgs}):
         if (msg := _model_missing(m)) is not None:
             problems.append(msg)

@@ -20,6 +20,7 @@ from pcpo_eval.credit.ddim import CONVENTIONS, DEFAULT_FALLBACK, FALLBACKS
 from pcpo_eval.credit.flow import FLOW_SDES, KL_FORMS, STEP_WEIGHTINGS, T1_CONVENTIONS
 from pcpo_eval.errors import UserError
 from pcpo_eval.io import check_finite, read_yaml_mapping
+from pcpo_eval.rewards import parse_reward, reward_parts
 from pcpo_eval.train.advantages import ADV_STDS
 from pcpo_eval.train.objectives import OBJECTIVES
 from pcpo_eval.train.tracking import WANDB_MODES, parse_log_to
@@ -34,8 +35,11 @@ class TrainConfig:
     # --- model and task -------------------------------------------------------------------
     model: str = "toy"  #: model spec for pcpo_eval.models.registry.load_model (toy, sd1:PATH, ...)
     prompts: str = "toy"  #: prompt set name or file (pcpo_eval.prompts)
-    reward: str = "jpeg_compressibility"  #: reward registry name (pcpo_eval.rewards)
-    reward_options: dict[str, Any] = field(default_factory=dict)  #: kwargs for the reward factory
+    #: reward: a registry name, a plug-in, "module:function", or a weighted sum {name: weight, ...}
+    #: (pcpo_eval.rewards.make_reward; docs/training.md#rewards)
+    reward: str | dict[str, float] = "jpeg_compressibility"
+    #: kwargs for the reward factory (a weighted sum: keyed by component name)
+    reward_options: dict[str, Any] = field(default_factory=dict)
     objective: str = "ppo_clip"  #: ppo_clip | log_hinge | eps_matching | pcpo (ablation ladder)
     seed: int = 0  #: every random draw derives from (seed, epoch, rank, index)
     epochs: int = 10
@@ -140,6 +144,10 @@ class TrainConfig:
         need(self.objective in OBJECTIVES, f"objective={self.objective!r} (choose {', '.join(OBJECTIVES)})")
         try:
             parse_log_to(self.log_to)
+        except UserError as exc:
+            problems.append(str(exc))
+        try:
+            reward_parts(parse_reward(self.reward), self.reward_options)
         except UserError as exc:
             problems.append(str(exc))
         need(self.wandb_mode in WANDB_MODES, f"wandb_mode={self.wandb_mode!r} (choose {', '.join(WANDB_MODES)})")
@@ -272,6 +280,8 @@ _HINTS = typing.get_type_hints(TrainConfig)
 def _coerce(key: str, value: Any) -> Any:
     """Convert a YAML/CLI value to the field's type, or raise a UserError naming the key."""
     hint = _HINTS[key]
+    if key == "reward":
+        return parse_reward(value)
     try:
         if hint is bool:
             if isinstance(value, str):

@@ -43,7 +43,7 @@ import math
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +108,8 @@ class EpochSamples:
     control_rewards: np.ndarray | None = None  # untrained model, same prompts and noises (all processes)
     control_time_s: float = 0.0  # seconds spent sampling the paired control
     control_cpu_s: float = 0.0  # process CPU seconds of the paired control
+    #: a weighted reward's per-component means over all processes (``reward_<name>_mean``)
+    reward_parts: dict[str, float] = field(default_factory=dict)
 
 
 def training_sampler(cfg: TrainConfig, prediction: str) -> tuple[Sampler, str]:
@@ -227,6 +229,7 @@ class Trainer:
         cond = PromptEmbeds.cat([p[0] for p in parts])
         images = torch.cat([p[2] for p in parts])
         rewards = self.reward_fn(images.cpu(), prompts).double().numpy()
+        reward_parts = self._reward_part_means()
         all_rewards, adv = self._advantages(epoch, prompts, rewards, pids)
         traj = Trajectory.cat([p[1] for p in parts], dtype=torch.float32)
         t_control, c_control = time.perf_counter(), time.process_time()
@@ -234,7 +237,19 @@ class Trainer:
         return EpochSamples(prompts=prompts, prompt_ids=pids, cond=cond, traj=traj, rewards=rewards,
                             advantages=adv, all_rewards=all_rewards, images=images.cpu(), control_rewards=control,
                             control_time_s=time.perf_counter() - t_control if cfg.paired_control else 0.0,
-                            control_cpu_s=time.process_time() - c_control if cfg.paired_control else 0.0)
+                            control_cpu_s=time.process_time() - c_control if cfg.paired_control else 0.0,
+                            reward_parts=reward_parts)
+
+    def _reward_part_means(self) -> dict[str, float]:
+        """Each component's mean score over all processes' samples of the last reward call (weighted
+        rewards only; :func:`pcpo_eval.rewards.component_column` names the columns)."""
+        from pcpo_eval.rewards import component_column, reward_components
+
+        mine = {k: v.tolist() for k, v in reward_components(self.reward_fn).items()}
+        if not mine:
+            return {}
+        every = dist.gather_objects(mine)
+        return {component_column(k): float(np.mean([x for part in every for x in part[k]])) for k in mine}
 
     def _control_rewards(self, epoch: int, prompts: list[str]) -> np.ndarray:
         """Rewards of the untrained model on this epoch's prompts and noises (all processes' samples)."""
@@ -473,6 +488,7 @@ class Trainer:
             "adv_abs_mean": float(np.abs(samples.advantages).mean()),
             **ppo_health_stats(lr, np.asarray(stats["clip"]), np.asarray(stats["update"]), np.asarray(stats["step"])),
         }
+        row.update(samples.reward_parts)
         if cfg.beta_kl > 0:
             row.update({f"kl_ref_{form}": float(np.mean(v)) for form, v in kl_forms.items()})
         if cfg.diagnostics:
