@@ -1,4 +1,5 @@
-"""``pcpo-eval train CONFIG --out RUN_DIR [--resume] [--device D] [KEY=VALUE ...]``.
+"""``pcpo-eval train CONFIG --out RUN_DIR [--resume] [--device D] [KEY=VALUE ...]``, ``import`` and
+``export RUN[@EPOCH] --out DIR`` (:mod:`pcpo_eval.train.export`).
 
 Also home of :func:`resolve_device`, the one reading of the ``--device`` flag that ``train``,
 ``generate``, ``metrics`` and ``features`` share (docs/cli.md#flags).
@@ -99,7 +100,21 @@ def import_cmd(
                f"(epochs {', '.join(map(str, summary['checkpoints']))}), log of {summary['epochs']} epochs")
 
 
+def export_cmd(
+    run: Annotated[str, typer.Argument(help="RUN\\[@EPOCH]: a run folder (latest checkpoint) or a saved epoch of it")],
+    out: Annotated[Path, typer.Option("--out", help="folder to write (new or empty; never overwritten)")],
+) -> None:
+    """Write a run's checkpoint as a diffusers-loadable folder with a model card (README.md), ready for
+    `hf upload` (nothing is uploaded)."""
+    from pcpo_eval.train.export import export_run
+
+    path = export_run(run, out)
+    typer.echo(f"wrote {path} ({', '.join(sorted(p.name for p in path.iterdir()))}); "
+               f"share it with: hf upload USER/NAME {path}")
+
+
 def register(app: typer.Typer) -> None:
-    """Add the ``train`` and ``import`` commands."""
+    """Add the ``train``, ``import`` and ``export`` commands."""
     app.command("train")(train_cmd)
     app.command("import")(import_cmd)
+    app.command("export")(export_cmd)
