@@ -119,6 +119,11 @@ def interrupted_line() -> str:
     return f"interrupted (Ctrl-C); what was written is complete and the state is resumable: {how}"
 
 
+#: what a MemoryError prints (results are written atomically, so what exists is complete)
+OUT_OF_MEMORY = ("out of memory; lower the batch size (--batch-size, --micro-batch, or sample_batch_size / "
+                 "train_batch_size of a train config) or free memory; what was written is complete, re-run to continue")
+
+
 def _fail(line: str, code: int = 2) -> NoReturn:
     """``error: <line>`` on stderr, printed once under a launcher (rank 0); every rank exits ``code``."""
     if os.environ.get("RANK", "0") in ("", "0"):
@@ -157,6 +162,12 @@ def main() -> None:
               "choose a shorter name", 2)
     except KeyboardInterrupt:
         _fail(interrupted_line(), 130)
+    except MemoryError:  # e.g. a huge batch size on the CPU
+        _fail(OUT_OF_MEMORY, 2)
+    except RuntimeError as exc:
+        if type(exc).__name__ != "OutOfMemoryError":  # torch.OutOfMemoryError (CUDA), a RuntimeError
+            raise
+        _fail(f"out of GPU memory; {OUT_OF_MEMORY.split('; ', 1)[1]}", 2)
     except typer.Abort as exc:
         if isinstance(exc.__cause__, KeyboardInterrupt):  # older click / typer turn Ctrl-C into Abort
             _fail(interrupted_line(), 130)

@@ -118,6 +118,42 @@ def read_scheduler_config(path: str | Path) -> dict[str, Any]:
     return cfg
 
 
+def check_scheduler_types(cfg: dict[str, Any]) -> None:
+    """UserError (naming the key, its value and what it must be) for a scheduler setting of the wrong type
+    or range: what a hand-written ``scheduler_config.json`` gets wrong (before, diffusers or torch raised)."""
+    import math
+
+    def whole(v: Any, least: int) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= least
+
+    def unit(v: Any) -> bool:
+        return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and 0 <= v < 1
+
+    rules = {
+        "num_train_timesteps": (lambda v: whole(v, 1), "a whole number >= 1"),
+        "steps_offset": (lambda v: whole(v, 0), "a whole number >= 0"),
+        "beta_start": (unit, "a number in [0, 1)"),
+        "beta_end": (unit, "a number in [0, 1)"),
+        "beta_schedule": (lambda v: isinstance(v, str), "a string"),
+        "timestep_spacing": (lambda v: isinstance(v, str), "a string"),
+        "prediction_type": (lambda v: isinstance(v, str), "a string"),
+        "set_alpha_to_one": (lambda v: isinstance(v, bool), "true or false"),
+        "clip_sample": (lambda v: isinstance(v, bool), "true or false"),
+        "thresholding": (lambda v: isinstance(v, bool), "true or false"),
+        "rescale_betas_zero_snr": (lambda v: isinstance(v, bool), "true or false"),
+        "trained_betas": (lambda v: v is None or (isinstance(v, list) and len(v) > 0 and all(unit(b) for b in v)),
+                          "null or a list of numbers in [0, 1)"),
+    }
+    for key, (ok, what) in rules.items():
+        if key in cfg and not ok(cfg[key]):
+            raise UserError(f"scheduler setting {key}={json.dumps(cfg[key])[:40]} must be {what}; "
+                            "fix the --scheduler-config file (or the flag)")
+    if unit(cfg.get("beta_start", 0.0)) and unit(cfg.get("beta_end", 0.5)) and \
+            cfg.get("beta_start", 0.0) > cfg.get("beta_end", 1.0):
+        raise UserError(f"scheduler setting beta_start={cfg['beta_start']} is above beta_end={cfg['beta_end']}; "
+                        "beta_start must be <= beta_end")
+
+
 # --------------------------------------------------------------------------------------------
 # DDIM
 # --------------------------------------------------------------------------------------------
@@ -178,6 +214,7 @@ def ddim_schedule(
         raise UserError(f"DDIM needs steps >= 1 and eta >= 0 (got steps={steps}, eta={eta})")
     cfg = dict(SD1_DDIM_CONFIG if config is None else config)
     cfg = {k: v for k, v in cfg.items() if not k.startswith("_")}
+    check_scheduler_types(cfg)
     valid_betas = ("linear", "scaled_linear", "squaredcos_cap_v2")
     if cfg.get("beta_schedule", "linear") not in valid_betas:
         raise UserError(

@@ -144,10 +144,11 @@ def _measure(spec: IRGSweepSpec, images: Path, out: Path, reference: Path | None
 
 def run_sweep(spec: IRGSweepSpec, out: str | Path, log: Callable[[str], None] = print) -> pd.DataFrame:
     """1. the reference set (if a metric needs one), 2. each point's set and metrics, 3. table, JSON, plot."""
-    from pcpo_eval.io import check_out_path
+    from pcpo_eval.io import check_out_path, remove_stale_temps
     from pcpo_eval.metrics.base import METRICS
 
     out = check_out_path(out)
+    remove_stale_temps(out)  # temp files of a killed run (not ones a live process holds)
     ref_dir = None
     if any(METRICS[m].needs_reference for m in spec.metrics):  # 1.
         from pcpo_eval.generate.irg import default_irg_reference

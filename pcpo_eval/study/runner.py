@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from pcpo_eval.errors import UserError
-from pcpo_eval.io import atomic_write_json, atomic_write_text, check_out_path, sha256_file
+from pcpo_eval.io import atomic_write_json, atomic_write_text, check_out_path, remove_stale_temps, sha256_file
 from pcpo_eval.stats.speedup import unreachable_targets
 from pcpo_eval.study.layout import StudyLayout
 from pcpo_eval.study.spec import STAGES, StudySpec, _safe_name, load_spec
@@ -31,9 +31,17 @@ from pcpo_eval.study.spec import STAGES, StudySpec, _safe_name, load_spec
 
 
 class StageError(UserError):
-    """A study stage failed; earlier outputs are kept and a re-run continues."""
+    """A study stage failed; earlier outputs are kept and a re-run continues.
+
+    Exit code 2 when the cause is a problem of the input (a :class:`UserError`: the one line says what
+    to fix), 1 when it is a crash (its traceback is saved under ``logs/``).
+    """
 
     exit_code = 1
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 def _fingerprint(parts: Sequence[Any]) -> str:
@@ -119,6 +127,7 @@ class Study:
         self.out.mkdir(parents=True, exist_ok=True)
         self._lock()
         try:
+            remove_stale_temps(self.out)  # temp files of a killed study (under the lock: no other study writes)
             self.state = self._load_state()  # re-read under the lock
             return self._run(stages)
         finally:
@@ -139,7 +148,8 @@ class Study:
                 if not isinstance(exc, UserError):
                     msg = f"{type(exc).__name__}: {msg} (traceback in {tb})"
                 raise StageError(f"study stage '{stage}' failed: {msg}; outputs of earlier stages are kept in "
-                                 f"{self.out}, re-run the same command to continue") from exc
+                                 f"{self.out}, re-run the same command to continue",
+                                 exc.exit_code if isinstance(exc, UserError) else 1) from exc
             dt = time.perf_counter() - t0
             self.timings[stage] = round(dt, 2)
             atomic_write_json(self.out / "timings.json", self.timings)

@@ -133,6 +133,7 @@ def _train_parallel(todo: Sequence[tuple[RunSpec, bool]], layout: StudyLayout, p
                                 stdout=subprocess.PIPE, stderr=err, text=True, env=env)
         workers.append((proc, err))
     failures: list[str] = []
+    user_failures: list[str] = []  #: runs that failed on a UserError (their input is at fault)
     busy: dict[subprocess.Popen[str], dict[str, Any]] = {}
 
     def hand_out(proc: subprocess.Popen[str]) -> None:
@@ -163,6 +164,8 @@ def _train_parallel(todo: Sequence[tuple[RunSpec, bool]], layout: StudyLayout, p
                     log(f"  {task['run']}: done (console output in {task['log']})")
                 else:
                     failures.append(f"run {task['run']}: {res['error']} (log: {task['log']})")
+                    if res.get("user_error"):
+                        user_failures.append(task["run"])
                 hand_out(proc)
     failures += [f"run {t['run']}: not started (every worker process died)" for t in queue]
     for proc, err in workers:
@@ -171,8 +174,10 @@ def _train_parallel(todo: Sequence[tuple[RunSpec, bool]], layout: StudyLayout, p
         proc.wait()
         err.close()
     if failures:
-        raise UserError(f"{len(failures)} of {len(todo)} run(s) failed: " + "; ".join(failures)
+        err = UserError(f"{len(failures)} of {len(todo)} run(s) failed: " + "; ".join(failures)
                         + "; the other runs are kept, re-run the same command to resume")
+        err.exit_code = 2 if len(failures) == len(user_failures) else 1  # a crash (a bug) is not the input's fault
+        raise err
 
 
 # ------------------------------------------------------------------------------------------------
@@ -203,7 +208,7 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
         except Exception as exc:  # reported to the study with the log path, never lost
             traceback.print_exc()
             msg = str(exc).splitlines()[0] if str(exc).strip() else ""
-            result = {"ok": False, "error": f"{type(exc).__name__}: {msg}"}
+            result = {"ok": False, "error": f"{type(exc).__name__}: {msg}", "user_error": isinstance(exc, UserError)}
         finally:
             sys.stdout.flush()
             sys.stderr.flush()

@@ -37,6 +37,33 @@ def resolve_device(flag: str) -> str:
     return str(device)
 
 
+#: the smallest latent of any model (the toy models' 48 x 8 x 8): a lower bound of a sample's size
+MIN_LATENT_VALUES = 48 * 8 * 8
+
+
+def check_batch_fits(cfg) -> None:  # noqa: ANN001 - a TrainConfig
+    """Refuse batch sizes whose epoch cannot fit in this machine's memory, before anything is written.
+
+    An epoch keeps every sample's trajectory (``sample_steps + 1`` latents) for its updates; with the
+    smallest latent of any model at 2 bytes per value this is a lower bound of what the epoch needs,
+    so only batch sizes that cannot fit are refused (a huge value used to end in a MemoryError
+    traceback or the kernel's OOM kill).
+    """
+    import os
+
+    try:
+        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not POSIX: no check
+        return
+    n = cfg.samples_per_epoch
+    need = n * (int(cfg.sample_steps) + 1) * MIN_LATENT_VALUES * 2
+    if need > have:
+        raise UserError(
+            f"sample_batch_size={cfg.sample_batch_size} x sample_batches_per_epoch={cfg.sample_batches_per_epoch} = "
+            f"{n:,} samples per epoch cannot fit: their trajectories alone need over {need / 2**30:,.0f} GiB, this "
+            f"machine has {have / 2**30:,.0f} GiB; use a smaller sample_batch_size (the paper's setups use 8-32)")
+
+
 def train_cmd(
     config: Annotated[Path, typer.Argument(help="YAML config (see train/configs/).")],
     out: Annotated[Path, typer.Option("--out", help="Run directory to write.")],
@@ -53,8 +80,9 @@ def train_cmd(
     ] = None,
 ) -> None:
     """Train a DDPO / DanceGRPO / PCPO run (one process, or under torchrun / accelerate launch)."""
-    from pcpo_eval.io import check_out_path
+    from pcpo_eval.io import check_out_path, remove_stale_temps
     from pcpo_eval.train.config import load_config
+    from pcpo_eval.train.tracking import check_trackers
     from pcpo_eval.train.trainer import train
 
     check_out_path(out, "--out")
@@ -70,6 +98,9 @@ def train_cmd(
     if missing := missing_assets(cfg):  # every absent weight / prompt set at once, before any process loads
         raise ProblemList(f"training config {config} needs {len(missing)} item(s) not found here; nothing was "
                           "started (`pcpo-eval weights` / `pcpo-eval prompts` show where each was looked for)", missing)
+    check_trackers(cfg.log_to, cfg.wandb_mode)  # W&B online without an API key: one line, before any work
+    check_batch_fits(cfg)
+    remove_stale_temps(out)  # temp files of a killed run (not ones a live process holds)
     log = train(cfg, out, resume=resume)
     if len(log):
         last = log.iloc[-1]

@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 
 from pcpo_eval.errors import UserError
-from pcpo_eval.io import atomic_dir, atomic_write_parquet, atomic_write_text, sha256_file
+from pcpo_eval.io import atomic_dir, atomic_write_parquet, atomic_write_text, remove_stale_temps, sha256_file
 from pcpo_eval.registry import optional_module
 from pcpo_eval.train.checkpoints import FULL_FILE, LORA_FILE, META_FILE, check_weights_file, checkpoint_dir
 
@@ -135,8 +135,8 @@ def flowgrpo_epochs(hist: pd.DataFrame, reward_key: str = "avg") -> pd.DataFrame
         raise UserError(f"log has no {col} / epoch columns (reward columns: {', '.join(keys) or 'none'}); "
                         "pass --reward-key with one of them, without the reward_ prefix")
     for c in [col, "epoch", *(f"eval_{col}",) * (f"eval_{col}" in hist.columns)]:
-        values = pd.to_numeric(hist[c], errors="coerce")
-        bad = hist[c].notna() & ~np.isfinite(values.fillna(0.0))
+        values = pd.to_numeric(hist[c], errors="coerce").to_numpy(dtype=float, na_value=np.nan)
+        bad = hist[c].notna() & ~np.isfinite(values)  # text coerces to NaN: counted with inf
         if bad.any():
             i = int(np.flatnonzero(bad.to_numpy())[0])
             raise UserError(f"log column {c!r} holds {int(bad.sum())} non-finite or non-numeric value(s) "
@@ -356,6 +356,7 @@ def import_run(kind: str, src: str | Path, out: str | Path, model: str, log: str
         raise UserError(f"{src} is not a directory; pass the reference run's output folder")
     if (out / "log.parquet").exists():
         raise UserError(f"{out} already holds a run; choose another --out")
+    remove_stale_temps(out)  # temp files of a killed import (not ones a live process holds)
     if kind == "flowgrpo":
         if log is None:
             found = sorted(src.glob("**/run-*.wandb"))

@@ -78,6 +78,36 @@ def _require(name: str) -> Any:
     return mod
 
 
+def wandb_api_key_present() -> bool:
+    """A W&B API key is configured: ``WANDB_API_KEY``, or a netrc entry (what ``wandb login`` writes) for
+    the host of ``WANDB_BASE_URL`` (default api.wandb.ai) in ``$NETRC`` or ``~/.netrc``."""
+    import netrc
+    import os
+    from urllib.parse import urlparse
+
+    if os.environ.get("WANDB_API_KEY", "").strip():
+        return True
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname or "api.wandb.ai"
+    path = os.environ.get("NETRC") or os.path.join(os.path.expanduser("~"), ".netrc")
+    try:
+        auth = netrc.netrc(path).authenticators(host)
+    except (OSError, netrc.NetrcParseError):
+        return False
+    return bool(auth and auth[2])
+
+
+def check_trackers(log_to: str, wandb_mode: str) -> None:
+    """Before any work: the trackers' packages are installed, and W&B online has an API key (else
+    ``wandb.init`` fails, or waits for a login prompt, after the run folder is written)."""
+    names = parse_log_to(log_to)
+    for name in names:
+        _require(name)
+    if "wandb" in names and wandb_mode == "online" and not wandb_api_key_present():
+        raise UserError("log_to includes wandb with wandb_mode=online, but no W&B API key is configured "
+                        "(WANDB_API_KEY unset, no api.wandb.ai entry in ~/.netrc); run `wandb login` or set "
+                        "WANDB_API_KEY, or use wandb_mode=offline and upload later with `wandb sync`")
+
+
 class Tracker(Protocol):
     """One backend: scalars, a histogram and an image grid per step (epoch)."""
 
