@@ -34,6 +34,7 @@ from pcpo_eval.generate.setdir import (
     begin_set,
     check_existing_prompts,
     check_out_dir,
+    discard_empty_set,
     flush_records,
     image_record,
     is_done,
@@ -188,8 +189,14 @@ def generate_set(
         flush_every_s=flush_every_s, rank=rank, world_size=world_size,
     )  # fmt: skip
     job = _check_request(request)  # 1. prompts, seeds, model, settings, out dir: still nothing written
-    opened = _open_set_dir(job)  # 2. plan, known records, set.json ("rendering")
-    share = _render_share(job, opened)  # 3. this process's images: loop, PNG writer, record flushes
+    fresh = (job.out.exists(), (job.out / "set.json").exists())
+    try:
+        opened = _open_set_dir(job)  # 2. plan, known records, set.json ("rendering")
+        share = _render_share(job, opened)  # 3. this process's images: loop, PNG writer, record flushes
+    except BaseException:
+        if job.rank == 0 and job.world_size == 1 and not fresh[1]:
+            discard_empty_set(job.out, remove_dir=not fresh[0])  # no set.json without an image beside it
+        raise
     return _finish_set(job, opened, share, t_start)  # 4. barrier, manifest + set.json ("complete"), summary
 
 

@@ -12,6 +12,7 @@ layout is the image-set contract of :mod:`pcpo_eval.imageset` (``MANIFEST_COLUMN
 import contextlib
 import json
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -153,27 +154,31 @@ def load_records(out: Path) -> Records:
 
 
 def remove_stale_tmp(out: Path) -> int:
-    """Delete temp files left by a killed atomic write (never counted as images)."""
-    n = 0
-    for p in list((out / "images").glob("*/.*.tmp")) + list(out.glob(".*.tmp")) + list(out.glob(".progress/.*.tmp")):
-        with contextlib.suppress(FileNotFoundError):
-            p.unlink()
-            n += 1
-    return n
+    """Delete temp files left by a killed write (never counted as images; not ones a live process holds)."""
+    from pcpo_eval.io import remove_stale_temps
+
+    return len(remove_stale_temps(out))
 
 
 def is_done(out: Path, item: WorkItem, records: Records) -> bool:
-    """An image counts as done if it exists and has a record, or exists and decodes.
+    """An image counts as done if it exists and matches its record's sha256, or has no record and decodes.
 
-    A file that exists but does not decode (only possible after a power loss, since files are
-    renamed into place complete) is removed so it is rendered again.
+    A file whose bytes differ from its recorded ``image_sha256`` (modified or corrupted after it was
+    written), or that does not decode (only possible after a power loss, since files are renamed
+    into place complete), is removed so it is rendered again.
     """
     path = out / item.rel_path
     if not path.exists():
         return False
     rec = records.get((item.prompt_id, item.seed))
     if rec is not None and rec.get("path") == item.rel_path:
-        return True
+        if sha256_file(path) == rec.get("image_sha256"):
+            return True
+        print(f"warning: {item.rel_path} does not match its recorded image_sha256; rendering it again",
+              file=sys.stderr)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        return False
     if png_is_readable(path):
         return True
     with contextlib.suppress(FileNotFoundError):
@@ -205,6 +210,25 @@ def begin_set(out: Path, settings: GenerationSettings, run_info: dict[str, Any])
     remove_stale_tmp(out)
     if not (out / "set.json").exists():
         atomic_write_json(out / "set.json", {"status": "rendering", "settings": asdict(settings), "run": run_info})
+
+
+def discard_empty_set(out: Path, remove_dir: bool) -> bool:
+    """After a failed first run: if no image was written, remove what :func:`begin_set` created.
+
+    Leaves no ``set.json`` that describes a set without images (it would tie the folder to these
+    settings); a partly rendered set keeps its ``rendering`` set.json, which is what a re-run resumes.
+    ``remove_dir``: the run created ``out`` (removed too when empty). Returns whether it discarded.
+    """
+    images = out / "images"
+    if (out / "manifest.parquet").exists() or (images.is_dir() and any(images.glob("*/*.png"))):
+        return False
+    for f in [out / "set.json", *(out / ".progress").glob("*.parquet")]:
+        with contextlib.suppress(FileNotFoundError):
+            f.unlink()
+    for d in [*(images.glob("*") if images.is_dir() else []), images, out / ".progress", *([out] if remove_dir else [])]:
+        with contextlib.suppress(OSError):
+            d.rmdir()  # only empty folders
+    return True
 
 
 def write_manifest(out: Path, items: Sequence[WorkItem], settings: GenerationSettings, run_info: dict) -> None:
