@@ -109,6 +109,14 @@ def test_refusals_are_one_line_and_never_overwrite(runs, tmp_path, cli):
         assert res.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and msg in lines[0], lines
     assert [p.name for p in busy.iterdir()] == ["keep.txt"] and (busy / "keep.txt").read_text() == "mine"
     assert not any((tmp_path / n).exists() for n in "abcd")
+
+
+def test_an_empty_out_folder_is_used(runs, tmp_path):
+    from pcpo_eval.train.export import export_run
+
+    _, lora, _ = runs
     empty = tmp_path / "empty"
     empty.mkdir()
-    shutil.rmtree(empty)
+    shutil.copytree(lora, tmp_path / "copy")  # outside the study: no results.json near it
+    out = export_run(f"{tmp_path / 'copy'}@2", empty)
+    assert out == empty and "## Study" not in (out / "README.md").read_text() and (out / LORA_FILE).is_file()
