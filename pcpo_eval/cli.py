@@ -154,6 +154,10 @@ def main() -> None:
     except PATH_ERRORS as exc:
         _fail(path_error_line(exc), 2)
     except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):  # the disk, not the program
+            where = f" writing {exc.filename}" if exc.filename else ""
+            _fail(f"{(exc.strerror or 'no space left').lower()}{where}; free space (or choose a folder on another "
+                  "disk) and re-run the same command: what was written is complete and finished work is kept", 2)
         if exc.errno != errno.ENAMETOOLONG:
             raise
         name = str(exc.filename or "")

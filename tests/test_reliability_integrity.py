@@ -254,7 +254,7 @@ def test_other_commands_remove_stale_temps(cli, box, image_set, command):
 
 # ---- 5. study-stage failures caused by the input exit 2 ----------------------------------------
 
-def test_study_stage_failure_from_input_exits_2(cli, box):
+def test_study_stage_failure_from_input_exits_2(cli, box, monkeypatch):
     from test_study import _write_run, write_spec
 
     runs = []
@@ -263,14 +263,21 @@ def test_study_stage_failure_from_input_exits_2(cli, box):
         _write_run(rd, 8, 0.05, 2, rng_key=arm)
         runs.append({"levels": {"algorithm": arm}, "seed": 0, "run_dir": str(rd)})
     design = {"algorithm": {"DDPO": {"objective": "ppo_clip"}, "PCPO": {"objective": "pcpo"}}}
-    spec = write_spec(box / "runs.yaml", design=design, runs=runs, seeds=[0], targets=[5.0], select_target=5.0,
+    spec = write_spec(box / "runs.yaml", design=design, runs=runs, seeds=[0], targets=[0.2], select_target=0.2,
                       lmm={"formula": "value ~ algorithm + (1|prompt)"})
+    import pcpo_eval.study.runner as sr
+    from pcpo_eval.errors import UserError
+
+    def bad_input(self):  # what a stage finds wrong with its input (e.g. a checkpoint that no longer loads)
+        raise UserError("checkpoint epoch_0004 of run DDPO is missing; re-train it")
+
+    monkeypatch.setattr(sr.Study, "stage_select", bad_input)
     before = snapshot(box)
-    res = cli("study", spec, "--out", box / "study")
+    res = cli("study", spec, "--out", box / "study", "--stages", "train,select")
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 2, (res.returncode, res.stderr[-2000:])
     assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in res.stderr
-    assert "target 5 is reached by no run" in lines[0]
+    assert "study stage 'select' failed: checkpoint epoch_0004" in lines[0] and "re-run the same command" in lines[0]
     after = snapshot(box)
     assert {k: v for k, v in after.items() if k in before} == before  # only the study folder was added
     assert all(k.startswith("study") for k in set(after) - set(before))

@@ -118,6 +118,8 @@ def read_history(path: str | Path) -> pd.DataFrame:
             df = pd.read_parquet(p)
         else:
             raise UserError(f"log {p}: unknown format {suffix!r}; use .csv, .jsonl, .parquet or .wandb")
+    except UserError:
+        raise
     except (ValueError, OSError) as exc:
         raise UserError(f"log {p} is not readable as {suffix} ({str(exc).splitlines()[0][:120]})") from None
     if "_step" not in df.columns:
