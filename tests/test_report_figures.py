@@ -125,3 +125,12 @@ def test_cli_figures_only(cli, tmp_path):
     assert bad.returncode == 2 and bad.stderr.startswith("error: --figures-only writes no HTML")
     missing = cli("report", tmp_path / "nowhere", "--figures-only")
     assert missing.returncode == 2 and "results.json not found" in missing.stderr
+
+
+def test_kl_ref_figure_is_a_paper_figure():
+    """The reward-vs-KL-to-reference figure (report/kl_ref.py) is written with the others, at paper sizes."""
+    tr = {"run": "r", "role": "pcpo", "cell": "all", "epoch": [1, 2], "kl_ref": [0.1, 0.3], "reward_smoothed": [0.5, 0.6],
+          "reward_mean": [0.5, 0.6]}
+    fig = report_figures({"study": {"name": "kl"}, "traces": [tr]})["kl_ref_reward"]
+    assert fig.get_figwidth() == figures.SINGLE_COLUMN_IN and fig.axes[0].get_title() == "reward vs KL to the reference"
+    assert min(t.get_fontsize() for t in _texts(fig)) >= 7

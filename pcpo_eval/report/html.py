@@ -56,11 +56,13 @@ from pcpo_eval.report.figures import (
     traces_figure,
     validation_figure,
 )
+from pcpo_eval.report.kl_ref import kl_ref_figure
 
 #: Figures the report embeds and writes (``figures/<name>.svg|pdf|png``), in report order; plus one
 #: ``qq_<metric>`` per LMM fit. ``figures/credit.png`` is the stats stage's (credit weights, Fig. 2).
 FIGURE_NAMES = ("reward_curves", "reward_compute_time", "kl_reward", "interval_estimates",
-                "probability_of_improvement", "traces", "rho", "gradients", "validation", "ratio_diagnostics")
+                "probability_of_improvement", "traces", "rho", "gradients", "validation", "ratio_diagnostics",
+                "kl_ref_reward")
 #: Resolution of the Q-Q plots embedded in the HTML (several per row).
 QQ_HTML_DPI = 96
 
@@ -287,6 +289,7 @@ def report_figures(results: dict[str, Any]) -> dict[str, Any]:
         "gradients": lambda: grad_figure(trs),
         "validation": lambda: validation_figure(trs, roles),
         "ratio_diagnostics": lambda: diagnostics_figure(trs),
+        "kl_ref_reward": lambda: kl_ref_figure(trs),  # Fig. sd3_flowgrpo (c, d), report/kl_ref.py
     }
     figs = {name: build() for name, build in builders.items()}
     labels = results.get("metric_labels", {})
@@ -468,7 +471,8 @@ def view_model(results: dict[str, Any], root: Path | None, uris: dict[str, str] 
         "diag_png": uris.get("ratio_diagnostics"),
         "credit_png": credit,
         # Fig. sd3_flowgrpo (c, d): reward against the running-mean KL to the reference (study/results.py)
-        "kl_ref_png": file_uri(Path(root) / figs["kl_ref"]) if root is not None and figs.get("kl_ref") else None,
+        "kl_ref_png": uris.get("kl_ref_reward") or (
+            file_uri(Path(root) / figs["kl_ref"]) if root is not None and figs.get("kl_ref") else None),
         "grids": grid_view(results.get("grids", []), root),
         "progression": progression_view(results.get("progression"), root),
         "human": human_view(results.get("human")),

@@ -39,28 +39,30 @@ def _points(t: dict[str, Any]) -> tuple[list[float], list[float], str]:
 
 
 def kl_ref_figure(traces: list[dict[str, Any]]) -> Any:
-    """The figure (matplotlib), or None when no run logs ``kl_ref``."""
-    from pcpo_eval.report.figures import color, mpl_text
+    """The figure (matplotlib; paper sizes and fonts of :mod:`pcpo_eval.report.figures`), or None
+    when no run logs ``kl_ref``."""
+    from pcpo_eval.report.figures import paper_style
+
+    return paper_style(_draw)(traces)
+
+
+def _draw(traces: list[dict[str, Any]]) -> Any:
+    from pcpo_eval.report.figures import _legend, color, mpl_text, panel_grid, panel_title
 
     have = [t for t in traces if any(v is not None and math.isfinite(float(v)) for v in t.get("kl_ref") or [])]
     if not have:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     cells = list(dict.fromkeys(str(t.get("cell", "")) for t in have))
-    fig, axes = plt.subplots(1, len(cells), figsize=(4.2 * len(cells), 3.2), squeeze=False)
-    for ax, cell in zip(axes[0], cells, strict=True):
+    fig, panels = panel_grid(len(cells))
+    for (ax,), cell in zip(panels, cells, strict=True):
         label = ""
         for t in (t for t in have if str(t.get("cell", "")) == cell):
             xs, ys, label = _points(t)
-            ax.plot(xs, ys, color=color(str(t.get("role", "other"))), lw=1.4, marker=".", ms=3,
+            ax.plot(xs, ys, color=color(str(t.get("role", "other"))), marker=".", ms=3,
                     label=mpl_text(t.get("run", "")))
-        ax.set(title=mpl_text(cell if cell != "all" else "reward vs KL to the reference"),
+        ax.set(title=panel_title("reward vs KL to the reference", cell),
                xlabel="KL to the reference (running mean)", ylabel=label)
-        ax.legend(fontsize=6)
+        _legend(ax)
     fig.tight_layout()
     return fig
 
