@@ -23,9 +23,9 @@ from vlm_stand_ins import save_tiny_bert, save_tiny_llava
 from pcpo_eval.errors import MissingWeightsError, UserError
 from pcpo_eval.metrics.base import METRICS, PREFERENCE_METRICS
 from pcpo_eval.rewards import make_reward
+from pcpo_eval.rewards import required_backends as reward_backends
 from pcpo_eval.rewards.bertscore import QUERY, BertScore, VLMBertScoreReward, references
 from pcpo_eval.rewards.llava import llava_bertscore
-from pcpo_eval.study.spec import reward_backends
 from pcpo_eval.testing import isolate_weight_caches
 
 

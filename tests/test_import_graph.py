@@ -20,7 +20,7 @@ PKG = Path(__file__).resolve().parents[1] / "pcpo_eval"
 #: Stage (top-level module or subpackage of pcpo_eval) -> rank in the data flow.
 RANKS: dict[str, int] = {
     # flat base modules
-    "errors": 0, "io": 1, "seeding": 1, "dist": 1, "registry": 1,
+    "errors": 0, "io": 1, "seeding": 1, "dist": 1, "registry": 1, "precision": 1,
     "toy": 2,  # the toy world: data, text, model, classifier (no pipeline code)
     "imageset": 3, "prompts": 3, "weights": 3,
     # the pipeline

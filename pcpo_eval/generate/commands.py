@@ -35,9 +35,17 @@ def generate(
         None, "--schedule", help="DDIM: ddim (default) | pcpo; flow: ode (default) | dance | flowgrpo"
     ),
     micro_batch: int | None = typer.Option(
-        None, "--micro-batch", help="fixed rows per model call (default: by latent size, 16 for SD-1.x; 0 = off)"
+        None, "--micro-batch",
+        help="fixed rows per model call (default: CPU by latent size, 16 for SD-1.x; CUDA from free memory; 0 = off)",
     ),
     device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
+    precision: str = typer.Option(
+        "auto", "--precision", help="auto (bf16 on CUDA, fp32 on CPU) | fp32 | tf32 | bf16 | fp16; recorded in set.json"
+    ),
+    compile: bool = typer.Option(False, "--compile/--no-compile", help="torch.compile the denoiser (CUDA speed-up)"),
+    channels_last: bool = typer.Option(
+        False, "--channels-last/--no-channels-last", help="channels-last memory format for the denoiser"
+    ),
     max_prompt_tokens: int | None = typer.Option(
         None, "--max-prompt-tokens", help="drop prompts longer than this many CLIP tokens (77: paper's MJHQ filter)"
     ),
@@ -53,8 +61,8 @@ def generate(
     summary = generate_set(
         model, prompts, seeds, out,
         batch_size=batch_size, steps=steps, cfg=cfg, eta=eta, sampler=sampler,
-        schedule=schedule, micro_batch=micro_batch, device=device,
-        max_prompt_tokens=max_prompt_tokens, max_prompts=max_prompts, progress=progress,
+        schedule=schedule, micro_batch=micro_batch, device=device, precision=precision, compile=compile,
+        channels_last=channels_last, max_prompt_tokens=max_prompt_tokens, max_prompts=max_prompts, progress=progress,
     )  # fmt: skip
     if summary.rank == 0:
         dropped = (
@@ -65,7 +73,8 @@ def generate(
         typer.echo(
             f"{summary.n_images} images ({summary.n_prompts} prompts x {summary.n_seeds} seeds{dropped}) in {out}: "
             f"rendered {summary.n_rendered}, skipped {summary.n_skipped} on rank 0 of {summary.world_size} "
-            f"({summary.images_per_second:.2f} img/s); manifest {summary.manifest_path}"
+            f"({summary.images_per_second:.2f} img/s, {summary.settings.precision}, micro-batch "
+            f"{summary.settings.micro_batch}); manifest {summary.manifest_path}"
         )
 
 

@@ -33,6 +33,41 @@ def auto_micro_batch(latent_shape: Sequence[int]) -> int:
     return int(min(64, max(2, rows)))
 
 
+#: Largest micro-batch :func:`memory_micro_batch` picks (SD-1.x at 64 rows already fills an H100).
+MAX_MEMORY_MICRO_BATCH = 64
+
+
+def memory_micro_batch(adapter: ModelAdapter, fraction: float = 0.5, cap: int = MAX_MEMORY_MICRO_BATCH) -> int:
+    """Rows per model call chosen from free GPU memory: the largest power of two whose activations fit.
+
+    Measures one ``denoise`` call on 2 rows (peak allocated minus what was allocated before, so the
+    weights are not counted), assumes activations grow linearly with rows, and returns the largest
+    power of two in ``[2, cap]`` whose estimate fits ``fraction`` of the memory CUDA reports free.
+    Only for CUDA: such a micro-batch depends on the card, so sets that use it are identical across
+    micro-batches within a tolerance, not bitwise (``batch_invariance: tolerance``).
+    """
+    device = adapter.device
+    if device.type != "cuda":
+        raise ValueError("memory_micro_batch needs a CUDA model")
+    x = torch.zeros(2, *adapter.latent_shape, device=device, dtype=adapter.dtype)
+    t = torch.full((2,), 500, device=device, dtype=torch.long if adapter.prediction == "eps" else torch.float32)
+    if adapter.prediction != "eps":
+        t = t / 1000.0
+    cond = adapter.encode_prompts(["", ""])
+    torch.cuda.synchronize(device)
+    base = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    with torch.inference_mode():
+        adapter.denoise(x, t, cond)
+    torch.cuda.synchronize(device)
+    per_row = max((torch.cuda.max_memory_allocated(device) - base) / 2, 1.0)
+    free, _ = torch.cuda.mem_get_info(device)
+    rows = 2
+    while rows * 2 <= cap and rows * 2 * per_row <= fraction * free:
+        rows *= 2
+    return rows
+
+
 def effective_batch_size(batch_size: int, micro_batch: int, cfg: float) -> int:
     """Items per sampler call: ``batch_size`` rounded up so its rows fill whole micro-batches.
 

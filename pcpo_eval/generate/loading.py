@@ -41,24 +41,28 @@ def adapter_hash(adapter: ModelAdapter) -> str:
             "reference": adapter_hash(adapter.reference),
         }
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
-    return module_sha256(adapter.denoiser)
+    den = adapter.denoiser
+    return module_sha256(getattr(den, "_orig_mod", den))  # a torch.compile'd denoiser: its original module
 
 
-def _load_single(spec: str, device: str) -> ModelAdapter:
+def _load_single(spec: str, device: str, dtype: torch.dtype) -> ModelAdapter:
     """One model spec -> adapter, via the checkpoint resolver (base models, runs, checkpoints)."""
     from pcpo_eval.train.checkpoints import load_model_from_spec
 
-    return load_model_from_spec(spec, device=device)
+    return load_model_from_spec(spec, device=device, dtype=dtype)
 
 
-def load_generation_model(spec: str, device: str = "cpu") -> ModelAdapter:
-    """Resolve ``--model``: a plain model / checkpoint spec, or ``irg:...`` (:func:`parse_irg_spec`)."""
+def load_generation_model(spec: str, device: str = "cpu", dtype: torch.dtype = torch.float32) -> ModelAdapter:
+    """Resolve ``--model``: a plain model / checkpoint spec, or ``irg:...`` (:func:`parse_irg_spec`).
+
+    ``dtype`` is the weights' dtype of the set's precision (:func:`pcpo_eval.precision.precision_dtype`).
+    """
     if not isinstance(spec, str) or not spec.strip():
         raise UserError("empty --model; use base, toy, sd1:PATH, RUN/checkpoints/epoch_NNNN or irg:...")
     if spec.startswith("irg:"):
         irg = parse_irg_spec(spec)
         ref_spec = irg.reference or default_irg_reference(irg.components[0][0])
-        reference = _load_single(ref_spec, device)
-        comps = [(_load_single(p, device), lam) for p, lam in irg.components]
+        reference = _load_single(ref_spec, device, dtype)
+        comps = [(_load_single(p, device, dtype), lam) for p, lam in irg.components]
         return IRGAdapter(reference, comps)
-    return _load_single(spec, device)
+    return _load_single(spec, device, dtype)

@@ -24,7 +24,13 @@ import torch
 
 from pcpo_eval import dist
 from pcpo_eval.errors import UserError
-from pcpo_eval.generate.fixed_batch import FixedBatchAdapter, auto_micro_batch, effective_batch_size
+from pcpo_eval.generate.fixed_batch import (
+    MAX_MEMORY_MICRO_BATCH,
+    FixedBatchAdapter,
+    auto_micro_batch,
+    effective_batch_size,
+    memory_micro_batch,
+)
 from pcpo_eval.generate.loading import adapter_hash, load_generation_model
 from pcpo_eval.generate.plan import WorkItem, parse_seeds, plan_items, shard_items
 from pcpo_eval.generate.png import encode_png, pixel_sha256, write_image_file
@@ -43,6 +49,7 @@ from pcpo_eval.generate.setdir import (
     write_manifest,
 )
 from pcpo_eval.models.base import ModelAdapter, PromptEmbeds
+from pcpo_eval.precision import PRECISIONS, matmul_precision, precision_dtype, resolve_precision
 from pcpo_eval.prompts import PromptSet, load_prompts
 from pcpo_eval.samplers import SAMPLERS, SCHEDULES, resolve_sampler
 from pcpo_eval.seeding import sample_generator
@@ -75,8 +82,13 @@ class GenerationRequest:
             DDIM ``ddim`` (eta schedule) or ``pcpo`` (PCPO's re-solved sigmas); flow ``ode``
             (deterministic Euler, Flow-GRPO's evaluation), ``dance`` or ``flowgrpo`` SDEs.
         micro_batch: fixed row count of every model call (part of the settings); ``None`` ->
-            :func:`auto_micro_batch` of the model's latent shape; ``0`` turns fixed shapes off.
+            :func:`auto_micro_batch` of the model's latent shape on CPU, :func:`memory_micro_batch`
+            (from free GPU memory; identity within tolerance) on CUDA; ``0`` turns fixed shapes off.
         device: torch device of the model.
+        precision: ``auto`` / ``fp32`` / ``tf32`` / ``bf16`` / ``fp16`` (:mod:`pcpo_eval.precision`);
+            ``auto`` is bf16 on CUDA, fp32 on CPU, or an adapter's own dtype when one is passed.
+        compile, channels_last: ``torch.compile`` the denoiser / hold it in channels-last memory
+            format (speed only; both change kernels, so the set's ``batch_invariance`` is ``tolerance``).
         model_name: the ``model`` column when ``model_spec`` is an adapter (default its name).
         max_prompt_tokens, max_prompts: CLIP-length filter and truncation of the prompt set.
         progress: tqdm bar on rank 0.
@@ -96,6 +108,9 @@ class GenerationRequest:
     schedule: str | None = None
     micro_batch: int | None = None
     device: str = "cpu"
+    precision: str | None = None
+    compile: bool = False
+    channels_last: bool = False
     model_name: str | None = None
     max_prompt_tokens: int | None = None
     max_prompts: int | None = None
@@ -105,6 +120,8 @@ class GenerationRequest:
     world_size: int | None = None
 
     def __post_init__(self) -> None:
+        if self.precision is not None and str(self.precision).strip().lower() not in ("auto", *PRECISIONS):
+            raise UserError(f"unknown --precision {self.precision!r}; choose auto, {', '.join(PRECISIONS)}")
         if not _is_count(self.batch_size, 1):
             raise UserError(f"--batch-size {self.batch_size}; use a whole number >= 1")
         if not _is_count(self.steps, 1):
@@ -165,6 +182,9 @@ def generate_set(
     schedule: str | None = None,
     micro_batch: int | None = None,
     device: str = "cpu",
+    precision: str | None = None,
+    compile: bool = False,
+    channels_last: bool = False,
     model_name: str | None = None,
     max_prompt_tokens: int | None = None,
     max_prompts: int | None = None,
@@ -184,15 +204,16 @@ def generate_set(
     t_start = time.perf_counter()
     request = GenerationRequest(
         model_spec, prompts, seeds, out_dir, batch_size=batch_size, steps=steps, cfg=cfg, eta=eta,
-        sampler=sampler, schedule=schedule, micro_batch=micro_batch, device=device, model_name=model_name,
-        max_prompt_tokens=max_prompt_tokens, max_prompts=max_prompts, progress=progress,
+        sampler=sampler, schedule=schedule, micro_batch=micro_batch, device=device, precision=precision,
+        compile=compile, channels_last=channels_last, model_name=model_name, max_prompt_tokens=max_prompt_tokens, max_prompts=max_prompts, progress=progress,
         flush_every_s=flush_every_s, rank=rank, world_size=world_size,
     )  # fmt: skip
-    job = _check_request(request)  # 1. prompts, seeds, model, settings, out dir: still nothing written
+    job = _check_request(request)  # 1. prompts, seeds, model, precision, settings, out dir: still nothing written
     fresh = (job.out.exists(), (job.out / "set.json").exists())
     try:
-        opened = _open_set_dir(job)  # 2. plan, known records, set.json ("rendering")
-        share = _render_share(job, opened)  # 3. this process's images: loop, PNG writer, record flushes
+        with matmul_precision(job.settings.precision):
+            opened = _open_set_dir(job)  # 2. plan, known records, set.json ("rendering")
+            share = _render_share(job, opened)  # 3. this process's images: loop, PNG writer, record flushes
     except BaseException:
         if job.rank == 0 and job.world_size == 1 and not fresh[1]:
             discard_empty_set(job.out, remove_dir=not fresh[0])  # no set.json without an image beside it
@@ -223,10 +244,17 @@ def _check_request(request: GenerationRequest) -> _Job:
     prompt_set = load_prompts(request.prompts, max_tokens=request.max_prompt_tokens, limit=request.max_prompts)
     if isinstance(request.model_spec, ModelAdapter):
         adapter, spec_str = request.model_spec, request.model_name or request.model_spec.name
+        precision = _adapter_precision(adapter, request.precision)
     else:
-        adapter, spec_str = load_generation_model(str(request.model_spec), request.device), str(request.model_spec)
-    micro_batch = auto_micro_batch(adapter.latent_shape) if request.micro_batch is None else request.micro_batch
-    settings = _settings(request, adapter, spec_str, micro_batch)
+        precision = resolve_precision(request.precision, request.device)
+        adapter = load_generation_model(str(request.model_spec), request.device, precision_dtype(precision))
+        spec_str = str(request.model_spec)
+    with matmul_precision(precision):
+        micro_batch, invariance = _micro_batch(request, adapter)
+    if request.compile or request.channels_last:
+        invariance = "tolerance"
+    settings = _settings(request, adapter, spec_str, micro_batch, precision, invariance)
+    _speed_up(adapter, request)  # after _settings: the model hash is of the plain module
     fixed = FixedBatchAdapter(adapter, micro_batch)
     out = Path(request.out_dir)
     check_out_dir(out, settings)
@@ -237,7 +265,49 @@ def _check_request(request: GenerationRequest) -> _Job:
     return _Job(request, prompt_set, seed_list, fixed, settings, out, rank, world_size)
 
 
-def _settings(request: GenerationRequest, adapter: ModelAdapter, spec_str: str, micro_batch: int) -> GenerationSettings:
+def _adapter_precision(adapter: ModelAdapter, asked: str | None) -> str:
+    """The precision of an adapter passed in by the caller: its own dtype's, or ``asked`` if they agree."""
+    own = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(adapter.dtype)
+    if own is None:
+        raise UserError(f"model {adapter.name!r} holds {adapter.dtype} weights; use float32, bfloat16 or float16")
+    if asked is None or str(asked).lower() == "auto":
+        return own
+    precision = resolve_precision(asked, adapter.device)
+    if precision_dtype(precision) != adapter.dtype:
+        raise UserError(f"--precision {precision} but the model passed in holds {adapter.dtype} weights; "
+                        f"cast it (adapter.denoiser.to(...)) or pass --precision {own}")
+    return precision
+
+
+def _micro_batch(request: GenerationRequest, adapter: ModelAdapter) -> tuple[int, str]:
+    """(rows per model call, batch_invariance): the request's number, or chosen by device.
+
+    A fixed number (given, or :func:`auto_micro_batch` on CPU) is ``bitwise``; on CUDA the default
+    comes from free memory (:func:`memory_micro_batch`), at most the rows of one ``batch_size``
+    batch (2 per image with CFG), and is ``tolerance``.
+    """
+    if request.micro_batch is not None:
+        return int(request.micro_batch), "bitwise"
+    if adapter.device.type == "cuda":  # no larger than one batch's rows: a padded row costs a full one
+        rows = request.batch_size * (2 if request.cfg != 1.0 else 1)
+        return memory_micro_batch(adapter, cap=min(MAX_MEMORY_MICRO_BATCH, max(2, rows))), "tolerance"
+    return auto_micro_batch(adapter.latent_shape), "bitwise"
+
+
+def _speed_up(adapter: ModelAdapter, request: GenerationRequest) -> None:
+    """``--channels-last`` and ``--compile``: applied to the denoiser in place (the UNet / transformer).
+
+    The compiled module wraps the original (``_orig_mod``); fixed micro-batches give it one static
+    shape, so it compiles once per set.
+    """
+    if request.channels_last:
+        adapter.denoiser.to(memory_format=torch.channels_last)
+    if request.compile and not hasattr(adapter.denoiser, "_orig_mod"):  # not twice for a reused adapter
+        adapter.denoiser = torch.compile(adapter.denoiser, fullgraph=False, dynamic=False)
+
+
+def _settings(request: GenerationRequest, adapter: ModelAdapter, spec_str: str, micro_batch: int,
+              precision: str, invariance: str) -> GenerationSettings:
     """Resolve sampler and schedule for the model's prediction type; hash the model."""
     sampler_name = resolve_sampler(request.sampler, adapter.prediction)
     schedule = SCHEDULES[sampler_name][0] if request.schedule is None else request.schedule
@@ -257,6 +327,8 @@ def _settings(request: GenerationRequest, adapter: ModelAdapter, spec_str: str, 
         schedule=schedule,
         micro_batch=int(micro_batch),
         device=torch.device(request.device).type,
+        precision=precision,
+        batch_invariance=invariance,
     )
 
 

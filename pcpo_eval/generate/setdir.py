@@ -27,6 +27,9 @@ from pcpo_eval.io import atomic_write_json, atomic_write_parquet, sha256_file
 #: Seed derivation recorded with every set (see :mod:`pcpo_eval.seeding`).
 SEED_DERIVATION = "sha256('pcpo-eval/sample/v1/{prompt_id}/{seed}')[:8] little-endian & (2**63-1)"
 
+#: Settings absent from set.json files written before they existed (those sets were fp32, fixed shape).
+LEGACY_SETTINGS = {"precision": "fp32", "batch_invariance": "bitwise"}
+
 #: Known image records by ``(prompt_id, seed)``: manifest rows (``MANIFEST_COLUMNS`` subset).
 Records = dict[tuple[int, int], dict[str, Any]]
 
@@ -55,11 +58,22 @@ class GenerationSettings:
     schedule: str
     micro_batch: int
     device: str
+    precision: str = "fp32"
+    batch_invariance: str = "bitwise"
     seed_derivation: str = SEED_DERIVATION
 
     def compat_key(self) -> dict[str, Any]:
+        """The settings a resumed set must share: all but ``model`` (and ``micro_batch`` under ``tolerance``).
+
+        ``batch_invariance`` is ``bitwise`` when every model call runs on exactly ``micro_batch`` rows
+        (images identical for any batch size or process count on the same device type and software), or
+        ``tolerance`` when ``micro_batch`` was chosen from free GPU memory: images then agree across
+        micro-batches within the tolerance measured in docs/generation.md, so it is not part of the identity.
+        """
         d = asdict(self)
         d.pop("model")
+        if self.batch_invariance == "tolerance":
+            d.pop("micro_batch")
         return d
 
 
@@ -99,6 +113,7 @@ def check_out_dir(out: Path, settings: GenerationSettings) -> None:
         old = json.loads(set_json.read_text())["settings"]
     except (ValueError, KeyError) as exc:
         raise UserError(f"{set_json} is unreadable ({exc}); choose a new --out directory") from exc
+    old = {**LEGACY_SETTINGS, **old}
     new = settings.compat_key()
     diff = [k for k in new if old.get(k) != new[k]]
     if diff:

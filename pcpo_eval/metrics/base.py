@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from pcpo_eval.errors import UserError
+from pcpo_eval.rewards import PREFERENCE_BACKENDS
 
 Kind = Literal["fd", "is", "lpips", "reward"]
 
@@ -84,16 +85,8 @@ def _fd_dim(info: MetricInfo, feature_dim: int | None) -> int:
     return dim
 
 
-_PREFERENCE = (
-    # name, label, backends
-    ("hps", "HPSv2.1", ("hps",)),
-    # HPSv2 (v2.0 weights): the paper's Table dpo-comparison uses it "to align with prior works" (l.1276)
-    ("hps_v20", "HPSv2", ("hps_v20",)),
-    ("pickscore", "PickScore", ("pickscore", "pickscore_processor")),
-    ("imagereward", "ImgRwd", ("imagereward", "imagereward_med_config", "bert_base_uncased")),
-    ("clipscore", "CLIPScore", ("clipscore",)),
-    ("aesthetic", "Aesthetic", ("aesthetic", "clip_vit_l14")),
-)
+#: name, label, backends of the preference metrics: the rewards' own table (one home).
+_PREFERENCE = tuple((name, label, backends) for name, (label, backends) in PREFERENCE_BACKENDS.items())
 
 _CATALOGUE: tuple[MetricInfo, ...] = (
     MetricInfo("fid", "fd", "inception", "FID", False, ("inception",), feature_dim=2048),

@@ -122,6 +122,50 @@ def reward_parts(spec: RewardSpec, options: Mapping[str, Any] | None = None) -> 
     return [(n, w, dict(options.get(n) or {})) for n, w in spec.items()]
 
 
+#: Preference rewards (also metrics of the same name): name -> (paper label, weights backends).
+#: HPSv2 v2.0: the paper's Table dpo-comparison uses it "to align with prior works" (l.1276).
+PREFERENCE_BACKENDS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "hps": ("HPSv2.1", ("hps",)),
+    "hps_v20": ("HPSv2", ("hps_v20",)),
+    "pickscore": ("PickScore", ("pickscore", "pickscore_processor")),
+    "imagereward": ("ImgRwd", ("imagereward", "imagereward_med_config", "bert_base_uncased")),
+    "clipscore": ("CLIPScore", ("clipscore",)),
+    "aesthetic": ("Aesthetic", ("aesthetic", "clip_vit_l14")),
+}
+
+
+def required_backends(spec: RewardSpec, options: Mapping[str, Any] | None = None) -> tuple[str, ...]:
+    """Weights backends (:mod:`pcpo_eval.weights`) reward ``spec`` loads with ``options``.
+
+    Preference models: their backends above; ``ocr``: the recogniser's model folders (options given
+    as paths are the user's to check); ``vlm_bertscore``: its captioner and BERTScore model; toy and
+    JPEG rewards, ``llava_bertscore`` (a server) and custom ``module:function`` rewards: none. A
+    weighted sum needs every component's.
+    """
+    out: list[str] = []
+    for name, _, opts in reward_parts(spec, options):
+        out += [b for b in _backends_of(name, opts) if b not in out]
+    return tuple(out)
+
+
+def _backends_of(name: str, options: Mapping[str, Any]) -> tuple[str, ...]:
+    if name in PREFERENCE_BACKENDS:
+        return PREFERENCE_BACKENDS[name][1]
+    if name == "vlm_bertscore":
+        from pcpo_eval.rewards.bertscore import CAPTIONERS, SCORERS
+
+        cap, scorer = options.get("captioner", "qwen25_vl"), options.get("scorer", "deberta")
+        return ((CAPTIONERS[cap],) if cap in CAPTIONERS and not options.get("captioner_path") else ()) + (
+            (SCORERS[scorer][0],) if scorer in SCORERS and not options.get("scorer_path") else ())
+    if name == "ocr":
+        rec = options.get("recogniser", "paddleocr")
+        if rec == "paddleocr":
+            keys = {"paddleocr_det": "det_model_dir", "paddleocr_rec": "rec_model_dir", "paddleocr_cls": "cls_model_dir"}
+            return tuple(b for b, opt in keys.items() if not options.get(opt))
+        return ("trocr",) if rec == "trocr" and not options.get("path") else ()
+    return ()
+
+
 def component_column(name: str) -> str:
     """The training-log column of a weighted reward's component: ``reward_<name>_mean``."""
     return f"reward_{re.sub(r'[^A-Za-z0-9]+', '_', name).strip('_')}_mean"

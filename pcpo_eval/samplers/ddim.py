@@ -110,6 +110,19 @@ def initial_noise(generators: list[torch.Generator], shape: tuple[int, ...]) -> 
     return torch.stack([torch.randn(shape, generator=g, dtype=torch.float32) for g in generators])
 
 
+def to_device_async(x: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Copy CPU noise to ``device`` without stalling the host on CUDA (pinned, ``non_blocking``).
+
+    A plain ``.to("cuda")`` from pageable memory waits for every kernel queued before it, so the
+    host could not queue the next denoiser call while the GPU runs this one (the per-step noise of
+    a DDIM / SDE sampler made each step pay the UNet's kernel-launch time on top of its GPU time).
+    Pinned tensors stay alive until their copy is done (PyTorch's caching host allocator). Same values.
+    """
+    if device.type != "cuda":
+        return x.to(device)
+    return x.pin_memory().to(device, non_blocking=True)
+
+
 @torch.no_grad()
 def sample_ddim(
     adapter: ModelAdapter,
@@ -138,19 +151,20 @@ def sample_ddim(
         raise ValueError(f"need one generator per sample ({B}), got {len(generators)}")
     sched = ddim_schedule(adapter.scheduler_config, steps, eta, stochastic=False)
     sig, scales = step_sigmas(sched, sigma_schedule, convention, fallback)
+    # Sampler state stays float32 whatever the network's precision (pcpo_eval.precision).
     device, dtype = adapter.device, adapter.dtype
-    x = (initial_noise(generators, adapter.latent_shape) if x_T is None else x_T.float().cpu()).to(device, dtype)
+    x = to_device_async(initial_noise(generators, adapter.latent_shape) if x_T is None else x_T.float().cpu(), device)
     traj, noises, logps, outs = [x], [], [], []
     for i, t in enumerate(sched.timesteps):
         ab_t, ab_prev, s = float(sched.alpha_bar[i]), float(sched.alpha_bar_prev[i]), float(sig[i])
         tt = torch.full((B,), int(t), device=device, dtype=torch.long)
-        eps_hat = adapter.predict(x, tt, cond, uncond, cfg).to(x.dtype)
+        eps_hat = adapter.predict(x.to(dtype), tt, cond, uncond, cfg).float()
         mean = ddim_mean(x, eps_hat, ab_t, ab_prev, s)
         if record:
             outs.append(eps_hat)
         if s > 0:
             z = torch.stack([torch.randn(adapter.latent_shape, generator=g, dtype=torch.float32) for g in generators])
-            z = z.to(device, dtype)
+            z = to_device_async(z, device)
             x_prev = mean + s * z
             if record:
                 noises.append(z)

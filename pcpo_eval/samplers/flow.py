@@ -62,7 +62,7 @@ from pcpo_eval.credit.flow import (
 from pcpo_eval.errors import UserError
 from pcpo_eval.models.base import ModelAdapter, PromptEmbeds
 from pcpo_eval.samplers.base import Trajectory
-from pcpo_eval.samplers.ddim import _bcast, gaussian_log_prob, initial_noise
+from pcpo_eval.samplers.ddim import _bcast, gaussian_log_prob, initial_noise, to_device_async
 
 SDES: tuple[str, ...] = ("dance", "flowgrpo", "ode")
 GRIDS: tuple[str, ...] = ("auto", "shifted", "scheduler")
@@ -256,26 +256,26 @@ def sample_flow(
     sig = step_sigmas(times, sde, eta)
     t_np, dt_np = times[:-1], times[:-1] - times[1:]
     std_np = sig * np.sqrt(dt_np)
+    # Sampler state stays float32 whatever the network's precision (pcpo_eval.precision).
     device, dtype = adapter.device, adapter.dtype
-    x = (initial_noise(generators, adapter.latent_shape) if x_T is None else x_T.float().cpu()).to(device, dtype)
+    x = to_device_async(initial_noise(generators, adapter.latent_shape) if x_T is None else x_T.float().cpu(), device)
     traj, noises, logps, outs = [x], [], [], []
     for i in range(len(t_np)):
         t, dt, s, sd = float(t_np[i]), float(dt_np[i]), float(sig[i]), float(std_np[i])
         tt = torch.full((B,), t, device=device, dtype=torch.float32)
         if quantize_time:
             tt = model_time_of(torch.full((B,), t, device=device, dtype=torch.float64), True)
-        u = adapter.predict(x, tt, cond, uncond, cfg).to(x.dtype)
+        u = adapter.predict(x.to(dtype), tt, cond, uncond, cfg).float()
         if record:
             outs.append(u)
         if s > 0:
             mean = flow_sde_mean(x.float(), u.float(), t, dt, s)
             z = torch.stack([torch.randn(adapter.latent_shape, generator=g, dtype=torch.float32) for g in generators])
-            z = z.to(device)
+            z = to_device_async(z, device)
             x_next = mean + sd * z
             if record:
-                noises.append(z.to(dtype))
+                noises.append(z)
                 logps.append(gaussian_log_prob(x_next, mean, sd))
-            x_next = x_next.to(dtype)
         else:
             x_next = flow_ode_step(x, u, dt)
             if record:

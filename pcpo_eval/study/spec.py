@@ -32,10 +32,12 @@ from typing import Any, NamedTuple
 from pcpo_eval.errors import ProblemList, UserError
 from pcpo_eval.io import read_yaml_mapping
 from pcpo_eval.metrics.base import METRICS, PREFERENCE_METRICS, per_prompt_problem
+from pcpo_eval.rewards import required_backends
 from pcpo_eval.stats.formula import parse_lmm_formula
 from pcpo_eval.stats.speedup import unreachable_targets
 from pcpo_eval.study.sections import GridSpec, PreferenceSpec, parse_epoch_map, parse_grids, parse_preferences
 from pcpo_eval.train.config import TrainConfig, config_from_dict, read_config_file
+from pcpo_eval.train.preflight import backend_missing, model_missing, prompts_missing
 
 STAGES = ("train", "select", "generate", "metrics", "stats", "report")
 STATE_FILE = "study_state.json"
@@ -263,37 +265,6 @@ def _resolve_path(base: Path, p: str | None) -> str | None:
 def _prompt_source(base: Path, prompts: str) -> str:
     """A prompt set name as is; a prompt file (has a suffix) resolved like every spec path."""
     return (_resolve_path(base, prompts) or prompts) if Path(prompts).suffix else prompts
-
-
-def _backend_missing(backends: Sequence[str]) -> list[str]:
-    """Names of weights backends that cannot be located (with the locator's one-line hint)."""
-    from pcpo_eval.weights.locate import status
-
-    out = []
-    for b in backends:
-        st = status(b)
-        if not st.found:
-            out.append(st.error or f"{b} weights not found")
-    return out
-
-
-def _model_missing(model: str) -> str | None:
-    """A problem string if a real base model's weights are absent (toy models ship theirs)."""
-    from pcpo_eval.models.flux import DEFAULT_FLUX
-    from pcpo_eval.models.registry import PIPELINE_BACKENDS, pipeline_location
-    from pcpo_eval.models.sd3 import DEFAULT_SD3
-
-    kind, _, arg = str(model).partition(":")
-    if kind not in PIPELINE_BACKENDS:
-        return None
-    arg = arg or {"sd3": DEFAULT_SD3, "flux": DEFAULT_FLUX}.get(kind, "")
-    if not arg:
-        return f"base model {model!r}: give its location, {kind}:PATH_OR_HF_ID"
-    try:
-        pipeline_location(kind, arg)
-    except UserError as exc:
-        return f"base model {model!r}: {exc}; see `pcpo-eval weights`"
-    return None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -831,48 +802,6 @@ def _parse_lmm(section: Any, factors: Factors, problems: list[str]) -> LMMSpec:
     return spec
 
 
-def reward_backends(name: str, options: dict[str, Any] | None = None) -> tuple[str, ...]:
-    """Weights backends (:mod:`pcpo_eval.weights`) training reward ``name`` loads with ``options``.
-
-    Preference models: their metric's backends; ``ocr``: the recogniser's model folders (options
-    given as paths are the user's to check); toy and JPEG rewards ship or need nothing;
-    ``vlm_bertscore``: its captioner and BERTScore model; ``llava_bertscore`` talks to a captioning
-    server (nothing local to check).
-    """
-    options = options or {}
-    if name in METRICS:
-        return METRICS[name].backends
-    if name == "vlm_bertscore":
-        from pcpo_eval.rewards.bertscore import CAPTIONERS, SCORERS
-
-        cap, scorer = options.get("captioner", "qwen25_vl"), options.get("scorer", "deberta")
-        return ((CAPTIONERS[cap],) if cap in CAPTIONERS and not options.get("captioner_path") else ()) + (
-            (SCORERS[scorer][0],) if scorer in SCORERS and not options.get("scorer_path") else ())
-    if name == "ocr":
-        rec = options.get("recogniser", "paddleocr")
-        if rec == "paddleocr":
-            keys = {"paddleocr_det": "det_model_dir", "paddleocr_rec": "rec_model_dir", "paddleocr_cls": "cls_model_dir"}
-            return tuple(b for b, opt in keys.items() if not options.get(opt))
-        return ("trocr",) if rec == "trocr" and not options.get("path") else ()
-    return ()
-
-
-def _prompts_missing(role: str, pset: str) -> str | None:
-    """A prompt file that does not exist, or a prompt dataset (:data:`pcpo_eval.prompts.DATASETS`)
-    found nowhere: one line with where it was looked for and how to get it; None when present."""
-    from pcpo_eval.prompts import DATASETS, locate_dataset
-
-    if pset in DATASETS:
-        try:
-            locate_dataset(pset)
-        except UserError as exc:
-            return f"{role} {pset}: {exc}"
-        return None
-    if Path(pset).suffix and not Path(pset).is_file():
-        return f"{role} file {pset} not found"
-    return None
-
-
 def _check_prompt_sources(cfgs: Sequence[TrainConfig], eval_prompts: str | None,
                           preferences: Sequence[PreferenceSpec], problems: list[str]) -> None:
     """Every prompt set the study reads: training, held-out validation, eval and preference prompts."""
@@ -881,7 +810,7 @@ def _check_prompt_sources(cfgs: Sequence[TrainConfig], eval_prompts: str | None,
     sources += [("eval.prompts", eval_prompts)] if eval_prompts else []
     sources += [(f"preference {p.name}".strip() + ".prompts", p.prompts) for p in preferences]
     for role, pset in dict.fromkeys(sources):
-        if (msg := _prompts_missing(role, pset)) is not None:
+        if (msg := prompts_missing(role, pset)) is not None:
             problems.append(msg)
 
 
@@ -896,9 +825,9 @@ def _check_weights(runs: Sequence[RunSpec], metrics: Sequence[str], preferences:
     for rw, opts in sorted({(json.dumps(c.reward, sort_keys=True), json.dumps(c.reward_options, sort_keys=True))
                             for c in cfgs}):
         for name, _, options in reward_parts(json.loads(rw), json.loads(opts)):
-            problems += [f"training reward {name}: {m}" for m in _backend_missing(reward_backends(name, options))]
+            problems += [f"training reward {name}: {m}" for m in backend_missing(required_backends(name, options))]
     for m in sorted({c.model for c in cfgs}):
-        if (msg := _model_missing(m)) is not None:
+        if (msg := model_missing(m)) is not None:
             problems.append(msg)
     users: dict[str, list[str]] = {}  # one problem per absent backend, naming every metric that needs it
     for m in [*metrics, *(m for p in preferences for m in p.metrics)]:
@@ -906,7 +835,7 @@ def _check_weights(runs: Sequence[RunSpec], metrics: Sequence[str], preferences:
             if m not in users.setdefault(b, []):
                 users[b].append(m)
     for b, ms in users.items():
-        problems += [f"metric(s) {', '.join(ms)}: {msg}" for msg in _backend_missing([b])]
+        problems += [f"metric(s) {', '.join(ms)}: {msg}" for msg in backend_missing([b])]
 
 
 # ------------------------------------------------------------------------------------------------

@@ -100,7 +100,7 @@ class TrainConfig:
     cfg_detach_uncond: bool = False  #: no gradient through the unconditional CFG branch in training (Flow-GRPO)
     lora_rank: int = 4  #: 0 = full fine-tune
     lora_alpha: float = 4.0
-    #: no | fp16 | bf16 autocast (GPU only; ignored on CPU); fp16 adds dynamic loss scaling
+    #: no | fp16 | bf16 autocast (CUDA; bf16 also on CPU, fp16 ignored there); fp16 adds dynamic loss scaling
     #: (torch.amp.GradScaler), as accelerate's fp16 mixed precision in ddpo-pytorch
     mixed_precision: str = "no"
     checkpoint_every: int = 1  #: save every N epochs (and at the last epoch)

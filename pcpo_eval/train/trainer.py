@@ -57,6 +57,7 @@ from pcpo_eval.credit.flow import KL_FORMS, uniform_flow_scale
 from pcpo_eval.errors import UserError
 from pcpo_eval.io import atomic_write_json, atomic_write_parquet, atomic_write_text
 from pcpo_eval.models.base import ModelAdapter, PromptEmbeds
+from pcpo_eval.precision import deterministic_cuda
 from pcpo_eval.samplers import resolve_sampler
 from pcpo_eval.samplers.base import Sampler, Trajectory
 from pcpo_eval.samplers.ddim import DDIMSampler
@@ -149,6 +150,8 @@ class Trainer:
         if (msg := self.cfg.total_batch_problem(self.world)) is not None:  # launcher x per-process batch != paper's
             raise UserError(msg)
         self.device = dist.pick_device(config.device, self.rank)
+        if self.device.type == "cuda":
+            deterministic_cuda()  # bitwise resume on a GPU too (process-wide setting; docs/gpu.md)
         from pcpo_eval.models.registry import load_model
         from pcpo_eval.prompts import load_prompts
         from pcpo_eval.rewards import make_reward
@@ -280,7 +283,8 @@ class Trainer:
             traj = self.sampler.sample(ad, cond, self.null.repeat(len(prompts)), cfg=cfg.cfg, steps=cfg.sample_steps,
                                        eta=cfg.sample_eta, generators=gens, schedule=self.schedule, record=record,
                                        x_T=x_T)
-        return cond, traj, ad.decode(traj.latents.float())
+            images = ad.decode(traj.latents.float())  # the VAE under autocast too (SD-1.x's VAE is bf16/fp16-safe)
+        return cond, traj, images
 
     def _advantages(self, epoch: int, prompts: list[str], rewards: np.ndarray,
                     pids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -571,10 +575,13 @@ class Trainer:
             self.adapter.denoiser = live
 
     def _autocast(self):
-        if self.device.type != "cuda" or self.cfg.mixed_precision == "no":
+        """``mixed_precision`` as autocast: fp16 / bf16 on CUDA, bf16 on CPU too (so CI runs this path);
+        fp16 on CPU is ignored (CPU autocast covers few fp16 kernels), as is ``no``."""
+        mp = self.cfg.mixed_precision
+        if mp == "no" or (self.device.type != "cuda" and mp != "bf16"):
             return nullcontext()
-        dtype = torch.float16 if self.cfg.mixed_precision == "fp16" else torch.bfloat16
-        return torch.autocast("cuda", dtype=dtype)
+        dtype = torch.float16 if mp == "fp16" else torch.bfloat16
+        return torch.autocast(self.device.type, dtype=dtype)
 
     # ------------------------------------------------------------------------------------
     # 3./4. checkpoints, logs, resume

@@ -1,0 +1,202 @@
+"""GPU benchmark: ``generate_set`` vs a plain diffusers ``StableDiffusionPipeline`` call, SD-1.5 sizes.
+
+Both render the same prompts x seeds with the same random-weight SD-1.5 (``models.py``), DDIM
+scheduler, steps, CFG, eta, batch and dtype, in one process, alternating (ref, ours, ref, ours);
+the median images/s of each is reported with peak GPU memory and achieved TFLOP/s (FLOPs per image
+counted by ``FlopCounterMode``: steps x 2 CFG rows x UNet row + VAE decode). Ours also writes the
+PNGs (background thread), hashes and manifest; the pipeline returns arrays only.
+
+``--invariance`` measures what bit-identity means on this device: the UNet output of one row at
+micro-batches 1..64 against micro-batch 16, repeat runs of one shape, and whole images rendered at
+micro-batch 16 vs 64 (max / mean pixel difference). ``--variants`` times channels-last and
+``torch.compile`` against eager.
+
+``--tiny`` runs everything on the tests' tiny SD-1.x on CPU in seconds (CI runs it so the script
+never rots). Usage::
+
+    python benchmarks/gpu/bench_generate.py --images 96 --batch 16 --json $OUT/generate.json
+    python benchmarks/gpu/bench_generate.py --tiny
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from models import device_info, peak_gib, reset_peak, sd15_pipeline, sync, unet_flops_per_row  # noqa: E402
+
+from pcpo_eval.generate.runner import generate_set  # noqa: E402
+from pcpo_eval.models.sd1 import SD1Adapter  # noqa: E402
+from pcpo_eval.precision import matmul_precision, precision_dtype  # noqa: E402
+from pcpo_eval.prompts import load_prompts  # noqa: E402
+
+
+def flops_per_image(pipe, steps: int, cfg: float) -> float:
+    """UNet rows (2 per step with CFG) plus one VAE decode, in FLOPs."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    rows = steps * (2 if cfg != 1.0 else 1)
+    unet = unet_flops_per_row(pipe.unet, pipe.unet.config.cross_attention_dim)
+    p = next(pipe.vae.parameters())
+    s = pipe.unet.config.sample_size
+    with torch.inference_mode(), FlopCounterMode(display=False) as c:
+        pipe.vae.decode(torch.zeros(1, 4, s, s, device=p.device, dtype=p.dtype))
+    return rows * unet + float(c.get_total_flops())
+
+
+def run_reference(pipe, prompts: list[str], seeds: list[int], batch: int, steps: int, cfg: float, eta: float,
+                  device: str) -> float:
+    """Seconds for a plain pipeline call per batch (arrays out, nothing written)."""
+    pairs = [(p, s) for p in prompts for s in seeds]
+    sync(device)
+    t0 = time.perf_counter()
+    for i in range(0, len(pairs), batch):
+        chunk = pairs[i:i + batch]
+        gens = [torch.Generator(device).manual_seed(s) for _, s in chunk]
+        pipe([p for p, _ in chunk], num_inference_steps=steps, guidance_scale=cfg, eta=eta, generator=gens,
+             output_type="np")
+    sync(device)
+    return time.perf_counter() - t0
+
+
+def run_ours(adapter, prompts: list[str], seeds: list[int], batch: int, steps: int, cfg: float, eta: float,
+             device: str, precision: str, **kw) -> tuple[float, dict]:
+    """Seconds for ``generate_set`` into a fresh temp dir (PNGs, hashes, manifest); its settings."""
+    from pcpo_eval.prompts import PromptSet
+
+    out = Path(tempfile.mkdtemp(prefix="bench_gen_")) / "set"
+    sync(device)
+    t0 = time.perf_counter()
+    summary = generate_set(adapter, PromptSet("bench", tuple(range(len(prompts))), tuple(prompts)), seeds, out, batch_size=batch, steps=steps, cfg=cfg,
+                           eta=eta, device=device, precision=precision, progress=False, **kw)
+    sync(device)
+    dt = time.perf_counter() - t0
+    settings = {"micro_batch": summary.settings.micro_batch, "batch_invariance": summary.settings.batch_invariance,
+                "precision": summary.settings.precision}
+    shutil.rmtree(out.parent, ignore_errors=True)
+    return dt, settings
+
+
+def unet_invariance(pipe, device: str, rows_list=(1, 2, 8, 16, 64)) -> dict:
+    """Max |eps(row 0 at micro-batch m) - eps(row 0 at 16)| for each m, and repeat-run bitwise equality."""
+    unet = pipe.unet
+    p = next(unet.parameters())
+    c, s = unet.config.in_channels, unet.config.sample_size
+    g = torch.Generator("cpu").manual_seed(0)
+    x = torch.randn(max(rows_list), c, s, s, generator=g).to(device, p.dtype)
+    h = torch.randn(max(rows_list), 77, unet.config.cross_attention_dim, generator=g).to(device, p.dtype)
+    t = torch.full((max(rows_list),), 500, device=device)
+    out = {}
+    with torch.inference_mode():
+        ref = unet(x[:16], t[:16], encoder_hidden_states=h[:16]).sample[0].float()
+        again = unet(x[:16], t[:16], encoder_hidden_states=h[:16]).sample[0].float()
+        out["repeat_same_shape_bitwise"] = bool(torch.equal(ref, again))
+        for m in rows_list:
+            e = unet(x[:m], t[:m], encoder_hidden_states=h[:m]).sample[0].float()
+            out[f"max_abs_vs_16_at_{m}"] = float((e - ref).abs().max())
+        out["eps_rms"] = float(ref.pow(2).mean().sqrt())
+    return out
+
+
+def image_invariance(adapter, prompts, device: str, precision: str, steps: int, cfg: float) -> dict:
+    """The same 8 images at fixed micro-batch 16 and 64: pixel differences (uint8 units)."""
+    from pcpo_eval.generate.png import read_png_pixels
+    from pcpo_eval.prompts import PromptSet
+
+    root = Path(tempfile.mkdtemp(prefix="bench_inv_"))
+    sets = {}
+    for m in (16, 64, 16):
+        out = root / f"m{m}_{len(sets)}"
+        generate_set(adapter, PromptSet("inv", (0, 1), tuple(prompts[:2])), 4, out, batch_size=8, steps=steps, cfg=cfg, eta=1.0,
+                     device=device, precision=precision, micro_batch=m, progress=False)
+        sets[out.name] = np.stack([read_png_pixels(f) for f in sorted(out.glob("images/*/*.png"))]).astype(np.int16)
+    a, b, a2 = sets.values()
+    d = np.abs(a - b)
+    shutil.rmtree(root, ignore_errors=True)
+    return {"steps": steps, "images": int(a.shape[0]), "max_pixel_diff_16_vs_64": int(d.max()),
+            "mean_pixel_diff_16_vs_64": float(d.mean()), "pixels_differing_pct": float(100 * (d > 0).mean()),
+            "repeat_m16_bitwise": bool(np.array_equal(a, a2))}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tiny", action="store_true", help="tiny random SD-1.x on CPU (CI)")
+    ap.add_argument("--images", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--cfg", type=float, default=5.0)
+    ap.add_argument("--precision", default="bf16", choices=["fp32", "tf32", "bf16", "fp16"])
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--variants", default="", help="comma list of channels_last,compile (timed after eager)")
+    ap.add_argument("--invariance", action="store_true")
+    ap.add_argument("--json", type=Path, default=None)
+    a = ap.parse_args()
+    device = "cpu" if a.tiny or not torch.cuda.is_available() else "cuda"
+    if a.tiny:
+        a.images, a.batch, a.steps, a.repeats = min(a.images, 8), min(a.batch, 4), min(a.steps, 4), 1
+        a.precision = "fp32"
+    dtype = precision_dtype(a.precision)
+    res: dict = {"device": device_info(), "args": {k: str(v) for k, v in vars(a).items()}}
+    with matmul_precision(a.precision):
+        pipe = sd15_pipeline(a.tiny, device, dtype)
+        adapter = SD1Adapter(pipe, source="random-weights SD-1.5" if not a.tiny else "tiny")
+        flops = flops_per_image(pipe, a.steps, a.cfg)
+        names = list(load_prompts("simple_animals").prompts)
+        n_prompts = max(1, a.images // 4)
+        prompts, seeds = names[:n_prompts], list(range(a.images // n_prompts))
+        n = len(prompts) * len(seeds)
+        # warm-up (cuDNN autotune, allocator), then alternate
+        run_reference(pipe, prompts[:1], seeds[:min(len(seeds), a.batch)], a.batch, a.steps, a.cfg, 1.0, device)
+        run_ours(adapter, prompts[:1], seeds[:min(len(seeds), a.batch)], a.batch, a.steps, a.cfg, 1.0, device,
+                 a.precision)
+        ref_t, our_t = [], []
+        reset_peak(device)
+        for _ in range(a.repeats):
+            ref_t.append(run_reference(pipe, prompts, seeds, a.batch, a.steps, a.cfg, 1.0, device))
+            ref_peak = peak_gib(device)
+            reset_peak(device)
+            t, settings = run_ours(adapter, prompts, seeds, a.batch, a.steps, a.cfg, 1.0, device, a.precision)
+            our_t.append(t)
+            our_peak = peak_gib(device)
+            reset_peak(device)
+        ref_ips, our_ips = n / statistics.median(ref_t), n / statistics.median(our_t)
+        res["generate"] = {
+            "images": n, "flops_per_image_T": flops / 1e12, "limit_img_s_at_800TF": 800e12 / flops,
+            "diffusers_img_s": ref_ips, "ours_img_s": our_ips, "ratio_ours_over_diffusers": our_ips / ref_ips,
+            "ours_TFLOPs": our_ips * flops / 1e12, "diffusers_TFLOPs": ref_ips * flops / 1e12,
+            "peak_gib_diffusers": ref_peak, "peak_gib_ours": our_peak, "ours_settings": settings,
+            "seconds_ref": ref_t, "seconds_ours": our_t,
+        }
+        print(json.dumps(res["generate"], indent=1), flush=True)
+        for v in [v for v in a.variants.split(",") if v]:
+            kw = {"channels_last": v in ("channels_last", "compile+channels_last"), "compile": "compile" in v}
+            run_ours(adapter, prompts[:1], seeds[:min(len(seeds), a.batch)], a.batch, a.steps, a.cfg, 1.0, device,
+                     a.precision, **kw)  # compile / convert outside the timing
+            t, _ = run_ours(adapter, prompts, seeds, a.batch, a.steps, a.cfg, 1.0, device, a.precision, **kw)
+            res[f"variant_{v}"] = {"img_s": n / t, "ratio_vs_eager": (n / t) / our_ips}
+            print(v, json.dumps(res[f"variant_{v}"]), flush=True)
+            adapter.denoiser = getattr(adapter.denoiser, "_orig_mod", adapter.denoiser)
+            adapter.denoiser.to(memory_format=torch.contiguous_format)
+        if a.invariance:
+            res["unet_invariance"] = unet_invariance(pipe, device)
+            print("unet", json.dumps(res["unet_invariance"]), flush=True)
+            res["image_invariance"] = image_invariance(adapter, prompts, device, a.precision,
+                                                       min(a.steps, 20), a.cfg)
+            print("images", json.dumps(res["image_invariance"]), flush=True)
+    if a.json:
+        a.json.parent.mkdir(parents=True, exist_ok=True)
+        a.json.write_text(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()

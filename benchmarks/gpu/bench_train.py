@@ -1,0 +1,110 @@
+"""GPU benchmark: seconds per training epoch of setup 2 (DDPO, SD-1.5 LoRA) and setup 5 (DanceGRPO, SD-1.4 full).
+
+The setup configs (``train/configs/setup{2,5}_*.yaml``) are trained as written except: the model
+is a random-weight SD-1.x of the real size saved with ``save_pretrained`` and loaded through the
+real ``sd1:DIR`` path, the reward is the weight-free ``jpeg_compressibility``, the prompts are
+``simple_animals`` (setup 5's HPDv2 needs the dataset), an epoch holds ``--batches`` sampling
+batches instead of the paper's 512 images (its time is scaled to 512 images: sampling and
+training are both linear in images), and nothing is checkpointed or logged beyond log.parquet.
+Epoch 2's ``wall_time_s`` is reported (epoch 1 includes warm-up), for DDPO's ``ppo_clip`` and
+for ``pcpo``, with peak GPU memory and the FLOP floor: images x steps x 2 CFG rows x UNet row x
+(1 sampling + 2 LoRA / 3 full fine-tune for forward and backward) at 800 TFLOP/s.
+
+``--tiny``: the tests' tiny SD-1.x on CPU (CI). Usage::
+
+    python benchmarks/gpu/bench_train.py --setup 2 --batches 4 --json $OUT/train2.json
+    python benchmarks/gpu/bench_train.py --tiny
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from models import ROOT, device_info, peak_gib, reset_peak, sd15_pipeline, unet_flops_per_row  # noqa: E402
+
+from pcpo_eval.train.config import load_config  # noqa: E402
+from pcpo_eval.train.trainer import train  # noqa: E402
+
+SETUPS = {2: "setup2_ddpo_aes.yaml", 5: "setup5_dancegrpo_sd14.yaml"}
+PEAK_TFLOPS = 800.0  # H100/H200 dense bf16 measured on this workplace's machines (KINDS.md)
+
+
+def save_model(tiny: bool, device: str) -> tuple[Path, float]:
+    """A random-weight SD-1.x pipeline directory (fp16 files) and the UNet's FLOPs per row."""
+    pipe = sd15_pipeline(tiny, device, torch.float16 if device == "cuda" else torch.float32)
+    flops = unet_flops_per_row(pipe.unet, pipe.unet.config.cross_attention_dim)
+    out = Path(tempfile.mkdtemp(prefix="bench_sd_")) / "pipe"
+    pipe.save_pretrained(str(out), safe_serialization=True)
+    del pipe
+    return out, flops
+
+
+def run_setup(setup: int, model_dir: Path, objective: str, batches: int, device: str, tiny: bool) -> dict:
+    """Train two epochs; epoch 2's seconds, images, and peak memory."""
+    over = [f"model=sd1:{model_dir}", "reward=jpeg_compressibility", "prompts=simple_animals", "epochs=2",
+            f"sample_batches_per_epoch={batches}", "paper_total_batch=0", "checkpoint_every=1000",
+            "log_to=none", "log_images_every=0", f"objective={objective}", f"device={device}"]
+    if tiny:
+        over += ["sample_steps=4", "sample_batch_size=4", "train_batch_size=2"]
+        if setup == 5:
+            over += ["images_per_prompt=4"]
+    cfg = load_config(ROOT / "train" / "configs" / SETUPS[setup], over)
+    out = Path(tempfile.mkdtemp(prefix="bench_train_")) / "run"
+    reset_peak(device)
+    log = train(cfg, out)
+    peak = peak_gib(device)
+    row = log.iloc[-1]
+    images = cfg.sample_batch_size * cfg.sample_batches_per_epoch
+    shutil.rmtree(out.parent, ignore_errors=True)
+    return {"objective": objective, "images": images, "steps": cfg.sample_steps, "lora_rank": cfg.lora_rank,
+            "mixed_precision": cfg.mixed_precision, "epoch_s": float(row["wall_time_s"]), "peak_gib": peak,
+            "timestep_fraction": cfg.timestep_fraction, "train_last_step": cfg.train_last_step}
+
+
+def floor_s(r: dict, flops_row: float, images: int) -> float:
+    """FLOP floor of an epoch of ``images`` at PEAK_TFLOPS (see module docstring)."""
+    trained = r["steps"] * r["timestep_fraction"] - (0 if r["train_last_step"] else 1)
+    per_image = 2 * flops_row * (r["steps"] + trained * (2 if r["lora_rank"] else 3))
+    return images * per_image / (PEAK_TFLOPS * 1e12)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--setup", type=int, action="append", choices=sorted(SETUPS), help="default: 2 and 5")
+    ap.add_argument("--batches", type=int, default=2, help="sampling batches per epoch (paper: 512 images)")
+    ap.add_argument("--objectives", default="ppo_clip,pcpo")
+    ap.add_argument("--json", type=Path, default=None)
+    a = ap.parse_args()
+    device = "cpu" if a.tiny or not torch.cuda.is_available() else "cuda"
+    model_dir, flops_row = save_model(a.tiny, device)
+    res: dict = {"device": device_info(), "unet_flops_per_row_G": flops_row / 1e9, "setups": {}}
+    for setup in a.setup or sorted(SETUPS):
+        rows = [run_setup(setup, model_dir, o, a.batches, device, a.tiny) for o in a.objectives.split(",")]
+        for r in rows:
+            r["epoch_s_at_512"] = r["epoch_s"] * 512 / r["images"]
+            r["floor_s_at_512"] = floor_s(r, flops_row, 512)
+            r["ratio_to_floor"] = r["epoch_s_at_512"] / r["floor_s_at_512"]
+        by = {r["objective"]: r for r in rows}
+        if "pcpo" in by and "ppo_clip" in by:
+            res.setdefault("pcpo_over_ddpo", {})[setup] = by["pcpo"]["epoch_s"] / by["ppo_clip"]["epoch_s"]
+        res["setups"][setup] = rows
+        print(pd.DataFrame(rows).to_string(index=False), flush=True)
+    print(json.dumps({k: v for k, v in res.items() if k != "setups"}), flush=True)
+    shutil.rmtree(model_dir.parent, ignore_errors=True)
+    if a.json:
+        a.json.parent.mkdir(parents=True, exist_ok=True)
+        a.json.write_text(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()

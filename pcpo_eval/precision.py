@@ -1,0 +1,87 @@
+"""The one home of numeric precision: ``fp32 | tf32 | bf16 | fp16`` for generation and evaluation.
+
+A *precision* names both the dtype the model's weights and activations are held in and whether
+CUDA may use TF32 tensor cores for fp32 matrix products and convolutions:
+
+=========  ==============  ====================================================================
+name       weights         fp32 matmul / conv on CUDA
+=========  ==============  ====================================================================
+``fp32``   float32         true fp32 (``allow_tf32 = False``): the CPU-comparable reference
+``tf32``   float32         TF32 tensor cores (10-bit mantissa inputs, fp32 accumulate)
+``bf16``   bfloat16        (no fp32 products left in the network)
+``fp16``   float16         (idem)
+=========  ==============  ====================================================================
+
+The default (:func:`resolve_precision` of ``auto``) is ``bf16`` on CUDA, the precision DDPO,
+DanceGRPO and Flow-GRPO sample in, and ``fp32`` on CPU, where bf16 is slower and the toy world's
+bit-identity tests are defined. Sampler state (latents, the DDIM / Euler update, log-probabilities)
+always stays float32 whatever the model's precision (:mod:`pcpo_eval.samplers`): only the network
+runs in the reduced precision, as accelerate's mixed precision does for training.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+from pcpo_eval.errors import UserError
+
+#: Accepted ``--precision`` values (``auto`` resolves by device).
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+
+_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def resolve_precision(name: str | None, device: str | torch.device) -> str:
+    """``auto`` / None -> ``bf16`` on CUDA, ``fp32`` elsewhere; any other name is checked.
+
+    Raises:
+        UserError: an unknown name (one line naming the choices).
+    """
+    key = "auto" if name is None else str(name).strip().lower()
+    if key == "auto":
+        return "bf16" if torch.device(device).type == "cuda" else "fp32"
+    if key not in PRECISIONS:
+        raise UserError(f"unknown --precision {name!r}; choose auto, {', '.join(PRECISIONS)}")
+    return key
+
+
+def precision_dtype(name: str) -> torch.dtype:
+    """The weights' dtype of a precision (``tf32`` -> float32)."""
+    return _DTYPES[name]
+
+
+@contextlib.contextmanager
+def matmul_precision(name: str) -> Iterator[None]:
+    """Allow TF32 for fp32 CUDA matmuls and convolutions exactly when ``name == "tf32"`` (restored after).
+
+    ``fp32`` turns TF32 *off* explicitly: PyTorch's default allows it for cuDNN convolutions, so an
+    unguarded "fp32" run on an Ampere-or-later GPU is silently a TF32 run for the UNet's convolutions.
+    """
+    old = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    allow = name == "tf32"
+    torch.backends.cuda.matmul.allow_tf32 = allow
+    torch.backends.cudnn.allow_tf32 = allow
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+
+
+def deterministic_cuda() -> None:
+    """Ask CUDA for run-to-run reproducible kernels (the trainer's bitwise resume on a GPU).
+
+    cuDNN picks deterministic convolution algorithms (no autotuning), PyTorch's deterministic
+    implementations replace atomics-based ones (a warning names any op without one), and cuBLAS gets
+    the fixed workspace it needs for reproducible reductions (``CUBLAS_WORKSPACE_CONFIG``; effective
+    when set before the process's first cuBLAS call, as the trainer does). Without this, two runs of
+    the same seed drift apart by ~1e-4 in reward after one update (measured on an H200, docs/gpu.md).
+    """
+    import os
+
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+    torch.use_deterministic_algorithms(True, warn_only=True)
