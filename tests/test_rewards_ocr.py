@@ -286,7 +286,7 @@ def test_trocr_missing_weights_name_the_path_and_the_fix(tmp_path):
     partial = tmp_path / "partial"
     partial.mkdir()
     (partial / "config.json").write_text("{}")
-    with pytest.raises(MissingWeightsError, match=f"trocr: {partial} is not a complete TrOCR folder"):
+    with pytest.raises(MissingWeightsError, match=f"trocr: {partial} is not a complete TrOCR folder \\(missing weights"):
         make_reward("ocr", recogniser="trocr", path=str(partial))
 
 

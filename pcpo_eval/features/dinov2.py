@@ -72,7 +72,10 @@ class DinoV2Extractor(FeatureExtractor):
         super().__init__()
         from transformers import Dinov2Model
 
+        from pcpo_eval.weights.folders import check_model_folder
+
         path = locate_weights(weights_path)
+        check_model_folder("DINOv2 weights", path)  # names config.json / the weights file if absent
         try:
             model = Dinov2Model.from_pretrained(str(path), local_files_only=True)
         except (OSError, ValueError) as exc:

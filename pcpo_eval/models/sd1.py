@@ -65,6 +65,11 @@ class SD1Adapter(ModelAdapter):
         if not is_dir and (path_or_id.startswith(("/", ".", "~")) or os.sep in path_or_id.strip("/").split("/", 1)[-1]):
             raise MissingWeightsError(f"sd1 weights: directory {path_or_id} does not exist; pass an existing "
                                       "diffusers SD-1.x pipeline directory or a Hugging Face id already in the cache")
+        from pcpo_eval.weights.folders import check_pipeline_folder, resolve_pipeline_dir
+
+        local = resolve_pipeline_dir(path_or_id)
+        if local is not None:  # name the missing sub-folder (unet/, vae/, ...) instead of diffusers' OSError
+            check_pipeline_folder("sd1 weights", local)
         try:
             pipe = StableDiffusionPipeline.from_pretrained(
                 str(Path(path_or_id).expanduser()) if is_dir else path_or_id,

@@ -42,7 +42,15 @@ def _to_uint8(images: torch.Tensor) -> torch.Tensor:
 
 
 def load_local_pipeline(cls: Any, spec: str, dtype: torch.dtype, what: str) -> Any:
-    """``cls.from_pretrained(spec, local_files_only=True)`` with a one-line error when absent."""
+    """``cls.from_pretrained(spec, local_files_only=True)`` with a one-line error when absent.
+
+    A local folder (or cached snapshot) missing a sub-folder or file is named first (``transformer/``,
+    ``vae/config.json``, ...)."""
+    from pcpo_eval.weights.folders import check_pipeline_folder, resolve_pipeline_dir
+
+    local = resolve_pipeline_dir(spec)
+    if local is not None:
+        check_pipeline_folder(f"{what} weights", local)
     try:
         return cls.from_pretrained(spec, torch_dtype=dtype, local_files_only=True)
     except (OSError, ValueError) as exc:

@@ -268,6 +268,11 @@ def trocr_recogniser(
     if torch_dtype is None:
         raise UserError(f"unknown dtype {dtype!r}; choose one of: float32, float16, bfloat16")
     folder = locate("trocr", path)
+    from pcpo_eval.weights.folders import transformers_missing
+
+    if missing := transformers_missing(folder):  # name config.json / the weights file, not a loader traceback
+        raise MissingWeightsError(f"trocr: {folder} is not a complete TrOCR folder (missing {', '.join(missing)}); "
+                                  "copy the whole microsoft/trocr-base-printed snapshot there")
     dev = torch.device(device)
     try:
         processor = TrOCRProcessor.from_pretrained(str(folder), local_files_only=True)

@@ -128,6 +128,13 @@ def _what(backend: Backend) -> str:
     return backend.filename if backend.kind == "file" else f"a folder with {backend.filename}"
 
 
+def _is_not(backend: Backend, path: str | os.PathLike) -> str:
+    """``is not <what>``, or, for an existing folder lacking the marker file, ``lacks <file>``."""
+    if backend.kind == "dir" and Path(path).expanduser().is_dir():
+        return f"is a folder without {backend.filename} (missing {backend.filename})"
+    return f"is not {_what(backend)}"
+
+
 def locate(name: str, explicit: str | os.PathLike | None = None) -> Path:
     """Path of backend ``name``'s weights: explicit path > env var > cache candidates.
 
@@ -140,7 +147,7 @@ def locate(name: str, explicit: str | os.PathLike | None = None) -> Path:
         hit = _as_target(backend, Path(explicit))
         if hit is None:
             raise MissingWeightsError(
-                f"{name} weights: {explicit} is not {_what(backend)}; pass the path of {_what(backend)}"
+                f"{name} weights: {explicit} {_is_not(backend, explicit)}; pass the path of {_what(backend)}"
             )
         return hit
     env = os.environ.get(backend.env_var)
@@ -148,7 +155,7 @@ def locate(name: str, explicit: str | os.PathLike | None = None) -> Path:
         hit = _as_target(backend, Path(env))
         if hit is None:
             raise MissingWeightsError(
-                f"{name} weights: {backend.env_var}={env} is not {_what(backend)}; fix or unset {backend.env_var}"
+                f"{name} weights: {backend.env_var}={env} {_is_not(backend, env)}; fix or unset {backend.env_var}"
             )
         return hit
     for _label, path in candidates(backend):
