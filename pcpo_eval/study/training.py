@@ -53,7 +53,7 @@ def run_complete(run: RunSpec, layout: StudyLayout) -> bool:
 
 
 def changed_settings(run: RunSpec, layout: StudyLayout) -> list[str]:
-    """Config keys (but ``epochs`` / ``device``) whose value in the run directory's ``config.yaml``
+    """Config keys (but ``epochs`` / ``device`` / ``keep_checkpoints``) whose value in the run directory's ``config.yaml``
     differs from the spec's resolved config: the run was trained for another spec."""
     from pcpo_eval.train.checkpoints import load_run_config
 
@@ -63,7 +63,7 @@ def changed_settings(run: RunSpec, layout: StudyLayout) -> list[str]:
     saved = load_run_config(rd)
     defaults = type(run.train)().to_dict()  # a key an older run's config.yaml lacks had its default
     return [k for k, v in run.train.to_dict().items()
-            if k not in ("epochs", "device") and saved.get(k, defaults.get(k)) != v]
+            if k not in ("epochs", "device", "keep_checkpoints") and saved.get(k, defaults.get(k)) != v]
 
 
 def pending_runs(spec: StudySpec, layout: StudyLayout, log: Callable[[str], None]) -> list[tuple[RunSpec, bool]]:

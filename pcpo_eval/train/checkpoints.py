@@ -6,9 +6,12 @@ A checkpoint is a directory ``RUN/checkpoints/epoch_0005/`` holding
   keys ``unet.<module>.lora_A/B.weight``) or ``denoiser.safetensors`` (full fine-tune);
 * ``checkpoint.json``: epoch, reward, model spec, objective, file hashes;
 * ``training_state.pt``: optimizer state, the per-prompt stat tracker, peft state (resume only).
+  Only the newest checkpoint of a run keeps it (:func:`apply_retention`): resume reads the newest,
+  and the older ones stay loadable for generation and selection with weights + metadata alone.
 
 Directories are written under a temporary name and renamed into place, so a crash never leaves
-a half-written checkpoint that looks complete.
+a half-written checkpoint that looks complete. ``keep_checkpoints: N`` (train config) deletes the
+checkpoints older than the newest N after each save (:func:`apply_retention`).
 """
 
 from __future__ import annotations
@@ -166,6 +169,42 @@ def load_weights_into(adapter: Any, ckpt: str | Path) -> None:
         raise UserError(
             f"weights in {path} do not fit base model {meta.get('model')!r} ({first[:200]}); "
             "pass a checkpoint trained from this base model"
+def retained(epochs: list[int], keep: int) -> list[int]:
+    """The epochs of ``epochs`` (saved checkpoints, any order) that ``keep_checkpoints=keep`` keeps: the
+    newest ``keep`` of them (0 = all)."""
+    ordered = sorted(epochs)
+    return ordered if keep <= 0 else ordered[-keep:]
+
+
+def _remove_checkpoint(ckpt: Path) -> None:
+    """Delete checkpoint directory ``ckpt``: its ``checkpoint.json`` first, so a crash part-way never leaves
+    a directory that :func:`list_checkpoints` counts as complete."""
+    import shutil
+
+    with contextlib.suppress(FileNotFoundError):
+        (ckpt / META_FILE).unlink()
+    shutil.rmtree(ckpt, ignore_errors=True)
+
+
+def apply_retention(run_dir: str | Path, keep: int) -> list[Path]:
+    """After a save: drop ``training_state.pt`` from every checkpoint but the newest (resume reads only the
+    newest; older ones keep weights + metadata, loadable for generation), and with ``keep > 0`` delete
+    the checkpoints older than the newest ``keep``. Returns the deleted checkpoint directories.
+
+    Called only once the newest checkpoint is complete (written atomically), so a run always holds
+    one resumable checkpoint."""
+    cks = list_checkpoints(run_dir)
+    if not cks:
+        return []
+    for old in cks[:-1]:
+        with contextlib.suppress(FileNotFoundError):
+            (old / STATE_FILE).unlink()
+    drop = cks[:-keep] if keep > 0 else []
+    for old in drop:
+        _remove_checkpoint(old)
+    return drop
+
+
         ) from None
 
 
@@ -180,7 +219,8 @@ def load_training_state(ckpt: str | Path) -> dict[str, Any]:
 
     path = Path(ckpt) / STATE_FILE
     if not path.is_file():
-        raise UserError(f"checkpoint {ckpt} has no {STATE_FILE}, so it cannot be resumed; "
+        raise UserError(f"checkpoint {ckpt} has no {STATE_FILE}, so it cannot be resumed (only a run's newest "
+                        "checkpoint keeps its optimizer state); resume from the run's newest checkpoint, or "
                         "delete the checkpoint folder to resume from the one before it")
     try:
         state = torch.load(path, map_location="cpu", weights_only=False)

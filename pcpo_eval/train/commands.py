@@ -13,6 +13,7 @@ from typing import Annotated
 import typer
 
 from pcpo_eval.errors import ProblemList, UserError
+from pcpo_eval.progress import PROGRESS_HELP
 
 DEVICE_HELP = "auto = this process's GPU (LOCAL_RANK) when CUDA is available, else cpu | cpu | cuda:N"
 
@@ -78,6 +79,7 @@ def train_cmd(
         str | None, typer.Option("--log-to", help="trackers, comma-separated: tensorboard, wandb, trackio, or none; "
                                  "default: the config's `log_to` (tensorboard). W&B runs offline unless wandb_mode=online")
     ] = None,
+    progress: Annotated[bool | None, typer.Option("--progress/--no-progress", help=PROGRESS_HELP)] = None,
 ) -> None:
     """Train a DDPO / DanceGRPO / PCPO run (one process, or under torchrun / accelerate launch)."""
     from pcpo_eval.io import check_out_path, remove_stale_temps
@@ -101,7 +103,7 @@ def train_cmd(
     check_trackers(cfg.log_to, cfg.wandb_mode)  # W&B online without an API key: one line, before any work
     check_batch_fits(cfg)
     remove_stale_temps(out)  # temp files of a killed run (not ones a live process holds)
-    log = train(cfg, out, resume=resume)
+    log = train(cfg, out, resume=resume, progress=progress)
     if len(log):
         last = log.iloc[-1]
         typer.echo(f"done: {out} (epoch {int(last['epoch'])}, reward {last['reward_mean']:.4f})")

@@ -104,6 +104,9 @@ class TrainConfig:
     #: (torch.amp.GradScaler), as accelerate's fp16 mixed precision in ddpo-pytorch
     mixed_precision: str = "no"
     checkpoint_every: int = 1  #: save every N epochs (and at the last epoch)
+    #: after each save keep only the newest N checkpoints (0 = keep all). Whatever N, only the newest
+    #: checkpoint keeps the optimizer / training state (resume); older ones hold weights + metadata
+    keep_checkpoints: int = 0
     #: the paper's images per iteration over ALL processes (Table master-hyperparams "Images per
     #: iteration"); the trainer refuses a launch whose processes x sample_batch_size x
     #: sample_batches_per_epoch differs (:meth:`total_batch_problem`). 0: no stated total.
@@ -170,6 +173,8 @@ class TrainConfig:
         need(self.learning_rate > 0, f"learning_rate must be > 0 (got {self.learning_rate})")
         need(self.lora_rank >= 0, f"lora_rank must be >= 0 (got {self.lora_rank})")
         need(self.beta_kl >= 0, f"beta_kl must be >= 0 (got {self.beta_kl})")
+        need(int(self.keep_checkpoints) >= 0,
+             f"keep_checkpoints must be >= 0 (0 = keep every checkpoint; got {self.keep_checkpoints})")
         need(int(self.paper_total_batch) >= 0, f"paper_total_batch must be >= 0 (0: none stated; got {self.paper_total_batch})")
         need(self.train_min_sigma >= 0, f"train_min_sigma must be >= 0 (got {self.train_min_sigma})")
         problems += self._extension_problems()

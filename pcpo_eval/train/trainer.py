@@ -58,6 +58,8 @@ from pcpo_eval.errors import UserError
 from pcpo_eval.io import atomic_write_json, atomic_write_parquet, atomic_write_text
 from pcpo_eval.models.base import ModelAdapter, PromptEmbeds
 from pcpo_eval.precision import deterministic_cuda
+from pcpo_eval.progress import echo, progress_bar
+from pcpo_eval.rundir import LOG_FILE, checkpoint_dir, config_path
 from pcpo_eval.samplers import resolve_sampler
 from pcpo_eval.samplers.base import Sampler, Trajectory
 from pcpo_eval.samplers.ddim import DDIMSampler
@@ -75,7 +77,8 @@ from pcpo_eval.train.diagnostics import delta_terms, diagnostic_stats
 from pcpo_eval.train.objectives import StepLoss, eps_matching_log_rho, get_objective, uses_decomposition
 from pcpo_eval.train.tracking import RunTracking, open_tracking
 
-LOG_FILE = "log.parquet"
+#: config keys ``--resume`` lets differ from the run's config.yaml (neither changes what is trained)
+RESUME_MAY_CHANGE = ("epochs", "device", "keep_checkpoints")
 INIT_FILE = "init_from.json"  #: where a run started from ``init_from`` records its source and weights hash
 #: the validation images' noise: keyed by image index only (the same for every run, seed and arm)
 VALIDATION_STREAM = "train-validation/v1"
@@ -143,8 +146,10 @@ def guided_detached_uncond(adapter: ModelAdapter, x_t: torch.Tensor, t: torch.Te
 
 
 class Trainer:
-    def __init__(self, config: TrainConfig, out_dir: str | Path, resume: bool = False) -> None:
+    def __init__(self, config: TrainConfig, out_dir: str | Path, resume: bool = False,
+                 progress: bool | None = None) -> None:
         self.cfg = config.validate()
+        self.progress = progress  #: epoch bar on stderr (rank 0); None: when stderr is a terminal
         self.out = Path(out_dir)
         self.rank, self.world = dist.init(config.device)
         if (msg := self.cfg.total_batch_problem(self.world)) is not None:  # launcher x per-process batch != paper's
@@ -194,7 +199,7 @@ class Trainer:
             raise UserError(f"{self.out} already holds a run; pass --resume to continue it or choose another --out")
         if self.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(self.out / "config.yaml", yaml.safe_dump(self.cfg.to_dict(), sort_keys=False))
+            atomic_write_text(config_path(self.out), yaml.safe_dump(self.cfg.to_dict(), sort_keys=False))
             if self.init_record is not None:
                 atomic_write_json(self.out / INIT_FILE, self.init_record)
         self.tracking: RunTracking = open_tracking(self.out, self.cfg.to_dict(), self.cfg.log_to, self.cfg.log_project,
@@ -596,7 +601,9 @@ class Trainer:
         state = {"epoch": epoch, "optimizer": self.optimizer.state_dict(), "tracker": self.tracker.state_dict()}
         if self.scaler is not None:
             state["scaler"] = self.scaler.state_dict()
-        return ck.save_checkpoint(ck.checkpoint_dir(self.out, epoch), self.adapter.denoiser, meta, state)
+        path = ck.save_checkpoint(checkpoint_dir(self.out, epoch), self.adapter.denoiser, meta, state)
+        ck.apply_retention(self.out, self.cfg.keep_checkpoints)  # state in the newest only; keep_checkpoints
+        return path
 
     def log_epoch(self, row: dict[str, Any]) -> None:
         if not self.is_main:
@@ -611,10 +618,10 @@ class Trainer:
         saved = ck.load_run_config(self.out)
         defaults = TrainConfig().to_dict()  # a key the run's config.yaml predates had its default value
         mismatch = [k for k, v in self.cfg.to_dict().items()
-                    if k not in ("epochs", "device") and saved.get(k, defaults[k]) != v]
+                    if k not in RESUME_MAY_CHANGE and saved.get(k, defaults[k]) != v]
         if mismatch:
             raise UserError(f"--resume: config differs from the run's config.yaml in {', '.join(mismatch)}; "
-                            "resume with the same settings (only epochs may change)")
+                            "resume with the same settings (only epochs and keep_checkpoints may change)")
         ck.check_resumable_weights(latest)
         state = ck.load_training_state(latest)
         if "peft_state" in state:
@@ -743,34 +750,48 @@ class Trainer:
             print(f"[pcpo-eval] {cfg.objective} on {cfg.model}: {n} samples/epoch x {cfg.sample_steps} steps, "
                   f"{cfg.gradient_updates} updates/epoch, {sum(p.numel() for p in self.params):,} trainable params, "
                   f"{self.world} process(es), epochs {self.start_epoch}..{cfg.epochs}", flush=True)
-        for epoch in range(self.start_epoch, cfg.epochs + 1):
-            t0, c0 = time.perf_counter(), time.process_time()
-            samples = self.sample_epoch(epoch)
-            t1 = time.perf_counter()
-            row = self.train_epoch(epoch, samples)
-            row["sample_time_s"] = t1 - t0
-            row["wall_time_s"] = time.perf_counter() - t0
-            row["wall_clock_s"] = self._wall_clock() + row["wall_time_s"] - samples.control_time_s
-            row["compute_s"] = self._compute() + self._epoch_compute(row, samples, time.process_time() - c0)
-            if cfg.paired_control:
-                row["control_time_s"] = samples.control_time_s
-            if cfg.validation_every > 0 and (epoch % cfg.validation_every == 0 or epoch == cfg.epochs):
-                row.update(self.validation_row())
-            row["peak_rss_mb"] = _peak_rss_mb()
-            self.log_epoch(row)
-            self.tracking.log_epoch(row, samples.all_rewards, samples.images.cpu().numpy(), samples.prompts)
-            if epoch % cfg.checkpoint_every == 0 or epoch == cfg.epochs:
-                self.save_checkpoint(epoch, row)
-            dist.barrier()
-            if self.is_main:
-                ctrl = f"  control {row['control_reward_mean']:+.4f}" if cfg.paired_control else ""
-                print(f"epoch {epoch:4d}  reward {row['reward_mean']:+.4f} +- {row['reward_std']:.4f}{ctrl}  "
-                      f"clipfrac {row['clipfrac']:.3f}  kl {row['approx_kl']:.2e}  {row['wall_time_s']:.1f}s", flush=True)
+        bar = progress_bar(cfg.epochs, "train", self.progress if self.is_main else False, unit="epoch",
+                           initial=self.start_epoch - 1)
+        try:
+            for epoch in range(self.start_epoch, cfg.epochs + 1):
+                self._run_epoch(epoch, bar)
+        finally:
+            bar.close()
         warning = ppo_health_warning(pd.DataFrame(self.log_rows)) if self.log_rows else None
         if self.is_main and warning:
             print(f"[pcpo-eval] warning: {warning}", flush=True)
         self.tracking.close()
         return pd.DataFrame(self.log_rows)
+
+    def _run_epoch(self, epoch: int, bar: Any) -> None:
+        """One epoch: sample, train, log, checkpoint (with retention), the console line; ``bar`` shows the phase."""
+        cfg = self.cfg
+        bar.set_postfix_str("sampling", refresh=True)
+        t0, c0 = time.perf_counter(), time.process_time()
+        samples = self.sample_epoch(epoch)
+        t1 = time.perf_counter()
+        bar.set_postfix_str("training", refresh=True)
+        row = self.train_epoch(epoch, samples)
+        row["sample_time_s"] = t1 - t0
+        row["wall_time_s"] = time.perf_counter() - t0
+        row["wall_clock_s"] = self._wall_clock() + row["wall_time_s"] - samples.control_time_s
+        row["compute_s"] = self._compute() + self._epoch_compute(row, samples, time.process_time() - c0)
+        if cfg.paired_control:
+            row["control_time_s"] = samples.control_time_s
+        if cfg.validation_every > 0 and (epoch % cfg.validation_every == 0 or epoch == cfg.epochs):
+            row.update(self.validation_row())
+        row["peak_rss_mb"] = _peak_rss_mb()
+        self.log_epoch(row)
+        self.tracking.log_epoch(row, samples.all_rewards, samples.images.cpu().numpy(), samples.prompts)
+        if epoch % cfg.checkpoint_every == 0 or epoch == cfg.epochs:
+            self.save_checkpoint(epoch, row)
+        dist.barrier()
+        if self.is_main:
+            ctrl = f"  control {row['control_reward_mean']:+.4f}" if cfg.paired_control else ""
+            echo(bar, f"epoch {epoch:4d}  reward {row['reward_mean']:+.4f} +- {row['reward_std']:.4f}{ctrl}  "
+                      f"clipfrac {row['clipfrac']:.3f}  kl {row['approx_kl']:.2e}  {row['wall_time_s']:.1f}s")
+        bar.set_postfix_str(f"reward {row['reward_mean']:+.4f}", refresh=False)
+        bar.update(1)
 
 
 def log_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
@@ -852,6 +873,7 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def train(config: TrainConfig, out_dir: str | Path, resume: bool = False) -> pd.DataFrame:
-    """Library entry point: train a run into ``out_dir`` (see module docstring)."""
-    return Trainer(config, out_dir, resume=resume).run()
+def train(config: TrainConfig, out_dir: str | Path, resume: bool = False, progress: bool | None = None) -> pd.DataFrame:
+    """Library entry point: train a run into ``out_dir`` (see module docstring); ``progress``: an epoch bar
+    with ETA on stderr (rank 0; None = when stderr is a terminal)."""
+    return Trainer(config, out_dir, resume=resume, progress=progress).run()
