@@ -169,6 +169,9 @@ def load_weights_into(adapter: Any, ckpt: str | Path) -> None:
         raise UserError(
             f"weights in {path} do not fit base model {meta.get('model')!r} ({first[:200]}); "
             "pass a checkpoint trained from this base model"
+        ) from None
+
+
 def retained(epochs: list[int], keep: int) -> list[int]:
     """The epochs of ``epochs`` (saved checkpoints, any order) that ``keep_checkpoints=keep`` keeps: the
     newest ``keep`` of them (0 = all)."""
@@ -203,9 +206,6 @@ def apply_retention(run_dir: str | Path, keep: int) -> list[Path]:
     for old in drop:
         _remove_checkpoint(old)
     return drop
-
-
-        ) from None
 
 
 def load_training_state(ckpt: str | Path) -> dict[str, Any]:
