@@ -35,6 +35,7 @@ from pcpo_eval.metrics.base import METRICS, PREFERENCE_METRICS, per_prompt_probl
 from pcpo_eval.rewards import required_backends
 from pcpo_eval.stats.formula import parse_lmm_formula
 from pcpo_eval.stats.speedup import unreachable_targets
+from pcpo_eval.study.retention import epoch_maps, retention_problems
 from pcpo_eval.study.sections import GridSpec, PreferenceSpec, parse_epoch_map, parse_grids, parse_preferences
 from pcpo_eval.train.config import TrainConfig, config_from_dict, read_config_file
 from pcpo_eval.train.preflight import backend_missing, model_missing, prompts_missing
@@ -882,6 +883,7 @@ def load_spec(path: str | Path, check_weights: bool = True) -> StudySpec:
     preferences = parse_preferences(top.get("preference"), lambda p: _prompt_source(base, p), levels, runs, arm_of,
                                     PREFERENCE_METRICS, problems)
     grids = parse_grids(top.get("grid"), levels, runs, arm_of, problems)
+    problems += retention_problems(runs, arm_of, select_target, options.select_epoch, epoch_maps(preferences, grids))
     if options.select_on == "eval":
         no_val = [r.name for r in runs if r.train is not None and r.train.validation_every <= 0]
         if no_val:
