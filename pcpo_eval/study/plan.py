@@ -30,6 +30,7 @@ import numpy as np
 
 from pcpo_eval.errors import UserError
 from pcpo_eval.stats.power import seeds_needed
+from pcpo_eval.study.footprint import footprint_lines
 from pcpo_eval.study.spec import RESULTS_FILE, StudySpec
 
 #: the relative effect planned for when --effect is not given (the paper's speed-ups are 25-41%)
@@ -157,4 +158,5 @@ def plan_text(sp: StudySpec, pilot_dir: Path | None = None, cv: float | None = N
     lines.append(f"  the spec trains {', '.join(map(str, sorted(now)))} seed(s) per arm")
     need = max((r["seeds"] for r in rows if r["seeds"] is not None), default=None)
     lines += ["  " + x for x in resources(sp, pilot_dir, pilot, need or max(now))]
+    lines += footprint_lines(sp)  # disk and GPU-hours from the spec itself (study/footprint.py)
     return "\n".join(lines)
