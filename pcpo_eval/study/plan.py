@@ -11,6 +11,10 @@
   the verdict uses): paired by seed when the spec's arms share seeds (the pilot's SD of the per-seed
   differences), else Welch. With ``--cv`` the SD of a per-seed difference is taken as
   ``cv * mean * sqrt(2)``, i.e. no benefit from pairing (conservative).
+* Disk and GPU-hours from the spec alone (:mod:`.footprint`): checkpoint sizes from parameter counts
+  (optimizer state in each run's newest checkpoint only, ``keep_checkpoints``), image sets from
+  images x PNG bytes at the model's resolution, GPU-hours from the measured GPU figures
+  (``not measured`` where none exists).
 * Compute and disk: from the pilot's logged time per epoch (``wall_time_s``, sampling + training +
   control) and its bytes per run (checkpoints, logs, sets), scaled to the spec's runs and epochs.
   Without a pilot they are not estimated (the command says so).
