@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,11 +31,17 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 from pcpo_eval.errors import UserError
-from pcpo_eval.io import sha256_file
+from pcpo_eval.io import parallel_map, sha256_file
+
+#: one row per image (the image-set contract)
+MANIFEST_FILE = "manifest.parquet"
+#: every generation setting + run information; ``status`` ``rendering`` or ``complete``
+SET_FILE = "set.json"
 
 #: files verified in this process: (real path, size, mtime_ns, expected sha256); a file changed since
 #: (size or mtime) is hashed again
 _VERIFIED: set[tuple[str, int, int, str]] = set()
+_STATS_LOCK = threading.Lock()
 
 REQUIRED_COLUMNS = ("prompt_id", "prompt", "seed", "path", "image_sha256")
 
@@ -62,7 +69,7 @@ class ImageSet:
     def load(cls, root: str | Path) -> ImageSet:
         """Open ``root/manifest.parquet`` and validate it (no image is decoded except the first)."""
         root = Path(root)
-        path = root / "manifest.parquet"
+        path = root / MANIFEST_FILE
         if not path.is_file():
             raise UserError(
                 f"{root} is not an image set: {path} not found (create it with `pcpo-eval generate`)"
@@ -152,9 +159,11 @@ class ImageSet:
         path = self.root / str(rec["path"])
         try:
             data = path.read_bytes()
+            st = path.stat()
         except OSError as exc:
             raise UserError(f"cannot read image {path}: {exc.strerror or exc}") from exc
-        if hashlib.sha256(data).hexdigest() != str(rec["image_sha256"]):
+        verified = (os.path.realpath(path), st.st_size, st.st_mtime_ns, str(rec["image_sha256"])) in _VERIFIED
+        if not verified and hashlib.sha256(data).hexdigest() != str(rec["image_sha256"]):
             raise UserError(
                 f"{path} does not match its image_sha256 in the manifest; the set was modified, regenerate it"
             )
@@ -162,9 +171,10 @@ class ImageSet:
             with Image.open(io.BytesIO(data)) as im:
                 im.load()
                 if im.mode != "RGB":
-                    self.read_stats.converted_to_rgb[im.mode] = (
-                        self.read_stats.converted_to_rgb.get(im.mode, 0) + 1
-                    )
+                    with _STATS_LOCK:  # read_batch decodes on several threads
+                        self.read_stats.converted_to_rgb[im.mode] = (
+                            self.read_stats.converted_to_rgb.get(im.mode, 0) + 1
+                        )
                     im = im.convert("RGB")
                 arr = np.asarray(im, dtype=np.uint8)
         except (OSError, UnidentifiedImageError, SyntaxError) as exc:
@@ -177,8 +187,8 @@ class ImageSet:
         return arr
 
     def read_batch(self, rows: np.ndarray | list[int]) -> torch.Tensor:
-        """Decode rows as a uint8 (B, 3, H, W) tensor."""
-        arrs = [self.read_image(int(r)) for r in rows]
+        """Decode rows as a uint8 (B, 3, H, W) tensor (decoded in parallel threads: :func:`parallel_map`)."""
+        arrs = parallel_map(self.read_image, [int(r) for r in rows])
         return torch.from_numpy(np.stack(arrs)).permute(0, 3, 1, 2).contiguous()
 
 

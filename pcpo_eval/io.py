@@ -405,3 +405,23 @@ def _json_default(obj: Any) -> Any:
     if isinstance(obj, Path):
         return str(obj)
     raise TypeError(f"not JSON serializable: {type(obj).__name__}")
+
+
+_POOL: Any = None
+
+
+def parallel_map(fn: Any, items: list[Any]) -> list[Any]:
+    """``[fn(x) for x in items]`` on a shared thread pool (order kept; the first exception re-raised).
+
+    For work that releases the GIL: PNG decoding (zlib) and PIL resampling, which the metric stages
+    do per image. Threads, not processes: the images stay in this process's memory, nothing is
+    pickled. Pool size ``min(16, os.cpu_count())``; a single item runs inline.
+    """
+    global _POOL
+    if len(items) <= 1:
+        return [fn(x) for x in items]
+    if _POOL is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _POOL = ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 1), thread_name_prefix="pcpo-decode")
+    return list(_POOL.map(fn, items))

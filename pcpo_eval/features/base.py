@@ -17,6 +17,7 @@ from PIL import Image
 from torch import nn
 
 from pcpo_eval.errors import UserError
+from pcpo_eval.io import parallel_map
 
 
 class FeatureExtractor(nn.Module):
@@ -72,10 +73,13 @@ def clean_resize(images: torch.Tensor, size: int) -> torch.Tensor:
     check_uint8_images(images)
     arr = images.permute(0, 2, 3, 1).cpu().numpy()
     out = np.empty((arr.shape[0], size, size, 3), dtype=np.float32)
-    for i in range(arr.shape[0]):
+
+    def one(i: int) -> None:  # PIL resamples with the GIL released: images in parallel threads
         for c in range(3):
             img = Image.fromarray(arr[i, :, :, c].astype(np.float32), mode="F")
             out[i, :, :, c] = np.asarray(img.resize((size, size), resample=Image.BICUBIC)).clip(0, 255)
+
+    parallel_map(one, list(range(arr.shape[0])))
     return torch.from_numpy(out).permute(0, 3, 1, 2).contiguous()
 
 
@@ -88,6 +92,9 @@ def pil_uint8_resize(images: torch.Tensor, size: int) -> torch.Tensor:
     check_uint8_images(images)
     arr = images.permute(0, 2, 3, 1).cpu().numpy()
     out = np.empty((arr.shape[0], size, size, 3), dtype=np.uint8)
-    for i in range(arr.shape[0]):
+
+    def one(i: int) -> None:
         out[i] = np.asarray(Image.fromarray(arr[i], mode="RGB").resize((size, size), resample=Image.BICUBIC))
+
+    parallel_map(one, list(range(arr.shape[0])))
     return torch.from_numpy(out).permute(0, 3, 1, 2).contiguous()

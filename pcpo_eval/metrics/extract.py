@@ -9,10 +9,10 @@ on every rank: the shared cache is their cross-process reduction.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -85,6 +85,75 @@ def _compute_into_cache(
     cache.refresh()
 
 
+class ImageConsumer(Protocol):
+    """Something besides the extractors that needs decoded images of a pass (LPIPS per prompt)."""
+
+    rows: set[int]
+
+    def consume(self, rows: list[int], images: torch.Tensor) -> None:
+        """Images (uint8 (B, 3, H, W)) of ``rows`` (manifest rows, increasing), each row exactly once."""
+
+
+def _feature_cache(image_set: ImageSet, extractor: FeatureExtractor, options: MetricsOptions) -> FeatureCache:
+    settings = {**extractor.settings(), "outputs": ["features", "logits"] if extractor.has_logits else ["features"]}
+    return FeatureCache(cache_root(image_set, options) / "features", extractor.name, settings)
+
+
+def extract_sets(
+    image_set: ImageSet,
+    extractors: dict[str, FeatureExtractor],
+    options: MetricsOptions,
+    report: ExtractionReport | None = None,
+    consumers: Sequence[ImageConsumer] = (),
+) -> dict[str, dict[str, np.ndarray]]:
+    """Every extractor's outputs in manifest order, each image read, verified and decoded once.
+
+    One pass over the rows some extractor's cache lacks (batches of ``options.batch_size`` dealt
+    round-robin to the ranks, as before), then over the rows ``consumers`` ask for on this rank that
+    no batch of this rank held: each decoded batch goes to every extractor missing those rows and to
+    every consumer wanting them. So
+    ``fid,fd_dinov2,is,lpips`` decodes a set once per process instead of three times.
+    """
+    report = report if report is not None else ExtractionReport()
+    image_set.verify()  # the keys are the files' recorded hashes: check the files before trusting the caches
+    keys = image_set.shas
+    first_row: dict[str, int] = {}
+    for row, k in enumerate(keys):
+        first_row.setdefault(k, row)
+    caches = {name: _feature_cache(image_set, ext, options) for name, ext in extractors.items()}
+    dist.barrier()  # every rank must see the same missing lists: scan between two barriers
+    missing = {}
+    for name, cache in caches.items():
+        cache.refresh()
+        missing[name] = {first_row[k] for k in cache.missing(keys)}
+        report.cached += len(first_row) - len(missing[name])
+    dist.barrier()
+    union = sorted(set().union(*missing.values())) if missing else []
+    b = options.batch_size
+    dealt = [union[i:i + b] for i in range(0, len(union), b)][dist.rank()::dist.world_size()]
+    mine = {r for chunk in dealt for r in chunk}
+    extra = sorted(set().union(*(c.rows for c in consumers)) - mine)  # consumer rows no batch of mine holds
+    for rows in dealt + [extra[i:i + b] for i in range(0, len(extra), b)]:
+        images = image_set.read_batch(rows)
+        for name, ext in extractors.items():
+            idx = [j for j, r in enumerate(rows) if r in mine and r in missing[name]]
+            if idx:
+                out = ext.extract(images[idx])
+                caches[name].write_chunk([keys[rows[j]] for j in idx],
+                                         {k: v.numpy().astype(np.float32) for k, v in out.items()})
+                report.computed += len(idx)
+        for c in consumers:
+            idx = [j for j, r in enumerate(rows) if r in c.rows]
+            if idx:
+                c.consume([rows[j] for j in idx], images[idx])
+    dist.barrier()
+    out: dict[str, dict[str, np.ndarray]] = {}
+    for name, cache in caches.items():
+        cache.refresh()
+        out[name] = cache.gather(keys, ["features", "logits"] if extractors[name].has_logits else ["features"])
+    return out
+
+
 def extract_set(
     image_set: ImageSet,
     extractor: FeatureExtractor,
@@ -92,20 +161,9 @@ def extract_set(
     outputs: tuple[str, ...] = ("features",),
     report: ExtractionReport | None = None,
 ) -> dict[str, np.ndarray]:
-    """Per-image extractor outputs (``features``, ``logits``) in manifest order, through the cache."""
-    report = report if report is not None else ExtractionReport()
-    settings = {
-        **extractor.settings(),
-        "outputs": ["features", "logits"] if extractor.has_logits else ["features"],
-    }
-    cache = FeatureCache(cache_root(image_set, options) / "features", extractor.name, settings)
-
-    def compute(rows: list[int]) -> dict[str, np.ndarray]:
-        out = extractor.extract(image_set.read_batch(rows))
-        return {k: v.numpy().astype(np.float32) for k, v in out.items()}
-
-    _compute_into_cache(cache, image_set, image_set.shas, options.batch_size, compute, report)
-    return cache.gather(image_set.shas, list(outputs))
+    """Per-image outputs (``features``, ``logits``) of one extractor in manifest order, through the cache."""
+    got = extract_sets(image_set, {extractor.name: extractor}, options, report)[extractor.name]
+    return {k: got[k] for k in outputs}
 
 
 def reward_keys(image_set: ImageSet) -> list[str]:

@@ -303,23 +303,40 @@ class LpipsDiversityMetric(Metric):
     def extractor_outputs(info: MetricInfo) -> dict[str, tuple[str, ...]]:
         return {"toy": ()} if info.source == "toy" else {}  # the toy classifier's layers, no cached outputs
 
-    def update(self, data: EvalData) -> None:
-        s, batch, shas = data.image_set, data.options.lpips_batch, data.image_set.shas
-        s.verify()  # the per-prompt cache is keyed by the recorded hashes: check the files first
+    def _cache_path(self, data: EvalData, pid: int) -> Path:
+        """``CACHE/lpips/<embedder>-<digest>/prompt-<sha256 of its images' hashes>.json``."""
+        shas = data.image_set.shas
         digest = settings_digest(self.embedder_settings)[:16]
-        root = cache_root(s, data.options) / "lpips" / f"{self.embedder.name}-{digest}"
+        root = cache_root(data.image_set, data.options) / "lpips" / f"{self.embedder.name}-{digest}"
+        key = hashlib.sha256("\n".join(shas[r] for r in data.rows[pid]).encode()).hexdigest()[:24]
+        return root / f"prompt-{key}.json"
+
+    def image_consumer(self, data: EvalData) -> _LpipsConsumer | None:
+        """This rank's uncached prompts, fed by the call's one decode pass (:func:`extract_sets`)."""
+        data.image_set.verify()  # the per-prompt cache is keyed by the recorded hashes: check the files first
+        todo = {pid: self._cache_path(data, pid) for pid in data.my_prompts()}
+        todo = {pid: path for pid, path in todo.items() if not path.exists()}
+        return _LpipsConsumer(self, data, todo) if todo else None
+
+    def update(self, data: EvalData) -> None:
+        s, batch = data.image_set, data.options.lpips_batch
+        s.verify()  # the per-prompt cache is keyed by the recorded hashes: check the files first
         for pid in data.my_prompts():
-            rows = data.rows[pid]
-            key = hashlib.sha256("\n".join(shas[r] for r in rows).encode()).hexdigest()[:24]
-            path = root / f"prompt-{key}.json"
+            if pid in self.per_prompt:  # computed in the decode pass
+                continue
+            path = self._cache_path(data, pid)
             if path.exists():
                 self.per_prompt[pid] = json.loads(path.read_text())["lpips"]
                 continue
+            rows = data.rows[pid]
             acc = PairwiseAccumulator()
             for i in range(0, len(rows), batch):
                 acc.update(self.embedder(s.read_batch(rows[i : i + batch])))
-            self.per_prompt[pid] = acc.mean_distance()
-            atomic_write_json(path, {"prompt_id": pid, "n": acc.n, "lpips": self.per_prompt[pid]})
+            self._finish(pid, acc, path)
+
+    def _finish(self, pid: int, acc: PairwiseAccumulator, path: Path) -> None:
+        self.per_prompt[pid] = acc.mean_distance()
+        atomic_write_json(path, {"prompt_id": pid, "n": acc.n, "lpips": self.per_prompt[pid]})
 
     def compute(self) -> MetricValues:
         per_prompt = dict(sorted(self.per_prompt.items()))
@@ -333,3 +350,26 @@ class LpipsDiversityMetric(Metric):
                 "aggregate": "mean over prompts",
             }
         }
+
+
+class _LpipsConsumer:
+    """Embeds the decode pass's images of the prompts it was given; a prompt's mean pairwise LPIPS is
+    written to its cache as soon as its last image arrives (in ``lpips_batch`` chunks, as before)."""
+
+    def __init__(self, metric: LpipsDiversityMetric, data: EvalData, todo: dict[int, Path]) -> None:
+        self.metric, self.todo, self.batch = metric, todo, data.options.lpips_batch
+        self.prompt_of = {int(r): pid for pid in todo for r in data.rows[pid]}
+        self.rows = set(self.prompt_of)
+        self.left = {pid: len(data.rows[pid]) for pid in todo}
+        self.acc = {pid: PairwiseAccumulator() for pid in todo}
+
+    def consume(self, rows: list[int], images: torch.Tensor) -> None:
+        by_prompt: dict[int, list[int]] = {}
+        for j, r in enumerate(rows):
+            by_prompt.setdefault(self.prompt_of[r], []).append(j)
+        for pid, idx in by_prompt.items():
+            for i in range(0, len(idx), self.batch):
+                self.acc[pid].update(self.metric.embedder(images[idx[i:i + self.batch]]))
+            self.left[pid] -= len(idx)
+            if self.left[pid] == 0:
+                self.metric._finish(pid, self.acc.pop(pid), self.todo[pid])

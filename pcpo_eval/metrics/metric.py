@@ -122,6 +122,12 @@ class Metric(ABC):
         setattr(self, name, default)
         self._reductions[name] = reduce
 
+    def image_consumer(self, data: EvalData) -> Any:
+        """Decoded images this metric needs beyond cached extractor outputs, as an
+        :class:`~pcpo_eval.metrics.extract.ImageConsumer` fed by the call's one decode pass (LPIPS);
+        None (the default) when it needs none. Called before :meth:`update`."""
+        return None
+
     def sync(self) -> None:
         """Reduce every declared state over the ranks (in declaration order, on every rank)."""
         for name, reduce in self._reductions.items():

@@ -4,7 +4,7 @@ Stages (each callable on its own, so tests can hit them):
 
 1. :func:`validate_request` - metric names, reference, prompt match, >= 2 images per prompt; all
    user errors surface here, before any model is loaded or any file is written;
-2. :func:`pcpo_eval.metrics.extract.extract_set` - features/logits per image through the
+2. :func:`pcpo_eval.metrics.extract.extract_sets` - features/logits per image, one decode pass per set, through the
    hash-keyed :class:`FeatureCache`; batches are dealt round-robin to the ranks of a
    ``torch.distributed`` group, every rank then reads the complete cache;
 3. :func:`compute_metrics` - one :class:`~pcpo_eval.metrics.metric.Metric` object per requested
@@ -37,7 +37,7 @@ from pcpo_eval.features import FeatureExtractor, make_extractor
 from pcpo_eval.imageset import ImageSet, check_min_images, check_same_prompts
 from pcpo_eval.io import atomic_write, atomic_write_json, atomic_write_parquet, remove_stale_temps
 from pcpo_eval.metrics.base import METRICS
-from pcpo_eval.metrics.extract import ExtractionReport, MetricsOptions, cache_root, extract_set
+from pcpo_eval.metrics.extract import ExtractionReport, MetricsOptions, cache_root, extract_set, extract_sets
 from pcpo_eval.metrics.frechet import FrechetDistanceMetric
 from pcpo_eval.metrics.inception_score import InceptionScoreMetric
 from pcpo_eval.metrics.lpips_diversity import LpipsDiversityMetric
@@ -226,9 +226,14 @@ def compute_metrics(
         remove_stale_temps(cache_root(s, options))  # left by a killed run; never ones a live process holds
     objects, extractors, wanted = build_metrics(names, options)
     data = EvalData(s, ref, options, report, extractors)
-    data.outputs = {
-        src: extract_set(s, extractors[src], options, outs, report) for src, outs in wanted.items() if outs
-    }
+    # one decode pass per set for every extractor and image consumer (LPIPS) of this call
+    consumers = [c for m in objects if (c := m.image_consumer(data)) is not None]
+    cached = {src: extractors[src] for src, outs in wanted.items() if outs}
+    got = extract_sets(s, cached, options, report, consumers)
+    data.outputs = {src: {k: got[src][k] for k in wanted[src]} for src in cached}
+    fd_sources = {m.info.source for m in objects if m.kind == "fd"}
+    if ref is not None and fd_sources:  # the FD metrics' reference features, in one pass too
+        extract_sets(ref, {src: extractors[src] for src in sorted(fd_sources)}, options, report)
     out: dict[str, float] = {}
     per_prompt, per_image = _tables(s, ref)
     for metric in objects:
