@@ -14,6 +14,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from pcpo_eval.errors import UserError
+
 
 def env_world_size() -> int:
     """``WORLD_SIZE`` as set by the launcher (1 when launched as a plain process)."""
@@ -87,3 +89,21 @@ def pick_device(device: str, local_rank: int | None = None) -> torch.device:
             return torch.device("cuda", lr % torch.cuda.device_count())
         return torch.device("cpu")
     return torch.device(device)
+
+
+def resolve_device(flag: str) -> str:
+    """The torch device named by ``--device`` (``auto`` via :func:`pick_device`): the one reading of the
+    flag that ``train``, ``generate``, ``metrics``, ``features``, ``human design`` and ``irg-sweep``
+    share (docs/cli.md#flags).
+
+    ``auto`` gives each torchrun process the GPU of its ``LOCAL_RANK`` (before, generate and metrics
+    put every process on one GPU). A string torch cannot parse, or CUDA asked for on a machine
+    without it, is a one-line UserError.
+    """
+    try:
+        device = pick_device(flag.strip().lower())
+    except (RuntimeError, ValueError):
+        raise UserError(f"unknown --device {flag!r}; use auto, cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"--device {flag} but CUDA is not available here; use --device auto or cpu")
+    return str(device)

@@ -50,6 +50,7 @@ from pathlib import Path
 
 from pcpo_eval.errors import UserError
 from pcpo_eval.registry import optional_module
+from pcpo_eval.weights.locate import hf_hub_cache  # the one reading of HF_HUB_CACHE / HF_HOME
 
 #: CLIP text encoders' context length (start + 75 BPE tokens + end).
 CLIP_MAX_TOKENS = 77
@@ -519,11 +520,6 @@ def _hf_home() -> Path:
     if os.environ.get("HF_HOME"):
         return Path(os.environ["HF_HOME"]).expanduser()
     return Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "huggingface"
-
-
-def hf_hub_cache() -> Path:
-    """Hub cache (``HF_HUB_CACHE`` > ``HF_HOME/hub`` > ``~/.cache/huggingface/hub``), as huggingface_hub."""
-    return Path(os.environ["HF_HUB_CACHE"]).expanduser() if os.environ.get("HF_HUB_CACHE") else _hf_home() / "hub"
 
 
 def hf_datasets_cache() -> Path:

@@ -1,4 +1,4 @@
-"""Where a study keeps its files (paths only): one home for the ``OUT/`` layout.
+"""The study-directory contract: one home for the ``OUT/`` layout of a study.
 
 ::
 
@@ -13,6 +13,12 @@
     OUT/human.json                   the human study's analysis (written by `pcpo-eval human analyze`)
 
 A checkpoint that is both a run's reward-matched and its matched-epoch checkpoint has one set.
+
+Written by :mod:`pcpo_eval.study` (and ``OUT/human.json`` + the ``human`` section of
+``results.json`` by :mod:`pcpo_eval.human`, through :func:`write_results`); read by ``report``,
+``human`` (:class:`StudyView`), ``train export`` (a study near a run) and ``study plan`` (a pilot).
+It sits on the ground floor so every stage reads the study folder through it; no stage spells
+these names itself (``tests/test_file_names.py``).
 """
 
 from __future__ import annotations
@@ -20,15 +26,47 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from pcpo_eval.errors import UserError
-from pcpo_eval.study.spec import REPORT_FILE, RESULTS_FILE, STATE_FILE, RunSpec
+from pcpo_eval.io import atomic_write_json
+from pcpo_eval.rundir import epoch_name
+
+STATE_FILE = "study_state.json"
+RESULTS_FILE = "results.json"
+REPORT_FILE = "report.html"
+#: the resolved spec (every default filled in, the eval sampler settings): what readers of a study use
+SPEC_FILE = "spec.resolved.json"
+#: the spec as given
+SPEC_COPY_FILE = "study.yaml"
+SELECTION_FILE = "selection.json"
+HUMAN_FILE = "human.json"
+RUNS_DIR = "runs"
+
+
+class _Run(Protocol):
+    """What the layout needs of a run (:class:`pcpo_eval.study.spec.RunSpec`)."""
+
+    name: str
+    run_dir: str | None
 
 
 def set_label(run_name: str, epoch: int) -> str:
     """Label of a selected checkpoint's image set and metrics: ``<run>/epoch_NNNN``."""
-    return f"{run_name}/epoch_{int(epoch):04d}"
+    return f"{run_name}/{epoch_name(epoch)}"
+
+
+def results_path(study_dir: str | Path) -> Path:
+    """``STUDY/results.json``."""
+    return Path(study_dir) / RESULTS_FILE
+
+
+def write_results(study_dir: str | Path, results: dict[str, Any]) -> Path:
+    """The one writer of ``STUDY/results.json`` (the study's stats stage; ``human analyze`` adds its
+    section); atomic."""
+    path = results_path(study_dir)
+    atomic_write_json(path, results)
+    return path
 
 
 @dataclass(frozen=True)
@@ -37,11 +75,20 @@ class StudyLayout:
 
     out: Path
 
-    def run_dir(self, run: RunSpec) -> Path:
+    def run_dir(self, run: _Run) -> Path:
         """An existing run's own directory, else ``OUT/runs/<run>``."""
-        return Path(run.run_dir) if run.run_dir else self.out / "runs" / run.name
+        return self.named_run_dir(run.name, run.run_dir)
 
-    def train_log(self, run: RunSpec) -> Path:
+    def named_run_dir(self, name: str, run_dir: str | None = None) -> Path:
+        """``run_dir`` (an existing run's own directory) if given, else ``OUT/runs/<name>``."""
+        return Path(run_dir) if run_dir else self.runs_root / name
+
+    @property
+    def runs_root(self) -> Path:
+        """``OUT/runs``: the runs the study trained."""
+        return self.out / RUNS_DIR
+
+    def train_log(self, run: _Run) -> Path:
         """Console output of a run trained in a worker process."""
         return self.out / "logs" / "train" / f"{run.name}.log"
 
@@ -60,7 +107,17 @@ class StudyLayout:
 
     @property
     def selection_file(self) -> Path:
-        return self.out / "selection.json"
+        return self.out / SELECTION_FILE
+
+    @property
+    def spec_file(self) -> Path:
+        """``OUT/spec.resolved.json``."""
+        return self.out / SPEC_FILE
+
+    @property
+    def spec_copy_file(self) -> Path:
+        """``OUT/study.yaml``: the spec as given."""
+        return self.out / SPEC_COPY_FILE
 
     @property
     def state_file(self) -> Path:
@@ -68,7 +125,7 @@ class StudyLayout:
 
     @property
     def results_file(self) -> Path:
-        return self.out / RESULTS_FILE
+        return results_path(self.out)
 
     @property
     def report_file(self) -> Path:
@@ -77,7 +134,7 @@ class StudyLayout:
     @property
     def human_file(self) -> Path:
         """The human preference study's analysis, copied here by ``pcpo-eval human analyze``."""
-        return self.out / "human.json"
+        return self.out / HUMAN_FILE
 
     @property
     def credit_figure(self) -> Path:
@@ -113,3 +170,39 @@ class StudyLayout:
                 seen.add(label)
                 out.append((label, c["path"], c))
         return out
+
+
+@dataclass(frozen=True)
+class StudyView:
+    """What a reader outside the study stage (the human study) needs from a finished study folder:
+    ``spec.resolved.json`` + ``selection.json``, as JSON."""
+
+    root: Path
+    spec: dict[str, Any]
+    selection: dict[str, Any]
+
+    @classmethod
+    def load(cls, root: str | Path) -> StudyView:
+        root = Path(root)
+        lay = StudyLayout(root)
+        files = [lay.spec_file, lay.selection_file]
+        for f in files:
+            if not f.is_file():
+                raise UserError(f"{root} is not a finished study ({f.name} missing); run `pcpo-eval study SPEC "
+                                f"--out {root}` first (at least its train and select stages)")
+        try:
+            spec, sel = (json.loads(f.read_text()) for f in files)
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{root}: a study file is not valid JSON ({exc.msg}); re-run the study's stages") from None
+        return cls(root, spec, sel)
+
+    def run_dir(self, name: str) -> Path:
+        run = next((r for r in self.spec["runs"] if r["name"] == name), None)
+        if run is None:
+            names = ", ".join(r["name"] for r in self.spec["runs"])
+            raise UserError(f"run {name!r} is not in the study {self.root}; choose one of: {names}")
+        return StudyLayout(self.root).named_run_dir(name, run.get("run_dir"))
+
+    def arm(self, name: str) -> str:
+        run = next(r for r in self.spec["runs"] if r["name"] == name)
+        return run["levels"][self.spec["compare_factor"]]

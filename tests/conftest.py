@@ -19,6 +19,16 @@ import torch  # noqa: E402
 torch.set_num_threads(2)
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op torch thread for a module's tests (shared 2-core machine; results do not depend on
+    it). A module opts in with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @dataclass
 class CliResult:
     returncode: int

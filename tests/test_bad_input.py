@@ -29,12 +29,7 @@ RESUME_OVERRIDES = ["epochs=2", "lora_rank=2", "lora_alpha=2"]
 GEN = ["--prompts", "toy", "--max-prompts", "1", "--seeds", "1", "--steps", "2", "--no-progress"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def snapshot(root: Path) -> dict[str, tuple]:

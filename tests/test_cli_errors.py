@@ -173,7 +173,7 @@ def two_gpus(monkeypatch):
 
 
 def test_resolve_device(monkeypatch, two_gpus):
-    from pcpo_eval.train.commands import resolve_device
+    from pcpo_eval.dist import resolve_device
 
     assert resolve_device("auto") == "cuda:1" and resolve_device("AUTO") == "cuda:1"
     assert resolve_device("cpu") == "cpu" and resolve_device("cuda:0") == "cuda:0"
@@ -184,8 +184,8 @@ def test_resolve_device(monkeypatch, two_gpus):
 def test_resolve_device_without_cuda(monkeypatch):
     import torch
 
+    from pcpo_eval.dist import resolve_device
     from pcpo_eval.errors import UserError
-    from pcpo_eval.train.commands import resolve_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert resolve_device("auto") == "cpu"

@@ -9,7 +9,8 @@ import shutil
 import pytest
 import torch
 
-from pcpo_eval.train.checkpoints import LORA_FILE, checkpoint_dir, load_model_from_spec
+from pcpo_eval.rundir import checkpoint_dir
+from pcpo_eval.train.checkpoints import LORA_FILE, load_model_from_spec
 from pcpo_eval.train.config import config_from_dict
 from pcpo_eval.train.trainer import Trainer
 

@@ -18,14 +18,7 @@ from pcpo_eval.prompts import PromptSet, simple_animals
 from pcpo_eval.samplers import resolve_sampler
 from pcpo_eval.seeding import sample_generator, sample_seed
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Shared 2-core machine: one intra-op thread (results do not depend on it)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 # ---- seeds -------------------------------------------------------------------------------------

@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 from generate_standin import StandInAdapter
 from PIL import Image
 
@@ -32,12 +31,7 @@ WORKER = TESTS / "generate_worker.py"
 N_PROMPTS, N_SEEDS, STEPS, MICRO = 10, 4, 3, 4
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def _prompts(n: int = N_PROMPTS) -> PromptSet:

@@ -14,12 +14,7 @@ from pcpo_eval.train.checkpoints import save_checkpoint  # noqa: E402
 ARGS = ["--prompts", "toy", "--max-prompts", "3", "--seeds", "2", "--steps", "3", "--no-progress"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

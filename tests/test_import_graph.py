@@ -18,11 +18,20 @@ import pytest
 PKG = Path(__file__).resolve().parents[1] / "pcpo_eval"
 
 #: Stage (top-level module or subpackage of pcpo_eval) -> rank in the data flow.
+#: A blocked import means: move the fact down (to a ground-floor module every stage may read), not
+#: copy it. The folder formats that cross stages live on the ground floor: ``imageset`` (an image
+#: set), ``rundir`` (a training run), ``studydir`` (a study); docs/architecture.md.
+#: ``train`` < ``generate`` < ``metrics`` is the data-flow order, not a helper dependency: generate
+#: loads checkpoints through ``train.checkpoints``; metrics reads image sets through ``imageset`` and
+#: imports neither train nor generate (the shared ``--device`` reading is ``dist.resolve_device``).
 RANKS: dict[str, int] = {
     # flat base modules
-    "errors": 0, "io": 1, "seeding": 1, "dist": 1, "registry": 1, "precision": 1,
+    "errors": 0, "flags": 0, "io": 1, "seeding": 1, "dist": 1, "registry": 1, "precision": 1, "rundir": 1,
+    "studydir": 2,  # the study folder (paths, selection.json, results.json's one writer)
     "toy": 2,  # the toy world: data, text, model, classifier (no pipeline code)
-    "imageset": 3, "prompts": 3, "weights": 3,
+    "figfiles": 2,  # paper figure sizes, fonts and files (report and credit figures)
+    "imageset": 3, "weights": 3,
+    "prompts": 4,  # reads the HF hub cache location from weights.locate
     # the pipeline
     "models": 4, "credit": 4,
     "samplers": 5,
@@ -133,6 +142,24 @@ def test_only_the_orchestrator_sees_every_pipeline_stage(stage):
         seen.setdefault(_stage(a), set()).add(_stage(b))
     full = [s for s, deps in seen.items() if pipeline - {s} <= deps and s not in ("cli", "testing")]
     assert full == [stage], f"stages that import every pipeline stage: {full}"
+
+
+def _stage_deps() -> dict[str, set[str]]:
+    seen: dict[str, set[str]] = {}
+    for a, b in _graph().edges:
+        if _stage(a) != _stage(b):
+            seen.setdefault(_stage(a), set()).add(_stage(b))
+    return seen
+
+
+def test_metrics_does_not_depend_on_train_or_generate():
+    """metrics reads image sets (``imageset``), never a trainer or generator module (see RANKS)."""
+    assert not _stage_deps().get("metrics", set()) & {"train", "generate"}
+
+
+def test_human_reads_the_study_folder_through_studydir():
+    """The human study reads a finished study through ``pcpo_eval.studydir``, not the study stage."""
+    assert "study" not in _stage_deps().get("human", set())
 
 
 def test_no_function_over_80_lines_without_a_reason():

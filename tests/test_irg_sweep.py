@@ -73,7 +73,7 @@ def test_sweep_interpolates_between_reference_and_checkpoint(checkpoint, tmp_pat
     # lambda 1 is the checkpoint itself up to float rounding of eps_ref + 1 * (eps - eps_ref)
     diff = max(int(np.abs(_image(out / "sets" / "point_01", i) - _image(own, i)).max()) for i in range(8))
     assert diff <= 2, diff
-    assert (out / "tradeoff.png").stat().st_size > 1000 and (out / "results.json").is_file()
+    assert (out / "tradeoff.png").stat().st_size > 1000 and (out / "sweep.json").is_file()
     before = (out / "metrics" / "point_01" / "metrics.json").stat().st_mtime_ns
     again = run_sweep(spec, out, log=lambda s: None)  # resumes: sets and metrics are kept
     pd.testing.assert_frame_equal(again, table)

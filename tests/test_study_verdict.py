@@ -322,8 +322,8 @@ def test_toy_aa_spec_validates():
 @pytest.mark.slow
 def test_a_failing_run_in_a_worker_is_named_with_its_log_and_the_others_finish(tmp_path):
     from pcpo_eval.errors import UserError
-    from pcpo_eval.study.layout import StudyLayout
     from pcpo_eval.study.training import train_runs
+    from pcpo_eval.studydir import StudyLayout
 
     design = {"algorithm": {"DDPO": {"objective": "ppo_clip", "prompts": str(tmp_path / "missing.txt")},
                             "PCPO": {"objective": "pcpo"}}}

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import typer
 
-from pcpo_eval.train.commands import DEVICE_HELP, resolve_device
+from pcpo_eval.flags import DEVICE_HELP
 
 
 def generate(
@@ -53,6 +53,7 @@ def generate(
     progress: bool = typer.Option(True, "--progress/--no-progress", help="progress bar on rank 0"),
 ) -> None:
     """Render every (prompt, seed) image: bit-identical for any batch size or process count."""
+    from pcpo_eval.dist import resolve_device
     from pcpo_eval.generate.runner import generate_set
     from pcpo_eval.io import check_out_path
 

@@ -123,10 +123,11 @@ def default_irg_reference(checkpoint_spec: str) -> str:
     Read from the checkpoint's ``checkpoint.json`` (``model``) or its run's ``config.yaml``
     (``model``); ``toy`` when the spec is not a checkpoint (the toy model, formerly called ``base``).
     """
+    from pcpo_eval.rundir import run_dir_of
     from pcpo_eval.train import checkpoints
 
     ckpt = checkpoints.resolve_checkpoint(checkpoint_spec)
     if ckpt is None:
         return "toy"
     meta = checkpoints.read_meta(ckpt)
-    return str(meta.get("model") or checkpoints.load_run_config(checkpoints.run_dir_of(ckpt)).get("model", "toy"))
+    return str(meta.get("model") or checkpoints.load_run_config(run_dir_of(ckpt)).get("model", "toy"))

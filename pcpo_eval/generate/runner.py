@@ -48,6 +48,7 @@ from pcpo_eval.generate.setdir import (
     png_text,
     write_manifest,
 )
+from pcpo_eval.imageset import MANIFEST_FILE, SET_FILE
 from pcpo_eval.models.base import ModelAdapter, PromptEmbeds
 from pcpo_eval.precision import PRECISIONS, matmul_precision, precision_dtype, resolve_precision
 from pcpo_eval.prompts import PromptSet, load_prompts
@@ -209,7 +210,7 @@ def generate_set(
         flush_every_s=flush_every_s, rank=rank, world_size=world_size,
     )  # fmt: skip
     job = _check_request(request)  # 1. prompts, seeds, model, precision, settings, out dir: still nothing written
-    fresh = (job.out.exists(), (job.out / "set.json").exists())
+    fresh = (job.out.exists(), (job.out / SET_FILE).exists())
     try:
         with matmul_precision(job.settings.precision):
             opened = _open_set_dir(job)  # 2. plan, known records, set.json ("rendering")
@@ -498,6 +499,6 @@ def _finish_set(job: _Job, opened: _OpenSet, share: _Share, t_start: float) -> G
         n_prompts=len(job.prompt_set),
         n_seeds=len(job.seed_list),
         n_prompts_dropped=job.prompt_set.n_dropped,
-        manifest_path=job.out / "manifest.parquet",
+        manifest_path=job.out / MANIFEST_FILE,
         images_per_second=share.n_rendered / seconds if seconds > 0 else 0.0,
     )

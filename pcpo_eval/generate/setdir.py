@@ -21,7 +21,7 @@ from typing import Any
 from pcpo_eval.errors import UserError
 from pcpo_eval.generate.plan import WorkItem
 from pcpo_eval.generate.png import pixel_sha256, png_is_readable, read_png_pixels, read_png_text
-from pcpo_eval.imageset import MANIFEST_COLUMNS
+from pcpo_eval.imageset import MANIFEST_COLUMNS, MANIFEST_FILE, SET_FILE
 from pcpo_eval.io import atomic_write_json, atomic_write_parquet, sha256_file
 
 #: Seed derivation recorded with every set (see :mod:`pcpo_eval.seeding`).
@@ -102,7 +102,7 @@ def check_out_dir(out: Path, settings: GenerationSettings) -> None:
         return
     if not out.is_dir():
         raise UserError(f"--out {str(out)!r} is a file; choose a directory")
-    set_json = out / "set.json"
+    set_json = out / SET_FILE
     if not set_json.exists():
         if any(p for p in out.iterdir() if p.name not in (".progress", "images")) or any(
             (out / "images").glob("*/*.png")
@@ -155,7 +155,7 @@ def load_records(out: Path) -> Records:
     import pandas as pd
 
     recs: Records = {}
-    files = ([out / "manifest.parquet"] if (out / "manifest.parquet").exists() else []) + sorted(
+    files = ([out / MANIFEST_FILE] if (out / MANIFEST_FILE).exists() else []) + sorted(
         (out / ".progress").glob("*.parquet")
     )
     for f in files:
@@ -223,8 +223,8 @@ def begin_set(out: Path, settings: GenerationSettings, run_info: dict[str, Any])
     """
     out.mkdir(parents=True, exist_ok=True)
     remove_stale_tmp(out)
-    if not (out / "set.json").exists():
-        atomic_write_json(out / "set.json", {"status": "rendering", "settings": asdict(settings), "run": run_info})
+    if not (out / SET_FILE).exists():
+        atomic_write_json(out / SET_FILE, {"status": "rendering", "settings": asdict(settings), "run": run_info})
 
 
 def discard_empty_set(out: Path, remove_dir: bool) -> bool:
@@ -235,9 +235,9 @@ def discard_empty_set(out: Path, remove_dir: bool) -> bool:
     ``remove_dir``: the run created ``out`` (removed too when empty). Returns whether it discarded.
     """
     images = out / "images"
-    if (out / "manifest.parquet").exists() or (images.is_dir() and any(images.glob("*/*.png"))):
+    if (out / MANIFEST_FILE).exists() or (images.is_dir() and any(images.glob("*/*.png"))):
         return False
-    for f in [out / "set.json", *(out / ".progress").glob("*.parquet")]:
+    for f in [out / SET_FILE, *(out / ".progress").glob("*.parquet")]:
         with contextlib.suppress(FileNotFoundError):
             f.unlink()
     for d in [*(images.glob("*") if images.is_dir() else []), images, out / ".progress", *([out] if remove_dir else [])]:
@@ -268,10 +268,10 @@ def write_manifest(out: Path, items: Sequence[WorkItem], settings: GenerationSet
     for col in ("model", "model_hash", "sampler", "steps", "cfg", "eta", "schedule", "micro_batch"):
         df[col] = s[col]
     df = df[MANIFEST_COLUMNS].astype({"prompt_id": "int64", "seed": "int64", "height": "int64", "width": "int64"})
-    atomic_write_parquet(out / "manifest.parquet", df)
+    atomic_write_parquet(out / MANIFEST_FILE, df)
     atomic_write_json(
-        out / "set.json",
-        {"status": "complete", "settings": s, "run": run_info, "manifest": "manifest.parquet"},
+        out / SET_FILE,
+        {"status": "complete", "settings": s, "run": run_info, "manifest": MANIFEST_FILE},
     )
     for f in (out / ".progress").glob("*.parquet"):
         with contextlib.suppress(FileNotFoundError):

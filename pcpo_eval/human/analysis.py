@@ -45,6 +45,7 @@ import pandas as pd
 
 from pcpo_eval.errors import UserError
 from pcpo_eval.human import CHOICES, KINDS, PAIR_COLUMNS, RESPONSE_COLUMNS
+from pcpo_eval.io import to_jsonable
 
 ALPHA = 0.05  # significance level of the verdicts
 MIN_DECISIVE = 10  # decisive answers below which the mixed model is not fitted
@@ -467,21 +468,6 @@ def agreement(main: pd.DataFrame) -> dict[str, Any]:
 # -- the whole analysis -------------------------------------------------------------------------
 
 
-def _jsonable(x: Any) -> Any:
-    """Plain Python containers and scalars; NaN / inf -> None."""
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple, np.ndarray)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, (bool, np.bool_)):
-        return bool(x)
-    if isinstance(x, (int, np.integer)):
-        return int(x)
-    if isinstance(x, (float, np.floating)):
-        return float(x) if math.isfinite(x) else None
-    return x
-
-
 def analyze(
     pairs: pd.DataFrame,
     responses: pd.DataFrame,
@@ -525,7 +511,7 @@ def analyze(
         "bradley_terry": bradley_terry(main, bootstrap, seed),
         "agreement": agreement(main),
     }
-    return _jsonable(out)
+    return to_jsonable(out)
 
 
 # -- simulation ---------------------------------------------------------------------------------

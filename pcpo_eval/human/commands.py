@@ -71,8 +71,8 @@ def design_cmd(
     """Choose the checkpoints (bracketing the matched reward), render them, and write the pairs."""
     import dataclasses
 
+    from pcpo_eval.dist import resolve_device
     from pcpo_eval.human.design import load_design_spec, make_design
-    from pcpo_eval.train.commands import resolve_device
 
     ds = dataclasses.replace(load_design_spec(config), device=resolve_device(device))
     d = make_design(study, out, ds, log=typer.echo, progress=True)

@@ -41,6 +41,8 @@ import pandas as pd
 from pcpo_eval.errors import UserError
 from pcpo_eval.human import PAIR_COLUMNS, HumanLayout
 from pcpo_eval.io import atomic_dir, atomic_write_json, atomic_write_parquet, check_finite, check_out_path
+from pcpo_eval.rundir import checkpoint_dir
+from pcpo_eval.studydir import StudyLayout, StudyView
 
 _CKPT_RE = re.compile(r"^(?P<run>.+)@(?P<epoch>\d+)$")
 
@@ -145,40 +147,6 @@ class Checkpoint:
     reward: float | None = None
 
 
-@dataclass(frozen=True)
-class StudyView:
-    """What a design needs from a finished study folder (``spec.resolved.json`` + ``selection.json``)."""
-
-    root: Path
-    spec: dict[str, Any]
-    selection: dict[str, Any]
-
-    @classmethod
-    def load(cls, root: str | Path) -> StudyView:
-        root = Path(root)
-        files = [root / "spec.resolved.json", root / "selection.json"]
-        for f in files:
-            if not f.is_file():
-                raise UserError(f"{root} is not a finished study ({f.name} missing); run `pcpo-eval study SPEC "
-                                f"--out {root}` first (at least its train and select stages)")
-        try:
-            spec, sel = (json.loads(f.read_text()) for f in files)
-        except json.JSONDecodeError as exc:
-            raise UserError(f"{root}: a study file is not valid JSON ({exc.msg}); re-run the study's stages") from None
-        return cls(root, spec, sel)
-
-    def run_dir(self, name: str) -> Path:
-        run = next((r for r in self.spec["runs"] if r["name"] == name), None)
-        if run is None:
-            names = ", ".join(r["name"] for r in self.spec["runs"])
-            raise UserError(f"run {name!r} is not in the study {self.root}; choose one of: {names}")
-        return Path(run["run_dir"]) if run.get("run_dir") else self.root / "runs" / name
-
-    def arm(self, name: str) -> str:
-        run = next(r for r in self.spec["runs"] if r["name"] == name)
-        return run["levels"][self.spec["compare_factor"]]
-
-
 def _bracket_rows(view: StudyView, ds: HumanDesignSpec) -> tuple[dict[str, Any], dict[str, Any]]:
     """The PCPO selection row of the bracket and the baseline run's row (same seed and cell)."""
     rows = view.selection["runs"]
@@ -227,7 +195,7 @@ def _named(view: StudyView, name: str) -> Checkpoint:
     if not m:
         raise UserError(f"checkpoint {name!r}: write RUN@EPOCH (a run of the study and a saved epoch) or base")
     run, epoch = m["run"], int(m["epoch"])
-    path = view.run_dir(run) / "checkpoints" / f"epoch_{epoch:04d}"
+    path = checkpoint_dir(view.run_dir(run), epoch)
     if not path.is_dir():
         raise UserError(f"checkpoint {name!r}: {path} does not exist; name a saved epoch of {run}")
     return Checkpoint(f"{view.arm(run)}@{epoch}" if run else name, str(path), run, epoch)
@@ -280,7 +248,7 @@ def _sampling(view: StudyView) -> dict[str, Any]:
     """The study's eval sampler settings (:meth:`pcpo_eval.study.spec.StudySpec.sampling`, recorded in
     ``spec.resolved.json``)."""
     if "sampling" not in view.spec:
-        raise UserError(f"{view.root}/spec.resolved.json predates recorded sampler settings; re-run "
+        raise UserError(f"{StudyLayout(view.root).spec_file} predates recorded sampler settings; re-run "
                         f"`pcpo-eval study SPEC --out {view.root} --stages select` to rewrite it")
     return view.spec["sampling"]
 
@@ -304,7 +272,9 @@ def degrade(pixels: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 
 
 def _manifest(folder: Path) -> pd.DataFrame:
-    m = pd.read_parquet(folder / "manifest.parquet", columns=["prompt_id", "prompt", "seed", "path"])
+    from pcpo_eval.imageset import MANIFEST_FILE
+
+    m = pd.read_parquet(folder / MANIFEST_FILE, columns=["prompt_id", "prompt", "seed", "path"])
     return m.set_index(["prompt_id", "seed"]).sort_index()
 
 

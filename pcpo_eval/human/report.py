@@ -133,7 +133,7 @@ def _into_study(design: dict[str, Any], res: dict[str, Any], log: Callable[[str]
     """Copy the analysis into the study folder and re-render its report (when the study has results)."""
     from pcpo_eval.human.design import study_path
     from pcpo_eval.report.html import write_report
-    from pcpo_eval.study.layout import StudyLayout
+    from pcpo_eval.studydir import StudyLayout, write_results
 
     study = study_path(design, folder)
     lay = StudyLayout(study) if study else None
@@ -143,5 +143,5 @@ def _into_study(design: dict[str, Any], res: dict[str, Any], log: Callable[[str]
     atomic_write_json(lay.human_file, res)
     results = json.loads(lay.results_file.read_text())
     results["human"] = res
-    atomic_write_json(lay.results_file, results)
+    write_results(lay.out, results)
     log(f"wrote {write_report(lay.out)} with the human study section")

@@ -12,9 +12,9 @@ from typing import Any
 
 import typer
 
+from pcpo_eval.flags import DEVICE_HELP
 from pcpo_eval.io import check_out_path
 from pcpo_eval.metrics.base import IS_DEFAULT_SPLITS, METRICS
-from pcpo_eval.train.commands import DEVICE_HELP, resolve_device
 
 DEFAULT_METRICS = "fid,fd_dinov2,is,lpips"
 
@@ -91,7 +91,7 @@ def _register_metrics(app: typer.Typer) -> None:
         from pcpo_eval.metrics.workers import run_metrics
 
         check_out_path(out, "--out")
-        device = resolve_device(device)
+        device = dist.resolve_device(device)
         dist.init(device)
         opts = _options(batch_size, device, cache_dir, inception_weights, dinov2_path, lpips_trunk, is_splits)
         try:
@@ -126,7 +126,7 @@ def _register_features(app: typer.Typer) -> None:
         from pcpo_eval.metrics.workers import export_features
 
         check_out_path(output, "--output", folder=False)
-        device = resolve_device(device)
+        device = dist.resolve_device(device)
         dist.init(device)
         opts = _options(batch_size, device, cache_dir, None, None, None)
         if weights is not None:

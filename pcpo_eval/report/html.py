@@ -57,6 +57,7 @@ from pcpo_eval.report.figures import (
     validation_figure,
 )
 from pcpo_eval.report.kl_ref import kl_ref_figure
+from pcpo_eval.studydir import StudyLayout, results_path
 
 #: Figures the report embeds and writes (``figures/<name>.svg|pdf|png``), in report order; plus one
 #: ``qq_<metric>`` per LMM fit. ``figures/credit.png`` is the stats stage's (credit weights, Fig. 2).
@@ -504,7 +505,7 @@ def render_report(results: dict[str, Any], root: str | Path | None = None,
 def read_results(study_dir: str | Path) -> dict[str, Any]:
     """``STUDY_DIR/results.json`` as a dict; anything else is one :class:`UserError` line."""
     study_dir = Path(study_dir)
-    res = study_dir / "results.json"
+    res = results_path(study_dir)
     if not res.is_file():
         raise UserError(f"{res} not found; run `pcpo-eval study SPEC --out {study_dir}` first "
                         "(the stats stage writes it)")
@@ -526,7 +527,7 @@ def write_report(study_dir: str | Path, out_file: str | Path | None = None, figu
     ``figures`` (default) every figure also goes to ``STUDY_DIR/figures/<name>.svg|pdf|png``."""
     study_dir = Path(study_dir)
     results = read_results(study_dir)
-    out = Path(out_file) if out_file is not None else study_dir / "report.html"
+    out = Path(out_file) if out_file is not None else StudyLayout(study_dir).report_file
     atomic_write_text(out, render_report(results, study_dir, study_dir / "figures" if figures else None))
     return out
 

@@ -13,6 +13,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from pcpo_eval.studydir import results_path
+
 ONE_RUN_WARNING = "  1 run per arm: these are differences between runs, not algorithms (no CI, no p-value)"
 
 
@@ -79,5 +81,5 @@ def lmm_lines(res: dict[str, Any]) -> list[str]:
 
 def summary_lines(study_dir: Path) -> list[str]:
     """The console summary of ``STUDY_DIR/results.json`` (see the module docstring)."""
-    res = json.loads((Path(study_dir) / "results.json").read_text())
+    res = json.loads(results_path(study_dir).read_text())
     return [*verdict_lines(res), "details:", *speedup_lines(res), *lmm_lines(res)]

@@ -23,7 +23,6 @@ For each run directory (``RUN/log.parquet`` + ``RUN/checkpoints/epoch_XXXX/check
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -33,9 +32,9 @@ import numpy as np
 import pandas as pd
 
 from pcpo_eval.errors import UserError
+from pcpo_eval.rundir import checkpoints_root, epoch_dirs, log_path, meta_path
 from pcpo_eval.stats.speedup import load_log, moving_average
 
-_CKPT_RE = re.compile(r"^epoch_(\d+)$")
 #: what a checkpoint is matched on -> the log.parquet column holding it
 MATCH_ON = {"train": "reward_mean", "eval": "val_reward_mean"}
 
@@ -131,10 +130,10 @@ class Selection:
 
 def _eval_checkpoints(run: Path, dirs: list[tuple[int, Path]], window: int) -> tuple[list[RunCheckpoint], str]:
     """Checkpoints at validation epochs with the trailing mean of ``val_reward_mean`` over validation points."""
-    log_path = run / "log.parquet"
-    if not log_path.is_file():
+    log_file = log_path(run)
+    if not log_file.is_file():
         raise UserError(f"run {run} has no log.parquet; matching on the eval reward needs its val_reward_mean column")
-    log = pd.read_parquet(log_path)
+    log = pd.read_parquet(log_file)
     col = MATCH_ON["eval"]
     if col not in log.columns or not np.isfinite(log[col].to_numpy(np.float64)).any():
         raise UserError(f"run {run} logged no held-out validation reward ({col}); train with validation_every=N "
@@ -159,19 +158,15 @@ def run_checkpoints(run_dir: str | Path, window: int = 5, on: str = "train") -> 
     run = Path(run_dir)
     if not run.is_dir():
         raise UserError(f"run directory {run} does not exist")
-    ck_root = run / "checkpoints"
-    dirs = sorted(
-        (int(m.group(1)), d)
-        for d in (ck_root.iterdir() if ck_root.is_dir() else [])
-        if (m := _CKPT_RE.match(d.name))
-    )
+    ck_root = checkpoints_root(run)
+    dirs = epoch_dirs(run, complete=False)
     if not dirs:
         raise UserError(f"run {run} has no saved checkpoints (expected {ck_root}/epoch_XXXX/)")
     if on == "eval":
         return _eval_checkpoints(run, dirs, window)
     raw: dict[int, float] = {}
     for ep, d in dirs:
-        meta = d / "checkpoint.json"
+        meta = meta_path(d)
         if meta.is_file():
             try:
                 info = json.loads(meta.read_text())
@@ -179,10 +174,10 @@ def run_checkpoints(run_dir: str | Path, window: int = 5, on: str = "train") -> 
                 raise UserError(f"{meta} is not valid JSON: {exc.msg}") from None
             if "reward_mean" in info and info["reward_mean"] is not None:
                 raw[ep] = float(info["reward_mean"])
-    log_path = run / "log.parquet"
+    log_file = log_path(run)
     out: list[RunCheckpoint] = []
-    if log_path.is_file():
-        log = load_log(log_path)
+    if log_file.is_file():
+        log = load_log(log_file)
         sm = dict(
             zip(log["epoch"].astype(int), moving_average(log["reward_mean"].to_numpy(), window), strict=True)
         )

@@ -51,6 +51,7 @@ import numpy as np
 import pandas as pd
 
 from pcpo_eval.errors import UserError, require
+from pcpo_eval.rundir import log_path
 
 LOG_COLUMNS = ("epoch", "reward_mean")
 
@@ -96,7 +97,7 @@ def load_log(path: str | Path) -> pd.DataFrame:
     """Read a training log: a .parquet/.csv file or a RUN directory (``RUN/log.parquet``)."""
     p = Path(path)
     if p.is_dir():
-        cand = [p / "log.parquet", p / "log.csv"]
+        cand = [log_path(p), p / "log.csv"]
         found = [c for c in cand if c.is_file()]
         if not found:
             raise UserError(f"run directory {p} has no log.parquet")
@@ -485,7 +486,7 @@ def unreachable_targets(run_dirs: Sequence[str | Path], targets: Sequence[float]
     best = float("-inf")
     for rd in run_dirs:
         try:
-            log = load_log(Path(rd) / "log.parquet")
+            log = load_log(log_path(rd))
         except UserError:
             continue
         best = max(best, float(moving_average(log["reward_mean"].to_numpy(), window).max()))

@@ -9,6 +9,7 @@ import typer
 
 from pcpo_eval.errors import UserError
 from pcpo_eval.report.summary import summary_lines
+from pcpo_eval.studydir import results_path
 
 DEMO_SPEC = Path("analysis") / "toy_study.yaml"
 DEMO_OUT = Path("reports") / "demo"
@@ -67,7 +68,7 @@ def register(app: typer.Typer) -> None:
         chosen = STAGES if stages == "all" else tuple(s.strip() for s in stages.split(",") if s.strip())
         path = run_study(spec, out, chosen, log=lambda s: typer.echo(s))
         typer.echo(f"study done: {path}")
-        results = path.parent / "results.json" if path.suffix == ".html" else path / "results.json"
+        results = results_path(path.parent if path.suffix == ".html" else path)
         if "stats" in chosen and results.is_file():
             for line in summary_lines(results.parent):
                 typer.echo(line)
@@ -92,8 +93,8 @@ def register(app: typer.Typer) -> None:
         """Implicit Reward Guidance at each weight vector of a sweep: render, measure, trade-off plot."""
         import dataclasses
 
+        from pcpo_eval.dist import resolve_device
         from pcpo_eval.study.irg_sweep import load_sweep, run_sweep
-        from pcpo_eval.train.commands import resolve_device
 
         sweep = dataclasses.replace(load_sweep(spec), device=resolve_device(device))
         table = run_sweep(sweep, out, log=lambda s: typer.echo(s))

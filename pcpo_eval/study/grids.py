@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pcpo_eval.study.layout import StudyLayout, set_label
+from pcpo_eval.imageset import MANIFEST_FILE
 from pcpo_eval.study.sections import GridSpec, grid_dir_name
 from pcpo_eval.study.spec import StudySpec
+from pcpo_eval.studydir import StudyLayout, set_label
 
 
 def grid_prompt_set(sp: StudySpec, grid: GridSpec) -> Any:
@@ -84,7 +85,7 @@ def grid_blocks(sp: StudySpec, layout: StudyLayout) -> list[dict[str, Any]]:
             pids, prompts, seeds = list(ps.prompt_ids), dict(zip(ps.prompt_ids, ps.prompts, strict=True)), grid_seeds(sp, g)
             root, models = f"grid_sets/{grid_dir_name(g, i)}", grid_models(sp, layout, g)
         else:
-            man = pd.read_parquet(layout.set_dir("base") / "manifest.parquet")
+            man = pd.read_parquet(layout.set_dir("base") / MANIFEST_FILE)
             pids = sorted(man["prompt_id"].unique().tolist())[: g.prompts]
             seeds = sorted(man["seed"].unique().tolist())[: g.seeds]
             prompts = dict(zip(man["prompt_id"], man["prompt"], strict=False))

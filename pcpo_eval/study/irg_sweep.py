@@ -22,7 +22,7 @@ extrapolates the learned reward). A sweep spec (YAML, e.g. ``analysis/irg/toy_ir
 :func:`run_sweep` renders ``OUT/sets/reference`` (only when a metric needs a reference) and
 ``OUT/sets/point_NN`` for each point (resumable: :func:`~pcpo_eval.generate.runner.generate_set`),
 measures each into ``OUT/metrics/point_NN`` (kept when present), and writes ``OUT/sweep.parquet``
-(one row per point: the weights and every metric), ``OUT/results.json`` and ``OUT/tradeoff.png``.
+(one row per point: the weights and every metric), ``OUT/sweep.json`` (the spec and the rows) and ``OUT/tradeoff.png``.
 """
 
 from __future__ import annotations
@@ -166,7 +166,7 @@ def run_sweep(spec: IRGSweepSpec, out: str | Path, log: Callable[[str], None] = 
                      "lambda_sum": sum(weights), **values})
     table = pd.DataFrame(rows)  # 3.
     atomic_write_parquet(out / "sweep.parquet", table)
-    atomic_write_json(out / "results.json", {"spec": dataclasses.asdict(spec), "rows": rows})
+    atomic_write_json(out / "sweep.json", {"spec": dataclasses.asdict(spec), "rows": rows})
     atomic_save_figure(out / "tradeoff.png", tradeoff_figure(spec, table), dpi=110)
     return table
 

@@ -35,7 +35,8 @@ import numpy as np
 from pcpo_eval.errors import UserError
 from pcpo_eval.stats.power import seeds_needed
 from pcpo_eval.study.footprint import footprint_lines
-from pcpo_eval.study.spec import RESULTS_FILE, StudySpec
+from pcpo_eval.study.spec import StudySpec
+from pcpo_eval.studydir import RESULTS_FILE, StudyLayout
 
 #: the relative effect planned for when --effect is not given (the paper's speed-ups are 25-41%)
 PLAN_DEFAULT_EFFECT = 0.25
@@ -129,7 +130,7 @@ def resources(sp: StudySpec, pilot_dir: Path | None, pilot: dict[str, Any] | Non
         core_s = float(np.mean(per_epoch)) * epochs * n_runs
         lines.append(f"compute: {n_runs} runs x {epochs} epochs x {np.mean(per_epoch):.2f} s/epoch (pilot's logged "
                      f"training time, one process) = {core_s / 3600:.2f} process-hours of training, before evaluation")
-    run_root = pilot_dir / "runs"
+    run_root = StudyLayout(pilot_dir).runs_root
     if run_root.is_dir() and runs:
         per_run = _dir_bytes(run_root) / max(1, len(runs))
         total = _dir_bytes(pilot_dir) - _dir_bytes(run_root) + per_run * n_runs

@@ -47,8 +47,9 @@ import pandas as pd
 from pcpo_eval.errors import UserError
 from pcpo_eval.io import atomic_write_bytes, to_jsonable
 from pcpo_eval.metrics.base import METRICS
-from pcpo_eval.study.layout import StudyLayout, set_label
+from pcpo_eval.rundir import log_path
 from pcpo_eval.study.spec import StudySpec
+from pcpo_eval.studydir import StudyLayout, set_label
 
 TRACE_COLUMNS = (
     "reward_mean", "reward_std", "clipfrac", "approx_kl", "rho_mean", "rho_min", "rho_max", "rho_std",
@@ -473,7 +474,7 @@ def traces(sp: StudySpec, layout: StudyLayout) -> list[dict[str, Any]]:
 
     out = []
     for r in sp.runs:
-        log = load_log(layout.run_dir(r) / "log.parquet")
+        log = load_log(log_path(layout.run_dir(r)))
         tr: dict[str, Any] = {"run": r.name, "role": sp.role(r), "cell": sp.cell_key(r), "seed": r.seed,
                               "arm": sp.arm(r), "levels": r.levels, "epoch": log["epoch"].astype(int).tolist()}
         for col in TRACE_COLUMNS:

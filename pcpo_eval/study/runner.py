@@ -20,10 +20,12 @@ from typing import Any
 import yaml
 
 from pcpo_eval.errors import UserError
+from pcpo_eval.imageset import MANIFEST_FILE, SET_FILE
 from pcpo_eval.io import atomic_write_json, atomic_write_text, check_out_path, remove_stale_temps, sha256_file
+from pcpo_eval.rundir import log_path
 from pcpo_eval.stats.speedup import unreachable_targets
-from pcpo_eval.study.layout import StudyLayout
 from pcpo_eval.study.spec import STAGES, StudySpec, _safe_name, load_spec
+from pcpo_eval.studydir import StudyLayout, write_results
 
 # ------------------------------------------------------------------------------------------------
 # Stage runner
@@ -134,8 +136,8 @@ class Study:
             self._unlock()
 
     def _run(self, stages: Sequence[str]) -> Path:
-        atomic_write_text(self.out / "study.yaml", yaml.safe_dump(self.spec.raw, sort_keys=False))
-        atomic_write_json(self.out / "spec.resolved.json", self.spec.to_dict())
+        atomic_write_text(self.layout.spec_copy_file, yaml.safe_dump(self.spec.raw, sort_keys=False))
+        atomic_write_json(self.layout.spec_file, self.spec.to_dict())
         for stage in stages:
             t0 = time.perf_counter()
             self.log(f"[study] stage {stage} ...")
@@ -171,7 +173,7 @@ class Study:
         from pcpo_eval.study.selection import select
 
         sp, lay = self.spec, self.layout
-        logs = [lay.run_dir(r) / "log.parquet" for r in sp.runs]
+        logs = [log_path(lay.run_dir(r)) for r in sp.runs]
         fp = _fingerprint([sp.select_target, sp.select_epoch, sp.window, [r.name for r in sp.runs], *logs])
         if self._done("select", fp) and lay.selection_file.is_file():
             self.log("  selection unchanged, skipped")
@@ -246,7 +248,7 @@ class Study:
         for label, pref, pname, names in jobs:
             out = lay.metrics_dir(label, pref, pname)
             sdir = lay.set_dir(label, pref, pname)
-            fp = _fingerprint([names, sdir / "manifest.parquet", None if pref else base / "manifest.parquet"])
+            fp = _fingerprint([names, sdir / MANIFEST_FILE, None if pref else base / MANIFEST_FILE])
             done = out / "metrics.json"
             if done.is_file() and json.loads(done.read_text()).get("study_fingerprint") == fp:
                 self.log(f"  metrics {out.relative_to(self.out)}: done, skipped")
@@ -261,7 +263,7 @@ class Study:
         from pcpo_eval.study.results import build_results, preference_sets
 
         sp, lay = self.spec, self.layout
-        inputs = [lay.selection_file, *(lay.run_dir(r) / "log.parquet" for r in sp.runs)]
+        inputs = [lay.selection_file, *(log_path(lay.run_dir(r)) for r in sp.runs)]
         for label, _, _ in lay.eval_sets(sp.base_model):
             inputs.append(lay.metrics_dir(label) / "metrics.json")
         for pr in sp.preferences:
@@ -272,7 +274,7 @@ class Study:
             return
         t0 = time.perf_counter()
         results = build_results(sp, lay)
-        atomic_write_json(lay.results_file, results)
+        write_results(lay.out, results)
         self._mark("stats", fp, time.perf_counter() - t0)
 
     # -- 6. report -----------------------------------------------------------------------------
@@ -289,8 +291,8 @@ class Study:
 
 def _set_complete(out: Path, n_expected: int | None) -> bool:
     """A set is complete when its manifest lists the expected number of images."""
-    man = out / "manifest.parquet"
-    if not man.is_file() or not (out / "set.json").is_file():
+    man = out / MANIFEST_FILE
+    if not man.is_file() or not (out / SET_FILE).is_file():
         return False
     if n_expected is None:
         return True

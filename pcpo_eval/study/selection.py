@@ -31,9 +31,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from pcpo_eval.errors import UserError
+from pcpo_eval.rundir import checkpoint_dir
 from pcpo_eval.stats.select import RunCheckpoint, match_checkpoint, run_checkpoints
-from pcpo_eval.study.layout import StudyLayout, set_label
 from pcpo_eval.study.spec import RunSpec, StudySpec
+from pcpo_eval.studydir import StudyLayout, set_label
 
 
 def _identity(sp: StudySpec, run: RunSpec) -> dict[str, Any]:
@@ -101,7 +102,7 @@ def explicit_sets(sp: StudySpec, layout: StudyLayout, epochs: dict[str, int],
         if sp.arm(run) not in epochs:
             continue
         e = int(epochs[sp.arm(run)])
-        path = layout.run_dir(run) / "checkpoints" / f"epoch_{e:04d}"
+        path = checkpoint_dir(layout.run_dir(run), e)
         if not path.is_dir():
             missing.append(f"{run.name} (E{e})")
         out.append((set_label(run.name, e), str(path), {**_identity(sp, run), "epoch": e, "path": str(path),

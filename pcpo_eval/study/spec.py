@@ -33,6 +33,7 @@ from pcpo_eval.errors import ProblemList, UserError
 from pcpo_eval.io import read_yaml_mapping
 from pcpo_eval.metrics.base import METRICS, PREFERENCE_METRICS, per_prompt_problem
 from pcpo_eval.rewards import required_backends
+from pcpo_eval.rundir import checkpoints_root, log_path
 from pcpo_eval.stats.formula import parse_lmm_formula
 from pcpo_eval.stats.speedup import unreachable_targets
 from pcpo_eval.study.retention import epoch_maps, retention_problems
@@ -41,9 +42,6 @@ from pcpo_eval.train.config import TrainConfig, config_from_dict, read_config_fi
 from pcpo_eval.train.preflight import backend_missing, model_missing, prompts_missing
 
 STAGES = ("train", "select", "generate", "metrics", "stats", "report")
-STATE_FILE = "study_state.json"
-RESULTS_FILE = "results.json"
-REPORT_FILE = "report.html"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -384,7 +382,7 @@ def _parse_runs(section: Any, factors: Factors, compare: str, seeds: dict[str, t
         if rd is None:
             problems.append(f"runs[{i}] needs run_dir (an existing run directory)")
             continue
-        if not (Path(rd) / "log.parquet").is_file() or not (Path(rd) / "checkpoints").is_dir():
+        if not log_path(rd).is_file() or not checkpoints_root(rd).is_dir():
             problems.append(f"runs[{i}].run_dir {r.get('run_dir')}: missing run (needs log.parquet and checkpoints/)")
             continue
         if seed is None:

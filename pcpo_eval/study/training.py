@@ -32,8 +32,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from pcpo_eval.errors import UserError
-from pcpo_eval.study.layout import StudyLayout
+from pcpo_eval.rundir import config_path, log_path
 from pcpo_eval.study.spec import RunSpec, StudySpec
+from pcpo_eval.studydir import StudyLayout
 
 #: environment of the worker processes: one thread for every BLAS / OpenMP pool
 ONE_THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
@@ -47,7 +48,7 @@ def run_complete(run: RunSpec, layout: StudyLayout) -> bool:
         return True
     rd = layout.run_dir(run)
     latest = latest_checkpoint(rd)
-    if latest is None or not (rd / "log.parquet").is_file():
+    if latest is None or not log_path(rd).is_file():
         return False
     return int(read_meta(latest)["epoch"]) >= int(run.train.epochs)
 
@@ -58,7 +59,7 @@ def changed_settings(run: RunSpec, layout: StudyLayout) -> list[str]:
     from pcpo_eval.train.checkpoints import load_run_config
 
     rd = layout.run_dir(run)
-    if run.train is None or not (rd / "config.yaml").is_file():
+    if run.train is None or not config_path(rd).is_file():
         return []
     saved = load_run_config(rd)
     defaults = type(run.train)().to_dict()  # a key an older run's config.yaml lacks had its default

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from pcpo_eval.rundir import log_path
 from pcpo_eval.stats.runlevel import compare_runs
 from pcpo_eval.stats.speedup import pct, speedup_cell_epochs
 from pcpo_eval.stats.verdict import (
@@ -38,8 +39,8 @@ from pcpo_eval.stats.verdict import (
     target_status,
     verdict_rows,
 )
-from pcpo_eval.study.layout import StudyLayout
 from pcpo_eval.study.spec import StudySpec
+from pcpo_eval.studydir import StudyLayout
 
 #: seed of the permutation (Monte Carlo above 10,000 relabellings) and bootstrap draws
 VERDICT_SEED = 20240601
@@ -49,7 +50,7 @@ def run_logs(sp: StudySpec, layout: StudyLayout) -> dict[str, pd.DataFrame]:
     """Each run's ``log.parquet`` (validated, in epoch order)."""
     from pcpo_eval.stats import load_log
 
-    return {r.name: load_log(layout.run_dir(r) / "log.parquet") for r in sp.runs}
+    return {r.name: load_log(log_path(layout.run_dir(r))) for r in sp.runs}
 
 
 def _column(log: pd.DataFrame, col: str) -> list[float] | None:

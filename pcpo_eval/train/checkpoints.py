@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,25 +26,23 @@ import torch
 
 from pcpo_eval.errors import UserError
 from pcpo_eval.io import atomic_dir, read_yaml_mapping, safetensors_bytes, sha256_file
+from pcpo_eval.rundir import (
+    META_FILE,
+    STATE_FILE,
+    checkpoint_dir,  # noqa: F401 - re-exported: ck.checkpoint_dir(RUN, EPOCH)
+    config_path,
+    epoch_dirs,
+    is_run_dir,
+    run_dir_of,
+)
 
 LORA_FILE = "pytorch_lora_weights.safetensors"
 FULL_FILE = "denoiser.safetensors"
-META_FILE = "checkpoint.json"
-STATE_FILE = "training_state.pt"
-_EPOCH_RE = re.compile(r"^epoch_(\d+)$")
-
-
-def checkpoint_dir(run_dir: str | Path, epoch: int) -> Path:
-    return Path(run_dir) / "checkpoints" / f"epoch_{epoch:04d}"
 
 
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
     """Complete checkpoints of a run, by epoch (a directory counts once its checkpoint.json exists)."""
-    root = Path(run_dir) / "checkpoints"
-    if not root.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _EPOCH_RE.match(p.name)) and (p / META_FILE).is_file()]
-    return [p for _, p in sorted(found)]
+    return [p for _, p in epoch_dirs(run_dir, complete=True)]
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
@@ -252,12 +249,8 @@ def check_resumable_weights(ckpt: str | Path) -> None:
                         f"recorded (changed or corrupt after saving); {fix}")
 
 
-def run_dir_of(ckpt: Path) -> Path:
-    return ckpt.parent.parent
-
-
 def load_run_config(run_dir: str | Path) -> dict[str, Any]:
-    return read_yaml_mapping(Path(run_dir) / "config.yaml", "run config",
+    return read_yaml_mapping(config_path(run_dir), "run config",
                              f"{run_dir} is not a pcpo-eval run directory")
 
 
@@ -266,7 +259,7 @@ def resolve_checkpoint(spec: str | Path) -> Path | None:
     p = Path(spec)
     if (p / META_FILE).is_file():
         return p
-    if (p / "config.yaml").is_file() and (p / "checkpoints").is_dir():
+    if is_run_dir(p):
         latest = latest_checkpoint(p)
         if latest is None:
             raise UserError(f"run {p} has no complete checkpoint yet")

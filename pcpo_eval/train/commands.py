@@ -1,8 +1,5 @@
 """``pcpo-eval train CONFIG --out RUN_DIR [--resume] [--device D] [KEY=VALUE ...]``, ``import`` and
 ``export RUN[@EPOCH] --out DIR`` (:mod:`pcpo_eval.train.export`).
-
-Also home of :func:`resolve_device`, the one reading of the ``--device`` flag that ``train``,
-``generate``, ``metrics`` and ``features`` share (docs/cli.md#flags).
 """
 
 from __future__ import annotations
@@ -13,30 +10,8 @@ from typing import Annotated
 import typer
 
 from pcpo_eval.errors import ProblemList, UserError
+from pcpo_eval.flags import DEVICE_HELP
 from pcpo_eval.progress import PROGRESS_HELP
-
-DEVICE_HELP = "auto = this process's GPU (LOCAL_RANK) when CUDA is available, else cpu | cpu | cuda:N"
-
-
-def resolve_device(flag: str) -> str:
-    """The torch device named by ``--device`` (``auto`` via :func:`pcpo_eval.dist.pick_device`).
-
-    ``auto`` gives each torchrun process the GPU of its ``LOCAL_RANK`` (before, generate and metrics
-    put every process on one GPU). A string torch cannot parse, or CUDA asked for on a machine
-    without it, is a one-line UserError.
-    """
-    import torch
-
-    from pcpo_eval import dist
-
-    try:
-        device = dist.pick_device(flag.strip().lower())
-    except (RuntimeError, ValueError):
-        raise UserError(f"unknown --device {flag!r}; use auto, cpu, cuda or cuda:N") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"--device {flag} but CUDA is not available here; use --device auto or cpu")
-    return str(device)
-
 
 #: the smallest latent of any model (the toy models' 48 x 8 x 8): a lower bound of a sample's size
 MIN_LATENT_VALUES = 48 * 8 * 8
@@ -90,6 +65,8 @@ def train_cmd(
     check_out_path(out, "--out")
     extra = []
     if device is not None:
+        from pcpo_eval.dist import resolve_device
+
         resolve_device(device)  # checked here; the trainer picks this rank's device itself
         extra = [f"device={device.strip().lower()}"]
     if log_to is not None:

@@ -30,15 +30,15 @@ from typing import Any
 
 from pcpo_eval.errors import UserError
 from pcpo_eval.io import atomic_dir, atomic_write_text, check_out_path, sha256_file
+from pcpo_eval.rundir import checkpoint_dir, config_path, run_dir_of
+from pcpo_eval.studydir import results_path
 from pcpo_eval.train.checkpoints import (
     FULL_FILE,
     LORA_FILE,
-    checkpoint_dir,
     list_checkpoints,
     load_run_config,
     read_meta,
     resolve_checkpoint,
-    run_dir_of,
 )
 
 #: Base models whose export always carries the full denoiser (tiny, no external base to download).
@@ -68,7 +68,7 @@ def find_checkpoint(ref: str) -> Path:
             raise UserError(f"{path} is not a pcpo-eval run or checkpoint folder (no config.yaml + checkpoints/, "
                             "no checkpoint.json)")
         return ckpt
-    if not (path / "config.yaml").is_file():
+    if not config_path(path).is_file():
         raise UserError(f"{path} is not a pcpo-eval run folder (no config.yaml); RUN@EPOCH needs the run folder")
     ckpt = checkpoint_dir(path, epoch)
     if ckpt not in list_checkpoints(path):
@@ -80,14 +80,14 @@ def find_checkpoint(ref: str) -> Path:
 
 def _run_config(ckpt: Path) -> dict[str, Any]:
     run = run_dir_of(ckpt)
-    return load_run_config(run) if (run / "config.yaml").is_file() else {}
+    return load_run_config(run) if config_path(run).is_file() else {}
 
 
 def find_study(run_dir: Path) -> tuple[Path, dict[str, Any]] | None:
     """A study's ``results.json`` near the run (the run's folder, or up to two folders above: a
     study keeps runs in ``STUDY/runs/RUN``), parsed; None when absent or unreadable."""
     for folder in (run_dir, *list(run_dir.resolve().parents)[:2]):
-        res = folder / "results.json"
+        res = results_path(folder)
         if res.is_file():
             try:
                 data = json.loads(res.read_text())

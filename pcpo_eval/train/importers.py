@@ -39,7 +39,8 @@ import pandas as pd
 from pcpo_eval.errors import UserError
 from pcpo_eval.io import atomic_dir, atomic_write_parquet, atomic_write_text, remove_stale_temps, sha256_file
 from pcpo_eval.registry import optional_module
-from pcpo_eval.train.checkpoints import FULL_FILE, LORA_FILE, META_FILE, check_weights_file, checkpoint_dir
+from pcpo_eval.rundir import META_FILE, checkpoint_dir, config_path, log_path
+from pcpo_eval.train.checkpoints import FULL_FILE, LORA_FILE, check_weights_file
 
 KINDS = ("dancegrpo", "flowgrpo")
 #: run kind -> the --model kinds it can have fine-tuned (Flow-GRPO: SD3.5 / FLUX LoRA, SD-1 UNet LoRA;
@@ -356,7 +357,7 @@ def import_run(kind: str, src: str | Path, out: str | Path, model: str, log: str
     src, out = Path(src), Path(out)
     if not src.is_dir():
         raise UserError(f"{src} is not a directory; pass the reference run's output folder")
-    if (out / "log.parquet").exists():
+    if log_path(out).exists():
         raise UserError(f"{out} already holds a run; choose another --out")
     remove_stale_temps(out)  # temp files of a killed import (not ones a live process holds)
     if kind == "flowgrpo":
@@ -387,8 +388,8 @@ def import_run(kind: str, src: str | Path, out: str | Path, model: str, log: str
         _write_checkpoint(out, epoch, folder, kind, model, rewards.get(epoch))
     summary = {"kind": kind, "source": str(src), "log": str(log), "model": model, "objective": objective,
                "epochs": int(table["epoch"].max()), "checkpoints": sorted(cks), "reward_key": reward_key}
-    atomic_write_text(out / "config.yaml", json.dumps({"model": model, "objective": objective,
+    atomic_write_text(config_path(out), json.dumps({"model": model, "objective": objective,
                                                         "imported_from": kind, "source": str(src)}, indent=2) + "\n")
     atomic_write_text(out / "import.json", json.dumps(summary, indent=2) + "\n")
-    atomic_write_parquet(out / "log.parquet", table)  # last: its presence marks a complete import
+    atomic_write_parquet(log_path(out), table)  # last: its presence marks a complete import
     return summary

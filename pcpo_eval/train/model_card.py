@@ -17,7 +17,8 @@ from typing import Any
 
 from pcpo_eval.errors import UserError
 from pcpo_eval.rewards import reward_label
-from pcpo_eval.train.checkpoints import LORA_FILE, run_dir_of
+from pcpo_eval.rundir import run_dir_of
+from pcpo_eval.train.checkpoints import LORA_FILE
 
 OBJECTIVE_NAMES = {"ppo_clip": "PPO clipped surrogate (DDPO / DanceGRPO / Flow-GRPO)", "pcpo": "PCPO",
                    "log_hinge": "log-ratio hinge (ablation)", "eps_matching": "eps matching (ablation)"}
