@@ -307,6 +307,7 @@ def test_cli_credit_json_and_plot(tmp_path, cli):
     assert d["zeta"] == pytest.approx(13.343, abs=1e-3) and len(d["steps"]) == 16
     assert {"t", "dt", "sigma", "native_weight", "pcpo_weight"} <= set(d["steps"][0])
     assert (tmp_path / "f.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (tmp_path / "f.svg").is_file() and (tmp_path / "f.pdf").read_bytes().startswith(b"%PDF")
     out = _cli("credit", "ddim", "--steps", "50", "--eta", "1", "--json")
     d = json.loads(out.stdout)
     assert d["mean_native_weight"] == pytest.approx(4.456, abs=0.01)
@@ -339,3 +340,28 @@ def test_cli_bad_input_one_line_exit_2(args, match, cli):
     assert out.returncode == 2
     assert match in out.stderr and "Traceback" not in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_credit_figure_is_a_paper_figure(tmp_path):
+    """Issue 29: Figure 2 at the report's paper size and fonts, as SVG + PDF + 300-dpi PNG."""
+    import matplotlib.pyplot as plt
+    from PIL import Image
+
+    from pcpo_eval.credit.plot import credit_figure, save_credit_figure
+    from pcpo_eval.figfiles import DOUBLE_COLUMN_IN
+
+    fig = credit_figure()
+    try:
+        assert fig.get_figwidth() == DOUBLE_COLUMN_IN and len(fig.axes) == 4
+        texts = [t for t in fig.findobj(lambda a: hasattr(a, "get_fontsize") and hasattr(a, "get_text"))
+                 if t.get_text().strip()]
+        assert min(t.get_fontsize() for t in texts) >= 7
+    finally:
+        plt.close(fig)
+    path = save_credit_figure(tmp_path / "figures" / "credit.png")
+    assert (tmp_path / "figures" / "credit.svg").read_text().count("<text") > 0
+    pdf = (tmp_path / "figures" / "credit.pdf").read_bytes()
+    assert pdf.startswith(b"%PDF") and b"/Type3" not in pdf
+    with Image.open(path) as im:
+        assert im.info["dpi"] == pytest.approx((300, 300), abs=0.1)
+        assert im.size[0] / 300 <= DOUBLE_COLUMN_IN + 0.2

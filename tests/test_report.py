@@ -150,11 +150,12 @@ def test_sections_and_tables(report):
                 "preference-table", "runs-table", "spec-yaml"):
         assert tid in ids, tid
     assert sum(1 for t, a in parser.tags if t == "table" and a.get("class") == "lmm-table") == 3  # 3 effects
-    # every image is an embedded PNG: plots (traces, rho, |g|), credit, Q-Q x3, grid 2 prompts x 3 models x 2 seeds,
-    # run curves (epoch, wall-clock, KL-reward), rliable panels (IQM, P(improvement)), progression 2 samples x 3 epochs
+    # every image is an embedded PNG: plots (traces, first-20-epochs close-up, rho, |g|), credit, Q-Q x3, grid
+    # 2 prompts x 3 models x 2 seeds, run curves (epoch, wall-clock, KL-reward), rliable panels (IQM,
+    # P(improvement), performance profiles), progression 2 samples x 3 epochs
     imgs = [a["src"] for t, a in parser.tags if t == "img"]
     assert all(s.startswith("data:image/png;base64,") for s in imgs)
-    assert len(imgs) == 3 + 1 + 3 + 12 + 3 + 2 + 6
+    assert len(imgs) == 4 + 1 + 3 + 12 + 3 + 3 + 6
     # the significant PCPO FD value is bold, the non-significant LPIPS is not
     assert "<b>9.877</b>" in html and "<b>0.52</b>" not in html
     # raw scores: runs per condition, and the SD over runs where there are several

@@ -13,7 +13,13 @@ from report_helpers import synthetic_runs
 
 from pcpo_eval.report import figures
 from pcpo_eval.report.html import report_figures, write_figures
-from pcpo_eval.stats.runlevel import iqm, iqm_interval, poi_interval, probability_of_improvement
+from pcpo_eval.stats.runlevel import (
+    iqm,
+    iqm_interval,
+    performance_profile,
+    poi_interval,
+    probability_of_improvement,
+)
 from pcpo_eval.study.results import to_jsonable
 
 ROLES = {"DDPO": "baseline", "PCPO": "pcpo"}
@@ -58,7 +64,8 @@ def test_files_sizes_fonts_and_titles(tmp_path):
     res = _results()
     (tmp_path / "results.json").write_text(json.dumps(res))
     paths = write_figures(tmp_path)
-    names = {"reward_curves", "reward_compute_time", "kl_reward", "interval_estimates", "probability_of_improvement"}
+    names = {"reward_curves", "reward_compute_time", "kl_reward", "interval_estimates", "probability_of_improvement",
+             "performance_profiles"}
     assert {p.name for p in paths} == {f"{n}.{ext}" for n in names for ext in ("svg", "pdf", "png")}
     for n in names:
         svg = (tmp_path / "figures" / f"{n}.svg").read_text()
@@ -134,3 +141,49 @@ def test_kl_ref_figure_is_a_paper_figure():
     fig = report_figures({"study": {"name": "kl"}, "traces": [tr]})["kl_ref_reward"]
     assert fig.get_figwidth() == figures.SINGLE_COLUMN_IN and fig.axes[0].get_title() == "reward vs KL to the reference"
     assert min(t.get_fontsize() for t in _texts(fig)) >= 7
+
+
+def test_performance_profile_function():
+    x = [1.0, 2.0, 3.0, 4.0]
+    frac, lo, hi = performance_profile(x, [0.0, 1.0, 2.5, 4.0, 5.0], rng=np.random.default_rng(0))
+    assert frac.tolist() == [1.0, 0.75, 0.5, 0.0, 0.0]  # strictly above tau, as rliable
+    assert np.all(lo <= frac) and np.all(frac <= hi) and lo[0] == hi[0] == 1.0 and hi[-1] == 0.0
+    one = performance_profile([2.0], [1.0, 3.0], rng=np.random.default_rng(0))
+    assert [a.tolist() for a in one] == [[1.0, 0.0]] * 3  # one run: a step with a zero-width band
+    with pytest.raises(Exception, match="finite"):
+        performance_profile([np.nan], [0.0], rng=np.random.default_rng(0))
+
+
+def test_performance_profile_figure():
+    runs = _results()["runs"]
+    fig = figures.performance_profile_figure(runs, ROLES, window=3)
+    assert [ax.get_title() for ax in fig.axes] == [figures.RUN_QUANTITIES[q] for q in ("paired_gain", "final_reward", "auc")]
+    labels = fig.axes[0].get_legend_handles_labels()[1]
+    assert labels[0] == "DDPO (3 runs), batch=16" and len(labels) == 4
+    for ln in fig.axes[1].get_lines():
+        y = np.asarray(ln.get_ydata(), dtype=float)
+        assert y[0] == 1.0 and y[-1] == 0.0 and np.all(np.diff(y) <= 0)  # a survival curve over tau
+    assert figures.performance_profile_figure([], ROLES) is None
+
+
+def test_closeup_of_first_epochs_is_unsmoothed():
+    epochs = list(range(30))
+    trace = {"run": "PCPO-s0", "role": "pcpo", "cell": "all", "epoch": epochs,
+             "reward_mean": [float(e % 3) for e in epochs], "reward_smoothed": [1.0] * 30,
+             "clipfrac": [0.01 * e for e in epochs]}
+    fig = figures.closeup_figure([trace])
+    top, bottom = fig.axes[0], fig.axes[1]
+    (line,) = top.get_lines()
+    assert list(line.get_xdata()) == list(range(20)) and list(line.get_ydata()) == [float(e % 3) for e in range(20)]
+    assert list(bottom.get_lines()[0].get_ydata()) == pytest.approx([0.01 * e for e in range(20)])
+    assert top.get_title() == "reward, first 20 epochs (unsmoothed)"
+    assert figures.closeup_figure([]) is None
+
+
+def test_report_writes_closeup_and_profiles(tmp_path):
+    res = _results(("batch=16",))
+    res["traces"] = [{"run": "r", "role": "pcpo", "cell": "batch=16", "epoch": [0, 1, 2], "reward_mean": [1.0, 2.0, 3.0],
+                      "reward_smoothed": [1.0, 1.5, 2.0], "clipfrac": [0.0, 0.1, 0.0], "clipfrac_smoothed": [0.0, 0.05, 0.03]}]
+    (tmp_path / "results.json").write_text(json.dumps(res))
+    names = {p.name for p in write_figures(tmp_path)}
+    assert {"traces_first_epochs.pdf", "performance_profiles.svg", "performance_profiles.png"} <= names

@@ -362,6 +362,8 @@ def install_fakes(monkeypatch) -> Fakes:
     buf = io.BytesIO()
     Image.new("RGB", (4, 4), "white").save(buf, format="PNG")
     monkeypatch.setattr(pcpo_eval.credit.plot, "credit_figure_png", lambda *a, **k: buf.getvalue())
+    monkeypatch.setattr(pcpo_eval.credit.plot, "credit_figure_files",
+                        lambda *a, **k: {"png": buf.getvalue(), "svg": b"<svg/>", "pdf": b"%PDF-1.4"})
     return f
 
 

@@ -57,7 +57,7 @@ def ddim_cmd(
         str, typer.Option(help="Steps no sigma brings to w*: cap (weight w*) | exclude | nearest | native.")
     ] = DEFAULT_FALLBACK,
     as_json: Annotated[bool, typer.Option("--json", help="Print the JSON summary.")] = False,
-    plot: Annotated[Path | None, typer.Option(help="Write Figure 2 (a)-(d) to this PNG.")] = None,
+    plot: Annotated[Path | None, typer.Option(help="Write Figure 2 (a)-(d) to this PNG (300 dpi), with .svg and .pdf beside it.")] = None,
 ) -> None:
     """DDIM native weights w(t) and PCPO's re-solved sigma~_t (paper Prop. 1, Fig. 2a-b; docs/credit.md).
 
@@ -98,7 +98,7 @@ def flow_cmd(
     shift: Annotated[float, typer.Option(help="Time shift (> 0).")] = 3.0,
     t1: Annotated[str, typer.Option(help="Flow-GRPO t=1 weight: neighbor | sigma_max")] = "neighbor",
     as_json: Annotated[bool, typer.Option("--json", help="Print the JSON summary.")] = False,
-    plot: Annotated[Path | None, typer.Option(help="Write Figure 2 (a)-(d) to this PNG.")] = None,
+    plot: Annotated[Path | None, typer.Option(help="Write Figure 2 (a)-(d) to this PNG (300 dpi), with .svg and .pdf beside it.")] = None,
 ) -> None:
     """Flow SDE native weights and PCPO's proportional weights zeta*dt (paper Prop. 2, Fig. 2c-d)."""
     from pcpo_eval.credit.flow import flow_credit

@@ -10,10 +10,10 @@ Plotting only, with two exceptions that are drawing aids or descriptive summarie
 a curve "mean over seeds" with a min-max band is the pointwise mean / min / max of the per-run
 values logged at the same epoch (the figure captions say so); the rliable panels (Agarwal et al.
 2021, "Deep RL at the edge of the statistical precipice": interval estimates and probability of
-improvement) reduce each run to its final reward / AUC / paired gain with the functions the
-verdict uses and call :func:`pcpo_eval.stats.runlevel.iqm_interval` and
-:func:`pcpo_eval.stats.runlevel.poi_interval` (percentile bootstrap, fixed seed
-:data:`BOOTSTRAP_SEED`). Every test statistic, inferential interval and p-value comes from
+improvement, performance profiles) reduce each run to its final reward / AUC / paired gain with
+the functions the verdict uses and call :func:`pcpo_eval.stats.runlevel.iqm_interval`,
+:func:`pcpo_eval.stats.runlevel.poi_interval` and :func:`pcpo_eval.stats.runlevel.performance_profile`
+(percentile bootstrap, fixed seed :data:`BOOTSTRAP_SEED`). Every test statistic, inferential interval and p-value comes from
 ``results.json``. Figures follow the paper's conventions: Fig. 5 (reward and clip fraction per
 epoch; the held-out validation reward), the appendix rho and first-layer |g| plots, the ratio
 diagnostics (Taylor error of log rho ~ rho - 1 and the |dot| / squared-norm ratio of Eq. Delta per
@@ -34,27 +34,24 @@ import io
 import math
 import re
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
+
+from pcpo_eval.figfiles import (  # noqa: F401 (FORMATS, PNG_DPI, save_figure: re-exported for the report)
+    DOUBLE_COLUMN_IN,
+    FORMATS,
+    PAPER_RC,
+    PNG_DPI,
+    SINGLE_COLUMN_IN,
+    save_figure,
+)
 
 BASELINE_COLOR, PCPO_COLOR, OTHER_COLOR = "tab:blue", "tab:orange", "tab:gray"
 #: Roles an arm can take in the plots (colour and legend order).
 ROLE_ORDER = {"baseline": 0, "pcpo": 1, "other": 2}
-#: Figure widths (inches) of a two-column paper: one column, and the full text width.
-SINGLE_COLUMN_IN, DOUBLE_COLUMN_IN = 3.3, 6.8
-#: Files :func:`save_figure` writes per figure, and the PNG resolution.
-FORMATS = ("svg", "pdf", "png")
-PNG_DPI = 300
+#: Paper sizes, fonts and file formats live in the ground-floor :mod:`pcpo_eval.figfiles` (shared
+#: with the credit figure); re-exported here.
 #: Resolution of the PNGs embedded in the HTML report.
 HTML_DPI = 120
-#: matplotlib settings of every report figure: >= 7 pt text, thin lines, editable text in SVG,
-#: TrueType fonts in PDF (journals reject Type 3), no timestamps (files repeat byte for byte).
-PAPER_RC: dict[str, Any] = {
-    "font.size": 8, "axes.titlesize": 8, "axes.labelsize": 8, "xtick.labelsize": 7, "ytick.labelsize": 7,
-    "legend.fontsize": 7, "legend.frameon": False, "lines.linewidth": 1.2, "lines.markersize": 3,
-    "axes.linewidth": 0.6, "savefig.bbox": "tight", "savefig.pad_inches": 0.02,
-    "svg.fonttype": "none", "svg.hashsalt": "pcpo-eval", "pdf.fonttype": 42,
-}  # fmt: skip
 #: Seed of the rliable panels' bootstrap (the same figure every time).
 BOOTSTRAP_SEED = 20210825
 #: Per-run quantities of the rliable panels (the verdict's definitions, :mod:`pcpo_eval.stats.verdict`).
@@ -105,25 +102,6 @@ def _uri(fig: Any) -> str | None:
 def figure_name(text: str) -> str:
     """A file-name stem from user text (``qq_<metric>``): letters, digits, ``.-_`` only."""
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._") or "figure"
-
-
-def save_figure(fig: Any, out_dir: str | Path, name: str) -> list[Path]:
-    """Write ``name.svg``, ``name.pdf`` and a 300-dpi ``name.png`` under ``out_dir`` (figure kept open)."""
-    import matplotlib
-
-    from pcpo_eval.io import atomic_write_bytes
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = []
-    with matplotlib.rc_context(PAPER_RC):
-        for fmt in FORMATS:
-            buf = io.BytesIO()
-            fig.savefig(buf, format=fmt, dpi=PNG_DPI, metadata={"Date": None} if fmt in ("svg", "pdf") else None)
-            path = out / f"{name}.{fmt}"
-            atomic_write_bytes(path, buf.getvalue())
-            paths.append(path)
-    return paths
 
 
 def mpl_text(s: Any) -> str:
@@ -207,6 +185,37 @@ def traces_figure(traces: list[dict[str, Any]], window: int) -> Any:
 def traces_plot(traces: list[dict[str, Any]], window: int) -> str | None:
     """:func:`traces_figure` as a PNG data URI."""
     return _uri(traces_figure(traces, window))
+
+
+#: Epochs of the close-up of the first training epochs (Fig. ablations-aes (b): "the initial 20 steps").
+CLOSEUP_EPOCHS = 20
+
+
+@paper_style
+def closeup_figure(traces: list[dict[str, Any]], n_epochs: int = CLOSEUP_EPOCHS) -> Any:
+    """Fig. ablations-aes (b): the first ``n_epochs`` logged epochs of each run, unsmoothed: the raw
+    per-epoch mean reward (top) and clip fraction (bottom), one line per run, one column per cell."""
+    have = [t for t in traces if t.get("epoch") and "reward_mean" in t]
+    if not have:
+        return None
+    cells = _cells(have)
+    fig, panels = panel_grid(len(cells), 2.0, rows_per_panel=2)
+    for (top, bottom), cell in zip(panels, cells, strict=True):
+        for t in (t for t in have if t["cell"] == cell):
+            first = sorted(t["epoch"])[:n_epochs]
+            keep = [i for i, e in enumerate(t["epoch"]) if first and e <= first[-1]]
+            c, ep, reward = color(t["role"]), [t["epoch"][i] for i in keep], finite(t["reward_mean"])
+            top.plot(ep, [reward[i] for i in keep], color=c, marker="o", label=mpl_text(t["run"]))
+            if "clipfrac" in t:
+                clip = finite(t["clipfrac"])
+                bottom.plot(ep, [clip[i] for i in keep], color=c, marker="o")
+        top.set(title=panel_title(f"reward, first {n_epochs} epochs (unsmoothed)", cell), xlabel="epoch",
+                ylabel="reward")
+        bottom.set(title=panel_title(f"clip fraction, first {n_epochs} epochs (unsmoothed)", cell), xlabel="epoch",
+                   ylabel="clip fraction")
+        _legend(top)
+    fig.tight_layout()
+    return fig
 
 
 @paper_style
@@ -488,7 +497,8 @@ def diagnostics_plot(traces: list[dict[str, Any]]) -> str | None:
 
 
 # ------------------------------------------------------------------------------------------------
-# rliable panels over runs (from results["runs"]): interval estimates, probability of improvement
+# rliable panels over runs (from results["runs"]): interval estimates, probability of improvement,
+# performance profiles
 # ------------------------------------------------------------------------------------------------
 
 
@@ -627,3 +637,50 @@ def improvement_figure(runs: list[dict[str, Any]], roles: dict[str, str], window
 def improvement_plot(runs: list[dict[str, Any]], roles: dict[str, str], window: int = 5) -> str | None:
     """:func:`improvement_figure` as a PNG data URI."""
     return _uri(improvement_figure(runs, roles, window))
+
+
+#: Thresholds per performance-profile panel (evenly spaced over the range of the per-run values).
+PROFILE_TAUS = 101
+
+
+@paper_style
+def performance_profile_figure(runs: list[dict[str, Any]], roles: dict[str, str], window: int = 5,
+                               n_boot: int = 2000) -> Any:
+    """rliable's performance profiles (Agarwal et al. 2021): per arm (and cell) the fraction of runs
+    whose per-run quantity exceeds tau, against tau, with a 95% bootstrap band over runs
+    (:func:`~pcpo_eval.stats.runlevel.performance_profile`); further right / higher is better."""
+    import numpy as np
+
+    from pcpo_eval.stats.runlevel import performance_profile
+
+    vals = run_scalars(runs or [], window)
+    qs = [q for q in RUN_QUANTITIES if any(v[q] for v in vals.values())]
+    if not qs:
+        return None
+    cells = _cells(runs)
+    rows = sorted(vals, key=lambda ca: (cells.index(ca[0]), ROLE_ORDER.get(roles.get(ca[1], "other"), 2), ca[1]))
+    width = SINGLE_COLUMN_IN if len(qs) == 1 else DOUBLE_COLUMN_IN
+    fig, axes = _plt().subplots(1, len(qs), squeeze=False, sharey=True, figsize=(width, 2.2))
+    for ax, q in zip(axes[0], qs, strict=True):
+        allv = [x for ca in rows for x in vals[ca][q]]
+        pad = 0.05 * (max(allv) - min(allv)) or 0.05 * max(abs(allv[0]), 1.0)
+        taus = np.linspace(min(allv) - pad, max(allv) + pad, PROFILE_TAUS)
+        for cell, arm in rows:
+            if not vals[(cell, arm)][q]:
+                continue
+            frac, lo, hi = performance_profile(vals[(cell, arm)][q], taus, n_boot=n_boot,
+                                               rng=np.random.default_rng(BOOTSTRAP_SEED))
+            c, ls = color(roles.get(arm, "other")), ("-", "--", ":", "-.")[cells.index(cell) % 4]
+            ax.fill_between(taus, lo, hi, color=c, alpha=0.2, lw=0, step="post")
+            ax.step(taus, frac, where="post", color=c, ls=ls,
+                    label=_row_label(cell, f"{arm} ({len(vals[(cell, arm)][q])} runs)", len(cells)))
+        ax.set(title=RUN_QUANTITIES[q], xlabel="threshold tau", ylim=(-0.02, 1.02))
+    axes[0][0].set_ylabel("fraction of runs > tau")
+    _legend(axes[0][0])
+    fig.tight_layout()
+    return fig
+
+
+def performance_profile_plot(runs: list[dict[str, Any]], roles: dict[str, str], window: int = 5) -> str | None:
+    """:func:`performance_profile_figure` as a PNG data URI."""
+    return _uri(performance_profile_figure(runs, roles, window))

@@ -42,6 +42,7 @@ from pcpo_eval.errors import UserError
 from pcpo_eval.io import atomic_write_text, read_text_file
 from pcpo_eval.report.figures import (
     HTML_DPI,
+    closeup_figure,
     diagnostics_figure,
     fig_uri,
     figure_name,
@@ -49,6 +50,7 @@ from pcpo_eval.report.figures import (
     improvement_figure,
     interval_estimates_figure,
     kl_reward_figure,
+    performance_profile_figure,
     qq_figure,
     reward_curves_figure,
     rho_figure,
@@ -62,7 +64,7 @@ from pcpo_eval.studydir import StudyLayout, results_path
 #: Figures the report embeds and writes (``figures/<name>.svg|pdf|png``), in report order; plus one
 #: ``qq_<metric>`` per LMM fit. ``figures/credit.png`` is the stats stage's (credit weights, Fig. 2).
 FIGURE_NAMES = ("reward_curves", "reward_compute_time", "kl_reward", "interval_estimates",
-                "probability_of_improvement", "traces", "rho", "gradients", "validation", "ratio_diagnostics",
+                "probability_of_improvement", "performance_profiles", "traces", "traces_first_epochs", "rho", "gradients", "validation", "ratio_diagnostics",
                 "kl_ref_reward")
 #: Resolution of the Q-Q plots embedded in the HTML (several per row).
 QQ_HTML_DPI = 96
@@ -255,6 +257,7 @@ def runs_view(results: dict[str, Any], uris: dict[str, str]) -> dict[str, Any] |
         "kl_png": uris.get("kl_reward"),
         "interval_png": uris.get("interval_estimates"),
         "poi_png": uris.get("probability_of_improvement"),
+        "profile_png": uris.get("performance_profiles"),
         "health": health_rows(runs, roles),
         "has_controls": any(r.get("control_reward_mean") for r in runs),
     }
@@ -285,7 +288,9 @@ def report_figures(results: dict[str, Any]) -> dict[str, Any]:
         "kl_reward": lambda: kl_reward_figure(runs, roles),
         "interval_estimates": lambda: interval_estimates_figure(runs, roles, window),
         "probability_of_improvement": lambda: improvement_figure(runs, roles, window),
+        "performance_profiles": lambda: performance_profile_figure(runs, roles, window),
         "traces": lambda: traces_figure(trs, window),
+        "traces_first_epochs": lambda: closeup_figure(trs),  # Fig. ablations-aes (b), unsmoothed
         "rho": lambda: rho_figure(trs),
         "gradients": lambda: grad_figure(trs),
         "validation": lambda: validation_figure(trs, roles),
@@ -466,6 +471,7 @@ def view_model(results: dict[str, Any], root: Path | None, uris: dict[str, str] 
         "simple_effects": simple_effect_rows(raw.get("significance") or {}, labels),
         "lmm": lmm_view(results.get("lmm", {}), labels, qq) if results.get("lmm") else None,
         "traces_png": uris.get("traces"),
+        "closeup_png": uris.get("traces_first_epochs"),
         "rho_png": uris.get("rho"),
         "grad_png": uris.get("gradients"),
         "val_png": uris.get("validation"),

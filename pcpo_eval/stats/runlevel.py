@@ -39,8 +39,9 @@ mean, ``scipy.stats.trim_mean(x, 0.25)``; with 3 runs nothing is trimmed, so IQM
 * probability of improvement P(X_t > X_b) + P(X_t = X_b)/2 (rliable: Mann-Whitney U / (n_t n_b))
   with a stratified percentile bootstrap CI (each arm resampled independently): descriptive only.
 * the report's rliable panels: :func:`iqm_interval` (IQM of one arm with a percentile bootstrap
-  CI over its runs) and :func:`poi_interval` (probability of improvement with its stratified
-  bootstrap CI), descriptive only for the same reason.
+  CI over its runs), :func:`poi_interval` (probability of improvement with its stratified
+  bootstrap CI) and :func:`performance_profile` (fraction of runs above each threshold tau with a
+  bootstrap band over runs), descriptive only for the same reason.
 """
 
 from __future__ import annotations
@@ -220,6 +221,32 @@ def poi_interval(
     require(ok, "poi_interval needs >= 1 finite per-run value in each arm")
     lo, hi = stratified_bootstrap_ci(b, t, probability_of_improvement, n_boot=n_boot, rng=rng, alpha=alpha)
     return float(probability_of_improvement(b, t)), lo, hi
+
+
+def performance_profile(
+    x: Sequence[float] | np.ndarray,
+    taus: Sequence[float] | np.ndarray,
+    *,
+    n_boot: int = 2000,
+    rng: np.random.Generator,
+    alpha: float = 0.05,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """rliable's performance profile (Agarwal et al. 2021, Fig. "performance profiles"; its
+    ``create_performance_profile`` with one task): for each threshold ``tau`` the fraction of runs
+    whose value exceeds ``tau``, with a percentile bootstrap band over runs (stratified bootstrap with
+    one stratum, as :func:`bootstrap_ci`). Returns (fraction, band low, band high), each ``len(taus)``.
+
+    Descriptive, as :func:`iqm_interval`; one run gives a zero-width band (a step from 1 to 0).
+    """
+    a = _runs(x, "x")
+    require(a.size >= 1 and bool(np.all(np.isfinite(a))), "performance_profile needs >= 1 finite per-run value")
+    require(n_boot >= 1, f"n_boot must be >= 1, got {n_boot}")
+    t = np.asarray(taus, dtype=float).reshape(-1)
+    frac = np.mean(a[None, :] > t[:, None], axis=1)
+    boot = a[rng.integers(0, a.size, size=(n_boot, a.size))]  # (n_boot, n)
+    fb = np.mean(boot[:, None, :] > t[None, :, None], axis=2)  # (n_boot, T)
+    lo, hi = np.quantile(fb, [alpha / 2, 1 - alpha / 2], axis=0)
+    return frac, lo, hi
 
 
 @dataclass(frozen=True)

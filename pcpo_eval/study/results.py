@@ -547,7 +547,7 @@ def trained_credit(sp: StudySpec) -> tuple[Any, Any, str]:
 
 def build_results(sp: StudySpec, layout: StudyLayout) -> dict[str, Any]:
     """Everything the report formats (JSON-able), from the spec and the files under ``layout.out``."""
-    from pcpo_eval.credit.plot import credit_figure_png
+    from pcpo_eval.credit.plot import save_credit_figure
     from pcpo_eval.metrics.base import METRIC_LABELS
     from pcpo_eval.report.kl_ref import kl_ref_png
     from pcpo_eval.study.verdicts import run_level
@@ -556,7 +556,7 @@ def build_results(sp: StudySpec, layout: StudyLayout) -> dict[str, Any]:
     raw, lmm, labels = image_metrics(sp, layout)
     fig = layout.credit_figure
     credit_note = trained_credit(sp)
-    atomic_write_bytes(fig, credit_figure_png(*credit_note[:2]))
+    save_credit_figure(fig, *credit_note[:2])  # figures/credit.png (300 dpi) + credit.svg + credit.pdf
     trace_rows = traces(sp, layout)
     kl_png = kl_ref_png(trace_rows)
     if kl_png is not None:
