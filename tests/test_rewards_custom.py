@@ -150,3 +150,33 @@ def test_study_spec_with_weighted_reward(tmp_path, plugin):
         **spec["train"]["overrides"], "reward": {"toy_aesthetic": "x"}}}})))
     with pytest.raises(UserError, match="reward weight 'toy_aesthetic'"):
         load_spec(tmp_path / "bad.yaml")
+
+
+def test_validation_and_control_log_each_component(tmp_path, plugin):
+    """Issue 29: a weighted reward's components are logged in the paired control and the validation
+    rows too (``control_reward_<name>_mean``, ``val_reward_<name>_mean``, ``val_control_reward_<name>_mean``)."""
+    from pcpo_eval.toy.data import TOY_PROMPTS
+
+    train, val = tmp_path / "train.txt", tmp_path / "val.txt"
+    train.write_text("\n".join(TOY_PROMPTS[:30]) + "\n")
+    val.write_text("\n".join(TOY_PROMPTS[30:]) + "\n")
+    cfg = config_from_dict(dict(
+        model="toy", prompts=str(train), epochs=2, sample_steps=3, cfg=3.0, sample_batch_size=4,
+        sample_batches_per_epoch=1, train_batch_size=2, gradient_updates=1, learning_rate=1e-4, lora_rank=2,
+        lora_alpha=2.0, device="cpu", reward={"toy_aesthetic": 0.7, f"{plugin}:redness": 0.3}, paired_control=True,
+        validation_every=1, validation_prompts=str(val), validation_images=3))
+    log = Trainer(cfg, tmp_path / "run").run()
+    names = ("toy_aesthetic", "toy_reward_plugin_redness")
+    for prefix in ("control_reward", "val_reward", "val_control_reward"):
+        a, r = (log[f"{prefix}_{n}_mean"] for n in names)
+        assert log[f"{prefix}_mean"].to_numpy() == pytest.approx((0.7 * a + 0.3 * r).to_numpy(), rel=1e-5), prefix
+    assert log["val_control_reward_toy_aesthetic_mean"].nunique() == 1  # the untrained model: scored once
+
+
+def test_single_reward_logs_no_component_columns(tmp_path):
+    cfg = config_from_dict(dict(
+        model="toy", prompts="toy", epochs=1, sample_steps=3, cfg=3.0, sample_batch_size=4, sample_batches_per_epoch=1,
+        train_batch_size=2, gradient_updates=1, learning_rate=1e-4, lora_rank=2, lora_alpha=2.0, device="cpu",
+        reward="toy_aesthetic", paired_control=True))
+    log = Trainer(cfg, tmp_path / "run").run()
+    assert not [c for c in log.columns if c.startswith(("reward_toy", "control_reward_toy"))]

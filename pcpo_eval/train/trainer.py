@@ -114,6 +114,7 @@ class EpochSamples:
     control_cpu_s: float = 0.0  # process CPU seconds of the paired control
     #: a weighted reward's per-component means over all processes (``reward_<name>_mean``)
     reward_parts: dict[str, float] = field(default_factory=dict)
+    control_parts: dict[str, float] = field(default_factory=dict)  # weighted reward: control_reward_<name>_mean
 
 
 def training_sampler(cfg: TrainConfig, prediction: str) -> tuple[Sampler, str]:
@@ -164,6 +165,8 @@ class Trainer:
         self.prompt_set = load_prompts(config.prompts)
         self.val_set = self._validation_prompts() if config.validation_every > 0 else None
         self._val_control: np.ndarray | None = None
+        self._val_parts: dict[str, float] = {}  # weighted reward: val_reward_<name>_mean of the last validation
+        self._val_control_parts: dict[str, float] = {}
         self.reward_fn = make_reward(config.reward, **config.reward_options)
         self.adapter: ModelAdapter = load_model(config.model, device=self.device)
         self.sampler, self.schedule = training_sampler(config, self.adapter.prediction)
@@ -242,22 +245,27 @@ class Trainer:
         traj = Trajectory.cat([p[1] for p in parts], dtype=torch.float32)
         t_control, c_control = time.perf_counter(), time.process_time()
         control = self._control_rewards(epoch, prompts) if cfg.paired_control else None
+        control_parts = self._reward_part_means("control_") if cfg.paired_control else {}
         return EpochSamples(prompts=prompts, prompt_ids=pids, cond=cond, traj=traj, rewards=rewards,
                             advantages=adv, all_rewards=all_rewards, images=images.cpu(), control_rewards=control,
                             control_time_s=time.perf_counter() - t_control if cfg.paired_control else 0.0,
                             control_cpu_s=time.process_time() - c_control if cfg.paired_control else 0.0,
-                            reward_parts=reward_parts)
+                            reward_parts=reward_parts, control_parts=control_parts)
 
-    def _reward_part_means(self) -> dict[str, float]:
-        """Each component's mean score over all processes' samples of the last reward call (weighted
-        rewards only; :func:`pcpo_eval.rewards.component_column` names the columns)."""
+    def _reward_part_means(self, prefix: str = "", mine: dict[str, list[float]] | None = None) -> dict[str, float]:
+        """Each component's mean score over all processes' samples of the last reward call (or of the
+        per-component scores ``mine`` collected over several calls); weighted rewards only, columns
+        ``prefix`` + :func:`pcpo_eval.rewards.component_column` (``control_reward_aesthetic_mean``)."""
         from pcpo_eval.rewards import component_column, reward_components
 
-        mine = {k: v.tolist() for k, v in reward_components(self.reward_fn).items()}
-        if not mine:
+        if getattr(self.reward_fn, "last_components", None) is None:  # the same reward on every process
             return {}
-        every = dist.gather_objects(mine)
-        return {component_column(k): float(np.mean([x for part in every for x in part[k]])) for k in mine}
+        if mine is None:
+            mine = {k: v.tolist() for k, v in reward_components(self.reward_fn).items()}
+        every = dist.gather_objects(mine)  # a process without images this call sends {}
+        names = list(dict.fromkeys(k for part in every for k in part))
+        return {prefix + component_column(k): float(np.mean([x for part in every for x in part.get(k, [])]))
+                for k in names}
 
     def _control_rewards(self, epoch: int, prompts: list[str]) -> np.ndarray:
         """Rewards of the untrained model on this epoch's prompts and noises (all processes' samples)."""
@@ -498,6 +506,7 @@ class Trainer:
             **ppo_health_stats(lr, np.asarray(stats["clip"]), np.asarray(stats["update"]), np.asarray(stats["step"])),
         }
         row.update(samples.reward_parts)
+        row.update(samples.control_parts)
         if cfg.beta_kl > 0:
             row.update({f"kl_ref_{form}": float(np.mean(v)) for form, v in kl_forms.items()})
         if cfg.diagnostics:
@@ -673,7 +682,10 @@ class Trainer:
         mine = list(range(self.rank, n, self.world))
         sampler, schedule = self._validation_sampler()
         ad.denoiser.eval()
+        from pcpo_eval.rewards import reward_components
+
         scored: list[tuple[int, float]] = []
+        parts: dict[str, list[float]] = {}
         for b in range(0, len(mine), cfg.sample_batch_size):
             idx = mine[b:b + cfg.sample_batch_size]
             prompts = [vs.prompts[i % len(vs)] for i in idx]
@@ -683,6 +695,9 @@ class Trainer:
                                       steps=cfg.sample_steps, eta=0.0, generators=gens, schedule=schedule)
             rewards = self.reward_fn(ad.decode(traj.latents.float()).cpu(), prompts).double().numpy()
             scored.extend(zip(idx, rewards.tolist(), strict=True))
+            for k, v in reward_components(self.reward_fn).items():  # weighted reward: each component too
+                parts.setdefault(k, []).extend(v.tolist())
+        self._val_parts = self._reward_part_means("val_", parts)
         everything = sorted(p for part in dist.gather_objects(scored) for p in part)
         out = np.array([r for _, r in everything], dtype=np.float64)
         if not np.isfinite(out).all():
@@ -700,12 +715,14 @@ class Trainer:
             sem = float(np.std(r, ddof=1) / math.sqrt(len(r))) if len(r) > 1 else float("nan")
             return {f"{prefix}_mean": float(np.mean(r)), f"{prefix}_sem": sem}
 
-        row = {**stats("val_reward", self._validation_rewards())}
+        row = {**stats("val_reward", self._validation_rewards()), **self._val_parts}  # + val_reward_<name>_mean
         if self.cfg.paired_control:
             if self._val_control is None:
                 with self._base_policy():
                     self._val_control = self._validation_rewards()
+                self._val_control_parts = {"val_control_" + k[len("val_"):]: v for k, v in self._val_parts.items()}
             row.update(stats("val_control_reward", self._val_control))
+            row.update(self._val_control_parts)  # val_control_reward_<name>_mean
         row["val_images"] = int(self.cfg.validation_images or len(self.val_set))
         row["val_time_s"] = time.perf_counter() - t0
         return row
