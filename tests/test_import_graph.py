@@ -26,7 +26,7 @@ PKG = Path(__file__).resolve().parents[1] / "pcpo_eval"
 #: imports neither train nor generate (the shared ``--device`` reading is ``dist.resolve_device``).
 RANKS: dict[str, int] = {
     # flat base modules
-    "errors": 0, "flags": 0, "io": 1, "seeding": 1, "dist": 1, "registry": 1, "precision": 1, "rundir": 1,
+    "errors": 0, "flags": 0, "io": 1, "seeding": 1, "dist": 1, "registry": 1, "precision": 1, "rundir": 1, "progress": 1,
     "studydir": 2,  # the study folder (paths, selection.json, results.json's one writer)
     "toy": 2,  # the toy world: data, text, model, classifier (no pipeline code)
     "figfiles": 2,  # paper figure sizes, fonts and files (report and credit figures)

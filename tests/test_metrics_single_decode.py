@@ -61,3 +61,15 @@ def test_parallel_resize_equals_serial():
     serial8 = np.stack([np.asarray(Image.fromarray(arr[i], mode="RGB").resize((29, 29), resample=Image.BICUBIC))
                         for i in range(5)]).transpose(0, 3, 1, 2)
     assert np.array_equal(pil_uint8_resize(imgs, 29).numpy(), serial8)
+
+
+def test_metrics_progress_bar_on_stderr_only_when_asked(tmp_path, capsys):
+    a = make_image_set(tmp_path / "a", TOY_PROMPTS, list(range(4)))
+    for flag, shown in ((True, True), (False, False), (None, False)):  # None: stderr is not a terminal here
+        opts = _opts(tmp_path / f"c{flag}")
+        opts.progress = flag
+        capsys.readouterr()
+        compute_metrics(a, "is_toy", None, opts)
+        out = capsys.readouterr()
+        assert ("metrics a" in out.err) is shown, (flag, out.err[-300:])
+        assert "metrics a" not in out.out

@@ -15,6 +15,7 @@ import typer
 from pcpo_eval.flags import DEVICE_HELP
 from pcpo_eval.io import check_out_path
 from pcpo_eval.metrics.base import IS_DEFAULT_SPLITS, METRICS
+from pcpo_eval.progress import PROGRESS_HELP
 
 DEFAULT_METRICS = "fid,fd_dinov2,is,lpips"
 
@@ -27,6 +28,7 @@ def _options(
     dinov2_path: Path | None,
     lpips_trunk: str | None,
     is_splits: int = IS_DEFAULT_SPLITS,
+    progress: bool | None = None,
 ) -> Any:
     from pcpo_eval.errors import require
     from pcpo_eval.metrics.workers import MetricsOptions
@@ -45,6 +47,7 @@ def _options(
         cache_dir=cache_dir,
         extractor_options=ext,
         lpips_trunk=lpips_trunk,
+        progress=progress,
     )
 
 
@@ -85,6 +88,7 @@ def _register_metrics(app: typer.Typer) -> None:
         lpips_trunk: str | None = typer.Option(
             None, "--lpips-trunk", help="AlexNet weights [$PCPO_ALEXNET_WEIGHTS]"
         ),
+        progress: bool | None = typer.Option(None, "--progress/--no-progress", help=PROGRESS_HELP),
     ) -> None:
         """FID, FD-DINOv2, IS, LPIPS diversity and preference scores, overall and per prompt."""
         from pcpo_eval import dist
@@ -93,7 +97,8 @@ def _register_metrics(app: typer.Typer) -> None:
         check_out_path(out, "--out")
         device = dist.resolve_device(device)
         dist.init(device)
-        opts = _options(batch_size, device, cache_dir, inception_weights, dinov2_path, lpips_trunk, is_splits)
+        opts = _options(batch_size, device, cache_dir, inception_weights, dinov2_path, lpips_trunk, is_splits,
+                        progress)
         try:
             result = run_metrics(image_set, metrics, out, reference, opts)
             is_main = dist.is_main()

@@ -23,6 +23,7 @@ from pcpo_eval.features import FeatureExtractor
 from pcpo_eval.imageset import ImageSet
 from pcpo_eval.metrics.base import IS_DEFAULT_SEED, IS_DEFAULT_SPLITS
 from pcpo_eval.metrics.cache import FeatureCache
+from pcpo_eval.progress import progress_bar
 
 
 @dataclass
@@ -42,6 +43,8 @@ class MetricsOptions:
     #: LPIPS AlexNet trunk: local weights path, None (locate) or "random" (tests only)
     lpips_trunk: str | None = None
     lpips_batch: int = 16
+    #: progress bar of the decode pass (:func:`pcpo_eval.progress.progress_enabled`; None: when stderr is a TTY)
+    progress: bool | None = None
 
 
 @dataclass
@@ -133,7 +136,11 @@ def extract_sets(
     dealt = [union[i:i + b] for i in range(0, len(union), b)][dist.rank()::dist.world_size()]
     mine = {r for chunk in dealt for r in chunk}
     extra = sorted(set().union(*(c.rows for c in consumers)) - mine)  # consumer rows no batch of mine holds
-    for rows in dealt + [extra[i:i + b] for i in range(0, len(extra), b)]:
+    batches = dealt + [extra[i:i + b] for i in range(0, len(extra), b)]
+    bar = progress_bar(sum(map(len, batches)), f"metrics {image_set.root.name}",
+                       options.progress if dist.rank() == 0 else False, unit="img")
+    for rows in batches:
+        bar.update(len(rows))
         images = image_set.read_batch(rows)
         for name, ext in extractors.items():
             idx = [j for j, r in enumerate(rows) if r in mine and r in missing[name]]
@@ -146,6 +153,7 @@ def extract_sets(
             idx = [j for j, r in enumerate(rows) if r in c.rows]
             if idx:
                 c.consume([rows[j] for j in idx], images[idx])
+    bar.close()
     dist.barrier()
     out: dict[str, dict[str, np.ndarray]] = {}
     for name, cache in caches.items():

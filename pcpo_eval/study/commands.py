@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from pcpo_eval.errors import UserError
+from pcpo_eval.progress import PROGRESS_HELP
 from pcpo_eval.report.summary import summary_lines
 from pcpo_eval.studydir import results_path
 
@@ -52,6 +53,7 @@ def register(app: typer.Typer) -> None:
         pilot: Path | None = typer.Option(None, "--pilot", help="with --plan: a finished pilot study folder (its runs give the spread)"),
         cv: float | None = typer.Option(None, "--cv", help="with --plan and no pilot: run-to-run SD / mean of a per-run quantity"),
         effect: float = typer.Option(0.25, "--effect", help="with --plan: the relative effect to detect (0.25 = 25%)"),
+        progress: bool | None = typer.Option(None, "--progress/--no-progress", help=PROGRESS_HELP),
     ) -> None:
         """Train -> select -> generate -> metrics -> stats -> report; re-running continues after a crash."""
         from pcpo_eval.study.runner import run_study
@@ -66,7 +68,7 @@ def register(app: typer.Typer) -> None:
             raise UserError("--pilot and --cv go with --plan (pcpo-eval study SPEC --plan --pilot DIR)")
 
         chosen = STAGES if stages == "all" else tuple(s.strip() for s in stages.split(",") if s.strip())
-        path = run_study(spec, out, chosen, log=lambda s: typer.echo(s))
+        path = run_study(spec, out, chosen, log=lambda s: typer.echo(s), progress=progress)
         typer.echo(f"study done: {path}")
         results = results_path(path.parent if path.suffix == ".html" else path)
         if "stats" in chosen and results.is_file():

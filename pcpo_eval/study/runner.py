@@ -22,6 +22,7 @@ import yaml
 from pcpo_eval.errors import UserError
 from pcpo_eval.imageset import MANIFEST_FILE, SET_FILE
 from pcpo_eval.io import atomic_write_json, atomic_write_text, check_out_path, remove_stale_temps, sha256_file
+from pcpo_eval.progress import echo, progress_bar
 from pcpo_eval.rundir import log_path
 from pcpo_eval.stats.speedup import unreachable_targets
 from pcpo_eval.study.spec import STAGES, StudySpec, _safe_name, load_spec
@@ -60,8 +61,10 @@ def _fingerprint(parts: Sequence[Any]) -> str:
 class Study:
     """Runs the stages of a :class:`StudySpec` into ``out`` (see the module docstring)."""
 
-    def __init__(self, spec: StudySpec, out: str | Path, log: Callable[[str], None] = print) -> None:
+    def __init__(self, spec: StudySpec, out: str | Path, log: Callable[[str], None] = print,
+                 progress: bool | None = None) -> None:
         self.spec = spec
+        self.progress = progress  #: stage bar on stderr (pcpo_eval.progress; None: when stderr is a TTY)
         self.layout = StudyLayout(Path(out))
         self.out = self.layout.out
         self.log = log
@@ -138,25 +141,39 @@ class Study:
     def _run(self, stages: Sequence[str]) -> Path:
         atomic_write_text(self.layout.spec_copy_file, yaml.safe_dump(self.spec.raw, sort_keys=False))
         atomic_write_json(self.layout.spec_file, self.spec.to_dict())
-        for stage in stages:
-            t0 = time.perf_counter()
-            self.log(f"[study] stage {stage} ...")
-            try:
-                getattr(self, f"stage_{stage}")()
-            except Exception as exc:
-                tb = self.out / "logs" / f"{stage}.error.txt"
-                atomic_write_text(tb, traceback.format_exc())
-                msg = str(exc).splitlines()[0] if str(exc).strip() else type(exc).__name__
-                if not isinstance(exc, UserError):
-                    msg = f"{type(exc).__name__}: {msg} (traceback in {tb})"
-                raise StageError(f"study stage '{stage}' failed: {msg}; outputs of earlier stages are kept in "
-                                 f"{self.out}, re-run the same command to continue",
-                                 exc.exit_code if isinstance(exc, UserError) else 1) from exc
-            dt = time.perf_counter() - t0
-            self.timings[stage] = round(dt, 2)
-            atomic_write_json(self.out / "timings.json", self.timings)
-            self.log(f"[study] stage {stage} done in {dt:.1f}s")
+        bar = progress_bar(len(stages), f"study {self.spec.name}", self.progress, unit="stage")
+        log = self.log
+        if not bar.disable:  # log lines above the live bar
+            self.log = lambda line: echo(bar, line)
+        try:
+            for stage in stages:
+                bar.set_postfix_str(stage)
+                self._run_stage(stage)
+                bar.update(1)
+        finally:
+            self.log = log
+            bar.close()
         return self.layout.report_file if "report" in stages else self.out
+
+    def _run_stage(self, stage: str) -> None:
+        """One stage: run it, time it; a failure becomes a StageError naming the stage (tracebacks in logs/)."""
+        t0 = time.perf_counter()
+        self.log(f"[study] stage {stage} ...")
+        try:
+            getattr(self, f"stage_{stage}")()
+        except Exception as exc:
+            tb = self.out / "logs" / f"{stage}.error.txt"
+            atomic_write_text(tb, traceback.format_exc())
+            msg = str(exc).splitlines()[0] if str(exc).strip() else type(exc).__name__
+            if not isinstance(exc, UserError):
+                msg = f"{type(exc).__name__}: {msg} (traceback in {tb})"
+            raise StageError(f"study stage '{stage}' failed: {msg}; outputs of earlier stages are kept in "
+                             f"{self.out}, re-run the same command to continue",
+                             exc.exit_code if isinstance(exc, UserError) else 1) from exc
+        dt = time.perf_counter() - t0
+        self.timings[stage] = round(dt, 2)
+        atomic_write_json(self.out / "timings.json", self.timings)
+        self.log(f"[study] stage {stage} done in {dt:.1f}s")
 
     # -- 1. train ------------------------------------------------------------------------------
     def stage_train(self) -> None:
@@ -302,7 +319,7 @@ def _set_complete(out: Path, n_expected: int | None) -> bool:
 
 
 def run_study(spec_path: str | Path, out: str | Path | None = None, stages: Sequence[str] = STAGES,
-              log: Callable[[str], None] = print) -> Path:
+              log: Callable[[str], None] = print, progress: bool | None = None) -> Path:
     """Validate ``spec_path`` (every problem at once), then run ``stages`` into ``out``.
 
     ``out`` defaults to ``studies/<name>``. Returns the report path.
@@ -312,4 +329,4 @@ def run_study(spec_path: str | Path, out: str | Path | None = None, stages: Sequ
     if bad:
         raise UserError(f"unknown stage(s) {', '.join(bad)}; stages: {', '.join(STAGES)}")
     out_dir = check_out_path(Path(out) if out is not None else Path("studies") / _safe_name(spec.name), "--out")
-    return Study(spec, out_dir, log).run(stages)
+    return Study(spec, out_dir, log, progress).run(stages)
