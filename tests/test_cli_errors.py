@@ -218,7 +218,7 @@ def test_train_device_flag_overrides_config(cli, monkeypatch, tmp_path):
     import pcpo_eval.train.trainer as trainer
 
     seen = []
-    monkeypatch.setattr(trainer, "train", lambda cfg, out, resume=False: seen.append(cfg.device) or [])
+    monkeypatch.setattr(trainer, "train", lambda cfg, out, resume=False, progress=None: seen.append(cfg.device) or [])
     cfg = ROOT / "train" / "configs" / "toy_pcpo.yaml"  # device: cpu
     assert cli("train", cfg, "--out", tmp_path / "r").returncode == 0
     assert cli("train", cfg, "--out", tmp_path / "r", "--device", "auto").returncode == 0
