@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Protocol, TypeVar, runtime_checkable
+from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 import torch
 
@@ -104,6 +104,17 @@ class Sampler(Protocol):
         """Latents only (generation): ``sample(...).latents``."""
         ...
 
+    @classmethod
+    def for_training(cls, run: Any) -> tuple[Sampler, str]:
+        """The sampler and schedule a training run samples with; ``run`` holds the run's options (a
+        :class:`~pcpo_eval.train.config.TrainConfig`: ``objective``, ``credit_*``, ``flow_*``, ``sde``, ...)."""
+        ...
+
+    @classmethod
+    def for_validation(cls, run: Any) -> tuple[Sampler, str]:
+        """The deterministic sampler and schedule (eta 0) that scores a training run's held-out prompts."""
+        ...
+
     def model_time(self, traj: Trajectory, j: torch.Tensor) -> torch.Tensor:
         """The time the adapter is called with at steps ``j`` (DDIM: integer timestep; flow: t in [0, 1])."""
         ...
@@ -114,12 +125,18 @@ class Sampler(Protocol):
         """log p(x_next | x) (b,) under ``model_output``, averaged over non-batch dims (DDPO)."""
         ...
 
+    def step_std(self, traj: Trajectory) -> torch.Tensor:
+        """The std of each recorded step's transition (S,) (DDIM: sigma_t; flow: sigma_t sqrt(dt))."""
+        ...
+
     def native_weight(self, traj: Trajectory, j: torch.Tensor) -> torch.Tensor:
         """The decomposition weight w of steps ``j`` (b,) float32 (``unit`` convention)."""
         ...
 
-    def credit_scale(self, traj: Trajectory, j: torch.Tensor, objective: str) -> torch.Tensor:
-        """PCPO's reweighting s_j (b,) float32 inside the hinge; ones unless it applies."""
+    def credit_scale(self, traj: Trajectory, j: torch.Tensor, objective: str,
+                     weighting: str = "native") -> torch.Tensor:
+        """PCPO's reweighting s_j (b,) float32 inside the hinge; ones unless it applies. ``weighting`` other
+        than ``native`` (``step_weighting``, flow SDEs only) swaps it for another per-step scale."""
         ...
 
     def kl_to_reference(

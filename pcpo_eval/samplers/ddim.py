@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -216,6 +216,17 @@ class DDIMSampler:
         if self.fallback not in FALLBACKS:
             raise UserError(f"unknown credit fallback {self.fallback!r}; choose one of: {', '.join(FALLBACKS)}")
 
+    @classmethod
+    def for_training(cls, run: Any) -> tuple[DDIMSampler, str]:
+        """DDIM with DDIM's sigma (DDPO) or, for ``objective=pcpo``, PCPO's re-solved sigma~ in
+        ``credit_convention`` with ``credit_fallback`` (Prop. 1; docs/credit.md)."""
+        return cls(convention=run.credit_convention, fallback=run.credit_fallback), run.sigma_schedule()
+
+    @classmethod
+    def for_validation(cls, run: Any) -> tuple[DDIMSampler, str]:
+        """DDIM with eta 0 (deterministic)."""
+        return cls(), "ddim"
+
     def sample(self, adapter: ModelAdapter, cond: PromptEmbeds, uncond: PromptEmbeds | None, *, cfg: float,
                steps: int, eta: float, generators: list[torch.Generator], schedule: str | None = None,
                record: bool = False, x_T: torch.Tensor | None = None) -> DDIMSample:
@@ -244,14 +255,22 @@ class DDIMSampler:
         ab, abp, sig = self._coefs(traj, j, x)
         return gaussian_log_prob(x_next, ddim_mean(x, model_output, ab, abp, sig), sig)
 
+    def step_std(self, traj: DDIMSample) -> torch.Tensor:
+        """sigma_t of each step (S,)."""
+        return traj.sigmas
+
     def native_weight(self, traj: DDIMSample, j: torch.Tensor) -> torch.Tensor:
         """w = C(t) / sigma_t (``unit`` convention, paper Prop. 1), float32."""
         C = ddim_C(traj.alpha_bar[j].numpy(), traj.alpha_bar_prev[j].numpy(), traj.sigmas[j].numpy())
         return torch.as_tensor(C, dtype=torch.float32) / traj.sigmas[j].to(torch.float32)
 
-    def credit_scale(self, traj: DDIMSample, j: torch.Tensor, objective: str) -> torch.Tensor:
+    def credit_scale(self, traj: DDIMSample, j: torch.Tensor, objective: str,
+                     weighting: str = "native") -> torch.Tensor:
         """PCPO (``objective == "pcpo"``): the sampled schedule's fallback scale (w*/w at ``cap`` steps, 0 at
-        ``exclude`` steps, 1 where sigma~ reaches w*: Prop. 1 acts through the sampled sigma~); else ones."""
+        ``exclude`` steps, 1 where sigma~ reaches w*: Prop. 1 acts through the sampled sigma~); else ones.
+        Only the ``native`` weighting (``step_weighting`` is defined for flow SDEs)."""
+        if weighting != "native":
+            raise UserError(f"step_weighting={weighting} is defined for flow SDEs (velocity models); use native")
         if objective != "pcpo":
             return torch.ones(len(j), dtype=torch.float32)
         return traj.credit_scales[j].to(torch.float32)

@@ -58,6 +58,7 @@ from pcpo_eval.credit.flow import (
     flow_native_weight,
     flow_sde_sigma,
     shifted_sigmas,
+    uniform_flow_scale,
 )
 from pcpo_eval.errors import UserError
 from pcpo_eval.models.base import ModelAdapter, PromptEmbeds
@@ -330,6 +331,18 @@ class FlowSampler:
         if self.t1 not in T1_CONVENTIONS:
             raise UserError(f"unknown flow t1 convention {self.t1!r}; choose one of: {', '.join(T1_CONVENTIONS)}")
 
+    @classmethod
+    def for_training(cls, run: Any) -> tuple[FlowSampler, str]:
+        """The flow SDE ``sde`` on ``flow_grid`` (DanceGRPO / Flow-GRPO), the model fed DanceGRPO's quantized
+        time if ``model_time_quantize``; PCPO keeps this sampler and reweights in the hinge (Prop. 2)."""
+        return cls(shift=run.flow_shift, grid=run.flow_grid, t1=run.flow_t1, quantize_time=run.model_time_quantize), run.sde
+
+    @classmethod
+    def for_validation(cls, run: Any) -> tuple[FlowSampler, str]:
+        """The flow ODE on the training grid (``auto``: the grid the run's ``sde`` samples on)."""
+        grid = default_grid(run.sde) if run.flow_grid == "auto" else run.flow_grid
+        return cls(shift=run.flow_shift, grid=grid, t1=run.flow_t1, quantize_time=run.model_time_quantize), "ode"
+
     def sample(self, adapter: ModelAdapter, cond: PromptEmbeds, uncond: PromptEmbeds | None, *, cfg: float,
                steps: int, eta: float, generators: list[torch.Generator], schedule: str | None = None,
                record: bool = False, x_T: torch.Tensor | None = None) -> FlowSample:
@@ -357,13 +370,24 @@ class FlowSampler:
         """log p(x_next | x) of the SDE step (:func:`flow_log_prob`)."""
         return flow_log_prob(x, model_output, x_next, *self._coefs(traj, j, x))
 
+    def step_std(self, traj: FlowSample) -> torch.Tensor:
+        """sigma_t sqrt(dt) of each step (S,)."""
+        return traj.std
+
     def native_weight(self, traj: FlowSample, j: torch.Tensor) -> torch.Tensor:
         """w(t_j) = sqrt(dt_j) / sigma_j (1 + (1 - t_j) sigma_j^2 / (2 t_j)) (Eq. logrho-flow), float32."""
         w = flow_native_weight(traj.t.numpy(), traj.dt.numpy(), traj.sigmas.numpy())
         return torch.as_tensor(w)[j].to(torch.float32)
 
-    def credit_scale(self, traj: FlowSample, j: torch.Tensor, objective: str) -> torch.Tensor:
-        """PCPO (``objective == "pcpo"``): w~/w = zeta dt_j / w(t_j) over the sampled grid (Prop. 2); else ones."""
+    def credit_scale(self, traj: FlowSample, j: torch.Tensor, objective: str,
+                     weighting: str = "native") -> torch.Tensor:
+        """PCPO (``objective == "pcpo"``): w~/w = zeta dt_j / w(t_j) over the sampled grid (Prop. 2); else ones.
+        ``weighting="uniform_high_noise"`` (any objective): w_u / w(t_j), w_u = zeta / N
+        (:func:`pcpo_eval.credit.flow.uniform_flow_scale`)."""
+        if weighting != "native":
+            scale = uniform_flow_scale(traj.t.numpy(), traj.dt.numpy(), traj.sigmas.numpy(), traj.sde, traj.eta,
+                                       traj.times.numpy(), self.t1)
+            return torch.as_tensor(scale)[j].to(torch.float32)
         if objective != "pcpo":
             return torch.ones(len(j), dtype=torch.float32)
         _, scale, _ = pcpo_flow_scale(traj.t.numpy(), traj.dt.numpy(), traj.sigmas.numpy(), traj.sde, traj.eta,

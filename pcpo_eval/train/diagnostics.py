@@ -30,14 +30,21 @@ model output, exactly 0 (0 / 0) or ~1e-10 (a ratio of rounding noise) depending 
 batch shapes, so it is recorded as NaN either way. ``magnitude_ratio`` is NaN for no samples or a
 zero mean ``sq``. The Taylor errors are NaN only for a non-finite log rho. ``log.parquet`` stores a
 NaN inside a per-update list as null (pandas' Parquet writer); readers treat null as NaN.
+
+PPO health (every run, not only ``diagnostics: true``): :func:`ppo_health_stats` adds the log-ratio
+range and approx_kl / clipfrac per update and |log rho| per timestep to each epoch's row;
+:func:`ppo_health_warning` is the trainer's end-of-run warning when updates are too large.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 #: below this |log rho| the Taylor errors use their series (expm1(l) - l loses digits there)
 _SERIES_BELOW = 1e-3
@@ -131,3 +138,43 @@ def diagnostic_stats(log_rho: np.ndarray, clipped: np.ndarray, update: np.ndarra
         out["delta_ratio_first_offpolicy_per_step"] = [
             magnitude_ratio(dot[off & (step == s)], sq[off & (step == s)]) for s in np.unique(step[off])]
     return out
+
+
+#: PPO health thresholds (the ranges PPO practice treats as healthy; cf. the issue's ddpo measurements).
+HEALTHY_APPROX_KL = 0.05
+HEALTHY_CLIPFRAC = 0.25
+
+
+def ppo_health_stats(log_rho: np.ndarray, clipped: np.ndarray, update: np.ndarray, step: np.ndarray) -> dict[str, Any]:
+    """Per epoch: the log-ratio range, approx_kl / clipfrac per optimizer update, and |log rho| per timestep.
+
+    ``approx_kl = 0.5 mean(log rho^2)`` (ddpo-pytorch) computed within each update; lists are stored in
+    ``log.parquet`` (one entry per update / per sampler step index) so a reader can see which update or
+    which timestep carried the large ratios.
+    """
+    if log_rho.size == 0:
+        return {}
+    ups = np.unique(update)
+    steps = np.unique(step)
+    return {
+        "log_rho_min": float(log_rho.min()),
+        "log_rho_max": float(log_rho.max()),
+        "approx_kl_per_update": [float(0.5 * np.mean(log_rho[update == u] ** 2)) for u in ups],
+        "clipfrac_per_update": [float(np.mean(clipped[update == u])) for u in ups],
+        "log_rho_abs_per_step": [float(np.mean(np.abs(log_rho[step == s]))) for s in steps],
+    }
+
+
+def ppo_health_warning(log: pd.DataFrame) -> str | None:
+    """A one-line warning when the run's updates are too large (median approx_kl or mean clipfrac out of range)."""
+    if "approx_kl" not in log or "clipfrac" not in log or log.empty:
+        return None
+    kl, cf = float(np.nanmedian(log["approx_kl"])), float(np.nanmean(log["clipfrac"]))
+    fired = []  # only the condition(s) out of range
+    if kl > HEALTHY_APPROX_KL:
+        fired.append(f"median approx_kl {kl:.3g} > {HEALTHY_APPROX_KL}")
+    if cf > HEALTHY_CLIPFRAC:
+        fired.append(f"mean clipfrac {cf:.3g} > {HEALTHY_CLIPFRAC}")
+    if not fired:
+        return None
+    return f"updates too large ({' and '.join(fired)}): lower the learning rate or the clip range"

@@ -1,0 +1,169 @@
+"""The policy being trained: the adapter with its LoRA or full weights, the reference / base policy, mixed
+precision and the optimizer step (a part of :class:`pcpo_eval.train.trainer.Trainer`).
+
+``_init_policy`` adds LoRA (or unfreezes the denoiser), keeps a frozen copy of a full fine-tune when the
+reference policy is needed (``beta_kl > 0`` or ``paired_control``), loads ``init_from`` and builds AdamW;
+the reference policy of a LoRA run is the same model with its adapters disabled (:class:`_LoraDisabled`).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from typing import Any
+
+import torch
+
+from pcpo_eval import dist
+from pcpo_eval.models.base import ModelAdapter, PromptEmbeds
+from pcpo_eval.train import checkpoints as ck
+
+#: the reference policy (KL, paired control, validation control) of a run started from ``init_from``
+INIT_REFERENCE = ("the base model `model` (LoRA disabled, or a frozen copy taken before init_from was loaded), "
+                  "the same anchor as the run that wrote the checkpoint")
+
+
+def guided_detached_uncond(adapter: ModelAdapter, x_t: torch.Tensor, t: torch.Tensor, cond: PromptEmbeds,
+                           uncond: PromptEmbeds, cfg: float) -> torch.Tensor:
+    """CFG output ``sg(out_u) + cfg (out_c - sg(out_u))`` with the unconditional branch detached (sg): one 2B
+    batch as :meth:`ModelAdapter.predict`, the same value, gradient only through the conditional branch
+    (Flow-GRPO's ``compute_log_prob``: ``noise_pred_uncond.detach()``)."""
+    if t.ndim == 0:
+        t = t.expand(x_t.shape[0])
+    if cfg == 1.0:
+        return adapter.denoise(x_t, t, cond)
+    both = adapter.denoise(torch.cat([x_t, x_t]), torch.cat([t, t]), PromptEmbeds.cat([uncond, cond]))
+    out_u, out_c = both.chunk(2)
+    out_u = out_u.detach()
+    return out_u + cfg * (out_c - out_u)
+
+
+class _LoraDisabled:
+    """Context: run a peft-LoRA'd diffusers model with its adapters disabled (reference policy)."""
+
+    def __init__(self, den: torch.nn.Module) -> None:
+        self.den = den
+
+    def __enter__(self) -> None:
+        self.den.disable_adapters()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.den.enable_adapters()
+
+
+class PolicyMixin:
+    """Trainer methods on the policy's weights; they read ``cfg``, ``adapter``, ``device``, ``world`` and ``null``."""
+
+    def _init_policy(self, resume: bool) -> None:
+        """LoRA or full weights trainable, the frozen reference copy, ``init_from``, AdamW and the loss scaler."""
+        config = self.cfg
+        self.adapter.denoiser.train()
+        if config.lora_rank > 0:
+            # peft's LoRA init draws from the global RNG: fork it and seed from the config, so runs repeat
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(config.seed)
+                self.adapter.add_lora(config.lora_rank, config.lora_alpha)
+        else:
+            self.adapter.denoiser.requires_grad_(True)
+        self.params = self.adapter.trainable_parameters()
+        self.ref_denoiser = None
+        if (config.beta_kl > 0 or config.paired_control) and config.lora_rank == 0:
+            self.ref_denoiser = copy.deepcopy(self.adapter.denoiser).requires_grad_(False).eval()
+        self.init_record = self._init_from() if config.init_from and not resume else None
+        self.optimizer = torch.optim.AdamW(
+            self.params, lr=config.learning_rate, betas=(config.adam_beta1, config.adam_beta2),
+            weight_decay=config.adam_weight_decay, eps=config.adam_epsilon,
+        )
+        self.scaler = self._grad_scaler()
+
+    def _predict(self, x: torch.Tensor, t: torch.Tensor, cond: PromptEmbeds, n: int) -> torch.Tensor:
+        """The guided model output in training; the unconditional branch detached if ``cfg_detach_uncond``."""
+        if self.cfg.cfg_detach_uncond:
+            return guided_detached_uncond(self.adapter, x, t, cond, self.null.repeat(n), self.cfg.cfg)
+        return self.adapter.predict(x, t, cond, self.null.repeat(n), self.cfg.cfg)
+
+    def _scaled(self, loss: torch.Tensor) -> torch.Tensor:
+        """The loss to back-propagate: times the dynamic loss scale under fp16 (:meth:`_grad_scaler`)."""
+        return loss if self.scaler is None else self.scaler.scale(loss)
+
+    def _grad_scaler(self) -> torch.amp.GradScaler | None:
+        """Dynamic loss scaling for fp16 autocast on CUDA (what accelerate's fp16 mixed precision does in
+        ddpo-pytorch); None otherwise (fp32, bf16 or CPU: no scaling)."""
+        if self.device.type != "cuda" or self.cfg.mixed_precision != "fp16":
+            return None
+        return torch.amp.GradScaler("cuda")
+
+    def _optimizer_step(self) -> tuple[float, tuple[float, float]]:
+        """All-reduce (average) gradients, unscale (fp16), clip, AdamW step (skipped by the scaler on inf/NaN
+        gradients, which the all-reduce has spread to every process). Returns grad norm and first-layer |g| stats."""
+        if self.world > 1:
+            # One flat bucket, one all-reduce (not one collective per tensor).
+            for p in self.params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+            grads = [p.grad for p in self.params]
+            flat = dist.all_reduce_sum(torch.cat([g.reshape(-1) for g in grads])) / self.world
+            offset = 0
+            for g in grads:
+                g.copy_(flat[offset : offset + g.numel()].view_as(g))
+                offset += g.numel()
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        first = next((p for p in self.params if p.grad is not None), None)
+        g1 = (float(first.grad.abs().mean()), float(first.grad.abs().var())) if first is not None else (0.0, 0.0)
+        gn = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(gn), g1
+
+    def _reference(self):
+        den = self.adapter.denoiser
+        if self.ref_denoiser is None and ck.is_lora(den):
+            return _LoraDisabled(den)
+        return nullcontext()
+
+    @contextmanager
+    def _base_policy(self) -> Iterator[None]:
+        """The untrained model as the sampling policy: LoRA disabled, or the frozen copy swapped in."""
+        if self.ref_denoiser is None:
+            with self._reference():
+                yield
+            return
+        live, self.adapter.denoiser = self.adapter.denoiser, self.ref_denoiser
+        try:
+            yield
+        finally:
+            self.adapter.denoiser = live
+
+    def _ref_predict(self, x_t, t, cond, n):
+        if self.ref_denoiser is None:
+            return self.adapter.predict(x_t, t, cond, self.null.repeat(n), self.cfg.cfg)
+        live = self.adapter.denoiser
+        self.adapter.denoiser = self.ref_denoiser
+        try:
+            return self.adapter.predict(x_t, t, cond, self.null.repeat(n), self.cfg.cfg)
+        finally:
+            self.adapter.denoiser = live
+
+    def _autocast(self):
+        """``mixed_precision`` as autocast: fp16 / bf16 on CUDA, bf16 on CPU too (so CI runs this path);
+        fp16 on CPU is ignored (CPU autocast covers few fp16 kernels), as is ``no``."""
+        mp = self.cfg.mixed_precision
+        if mp == "no" or (self.device.type != "cuda" and mp != "bf16"):
+            return nullcontext()
+        dtype = torch.float16 if mp == "fp16" else torch.bfloat16
+        return torch.autocast(self.device.type, dtype=dtype)
+
+    def _init_from(self) -> dict[str, Any]:
+        """Load ``init_from``'s weights into the fresh model (LoRA into the adapter, or the full denoiser);
+        returns the record written to :data:`pcpo_eval.train.trainer.INIT_FILE`. The reference policy stays the base model."""
+        cfg = self.cfg
+        src = ck.init_source(cfg.init_from)
+        ck.check_init_compatible(src, cfg.model, cfg.lora_rank, cfg.lora_alpha)
+        ck.load_init_weights(self.adapter.denoiser, src)
+        return {**src, "reference_policy": INIT_REFERENCE}

@@ -1,0 +1,200 @@
+"""The update: per-step loss, micro-batches and one epoch of optimizer steps, and the epoch's log row
+(a part of :class:`pcpo_eval.train.trainer.Trainer`).
+
+``train_epoch``: per-sample shuffled timesteps (``timestep_fraction``), the selected objective
+(``objectives.py``), gradient accumulation over samples x timesteps so each of ``gradient_updates``
+optimizer steps covers its share, gradient all-reduce across processes, max-grad-norm, AdamW.
+``step_loss`` asks the sampler (``samplers/base.py``) for log-probs, weights, PCPO's scale and the KL.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from pcpo_eval.credit.flow import KL_FORMS
+from pcpo_eval.errors import UserError
+from pcpo_eval.samplers.base import Trajectory
+from pcpo_eval.train.diagnostics import delta_terms, diagnostic_stats, ppo_health_stats
+from pcpo_eval.train.objectives import StepLoss, eps_matching_log_rho, uses_decomposition
+from pcpo_eval.train.rollout import EpochSamples, keyed_generator
+
+
+class UpdateMixin:
+    """Trainer methods that turn an epoch's samples into optimizer steps; they read ``cfg``, ``sampler``,
+    ``objective``, ``device`` and the policy's methods (:class:`pcpo_eval.train.policy.PolicyMixin`)."""
+
+    def _train_steps(self) -> list[int]:
+        """Step indices that may be trained (DanceGRPO drops the last step)."""
+        S = self.cfg.sample_steps
+        return list(range(S if self.cfg.train_last_step else max(S - 1, 1)))
+
+    def _trainable_steps(self, samples: EpochSamples) -> list[int]:
+        """:meth:`_train_steps` without the steps PCPO gives no credit (DDIM fallback ``exclude``: scale 0)
+        and without the steps whose transition std is below ``train_min_sigma``."""
+        tr = samples.traj
+        std = self.sampler.step_std(tr)  # flow: sigma_t sqrt(dt); DDIM: sigma_t
+        steps = [s for s in self._train_steps() if float(std[s]) >= self.cfg.train_min_sigma]
+        if not steps:
+            raise UserError(f"train_min_sigma={self.cfg.train_min_sigma:g} leaves no step to train (largest step "
+                            f"std {float(std.max()):.4g}); lower train_min_sigma")
+        scale = self.sampler.credit_scale(samples.traj, torch.tensor(steps), self.cfg.objective)
+        kept = [s for s, c in zip(steps, scale.tolist(), strict=True) if c != 0]
+        if not kept:
+            raise UserError("every trainable step has credit 0 (credit_fallback=exclude); use credit_fallback=cap")
+        return kept
+
+    def step_loss(
+        self, samples: EpochSamples, rows: torch.Tensor, j: torch.Tensor, adv: torch.Tensor
+    ) -> tuple[torch.Tensor, StepLoss, dict[str, torch.Tensor] | None]:
+        """Per-sample loss, objective output and KLs (or None) of samples ``rows`` at steps ``j`` ((b,) long).
+
+        One recipe for every sampler (``self.sampler``, :mod:`pcpo_eval.samplers.base`):
+
+        * ``ppo_clip`` / ``log_hinge``: log rho = log p_theta - log p_old of the recorded step
+          (``sampler.step_log_prob``; DDPO, DanceGRPO, Flow-GRPO).
+        * ``eps_matching`` / ``pcpo``: log rho = -[w d . eps + 1/2 ||w d||^2], d = model output minus
+          the recorded one, w the step's native weight (Prop. 1; Eq. logrho-flow), exact, no exp;
+          scaled inside the hinge by ``sampler.credit_scale`` (flow PCPO: zeta dt_i / w(t_i), Prop. 2;
+          DDIM: 1, or the fallback's w*/w_min at steps sigma~ cannot bring to w*).
+        * ``beta_kl > 0``: + beta_kl * KL of the step against the reference policy (base weights: LoRA
+          disabled, or a frozen copy) in ``kl_form``, ``sampler.kl_to_reference`` (Flow-GRPO; DPOK). The
+          third value holds the KL in every form of :data:`~pcpo_eval.credit.flow.KL_FORMS` (for the log).
+        """
+        cfg, dev, sp, tr = self.cfg, self.device, self.sampler, samples.traj
+        x = tr.trajectory[rows, j].to(dev)
+        t = sp.model_time(tr, j).to(dev)
+        cond = samples.cond.index(rows.to(samples.cond.hidden.device))
+        with self._autocast():
+            out = self._predict(x, t, cond, len(rows)).float()
+        if uses_decomposition(cfg.objective):
+            log_rho = eps_matching_log_rho(out, tr.model_outputs[rows, j].to(dev), tr.noise[rows, j].to(dev),
+                                           sp.native_weight(tr, j).to(dev))
+            res = self.objective(log_rho, adv, cfg.clip_range, weight_scale=self._credit_scale(tr, j).to(dev))
+        else:
+            logp = sp.step_log_prob(tr, j, x, tr.trajectory[rows, j + 1].to(dev), out)
+            res = self.objective(logp - tr.log_probs[rows, j].to(dev), adv, cfg.clip_range)
+        if cfg.diagnostics:
+            res.delta = delta_terms(out, tr.model_outputs[rows, j].to(dev), tr.noise[rows, j].to(dev),
+                                    sp.native_weight(tr, j).to(dev))
+        loss, kls = res.loss, None
+        if cfg.beta_kl > 0:
+            with torch.no_grad(), self._reference():
+                ref = self._ref_predict(x, t, cond, len(rows)).float()
+            kls = {form: sp.kl_to_reference(tr, j, x, out, ref, form=form) for form in KL_FORMS}
+            loss = loss + cfg.beta_kl * kls[cfg.kl_form]
+        return loss, res, kls
+
+    def _credit_scale(self, tr: Trajectory, j: torch.Tensor) -> torch.Tensor:
+        """The per-step scale inside the hinge: the sampler's (PCPO's w~/w, or 1), or with
+        ``step_weighting=uniform_high_noise`` w_u / w(t_j), w_u = zeta / N (credit.flow.uniform_flow_scale)."""
+        return self.sampler.credit_scale(tr, j, self.cfg.objective, self.cfg.step_weighting)
+
+    def _micro_batches(self, perm: torch.Tensor, samples: EpochSamples, epoch: int) -> list[torch.Tensor]:
+        """The epoch's micro-batches of ``train_batch_size`` rows in ``perm`` order, or with
+        ``drop_zero_advantage`` Flow-GRPO's filter (``scripts/train_sd3.py``): samples whose advantage is
+        exactly 0 leave; as many of them as needed come back (keyed draw, the same in every inner epoch)
+        to make the kept count a multiple of the micro-batch count (at least one per micro-batch); the
+        kept rows, in ``perm`` order, form the same number of smaller micro-batches, so the optimizer
+        steps and their accumulation are unchanged."""
+        tb, N = self.cfg.train_batch_size, len(perm)
+        if not self.cfg.drop_zero_advantage:
+            return [perm[i:i + tb] for i in range(0, N, tb)]
+        n_micro = N // tb
+        zero = np.asarray(samples.advantages) == 0  # by sample index
+        n_kept = int((~zero).sum())
+        need = n_micro if n_kept == 0 else -n_kept % n_micro
+        g = keyed_generator(self.cfg.seed, epoch, self.rank, "drop_zero_advantage")
+        zero_at = np.flatnonzero(zero)
+        keep = ~zero
+        keep[zero_at[torch.randperm(len(zero_at), generator=g)[:need].numpy()]] = True
+        kept = perm[torch.as_tensor(keep[perm.numpy()])]
+        size = len(kept) // n_micro
+        return [kept[i * size:(i + 1) * size] for i in range(n_micro)]
+
+    def train_epoch(self, epoch: int, samples: EpochSamples) -> dict[str, float]:
+        cfg, ad = self.cfg, self.adapter
+        ad.denoiser.train()
+        steps = self._trainable_steps(samples)
+        n_train = max(1, int(len(steps) * cfg.timestep_fraction))
+        N = len(samples.prompts)
+        adv_all = torch.as_tensor(samples.advantages, dtype=torch.float32)
+        stats: dict[str, list[float]] = {"loss": [], "clip": [], "log_rho": [], "kl": [], "grad_norm": [],
+                                         "g1_mean": [], "g1_var": [], "step": [], "update": [], "rows": [],
+                                         "dot": [], "sq": []}
+        kl_forms: dict[str, list[float]] = {form: [] for form in KL_FORMS}
+        for inner in range(cfg.num_inner_epochs):
+            g = keyed_generator(cfg.seed, epoch, self.rank, "train", inner)
+            perm = torch.randperm(N, generator=g)
+            # per-sample random timestep order; the first n_train of each are trained
+            tsel = torch.stack([torch.tensor(steps)[torch.randperm(len(steps), generator=g)][:n_train] for _ in range(N)])
+            micro = self._micro_batches(perm, samples, epoch)
+            per_update = len(micro) // cfg.gradient_updates
+            for u in range(cfg.gradient_updates):
+                chunk = micro[u * per_update:(u + 1) * per_update]
+                accum = len(chunk) * n_train
+                for rows in chunk:
+                    adv = adv_all[rows].to(self.device)
+                    stats["rows"].append(len(rows))
+                    for k in range(n_train):
+                        j = tsel[rows, k]
+                        loss, out, kls = self.step_loss(samples, rows, j, adv)
+                        self._scaled(loss.mean() / accum).backward()
+                        stats["loss"].append(float(loss.detach().mean()))
+                        stats["clip"].extend(out.clipped.float().tolist())
+                        stats["log_rho"].extend(out.log_rho.detach().float().tolist())
+                        stats["step"].extend(j.tolist())
+                        stats["update"].extend([inner * cfg.gradient_updates + u] * len(rows))
+                        if out.delta is not None:
+                            stats["dot"].extend(out.delta[0].tolist())
+                            stats["sq"].extend(out.delta[1].tolist())
+                        if kls is not None:
+                            stats["kl"].extend(kls[cfg.kl_form].detach().tolist())
+                            for form, v in kls.items():
+                                kl_forms[form].extend(v.detach().tolist())
+                gn, g1 = self._optimizer_step()
+                stats["grad_norm"].append(gn)
+                stats["g1_mean"].append(g1[0])
+                stats["g1_var"].append(g1[1])
+        return self._epoch_row(epoch, samples, stats, kl_forms)
+
+    def _epoch_row(self, epoch: int, samples: EpochSamples, stats: dict[str, list[float]],
+                   kl_forms: dict[str, list[float]]) -> dict[str, Any]:
+        """The epoch's log row; the option-specific columns appear only when their option is on."""
+        cfg = self.cfg
+        lr = np.asarray(stats["log_rho"], dtype=np.float64)
+        rho = np.exp(lr)
+        control = samples.control_rewards
+        row = {
+            "epoch": epoch,
+            "reward_mean": float(np.mean(samples.all_rewards)),
+            "reward_std": float(np.std(samples.all_rewards)),
+            "control_reward_mean": float(np.mean(control)) if control is not None else float("nan"),
+            "control_reward_std": float(np.std(control)) if control is not None else float("nan"),
+            "loss": float(np.mean(stats["loss"])),
+            "clipfrac": float(np.mean(stats["clip"])),
+            "approx_kl": float(0.5 * np.mean(lr**2)),
+            "rho_mean": float(rho.mean()), "rho_min": float(rho.min()), "rho_max": float(rho.max()),
+            "rho_std": float(rho.std()),
+            "log_rho_abs_mean": float(np.abs(lr).mean()),
+            "grad_norm": float(np.mean(stats["grad_norm"])),
+            "grad_first_abs_mean": float(np.mean(stats["g1_mean"])),
+            "grad_first_abs_var": float(np.mean(stats["g1_var"])),
+            "kl_ref": float(np.mean(stats["kl"])) if stats["kl"] else float("nan"),
+            "adv_abs_mean": float(np.abs(samples.advantages).mean()),
+            **ppo_health_stats(lr, np.asarray(stats["clip"]), np.asarray(stats["update"]), np.asarray(stats["step"])),
+        }
+        row.update(samples.reward_parts)
+        row.update(samples.control_parts)
+        if cfg.beta_kl > 0:
+            row.update({f"kl_ref_{form}": float(np.mean(v)) for form, v in kl_forms.items()})
+        if cfg.diagnostics:
+            row.update(diagnostic_stats(lr, np.asarray(stats["clip"]), np.asarray(stats["update"]),
+                                        np.asarray(stats["step"]), np.asarray(stats["dot"]), np.asarray(stats["sq"])))
+        if cfg.drop_zero_advantage:
+            row["train_samples"] = int(sum(stats["rows"])) // max(cfg.num_inner_epochs, 1)
+        if self.scaler is not None:
+            row["loss_scale"] = float(self.scaler.get_scale())
+        return row
