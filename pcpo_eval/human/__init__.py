@@ -16,7 +16,13 @@ Modules (one job each):
 * :mod:`~pcpo_eval.human.db`       -- the database schema (SQLAlchemy) and its Alembic migrations
 * :mod:`~pcpo_eval.human.app`      -- the FastAPI app a rater sees (no method names anywhere in it)
 * :mod:`~pcpo_eval.human.report`   -- ``human analyze``: the analysis files and the study report section
-* :mod:`~pcpo_eval.human.analysis` -- win rates, Bradley-Terry, mixed logistic model, agreement, checks
+* :mod:`~pcpo_eval.human.analysis` -- ``human analyze``'s sections: checks, win rates, Bradley-Terry, agreement
+* :mod:`~pcpo_eval.human.glmm`     -- the mixed logistic model of one comparison (on :mod:`pcpo_eval.stats.glmer`)
+* :mod:`~pcpo_eval.human.tables`   -- the pairs and responses tables: required columns, validation
+* :mod:`~pcpo_eval.human.simulate` -- simulated raters with planted preferences (rehearsals, tests)
+
+The general statistics (exact binomial intervals and tests, Bradley-Terry, Krippendorff's alpha)
+live in :mod:`pcpo_eval.stats.pairwise`.
 
 The folder ``HUMAN/`` (one home for its layout: :class:`HumanLayout`)::
 
@@ -56,6 +62,7 @@ RESPONSE_COLUMNS = ("rater", "rater_id", "pair_id", "choice", "reason", "submitt
 CHOICES = ("left", "right", "tie")
 KINDS = ("main", "identical", "degraded")
 MAX_REASON = 500
+ALPHA = 0.05  # significance level of the analysis' verdicts (and 1 - the level of its CIs)
 
 
 @dataclass(frozen=True)

@@ -191,8 +191,8 @@ def simulate_cmd(
 
     The file is marked simulated (a ``simulated`` column): `human analyze --responses` on it writes
     to HUMAN/rehearsal/ and labels everything SIMULATED, never the study's report."""
-    from pcpo_eval.human.analysis import simulate_responses
     from pcpo_eval.human.design import read_design
+    from pcpo_eval.human.simulate import simulate_responses
     from pcpo_eval.io import atomic_write_parquet, check_out_path
 
     _, pairs = read_design(folder)

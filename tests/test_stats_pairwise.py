@@ -1,0 +1,82 @@
+"""General pairwise statistics (:mod:`pcpo_eval.stats.pairwise`) and the lme4-style GLMM front end
+(:mod:`pcpo_eval.stats.glmer`): same numbers as the underlying fit, lme4's summary layout, bad
+formulas as UserErrors. The human-study tests exercise the same functions through the analysis."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from pcpo_eval.errors import UserError
+from pcpo_eval.stats.glmer import between_within_df, fit_glmm, parse_glmm_formula
+from pcpo_eval.stats.glmm import fit_binomial_glmm
+from pcpo_eval.stats.pairwise import (
+    ELO_INIT,
+    fit_bradley_terry,
+    krippendorff_alpha_from_counts,
+    krippendorff_alpha_nominal,
+    percent_agreement,
+    rate,
+)
+
+
+def test_rate_and_percent_agreement_hand_values():
+    assert rate(3, 4) == 0.75 and rate(0, 0) is None
+    cnt = np.array([[2.0, 0.0, 0.0], [1.0, 1.0, 1.0]])  # unit 1: 1 agreeing of 1 pair; unit 2: 0 of 3
+    assert percent_agreement(cnt) == (1.0, 4.0)
+    units = [["left", "left"], ["left", "right", "tie"]]
+    assert krippendorff_alpha_nominal(units) == krippendorff_alpha_from_counts(cnt)
+
+
+def test_bradley_terry_on_index_arrays():
+    items = ["a", "b", "c"]
+    a, b = np.array([0, 0, 1, 1, 2, 2, 0, 1]), np.array([1, 2, 2, 0, 0, 1, 1, 2])
+    val = np.array([1.0, 1.0, 1.0, 1.0, 1.0, 0.5, 1.0, 0.0])  # everyone beats everyone once
+    bt = fit_bradley_terry(a, b, val, items, bootstrap=0, seed=0)
+    assert bt["anchor"] == "a" and bt["log_strength"]["a"] == 0.0 and bt["elo"]["a"] == ELO_INIT
+    never_loses = fit_bradley_terry(a, b, np.ones(a.size) * (a < b), items, bootstrap=0, seed=0)
+    assert never_loses["log_strength"] is None and "Ford" in never_loses["reason"]
+
+
+def _data(seed: int = 3, n: int = 240) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    rater, prompt = rng.integers(0, 12, n), rng.integers(0, 20, n)
+    side = rng.choice([-0.5, 0.5], n)
+    eta = 0.6 + 0.4 * side + rng.normal(0, 0.5, 12)[rater] + rng.normal(0, 0.3, 20)[prompt]
+    y = (rng.random(n) < 1 / (1 + np.exp(-eta))).astype(float)
+    return pd.DataFrame({"win": y, "side": side, "rater": rater, "prompt": [f"p{p}" for p in prompt]})
+
+
+def test_fit_glmm_is_fit_binomial_glmm_by_formula():
+    d = _data()
+    res = fit_glmm("win ~ 1 + side + (1|rater) + (1 | prompt)", d)
+    ref = fit_binomial_glmm(d.win.to_numpy(), np.column_stack([np.ones(len(d)), d.side.to_numpy()]),
+                            {"rater": d.rater.to_numpy(), "prompt": d.prompt.to_numpy()}, ["(Intercept)", "side"])
+    assert res.names == ref.names and res.groups == ref.groups
+    for k in ("beta", "se", "p", "theta"):
+        np.testing.assert_array_equal(getattr(res, k), getattr(ref, k))
+    assert res.deviance == ref.deviance and res.random_sd == ref.random_sd
+    assert between_within_df({"rater": d.rater.to_numpy(), "prompt": d.prompt.to_numpy()}) == 11
+    text = res.summary()
+    for part in ("Laplace Approximation", "Formula: win ~ 1 + side", "Random effects:", "Fixed effects:",
+                 "(Intercept)", "Number of obs: 240, groups:  rater, 12; prompt, 20"):
+        assert part in text, text
+
+
+def test_formula_terms():
+    assert parse_glmm_formula("y ~ x + (1|g)") == ("y", ["x"], ["g"], True)
+    assert parse_glmm_formula("y ~ 0 + x + (1|g) + (1|h)") == ("y", ["x"], ["g", "h"], False)
+    assert parse_glmm_formula("y ~ 1 + (1|g)") == ("y", [], ["g"], True)
+
+
+@pytest.mark.parametrize("formula, match", [
+    ("win ~ side + (side|rater)", "random intercepts"),
+    ("win ~ side", "no random intercept"),
+    ("win ~ side * x + (1|rater)", "not a column name"),
+    ("win ~ nope + (1|rater)", "lacks"),
+    ("side + (1|rater)", "not of the form"),
+])
+def test_bad_formulas_are_user_errors(formula, match):
+    with pytest.raises(UserError, match=match):
+        fit_glmm(formula, _data())
