@@ -12,6 +12,9 @@ from dataclasses import dataclass
 # GPUs this variable remembers. Set before torch is imported, so CUDA never initialises here.
 os.environ.setdefault("PCPO_EVAL_TEST_CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES", "<all>"))
 os.environ["CUDA_VISIBLE_DEVICES"] = ""
+# Figures as 300-dpi PNG only (no SVG / PDF: ~15 s per study report); the tests of the vector files
+# take this back with the `all_figure_formats` fixture below.
+os.environ["PCPO_EVAL_FIGURE_FORMATS"] = "png"
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -73,3 +76,9 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("exhaustive") is not None:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def all_figure_formats(monkeypatch):
+    """Write every figure format (SVG, PDF, PNG), as outside the tests (``PCPO_EVAL_FIGURE_FORMATS`` unset)."""
+    monkeypatch.delenv("PCPO_EVAL_FIGURE_FORMATS", raising=False)

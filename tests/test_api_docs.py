@@ -20,6 +20,9 @@ import pcpo_eval
 from pcpo_eval.study import api
 from pcpo_eval.study.results import to_jsonable
 
+#: these tests read the SVG / PDF files too (the suite writes PNG only: tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("all_figure_formats")
+
 DOC = Path(__file__).resolve().parents[1] / "docs" / "api.md"
 SKIP = "api-doc: not run"
 BLOCK = re.compile(r"(?P<before>[^\n]*)\n```python\n(?P<code>.*?)```", re.DOTALL)

@@ -33,6 +33,9 @@ from pcpo_eval.errors import UserError
 from pcpo_eval.samplers.ddim import ddim_mean
 from pcpo_eval.samplers.flow import flow_sde_mean
 
+#: these tests read the SVG / PDF files too (the suite writes PNG only: tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("all_figure_formats")
+
 
 def test_dancegrpo_zeta_matches_paper():
     c = flow_credit("dance", steps=16, eta=0.3, shift=3.0)

@@ -69,5 +69,5 @@ def test_env_var_and_absent_weights(tiny_dinov2_dir, tmp_path, monkeypatch) -> N
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "config.json").write_text("{}")  # a folder that looks right but holds no model
-    with pytest.raises(MissingWeightsError, match="cannot load DINOv2"):
+    with pytest.raises(MissingWeightsError, match="DINOv2 weights: .*broken is incomplete: missing weights"):
         make_extractor("dinov2", weights_path=broken)

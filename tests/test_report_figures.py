@@ -22,6 +22,9 @@ from pcpo_eval.stats.runlevel import (
 )
 from pcpo_eval.study.results import to_jsonable
 
+#: these tests read the SVG / PDF files too (the suite writes PNG only: tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("all_figure_formats")
+
 ROLES = {"DDPO": "baseline", "PCPO": "pcpo"}
 
 
@@ -187,3 +190,17 @@ def test_report_writes_closeup_and_profiles(tmp_path):
     (tmp_path / "results.json").write_text(json.dumps(res))
     names = {p.name for p in write_figures(tmp_path)}
     assert {"traces_first_epochs.pdf", "performance_profiles.svg", "performance_profiles.png"} <= names
+
+
+def test_figure_formats_env(monkeypatch):
+    from pcpo_eval.errors import UserError
+    from pcpo_eval.figfiles import FORMATS_ENV, figure_formats
+
+    assert figure_formats() == ("svg", "pdf", "png")
+    monkeypatch.setenv(FORMATS_ENV, "PNG")
+    assert figure_formats() == ("png",)
+    monkeypatch.setenv(FORMATS_ENV, "pdf, svg")
+    assert figure_formats() == ("svg", "pdf")
+    monkeypatch.setenv(FORMATS_ENV, "jpg")
+    with pytest.raises(UserError, match="subset of svg, pdf, png"):
+        figure_formats()

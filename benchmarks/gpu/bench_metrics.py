@@ -131,7 +131,7 @@ def main() -> None:
     a = ap.parse_args()
     device = "cpu" if a.tiny or not torch.cuda.is_available() else "cuda"
     if a.tiny:
-        a.images, a.size, a.batch = 10, 64, 10
+        a.images, a.size, a.batch, a.metrics = 10, 64, 10, "fid,fd_dinov2,is,lpips"
     tmp = Path(tempfile.mkdtemp(prefix="bench_metrics_"))
     t0 = time.perf_counter()
     s = write_set(tmp / "set", a.images, a.size, 0)

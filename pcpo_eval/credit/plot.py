@@ -12,7 +12,7 @@ import numpy as np
 
 from pcpo_eval.credit.ddim import DDIMCredit, ddim_schedule, pcpo_ddim_credit
 from pcpo_eval.credit.flow import FlowCredit, flow_credit
-from pcpo_eval.figfiles import DOUBLE_COLUMN_IN, FORMATS, PAPER_RC, figure_bytes
+from pcpo_eval.figfiles import DOUBLE_COLUMN_IN, PAPER_RC, figure_bytes, figure_formats
 from pcpo_eval.io import atomic_write_bytes
 
 NATIVE, PCPO = "tab:blue", "tab:orange"
@@ -73,13 +73,15 @@ def _draw_panels(axes: list, ddim: DDIMCredit, dance: FlowCredit, fgrpo: FlowCre
         ax.legend()
 
 
-def credit_figure_files(ddim: DDIMCredit | None = None, flows: list[FlowCredit] | None = None) -> dict[str, bytes]:
-    """Figure 2 as paper files: ``{"svg": ..., "pdf": ..., "png": ...}`` (PNG at 300 dpi)."""
+def credit_figure_files(ddim: DDIMCredit | None = None, flows: list[FlowCredit] | None = None,
+                        formats: tuple[str, ...] | None = None) -> dict[str, bytes]:
+    """Figure 2 as paper files: ``{"svg": ..., "pdf": ..., "png": ...}`` (PNG at 300 dpi; the formats of
+    :func:`~pcpo_eval.figfiles.figure_formats`)."""
     import matplotlib.pyplot as plt
 
     fig = credit_figure(ddim, flows)
     try:
-        return {fmt: figure_bytes(fig, fmt) for fmt in FORMATS}
+        return {fmt: figure_bytes(fig, fmt) for fmt in (figure_formats() if formats is None else formats)}
     finally:
         plt.close(fig)
 
@@ -101,8 +103,9 @@ def save_credit_figure(path: str | Path, ddim: DDIMCredit | None = None, flows: 
     ``path`` keeps whatever suffix it has (the PNG bytes go there); the vector files take its stem.
     """
     path = Path(path)
-    files = credit_figure_files(ddim, flows)
+    vector = tuple(f for f in figure_formats() if f != "png")
+    files = credit_figure_files(ddim, flows, ("png", *vector))
     atomic_write_bytes(path, files["png"])
-    for fmt in ("svg", "pdf"):
+    for fmt in vector:
         atomic_write_bytes(path.with_suffix(f".{fmt}"), files[fmt])
     return path
