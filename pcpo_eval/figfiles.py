@@ -42,7 +42,7 @@ def figure_bytes(fig: Any, fmt: str, dpi: int = PNG_DPI) -> bytes:
 
 
 #: Environment variable naming a subset of :data:`FORMATS` to write (comma-separated), e.g. ``png`` to
-#: skip the vector files: a PDF and an SVG cost ~0.9 s per figure, ~15 s per study report.
+#: skip the vector files (an SVG plus a PDF: ~0.6 s per figure on 2 cores, benchmarks/bench_figure_formats.py).
 FORMATS_ENV = "PCPO_EVAL_FIGURE_FORMATS"
 
 

@@ -48,6 +48,11 @@ def resolve_precision(name: str | None, device: str | torch.device) -> str:
     return key
 
 
+def dtype_precision(dtype: torch.dtype) -> str | None:
+    """The precision whose weights have ``dtype`` (float32 -> ``fp32``), None for another dtype."""
+    return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype)
+
+
 def precision_dtype(name: str) -> torch.dtype:
     """The weights' dtype of a precision (``tf32`` -> float32)."""
     return _DTYPES[name]

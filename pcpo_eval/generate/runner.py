@@ -50,7 +50,7 @@ from pcpo_eval.generate.setdir import (
 )
 from pcpo_eval.imageset import MANIFEST_FILE, SET_FILE
 from pcpo_eval.models.base import ModelAdapter, PromptEmbeds
-from pcpo_eval.precision import PRECISIONS, matmul_precision, precision_dtype, resolve_precision
+from pcpo_eval.precision import dtype_precision, matmul_precision, precision_dtype, resolve_precision
 from pcpo_eval.prompts import PromptSet, load_prompts
 from pcpo_eval.samplers import SAMPLERS, SCHEDULES, resolve_sampler
 from pcpo_eval.seeding import sample_generator
@@ -121,8 +121,7 @@ class GenerationRequest:
     world_size: int | None = None
 
     def __post_init__(self) -> None:
-        if self.precision is not None and str(self.precision).strip().lower() not in ("auto", *PRECISIONS):
-            raise UserError(f"unknown --precision {self.precision!r}; choose auto, {', '.join(PRECISIONS)}")
+        resolve_precision(self.precision, self.device)  # an unknown name fails before any model loads
         if not _is_count(self.batch_size, 1):
             raise UserError(f"--batch-size {self.batch_size}; use a whole number >= 1")
         if not _is_count(self.steps, 1):
@@ -268,7 +267,7 @@ def _check_request(request: GenerationRequest) -> _Job:
 
 def _adapter_precision(adapter: ModelAdapter, asked: str | None) -> str:
     """The precision of an adapter passed in by the caller: its own dtype's, or ``asked`` if they agree."""
-    own = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(adapter.dtype)
+    own = dtype_precision(adapter.dtype)
     if own is None:
         raise UserError(f"model {adapter.name!r} holds {adapter.dtype} weights; use float32, bfloat16 or float16")
     if asked is None or str(asked).lower() == "auto":

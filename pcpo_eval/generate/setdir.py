@@ -116,6 +116,7 @@ def check_out_dir(out: Path, settings: GenerationSettings) -> None:
     old = {**LEGACY_SETTINGS, **old}
     new = settings.compat_key()
     diff = [k for k in new if old.get(k) != new[k]]
+    diff.sort(key=lambda k: k != "precision")  # another precision also changes model_hash: name the cause
     if diff:
         k = diff[0]
         raise UserError(
