@@ -13,3 +13,13 @@ def test_mixed_precision_no_survives_yaml_booleans(tmp_path):
     assert load_config(f).mixed_precision == "no"
     assert load_config(None, ["mixed_precision=no"]).mixed_precision == "no"
     assert load_config(None, ["mixed_precision=bf16"]).mixed_precision == "bf16"
+
+
+def test_deterministic_key_reads_yaml_booleans_and_may_change_on_resume():
+    from pcpo_eval.train.config import config_from_dict
+    from pcpo_eval.train.trainer import RESUME_MAY_CHANGE
+
+    assert config_from_dict({}).deterministic is True
+    assert config_from_dict({"deterministic": "no"}).deterministic is False
+    assert config_from_dict({"deterministic": False}).deterministic is False
+    assert "deterministic" in RESUME_MAY_CHANGE  # a speed setting: a run may resume with the other one

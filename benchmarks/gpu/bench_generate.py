@@ -87,6 +87,24 @@ def run_ours(adapter, prompts: list[str], seeds: list[int], batch: int, steps: i
     return dt, settings
 
 
+def profile_ours(adapter, prompts, seeds, a, device: str, path: Path) -> dict:
+    """One batch of ``generate_set`` under ``torch.profiler``: device-busy fraction and top-op tables."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=acts) as prof:
+        wall, _ = run_ours(adapter, prompts, seeds, a.batch, a.steps, a.cfg, 1.0, device, a.precision)
+    ka = prof.key_averages()
+    dev_s = sum(getattr(k, "self_device_time_total", 0) for k in ka) / 1e6
+    out = {"wall_s": wall, "kernel_s": dev_s, "busy_fraction": dev_s / wall}
+    with open(path, "a") as fh:
+        fh.write(f"== generate_set, {len(prompts) * len(seeds)} images (profiled): wall {wall:.2f} s, "
+                 f"device kernels {dev_s:.2f} s, busy {out['busy_fraction']:.2f}\n")
+        for key in ("self_device_time_total", "self_cpu_time_total"):
+            fh.write(ka.table(sort_by=key, row_limit=18, max_name_column_width=60) + "\n")
+    return out
+
+
 def unet_invariance(pipe, device: str, rows_list=(1, 2, 8, 16, 64)) -> dict:
     """Max |eps(row 0 at micro-batch m) - eps(row 0 at 16)| for each m, and repeat-run bitwise equality."""
     unet = pipe.unet
@@ -139,6 +157,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--variants", default="", help="comma list of channels_last,compile (timed after eager)")
     ap.add_argument("--invariance", action="store_true")
+    ap.add_argument("--profile", type=Path, default=None, help="torch.profiler tables of one batch of ours here")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
     device = "cpu" if a.tiny or not torch.cuda.is_available() else "cuda"
@@ -159,24 +178,40 @@ def main() -> None:
         run_reference(pipe, prompts[:1], seeds[:min(len(seeds), a.batch)], a.batch, a.steps, a.cfg, 1.0, device)
         run_ours(adapter, prompts[:1], seeds[:min(len(seeds), a.batch)], a.batch, a.steps, a.cfg, 1.0, device,
                  a.precision)
-        ref_t, our_t = [], []
+        ref_t, our_t, ref_small, our_small = [], [], [], []
+        small_seeds = seeds[:max(1, a.batch // len(prompts))] if len(prompts) < a.batch else seeds[:1]
+        small_prompts = prompts if len(prompts) < a.batch else prompts[:a.batch]
+        n_small = len(small_prompts) * len(small_seeds)
         reset_peak(device)
         for _ in range(a.repeats):
             ref_t.append(run_reference(pipe, prompts, seeds, a.batch, a.steps, a.cfg, 1.0, device))
             ref_peak = peak_gib(device)
+            ref_small.append(run_reference(pipe, small_prompts, small_seeds, a.batch, a.steps, a.cfg, 1.0, device))
             reset_peak(device)
             t, settings = run_ours(adapter, prompts, seeds, a.batch, a.steps, a.cfg, 1.0, device, a.precision)
             our_t.append(t)
             our_peak = peak_gib(device)
+            our_small.append(run_ours(adapter, small_prompts, small_seeds, a.batch, a.steps, a.cfg, 1.0, device,
+                                      a.precision)[0])
             reset_peak(device)
-        ref_ips, our_ips = n / statistics.median(ref_t), n / statistics.median(our_t)
+        med = statistics.median
+        ref_ips, our_ips = n / med(ref_t), n / med(our_t)
+        # steady state: the images beyond the first batch over the seconds beyond it (a 50,000-image set's
+        # rate); what remains is the per-set cost (model hash, micro-batch probe, set files, last PNGs)
+        ref_m, our_m = (n - n_small) / (med(ref_t) - med(ref_small)), (n - n_small) / (med(our_t) - med(our_small))
         res["generate"] = {
             "images": n, "flops_per_image_T": flops / 1e12, "limit_img_s_at_800TF": 800e12 / flops,
             "diffusers_img_s": ref_ips, "ours_img_s": our_ips, "ratio_ours_over_diffusers": our_ips / ref_ips,
-            "ours_TFLOPs": our_ips * flops / 1e12, "diffusers_TFLOPs": ref_ips * flops / 1e12,
+            "diffusers_steady_img_s": ref_m, "ours_steady_img_s": our_m, "steady_ratio": our_m / ref_m,
+            "ours_steady_fraction_of_limit": our_m * flops / 800e12,
+            "per_set_overhead_s_ours": med(our_t) - n / our_m, "per_set_overhead_s_diffusers": med(ref_t) - n / ref_m,
+            "ours_TFLOPs": our_m * flops / 1e12, "diffusers_TFLOPs": ref_m * flops / 1e12,
             "peak_gib_diffusers": ref_peak, "peak_gib_ours": our_peak, "ours_settings": settings,
-            "seconds_ref": ref_t, "seconds_ours": our_t,
+            "seconds_ref": ref_t, "seconds_ours": our_t, "small_images": n_small, "seconds_ref_small": ref_small,
+            "seconds_ours_small": our_small,
         }
+        if a.profile:
+            res["profile"] = profile_ours(adapter, small_prompts, small_seeds, a, device, a.profile)
         print(json.dumps(res["generate"], indent=1), flush=True)
         for v in [v for v in a.variants.split(",") if v]:
             kw = {"channels_last": v in ("channels_last", "compile+channels_last"), "compile": "compile" in v}

@@ -120,6 +120,24 @@ def run_torchmetrics(s: Path, ref: Path, device: str, weights: dict, batch: int)
     return time.perf_counter() - t0, value
 
 
+def decode_only(root: Path, batch: int) -> dict:
+    """Images/s of the read path alone (read, SHA-256 check, PNG decode on the thread pool), and of the
+    clean-fid resize to 299 on the same pool: the host's share of a metrics pass."""
+    from pcpo_eval.features.base import clean_resize
+    from pcpo_eval.imageset import ImageSet
+
+    s = ImageSet.load(root)
+    t0 = time.perf_counter()
+    resize_s = 0.0
+    for i in range(0, len(s), batch):
+        x = s.read_batch(list(range(i, min(i + batch, len(s)))))
+        t1 = time.perf_counter()
+        clean_resize(x, 299)
+        resize_s += time.perf_counter() - t1
+    dt = time.perf_counter() - t0
+    return {"images": len(s), "read_decode_img_s": len(s) / (dt - resize_s), "resize_299_img_s": len(s) / resize_s}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tiny", action="store_true")
@@ -140,6 +158,8 @@ def main() -> None:
     res: dict = {"device": device_info(), "images_per_set": a.images, "size": a.size,
                  "setup_s": time.perf_counter() - t0}
     n = 2 * a.images
+    res["decode_only"] = decode_only(s, a.batch)
+    print("decode", json.dumps(res["decode_only"]), flush=True)
     reset_peak(device)
     t_tm, fid_tm = run_torchmetrics(s, ref, device, weights, a.batch)
     res["torchmetrics_fid"] = {"seconds": t_tm, "img_s": n / t_tm, "fid": fid_tm, "peak_gib": peak_gib(device)}

@@ -23,16 +23,17 @@ import json
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pandas as pd
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from models import ROOT, device_info, peak_gib, reset_peak, sd15_pipeline, unet_flops_per_row  # noqa: E402
+from models import ROOT, device_info, peak_gib, reset_peak, sd15_pipeline, sync, unet_flops_per_row  # noqa: E402
 
 from pcpo_eval.train.config import load_config  # noqa: E402
-from pcpo_eval.train.trainer import train  # noqa: E402
+from pcpo_eval.train.trainer import Trainer  # noqa: E402
 
 SETUPS = {2: "setup2_ddpo_aes.yaml", 5: "setup5_dancegrpo_sd14.yaml"}
 PEAK_TFLOPS = 800.0  # H100/H200 dense bf16 measured on this workplace's machines (KINDS.md)
@@ -48,11 +49,18 @@ def save_model(tiny: bool, device: str) -> tuple[Path, float]:
     return out, flops
 
 
-def run_setup(setup: int, model_dir: Path, objective: str, batches: int, device: str, tiny: bool) -> dict:
-    """Train two epochs; epoch 2's seconds, images, and peak memory."""
-    over = [f"model=sd1:{model_dir}", "reward=jpeg_compressibility", "prompts=simple_animals", "epochs=2",
+def run_setup(setup: int, model_dir: Path, objective: str, batches: int, device: str, tiny: bool,
+              extra: tuple[str, ...] = (), profile: Path | None = None) -> dict:
+    """Train two epochs; epoch 2's seconds (sampling and update apart), images, and peak memory.
+
+    ``extra``: more ``KEY=VALUE`` overrides (``deterministic=false``). ``profile``: a third epoch runs its
+    update under ``torch.profiler`` and its table goes there (top ops by device and by host time, and the
+    device-busy fraction: kernel time over wall time); epoch 2 stays the timed one.
+    """
+    epochs = 3 if profile is not None else 2
+    over = [f"model=sd1:{model_dir}", "reward=jpeg_compressibility", "prompts=simple_animals", f"epochs={epochs}",
             f"sample_batches_per_epoch={batches}", "paper_total_batch=0", "checkpoint_every=1000",
-            "log_to=none", "log_images_every=0", f"objective={objective}", f"device={device}"]
+            "log_to=none", "log_images_every=0", f"objective={objective}", f"device={device}", *extra]
     if tiny:
         over += ["sample_steps=4", "sample_batch_size=4", "train_batch_size=2"]
         if setup == 5:
@@ -60,21 +68,64 @@ def run_setup(setup: int, model_dir: Path, objective: str, batches: int, device:
     cfg = load_config(ROOT / "train" / "configs" / SETUPS[setup], over)
     out = Path(tempfile.mkdtemp(prefix="bench_train_")) / "run"
     reset_peak(device)
-    log = train(cfg, out)
+    trainer = Trainer(cfg, out, progress=False)
+    prof = _profile_epoch(trainer, 3) if profile is not None else None
+    log = trainer.run()
     peak = peak_gib(device)
-    row = log.iloc[-1]
+    row = log.iloc[1]
+    busy = _write_profile(prof, profile, f"setup {setup} {objective} {' '.join(extra)}") if prof else None
     images = cfg.sample_batch_size * cfg.sample_batches_per_epoch
     shutil.rmtree(out.parent, ignore_errors=True)
-    return {"objective": objective, "images": images, "steps": cfg.sample_steps, "lora_rank": cfg.lora_rank,
-            "mixed_precision": cfg.mixed_precision, "epoch_s": float(row["wall_time_s"]), "peak_gib": peak,
-            "timestep_fraction": cfg.timestep_fraction, "train_last_step": cfg.train_last_step}
+    return {"objective": objective, "options": " ".join(extra), "images": images, "steps": cfg.sample_steps,
+            "lora_rank": cfg.lora_rank, "mixed_precision": cfg.mixed_precision, "epoch_s": float(row["wall_time_s"]),
+            "sample_s": float(row["sample_time_s"]), "update_s": float(row["wall_time_s"] - row["sample_time_s"]),
+            "peak_gib": peak, "timestep_fraction": cfg.timestep_fraction, "train_last_step": cfg.train_last_step,
+            "update_device_busy": busy}
 
 
-def floor_s(r: dict, flops_row: float, images: int) -> float:
-    """FLOP floor of an epoch of ``images`` at PEAK_TFLOPS (see module docstring)."""
+def _profile_epoch(trainer: Trainer, epoch: int) -> dict:
+    """Wrap ``trainer.train_epoch`` so that ``epoch``'s update runs under ``torch.profiler``; the returned
+    dict receives the profiler and the update's wall time (tables are built later, outside any timing)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    inner, found = trainer.train_epoch, {}
+
+    def wrapped(e, samples):
+        if e != epoch:
+            return inner(e, samples)
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+        sync(str(trainer.device))
+        t0 = time.perf_counter()
+        with profile(activities=acts) as prof:
+            row = inner(e, samples)
+            sync(str(trainer.device))
+        found.update(prof=prof, wall_s=time.perf_counter() - t0, epoch=e)
+        return row
+
+    trainer.train_epoch = wrapped
+    return found
+
+
+def _write_profile(found: dict, path: Path, title: str) -> dict:
+    """Append the profiled update's tables to ``path``; returns wall, kernel seconds and busy fraction."""
+    ka = found["prof"].key_averages()
+    dev_s = sum(getattr(k, "self_device_time_total", 0) for k in ka) / 1e6
+    out = {"wall_s": found["wall_s"], "kernel_s": dev_s, "busy_fraction": dev_s / found["wall_s"]}
+    with open(path, "a") as fh:
+        fh.write(f"== {title}: update phase of epoch {found['epoch']} (profiled), wall {out['wall_s']:.2f} s, "
+                 f"device kernels {dev_s:.2f} s, busy {out['busy_fraction']:.2f}\n")
+        for key in ("self_device_time_total", "self_cpu_time_total"):
+            fh.write(ka.table(sort_by=key, row_limit=18, max_name_column_width=60) + "\n")
+    return out
+
+
+def floor_s(r: dict, flops_row: float, images: int, phase: str = "epoch") -> float:
+    """FLOP floor of ``phase`` (``sample``, ``update`` or the whole ``epoch``) for ``images`` at
+    PEAK_TFLOPS (see module docstring)."""
     trained = r["steps"] * r["timestep_fraction"] - (0 if r["train_last_step"] else 1)
-    per_image = 2 * flops_row * (r["steps"] + trained * (2 if r["lora_rank"] else 3))
-    return images * per_image / (PEAK_TFLOPS * 1e12)
+    passes = {"sample": r["steps"], "update": trained * (2 if r["lora_rank"] else 3)}
+    passes["epoch"] = passes["sample"] + passes["update"]
+    return images * 2 * flops_row * passes[phase] / (PEAK_TFLOPS * 1e12)
 
 
 def main() -> None:
@@ -82,24 +133,32 @@ def main() -> None:
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--setup", type=int, action="append", choices=sorted(SETUPS), help="default: 2 and 5")
     ap.add_argument("--batches", type=int, default=2, help="sampling batches per epoch (paper: 512 images)")
-    ap.add_argument("--objectives", default="ppo_clip,pcpo")
+    ap.add_argument("--runs", default="ppo_clip;pcpo",
+                    help="';'-separated runs per setup, each OBJECTIVE[:KEY=VALUE,...] (e.g. ppo_clip:deterministic=false)")
+    ap.add_argument("--profile", type=Path, default=None, help="torch.profiler tables of each setup's first run here")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
     device = "cpu" if a.tiny or not torch.cuda.is_available() else "cuda"
     model_dir, flops_row = save_model(a.tiny, device)
     res: dict = {"device": device_info(), "unet_flops_per_row_G": flops_row / 1e9, "setups": {}}
+    runs = [(r.split(":")[0], tuple(r.split(":")[1].split(",")) if ":" in r else ()) for r in a.runs.split(";") if r]
     for setup in a.setup or sorted(SETUPS):
-        objectives = a.objectives.split(",")[:1] if a.tiny and setup != 2 else a.objectives.split(",")  # CI time
-        rows = [run_setup(setup, model_dir, o, a.batches, device, a.tiny) for o in objectives]
+        todo = runs[:1] if a.tiny and setup != 2 else runs  # CI time
+        rows = [run_setup(setup, model_dir, o, a.batches, device, a.tiny, extra,
+                          a.profile if i == 0 else None) for i, (o, extra) in enumerate(todo)]
         for r in rows:
             r["epoch_s_at_512"] = r["epoch_s"] * 512 / r["images"]
             r["floor_s_at_512"] = floor_s(r, flops_row, 512)
             r["ratio_to_floor"] = r["epoch_s_at_512"] / r["floor_s_at_512"]
-        by = {r["objective"]: r for r in rows}
-        if "pcpo" in by and "ppo_clip" in by:
-            res.setdefault("pcpo_over_ddpo", {})[setup] = by["pcpo"]["epoch_s"] / by["ppo_clip"]["epoch_s"]
+            r["sample_floor_ratio"] = r["sample_s"] * 512 / r["images"] / floor_s(r, flops_row, 512, "sample")
+            r["update_floor_ratio"] = r["update_s"] * 512 / r["images"] / floor_s(r, flops_row, 512, "update")
+        by = {(r["objective"], r["options"]): r for r in rows}
+        if ("pcpo", "") in by and ("ppo_clip", "") in by:
+            res.setdefault("pcpo_over_ddpo", {})[setup] = by[("pcpo", "")]["epoch_s"] / by[("ppo_clip", "")]["epoch_s"]
         res["setups"][setup] = rows
-        print(pd.DataFrame(rows).to_string(index=False), flush=True)
+        cols = ["objective", "options", "images", "epoch_s", "sample_s", "update_s", "peak_gib", "ratio_to_floor",
+                "sample_floor_ratio", "update_floor_ratio"]
+        print(pd.DataFrame(rows)[cols].to_string(index=False), flush=True)
     print(json.dumps({k: v for k, v in res.items() if k != "setups"}), flush=True)
     shutil.rmtree(model_dir.parent, ignore_errors=True)
     if a.json:

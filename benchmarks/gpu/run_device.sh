@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One GPU session's checks, in priority order, each stage under its own time limit so a slow stage
-# cannot starve the next: CUDA tests, generate, train, metrics. Results land in $OUT (or ./gpu_out).
-#   bash benchmarks/gpu/run_device.sh [stage ...]      # stages: tests generate train metrics
+# cannot starve the next. Results land in $OUT (or ./gpu_out).
+#   bash benchmarks/gpu/run_device.sh [stage ...]
+# stages: generate train2 metrics train5 (default, ~8 min on an H200), tests invariance quick compile
 # Wheels for packages the machine lacks travel in .whl/ (docs/gpu.md, "Running the GPU checks").
 set -u
 OUT=${OUT:-gpu_out}
@@ -12,17 +13,22 @@ if [ -d .whl ] && ! python3 -c "import diffusers" 2>/dev/null; then
     && export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/device.txt"
-stages=${*:-tests generate train metrics}
+stages=${*:-generate train2 metrics train5}
 for s in $stages; do
   t0=$(date +%s)
   case $s in
     tests) timeout 150 python3 -m pytest tests/test_cuda.py -m cuda -q -s -p no:cacheprovider 2>&1 | tail -25 ;;
-    generate) timeout 200 python3 benchmarks/gpu/bench_generate.py --images 48 --batch 16 --repeats 2 \
-                --variants channels_last --invariance --json "$OUT/generate.json" 2>&1 | grep -v "float32" | tail -40 ;;
-    train) timeout 200 python3 benchmarks/gpu/bench_train.py --setup 2 --setup 5 --batches 1 \
-             --json "$OUT/train.json" 2>&1 | grep -v "^epoch\|Loading\|float32" | tail -20 ;;
-    metrics) timeout 120 python3 benchmarks/gpu/bench_metrics.py --images 500 --json "$OUT/metrics.json" 2>&1 \
-               | grep -v "Warning\|warn" | tail -8 ;;
+    generate) timeout 130 python3 benchmarks/gpu/bench_generate.py --images 64 --batch 16 --repeats 1 \
+                --profile "$OUT/generate_profile.txt" --json "$OUT/generate.json" 2>&1 | grep -v "float32" | tail -40 ;;
+    invariance) timeout 200 python3 benchmarks/gpu/bench_generate.py --images 48 --batch 16 --repeats 1 \
+                --variants channels_last --invariance --json "$OUT/generate_invariance.json" 2>&1 | grep -v "float32" | tail -40 ;;
+    train2) timeout 200 python3 benchmarks/gpu/bench_train.py --setup 2 --batches 1 \
+              --runs "ppo_clip;pcpo;ppo_clip:deterministic=false" --profile "$OUT/train_profile.txt" \
+              --json "$OUT/train2.json" 2>&1 | grep -v "^epoch\|Loading\|float32" | tail -12 ;;
+    train5) timeout 110 python3 benchmarks/gpu/bench_train.py --setup 5 --batches 1 --runs ppo_clip \
+              --json "$OUT/train5.json" 2>&1 | grep -v "^epoch\|Loading\|float32" | tail -8 ;;
+    metrics) timeout 120 python3 benchmarks/gpu/bench_metrics.py --images 1000 --metrics "fid,fd_dinov2,is,lpips" \
+               --json "$OUT/metrics.json" 2>&1 | grep -v "Warning\|warn" | tail -8 ;;
     quick) timeout 70 python3 benchmarks/gpu/bench_generate.py --images 32 --batch 16 --repeats 1 \
              --json "$OUT/generate_quick.json" 2>&1 | grep -v "float32" | tail -30
            timeout 45 python3 -m pytest tests/test_cuda.py -m cuda -k train_resume -q -s -p no:cacheprovider 2>&1 | tail -4

@@ -82,7 +82,7 @@ from pcpo_eval.train.tracking import RunTracking, open_tracking
 from pcpo_eval.train.update import UpdateMixin
 
 #: config keys ``--resume`` lets differ from the run's config.yaml (neither changes what is trained)
-RESUME_MAY_CHANGE = ("epochs", "device", "keep_checkpoints")
+RESUME_MAY_CHANGE = ("epochs", "device", "keep_checkpoints", "deterministic")
 INIT_FILE = "init_from.json"  #: where a run started from ``init_from`` records its source and weights hash
 
 
@@ -99,7 +99,7 @@ class Trainer(PolicyMixin, RolloutMixin, UpdateMixin):
         if (msg := self.cfg.total_batch_problem(self.world)) is not None:  # launcher x per-process batch != paper's
             raise UserError(msg)
         self.device = dist.pick_device(config.device, self.rank)
-        if self.device.type == "cuda":
+        if self.device.type == "cuda" and config.deterministic:
             deterministic_cuda()  # bitwise resume on a GPU too (process-wide setting; docs/gpu.md)
         from pcpo_eval.models.registry import load_model
         from pcpo_eval.prompts import load_prompts

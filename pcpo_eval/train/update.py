@@ -22,6 +22,12 @@ from pcpo_eval.train.objectives import StepLoss, eps_matching_log_rho, uses_deco
 from pcpo_eval.train.rollout import EpochSamples, keyed_generator
 
 
+def _to_lists(values: dict[str, list[torch.Tensor]]) -> dict[str, list[float]]:
+    """Each key's device tensors concatenated and copied to the host once, as Python floats (the values
+    the per-step ``tolist()`` calls gave)."""
+    return {k: torch.cat(v).tolist() if v else [] for k, v in values.items()}
+
+
 class UpdateMixin:
     """Trainer methods that turn an epoch's samples into optimizer steps; they read ``cfg``, ``sampler``,
     ``objective``, ``device`` and the policy's methods (:class:`pcpo_eval.train.policy.PolicyMixin`)."""
@@ -125,6 +131,11 @@ class UpdateMixin:
                                          "g1_mean": [], "g1_var": [], "step": [], "update": [], "rows": [],
                                          "dot": [], "sq": []}
         kl_forms: dict[str, list[float]] = {form: [] for form in KL_FORMS}
+        # Per-step values stay on the device until the epoch ends (one transfer, :func:`_to_lists`): a
+        # ``float()`` / ``tolist()`` per step would make the host wait for each backward before it could
+        # queue the next forward, leaving the GPU idle while Python prepares every step.
+        dev_stats: dict[str, list[torch.Tensor]] = {k: [] for k in ("loss", "clip", "log_rho", "dot", "sq", "kl")}
+        dev_kls: dict[str, list[torch.Tensor]] = {form: [] for form in KL_FORMS}
         for inner in range(cfg.num_inner_epochs):
             g = keyed_generator(cfg.seed, epoch, self.rank, "train", inner)
             perm = torch.randperm(N, generator=g)
@@ -142,22 +153,24 @@ class UpdateMixin:
                         j = tsel[rows, k]
                         loss, out, kls = self.step_loss(samples, rows, j, adv)
                         self._scaled(loss.mean() / accum).backward()
-                        stats["loss"].append(float(loss.detach().mean()))
-                        stats["clip"].extend(out.clipped.float().tolist())
-                        stats["log_rho"].extend(out.log_rho.detach().float().tolist())
+                        dev_stats["loss"].append(loss.detach().mean().reshape(1))
+                        dev_stats["clip"].append(out.clipped.detach().float().reshape(-1))
+                        dev_stats["log_rho"].append(out.log_rho.detach().float().reshape(-1))
                         stats["step"].extend(j.tolist())
                         stats["update"].extend([inner * cfg.gradient_updates + u] * len(rows))
                         if out.delta is not None:
-                            stats["dot"].extend(out.delta[0].tolist())
-                            stats["sq"].extend(out.delta[1].tolist())
+                            dev_stats["dot"].append(out.delta[0].detach().reshape(-1))
+                            dev_stats["sq"].append(out.delta[1].detach().reshape(-1))
                         if kls is not None:
-                            stats["kl"].extend(kls[cfg.kl_form].detach().tolist())
+                            dev_stats["kl"].append(kls[cfg.kl_form].detach().reshape(-1))
                             for form, v in kls.items():
-                                kl_forms[form].extend(v.detach().tolist())
+                                dev_kls[form].append(v.detach().reshape(-1))
                 gn, g1 = self._optimizer_step()
                 stats["grad_norm"].append(gn)
                 stats["g1_mean"].append(g1[0])
                 stats["g1_var"].append(g1[1])
+        stats.update(_to_lists(dev_stats))
+        kl_forms.update(_to_lists(dev_kls))
         return self._epoch_row(epoch, samples, stats, kl_forms)
 
     def _epoch_row(self, epoch: int, samples: EpochSamples, stats: dict[str, list[float]],
