@@ -25,7 +25,7 @@ for s in $stages; do
     train2) timeout 200 python3 benchmarks/gpu/bench_train.py --setup 2 --batches 1 \
               --runs "ppo_clip;pcpo;ppo_clip:deterministic=false" --profile "$OUT/train_profile.txt" \
               --json "$OUT/train2.json" 2>&1 | grep -v "^epoch\|Loading\|float32" | tail -12 ;;
-    train5) timeout 110 python3 benchmarks/gpu/bench_train.py --setup 5 --batches 1 --runs ppo_clip \
+    train5) timeout 100 python3 benchmarks/gpu/bench_train.py --setup 5 --batches 1 --runs ppo_clip \
               --json "$OUT/train5.json" 2>&1 | grep -v "^epoch\|Loading\|float32" | tail -8 ;;
     metrics) timeout 120 python3 benchmarks/gpu/bench_metrics.py --images 1000 --metrics "fid,fd_dinov2,is,lpips" \
                --json "$OUT/metrics.json" 2>&1 | grep -v "Warning\|warn" | tail -8 ;;
