@@ -183,16 +183,23 @@ def main() -> None:
         small_prompts = prompts if len(prompts) < a.batch else prompts[:a.batch]
         n_small = len(small_prompts) * len(small_seeds)
         reset_peak(device)
+        def say(what: str, images: int, seconds: float) -> None:  # each number as soon as it exists
+            print(f"{what}: {images} images in {seconds:.2f} s = {images / seconds:.3f} img/s", flush=True)
+
         for _ in range(a.repeats):
             ref_t.append(run_reference(pipe, prompts, seeds, a.batch, a.steps, a.cfg, 1.0, device))
             ref_peak = peak_gib(device)
+            say("diffusers", n, ref_t[-1])
             ref_small.append(run_reference(pipe, small_prompts, small_seeds, a.batch, a.steps, a.cfg, 1.0, device))
+            say("diffusers", n_small, ref_small[-1])
             reset_peak(device)
             t, settings = run_ours(adapter, prompts, seeds, a.batch, a.steps, a.cfg, 1.0, device, a.precision)
             our_t.append(t)
             our_peak = peak_gib(device)
+            say("ours", n, t)
             our_small.append(run_ours(adapter, small_prompts, small_seeds, a.batch, a.steps, a.cfg, 1.0, device,
                                       a.precision)[0])
+            say("ours", n_small, our_small[-1])
             reset_peak(device)
         med = statistics.median
         ref_ips, our_ips = n / med(ref_t), n / med(our_t)

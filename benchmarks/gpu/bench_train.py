@@ -76,6 +76,8 @@ def run_setup(setup: int, model_dir: Path, objective: str, batches: int, device:
     busy = _write_profile(prof, profile, f"setup {setup} {objective} {' '.join(extra)}") if prof else None
     images = cfg.sample_batch_size * cfg.sample_batches_per_epoch
     shutil.rmtree(out.parent, ignore_errors=True)
+    print(f"setup {setup} {objective} {' '.join(extra)}: {images} images, epoch 2 {row['wall_time_s']:.2f} s "
+          f"(sampling {row['sample_time_s']:.2f} s), peak {peak} GiB", flush=True)  # before the table, if cut short
     return {"objective": objective, "options": " ".join(extra), "images": images, "steps": cfg.sample_steps,
             "lora_rank": cfg.lora_rank, "mixed_precision": cfg.mixed_precision, "epoch_s": float(row["wall_time_s"]),
             "sample_s": float(row["sample_time_s"]), "update_s": float(row["wall_time_s"] - row["sample_time_s"]),

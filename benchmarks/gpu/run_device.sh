@@ -13,20 +13,21 @@ if [ -d .whl ] && ! python3 -c "import diffusers" 2>/dev/null; then
     && export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/device.txt"
-stages=${*:-generate train2 metrics train5}
+stages=${*:-generate train2 metrics train5}  # TRAIN_RUNS: bench_train --runs for train2
 for s in $stages; do
   t0=$(date +%s)
   case $s in
     tests) timeout 150 python3 -m pytest tests/test_cuda.py -m cuda -q -s -p no:cacheprovider 2>&1 | tail -25 ;;
-    generate) timeout 130 python3 benchmarks/gpu/bench_generate.py --images 64 --batch 16 --repeats 1 \
-                --profile "$OUT/generate_profile.txt" --json "$OUT/generate.json" 2>&1 | grep -v "float32" | tail -40 ;;
+    generate) timeout 100 python3 benchmarks/gpu/bench_generate.py --images 48 --batch 16 --repeats 1 \
+                --json "$OUT/generate.json" 2>&1 | grep -v "float32" | tail -40 ;;
+    profile) timeout 150 python3 benchmarks/gpu/bench_generate.py --images 16 --batch 16 --repeats 1 \
+                --profile "$OUT/generate_profile.txt" 2>&1 | grep -v "float32" | tail -5 ;;
     invariance) timeout 200 python3 benchmarks/gpu/bench_generate.py --images 48 --batch 16 --repeats 1 \
                 --variants channels_last --invariance --json "$OUT/generate_invariance.json" 2>&1 | grep -v "float32" | tail -40 ;;
-    train2) timeout 200 python3 benchmarks/gpu/bench_train.py --setup 2 --batches 1 \
-              --runs "ppo_clip;pcpo;ppo_clip:deterministic=false" --profile "$OUT/train_profile.txt" \
-              --json "$OUT/train2.json" 2>&1 | grep -v "^epoch\|Loading\|float32" | tail -12 ;;
+    train2) timeout 120 python3 benchmarks/gpu/bench_train.py --setup 2 --batches 1 --runs "${TRAIN_RUNS:-ppo_clip}" \
+              --json "$OUT/train2.json" 2>&1 | grep -v "Loading\|float32\|Writing" | tail -12 ;;
     train5) timeout 100 python3 benchmarks/gpu/bench_train.py --setup 5 --batches 1 --runs ppo_clip \
-              --json "$OUT/train5.json" 2>&1 | grep -v "^epoch\|Loading\|float32" | tail -8 ;;
+              --json "$OUT/train5.json" 2>&1 | grep -v "Loading\|float32\|Writing" | tail -8 ;;
     metrics) timeout 120 python3 benchmarks/gpu/bench_metrics.py --images 1000 --metrics "fid,fd_dinov2,is,lpips" \
                --json "$OUT/metrics.json" 2>&1 | grep -v "Warning\|warn" | tail -8 ;;
     quick) timeout 70 python3 benchmarks/gpu/bench_generate.py --images 32 --batch 16 --repeats 1 \

@@ -103,11 +103,12 @@ class TrainConfig:
     #: no | fp16 | bf16 autocast (CUDA; bf16 also on CPU, fp16 ignored there); fp16 adds dynamic loss scaling
     #: (torch.amp.GradScaler), as accelerate's fp16 mixed precision in ddpo-pytorch
     mixed_precision: str = "no"
-    #: CUDA only: deterministic kernels (cuDNN deterministic algorithms, no autotuning, PyTorch's
-    #: deterministic ops, a fixed cuBLAS workspace), so a resumed run equals an uninterrupted one bit for
-    #: bit. false: the fastest kernels; two runs of one seed then drift apart by ~1e-4 in reward after an
-    #: update (docs/gpu.md, where both settings are timed). Process-wide, set before the first CUDA call.
-    deterministic: bool = True
+    #: CUDA only. false (default): the fastest kernels, as ddpo-pytorch / DanceGRPO / Flow-GRPO run; a
+    #: resumed run then drifts from an uninterrupted one by ~1e-4 in reward after an update. true:
+    #: deterministic kernels (cuDNN deterministic algorithms, no autotuning, PyTorch's deterministic ops, a
+    #: fixed cuBLAS workspace), so a resumed run equals an uninterrupted one bit for bit, at 1.43x the
+    #: epoch time of setup 2 on an H200 (docs/gpu.md). Process-wide, set before the first CUDA call.
+    deterministic: bool = False
     checkpoint_every: int = 1  #: save every N epochs (and at the last epoch)
     #: after each save keep only the newest N checkpoints (0 = keep all). Whatever N, only the newest
     #: checkpoint keeps the optimizer / training state (resume); older ones hold weights + metadata
