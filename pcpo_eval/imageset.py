@@ -22,7 +22,9 @@ import hashlib
 import io
 import os
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -110,38 +112,52 @@ class ImageSet:
     def __len__(self) -> int:
         return len(self.manifest)
 
-    @property
+    @cached_property
     def shas(self) -> list[str]:
+        """``image_sha256`` of each row (manifest order)."""
         return self.manifest["image_sha256"].astype(str).tolist()
 
-    def verify(self) -> None:
-        """Check every listed file against its ``image_sha256`` (once per process per unchanged file).
+    @cached_property
+    def paths(self) -> list[str]:
+        """``path`` of each row, relative to ``root`` (read per image without pandas' per-row cost)."""
+        return self.manifest["path"].astype(str).tolist()
+
+    def verify(self, rows: Sequence[int] | None = None) -> None:
+        """Check each listed file (or those of ``rows``) against its ``image_sha256`` (once per process per
+        unchanged file; files read and hashed on the thread pool, :func:`parallel_map`).
 
         The feature, reward and LPIPS caches are keyed by these hashes, so a warm cache never decodes
-        the images; this check is what ties the cached values to the bytes on disk. UserError naming
-        the first missing or modified file, with the repair (``generate`` re-renders a file whose hash
-        does not match its record).
+        the images; this check is what ties the cached values to the bytes on disk. A pass that decodes
+        rows anyway verifies only the others (:meth:`read_image` checks what it reads). UserError naming
+        the first missing or modified file (in manifest order), with the repair (``generate`` re-renders
+        a file whose hash does not match its record).
         """
-        for path, want in zip(self.manifest["path"].astype(str), self.shas, strict=True):
-            full = self.root / path
-            try:
-                st = full.stat()
-            except OSError as exc:
-                raise UserError(f"cannot read image {full}: {exc.strerror or exc}; the set is incomplete, "
-                                "re-run the `pcpo-eval generate` command that made it to repair it") from None
-            key = (os.path.realpath(full), st.st_size, st.st_mtime_ns, want)
-            if key in _VERIFIED:
-                continue
-            try:
-                got = sha256_file(full)
-            except OSError as exc:
-                raise UserError(f"cannot read image {full}: {exc.strerror or exc}") from None
-            if got != want:
-                raise UserError(
-                    f"{full} does not match its image_sha256 in the manifest (the file was modified or is "
-                    "corrupt); re-run the `pcpo-eval generate` command that made the set to re-render it"
-                )
-            _VERIFIED.add(key)
+        paths, shas = self.paths, self.shas
+        todo = range(len(paths)) if rows is None else sorted(set(int(r) for r in rows))
+        problems = [p for p in parallel_map(lambda r: self._check_file(self.root / paths[r], shas[r]), list(todo)) if p]
+        if problems:
+            raise UserError(problems[0])
+
+    @staticmethod
+    def _check_file(full: Path, want: str) -> str | None:
+        """None if ``full`` hashes to ``want`` (remembered in ``_VERIFIED``), else the error line."""
+        try:
+            st = full.stat()
+        except OSError as exc:
+            return (f"cannot read image {full}: {exc.strerror or exc}; the set is incomplete, "
+                    "re-run the `pcpo-eval generate` command that made it to repair it")
+        key = (os.path.realpath(full), st.st_size, st.st_mtime_ns, want)
+        if key in _VERIFIED:
+            return None
+        try:
+            got = sha256_file(full)
+        except OSError as exc:
+            return f"cannot read image {full}: {exc.strerror or exc}"
+        if got != want:
+            return (f"{full} does not match its image_sha256 in the manifest (the file was modified or is "
+                    "corrupt); re-run the `pcpo-eval generate` command that made the set to re-render it")
+        _VERIFIED.add(key)
+        return None
 
     def prompts(self) -> dict[int, str]:
         """prompt_id -> prompt text."""
@@ -155,18 +171,19 @@ class ImageSet:
 
     def read_image(self, row: int) -> np.ndarray:
         """Decode one image as (H, W, 3) uint8 after the checks in the module docstring."""
-        rec = self.manifest.iloc[row]
-        path = self.root / str(rec["path"])
+        path, want = self.root / self.paths[row], self.shas[row]
         try:
             data = path.read_bytes()
             st = path.stat()
         except OSError as exc:
             raise UserError(f"cannot read image {path}: {exc.strerror or exc}") from exc
-        verified = (os.path.realpath(path), st.st_size, st.st_mtime_ns, str(rec["image_sha256"])) in _VERIFIED
-        if not verified and hashlib.sha256(data).hexdigest() != str(rec["image_sha256"]):
-            raise UserError(
-                f"{path} does not match its image_sha256 in the manifest; the set was modified, regenerate it"
-            )
+        key = (os.path.realpath(path), st.st_size, st.st_mtime_ns, want)
+        if key not in _VERIFIED:
+            if hashlib.sha256(data).hexdigest() != want:
+                raise UserError(
+                    f"{path} does not match its image_sha256 in the manifest; the set was modified, regenerate it"
+                )
+            _VERIFIED.add(key)
         try:
             with Image.open(io.BytesIO(data)) as im:
                 im.load()

@@ -134,3 +134,44 @@ def test_torchscript_file_is_called_like_cleanfid(random_weights, tmp_path) -> N
     out = ts.extract(imgs)
     torch.testing.assert_close(out["features"], pool, rtol=1e-4, atol=1e-6)
     torch.testing.assert_close(out["logits"], logits, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("size", [512, 256, 64, 299, 300])
+def test_torch_resize_agrees_with_clean_fid_within_tolerance(size) -> None:
+    """The GPU-side resize (``resize: torch``) against clean-fid's PIL resize, on white noise (the worst
+    case for a resampling kernel) downsampled and upsampled: max |diff| within the documented bound."""
+    from pcpo_eval.features.base import TORCH_RESIZE_TOLERANCE, torch_clean_resize
+
+    imgs = _images(3, size, 5)
+    ref = clean_resize(imgs, 299)
+    got = torch_clean_resize(imgs, 299)
+    assert got.dtype == torch.float32 and got.shape == ref.shape
+    diff = float((got - ref).abs().max())
+    assert diff <= TORCH_RESIZE_TOLERANCE, diff
+    assert float(ref.std()) > 10  # a real signal, not a constant
+
+
+def test_resize_choice_is_recorded_and_features_agree(random_weights) -> None:
+    from pcpo_eval.errors import UserError
+    from pcpo_eval.features.base import resolve_resize
+
+    assert resolve_resize("auto", torch.device("cpu")) == "pil"
+    assert resolve_resize("auto", torch.device("cuda")) == "torch"
+    with pytest.raises(UserError, match="unknown resize 'lanczos'"):
+        resolve_resize("lanczos", torch.device("cpu"))
+    imgs = _images(4, 128, 9)
+    pil = make_extractor("inception", weights_path=random_weights)
+    tch = make_extractor("inception", weights_path=random_weights, resize="torch")
+    assert pil.settings()["resize"] != tch.settings()["resize"]  # another cache key: never mixed
+    a, b = pil.extract(imgs), tch.extract(imgs)
+    for k in ("features", "logits"):
+        rel = float((a[k] - b[k]).norm() / a[k].norm())
+        assert rel < 1e-4, (k, rel)
+
+
+def test_fid_resize_flag_bad_value_is_one_error_line(cli, tmp_path) -> None:
+    r = cli("metrics", str(tmp_path / "set"), "--out", str(tmp_path / "out"), "--fid-resize", "lanczos",
+            "--device", "cpu")
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == ["error: --fid-resize 'lanczos': choose one of auto, pil, torch"]
+    assert not (tmp_path / "out").exists()

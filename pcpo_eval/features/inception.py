@@ -33,7 +33,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from pcpo_eval.errors import MissingWeightsError
-from pcpo_eval.features.base import FeatureExtractor, check_uint8_images, clean_resize
+from pcpo_eval.features.base import (
+    FeatureExtractor,
+    check_uint8_images,
+    clean_resize,
+    resolve_resize,
+    torch_clean_resize,
+)
 from pcpo_eval.io import sha256_file
 
 #: environment variable naming the Inception weights file (.pt TorchScript or .pth state dict)
@@ -128,11 +134,12 @@ class InceptionExtractor(FeatureExtractor):
     dim = 2048
 
     def __init__(
-        self, weights_path: str | os.PathLike | None = None, device: str | torch.device = "cpu"
+        self, weights_path: str | os.PathLike | None = None, device: str | torch.device = "cpu", resize: str = "auto"
     ) -> None:
         super().__init__()
-        path = locate_weights(weights_path)
         self.device = torch.device(device)
+        self.resize = resolve_resize(resize, self.device)  # features.base.RESIZES
+        path = locate_weights(weights_path)
         if is_torchscript(path):
             try:
                 base = torch.jit.load(str(path), map_location="cpu").eval()
@@ -164,7 +171,10 @@ class InceptionExtractor(FeatureExtractor):
             "weights_path": str(path),
             "weights_sha256": sha256_file(path),
             "weights_format": fmt,
-            "resize": f"clean-fid clean: PIL bicubic per channel in float mode to {INPUT_SIZE}x{INPUT_SIZE}",
+            "resize": (f"clean-fid clean: PIL bicubic per channel in float mode to {INPUT_SIZE}x{INPUT_SIZE}"
+                       if self.resize == "pil" else
+                       f"clean-fid clean as torch bicubic antialias (a=-0.5) in float32 to {INPUT_SIZE}x{INPUT_SIZE} "
+                       "(within 1e-2 grey levels of PIL's)"),
             "normalize": "(x - 128) / 128",
             "features": "2048-d average pool",
             "logits": "logits_unbiased (fc without bias, 1008 classes)",
@@ -178,7 +188,10 @@ class InceptionExtractor(FeatureExtractor):
     def extract(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
         """uint8 (N, 3, H, W) -> {"features": (N, 2048), "logits": (N, 1008)}, float32."""
         check_uint8_images(images)
-        x = clean_resize(images, INPUT_SIZE).to(self.device)
+        if self.resize == "torch":
+            x = torch_clean_resize(images, INPUT_SIZE, self.device)
+        else:
+            x = clean_resize(images, INPUT_SIZE).to(self.device)
         x = (x - 128) / 128
         if self.trunk is not None:
             pool, logits = self.trunk(x)
@@ -189,5 +202,5 @@ class InceptionExtractor(FeatureExtractor):
 
 
 def make_inception(**options: Any) -> InceptionExtractor:
-    """Registry factory (options: ``weights_path``, ``device``)."""
+    """Registry factory (options: ``weights_path``, ``device``, ``resize``)."""
     return InceptionExtractor(**options)

@@ -29,15 +29,21 @@ def _options(
     lpips_trunk: str | None,
     is_splits: int = IS_DEFAULT_SPLITS,
     progress: bool | None = None,
+    fid_resize: str = "auto",
 ) -> Any:
     from pcpo_eval.errors import require
     from pcpo_eval.metrics.workers import MetricsOptions
 
     for flag, value in (("--batch-size", batch_size), ("--is-splits", is_splits)):
         require(value >= 1, f"{flag} must be >= 1 (got {value}); pass a positive count")
+    from pcpo_eval.features.base import RESIZES
+
+    require(fid_resize in RESIZES, f"--fid-resize {fid_resize!r}: choose one of {', '.join(RESIZES)}")
     ext: dict[str, dict[str, Any]] = {}
-    if inception_weights is not None:
-        ext["inception"] = {"weights_path": inception_weights}
+    if inception_weights is not None or fid_resize != "auto":
+        ext["inception"] = {"resize": fid_resize}
+        if inception_weights is not None:
+            ext["inception"]["weights_path"] = inception_weights
     if dinov2_path is not None:
         ext["dinov2"] = {"weights_path": dinov2_path}
     return MetricsOptions(
@@ -89,6 +95,11 @@ def _register_metrics(app: typer.Typer) -> None:
             None, "--lpips-trunk", help="AlexNet weights [$PCPO_ALEXNET_WEIGHTS]"
         ),
         progress: bool | None = typer.Option(None, "--progress/--no-progress", help=PROGRESS_HELP),
+        fid_resize: str = typer.Option(
+            "auto", "--fid-resize",
+            help="clean-fid's resize for FID / IS: pil (clean-fid's own, CPU), torch (the same kernel on the "
+                 "device, within 1e-2 grey levels), auto (torch on CUDA)",
+        ),
     ) -> None:
         """FID, FD-DINOv2, IS, LPIPS diversity and preference scores, overall and per prompt."""
         from pcpo_eval import dist
@@ -98,7 +109,7 @@ def _register_metrics(app: typer.Typer) -> None:
         device = dist.resolve_device(device)
         dist.init(device)
         opts = _options(batch_size, device, cache_dir, inception_weights, dinov2_path, lpips_trunk, is_splits,
-                        progress)
+                        progress, fid_resize)
         try:
             result = run_metrics(image_set, metrics, out, reference, opts)
             is_main = dist.is_main()

@@ -9,7 +9,7 @@ on every rank: the shared cache is their cross-process reduction.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -68,7 +68,6 @@ def _compute_into_cache(
     report: ExtractionReport,
 ) -> None:
     """Fill ``cache`` for ``keys`` (row keys of ``image_set``): batches dealt round-robin to ranks."""
-    image_set.verify()  # the keys are the files' recorded hashes: check the files before trusting the cache
     first_row: dict[str, int] = {}
     for row, k in enumerate(keys):
         first_row.setdefault(k, row)
@@ -77,6 +76,9 @@ def _compute_into_cache(
     cache.refresh()
     missing = cache.missing(keys)
     dist.barrier()
+    # the keys derive from the files' recorded hashes: check the files whose values come from the cache
+    # (the rows computed now are checked as they are read)
+    _verify_cached_rows(image_set, {first_row[k] for k in missing})
     report.cached += len(first_row) - len(missing)
     batches = [missing[i : i + batch_size] for i in range(0, len(missing), batch_size)]
     for batch in batches[dist.rank() :: dist.world_size()]:
@@ -86,6 +88,29 @@ def _compute_into_cache(
         report.computed += len(batch)
     dist.barrier()
     cache.refresh()
+
+
+def _verify_cached_rows(image_set: ImageSet, decoded: set[int]) -> None:
+    """Check the files of every row not in ``decoded`` against their recorded hashes (the values of
+    those rows come from a cache keyed by the hash; :meth:`ImageSet.read_image` checks the decoded ones,
+    on whichever rank reads them). A cold cache so reads each file once, a warm one hashes every file."""
+    image_set.verify([r for r in range(len(image_set)) if r not in decoded])
+
+
+def _prefetched(image_set: ImageSet, batches: list[list[int]]) -> Iterator[tuple[list[int], torch.Tensor]]:
+    """``(rows, images)`` per batch, the next batch read and decoded on a background thread while the
+    caller runs the networks on this one (host decode overlaps device compute; same images, same order)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if not batches:
+        return
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="pcpo-prefetch") as pool:
+        pending = pool.submit(image_set.read_batch, batches[0])
+        for i, rows in enumerate(batches):
+            images = pending.result()
+            if i + 1 < len(batches):
+                pending = pool.submit(image_set.read_batch, batches[i + 1])
+            yield rows, images
 
 
 class ImageConsumer(Protocol):
@@ -118,7 +143,6 @@ def extract_sets(
     ``fid,fd_dinov2,is,lpips`` decodes a set once per process instead of three times.
     """
     report = report if report is not None else ExtractionReport()
-    image_set.verify()  # the keys are the files' recorded hashes: check the files before trusting the caches
     keys = image_set.shas
     first_row: dict[str, int] = {}
     for row, k in enumerate(keys):
@@ -132,6 +156,7 @@ def extract_sets(
         report.cached += len(first_row) - len(missing[name])
     dist.barrier()
     union = sorted(set().union(*missing.values())) if missing else []
+    _verify_cached_rows(image_set, set(union))  # the rows decoded below are checked as they are read
     b = options.batch_size
     dealt = [union[i:i + b] for i in range(0, len(union), b)][dist.rank()::dist.world_size()]
     mine = {r for chunk in dealt for r in chunk}
@@ -139,9 +164,8 @@ def extract_sets(
     batches = dealt + [extra[i:i + b] for i in range(0, len(extra), b)]
     bar = progress_bar(sum(map(len, batches)), f"metrics {image_set.root.name}",
                        options.progress if dist.rank() == 0 else False, unit="img")
-    for rows in batches:
+    for rows, images in _prefetched(image_set, batches):
         bar.update(len(rows))
-        images = image_set.read_batch(rows)
         for name, ext in extractors.items():
             idx = [j for j, r in enumerate(rows) if r in mine and r in missing[name]]
             if idx:
