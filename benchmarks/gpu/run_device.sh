@@ -16,7 +16,7 @@ stages=${*:-tests generate train metrics}
 for s in $stages; do
   t0=$(date +%s)
   case $s in
-    tests) timeout 150 python3 -m pytest tests/test_cuda.py -m cuda -q -s -p no:cacheprovider 2>&1 | tail -25 ;;
+    tests) timeout 150 python3 -m pytest tests/gpu/test_cuda.py -m cuda -q -s -p no:cacheprovider 2>&1 | tail -25 ;;
     generate) timeout 200 python3 benchmarks/gpu/bench_generate.py --images 48 --batch 16 --repeats 2 \
                 --variants channels_last --invariance --json "$OUT/generate.json" 2>&1 | grep -v "float32" | tail -40 ;;
     train) timeout 200 python3 benchmarks/gpu/bench_train.py --setup 2 --setup 5 --batches 1 \
@@ -25,7 +25,7 @@ for s in $stages; do
                | grep -v "Warning\|warn" | tail -8 ;;
     quick) timeout 70 python3 benchmarks/gpu/bench_generate.py --images 32 --batch 16 --repeats 1 \
              --json "$OUT/generate_quick.json" 2>&1 | grep -v "float32" | tail -30
-           timeout 45 python3 -m pytest tests/test_cuda.py -m cuda -k train_resume -q -s -p no:cacheprovider 2>&1 | tail -4
+           timeout 45 python3 -m pytest tests/gpu/test_cuda.py -m cuda -k train_resume -q -s -p no:cacheprovider 2>&1 | tail -4
            timeout 40 python3 benchmarks/gpu/bench_metrics.py --images 300 --metrics fid \
              --json "$OUT/metrics_quick.json" 2>&1 | grep -v "Warning\|warn" | tail -3 ;;
     compile) timeout 300 python3 benchmarks/gpu/bench_generate.py --images 48 --batch 16 --repeats 1 \
