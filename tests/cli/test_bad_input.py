@@ -1,9 +1,9 @@
 """Bad input across commands: one line ``error: ...``, exit code 2, nothing already written changed.
 
 Every case runs through the real CLI entry point (``pcpo_eval.cli.main``, the ``cli`` fixture) inside
-a folder whose name has spaces and non-ASCII characters, and compares a snapshot of that folder
-(every entry, its mode and its bytes) before and after: a rejected command must not add, change or
-remove anything.
+a folder whose name has spaces and non-ASCII characters (the ``box`` fixture, tests/cli/conftest.py),
+and compares a snapshot of that folder (every entry, its mode and its bytes) before and after: a
+rejected command must not add, change or remove anything (``rejected``, tests/support/cli.py).
 """
 
 from __future__ import annotations
@@ -18,80 +18,15 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
 from pcpo_eval.errors import UserError
 from pcpo_eval.io import check_finite
+from tests.support.cli import RESUME_OVERRIDES, ROOT, TOY_CFG, rejected
 
-ROOT = Path(__file__).resolve().parents[2]
-TOY_CFG = ROOT / "train" / "configs" / "toy_pcpo.yaml"
-RESUME_OVERRIDES = ["epochs=2", "lora_rank=2", "lora_alpha=2"]
 GEN = ["--prompts", "toy", "--max-prompts", "1", "--seeds", "1", "--steps", "2", "--no-progress"]
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
-
-
-def snapshot(root: Path) -> dict[str, tuple]:
-    """Every entry under ``root`` (hidden ones too): kind, permission bits and content hash."""
-    out: dict[str, tuple] = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in dirnames + filenames:
-            p = Path(dirpath) / name
-            st = p.lstat()
-            digest = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None
-            out[str(p.relative_to(root))] = (p.is_dir(), st.st_mode & 0o7777, digest)
-    return out
-
-
-def assert_rejected(res, box: Path, before: dict, *needles: str, may_add: str | None = None) -> str:
-    assert res.returncode == 2, (res.returncode, res.stdout[-500:], res.stderr[-2000:])
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr[-2000:]
-    assert "Traceback" not in res.stderr
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
-    after = snapshot(box)
-    if may_add is not None:
-        after = {k: v for k, v in after.items() if k in before or not k.startswith(may_add)}
-    assert after == before, "a rejected command changed the folder"
-    return lines[0]
-
-
-@pytest.fixture
-def box(tmp_path) -> Path:
-    """A folder with spaces and non-ASCII characters in its name, holding small input files."""
-    b = tmp_path / "in put ü ñ 数据"
-    b.mkdir()
-    (b / "plain file").write_text("not a folder")
-    (b / "bad.yaml").write_text("a: [1,\n")
-    (b / "list.yaml").write_text("- 1\n- 2\n")
-    (b / "unknown.yaml").write_text("model: toy\nbogus_key: 1\n")
-    (b / "type.yaml").write_text("epochs: many\n")
-    (b / "range.yaml").write_text("epochs: 0\n")
-    (b / "nan.yaml").write_text("cfg: .nan\n")
-    (b / "latin1.yaml").write_bytes("model: caf\xe9\n".encode("latin-1"))
-    (b / "empty prompts.txt").write_text("")
-    (b / "noprompt.csv").write_text("a,b\n1,2\n")
-    rows = "".join(f"{i % 3 + 1.5 * (i % 2)},{'ab'[i % 2]},{i // 2}\n" for i in range(8))
-    (b / "ok ü.csv").write_text("y,x,g\n" + rows)
-    (b / "nan.csv").write_text("y,x,g\n1,a,1\n2,b,1\nnan,a,2\n4,b,2\n")
-    (b / "inf.csv").write_text("y,x,g\n1,a,1\n2,b,1\ninf,a,2\n4,b,2\n")
-    (b / "header only.csv").write_text("y,x,g\n")
-    (b / "ragged.csv").write_text("y,x,g\n1,2\n1,2,3,4,5\n")
-    (b / "garbage.parquet").write_bytes(b"garbage")
-    (b / "sched.json").write_text('{"beta_start": ')
-    return b
-
-
-def rejected(cli, box: Path, *args, needles=(), may_add: str | None = None) -> str:
-    """Run ``pcpo-eval ARGS``; assert one error line and an unchanged ``box``.
-
-    ``may_add``: a folder (relative to ``box``) where new entries are allowed -- the feature
-    cache of an image set, filled for the prompts measured before the bad image was met.
-    """
-    before = snapshot(box)
-    return assert_rejected(cli(*args), box, before, *needles, may_add=may_add)
 
 
 # ---- train ------------------------------------------------------------------------------------
@@ -139,27 +74,6 @@ def test_unreadable_config(cli, box, monkeypatch):
 
     monkeypatch.setattr(Path, "read_text", read_text)
     rejected(cli, box, "train", target, "--out", box / "run", needles=["not readable"])
-
-
-# ---- fixtures with real toy weights ------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def toy_run(tmp_path_factory) -> Path:
-    """A run directory: config.yaml and one LoRA checkpoint of the toy UNet with its training state."""
-    from pcpo_eval.models.registry import load_model
-    from pcpo_eval.train.checkpoints import save_checkpoint
-    from pcpo_eval.train.config import load_config
-
-    adapter = load_model("toy")
-    adapter.add_lora(rank=2, alpha=2.0)
-    opt = torch.optim.AdamW(adapter.trainable_parameters(), lr=1e-3)
-    run = tmp_path_factory.mktemp("run") / "run"
-    run.mkdir()
-    cfg = load_config(TOY_CFG, RESUME_OVERRIDES)
-    (run / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict()))
-    state = {"epoch": 1, "optimizer": opt.state_dict(), "tracker": {}}
-    save_checkpoint(run / "checkpoints" / "epoch_0001", adapter.denoiser, {"epoch": 1, "model": "toy"}, state)
-    return run
 
 
 def _truncate(path: Path) -> None:

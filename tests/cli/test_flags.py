@@ -14,25 +14,12 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-import typer.main
 
-from pcpo_eval.cli import RENAMED_FLAGS, app
+from pcpo_eval.cli import RENAMED_FLAGS
+from tests.support.cli import cli_commands
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
-
-
-def _commands():
-    def walk(cmd, path):
-        if hasattr(cmd, "commands"):
-            for name, sub in cmd.commands.items():
-                yield from walk(sub, [*path, name])
-        else:
-            yield " ".join(path), cmd
-
-    return dict(walk(typer.main.get_command(app), []))
-
-
-COMMANDS = _commands()
+COMMANDS = cli_commands()
 
 
 def _options() -> dict[str, dict[str, object]]:

@@ -12,11 +12,9 @@ import re
 
 import pytest
 
-from tests.cli.test_flags import (
-    COMMANDS,  # the one walk over the real CLI tree: "human raters" -> click command
-)
+from tests.support.cli import cli_commands
 
-LEAVES = [(name.split(), cmd) for name, cmd in COMMANDS.items()]
+LEAVES = [(name.split(), cmd) for name, cmd in cli_commands().items()]
 
 
 def _squash(text: str) -> str:

@@ -1,18 +1,15 @@
 """Reliability issue: data loss, silently wrong input, concurrency, Ctrl-C and stray tracebacks.
 
 Each case runs the real CLI (the ``cli`` fixture) and, for bad input, checks the one ``error:`` line,
-exit code 2 and an unchanged folder (sha256 of every file before/after; helpers of test_bad_input).
+exit code 2 and an unchanged folder (sha256 of every file before/after: ``rejected`` of
+tests/support/cli.py; ``box`` and ``toy_run`` are fixtures of tests/cli/conftest.py).
 """
 
 from __future__ import annotations
 
 import pytest
 
-from tests.cli import test_bad_input
-from tests.cli.test_bad_input import rejected
-
-box = test_bad_input.box  # fixtures shared with tests/cli/test_bad_input.py (used by name)
-toy_run = test_bad_input.toy_run
+from tests.support.cli import rejected
 
 # ---- 1. report on a results.json that is not a study's results ---------------------------------
 
@@ -36,7 +33,7 @@ AA = {"design": {"algorithm": {"A": {"objective": "ppo_clip"}, "B": {"objective"
 
 
 def test_study_refuses_aa_with_equal_seeds(cli, box):
-    from tests.study.test_study import write_spec
+    from tests.support.study import write_spec
 
     spec = write_spec(box / "aa.yaml", **AA, seeds=[0, 1, 2])
     line = rejected(cli, box, "study", spec, "--out", box / "out", needles=[
@@ -51,16 +48,16 @@ def test_study_refuses_aa_with_equal_seeds(cli, box):
 
 
 def test_study_refuses_one_run_dir_in_both_arms(cli, box):
-    from tests.study.test_study import _write_run
+    from tests.support.study import write_run
 
     rd = box / "run one"
-    _write_run(rd, 8, 0.05, 2)
+    write_run(rd, 8, 0.05, 2)
     other = box / "run two"
-    _write_run(other, 8, 0.05, 2)
+    write_run(other, 8, 0.05, 2)
     design = {"algorithm": {"DDPO": {"objective": "ppo_clip"}, "PCPO": {"objective": "pcpo"}}}
     runs = [{"levels": {"algorithm": "DDPO"}, "seed": 0, "run_dir": str(rd)},
             {"levels": {"algorithm": "PCPO"}, "seed": 0, "run_dir": str(box / "." / "run one")}]
-    from tests.study.test_study import write_spec
+    from tests.support.study import write_spec
 
     spec = write_spec(box / "runs.yaml", design=design, runs=runs, seeds=[0], targets=[0.2], select_target=0.2,
                       lmm={"formula": "value ~ algorithm + (1|prompt)"})
@@ -144,7 +141,7 @@ def test_generate_refuses_undecodable_prompt_file(cli, box, data, needles):
 def test_resume_refuses_damaged_lora(cli, box, toy_run, damage):
     import shutil
 
-    from tests.cli.test_bad_input import RESUME_OVERRIDES, TOY_CFG
+    from tests.support.cli import RESUME_OVERRIDES, TOY_CFG
 
     run = shutil.copytree(toy_run, box / "run")
     lora = run / "checkpoints" / "epoch_0001" / "pytorch_lora_weights.safetensors"
@@ -185,7 +182,7 @@ def test_ctrl_c_in_process_is_one_line_130(cli, monkeypatch, tmp_path):
 
 def test_ctrl_c_train_names_resume(cli, monkeypatch, tmp_path):
     import pcpo_eval.train.trainer as tr
-    from tests.cli.test_bad_input import TOY_CFG
+    from tests.support.cli import TOY_CFG
 
     def interrupt(*a, **k):
         raise KeyboardInterrupt
@@ -229,7 +226,7 @@ def test_real_sigint_exits_130(tmp_path):
 # ---- 3. study workers die with the study; one study process per folder -------------------------
 
 def _study_spec(box):
-    from tests.study.test_study import write_spec
+    from tests.support.study import write_spec
 
     return write_spec(box / "tiny.yaml", train={"overrides": {"epochs": 200, "sample_steps": 2, "checkpoint_every": 100}},
                       parallel=2)

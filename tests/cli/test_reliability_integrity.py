@@ -2,7 +2,8 @@
 no stray set.json, study-stage exit codes, and the last stray tracebacks.
 
 Each case runs the real CLI (the ``cli`` fixture) and, for bad input, checks the one ``error:`` line,
-exit code 2 and an unchanged folder (sha256 of every file before/after: ``rejected`` of test_bad_input).
+exit code 2 and an unchanged folder (sha256 of every file before/after: ``rejected`` of
+tests/support/cli.py).
 """
 
 from __future__ import annotations
@@ -16,10 +17,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tests.cli import test_bad_input
-from tests.cli.test_bad_input import rejected, snapshot
-
-box = test_bad_input.box  # fixture shared with tests/cli/test_bad_input.py (used by name)
+from tests.support.cli import rejected, snapshot
 
 GEN = ["--model", "toy", "--prompts", "toy", "--max-prompts", "2", "--seeds", "2", "--steps", "2", "--no-progress"]
 
@@ -231,7 +229,7 @@ def test_stale_temp_files_are_removed_but_not_held_ones(cli, box):
 
 @pytest.mark.parametrize("command", ["train", "import", "metrics"])
 def test_other_commands_remove_stale_temps(cli, box, image_set, command):
-    from tests.cli.test_bad_input import TOY_CFG
+    from tests.support.cli import TOY_CFG
 
     folder = {"train": box / "run", "import": box / "run", "metrics": box / "m"}[command]
     (folder / "checkpoints").mkdir(parents=True)
@@ -256,12 +254,12 @@ def test_other_commands_remove_stale_temps(cli, box, image_set, command):
 # ---- 5. study-stage failures caused by the input exit 2 ----------------------------------------
 
 def test_study_stage_failure_from_input_exits_2(cli, box, monkeypatch):
-    from tests.study.test_study import _write_run, write_spec
+    from tests.support.study import write_run, write_spec
 
     runs = []
     for arm in ("DDPO", "PCPO"):
         rd = box / f"run {arm}"
-        _write_run(rd, 8, 0.05, 2, rng_key=arm)
+        write_run(rd, 8, 0.05, 2, rng_key=arm)
         runs.append({"levels": {"algorithm": arm}, "seed": 0, "run_dir": str(rd)})
     design = {"algorithm": {"DDPO": {"objective": "ppo_clip"}, "PCPO": {"objective": "pcpo"}}}
     spec = write_spec(box / "runs.yaml", design=design, runs=runs, seeds=[0], targets=[0.2], select_target=0.2,
@@ -286,7 +284,7 @@ def test_study_stage_failure_from_input_exits_2(cli, box, monkeypatch):
 
 def test_study_stage_crash_still_exits_1(cli, box, monkeypatch):
     import pcpo_eval.study.runner as sr
-    from tests.study.test_study import _write_run, write_spec
+    from tests.support.study import write_run, write_spec
 
     def crash(self):
         raise RuntimeError("a bug")
@@ -294,7 +292,7 @@ def test_study_stage_crash_still_exits_1(cli, box, monkeypatch):
     monkeypatch.setattr(sr.Study, "stage_select", crash)
     runs = []
     for arm in ("DDPO", "PCPO"):
-        _write_run(box / f"run {arm}", 8, 0.05, 2, rng_key=arm)
+        write_run(box / f"run {arm}", 8, 0.05, 2, rng_key=arm)
         runs.append({"levels": {"algorithm": arm}, "seed": 0, "run_dir": str(box / f"run {arm}")})
     design = {"algorithm": {"DDPO": {"objective": "ppo_clip"}, "PCPO": {"objective": "pcpo"}}}
     spec = write_spec(box / "runs.yaml", design=design, runs=runs, seeds=[0], targets=[0.2], select_target=0.2,
@@ -306,7 +304,7 @@ def test_study_stage_crash_still_exits_1(cli, box, monkeypatch):
 # ---- 6. the last stray tracebacks --------------------------------------------------------------
 
 def test_wandb_online_without_api_key(cli, box, monkeypatch):
-    from tests.cli.test_bad_input import TOY_CFG
+    from tests.support.cli import TOY_CFG
 
     pytest.importorskip("wandb")
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
@@ -354,7 +352,7 @@ def test_credit_scheduler_config_types(cli, box, content, needles):
 
 
 def test_huge_batch_is_one_line(cli, box, monkeypatch):
-    from tests.cli.test_bad_input import TOY_CFG
+    from tests.support.cli import TOY_CFG
 
     rejected(cli, box, "train", TOY_CFG, "--out", box / "run", "sample_batch_size=100000000",
              "train_batch_size=100000000", needles=["cannot fit", "GiB", "smaller sample_batch_size"])

@@ -17,7 +17,7 @@ import yaml
 
 from pcpo_eval.study.spec import STAGES, load_spec
 from pcpo_eval.train.config import load_config
-from tests.train.test_trainer import TINY
+from tests.support.train import TINY
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "docs" / "examples"

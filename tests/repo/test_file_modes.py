@@ -27,6 +27,7 @@ from pcpo_eval.io import (
     file_mode,
     safetensors_bytes,
 )
+from tests.support.train import tiny_lora_module
 
 ROOT = Path(__file__).resolve().parents[2]
 UMASKS = [0o022, 0o027, 0o002]
@@ -92,20 +93,11 @@ def test_png_file_mode(tmp_path, umask):
     assert (tmp_path / "images" / "0.png").read_bytes() == data
 
 
-def _lora_module() -> torch.nn.Module:
-    from peft import LoraConfig, inject_adapter_in_model
-
-    torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
-    cfg = LoraConfig(r=2, lora_alpha=4, target_modules=["0", "1"], init_lora_weights=False)
-    return inject_adapter_in_model(cfg, net)
-
-
 @pytest.mark.parametrize("lora", [True, False], ids=["lora", "full"])
 def test_checkpoint_folder_and_file_modes(tmp_path, umask, lora):
     from pcpo_eval.train.checkpoints import save_checkpoint
 
-    net = _lora_module() if lora else torch.nn.Linear(3, 2)
+    net = tiny_lora_module() if lora else torch.nn.Linear(3, 2)
     ck = save_checkpoint(tmp_path / "run" / "checkpoints" / "epoch_0001", net, {"epoch": 1}, {"epoch": 1})
     assert mode(ck) == 0o777 & ~umask and mode(ck.parent) == 0o777 & ~umask
     files = sorted(p.name for p in ck.iterdir())
@@ -132,9 +124,9 @@ def test_safetensors_bytes_sorted_and_loadable():
 _SAVE_TWICE = """
 import json, sys, torch
 sys.path.insert(0, {root!r})
-from tests.repo.test_file_modes import _lora_module
+from tests.support.train import tiny_lora_module
 from pcpo_eval.train.checkpoints import save_checkpoint
-ck = save_checkpoint(sys.argv[1], _lora_module(), {{"epoch": 1}})
+ck = save_checkpoint(sys.argv[1], tiny_lora_module(), {{"epoch": 1}})
 print(json.loads((ck / "checkpoint.json").read_text())["weights_sha256"])
 """
 

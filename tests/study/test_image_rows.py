@@ -3,7 +3,7 @@
 The study fits ``value ~ algorithm + (1|prompt) + (1|image) + (1|run)`` for them, where ``image``
 is the initial noise shared by every run's image of one (prompt, seed) (generation seeds are keyed
 by both), and keeps the per-prompt model for per-prompt metrics (LPIPS diversity). Checked on the
-fast stand-ins of tests/study/test_study.py: the per-image fit has the right rows and groups, an A/A
+fast stand-ins of tests/support/study.py: the per-image fit has the right rows and groups, an A/A
 design shows no significant effect, a planted effect is detected and tested against the runs.
 """
 
@@ -17,7 +17,7 @@ import pytest
 import pcpo_eval.study.spec
 from pcpo_eval.study.runner import run_study
 from pcpo_eval.testing import isolate_weight_caches
-from tests.study.test_study import install_fakes, write_spec
+from tests.support.study import install_fakes, write_spec
 
 AA = {"design": {"algorithm": {"A": {"objective": "ppo_clip"}, "B": {"objective": "ppo_clip"}}},
       "compare": {"factor": "algorithm", "baseline": "A", "pcpo": "B"},

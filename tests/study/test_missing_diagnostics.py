@@ -6,7 +6,7 @@ pandas hands a NaN inside a list to pyarrow as null, and a list column that is n
 written as ``list<null>``, read back as None (``float(None)`` in ``traces``). Whether the on-policy
 ratio came out 0 / 0 or a finite ratio of rounding noise depended on the thread count.
 
-Here the study stand-ins of tests/study/test_study.py train; then every run's ``log.parquet`` gets the
+Here the study stand-ins of tests/support/study.py train; then every run's ``log.parquet`` gets the
 per-update columns with a missing value written three ways (a null inside one update's list, an epoch
 without the list, a column NaN throughout written by plain pandas, i.e. ``list<null>``), and the stats
 and report stages run on them.
@@ -26,7 +26,7 @@ from pcpo_eval.report.figures import diagnostics_plot, per_update_series
 from pcpo_eval.study.results import PER_UPDATE_COLUMNS
 from pcpo_eval.study.runner import run_study
 from pcpo_eval.train.trainer import log_frame
-from tests.study.test_study import install_fakes, write_spec
+from tests.support.study import install_fakes, write_spec
 
 EPOCHS = 6
 

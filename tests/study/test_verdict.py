@@ -12,7 +12,7 @@
 * Guards: uninformative targets are labelled and kept out of the verdict; a run that never reaches
   ``select_target`` has no reward-matched checkpoint; a sampler offset is named as such.
 
-The statistics run on the fast stand-ins of tests/study/test_study.py (synthetic ``log.parquet`` curves
+The statistics run on the fast stand-ins of tests/support/study.py (synthetic ``log.parquet`` curves
 with ``control_reward_mean``, synthetic metrics); one small real toy study checks the whole path.
 """
 
@@ -33,7 +33,7 @@ from pcpo_eval.study.runner import run_study
 from pcpo_eval.study.spec import load_spec
 from pcpo_eval.study.verdicts import verdict
 from pcpo_eval.testing import isolate_weight_caches
-from tests.study.test_study import _write_run, install_fakes, rising, write_spec
+from tests.support.study import install_fakes, rising, write_run, write_spec
 
 ANALYSIS = Path(__file__).resolve().parents[2] / "analysis"
 AA_DESIGN = {"algorithm": {"A": {"objective": "ppo_clip"}, "B": {"objective": "ppo_clip"}}}
@@ -207,7 +207,7 @@ def test_run_that_never_reaches_the_select_target_has_no_matched_checkpoint(tmp_
 
     def one_run_falls(cfg, out_dir, resume=False):
         if Path(out_dir).name == "algorithm-DDPO__batch-16__seed-1":
-            _write_run(Path(out_dir), cfg.epochs, 0, cfg.checkpoint_every, curve=falling, rng_key="f")
+            write_run(Path(out_dir), cfg.epochs, 0, cfg.checkpoint_every, curve=falling, rng_key="f")
             return None
         return train(cfg, out_dir, resume)
 

@@ -23,7 +23,7 @@ from pcpo_eval.errors import UserError
 from pcpo_eval.train.config import config_from_dict
 from pcpo_eval.train.tracking import image_grid, parse_log_to
 from pcpo_eval.train.trainer import train
-from tests.train.test_trainer import TINY
+from tests.support.train import TINY
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 N_SAMPLES = TINY["sample_batch_size"] * TINY["sample_batches_per_epoch"]

@@ -19,12 +19,7 @@ from pcpo_eval.train import checkpoints as ck
 from pcpo_eval.train.config import TrainConfig, config_from_dict, load_config
 from pcpo_eval.train.objectives import eps_matching_log_rho, log_hinge_loss, ppo_clip_loss
 from pcpo_eval.train.trainer import Trainer
-
-TINY = dict(
-    model="toy", prompts="toy", reward="jpeg_compressibility", epochs=2, sample_steps=4, cfg=3.0,
-    sample_batch_size=4, sample_batches_per_epoch=1, train_batch_size=2, gradient_updates=1,
-    learning_rate=3e-4, clip_range=1e-2, lora_rank=2, lora_alpha=2.0, checkpoint_every=1,
-)
+from tests.support.train import TINY
 
 
 def tiny(**kw) -> TrainConfig:
