@@ -11,11 +11,12 @@ from pcpo_eval.features import make_extractor
 from pcpo_eval.features.base import clean_resize
 from pcpo_eval.features.inception import TFInceptionTrunk, is_torchscript
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
 
 @pytest.fixture(scope="module")
 def random_weights(tmp_path_factory):
     """Randomly initialized TF-Inception state dict (non-trivial BN stats) saved like the real .pth."""
-    torch.set_num_threads(1)
     torch.manual_seed(0)  # nn.Module default init uses the global generator; fixed for reproducibility
     trunk = TFInceptionTrunk()
     gen = torch.Generator().manual_seed(1)

@@ -25,10 +25,8 @@ DESIGN = {"checkpoints": "bracket", "seed": 0, "prompts": "toy", "max_prompts": 
 
 
 @pytest.fixture(scope="module")
-def study(tmp_path_factory) -> Path:
+def study(tmp_path_factory, one_thread) -> Path:
     """A finished tiny toy study (every stage), trained once for this module."""
-    import torch
-
     from pcpo_eval.study.runner import run_study
 
     tmp = tmp_path_factory.mktemp("human_study")
@@ -41,12 +39,7 @@ def study(tmp_path_factory) -> Path:
     d["select_target"] = 0.0  # every run's first checkpoint: PCPO@1's reward is then bracketed by DDPO's
     spec = tmp / "spec.yaml"
     spec.write_text(yaml.safe_dump(d))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        run_study(spec, tmp / "study", log=lambda s: None)
-    finally:
-        torch.set_num_threads(threads)
+    run_study(spec, tmp / "study", log=lambda s: None)
     return tmp / "study"
 
 

@@ -77,7 +77,9 @@ def _settings() -> dict:
     return {**ext.settings(), "outputs": ["features", "logits"]}
 
 
-def test_torchrun_two_processes_equal_one(tmp_path, monkeypatch) -> None:
+def test_torchrun_two_processes_equal_one(tmp_path, monkeypatch, one_thread) -> None:
+    # one_thread: the workers run with OMP_NUM_THREADS=1, and the in-process run below must use the
+    # same kernels to give the same bits
     pytest.importorskip("torch.distributed.run")
     a = make_image_set(tmp_path / "a", TOY_PROMPTS, list(range(10)))
     b = make_image_set(tmp_path / "b", TOY_PROMPTS, list(range(50, 60)))
@@ -109,14 +111,7 @@ def test_torchrun_two_processes_equal_one(tmp_path, monkeypatch) -> None:
         lpips_batch=3,
         extractor_options={"toy": {"classifier": StandInToyClassifier(0)}},
     )
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the workers run with OMP_NUM_THREADS=1: same kernels, same bits
-    try:
-        one = compute_metrics(a, "fd_toy,is_toy,lpips_toy,hps", b, opts)
-    finally:
-        torch.set_num_threads(threads)
+    one = compute_metrics(a, "fd_toy,is_toy,lpips_toy,hps", b, opts)
     assert one.metrics.keys() == two["metrics"].keys()
     for k, v in one.metrics.items():
         # float64 sums reduced in another order: FD (a difference of large traces) moves in the 8th digit

@@ -20,10 +20,11 @@ from pcpo_eval.metrics.lpips_diversity import (
 )
 from tests.support.metrics import StandInToyClassifier
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
 
 @pytest.fixture(scope="module")
 def embedder():
-    torch.set_num_threads(1)
     return make_lpips_embedder("random", seed=0)
 
 

@@ -257,8 +257,7 @@ def trocr_dirs(tmp_path_factory):
     return root
 
 
-def test_trocr_random_tiny_model_runs_the_real_loading_and_reward_path(trocr_dirs):
-    torch.set_num_threads(1)
+def test_trocr_random_tiny_model_runs_the_real_loading_and_reward_path(trocr_dirs, one_thread):
     reward = make_reward("ocr", recogniser="trocr", path=str(trocr_dirs / "random"), max_new_tokens=6, batch_size=2)
     images = torch.randint(0, 256, (3, 3, 40, 48), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
     r = reward(images, ['"Hello World"', 'a sign "OCR"', 'text "abc"'])

@@ -36,7 +36,7 @@ from tests.support.preference import (
 
 PROMPTS = ["a red circle", "a photo of a cat", "a red circle", "blue square on grass", "x " * 100]
 
-torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

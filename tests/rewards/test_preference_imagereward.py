@@ -28,7 +28,7 @@ from pcpo_eval.rewards.preference import (
 )
 from tests.support.preference import random_images
 
-torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 WORDS = ["a", "red", "circle", "photo", "of", "cat", "blue", "square", "on", "grass", "x", "dog", "##s"]
 

@@ -2,6 +2,8 @@
 
 usage: python tests/support/metrics_worker.py extract SET CACHE
        python tests/support/metrics_worker.py metrics SET REF CACHE OUT_JSON
+
+One intra-op thread: the launching test sets OMP_NUM_THREADS=1 (tests/metrics/test_cache.py).
 """
 
 from __future__ import annotations
@@ -12,15 +14,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: tests.support, pcpo_eval
 
-import torch
-
 from pcpo_eval import dist, rewards
 from pcpo_eval.imageset import ImageSet
 from pcpo_eval.metrics.extract import MetricsOptions, extract_set
 from pcpo_eval.metrics.workers import compute_metrics
 from tests.support.metrics import SlowStandInToyClassifier, StandInToyClassifier
 
-torch.set_num_threads(1)
 rewards.REGISTRY["hps"] = "tests.support.metrics:fake_reward"
 mode = sys.argv[1]
 if mode == "extract":
