@@ -47,14 +47,14 @@ browser:
 clean-venv:
 	rm -rf $(VENV)
 
-# R's lme4 + lmerTest for tests/test_stats_lme4.py and benchmarks/bench_lmm_scale.py (Debian
+# R's lme4 + lmerTest for tests/stats/test_lme4.py and benchmarks/bench_lmm_scale.py (Debian
 # package r-cran-lmertest; without it those tests skip and the benchmark's R columns read n/a).
 lmertest:
 	@Rscript -e 'quit(status = !requireNamespace("lmerTest", quietly = TRUE))' >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ]; then (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq r-cran-lmertest >/dev/null) || echo "warning: could not install r-cran-lmertest; the lme4 comparison tests will be skipped"; \
 	  else echo "warning: R's lmerTest not installed (sudo apt-get install r-cran-lmertest); the lme4 comparison tests will be skipped"; fi; }
 
-# PostgreSQL for tests/test_human_postgres.py (Debian package; the test starts a private server in a
+# PostgreSQL for tests/human/test_postgres.py (Debian package; the test starts a private server in a
 # temporary folder). Without it that test is skipped.
 postgres:
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \

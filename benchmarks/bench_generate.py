@@ -31,10 +31,10 @@ ROOT = Path(__file__).resolve().parents[1]
 def load_bench_model(spec: str):
     """The toy model from the registry; the tests' stand-in UNet if the registry is not built."""
     if spec == "standin":
-        sys.path.insert(0, str(ROOT / "tests"))
-        from generate_standin import StandInAdapter
+        sys.path.insert(0, str(ROOT))
+        from tests.support.generate import StandInAdapter
 
-        return StandInAdapter(), "stand-in tiny UNet (tests/generate_standin.py)"
+        return StandInAdapter(), "stand-in tiny UNet (tests/support/generate.py)"
     from pcpo_eval.generate.loading import load_generation_model
 
     return load_generation_model(spec), spec

@@ -21,17 +21,16 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: tests.support
 
-from preference_stand_ins import random_images, tiny_hf_clip_dir  # noqa: E402
-
-from pcpo_eval.rewards import make_reward  # noqa: E402
-from pcpo_eval.rewards.preference import (  # noqa: E402
+from pcpo_eval.rewards import make_reward
+from pcpo_eval.rewards.preference import (
     ImageCfg,
     image_cfg_from_hf,
     open_clip_offline_kwargs,
     preprocess_images,
 )
+from tests.support.preference import random_images, tiny_hf_clip_dir
 
 
 def _levels(a: torch.Tensor, b: torch.Tensor, std: tuple[float, ...]) -> tuple[float, float]:

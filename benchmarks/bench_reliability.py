@@ -66,7 +66,7 @@ def _log(d: Path, name: str, rewards) -> None:
 
 
 def _fake_run(rd: Path, arm: str) -> None:
-    """A finished run folder (log.parquet, config.yaml, checkpoint records), as tests/test_study.py writes."""
+    """A finished run folder (log.parquet, config.yaml, checkpoint records), as tests/study/test_study.py writes."""
     import numpy as np
     import pandas as pd
 

@@ -10,7 +10,7 @@
 
 Written by :mod:`pcpo_eval.train` (trainer, checkpoints, importers); read by ``generate``
 (``--model RUN/checkpoints/epoch_NNNN``), ``stats`` (selection, speed-up), ``study`` and ``human``.
-No stage spells these names itself: it asks this module (``tests/test_file_names.py``).
+No stage spells these names itself: it asks this module (``tests/repo/test_file_names.py``).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ Written by :mod:`pcpo_eval.study` (and ``OUT/human.json`` + the ``human`` sectio
 ``results.json`` by :mod:`pcpo_eval.human`, through :func:`write_results`); read by ``report``,
 ``human`` (:class:`StudyView`), ``train export`` (a study near a run) and ``study plan`` (a pilot).
 It sits on the ground floor so every stage reads the study folder through it; no stage spells
-these names itself (``tests/test_file_names.py``).
+these names itself (``tests/repo/test_file_names.py``).
 """
 
 from __future__ import annotations

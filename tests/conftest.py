@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 # Every ordinary test runs on CPU, as CI does, whatever GPUs this machine has: `--device auto` would
 # otherwise move the trainer and generator tests to a GPU, where their bitwise expectations are not
-# defined. Tests marked `cuda` (tests/test_cuda.py) run their scenarios in subprocesses that see the
+# defined. Tests marked `cuda` (tests/gpu/test_cuda.py) run their scenarios in subprocesses that see the
 # GPUs this variable remembers. Set before torch is imported, so CUDA never initialises here.
 os.environ.setdefault("PCPO_EVAL_TEST_CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES", "<all>"))
 os.environ["CUDA_VISIBLE_DEVICES"] = ""
@@ -19,7 +19,9 @@ os.environ["PCPO_EVAL_FIGURE_FORMATS"] = "png"
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-torch.set_num_threads(2)
+# One torch thread for the session: on CI's 2 shared cores two OpenMP threads spin-wait against the
+# subprocesses some tests start; the suite's measured times (README) are single-threaded runs.
+torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="module")

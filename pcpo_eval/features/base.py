@@ -89,7 +89,7 @@ def clean_resize(images: torch.Tensor, size: int) -> torch.Tensor:
 RESIZES = ("auto", "pil", "torch")
 #: bound on max |torch - pil| of :func:`clean_resize` in grey levels (float32 sums in another order).
 #: Measured on white noise to 299 px: 0.0027 from 512 px, 0.0035 from 256, 0.0009 from 64, 0.0088 from
-#: 300, 0 at 299 (tests/test_features_inception.py asserts the bound); far below FID's seed noise
+#: 300, 0 at 299 (tests/features/test_inception.py asserts the bound); far below FID's seed noise
 TORCH_RESIZE_TOLERANCE = 1e-2
 
 

@@ -16,7 +16,7 @@ kinds never enter the process. Routes (all under ``--root-path`` when one is set
 pairs (PCPO's, in both bracket comparisons) gets two unrelated URLs, and two raters never share
 one. Images are sent with ``Cache-Control: no-store`` and no ``Last-Modified`` or ``ETag`` (file
 times follow the order images were written, which followed the checkpoints). What the app cannot
-hide is the content itself (pixels, and so the PNG's size): ``tests/test_human_blinding.py``.
+hide is the content itself (pixels, and so the PNG's size): ``tests/human/test_blinding.py``.
 
 **Hardening.** Bodies are read by the guard and refused beyond :data:`MAX_BODY` bytes whatever
 the headers say (chunked too); a POST whose ``Origin`` (or, without one, ``Referer``) is another

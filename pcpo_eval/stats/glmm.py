@@ -438,7 +438,7 @@ def _escape_zero(prob: _Problem, x: np.ndarray, fx: float, ok: bool) -> tuple[np
     at theta_k = 0, so D(theta_k = delta) < D(0) at a small delta is the local test that 0 is not a
     minimum; larger :data:`RESTART_THETAS` catch a lower D further out. Every subset of the zero SDs
     is probed; stage 2 restarts from the best probe below D, until no probe is. Measured before
-    this step on 60 simulated human-study fits (tests/test_stats_glmm.py): 4 fits stopped at
+    this step on 60 simulated human-study fits (tests/stats/test_glmm.py): 4 fits stopped at
     theta = (0, 0), D up to 0.032 above the optimum (glmer: theta_rater 0.04-0.12).
     """
     from itertools import combinations

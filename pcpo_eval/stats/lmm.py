@@ -35,7 +35,7 @@ by REML and reports coefficients with p-values; this module reproduces R's
    ``(1|prompt)`` at 0 the algorithm effect is still tested against ``(1|run)``; with ``(1|run)``
    at 0 it is tested against the residual, as lmerTest does -- the remark says which).
 
-The REML criterion equals lme4's (``-2 * REML log-lik``); tests/test_stats_lme4.py checks fits
+The REML criterion equals lme4's (``-2 * REML log-lik``); tests/stats/test_lme4.py checks fits
 against lme4 / lmerTest themselves.
 """
 

@@ -30,12 +30,12 @@ mean, ``scipy.stats.trim_mean(x, 0.25)``; with 3 runs nothing is trimmed, so IQM
   measured spread (:mod:`pcpo_eval.stats.power`).
 * Not rliable's stratified percentile bootstrap, by measurement: rliable 1.2.0 does not import with
   the installed pandas (its dependency ``arch`` 7.2.0 fails in ``deprecate_kwarg``), and on 1000
-  simulated A/A studies per setting (``significance_rates`` in ``tests/test_stats_runlevel.py`` as
+  simulated A/A studies per setting (``significance_rates`` in ``tests/stats/test_runlevel.py`` as
   of commit e74f9b6; seeds 20240703 / 20240705) its 95% interval excluded 0 in 19.2-20.8% of
   studies at 3 runs per arm and 11.7-12.4% at 5, the Welch interval in 3.3-4.0% and 3.9-4.5%.
   Bootstrapping 3 values sees at most 10 distinct resamples per arm and shrinks the spread by
   (n-1)/n. The current calibration of whole studies (paired t, Holm families, speed-ups) is in
-  ``tests/test_stats_verdict.py`` (A/A rates and power, seeds in the docstrings).
+  ``tests/stats/test_verdict.py`` (A/A rates and power, seeds in the docstrings).
 * probability of improvement P(X_t > X_b) + P(X_t = X_b)/2 (rliable: Mann-Whitney U / (n_t n_b))
   with a stratified percentile bootstrap CI (each arm resampled independently): descriptive only.
 * the report's rliable panels: :func:`iqm_interval` (IQM of one arm with a percentile bootstrap

@@ -149,7 +149,7 @@ def satterthwaite(
     as lmerTest's unless an eigenvalue lies in (0, 1e-8], which happens where a theta is huge
     (a random effect dwarfing the residual, theta ~ 1e9; H's theta entries ~ 1/theta^2): there
     the small eigenvalue is the scale of theta, not flatness, and dropping it gives lmerTest's
-    wrong df (103 or 3 where the design has 132; tests/test_stats_degenerate.py).
+    wrong df (103 or 3 where the design has 132; tests/stats/test_degenerate.py).
 
     Singular fits need nothing special: a component estimated at 0 (theta_k = 0) stays in the
     parameter vector, and the central differences step to both sides of it (the deviance is even

@@ -24,7 +24,7 @@ name                   does                                                  CLI
 =====================  ====================================================  ==================
 
 It lives in :mod:`pcpo_eval.study` because the orchestrator is the one stage that may import
-every other (tests/test_import_graph.py). Examples: docs/api.md (executed by tests/test_api_docs.py).
+every other (tests/repo/test_import_graph.py). Examples: docs/api.md (executed by tests/repo/test_api_docs.py).
 """
 
 from __future__ import annotations

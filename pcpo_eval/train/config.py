@@ -256,7 +256,7 @@ class TrainConfig:
 
 def convention_keys(cfg: TrainConfig) -> tuple[str, ...]:
     """Keys whose value picks between the paper's and a reference codebase's convention, so a shipped
-    config must state them explicitly (docs/credit.md; tests/test_conventions.py).
+    config must state them explicitly (docs/credit.md; tests/credit/test_conventions.py).
 
     eps (DDIM) models: ``credit_convention``, ``credit_fallback`` (PCPO's sigma~, also for configs whose
     PCPO arm is ``objective=pcpo``). Velocity models: ``sde``, ``kl_form``, ``cfg_detach_uncond``,

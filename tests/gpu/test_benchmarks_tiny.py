@@ -1,0 +1,47 @@
+"""benchmarks/gpu/*.py --tiny: the GPU benchmark scripts run end to end on tiny random models on CPU (so they never rot)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+EXPECT = {
+    "bench_generate.py": ("generate", ("diffusers_img_s", "ours_img_s", "ratio_ours_over_diffusers", "flops_per_image_T",
+                                       "ours_steady_img_s", "steady_ratio", "per_set_overhead_s_ours")),
+    "bench_train.py": ("setups", ()),
+    "bench_metrics.py": ("ours_fid,fd_dinov2,is,lpips", ("img_s", "ratio_vs_torchmetrics_fid", "values")),
+}
+
+
+@pytest.mark.parametrize("script", sorted(EXPECT))
+def test_gpu_benchmark_tiny_mode(script, tmp_path):
+    out = tmp_path / "r.json"
+    extra = ["--invariance"] if script == "bench_generate.py" else []
+    if script != "bench_metrics.py":  # the profiler tables (one batch / one extra epoch on the tiny models)
+        extra += ["--profile", str(tmp_path / "profile.txt")]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu" / script), "--tiny", "--json", str(out), *extra],
+                         capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert res["device"]["device"] == "cpu"
+    block, keys = EXPECT[script]
+    assert block in res and all(k in res[block] for k in keys), sorted(res)
+    if script == "bench_train.py":
+        rows = [r for rows in res["setups"].values() for r in rows]
+        assert {r["objective"] for r in res["setups"]["2"]} == {"ppo_clip", "pcpo"} and all(r["epoch_s"] > 0 for r in rows)
+        assert all(abs(r["sample_s"] + r["update_s"] - r["epoch_s"]) < 1e-6 for r in rows)
+        assert res["setups"]["2"][0]["update_device_busy"]["wall_s"] > 0  # the profiled run
+    if script == "bench_metrics.py":
+        assert res["decode_only"]["read_decode_img_s"] > 0 and res["decode_only"]["resize_299_img_s"] > 0
+    if script != "bench_metrics.py":
+        assert "Self CPU time total" in (tmp_path / "profile.txt").read_text()
+    if script == "bench_generate.py":
+        assert res["unet_invariance"]["repeat_same_shape_bitwise"] is True

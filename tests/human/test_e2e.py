@@ -1,0 +1,247 @@
+"""The human study on a real toy study: design -> raters -> the real page -> analysis -> report section.
+
+A tiny toy study (DDPO vs PCPO, 1 seed, 4 epochs) is trained once per module; the design brackets
+PCPO's reward-matched checkpoint with DDPO's checkpoints, renders them, and the rest runs through
+the CLI (``pcpo-eval human ...``) and the app (FastAPI TestClient).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from PIL import Image
+
+from pcpo_eval.human import PAIR_COLUMNS, HumanLayout
+
+ROOT = Path(__file__).resolve().parents[2]
+DESIGN = {"checkpoints": "bracket", "seed": 0, "prompts": "toy", "max_prompts": 6, "seeds": 3, "identical": 2,
+          "degraded": 2, "per_rater": 12, "rng_seed": 7, "batch_size": 32}
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory, one_thread) -> Path:
+    """A finished tiny toy study (every stage), trained once for this module."""
+    from pcpo_eval.study.runner import run_study
+
+    tmp = tmp_path_factory.mktemp("human_study")
+    d = yaml.safe_load((ROOT / "analysis" / "toy_study.yaml").read_text())
+    d["train"]["overrides"] |= {"epochs": 4, "checkpoint_every": 1, "sample_batches_per_epoch": 1}
+    d |= {"name": "tiny_human", "seeds": [0], "targets": [0.5], "window": 1, "metrics": ["fd_toy", "lpips_toy"],
+          "overall_only": ["fd_toy"], "grid": {"prompts": 2, "seeds": 2}}
+    d.pop("parallel")
+    d["eval"] |= {"max_prompts": 4, "seeds": 2}
+    d["select_target"] = 0.0  # every run's first checkpoint: PCPO@1's reward is then bracketed by DDPO's
+    spec = tmp / "spec.yaml"
+    spec.write_text(yaml.safe_dump(d))
+    run_study(spec, tmp / "study", log=lambda s: None)
+    return tmp / "study"
+
+
+@pytest.fixture(scope="module")
+def human(study, tmp_path_factory) -> Path:
+    from pcpo_eval.human.design import make_design, parse_design_spec
+
+    out = tmp_path_factory.mktemp("human") / "h"
+    make_design(study, out, parse_design_spec(DESIGN), log=lambda s: None)
+    return out
+
+
+def test_design_brackets_the_matched_reward_and_hides_the_methods(study, human):
+    design = json.loads((human / "design.json").read_text())
+    pairs = pd.read_parquet(human / "pairs.parquet")
+    assert tuple(pairs.columns) == PAIR_COLUMNS
+    sel = json.loads((study / "selection.json").read_text())
+    ref = next(r for r in sel["runs"] if r["role"] == "pcpo")
+    note = design["selection"]
+    assert note["reference"]["reward"] == pytest.approx(ref["reward"])
+    below, above = note["below"], note["above"]
+    assert below is None or below["reward"] < ref["reward"]
+    assert above is None or above["reward"] >= ref["reward"]
+    assert above is None or below is None or below["epoch"] < above["epoch"]
+    # every path in design.json is relative to the design folder (the folder can move)
+    assert not Path(design["study"]).is_absolute() and (human / design["study"]).resolve() == study.resolve()
+    assert all(not Path(c["model"]).is_absolute() for c in design["checkpoints"])
+    n_comp = len(design["comparisons"])
+    assert 1 <= n_comp <= 2
+    main = pairs[pairs["kind"] == "main"]
+    assert len(main) == n_comp * 6 * 3 and (pairs["kind"] != "main").sum() == 4
+    # sides are randomised: the PCPO checkpoint is on the left in some pairs and on the right in others
+    pcpo = f"PCPO@{ref['epoch']}"
+    assert 0 < (main["left_method"] == pcpo).sum() < len(main)
+    # every shown image exists, is a metadata-free PNG under a 16-hex name, and a pair's two images
+    # were rendered from the same prompt and seed (the same initial noise)
+    for tok in pd.concat([pairs["left_image"], pairs["right_image"]]).unique():
+        assert re.fullmatch(r"[0-9a-f]{16}", tok)
+        with Image.open(HumanLayout(human).image(tok)) as im:
+            assert not getattr(im, "text", {}) and not {k for k in im.info if k not in ("dpi", "gamma")}
+    ident = pairs[pairs["kind"] == "identical"].iloc[0]
+    a, b = (np.asarray(Image.open(HumanLayout(human).image(ident[s]))) for s in ("left_image", "right_image"))
+    assert ident["left_image"] != ident["right_image"] and np.array_equal(a, b)
+    deg = pairs[pairs["kind"] == "degraded"].iloc[0]
+    assert deg["expected"] in ("left", "right")
+
+
+def test_design_is_deterministic_and_refuses_other_settings(study, human, tmp_path):
+    from pcpo_eval.errors import UserError
+    from pcpo_eval.human.design import make_design, parse_design_spec
+
+    again, lines = tmp_path / "again", []
+    make_design(study, again, parse_design_spec(DESIGN), log=lines.append)
+    # progress: a line per rendered checkpoint (k of m) and the image writing
+    assert any(line.startswith("[human] rendering checkpoint 1 of ") for line in lines), lines
+    assert any(re.match(r"\[human\] images: (\d+) of \1 written", line) for line in lines), lines
+    pd.testing.assert_frame_equal(pd.read_parquet(again / "pairs.parquet"), pd.read_parquet(human / "pairs.parquet"))
+    before = (again / "pairs.parquet").read_bytes()
+    make_design(study, again, parse_design_spec(DESIGN), log=lambda s: None)  # same settings: nothing to do
+    assert (again / "pairs.parquet").read_bytes() == before
+    with pytest.raises(UserError, match="already holds another human design"):
+        make_design(study, again, parse_design_spec(DESIGN | {"rng_seed": 8}), log=lambda s: None)
+    assert (again / "pairs.parquet").read_bytes() == before
+
+
+def test_named_pairs_and_bad_design_files(study, tmp_path):
+    from pcpo_eval.errors import UserError
+    from pcpo_eval.human.design import make_design, parse_design_spec
+
+    runs = json.loads((study / "selection.json").read_text())["runs"]
+    ddpo = next(r["name"] for r in runs if r["role"] == "baseline")
+    ds = parse_design_spec(DESIGN | {"checkpoints": "pairs", "pairs": [[f"{ddpo}@4", "base"]], "max_prompts": 2,
+                                     "seeds": 2, "identical": 0, "degraded": 0})
+    d = make_design(study, tmp_path / "named", ds, log=lambda s: None)
+    assert d["comparisons"] == ["DDPO@4 vs base"] and d["n_pairs"] == 4
+    for bad, msg in [({"seeds": 0}, "seeds 0"), ({"colour": 1}, "unknown key 'colour'"),
+                     ({"checkpoints": "pairs"}, "pairs: give a non-empty list"),
+                     ({"checkpoints": "pairs", "pairs": [["base", "base"]]}, "compared with itself"),
+                     ({"per_rater": float("nan")}, "non-finite")]:
+        with pytest.raises(UserError, match=msg):
+            parse_design_spec(DESIGN | bad)
+    with pytest.raises(UserError, match="not in the study"):
+        make_design(study, tmp_path / "x", parse_design_spec(DESIGN | {"checkpoints": "pairs",
+                                                                        "pairs": [["nope@1", "base"]]}))
+    assert not (tmp_path / "x").exists()
+
+
+def test_raters_rate_through_the_app_and_the_analysis_reaches_the_report(study, human, cli):
+    from fastapi.testclient import TestClient
+
+    from pcpo_eval.human.app import create_app
+
+    res = cli("human", "raters", human, "--add", "ann", "--add", "ben", "--json", "--base-url", "http://127.0.0.1:8000")
+    assert res.returncode == 0, res.stderr
+    links = {r["rater"]: r["link"] for r in json.loads(res.stdout)}
+    pairs = pd.read_parquet(human / "pairs.parquet").set_index("pair_id")
+    with TestClient(create_app(human)) as client:
+        for link in links.values():
+            path = link.split("8000", 1)[1]
+            for _ in range(12):
+                page = client.get(path).text
+                pid = re.search(r'name="pair_id" value="([0-9a-f]+)"', page)[1]
+                row = pairs.loc[pid]
+                choice = row["expected"] or ("left" if row["left_method"].startswith("PCPO") else "right")
+                assert client.post(f"{path}/answer", data={"pair_id": pid, "choice": choice, "reason": ""},
+                                   follow_redirects=False).status_code == 303
+            assert "Thank you" in client.get(path).text
+    res = cli("human", "export", human)
+    assert res.returncode == 0 and "wrote 24 responses" in res.stdout
+    # the analysis of the raters' answers goes into the study's report
+    res = cli("human", "analyze", human, "--bootstrap", "50", "--json")
+    assert res.returncode == 0, res.stderr
+    analysis = json.loads(res.stdout)
+    assert analysis["comparisons"] and analysis["source"] == "database" and "simulated" not in analysis
+    assert json.loads((study / "human.json").read_text()) == analysis
+    results = json.loads((study / "results.json").read_text())
+    assert results["human"]["comparisons"] == analysis["comparisons"]
+    html = (study / "report.html").read_text()
+    assert 'id="human"' in html and "Human preference study" in html and "SIMULATED" not in html
+    # the human verdict sentences are in the report's first section too
+    assert html.index('id="human-verdict"') < html.index('id="spec"')
+    assert all(c["verdict"].split(":")[0] in html for c in analysis["comparisons"])
+    assert html.count('src="data:image/png;base64,') >= 2 * len(analysis["examples"])
+    # a rehearsal on simulated raters (planted preference for PCPO) never touches the real results
+    sim = human / "sim.parquet"
+    pcpo = next(c["label"] for c in json.loads((human / "design.json").read_text())["checkpoints"]
+                if c["label"].startswith("PCPO"))
+    res = cli("human", "simulate", human, "-o", sim, "--raters", "12", "--per-rater", "25", "--prefer", f"{pcpo}=0.8")
+    assert res.returncode == 0 and "SIMULATED" in res.stdout, res.stderr
+    real = {p: p.read_bytes() for p in (study / "human.json", study / "results.json", study / "report.html",
+                                        human / "analysis.json")}
+    res = cli("human", "analyze", human, "--responses", sim, "--bootstrap", "50")
+    assert res.returncode == 0, res.stderr
+    assert "SIMULATED rehearsal" in res.stdout and all(line.strip().startswith("SIMULATED")
+                                                       for line in res.stdout.splitlines()[1:] if line.strip())
+    assert {p: p.read_bytes() for p in real} == real
+    rehearsal = json.loads((human / "rehearsal" / "analysis.json").read_text())
+    assert rehearsal["simulated"] is True and rehearsal["label"].startswith("SIMULATED")
+    assert all(c["verdict"].startswith("SIMULATED: ") for c in rehearsal["comparisons"])
+    # the study's stats stage keeps the human section when it re-runs
+    from pcpo_eval.study.runner import Study
+    from pcpo_eval.study.spec import load_spec
+
+    source = json.loads((study / "spec.resolved.json").read_text())["source"]
+    Study(load_spec(source), study, log=lambda s: None).run(("stats",))
+    assert json.loads((study / "results.json").read_text())["human"]["comparisons"] == analysis["comparisons"]
+
+
+@pytest.mark.parametrize(("args", "msg"), [
+    (["human", "design", "{missing}", "--out", "{tmp}/o"], "is not a finished study"),
+    (["human", "raters", "{tmp}"], "holds no finished human design"),
+    (["human", "serve", "{human}", "--port", "0"], "--port 0"),
+    (["human", "analyze", "{human}", "--responses", "{tmp}/none.parquet"], "not found"),
+    (["human", "analyze", "{human}", "--responses", "{bad}"], "not a readable Parquet file"),
+    (["human", "analyze", "{human}", "--bootstrap", "-1", "--responses", "{bad}"], "--bootstrap -1"),
+    (["human", "simulate", "{human}", "-o", "{tmp}/s.parquet", "--prefer", "nobody=0.7"], "--prefer 'nobody=0.7'"),
+    (["human", "simulate", "{human}", "-o", "{tmp}/s.parquet", "--prefer", "x=nan"], "--prefer 'x=nan'"),
+    (["human", "design", "{missing}", "--out", "{tmp}/o", "--config", "{tmp}/none.yaml"], "not found"),
+    (["human", "export", "{human}", "-o", "{tmp}"], "is a folder"),
+])
+def test_bad_input_is_one_line(cli, human, tmp_path, args, msg):
+    bad = tmp_path / "bad.parquet"
+    bad.write_text("not parquet")
+    before = {p: p.stat().st_mtime_ns for p in human.rglob("*") if p.is_file()}
+    fill = {"missing": tmp_path / "nothing", "tmp": tmp_path, "human": human, "bad": bad}
+    res = cli(*[a.format(**fill) for a in args])
+    assert res.returncode == 2, res
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and msg in lines[0], lines
+    after = {p: p.stat().st_mtime_ns for p in human.rglob("*") if p.is_file() and p in before}
+    assert after == before
+
+
+def test_shipped_design_files_validate():
+    from pcpo_eval.human.design import load_design_spec
+
+    files = sorted((ROOT / "analysis" / "human").glob("*.yaml"))
+    assert files
+    for f in files:
+        assert load_design_spec(f).checkpoints in ("bracket", "pairs")
+
+
+def test_serve_on_a_port_in_use_is_one_line(cli, human):
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        res = cli("human", "serve", human, "--port", port)
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"error: cannot listen on 127.0.0.1:{port}")
+
+
+def test_a_study_without_recorded_sampler_settings_names_the_fix(study, tmp_path):
+    from pcpo_eval.errors import UserError
+    from pcpo_eval.human.design import make_design, parse_design_spec
+
+    old = tmp_path / "old_study"
+    old.mkdir()
+    spec = json.loads((study / "spec.resolved.json").read_text())
+    spec.pop("sampling")  # written by pcpo-eval before the sampler settings were recorded
+    (old / "spec.resolved.json").write_text(json.dumps(spec))
+    (old / "selection.json").write_text((study / "selection.json").read_text())
+    with pytest.raises(UserError, match="--stages select"):
+        make_design(old, tmp_path / "h", parse_design_spec(DESIGN), log=lambda s: None)
+    assert not (tmp_path / "h").exists()

@@ -1,0 +1,287 @@
+"""The rating app's hardening and the organiser's controls (FastAPI TestClient, and the CLI).
+
+Undo of the last answer (a correction; the first answer is kept), revoking and rotating links,
+the body limit on the bytes read (chunked bodies too), the Origin/Referer check on posts, HEAD,
+``--root-path``, one redacted log line and a retry page when the database fails mid-run, a
+database that is read-only or not reachable refused at start, and every database failure of a
+``human`` command as one ``error:`` line with exit code 2.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sqlite3
+
+import pandas as pd
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy.exc import OperationalError
+
+from pcpo_eval.errors import UserError
+from pcpo_eval.human import RESPONSE_COLUMNS, db
+from pcpo_eval.human import app as app_module
+from pcpo_eval.human.app import MAX_BODY, create_app
+from tests.support.human import PAIR_ID_RE, PROGRESS_RE, free_port, make_human_dir
+
+
+@pytest.fixture
+def study(tmp_path):
+    layout = make_human_dir(tmp_path / "HUMAN", n_prompts=4, n_seeds=3, n_checks=2, per_rater=6)
+    app = create_app(layout.root)
+    url = layout.database_url
+    (_, token_a), (_, token_b) = db.add_raters(url, ["alice", "bob"])
+    yield layout, TestClient(app, follow_redirects=False), url, token_a, token_b
+    db.dispose(url)
+
+
+def page(client: TestClient, token: str) -> tuple[str | None, int | None, str]:
+    """(pair id, k, html) of the rater's current page (None, None, html on the thank-you page)."""
+    html = client.get(f"/r/{token}").text
+    m, p = PAIR_ID_RE.search(html), PROGRESS_RE.search(html)
+    return (m.group(1) if m else None), (int(p.group(1)) if p else None), html
+
+
+def answer(client: TestClient, token: str, pair_id: str, choice: str, **headers: str):
+    return client.post(f"/r/{token}/answer", data={"pair_id": pair_id, "choice": choice, "reason": choice},
+                       headers=headers)
+
+
+def undo_target(html: str) -> str | None:
+    m = re.search(r'<form method="post" action="[^"]*/undo" id="undo"[^>]*>\s*<input type="hidden" '
+                  r'name="undo_pair_id" value="([0-9a-f]+)"', html)
+    return m.group(1) if m else None
+
+
+def test_undo_reasks_the_last_pair_and_keeps_the_first_answer(study):
+    layout, client, url, token, _ = study
+    first, k, html = page(client, token)
+    assert k == 1 and undo_target(html) is None  # nothing to undo yet
+    assert html.index('id="reason"') < html.index('id="choose-left"')  # the reason comes before the buttons
+    assert answer(client, token, first, "left").status_code == 303
+    second, k, html = page(client, token)
+    assert k == 2 and undo_target(html) == first
+    r = client.post(f"/r/{token}/undo", data={"undo_pair_id": first})
+    assert r.status_code == 303 and r.headers["location"] == f"/r/{token}"
+    again, k, html = page(client, token)
+    assert (again, k) == (first, 1) and undo_target(html) is None  # one step back at a time
+    assert client.post(f"/r/{token}/undo", data={"undo_pair_id": first}).status_code == 303  # a second click: no-op
+    assert db.export_responses(url).empty  # withdrawn, not yet answered again
+    assert answer(client, token, first, "right").status_code == 303
+    assert answer(client, token, first, "tie").status_code == 303  # a resubmit changes nothing again
+    df = db.export_responses(url)
+    assert tuple(df.columns) == RESPONSE_COLUMNS
+    assert df[["pair_id", "choice", "first_choice", "corrections"]].values.tolist() == [[first, "right", "left", 2]]
+    with db.get_engine(url).connect() as conn:  # the first answer itself is never changed
+        assert conn.exec_driver_sql("SELECT choice FROM responses").all() == [("left",)]
+        assert conn.exec_driver_sql("SELECT seq, choice FROM corrections ORDER BY seq").all() == [(1, None),
+                                                                                                   (2, "right")]
+    # only the last answer can be undone; an older one or a foreign pair is refused or ignored
+    assert answer(client, token, second, "left").status_code == 303
+    client.post(f"/r/{token}/undo", data={"undo_pair_id": first})
+    assert page(client, token)[1] == 3
+    assert client.post(f"/r/{token}/undo", data={"undo_pair_id": "0" * 16}).status_code == 400
+    assert db.progress(url, 6)["answered"].tolist() == [2, 0]
+
+
+def test_undo_on_the_thank_you_page(study):
+    _, client, url, token, _ = study
+    for _ in range(6):
+        pid, _, _ = page(client, token)
+        answer(client, token, pid, "left")
+    pid_none, _, html = page(client, token)
+    assert pid_none is None and "Thank you" in html and undo_target(html) == pid
+    client.post(f"/r/{token}/undo", data={"undo_pair_id": pid})
+    assert page(client, token)[:2] == (pid, 6)
+
+
+def test_revoke_and_rotate_links(study, cli):
+    layout, client, url, token_a, token_b = study
+    pid, _, _ = page(client, token_a)
+    answer(client, token_a, pid, "left")
+    res = cli("human", "raters", layout.root, "--revoke", "alice", "--rotate", "bob", "--base-url",
+              "https://rate.example.org/s", "--json")
+    assert res.returncode == 0, res.stderr
+    rows = {r["rater"]: r for r in json.loads(res.stdout)}
+    assert rows["alice"]["link"] == "revoked" and rows["alice"]["revoked"] and rows["alice"]["answered"] == 1
+    new_b = rows["bob"]["link"].removeprefix("https://rate.example.org/s/r/")
+    assert new_b != token_b and len(new_b) == len(token_b)
+    for old in (token_a, token_b):
+        assert client.get(f"/r/{old}").status_code == 404
+        assert answer(client, old, pid, "right").status_code == 404
+    assert client.get(f"/r/{new_b}").status_code == 200
+    assert db.export_responses(url)["choice"].tolist() == ["left"]  # alice's answer is kept
+    res = cli("human", "raters", layout.root, "--rotate", "alice", "--json")  # the address is remembered
+    alice = next(r for r in json.loads(res.stdout) if r["rater"] == "alice")
+    assert alice["link"].startswith("https://rate.example.org/s/r/") and not alice["revoked"]
+    assert page(client, alice["link"].rsplit("/", 1)[1])[1] == 2  # reinstated, resumes
+    res = cli("human", "raters", layout.root, "--revoke", "carol")
+    assert res.returncode == 2 and res.stderr.startswith("error: no rater named 'carol'")
+
+
+def test_raters_needs_an_address(tmp_path, cli):
+    layout = make_human_dir(tmp_path / "H", n_prompts=2, n_seeds=1, n_checks=0)
+    res = cli("human", "raters", layout.root, "--add", "ann")
+    assert res.returncode == 2 and "--base-url" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    assert db.progress(layout.database_url).empty  # nobody was added
+    res = cli("human", "raters", layout.root, "--add", "ann", "--base-url", "rate.example.org")
+    assert res.returncode == 2 and "--base-url 'rate.example.org'" in res.stderr
+    res = cli("human", "raters", layout.root, "--add", "ann", "--base-url", "http://10.0.0.5:8000/")
+    assert res.returncode == 0 and "ann: http://10.0.0.5:8000/r/" in res.stdout
+    db.dispose(layout.database_url)
+
+
+def test_body_limit_holds_without_content_length(study):
+    _, client, url, token, _ = study
+    pid, _, _ = page(client, token)
+    form = f"pair_id={pid}&choice=left&reason=".encode()
+
+    def chunks(total: int):
+        yield form
+        for _ in range(total // 8192):
+            yield b"x" * 8192
+
+    for total in (200 * 1024, 1024 * 1024):
+        r = client.post(f"/r/{token}/answer", content=chunks(total),
+                        headers={"content-type": "application/x-www-form-urlencoded"})
+        assert r.status_code == 413, total
+        assert r.request.headers.get("transfer-encoding") == "chunked"
+        assert "content-length" not in r.request.headers
+    big = client.post(f"/r/{token}/answer", content=form + b"x" * MAX_BODY,
+                      headers={"content-type": "application/x-www-form-urlencoded"})
+    assert big.status_code == 413
+    assert db.export_responses(url).empty
+    assert answer(client, token, pid, "left").status_code == 303  # a normal answer still goes through
+
+
+def test_cross_origin_posts_are_refused(study):
+    _, client, url, token, _ = study
+    pid, _, _ = page(client, token)
+    for headers in ({"origin": "https://evil.example"}, {"origin": "null"},
+                    {"referer": "https://evil.example/page"}, {"origin": "http://testserver.evil.example"}):
+        r = answer(client, token, pid, "left", **headers)
+        assert r.status_code == 403 and "another site" in r.text, headers
+        assert client.post(f"/r/{token}/undo", data={"undo_pair_id": pid}, headers=headers).status_code == 403
+    assert db.export_responses(url).empty
+    assert answer(client, token, pid, "left", origin="http://testserver").status_code == 303
+    pid2, _, _ = page(client, token)
+    assert answer(client, token, pid2, "tie", referer=f"http://testserver/r/{token}").status_code == 303
+    assert len(db.export_responses(url)) == 2
+    html = client.get(f"/r/{token}")
+    assert html.headers["referrer-policy"] == "same-origin" and 'content="same-origin"' in html.text
+
+
+def test_head_and_root_path(tmp_path):
+    layout = make_human_dir(tmp_path / "H", n_prompts=2, n_seeds=2, n_checks=0)
+    client = TestClient(create_app(layout.root, root_path="/rate/"), follow_redirects=False)
+    ((_, token),) = db.add_raters(layout.database_url, ["ann"])
+    for prefix in ("/rate", ""):  # the proxy may or may not strip the prefix
+        assert client.head(f"{prefix}/").status_code == 200
+        r = client.get(f"{prefix}/r/{token}")
+        assert r.status_code == 200 and client.head(f"{prefix}/r/{token}").status_code == 200
+        links = re.findall(r'(?:src|href|action)="([^"]+)"', r.text)
+        assert links and all(u.startswith("/rate/") for u in links), links
+        img = next(u for u in links if "/img/" in u)
+        assert client.get(img).status_code == 200 and client.head(img).status_code == 200
+        assert client.get(f"{prefix}/static/style.css").status_code == 200
+    pid = PAIR_ID_RE.search(r.text).group(1)
+    posted = client.post(f"/rate/r/{token}/answer", data={"pair_id": pid, "choice": "left"})
+    assert posted.status_code == 303 and posted.headers["location"] == f"/rate/r/{token}"
+    with pytest.raises(UserError, match="--root-path"):
+        create_app(layout.root, root_path="rate here")
+    db.dispose(layout.database_url)
+
+
+def test_database_failure_mid_run_is_a_retry_page_and_one_redacted_line(study, monkeypatch, caplog):
+    _, client, url, token, _ = study
+    pid, _, _ = page(client, token)
+
+    def down(*_args, **_kwargs):
+        raise OperationalError("INSERT INTO responses ...", {"token": token}, sqlite3.OperationalError(
+            f"unable to open database file while serving /r/{token}"))
+
+    monkeypatch.setattr(app_module.db, "submit", down)
+    with caplog.at_level(logging.ERROR, logger="pcpo_eval.human.app"):
+        r = answer(client, token, pid, "left")
+    assert r.status_code == 503 and r.headers["retry-after"] == "5"
+    assert "try again" in r.text.lower() and f'href="/r/{token}"' in r.text and "Traceback" not in r.text
+    lines = [rec.getMessage() for rec in caplog.records]
+    assert len(lines) == 1 and "\n" not in lines[0] and token not in lines[0] and "OperationalError" in lines[0]
+    monkeypatch.setattr(app_module.db, "rater_status", down)
+    caplog.clear()
+    with caplog.at_level(logging.ERROR, logger="pcpo_eval.human.app"):
+        assert client.get(f"/r/{token}").status_code == 503
+    assert caplog.records and all(token not in rec.getMessage() for rec in caplog.records)
+    monkeypatch.undo()
+    assert page(client, token)[0] == pid  # nothing was stored: the same pair is asked again
+    assert db.export_responses(url).empty
+
+
+def test_unexpected_error_log_hides_the_token(study, monkeypatch, caplog):
+    _, client, _, token, _ = study
+
+    def boom(*_args, **_kwargs):
+        raise RuntimeError(f"lookup of {token} failed")
+
+    monkeypatch.setattr(app_module.db, "rater_status", boom)
+    with caplog.at_level(logging.ERROR, logger="pcpo_eval.human.app"):
+        assert client.get(f"/r/{token}").status_code == 500
+    assert len(caplog.records) == 1 and token not in caplog.records[0].getMessage()
+    assert caplog.records[0].exc_info is None  # one line, no traceback
+
+
+def _read_only_url(layout) -> str:
+    return f"sqlite:///file:{layout.database}?mode=ro&uri=true"
+
+
+def test_read_only_database_is_refused_at_start(tmp_path):
+    layout = make_human_dir(tmp_path / "H", n_prompts=2, n_seeds=1, n_checks=0)
+    create_app(layout.root)  # migrated, pairs loaded
+    db.dispose(layout.database_url)
+    with pytest.raises(UserError, match="read-only"):
+        create_app(layout.root, database_url=_read_only_url(layout))
+    db.dispose(_read_only_url(layout))
+
+
+@pytest.mark.parametrize("case", ["read-only", "not sqlite", "unreachable postgres", "missing driver",
+                                  "no such folder"])
+@pytest.mark.parametrize("command", ["raters", "export", "analyze", "serve"])
+def test_database_failures_are_one_line_through_the_cli(tmp_path, cli, case, command):
+    layout = make_human_dir(tmp_path / "H", n_prompts=2, n_seeds=1, n_checks=0)
+    extra: list[str] = []
+    if case == "read-only":
+        create_app(layout.root)
+        db.dispose(layout.database_url)
+        extra = ["--database-url", _read_only_url(layout)]
+    elif case == "not sqlite":
+        layout.database.write_bytes(b"this is not a database, it is a text file " * 50)
+    elif case == "unreachable postgres":
+        extra = ["--database-url", "postgresql+psycopg://rater:secret-pw@127.0.0.1:9/human"]
+    elif case == "missing driver":
+        extra = ["--database-url", "postgresql+pg8000://rater@127.0.0.1:9/human"]
+    else:
+        extra = ["--database-url", f"sqlite:///{tmp_path}/no/such/h.db"]
+    args = {"raters": ["--base-url", "http://h:1", "--add", "ann"], "export": [], "analyze": [],
+            "serve": ["--port", str(free_port())]}[command]
+    before = {p: p.read_bytes() for p in layout.root.rglob("*") if p.is_file()}
+    res = cli("human", command, layout.root, *args, *extra)
+    lines = res.stderr.strip().splitlines()
+    if case == "read-only" and command in ("export", "analyze"):  # reading a read-only database is fine
+        assert res.returncode == 0 if command == "export" else "no responses" in res.stderr, res
+    else:
+        assert res.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:"), (case, res)
+        assert any(w in lines[0] for w in ("database", "driver", "does not exist")), lines[0]
+    assert "secret-pw" not in res.stderr and "Traceback" not in res.stderr
+    after = {p: p.read_bytes() for p in before if p.exists()}
+    assert after == before  # nothing lost or changed
+    db.dispose(layout.database_url)
+
+
+def test_export_has_the_standing_answers(study):
+    _, client, url, token, _ = study
+    pid, _, _ = page(client, token)
+    answer(client, token, pid, "left")
+    df = db.export_responses(url)
+    assert df[["first_choice", "corrections"]].values.tolist() == [["left", 0]]
+    pd.testing.assert_frame_equal(df, df[list(RESPONSE_COLUMNS)])

@@ -1,0 +1,72 @@
+"""One decode pass per set: every image of a call is read, verified and decoded once for all metrics."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from pcpo_eval.features.base import clean_resize, pil_uint8_resize
+from pcpo_eval.imageset import ImageSet
+from pcpo_eval.metrics.extract import MetricsOptions
+from pcpo_eval.metrics.workers import compute_metrics
+from tests.support.metrics import TOY_PROMPTS, StandInToyClassifier, make_image_set
+
+
+def _opts(cache: Path) -> MetricsOptions:
+    return MetricsOptions(batch_size=4, cache_dir=cache, lpips_batch=3,
+                          extractor_options={"toy": {"classifier": StandInToyClassifier(0)}})
+
+
+def test_fd_is_lpips_decode_each_image_once(tmp_path, monkeypatch):
+    a = make_image_set(tmp_path / "a", TOY_PROMPTS, list(range(6)))
+    b = make_image_set(tmp_path / "b", TOY_PROMPTS, list(range(50, 56)))
+    reads: Counter = Counter()
+    real = ImageSet.read_image
+
+    def counting(self, row):
+        reads[(self.root.name, int(row))] += 1
+        return real(self, row)
+
+    monkeypatch.setattr(ImageSet, "read_image", counting)
+    first = compute_metrics(a, "fd_toy,is_toy,lpips_toy", b, _opts(tmp_path / "c"))
+    n = len(TOY_PROMPTS) * 6
+    assert sum(1 for k in reads if k[0] == "a") == n and sum(1 for k in reads if k[0] == "b") == n
+    assert set(reads.values()) == {1}, "an image was decoded more than once in one call"
+    reads.clear()
+    again = compute_metrics(a, "fd_toy,is_toy,lpips_toy", b, _opts(tmp_path / "c"))
+    assert not reads, "a warm cache decodes nothing"
+    assert again.metrics == pytest.approx(first.metrics, rel=1e-12)
+    # the values equal a call that computes each metric on its own (separate caches)
+    for m in ("fd_toy", "is_toy", "lpips_toy"):
+        alone = compute_metrics(a, m, b, _opts(tmp_path / f"c_{m}"))
+        assert alone.metrics[m] == pytest.approx(first.metrics[m], rel=1e-9), m
+
+
+def test_parallel_resize_equals_serial():
+    """The thread-pool resizes give the per-image loop's values bit for bit."""
+    from PIL import Image
+
+    imgs = torch.from_numpy(np.random.default_rng(0).integers(0, 256, (5, 3, 40, 40), dtype=np.uint8))
+    arr = imgs.permute(0, 2, 3, 1).numpy()
+    serial = np.stack([np.stack([np.asarray(Image.fromarray(arr[i, :, :, c].astype(np.float32), mode="F").resize(
+        (29, 29), resample=Image.BICUBIC)).clip(0, 255) for c in range(3)]) for i in range(5)])
+    assert np.array_equal(clean_resize(imgs, 29).numpy(), serial)
+    serial8 = np.stack([np.asarray(Image.fromarray(arr[i], mode="RGB").resize((29, 29), resample=Image.BICUBIC))
+                        for i in range(5)]).transpose(0, 3, 1, 2)
+    assert np.array_equal(pil_uint8_resize(imgs, 29).numpy(), serial8)
+
+
+def test_metrics_progress_bar_on_stderr_only_when_asked(tmp_path, capsys):
+    a = make_image_set(tmp_path / "a", TOY_PROMPTS, list(range(4)))
+    for flag, shown in ((True, True), (False, False), (None, False)):  # None: stderr is not a terminal here
+        opts = _opts(tmp_path / f"c{flag}")
+        opts.progress = flag
+        capsys.readouterr()
+        compute_metrics(a, "is_toy", None, opts)
+        out = capsys.readouterr()
+        assert ("metrics a" in out.err) is shown, (flag, out.err[-300:])
+        assert "metrics a" not in out.out

@@ -1,0 +1,206 @@
+"""Paper-ready report figures (issue 29): SVG + PDF + 300-dpi PNG files, two-column sizes, >= 7 pt
+text, meaningful panel titles, the KL-reward plot drawn left to right, rliable's interval
+estimates and probability of improvement, and ``pcpo-eval report --figures-only``."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from pcpo_eval.report import figures
+from pcpo_eval.report.html import report_figures, write_figures
+from pcpo_eval.stats.runlevel import (
+    iqm,
+    iqm_interval,
+    performance_profile,
+    poi_interval,
+    probability_of_improvement,
+)
+from pcpo_eval.study.results import to_jsonable
+from tests.support.report import synthetic_runs
+
+#: these tests read the SVG / PDF files too (the suite writes PNG only: tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("all_figure_formats")
+
+ROLES = {"DDPO": "baseline", "PCPO": "pcpo"}
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    yield
+    import matplotlib.pyplot as plt
+
+    plt.close("all")
+
+
+def _results(cells: tuple[str, ...] = ("batch=16", "batch=32"), epochs: int = 8) -> dict:
+    runs = [r for r in synthetic_runs(epochs=epochs) if r["cell"] in cells]
+    if cells == ("all",):
+        runs = [{**r, "cell": "all"} for r in synthetic_runs(epochs=epochs) if r["cell"] == "batch=16"]
+    return to_jsonable({"study": {"name": "figs", "window": 3, "compare": {"baseline": "DDPO", "pcpo": "PCPO"}},
+                        "runs": runs})
+
+
+def _texts(fig) -> list:
+    return [t for t in fig.findobj(lambda a: hasattr(a, "get_fontsize") and hasattr(a, "get_text"))
+            if t.get_text().strip()]
+
+
+def test_iqm_and_poi_intervals():
+    rng = np.random.default_rng(0)
+    x = np.array([1.0, 2.0, 3.0, 4.0, 100.0])
+    est, lo, hi = iqm_interval(x, rng=rng)
+    assert est == pytest.approx(iqm(x)) == pytest.approx(3.0) and lo <= est <= hi
+    assert iqm_interval([2.0], rng=rng) == (2.0, 2.0, 2.0)  # one run: a zero-width interval
+    b, t = np.array([0.1, 0.2, 0.3]), np.array([0.25, 0.35, 0.45])
+    p, plo, phi = poi_interval(b, t, rng=np.random.default_rng(1))
+    assert p == pytest.approx(float(probability_of_improvement(b, t))) == pytest.approx(8 / 9)
+    assert 0 <= plo <= p <= phi <= 1
+    with pytest.raises(Exception, match="finite"):
+        poi_interval([np.nan], [1.0], rng=rng)
+
+
+def test_files_sizes_fonts_and_titles(tmp_path):
+    res = _results()
+    (tmp_path / "results.json").write_text(json.dumps(res))
+    paths = write_figures(tmp_path)
+    names = {"reward_curves", "reward_compute_time", "kl_reward", "interval_estimates", "probability_of_improvement",
+             "performance_profiles"}
+    assert {p.name for p in paths} == {f"{n}.{ext}" for n in names for ext in ("svg", "pdf", "png")}
+    for n in names:
+        svg = (tmp_path / "figures" / f"{n}.svg").read_text()
+        assert "<text" in svg and "<script" not in svg  # text stays text (editable), nothing executable
+        pdf = (tmp_path / "figures" / f"{n}.pdf").read_bytes()
+        assert pdf.startswith(b"%PDF") and b"/FontFile2" in pdf and b"/Type3" not in pdf  # TrueType, no Type 3
+        with Image.open(tmp_path / "figures" / f"{n}.png") as im:
+            assert im.info["dpi"] == pytest.approx((300, 300), abs=0.1)
+            width_in = im.size[0] / 300
+            assert 3.0 <= width_in <= figures.DOUBLE_COLUMN_IN + 0.2, (n, width_in)
+    for name, fig in report_figures(res).items():
+        assert fig.get_figwidth() in (figures.SINGLE_COLUMN_IN, figures.DOUBLE_COLUMN_IN), name
+        assert min(t.get_fontsize() for t in _texts(fig)) >= 7, name
+
+
+def test_single_cell_titles_and_single_column():
+    figs = report_figures(_results(("all",)))
+    assert figs["reward_curves"].get_figwidth() == figures.SINGLE_COLUMN_IN
+    for name, fig in figs.items():
+        titles = [ax.get_title() for ax in fig.axes if ax.get_visible()]
+        assert all(t and t != "all" and not t.startswith("all:") for t in titles), (name, titles)
+    assert figs["reward_curves"].axes[0].get_title() == "reward per epoch"
+    two = report_figures(_results())
+    assert two["reward_curves"].axes[0].get_title() == "batch=16: reward per epoch"
+
+
+def test_kl_reward_lines_run_left_to_right():
+    fig = figures.kl_reward_figure(_results()["runs"], ROLES)
+    lines = [ln for ax in fig.axes for ln in ax.get_lines()]
+    assert len(lines) == 4  # one per arm and cell, not one per run
+    for ln in lines:
+        x = np.asarray(ln.get_xdata(), dtype=float)
+        assert np.all(np.diff(x) >= 0) and ln.get_marker() == "o"
+    assert fig.axes[0].get_xscale() == "log"
+    assert figures.kl_bins([(3.0, 1.0), (1.0, 0.0), (2.0, 5.0), (float("nan"), 9.0)], n_bins=2) == ([1.0, 2.5], [0.0, 3.0])
+
+
+def test_rliable_panels():
+    runs = _results()["runs"]
+    vals = figures.run_scalars(runs, window=3)
+    assert set(vals) == {(c, a) for c in ("batch=16", "batch=32") for a in ("DDPO", "PCPO")}
+    # seed 1 has a missing epoch: its AUC is left out, its final reward (last 3 epochs) is kept
+    assert len(vals[("batch=16", "DDPO")]["auc"]) == 2 and len(vals[("batch=16", "DDPO")]["final_reward"]) == 3
+    fig = figures.interval_estimates_figure(runs, ROLES, window=3)
+    labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert labels[0].startswith("DDPO (3 runs), batch=16") and len(labels) == 4
+    assert [ax.get_title() for ax in fig.axes] == [figures.RUN_QUANTITIES[q] for q in ("paired_gain", "final_reward", "auc")]
+    poi = figures.improvement_figure(runs, ROLES, window=3)
+    assert [t.get_text() for t in poi.axes[0].get_yticklabels()] == ["P(PCPO > DDPO), batch=16", "P(PCPO > DDPO), batch=32"]
+    assert poi.axes[0].get_xlim() == (-0.02, 1.02)
+    assert figures.improvement_figure(runs, {}, window=3) is None  # no baseline arm: nothing to compare
+
+
+def test_cli_figures_only(cli, tmp_path):
+    (tmp_path / "results.json").write_text(json.dumps(_results(("batch=16",), epochs=5)))
+    res = cli("report", tmp_path, "--figures-only")
+    assert res.returncode == 0, res.stderr
+    assert not (tmp_path / "report.html").exists()
+    assert (tmp_path / "figures" / "reward_curves.pdf").is_file() and "figure files" in res.stdout
+    other = tmp_path / "paper"
+    assert cli("report", tmp_path, "--figures-only", "--figures-dir", other).returncode == 0
+    assert (other / "kl_reward.svg").is_file()
+    bad = cli("report", tmp_path, "--figures-only", "--output", tmp_path / "r.html")
+    assert bad.returncode == 2 and bad.stderr.startswith("error: --figures-only writes no HTML")
+    missing = cli("report", tmp_path / "nowhere", "--figures-only")
+    assert missing.returncode == 2 and "results.json not found" in missing.stderr
+
+
+def test_kl_ref_figure_is_a_paper_figure():
+    """The reward-vs-KL-to-reference figure (report/kl_ref.py) is written with the others, at paper sizes."""
+    tr = {"run": "r", "role": "pcpo", "cell": "all", "epoch": [1, 2], "kl_ref": [0.1, 0.3], "reward_smoothed": [0.5, 0.6],
+          "reward_mean": [0.5, 0.6]}
+    fig = report_figures({"study": {"name": "kl"}, "traces": [tr]})["kl_ref_reward"]
+    assert fig.get_figwidth() == figures.SINGLE_COLUMN_IN and fig.axes[0].get_title() == "reward vs KL to the reference"
+    assert min(t.get_fontsize() for t in _texts(fig)) >= 7
+
+
+def test_performance_profile_function():
+    x = [1.0, 2.0, 3.0, 4.0]
+    frac, lo, hi = performance_profile(x, [0.0, 1.0, 2.5, 4.0, 5.0], rng=np.random.default_rng(0))
+    assert frac.tolist() == [1.0, 0.75, 0.5, 0.0, 0.0]  # strictly above tau, as rliable
+    assert np.all(lo <= frac) and np.all(frac <= hi) and lo[0] == hi[0] == 1.0 and hi[-1] == 0.0
+    one = performance_profile([2.0], [1.0, 3.0], rng=np.random.default_rng(0))
+    assert [a.tolist() for a in one] == [[1.0, 0.0]] * 3  # one run: a step with a zero-width band
+    with pytest.raises(Exception, match="finite"):
+        performance_profile([np.nan], [0.0], rng=np.random.default_rng(0))
+
+
+def test_performance_profile_figure():
+    runs = _results()["runs"]
+    fig = figures.performance_profile_figure(runs, ROLES, window=3)
+    assert [ax.get_title() for ax in fig.axes] == [figures.RUN_QUANTITIES[q] for q in ("paired_gain", "final_reward", "auc")]
+    labels = fig.axes[0].get_legend_handles_labels()[1]
+    assert labels[0] == "DDPO (3 runs), batch=16" and len(labels) == 4
+    for ln in fig.axes[1].get_lines():
+        y = np.asarray(ln.get_ydata(), dtype=float)
+        assert y[0] == 1.0 and y[-1] == 0.0 and np.all(np.diff(y) <= 0)  # a survival curve over tau
+    assert figures.performance_profile_figure([], ROLES) is None
+
+
+def test_closeup_of_first_epochs_is_unsmoothed():
+    epochs = list(range(30))
+    trace = {"run": "PCPO-s0", "role": "pcpo", "cell": "all", "epoch": epochs,
+             "reward_mean": [float(e % 3) for e in epochs], "reward_smoothed": [1.0] * 30,
+             "clipfrac": [0.01 * e for e in epochs]}
+    fig = figures.closeup_figure([trace])
+    top, bottom = fig.axes[0], fig.axes[1]
+    (line,) = top.get_lines()
+    assert list(line.get_xdata()) == list(range(20)) and list(line.get_ydata()) == [float(e % 3) for e in range(20)]
+    assert list(bottom.get_lines()[0].get_ydata()) == pytest.approx([0.01 * e for e in range(20)])
+    assert top.get_title() == "reward, first 20 epochs (unsmoothed)"
+    assert figures.closeup_figure([]) is None
+
+
+def test_report_writes_closeup_and_profiles(tmp_path):
+    res = _results(("batch=16",))
+    res["traces"] = [{"run": "r", "role": "pcpo", "cell": "batch=16", "epoch": [0, 1, 2], "reward_mean": [1.0, 2.0, 3.0],
+                      "reward_smoothed": [1.0, 1.5, 2.0], "clipfrac": [0.0, 0.1, 0.0], "clipfrac_smoothed": [0.0, 0.05, 0.03]}]
+    (tmp_path / "results.json").write_text(json.dumps(res))
+    names = {p.name for p in write_figures(tmp_path)}
+    assert {"traces_first_epochs.pdf", "performance_profiles.svg", "performance_profiles.png"} <= names
+
+
+def test_figure_formats_env(monkeypatch):
+    from pcpo_eval.errors import UserError
+    from pcpo_eval.figfiles import FORMATS_ENV, figure_formats
+
+    assert figure_formats() == ("svg", "pdf", "png")
+    monkeypatch.setenv(FORMATS_ENV, "PNG")
+    assert figure_formats() == ("png",)
+    monkeypatch.setenv(FORMATS_ENV, "pdf, svg")
+    assert figure_formats() == ("svg", "pdf")
+    monkeypatch.setenv(FORMATS_ENV, "jpg")
+    with pytest.raises(UserError, match="subset of svg, pdf, png"):
+        figure_formats()

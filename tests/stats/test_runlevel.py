@@ -1,0 +1,285 @@
+"""Run-level inference (pcpo_eval.stats.runlevel): per-run quantities and comparisons over runs.
+
+References: scipy.stats (ttest_rel, ttest_1samp, ttest_ind with equal_var=False and trim,
+trim_mean, Mann-Whitney U, permutation_test) and brute-force enumeration of sign flips. The
+calibration of whole studies (A/A rates, power) lives in tests/stats/test_verdict.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import scipy.stats
+
+from pcpo_eval.errors import UserError
+from pcpo_eval.stats.power import mde
+from pcpo_eval.stats.runlevel import (
+    ONE_RUN_PER_ARM,
+    auc,
+    compare_runs,
+    degenerate_reason,
+    final,
+    iqm,
+    paired_gain,
+    permutation_test,
+    probability_of_improvement,
+    reward_at_epochs,
+    sign_flip_test,
+    stratified_bootstrap_ci,
+    trimmed_paired_interval,
+    trimmed_t_interval,
+)
+
+ALPHA = 0.05
+
+# ---------------------------------------------------------------------------------------------
+# per-run quantities
+# ---------------------------------------------------------------------------------------------
+
+
+def test_reward_at_epochs_auc_final_paired_gain():
+    y = np.arange(1.0, 11.0)  # epoch e -> e
+    np.testing.assert_allclose(reward_at_epochs(y, [1, 10]), [1.0, 10.0])
+    np.testing.assert_allclose(reward_at_epochs(y, [10], window=5), [8.0])  # mean of 6..10
+    np.testing.assert_allclose(reward_at_epochs(y, [12], epochs=np.arange(3, 13)), [10.0])
+    with pytest.raises(UserError, match="epoch 11 is not logged"):
+        reward_at_epochs(y, [11])
+    assert auc(np.full(7, 0.3)) == pytest.approx(0.3)
+    assert auc(np.linspace(0, 1, 11)) == pytest.approx(0.5)
+    assert auc([0.0, 1.0, 1.0], epochs=[1, 2, 11]) == pytest.approx((0.5 + 9.0) / 10)
+    assert final(y, 3) == pytest.approx(9.0)
+    assert math.isnan(final([1.0, np.nan, 2.0], 2))  # NaN propagates, compare_runs reports it
+    with pytest.raises(UserError, match="fewer than k=20"):
+        final(y, 20)
+    noise = np.random.default_rng(0).normal(0, 1, 10)
+    assert paired_gain(0.5 + noise + 0.1, 0.5 + noise, k=5) == pytest.approx(0.1)  # epoch noise cancels
+    with pytest.raises(UserError, match="control has 9"):
+        paired_gain(y, y[:9])
+    with pytest.raises(UserError, match="strictly increasing"):
+        auc([1.0, 2.0], epochs=[2, 2])
+
+
+# ---------------------------------------------------------------------------------------------
+# unpaired statistics against scipy
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("nb", "nt"), [(3, 3), (5, 5), (4, 6), (2, 7)])
+def test_iqm_poi_and_welch_yuen_intervals_match_scipy(nb, nt):
+    rng = np.random.default_rng(nb * 10 + nt)
+    b, t = rng.normal(size=nb), rng.normal(size=nt) + 0.5
+    assert iqm(t) == pytest.approx(scipy.stats.trim_mean(t, 0.25))
+    u = scipy.stats.mannwhitneyu(t, b, alternative="greater").statistic
+    assert probability_of_improvement(b, t) == pytest.approx(u / (nb * nt))
+    for trim in (0.0, 0.25):
+        ours = trimmed_t_interval(b, t, trim=trim, alpha=0.05)
+        ref = scipy.stats.ttest_ind(t, b, equal_var=False, trim=trim)
+        ci = ref.confidence_interval(0.95)
+        np.testing.assert_allclose([ours.low, ours.high, ours.df], [ci.low, ci.high, ref.df], rtol=1e-10)
+        c = compare_runs(b, t, "iqm" if trim else "mean", n_boot=50, rng=rng)
+        assert not c.paired and c.p == pytest.approx(ref.pvalue, rel=1e-10)
+        assert (c.ci_low, c.ci_high) == (pytest.approx(ci.low, rel=1e-10), pytest.approx(ci.high, rel=1e-10))
+        assert c.significant == (c.p < ALPHA) == (c.ci_low > 0 or c.ci_high < 0)
+
+
+def test_probability_of_improvement_counts_ties_half():
+    assert probability_of_improvement(np.array([1.0, 2.0]), np.array([2.0, 3.0])) == pytest.approx(0.875)
+
+
+def test_stratified_bootstrap_resamples_each_arm():
+    b, t = np.array([0.0, 0.0, 0.0]), np.array([1.0, 1.0, 1.0])
+    lo, hi = stratified_bootstrap_ci(b, t, probability_of_improvement, n_boot=100,
+                                     rng=np.random.default_rng(0), alpha=0.05)  # fmt: skip
+    assert lo == hi == 1.0
+
+
+@pytest.mark.parametrize(("nb", "nt"), [(3, 3), (4, 6), (5, 5)])
+def test_exact_permutation_p_matches_scipy(nb, nt):
+    rng = np.random.default_rng(nb + 100 * nt)
+    b, t = rng.normal(size=nb), rng.normal(size=nt) + 1.0
+    ours = permutation_test(b, t, rng=rng)
+    ref = scipy.stats.permutation_test(
+        (t, b), lambda x, y, axis: np.abs(np.mean(x, axis) - np.mean(y, axis)),
+        permutation_type="independent", alternative="greater", n_resamples=np.inf,
+    )  # fmt: skip
+    assert ours.exact and ours.n_relabellings == math.comb(nb + nt, nt)
+    assert ours.p == pytest.approx(ref.pvalue)
+
+
+def test_permutation_floor_and_monte_carlo_agree():
+    b, t = np.array([1.0, 2.0, 3.0]), np.array([10.0, 11.0, 12.0])
+    exact = permutation_test(b, t, rng=np.random.default_rng(0))
+    assert (exact.n_relabellings, exact.p, exact.p_min) == (20, pytest.approx(0.1), pytest.approx(0.1))
+    rng = np.random.default_rng(1)
+    b7, t7 = rng.normal(size=7), rng.normal(size=7) + 0.8
+    ex = permutation_test(b7, t7, rng=rng)
+    mc = permutation_test(b7, t7, rng=rng, limit=100, n_resamples=20_000)
+    assert ex.exact and not mc.exact and mc.p_min == pytest.approx(1 / 20_001)
+    assert mc.p == pytest.approx(ex.p, abs=0.01)
+
+
+# ---------------------------------------------------------------------------------------------
+# paired: t on the per-seed differences, sign flips
+# ---------------------------------------------------------------------------------------------
+
+
+def _brute_force_sign_flip_p(d: np.ndarray) -> float:
+    obs = abs(d.mean())
+    hits = [abs(np.mean(np.array(s) * d)) >= obs - 1e-12 for s in itertools.product((1, -1), repeat=d.size)]
+    return float(np.mean(hits))
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 6, 9])
+def test_sign_flip_exact_p_equals_brute_force_enumeration(n):
+    rng = np.random.default_rng(n)
+    for shift in (0.0, 0.5, 2.0):
+        d = rng.normal(shift, 1.0, n)
+        ours = sign_flip_test(d, rng=rng)
+        assert ours.exact and ours.n_relabellings == 2**n
+        assert ours.p == pytest.approx(_brute_force_sign_flip_p(d))
+
+
+def test_sign_flip_floor_and_monte_carlo():
+    three = sign_flip_test(np.array([1.0, 2.0, 3.0]), rng=np.random.default_rng(0))
+    assert three.p == pytest.approx(2 / 8) and three.p_min == pytest.approx(2 / 8)
+    d = np.random.default_rng(2).normal(0.7, 1.0, 10)
+    ex = sign_flip_test(d, rng=np.random.default_rng(0))
+    mc = sign_flip_test(d, rng=np.random.default_rng(0), limit=100, n_resamples=20_000)
+    assert ex.exact and not mc.exact and mc.n_relabellings == 1024 and mc.p_min == pytest.approx(1 / 20_001)
+    assert mc.p == pytest.approx(ex.p, abs=0.01)
+
+
+@pytest.mark.parametrize("n", [2, 3, 5, 8])
+def test_paired_compare_is_the_paired_t_test(n):
+    """CI and p equal scipy's ttest_rel and a one-sample t on the differences; the seed effect
+    (large, shared by both arms) cancels, so the paired CI is much narrower than Welch's."""
+    rng = np.random.default_rng(100 + n)
+    seed = rng.normal(0, 1.0, n)
+    b = seed + rng.normal(0, 0.05, n)
+    t = seed + 0.08 + rng.normal(0, 0.05, n)
+    c = compare_runs(b, t, n_boot=50, rng=rng, paired=True)
+    rel = scipy.stats.ttest_rel(t, b)
+    one = scipy.stats.ttest_1samp(t - b, 0.0)
+    ci = rel.confidence_interval(0.95)
+    assert c.paired and c.estimable and c.ci_method == "paired t" and c.df == n - 1
+    assert c.p == pytest.approx(rel.pvalue, rel=1e-10) and c.p == pytest.approx(one.pvalue, rel=1e-10)
+    np.testing.assert_allclose([c.ci_low, c.ci_high], [ci.low, ci.high], rtol=1e-10)
+    assert c.estimate == pytest.approx(np.mean(t - b))
+    assert c.baseline_value == pytest.approx(b.mean()) and c.treatment_value == pytest.approx(t.mean())
+    assert c.p_permutation == pytest.approx(_brute_force_sign_flip_p(t - b))
+    assert c.p_min == pytest.approx(2 / 2**n)
+    assert c.p_method.startswith("paired t (permutation check: exact sign-flip over")
+    assert c.mde == pytest.approx(mde(float(np.std(t - b, ddof=1)), n, paired=True))
+    assert c.significant == (c.p < ALPHA)
+    welch = compare_runs(b, t, n_boot=50, rng=rng)
+    assert welch.ci_high - welch.ci_low > 3 * (c.ci_high - c.ci_low)
+
+
+def test_trimmed_paired_interval_without_trim_is_the_one_sample_t():
+    d = np.random.default_rng(4).normal(0.3, 1.0, 7)
+    ours = trimmed_paired_interval(d, trim=0.0, alpha=0.1)
+    ci = scipy.stats.ttest_1samp(d, 0.0).confidence_interval(0.9)
+    np.testing.assert_allclose([ours.low, ours.high, ours.df], [ci.low, ci.high, 6], rtol=1e-10)
+    iq = trimmed_paired_interval(np.r_[d, 50.0], trim=0.25, alpha=0.1)
+    assert iq.estimate == pytest.approx(scipy.stats.trim_mean(np.r_[d, 50.0], 0.25)) and iq.df == 8 - 2 * 2 - 1
+
+
+def test_significant_iff_ci_excludes_zero_paired_and_unpaired(monkeypatch):
+    import pcpo_eval.stats.runlevel as runlevel
+
+    monkeypatch.setattr(runlevel, "_mde", lambda *a, **k: None)  # power figures: not checked here
+    rng = np.random.default_rng(9)
+    seen = set()
+    for _ in range(150):
+        n = int(rng.integers(2, 7))
+        b = rng.normal(0, 1, n)
+        t = b * rng.uniform(0, 1) + rng.normal(rng.uniform(0, 2), 1, n)
+        for paired in (True, False):
+            c = compare_runs(b, t, n_boot=10, rng=rng, paired=paired)
+            assert c.significant == (c.p < ALPHA) == (c.ci_low > 0 or c.ci_high < 0)
+            seen.add(c.significant)
+    assert seen == {True, False}
+
+
+# ---------------------------------------------------------------------------------------------
+# compare_runs: fields and degenerate inputs
+# ---------------------------------------------------------------------------------------------
+
+
+def test_compare_runs_fields_and_determinism():
+    b, t = [0.80, 0.82, 0.79], [0.90, 0.93, 0.91]
+    c = compare_runs(b, t, rng=np.random.default_rng(5))
+    assert c == compare_runs(b, t, rng=np.random.default_rng(5))
+    assert c.estimable and c.reason == "" and (c.n_baseline, c.n_treatment) == (3, 3) and not c.paired
+    assert c.estimate == pytest.approx(np.mean(t) - np.mean(b))
+    assert c.ci_low is not None and c.ci_high is not None and 0 < c.ci_low < c.estimate < c.ci_high
+    assert c.ci_method == "Welch t" and c.significant
+    assert c.p == pytest.approx(scipy.stats.ttest_ind(t, b, equal_var=False).pvalue) and c.p < ALPHA
+    # the permutation check cannot go below 2/20 with 3 vs 3 runs; significance follows the t test
+    assert c.p_permutation == pytest.approx(0.1) and c.p_min == pytest.approx(0.1)
+    assert c.p_method == "Welch t (permutation check: exact relabelling over 20)"
+    assert c.poi == 1.0 and c.poi_ci_low is not None and c.poi_ci_low <= 1.0 == c.poi_ci_high
+    assert c.mde == pytest.approx(mde(float(np.std(b, ddof=1)), 3, sd_t=float(np.std(t, ddof=1)), n_t=3,
+                                      paired=False))  # fmt: skip
+    overlap = compare_runs([0.80, 0.85, 0.79], [0.81, 0.84, 0.80], rng=np.random.default_rng(5))
+    assert overlap.estimable and not overlap.significant and overlap.ci_low < 0 < overlap.ci_high
+
+
+def test_compare_runs_iqm_ignores_an_outlier_run():
+    b = np.array([0.80, 0.81, 0.79, 0.80, 0.82])
+    t = np.array([0.90, 0.91, 0.89, 0.90, -5.0])  # one diverged run
+    rng = np.random.default_rng(0)
+    m, q = compare_runs(b, t, "mean", rng=rng), compare_runs(b, t, "iqm", rng=rng)
+    assert q.estimate == pytest.approx(scipy.stats.trim_mean(t, 0.25) - scipy.stats.trim_mean(b, 0.25))
+    assert q.significant and q.ci_method.startswith("Yuen") and not m.significant
+
+
+@pytest.mark.parametrize(
+    ("b", "t", "paired", "reason"),
+    [
+        ([0.8], [0.9], False, ONE_RUN_PER_ARM),
+        ([0.8], [0.9], True, ONE_RUN_PER_ARM),
+        ([0.8], [0.9, 0.91, 0.92], False, "1 baseline run: no run-to-run spread"),
+        ([0.8, 0.8, 0.8], [0.8, 0.8, 0.8], False, "no variation: every run of both arms has the same value"),
+        ([0.8, 0.8, 0.8], [0.9, 0.9, 0.9], False, "no within-arm variation"),
+        ([0.8, np.nan, 0.7], [0.9, 0.9, 0.8], False, "non-finite values (NaN/inf) in 1 of 6 runs"),
+        ([0.8, 0.7, np.inf], [0.9, 0.9, 0.8], True, "non-finite values (NaN/inf) in 1 of 6 runs"),
+        ([], [0.9, 0.9, 0.8], False, "no baseline runs"),
+        # paired: the runs vary, the per-seed differences do not
+        ([0.5, 0.7, 0.9], [0.6, 0.8, 1.0], True, "no variation in the per-seed differences"),
+        ([0.5, 0.7, 0.9], [0.5, 0.7, 0.9], True, "no variation in the per-seed differences"),
+    ],
+)
+def test_compare_runs_degenerate_inputs_are_not_estimable(b, t, paired, reason):
+    c = compare_runs(b, t, rng=np.random.default_rng(0), paired=paired)
+    assert not c.estimable and c.reason.startswith(reason) and c.paired == paired
+    assert c.p is None and c.ci_low is None and c.ci_high is None and not c.significant
+    assert c.reason == degenerate_reason(np.asarray(b, dtype=float), np.asarray(t, dtype=float), paired)
+    if reason == ONE_RUN_PER_ARM:
+        assert c.estimate == pytest.approx(0.1)  # a difference between two runs, still shown
+
+
+def test_constant_differences_are_fine_unpaired():
+    b, t = np.array([0.5, 0.7, 0.9]), np.array([0.6, 0.8, 1.0])
+    assert degenerate_reason(b, t, paired=False) == ""
+    assert compare_runs(b, t, rng=np.random.default_rng(0)).estimable
+
+
+def test_compare_runs_iqm_with_no_spread_left_after_trimming():
+    c = compare_runs([1.0, 1.0, 1.0, 1.0, 5.0], [2.0, 2.0, 2.0, 2.0, 0.0], "iqm", rng=np.random.default_rng(0))
+    assert not c.estimable and "after trimming" in c.reason and c.p is None
+
+
+def test_compare_runs_user_errors():
+    rng = np.random.default_rng(0)
+    with pytest.raises(UserError, match="unknown stat 'median'"):
+        compare_runs([1.0, 2.0], [1.0, 3.0], "median", rng=rng)  # type: ignore[arg-type]
+    with pytest.raises(UserError, match="1-D array"):
+        compare_runs([[1.0, 2.0]], [1.0, 3.0], rng=rng)
+    with pytest.raises(UserError, match="alpha"):
+        compare_runs([1.0, 2.0], [1.0, 3.0], rng=rng, alpha=5)
+    with pytest.raises(UserError, match="paired runs need equal arms, got 2 and 3"):
+        compare_runs([1.0, 2.0], [1.0, 3.0, 4.0], rng=rng, paired=True)

@@ -1,0 +1,77 @@
+"""Per-image metrics (preference / reward scores) get their LMM on one row per image.
+
+The study fits ``value ~ algorithm + (1|prompt) + (1|image) + (1|run)`` for them, where ``image``
+is the initial noise shared by every run's image of one (prompt, seed) (generation seeds are keyed
+by both), and keeps the per-prompt model for per-prompt metrics (LPIPS diversity). Checked on the
+fast stand-ins of tests/support/study.py: the per-image fit has the right rows and groups, an A/A
+design shows no significant effect, a planted effect is detected and tested against the runs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import pcpo_eval.study.spec
+from pcpo_eval.study.runner import run_study
+from pcpo_eval.testing import isolate_weight_caches
+from tests.support.study import install_fakes, write_spec
+
+AA = {"design": {"algorithm": {"A": {"objective": "ppo_clip"}, "B": {"objective": "ppo_clip"}}},
+      "compare": {"factor": "algorithm", "baseline": "A", "pcpo": "B"},
+      "lmm": {"formula": "value ~ algorithm + (1|prompt)"},
+      "metrics": ["fd_toy", "lpips_toy", "pickscore"], "overall_only": ["fd_toy"],
+      "seeds": {"A": [0, 1, 2], "B": [3, 4, 5]}, "targets": [0.3], "select_target": 0.3}
+
+
+@pytest.fixture
+def fakes(tmp_path, monkeypatch):
+    isolate_weight_caches(tmp_path, monkeypatch)
+    # pickscore's weights are not on this machine; the fake metric worker never loads them
+    monkeypatch.setattr(pcpo_eval.study.spec, "_check_weights", lambda *a, **k: None)
+    return install_fakes(monkeypatch)
+
+
+def _study(tmp_path: Path, **spec) -> dict:
+    out = tmp_path / "study"
+    run_study(write_spec(tmp_path / "s.yaml", **spec), out, log=lambda s: None)
+    return json.loads((out / "results.json").read_text())
+
+
+def _term(fit: dict, term: str) -> dict:
+    return next(f for f in fit["fixed"] if f["term"] == term)
+
+
+def test_per_image_metric_is_fitted_on_image_rows_with_noise_and_run_effects(tmp_path, fakes):
+    fakes.run_sd_metric = 0.03  # runs differ (training seeds), arms do not
+    res = _study(tmp_path, **AA)
+    lmm = res["lmm"]
+    pick, lp = lmm["fits"]["pickscore"], lmm["fits"]["lpips_toy"]
+    assert lmm["per_image_metrics"] == ["pickscore"]
+    assert pick["formula"] == "value ~ algorithm + (1|prompt) + (1|image) + (1|run)"
+    assert lp["formula"] == "value ~ algorithm + (1|prompt) + (1|run)"  # LPIPS diversity stays per prompt
+    assert lmm["image_formula"] == pick["formula"] and lmm["formula"] == lp["formula"]
+    # 6 runs x 3 prompts x 4 seeds images vs 6 runs x 3 prompts
+    assert pick["n_rows"] == 72 and lp["n_rows"] == 18
+    assert pick["n_obs"] == 72 and pick["n_groups"] == {"prompt": 3, "image": 12, "run": 6}
+    # A/A: no significant algorithm effect on the per-image score, and its df reflects the 6 runs
+    fe = _term(pick, "algorithm[T.B]")
+    assert pick["estimable"], pick["reason"]
+    assert fe["p"] > 0.05 and fe["df"] < 10, fe
+    assert not res["raw_scores"]["significance"]["all"]["pickscore"]["significant"]
+
+
+def test_planted_per_image_difference_is_detected(tmp_path, fakes):
+    fakes.metric_effect = {"B": 0.1}
+    fakes.run_sd_metric = 0.03
+    res = _study(tmp_path, **AA)
+    pick = res["lmm"]["fits"]["pickscore"]
+    fe = _term(pick, "algorithm[T.B]")
+    assert pick["estimable"], pick["reason"]
+    assert fe["estimate"] == pytest.approx(0.1, abs=0.03)
+    assert fe["p"] < 0.01 and fe["df"] < 10  # tested against the runs, not the 72 image rows
+    assert res["lmm"]["adjusted"]["pickscore"]["algorithm[T.B]"]["p_holm"] < 0.05
+    simple = res["raw_scores"]["significance"]["all"]["pickscore"]
+    assert simple["significant"] and simple["estimate"] > 0 and "(1|image)" in simple["method"]

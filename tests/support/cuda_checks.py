@@ -1,0 +1,123 @@
+"""CUDA scenarios for tests/gpu/test_cuda.py: ``python tests/support/cuda_checks.py NAME OUT_DIR`` (exit 0 = passed).
+
+Each scenario asserts on the GPU and prints one JSON line of what it measured (the test shows it).
+They run in subprocesses because the test session itself hides the GPUs (tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from pcpo_eval.generate.png import read_png_pixels  # noqa: E402
+from pcpo_eval.generate.runner import generate_set  # noqa: E402
+
+
+def _pixels(out: Path) -> np.ndarray:
+    return np.stack([read_png_pixels(f) for f in sorted(out.glob("images/*/*.png"))]).astype(np.int16)
+
+
+def _set_json(out: Path) -> dict:
+    return json.loads((out / "set.json").read_text())
+
+
+def generate_precisions(tmp: Path) -> dict:
+    """The toy model at each precision: recorded in set.json; fixed shapes repeat bitwise; bf16 near fp32."""
+    got = {}
+    for p in ("fp32", "tf32", "bf16", "fp16"):
+        a, b = tmp / f"{p}_a", tmp / f"{p}_b"
+        for out, bs in ((a, 4), (b, 16)):
+            generate_set("toy", "toy", 8, out, batch_size=bs, steps=10, max_prompts=8, device=DEVICE, precision=p, micro_batch=16,
+                         progress=False)
+        s = _set_json(a)["settings"]
+        assert s["precision"] == p and s["batch_invariance"] == "bitwise" and s["device"] == DEVICE, s
+        assert np.array_equal(_pixels(a), _pixels(b)), f"{p}: batch sizes 4 and 16 differ at micro-batch 16"
+        got[p] = _pixels(a)
+    diff = {p: float(np.abs(got[p] - got["fp32"]).mean()) for p in ("tf32", "bf16", "fp16")}
+    assert all(d < 8.0 for d in diff.values()), diff  # uint8 units; the toy images' pixel std is ~60
+    return {"mean_abs_pixel_diff_vs_fp32": diff}
+
+
+def generate_memory_micro_batch(tmp: Path) -> dict:
+    """Default micro-batch on CUDA comes from free memory: identity 'tolerance', resumable at another size."""
+    out = tmp / "auto"
+    summary = generate_set("toy", "toy", 4, out, batch_size=8, steps=6, device=DEVICE, progress=False)
+    s = _set_json(out)["settings"]
+    assert s["batch_invariance"] == "tolerance" and s["precision"] == "bf16", s
+    assert summary.settings.micro_batch >= 2
+    return {"micro_batch": summary.settings.micro_batch}
+
+
+def generate_sd1_tiny(tmp: Path) -> dict:
+    """A real SD-1.x architecture (tiny random config) renders in bf16 with --channels-last."""
+    from pcpo_eval.testing import tiny_sd1_adapter
+
+    ad = tiny_sd1_adapter()
+    for m in (ad.denoiser, ad.vae, ad.text_encoder):
+        m.to(DEVICE, torch.bfloat16)
+    out = tmp / "sd1"
+    generate_set(ad, "toy", 2, out, batch_size=4, steps=5, max_prompts=4, device=DEVICE, channels_last=True, progress=False)
+    assert _set_json(out)["settings"]["precision"] == "bf16"
+    return {"images": int(len(list(out.glob("images/*/*.png"))))}
+
+
+def train_resume(tmp: Path) -> dict:
+    """Two toy epochs on CUDA equal one epoch plus a resumed one (the CPU suite's resume check, on the GPU),
+    with ``deterministic=true`` (the default fast kernels drift by ~1e-4 in reward, docs/gpu.md)."""
+    import pandas as pd
+
+    from pcpo_eval.train.config import load_config
+    from pcpo_eval.train.trainer import train
+
+    over = ["epochs=2", "lora_rank=2", "lora_alpha=2", f"device={DEVICE}", "log_to=none", "log_images_every=0",
+            "deterministic=true"]
+    cfg = load_config(ROOT / "train" / "configs" / "toy_pcpo.yaml", over)
+    full = train(cfg, tmp / "full")
+    train(load_config(ROOT / "train" / "configs" / "toy_pcpo.yaml", [*over[1:], "epochs=1"]), tmp / "part")
+    resumed = train(cfg, tmp / "part", resume=True)
+    a, b = full["reward_mean"].to_numpy(), resumed["reward_mean"].to_numpy()
+    assert np.allclose(a, b, rtol=0, atol=1e-5), (a, b)
+    log = pd.read_parquet(tmp / "part" / "log.parquet")
+    assert list(log["epoch"]) == [1, 2]
+    return {"bitwise": bool(np.array_equal(a, b)), "max_abs_reward_diff": float(np.abs(a - b).max())}
+
+
+def train_mixed_precision(tmp: Path) -> dict:
+    """fp16 autocast with GradScaler (loss_scale logged) and bf16 autocast train finite epochs on CUDA."""
+    from pcpo_eval.testing import save_tiny_sd1
+    from pcpo_eval.train.config import load_config
+    from pcpo_eval.train.trainer import train
+
+    model = save_tiny_sd1(tmp / "sd1")
+    got = {}
+    for mp in ("fp16", "bf16"):
+        cfg = load_config(ROOT / "train" / "configs" / "setup2_ddpo_aes.yaml", [
+            f"model=sd1:{model}", "reward=jpeg_compressibility", "prompts=simple_animals", "epochs=2",
+            "sample_steps=4", "sample_batch_size=4", "sample_batches_per_epoch=1", "train_batch_size=2",
+            "paper_total_batch=0", "log_to=none", "log_images_every=0", f"mixed_precision={mp}", f"device={DEVICE}",
+        ])
+        log = train(cfg, tmp / mp)
+        assert np.isfinite(log["reward_mean"]).all() and np.isfinite(log["loss"]).all(), log
+        if mp == "fp16":
+            assert "loss_scale" in log and (log["loss_scale"] > 0).all()
+        got[mp] = float(log["loss"].iloc[-1])
+    return {"last_loss": got}
+
+
+#: ``cuda``; a third argument ``cpu`` dry-runs the scenarios' code paths (assertions on GPU facts may fail there).
+DEVICE = sys.argv[3] if len(sys.argv) > 3 else "cuda"
+
+SCENARIOS = {f.__name__: f for f in (generate_precisions, generate_memory_micro_batch, generate_sd1_tiny,
+                                     train_resume, train_mixed_precision)}
+
+if __name__ == "__main__":
+    name, tmp = sys.argv[1], Path(sys.argv[2])
+    tmp.mkdir(parents=True, exist_ok=True)
+    print(json.dumps({name: SCENARIOS[name](tmp)}), flush=True)
