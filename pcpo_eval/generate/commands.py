@@ -14,7 +14,7 @@ import typer
 from pcpo_eval.flags import DEVICE_HELP
 
 
-def generate(
+def generate_cmd(
     model: str = typer.Option(
         ..., "--model", help="toy | sd1:PATH | sd3:... | flux:... | RUN/checkpoints/epoch_NNNN | irg:CKPT=L[,CKPT=L]\\[@REF]"
     ),
@@ -79,7 +79,7 @@ def generate(
         )
 
 
-def prompts(
+def prompts_cmd(
     names: list[str] = typer.Argument(None, help="prompt sets to check (default: all)"),
     count: bool = typer.Option(True, "--count/--no-count", help="read present sets to count their prompts"),
     as_json: bool = typer.Option(False, "--json", help="print JSON instead of the table"),
@@ -100,5 +100,5 @@ def prompts(
 
 def register(app: typer.Typer) -> None:
     """Add the ``generate`` and ``prompts`` commands."""
-    app.command("generate")(generate)
-    app.command("prompts")(prompts)
+    app.command("generate")(generate_cmd)
+    app.command("prompts")(prompts_cmd)

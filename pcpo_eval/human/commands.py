@@ -9,7 +9,7 @@ import typer
 
 from pcpo_eval.errors import UserError
 
-human = typer.Typer(help="Human preference study: pair design, rating web app, analysis (docs/human.md).",
+human_app = typer.Typer(help="Human preference study: pair design, rating web app, analysis (docs/human.md).",
                     no_args_is_help=True)
 
 DB_HELP = "database URL (default sqlite:///HUMAN/human.db; PostgreSQL: postgresql+psycopg://user@host/db)"
@@ -61,7 +61,7 @@ def _base_url(folder: Path, base_url: str | None) -> str:
                     "(e.g. https://rate.example.org, or http://HOST:8000 on your network); it is remembered")
 
 
-@human.command("design")
+@human_app.command("design")
 def design_cmd(
     study: Path = typer.Argument(..., help="finished study folder (holds selection.json)"),
     out: Path = typer.Option(..., "--out", help="human study folder to create (pairs, images, database)"),
@@ -80,7 +80,7 @@ def design_cmd(
                f"checks) over {', '.join(d['comparisons'])}; {d['n_images']} images in {out}")
 
 
-@human.command("raters")
+@human_app.command("raters")
 def raters_cmd(
     folder: Path = typer.Argument(..., help="human study folder"),
     add: list[str] = typer.Option([], "--add", help="add a rater by name (repeat the flag for several)"),
@@ -124,7 +124,7 @@ def raters_cmd(
         typer.echo(f"{r['rater']}: {r['link']}  ({r.get('answered', 0)} of {r.get('total', '?')} answered)")
 
 
-@human.command("serve")
+@human_app.command("serve")
 def serve_cmd(
     folder: Path = typer.Argument(..., help="human study folder"),
     host: str = typer.Option("127.0.0.1", "--host", help="interface to listen on (0.0.0.0: every interface)"),
@@ -160,7 +160,7 @@ def _check_port(host: str, port: int) -> None:
                         "--host") from None
 
 
-@human.command("export")
+@human_app.command("export")
 def export_cmd(
     folder: Path = typer.Argument(..., help="human study folder"),
     output: Path | None = typer.Option(None, "--output", "-o", help="Parquet file [HUMAN/responses.parquet]"),
@@ -178,7 +178,7 @@ def export_cmd(
     typer.echo(f"wrote {len(written)} responses to {path}")
 
 
-@human.command("simulate")
+@human_app.command("simulate")
 def simulate_cmd(
     folder: Path = typer.Argument(..., help="human study folder"),
     output: Path = typer.Option(..., "--output", "-o", help="Parquet file of simulated responses"),
@@ -221,7 +221,7 @@ def _parse_prefer(items: list[str], labels: set[str]) -> dict[str, float]:
     return out
 
 
-@human.command("analyze")
+@human_app.command("analyze")
 def analyze_cmd(
     folder: Path = typer.Argument(..., help="human study folder"),
     responses: Path | None = typer.Option(None, "--responses", help="analyse this Parquet export instead of the database"),
@@ -240,4 +240,4 @@ def analyze_cmd(
 
 def register(app: typer.Typer) -> None:
     """Add the ``human`` command group to the ``pcpo-eval`` app."""
-    app.add_typer(human, name="human")
+    app.add_typer(human_app, name="human")
