@@ -1,4 +1,4 @@
-"""The run-directory contract (paths only): one home for the files a training run leaves.
+"""The run-directory contract: one home for the files a training run leaves (paths, and the log reader).
 
 ::
 
@@ -11,12 +11,20 @@
 Written by :mod:`pcpo_eval.train` (trainer, checkpoints, importers); read by ``generate``
 (``--model RUN/checkpoints/epoch_NNNN``), ``stats`` (selection, speed-up), ``study`` and ``human``.
 No stage spells these names itself: it asks this module (``tests/repo/test_file_names.py``).
+:func:`load_log` reads and validates ``RUN/log.parquet`` (pandas is imported on first use, so the
+paths stay import-light).
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pcpo_eval.errors import UserError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 #: the run's resolved training config
 CONFIG_FILE = "config.yaml"
@@ -30,6 +38,8 @@ META_FILE = "checkpoint.json"
 STATE_FILE = "training_state.pt"
 #: a checkpoint folder's name, ``epoch_NNNN``
 EPOCH_RE = re.compile(r"^epoch_(\d+)$")
+#: the columns every training log needs (``log.parquet``; more are kept)
+LOG_COLUMNS = ("epoch", "reward_mean")
 
 
 def epoch_name(epoch: int) -> str:
@@ -83,3 +93,53 @@ def epoch_dirs(run_dir: str | Path, complete: bool = True) -> list[tuple[int, Pa
     found = [(int(m.group(1)), p) for p in root.iterdir()
              if (m := EPOCH_RE.match(p.name)) and (not complete or is_checkpoint(p))]
     return sorted(found)
+
+
+def validate_log(df: pd.DataFrame, name: str = "log") -> pd.DataFrame:
+    """Check the training-log columns and return it sorted by epoch."""
+    import pandas as pd
+
+    missing = [c for c in LOG_COLUMNS if c not in df.columns]
+    if missing:
+        raise UserError(
+            f"{name} lacks column {missing[0]!r} (needs {', '.join(LOG_COLUMNS)}; has {', '.join(map(str, df.columns))})"
+        )
+    if len(df) == 0:
+        raise UserError(f"{name} has no rows")
+    for c in LOG_COLUMNS:
+        if not pd.api.types.is_numeric_dtype(df[c]):
+            raise UserError(f"{name} column {c!r} is not numeric (dtype {df[c].dtype})")
+        n_bad = int(df[c].isna().sum())
+        if n_bad:
+            raise UserError(f"{name} column {c!r} has {n_bad} missing/NaN values")
+    if df["epoch"].duplicated().any():
+        dup = int(df.loc[df["epoch"].duplicated(), "epoch"].iloc[0])
+        raise UserError(f"{name} has epoch {dup} more than once (one row per epoch expected)")
+    return df.sort_values("epoch").reset_index(drop=True)
+
+
+def load_log(path: str | Path) -> pd.DataFrame:
+    """Read a training log: a .parquet/.csv file or a RUN directory (``RUN/log.parquet``)."""
+    import pandas as pd
+
+    p = Path(path)
+    if p.is_dir():
+        cand = [log_path(p), p / "log.csv"]
+        found = [c for c in cand if c.is_file()]
+        if not found:
+            raise UserError(f"run directory {p} has no log.parquet")
+        p = found[0]
+    if not p.is_file():
+        raise UserError(f"log {p} does not exist")
+    try:
+        if p.suffix.lower() == ".csv":
+            df = pd.read_csv(p)
+        elif p.suffix.lower() in (".parquet", ".pq"):
+            df = pd.read_parquet(p)
+        else:
+            raise UserError(f"log {p} must be .parquet or .csv (or a run directory)")
+    except UserError:
+        raise
+    except Exception as exc:
+        raise UserError(f"cannot read log {p}: {type(exc).__name__}: {str(exc).splitlines()[0]}") from None
+    return validate_log(df, f"log {p}")

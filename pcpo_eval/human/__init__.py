@@ -64,6 +64,20 @@ KINDS = ("main", "identical", "degraded")
 MAX_REASON = 500
 ALPHA = 0.05  # significance level of the analysis' verdicts (and 1 - the level of its CIs)
 
+# The file names of ``HUMAN/`` (spelled here only: tests/repo/test_file_names.py); :class:`HumanLayout` gives the paths.
+#: every setting of the design; written last, so a folder with it is a finished design
+DESIGN_FILE = "design.json"
+#: one row per pair (PAIR_COLUMNS)
+PAIRS_FILE = "pairs.parquet"
+#: the default SQLite database
+DATABASE_FILE = "human.db"
+#: the admin export of the responses (RESPONSE_COLUMNS)
+RESPONSES_FILE = "responses.parquet"
+#: the analysis (also in ``HUMAN/rehearsal/`` for simulated responses)
+ANALYSIS_FILE = "analysis.json"
+#: the remembered public address of the app
+SERVER_FILE = "server.json"
+
 
 @dataclass(frozen=True)
 class HumanLayout:
@@ -73,11 +87,11 @@ class HumanLayout:
 
     @property
     def design(self) -> Path:
-        return self.root / "design.json"
+        return self.root / DESIGN_FILE
 
     @property
     def pairs(self) -> Path:
-        return self.root / "pairs.parquet"
+        return self.root / PAIRS_FILE
 
     @property
     def images(self) -> Path:
@@ -88,7 +102,7 @@ class HumanLayout:
 
     @property
     def database(self) -> Path:
-        return self.root / "human.db"
+        return self.root / DATABASE_FILE
 
     @property
     def database_url(self) -> str:
@@ -96,16 +110,16 @@ class HumanLayout:
 
     @property
     def responses(self) -> Path:
-        return self.root / "responses.parquet"
+        return self.root / RESPONSES_FILE
 
     @property
     def analysis(self) -> Path:
-        return self.root / "analysis.json"
+        return self.root / ANALYSIS_FILE
 
     @property
     def server(self) -> Path:
         """The remembered public address of the app (``human raters/serve --base-url``)."""
-        return self.root / "server.json"
+        return self.root / SERVER_FILE
 
     @property
     def rehearsal(self) -> Path:

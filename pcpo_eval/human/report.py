@@ -24,7 +24,7 @@ from typing import Any
 import pandas as pd
 
 from pcpo_eval.errors import UserError
-from pcpo_eval.human import HumanLayout
+from pcpo_eval.human import ANALYSIS_FILE, HumanLayout
 from pcpo_eval.io import atomic_write_json, to_jsonable
 
 EXAMPLES_PER_COMPARISON = 3
@@ -101,7 +101,7 @@ def analyze_folder(folder: str | Path, responses: str | Path | None = None, data
     if is_simulated(df):
         res = _label_simulated(res)
         lay.rehearsal.mkdir(exist_ok=True)
-        out = lay.rehearsal / "analysis.json"
+        out = lay.rehearsal / ANALYSIS_FILE
         atomic_write_json(out, res)
         log(f"{SIMULATED} rehearsal (responses from `human simulate`): wrote {out}; the study's report, human.json "
             f"and results.json and {lay.analysis} are untouched")

@@ -104,6 +104,7 @@ def _register_metrics(app: typer.Typer) -> None:
         """FID, FD-DINOv2, IS, LPIPS diversity and preference scores, overall and per prompt."""
         from pcpo_eval import dist
         from pcpo_eval.metrics.workers import run_metrics
+        from pcpo_eval.metricsdir import METRICS_FILE, PER_IMAGE_FILE, PER_PROMPT_FILE
 
         check_out_path(out, "--out")
         device = dist.resolve_device(device)
@@ -121,7 +122,7 @@ def _register_metrics(app: typer.Typer) -> None:
             else:
                 for name, value in result["metrics"].items():
                     typer.echo(f"{name:>14s}  {value:.6g}")
-                typer.echo(f"wrote {out}/metrics.json, per_prompt.parquet, per_image.parquet")
+                typer.echo(f"wrote {out}/{METRICS_FILE}, {PER_PROMPT_FILE}, {PER_IMAGE_FILE}")
 
 
 def _register_features(app: typer.Typer) -> None:

@@ -43,6 +43,7 @@ from pcpo_eval.metrics.inception_score import InceptionScoreMetric
 from pcpo_eval.metrics.lpips_diversity import LpipsDiversityMetric
 from pcpo_eval.metrics.metric import EvalData, Metric, MetricValues
 from pcpo_eval.metrics.reward_score import RewardScoreMetric
+from pcpo_eval.metricsdir import metrics_path, per_image_path, per_prompt_path
 
 #: catalogue kind -> Metric class (add a kind: one file with its class, one entry here)
 METRIC_CLASSES: dict[str, type[Metric]] = {
@@ -251,9 +252,9 @@ def write_outputs(result: MetricsResult, out_dir: str | Path) -> None:
     if not dist.is_main():
         return
     out = Path(out_dir)
-    atomic_write_parquet(out / "per_prompt.parquet", result.per_prompt)
-    atomic_write_parquet(out / "per_image.parquet", result.per_image)
-    atomic_write_json(out / "metrics.json", result.as_json())
+    atomic_write_parquet(per_prompt_path(out), result.per_prompt)
+    atomic_write_parquet(per_image_path(out), result.per_image)
+    atomic_write_json(metrics_path(out), result.as_json())
 
 
 def check_out_dir(out_dir: str | Path) -> None:

@@ -39,7 +39,7 @@ def _check_finite_logs(logs: list[str], curve: str) -> None:
     """Refuse logs with infinite rewards (NaN is refused by the log reader) before anything is fitted."""
     import numpy as np
 
-    from pcpo_eval.stats.speedup import load_log
+    from pcpo_eval.rundir import load_log
 
     cols = ["reward_mean", *(["control_reward_mean"] if curve == "gain" else [])]
     for log in logs:

@@ -32,8 +32,8 @@ import numpy as np
 import pandas as pd
 
 from pcpo_eval.errors import UserError
-from pcpo_eval.rundir import checkpoints_root, epoch_dirs, log_path, meta_path
-from pcpo_eval.stats.speedup import load_log, moving_average
+from pcpo_eval.rundir import checkpoints_root, epoch_dirs, load_log, log_path, meta_path
+from pcpo_eval.stats.speedup import moving_average
 
 #: what a checkpoint is matched on -> the log.parquet column holding it
 MATCH_ON = {"train": "reward_mean", "eval": "val_reward_mean"}

@@ -51,9 +51,7 @@ import numpy as np
 import pandas as pd
 
 from pcpo_eval.errors import UserError, require
-from pcpo_eval.rundir import log_path
-
-LOG_COLUMNS = ("epoch", "reward_mean")
+from pcpo_eval.rundir import load_log, log_path, validate_log
 
 
 def moving_average(x: Sequence[float] | np.ndarray, window: int = 5) -> np.ndarray:
@@ -70,54 +68,6 @@ def moving_average(x: Sequence[float] | np.ndarray, window: int = 5) -> np.ndarr
 def speedup_pct(epochs_baseline: float, epochs_pcpo: float) -> float:
     """(E_base / E_pcpo - 1) * 100 (paper App. Tab. 6)."""
     return (float(epochs_baseline) / float(epochs_pcpo) - 1.0) * 100.0
-
-
-def validate_log(df: pd.DataFrame, name: str = "log") -> pd.DataFrame:
-    """Check the training-log columns and return it sorted by epoch."""
-    missing = [c for c in LOG_COLUMNS if c not in df.columns]
-    if missing:
-        raise UserError(
-            f"{name} lacks column {missing[0]!r} (needs {', '.join(LOG_COLUMNS)}; has {', '.join(map(str, df.columns))})"
-        )
-    if len(df) == 0:
-        raise UserError(f"{name} has no rows")
-    for c in LOG_COLUMNS:
-        if not pd.api.types.is_numeric_dtype(df[c]):
-            raise UserError(f"{name} column {c!r} is not numeric (dtype {df[c].dtype})")
-        n_bad = int(df[c].isna().sum())
-        if n_bad:
-            raise UserError(f"{name} column {c!r} has {n_bad} missing/NaN values")
-    if df["epoch"].duplicated().any():
-        dup = int(df.loc[df["epoch"].duplicated(), "epoch"].iloc[0])
-        raise UserError(f"{name} has epoch {dup} more than once (one row per epoch expected)")
-    return df.sort_values("epoch").reset_index(drop=True)
-
-
-def load_log(path: str | Path) -> pd.DataFrame:
-    """Read a training log: a .parquet/.csv file or a RUN directory (``RUN/log.parquet``)."""
-    p = Path(path)
-    if p.is_dir():
-        cand = [log_path(p), p / "log.csv"]
-        found = [c for c in cand if c.is_file()]
-        if not found:
-            raise UserError(f"run directory {p} has no log.parquet")
-        p = found[0]
-    if not p.is_file():
-        raise UserError(f"log {p} does not exist")
-    try:
-        if p.suffix.lower() == ".csv":
-            df = pd.read_csv(p)
-        elif p.suffix.lower() in (".parquet", ".pq"):
-            df = pd.read_parquet(p)
-        else:
-            raise UserError(f"log {p} must be .parquet or .csv (or a run directory)")
-    except UserError:
-        raise
-    except Exception as exc:
-        raise UserError(f"cannot read log {p}: {type(exc).__name__}: {str(exc).splitlines()[0]}") from None
-    return validate_log(df, f"log {p}")
-
-
 
 
 def full_window_average(x: Sequence[float] | np.ndarray, window: int = 5) -> np.ndarray:

@@ -96,12 +96,12 @@ def register(app: typer.Typer) -> None:
         import dataclasses
 
         from pcpo_eval.dist import resolve_device
-        from pcpo_eval.study.irg_sweep import load_sweep, run_sweep
+        from pcpo_eval.study.irg_sweep import figure_path, load_sweep, run_sweep, table_path
 
         sweep = dataclasses.replace(load_sweep(spec), device=resolve_device(device))
         table = run_sweep(sweep, out, log=lambda s: typer.echo(s))
         typer.echo(table.to_string(index=False))
-        typer.echo(f"wrote {out / 'sweep.parquet'}, {out / 'tradeoff.png'}")
+        typer.echo(f"wrote {table_path(out)}, {figure_path(out)}")
 
     @app.command("demo")
     def demo_cmd(

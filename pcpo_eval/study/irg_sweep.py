@@ -44,6 +44,30 @@ from pcpo_eval.io import (
     check_finite,
     read_yaml_mapping,
 )
+from pcpo_eval.metricsdir import metrics_path
+
+# The sweep folder (one home for its file names: only the ``irg-sweep`` command writes and reads it).
+#: one row per point: the weights and every metric
+TABLE_FILE = "sweep.parquet"
+#: the sweep's settings and the same rows
+SWEEP_FILE = "sweep.json"
+#: the trade-off plot
+FIGURE_FILE = "tradeoff.png"
+
+
+def table_path(out: str | Path) -> Path:
+    """``OUT/sweep.parquet``."""
+    return Path(out) / TABLE_FILE
+
+
+def sweep_json_path(out: str | Path) -> Path:
+    """``OUT/sweep.json``."""
+    return Path(out) / SWEEP_FILE
+
+
+def figure_path(out: str | Path) -> Path:
+    """``OUT/tradeoff.png``."""
+    return Path(out) / FIGURE_FILE
 
 
 @dataclass(frozen=True)
@@ -135,7 +159,7 @@ def _measure(spec: IRGSweepSpec, images: Path, out: Path, reference: Path | None
     from pcpo_eval.metrics.extract import MetricsOptions
     from pcpo_eval.metrics.workers import run_metrics
 
-    done = out / "metrics.json"
+    done = metrics_path(out)
     if not done.is_file() or not set(spec.metrics) <= set(json.loads(done.read_text())["metrics"]):
         run_metrics(images, list(spec.metrics), out, reference=reference,
                     options=MetricsOptions(batch_size=spec.batch_size, device=spec.device))
@@ -165,9 +189,9 @@ def run_sweep(spec: IRGSweepSpec, out: str | Path, log: Callable[[str], None] = 
         rows.append({"point": i, **{f"lambda_{k}": w for k, w in zip(spec.checkpoints, weights, strict=True)},
                      "lambda_sum": sum(weights), **values})
     table = pd.DataFrame(rows)  # 3.
-    atomic_write_parquet(out / "sweep.parquet", table)
-    atomic_write_json(out / "sweep.json", {"spec": dataclasses.asdict(spec), "rows": rows})
-    atomic_save_figure(out / "tradeoff.png", tradeoff_figure(spec, table), dpi=110)
+    atomic_write_parquet(table_path(out), table)
+    atomic_write_json(sweep_json_path(out), {"spec": dataclasses.asdict(spec), "rows": rows})
+    atomic_save_figure(figure_path(out), tradeoff_figure(spec, table), dpi=110)
     return table
 
 

@@ -47,7 +47,8 @@ import pandas as pd
 from pcpo_eval.errors import UserError
 from pcpo_eval.io import atomic_write_bytes, to_jsonable
 from pcpo_eval.metrics.base import METRICS
-from pcpo_eval.rundir import log_path
+from pcpo_eval.metricsdir import metrics_path, per_image_path, per_prompt_path
+from pcpo_eval.rundir import load_log, log_path
 from pcpo_eval.study.spec import StudySpec
 from pcpo_eval.studydir import StudyLayout, set_label
 
@@ -83,7 +84,7 @@ def per_prompt_frame(sp: StudySpec, layout: StudyLayout, rows: list[dict[str, An
     frames = []
     by_name = {r.name: r for r in sp.runs}
     for c in rows:
-        pp = pd.read_parquet(layout.metrics_dir(set_label(c["name"], c["epoch"])) / "per_prompt.parquet")
+        pp = pd.read_parquet(per_prompt_path(layout.metrics_dir(set_label(c["name"], c["epoch"]))))
         run = by_name[c["name"]]
         df = pd.DataFrame({"run": run.name, "seed": str(run.seed), "prompt_id": pp["prompt_id"].astype(int),
                            "prompt": [f"p{int(i)}" for i in pp["prompt_id"]]})
@@ -114,7 +115,7 @@ def per_image_frame(sp: StudySpec, layout: StudyLayout, rows: list[dict[str, Any
     by_name = {r.name: r for r in sp.runs}
     metrics = per_image_metrics(sp)
     for c in rows:
-        pi = pd.read_parquet(layout.metrics_dir(set_label(c["name"], c["epoch"])) / "per_image.parquet")
+        pi = pd.read_parquet(per_image_path(layout.metrics_dir(set_label(c["name"], c["epoch"]))))
         run = by_name[c["name"]]
         pid, iseed = pi["prompt_id"].astype(int), pi["seed"].astype(int)
         df = pd.DataFrame({"run": run.name, "seed": str(run.seed), "prompt_id": pid,
@@ -269,7 +270,7 @@ def overall_values(sp: StudySpec, layout: StudyLayout, rows: list[dict[str, Any]
     """Run name -> {metric: overall value} of its selected set."""
     out = {}
     for c in rows:
-        mj = _metrics_json(layout.metrics_dir(set_label(c["name"], c["epoch"])) / "metrics.json")["metrics"]
+        mj = _metrics_json(metrics_path(layout.metrics_dir(set_label(c["name"], c["epoch"]))))["metrics"]
         out[c["name"]] = {m: float(mj[m]) for m in sp.metrics if mj.get(m) is not None}
     return out
 
@@ -370,7 +371,7 @@ def image_metrics(sp: StudySpec, layout: StudyLayout) -> tuple[dict[str, Any], d
     """
     from pcpo_eval.metrics.base import METRIC_LABELS
 
-    base = _metrics_json(layout.metrics_dir("base") / "metrics.json")["metrics"]
+    base = _metrics_json(metrics_path(layout.metrics_dir("base")))["metrics"]
     raw = [{"cell": "", "method": "Base model", "role": "base", "n_runs": 1, "epochs": [],
             "values": {m: base.get(m) for m in sp.metrics}, "sd": {}, "significant": {}}]
     fits: dict[str, Any] = {}
@@ -446,7 +447,7 @@ def preference_table(sp: StudySpec, layout: StudyLayout, pr: Any = None) -> dict
         return None
     rows = []
     for label, _, c in preference_sets(sp, layout, pr):
-        mj = _metrics_json(layout.metrics_dir(label, True, pr.name) / "metrics.json")["metrics"]
+        mj = _metrics_json(metrics_path(layout.metrics_dir(label, True, pr.name)))["metrics"]
         rows.append({"label": "Base model" if c is None else f"{c['name']} (E{int(c['epoch'])})",
                      "role": "base" if c is None else c["role"], "cell": "" if c is None else c["cell"],
                      "values": {m: mj.get(m) for m in pr.metrics}})
@@ -470,7 +471,7 @@ def _per_update_values(v: Any) -> list[float]:
 def traces(sp: StudySpec, layout: StudyLayout) -> list[dict[str, Any]]:
     """Per run: log columns by epoch, and reward / clip fraction smoothed with the study's window."""
     from pcpo_eval.report.kl_ref import running_mean
-    from pcpo_eval.stats import load_log, moving_average
+    from pcpo_eval.stats import moving_average
 
     out = []
     for r in sp.runs:

@@ -22,6 +22,7 @@ import yaml
 from pcpo_eval.errors import UserError
 from pcpo_eval.imageset import MANIFEST_FILE, SET_FILE
 from pcpo_eval.io import atomic_write_json, atomic_write_text, check_out_path, remove_stale_temps, sha256_file
+from pcpo_eval.metricsdir import metrics_path
 from pcpo_eval.progress import echo, progress_bar
 from pcpo_eval.rundir import log_path
 from pcpo_eval.stats.speedup import unreachable_targets
@@ -266,7 +267,7 @@ class Study:
             out = lay.metrics_dir(label, pref, pname)
             sdir = lay.set_dir(label, pref, pname)
             fp = _fingerprint([names, sdir / MANIFEST_FILE, None if pref else base / MANIFEST_FILE])
-            done = out / "metrics.json"
+            done = metrics_path(out)
             if done.is_file() and json.loads(done.read_text()).get("study_fingerprint") == fp:
                 self.log(f"  metrics {out.relative_to(self.out)}: done, skipped")
                 continue
@@ -282,9 +283,9 @@ class Study:
         sp, lay = self.spec, self.layout
         inputs = [lay.selection_file, *(log_path(lay.run_dir(r)) for r in sp.runs)]
         for label, _, _ in lay.eval_sets(sp.base_model):
-            inputs.append(lay.metrics_dir(label) / "metrics.json")
+            inputs.append(metrics_path(lay.metrics_dir(label)))
         for pr in sp.preferences:
-            inputs += [lay.metrics_dir(label, True, pr.name) / "metrics.json" for label, _, _ in preference_sets(sp, lay, pr)]
+            inputs += [metrics_path(lay.metrics_dir(label, True, pr.name)) for label, _, _ in preference_sets(sp, lay, pr)]
         fp = _fingerprint([sp.to_dict(), *inputs])
         if self._done("stats", fp) and lay.results_file.is_file():
             self.log("  statistics unchanged, skipped")

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pcpo_eval.rundir import log_path
+from pcpo_eval.rundir import load_log, log_path
 from pcpo_eval.stats.runlevel import compare_runs
 from pcpo_eval.stats.speedup import pct, speedup_cell_epochs
 from pcpo_eval.stats.verdict import (
@@ -48,8 +48,6 @@ VERDICT_SEED = 20240601
 
 def run_logs(sp: StudySpec, layout: StudyLayout) -> dict[str, pd.DataFrame]:
     """Each run's ``log.parquet`` (validated, in epoch order)."""
-    from pcpo_eval.stats import load_log
-
     return {r.name: load_log(log_path(layout.run_dir(r))) for r in sp.runs}
 
 

@@ -1,7 +1,9 @@
 """Each folder-format file name is spelled in exactly one module of the package (its home).
 
 A stage that needs ``RUN/log.parquet`` or ``STUDY/results.json`` asks the home
-(:mod:`pcpo_eval.rundir`, :mod:`pcpo_eval.studydir`, :mod:`pcpo_eval.imageset`) for the path
+(:mod:`pcpo_eval.rundir`, :mod:`pcpo_eval.studydir`, :mod:`pcpo_eval.imageset`,
+:mod:`pcpo_eval.metricsdir`; the folders one stage keeps to itself: ``HUMAN/`` in
+:mod:`pcpo_eval.human`, an IRG sweep's in :mod:`pcpo_eval.study.irg_sweep`) for the path
 instead of spelling the name; docs/architecture.md#folder-contracts. Counted: string constants
 (f-string parts included, docstrings not) with the name as a whole path component, so prose in
 an error message ("run X has no log.parquet; ...") is not a spelling.
@@ -30,6 +32,18 @@ HOMES = {
     "human.json": "studydir.py",
     "set.json": "imageset.py",
     "manifest.parquet": "imageset.py",
+    "metrics.json": "metricsdir.py",
+    "per_prompt.parquet": "metricsdir.py",
+    "per_image.parquet": "metricsdir.py",
+    "design.json": "human/__init__.py",
+    "pairs.parquet": "human/__init__.py",
+    "human.db": "human/__init__.py",
+    "responses.parquet": "human/__init__.py",
+    "analysis.json": "human/__init__.py",
+    "server.json": "human/__init__.py",
+    "sweep.json": "study/irg_sweep.py",
+    "sweep.parquet": "study/irg_sweep.py",
+    "tradeoff.png": "study/irg_sweep.py",
 }
 
 

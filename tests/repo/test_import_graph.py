@@ -20,13 +20,15 @@ PKG = Path(__file__).resolve().parents[2] / "pcpo_eval"
 #: Stage (top-level module or subpackage of pcpo_eval) -> rank in the data flow.
 #: A blocked import means: move the fact down (to a ground-floor module every stage may read), not
 #: copy it. The folder formats that cross stages live on the ground floor: ``imageset`` (an image
-#: set), ``rundir`` (a training run), ``studydir`` (a study); docs/architecture.md.
+#: set), ``rundir`` (a training run), ``metricsdir`` (a metrics folder), ``studydir`` (a study);
+#: docs/architecture.md.
 #: ``train`` < ``generate`` < ``metrics`` is the data-flow order, not a helper dependency: generate
 #: loads checkpoints through ``train.checkpoints``; metrics reads image sets through ``imageset`` and
 #: imports neither train nor generate (the shared ``--device`` reading is ``dist.resolve_device``).
 RANKS: dict[str, int] = {
     # flat base modules
     "errors": 0, "flags": 0, "io": 1, "seeding": 1, "dist": 1, "registry": 1, "precision": 1, "rundir": 1, "progress": 1,
+    "metricsdir": 1,  # the metrics output folder (metrics.json, per_prompt / per_image tables)
     "studydir": 2,  # the study folder (paths, selection.json, results.json's one writer)
     "toy": 2,  # the toy world: data, text, model, classifier (no pipeline code)
     "figfiles": 2,  # paper figure sizes, fonts and files (report and credit figures)
