@@ -57,101 +57,97 @@ def _options(
     )
 
 
+def metrics_cmd(
+    image_set: Path = typer.Argument(..., help="image set directory (manifest.parquet + images/)"),
+    reference: Path | None = typer.Option(
+        None, "--reference", help="reference image set (base model) for FD"
+    ),
+    metrics: str = typer.Option(
+        DEFAULT_METRICS,
+        "--metrics",
+        help=f"comma-separated, any of: {', '.join(METRICS)}",
+    ),
+    out: Path = typer.Option(
+        ..., "--out", help="output directory (metrics.json, per_prompt.parquet, per_image.parquet)"
+    ),
+    as_json: bool = typer.Option(False, "--json", help="print metrics.json to stdout instead of the text table"),
+    batch_size: int = typer.Option(32, "--batch-size"),
+    device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
+    is_splits: int = typer.Option(
+        IS_DEFAULT_SPLITS, "--is-splits", help="Inception Score splits (torch-fidelity's default)"
+    ),
+    cache_dir: Path | None = typer.Option(
+        None, "--cache-dir", help="feature cache root [IMAGE_SET/.pcpo_cache]"
+    ),
+    inception_weights: Path | None = typer.Option(
+        None, "--inception-weights", help="[$PCPO_INCEPTION_WEIGHTS]"
+    ),
+    dinov2_path: Path | None = typer.Option(None, "--dinov2-path", help="[$PCPO_DINOV2_PATH]"),
+    lpips_trunk: str | None = typer.Option(
+        None, "--lpips-trunk", help="AlexNet weights [$PCPO_ALEXNET_WEIGHTS]"
+    ),
+    progress: bool | None = typer.Option(None, "--progress/--no-progress", help=PROGRESS_HELP),
+    fid_resize: str = typer.Option(
+        "auto", "--fid-resize",
+        help="clean-fid's resize for FID / IS: pil (clean-fid's own, CPU), torch (the same kernel on the "
+             "device, within 1e-2 grey levels), auto (torch on CUDA)",
+    ),
+) -> None:
+    """FID, FD-DINOv2, IS, LPIPS diversity and preference scores, overall and per prompt."""
+    from pcpo_eval import dist
+    from pcpo_eval.metrics.workers import run_metrics
+    from pcpo_eval.metricsdir import METRICS_FILE, PER_IMAGE_FILE, PER_PROMPT_FILE
+
+    check_out_path(out, "--out")
+    device = dist.resolve_device(device)
+    dist.init(device)
+    opts = _options(batch_size, device, cache_dir, inception_weights, dinov2_path, lpips_trunk, is_splits,
+                    progress, fid_resize)
+    try:
+        result = run_metrics(image_set, metrics, out, reference, opts)
+        is_main = dist.is_main()
+    finally:
+        dist.finalize()
+    if is_main:
+        if as_json:
+            typer.echo(json.dumps(result, indent=2, default=str))
+        else:
+            for name, value in result["metrics"].items():
+                typer.echo(f"{name:>14s}  {value:.6g}")
+            typer.echo(f"wrote {out}/{METRICS_FILE}, {PER_PROMPT_FILE}, {PER_IMAGE_FILE}")
+
+
+def features_cmd(
+    image_set: Path = typer.Argument(..., help="image set directory"),
+    extractor: str = typer.Option(..., "--extractor", help="inception | dinov2 | toy"),
+    output: Path = typer.Option(..., "--output", "-o", help="output file .npy (N, d) float32, manifest order"),
+    batch_size: int = typer.Option(32, "--batch-size"),
+    device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
+    cache_dir: Path | None = typer.Option(
+        None, "--cache-dir", help="feature cache root [IMAGE_SET/.pcpo_cache]"
+    ),
+    weights: Path | None = typer.Option(None, "--weights", help="weights file/dir of the extractor"),
+) -> None:
+    """Export an image set's features in manifest order, for your own analyses."""
+    from pcpo_eval import dist
+    from pcpo_eval.metrics.workers import export_features
+
+    check_out_path(output, "--output", folder=False)
+    device = dist.resolve_device(device)
+    dist.init(device)
+    opts = _options(batch_size, device, cache_dir, None, None, None)
+    if weights is not None:
+        opts.extractor_options[extractor] = {"weights_path": weights}
+    try:
+        feats = export_features(image_set, extractor, output, opts)
+        is_main = dist.is_main()
+    finally:
+        dist.finalize()
+    if is_main:
+        typer.echo(f"wrote {output}: {feats.shape[0]} x {feats.shape[1]} float32 ({extractor})")
+
+
 def register(app: typer.Typer) -> None:
     """Add ``metrics`` and ``features`` to the ``pcpo-eval`` app."""
-    _register_metrics(app)
-    _register_features(app)
-
-
-def _register_metrics(app: typer.Typer) -> None:
-    @app.command("metrics")
-    def metrics_cmd(
-        image_set: Path = typer.Argument(..., help="image set directory (manifest.parquet + images/)"),
-        reference: Path | None = typer.Option(
-            None, "--reference", help="reference image set (base model) for FD"
-        ),
-        metrics: str = typer.Option(
-            DEFAULT_METRICS,
-            "--metrics",
-            help=f"comma-separated, any of: {', '.join(METRICS)}",
-        ),
-        out: Path = typer.Option(
-            ..., "--out", help="output directory (metrics.json, per_prompt.parquet, per_image.parquet)"
-        ),
-        as_json: bool = typer.Option(False, "--json", help="print metrics.json to stdout instead of the text table"),
-        batch_size: int = typer.Option(32, "--batch-size"),
-        device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
-        is_splits: int = typer.Option(
-            IS_DEFAULT_SPLITS, "--is-splits", help="Inception Score splits (torch-fidelity's default)"
-        ),
-        cache_dir: Path | None = typer.Option(
-            None, "--cache-dir", help="feature cache root [IMAGE_SET/.pcpo_cache]"
-        ),
-        inception_weights: Path | None = typer.Option(
-            None, "--inception-weights", help="[$PCPO_INCEPTION_WEIGHTS]"
-        ),
-        dinov2_path: Path | None = typer.Option(None, "--dinov2-path", help="[$PCPO_DINOV2_PATH]"),
-        lpips_trunk: str | None = typer.Option(
-            None, "--lpips-trunk", help="AlexNet weights [$PCPO_ALEXNET_WEIGHTS]"
-        ),
-        progress: bool | None = typer.Option(None, "--progress/--no-progress", help=PROGRESS_HELP),
-        fid_resize: str = typer.Option(
-            "auto", "--fid-resize",
-            help="clean-fid's resize for FID / IS: pil (clean-fid's own, CPU), torch (the same kernel on the "
-                 "device, within 1e-2 grey levels), auto (torch on CUDA)",
-        ),
-    ) -> None:
-        """FID, FD-DINOv2, IS, LPIPS diversity and preference scores, overall and per prompt."""
-        from pcpo_eval import dist
-        from pcpo_eval.metrics.workers import run_metrics
-        from pcpo_eval.metricsdir import METRICS_FILE, PER_IMAGE_FILE, PER_PROMPT_FILE
-
-        check_out_path(out, "--out")
-        device = dist.resolve_device(device)
-        dist.init(device)
-        opts = _options(batch_size, device, cache_dir, inception_weights, dinov2_path, lpips_trunk, is_splits,
-                        progress, fid_resize)
-        try:
-            result = run_metrics(image_set, metrics, out, reference, opts)
-            is_main = dist.is_main()
-        finally:
-            dist.finalize()
-        if is_main:
-            if as_json:
-                typer.echo(json.dumps(result, indent=2, default=str))
-            else:
-                for name, value in result["metrics"].items():
-                    typer.echo(f"{name:>14s}  {value:.6g}")
-                typer.echo(f"wrote {out}/{METRICS_FILE}, {PER_PROMPT_FILE}, {PER_IMAGE_FILE}")
-
-
-def _register_features(app: typer.Typer) -> None:
-    @app.command("features")
-    def features_cmd(
-        image_set: Path = typer.Argument(..., help="image set directory"),
-        extractor: str = typer.Option(..., "--extractor", help="inception | dinov2 | toy"),
-        output: Path = typer.Option(..., "--output", "-o", help="output file .npy (N, d) float32, manifest order"),
-        batch_size: int = typer.Option(32, "--batch-size"),
-        device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
-        cache_dir: Path | None = typer.Option(
-            None, "--cache-dir", help="feature cache root [IMAGE_SET/.pcpo_cache]"
-        ),
-        weights: Path | None = typer.Option(None, "--weights", help="weights file/dir of the extractor"),
-    ) -> None:
-        """Export an image set's features in manifest order, for your own analyses."""
-        from pcpo_eval import dist
-        from pcpo_eval.metrics.workers import export_features
-
-        check_out_path(output, "--output", folder=False)
-        device = dist.resolve_device(device)
-        dist.init(device)
-        opts = _options(batch_size, device, cache_dir, None, None, None)
-        if weights is not None:
-            opts.extractor_options[extractor] = {"weights_path": weights}
-        try:
-            feats = export_features(image_set, extractor, output, opts)
-            is_main = dist.is_main()
-        finally:
-            dist.finalize()
-        if is_main:
-            typer.echo(f"wrote {output}: {feats.shape[0]} x {feats.shape[1]} float32 ({extractor})")
+    app.command("metrics")(metrics_cmd)
+    app.command("features")(features_cmd)

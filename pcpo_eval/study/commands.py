@@ -41,83 +41,87 @@ def report(study_dir: Path, output: Path | None, figures_only: bool, figures_dir
     typer.echo(f"wrote the figures (SVG, PDF, PNG) to {study_dir / 'figures'}")
 
 
+def study_cmd(
+    spec: Path = typer.Argument(..., help="study spec (YAML), e.g. analysis/toy_study.yaml"),
+    out: Path | None = typer.Option(None, "--out", help="study directory (default: studies/<name>, the spec's name)"),
+    stages: str = typer.Option("all", "--stages", help="comma-separated subset of train,select,generate,metrics,stats,report"),
+    plan: bool = typer.Option(False, "--plan", help="print the seeds per arm, compute and disk the study needs; train nothing"),
+    pilot: Path | None = typer.Option(None, "--pilot", help="with --plan: a finished pilot study folder (its runs give the spread)"),
+    cv: float | None = typer.Option(None, "--cv", help="with --plan and no pilot: run-to-run SD / mean of a per-run quantity"),
+    effect: float = typer.Option(0.25, "--effect", help="with --plan: the relative effect to detect (0.25 = 25%)"),
+    progress: bool | None = typer.Option(None, "--progress/--no-progress", help=PROGRESS_HELP),
+) -> None:
+    """Train -> select -> generate -> metrics -> stats -> report; re-running continues after a crash."""
+    from pcpo_eval.study.runner import run_study
+    from pcpo_eval.study.spec import STAGES, load_spec
+
+    if plan:
+        from pcpo_eval.study.plan import plan_text
+
+        typer.echo(plan_text(load_spec(spec, check_weights=False), pilot, cv, effect))
+        return
+    if pilot is not None or cv is not None:
+        raise UserError("--pilot and --cv go with --plan (pcpo-eval study SPEC --plan --pilot DIR)")
+
+    chosen = STAGES if stages == "all" else tuple(s.strip() for s in stages.split(",") if s.strip())
+    path = run_study(spec, out, chosen, log=lambda s: typer.echo(s), progress=progress)
+    typer.echo(f"study done: {path}")
+    results = results_path(path.parent if path.suffix == ".html" else path)
+    if "stats" in chosen and results.is_file():
+        for line in summary_lines(results.parent):
+            typer.echo(line)
+
+
+def report_cmd(
+    study_dir: Path = typer.Argument(..., help="study directory (holds results.json)"),
+    output: Path | None = typer.Option(None, "--output", "-o", help="HTML file [STUDY_DIR/report.html]"),
+    figures_only: bool = typer.Option(False, "--figures-only",
+                                      help="write only the figure files (SVG, PDF, 300-dpi PNG), no HTML"),
+    figures_dir: Path | None = typer.Option(None, "--figures-dir", help="folder of the figure files [STUDY_DIR/figures]"),
+) -> None:
+    """Write the self-contained HTML report of a finished study and its figures as SVG, PDF and PNG."""
+    report(study_dir, output, figures_only, figures_dir)
+
+
+def irg_sweep_cmd(
+    spec: Path = typer.Argument(..., help="IRG sweep file (YAML), e.g. analysis/irg/toy_irg.yaml"),
+    out: Path = typer.Option(..., "--out", help="sweep folder (sets, metrics, sweep.parquet, tradeoff.png)"),
+    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda:N"),
+) -> None:
+    """Implicit Reward Guidance at each weight vector of a sweep: render, measure, trade-off plot."""
+    import dataclasses
+
+    from pcpo_eval.dist import resolve_device
+    from pcpo_eval.study.irg_sweep import figure_path, load_sweep, run_sweep, table_path
+
+    sweep = dataclasses.replace(load_sweep(spec), device=resolve_device(device))
+    table = run_sweep(sweep, out, log=lambda s: typer.echo(s))
+    typer.echo(table.to_string(index=False))
+    typer.echo(f"wrote {table_path(out)}, {figure_path(out)}")
+
+
+def demo_cmd(
+    out: Path = typer.Option(DEMO_OUT, "--out", help="study directory"),
+) -> None:
+    """The main job on the embedded toy world: analysis/toy_study.yaml end to end, then the report."""
+    import torch
+
+    from pcpo_eval.study.runner import run_study
+
+    # One thread: the toy tensors are tiny, and on a shared 2-core machine two OpenMP threads
+    # were measured 30x slower than one (spin-waiting under load).
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    path = run_study(find_demo_spec(), out, log=lambda s: typer.echo(s))
+    typer.echo(f"\nreport: {path.resolve()}")
+    for line in summary_lines(out):
+        typer.echo(line)
+    typer.echo(f"demo finished in {time.perf_counter() - t0:.0f} s")
+
+
 def register(app: typer.Typer) -> None:
     """Add ``study``, ``report``, ``irg-sweep`` and ``demo`` to the ``pcpo-eval`` app."""
-
-    @app.command("study")
-    def study_cmd(
-        spec: Path = typer.Argument(..., help="study spec (YAML), e.g. analysis/toy_study.yaml"),
-        out: Path | None = typer.Option(None, "--out", help="study directory (default: studies/<name>, the spec's name)"),
-        stages: str = typer.Option("all", "--stages", help="comma-separated subset of train,select,generate,metrics,stats,report"),
-        plan: bool = typer.Option(False, "--plan", help="print the seeds per arm, compute and disk the study needs; train nothing"),
-        pilot: Path | None = typer.Option(None, "--pilot", help="with --plan: a finished pilot study folder (its runs give the spread)"),
-        cv: float | None = typer.Option(None, "--cv", help="with --plan and no pilot: run-to-run SD / mean of a per-run quantity"),
-        effect: float = typer.Option(0.25, "--effect", help="with --plan: the relative effect to detect (0.25 = 25%)"),
-        progress: bool | None = typer.Option(None, "--progress/--no-progress", help=PROGRESS_HELP),
-    ) -> None:
-        """Train -> select -> generate -> metrics -> stats -> report; re-running continues after a crash."""
-        from pcpo_eval.study.runner import run_study
-        from pcpo_eval.study.spec import STAGES, load_spec
-
-        if plan:
-            from pcpo_eval.study.plan import plan_text
-
-            typer.echo(plan_text(load_spec(spec, check_weights=False), pilot, cv, effect))
-            return
-        if pilot is not None or cv is not None:
-            raise UserError("--pilot and --cv go with --plan (pcpo-eval study SPEC --plan --pilot DIR)")
-
-        chosen = STAGES if stages == "all" else tuple(s.strip() for s in stages.split(",") if s.strip())
-        path = run_study(spec, out, chosen, log=lambda s: typer.echo(s), progress=progress)
-        typer.echo(f"study done: {path}")
-        results = results_path(path.parent if path.suffix == ".html" else path)
-        if "stats" in chosen and results.is_file():
-            for line in summary_lines(results.parent):
-                typer.echo(line)
-
-    @app.command("report")
-    def report_cmd(
-        study_dir: Path = typer.Argument(..., help="study directory (holds results.json)"),
-        output: Path | None = typer.Option(None, "--output", "-o", help="HTML file [STUDY_DIR/report.html]"),
-        figures_only: bool = typer.Option(False, "--figures-only",
-                                          help="write only the figure files (SVG, PDF, 300-dpi PNG), no HTML"),
-        figures_dir: Path | None = typer.Option(None, "--figures-dir", help="folder of the figure files [STUDY_DIR/figures]"),
-    ) -> None:
-        """Write the self-contained HTML report of a finished study and its figures as SVG, PDF and PNG."""
-        report(study_dir, output, figures_only, figures_dir)
-
-    @app.command("irg-sweep")
-    def irg_sweep_cmd(
-        spec: Path = typer.Argument(..., help="IRG sweep file (YAML), e.g. analysis/irg/toy_irg.yaml"),
-        out: Path = typer.Option(..., "--out", help="sweep folder (sets, metrics, sweep.parquet, tradeoff.png)"),
-        device: str = typer.Option("auto", "--device", help="auto, cpu or cuda:N"),
-    ) -> None:
-        """Implicit Reward Guidance at each weight vector of a sweep: render, measure, trade-off plot."""
-        import dataclasses
-
-        from pcpo_eval.dist import resolve_device
-        from pcpo_eval.study.irg_sweep import figure_path, load_sweep, run_sweep, table_path
-
-        sweep = dataclasses.replace(load_sweep(spec), device=resolve_device(device))
-        table = run_sweep(sweep, out, log=lambda s: typer.echo(s))
-        typer.echo(table.to_string(index=False))
-        typer.echo(f"wrote {table_path(out)}, {figure_path(out)}")
-
-    @app.command("demo")
-    def demo_cmd(
-        out: Path = typer.Option(DEMO_OUT, "--out", help="study directory"),
-    ) -> None:
-        """The main job on the embedded toy world: analysis/toy_study.yaml end to end, then the report."""
-        import torch
-
-        from pcpo_eval.study.runner import run_study
-
-        # One thread: the toy tensors are tiny, and on a shared 2-core machine two OpenMP threads
-        # were measured 30x slower than one (spin-waiting under load).
-        torch.set_num_threads(1)
-        t0 = time.perf_counter()
-        path = run_study(find_demo_spec(), out, log=lambda s: typer.echo(s))
-        typer.echo(f"\nreport: {path.resolve()}")
-        for line in summary_lines(out):
-            typer.echo(line)
-        typer.echo(f"demo finished in {time.perf_counter() - t0:.0f} s")
+    app.command("study")(study_cmd)
+    app.command("report")(report_cmd)
+    app.command("irg-sweep")(irg_sweep_cmd)
+    app.command("demo")(demo_cmd)
