@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -26,6 +27,24 @@ def _toy(arg: str | None, device: str | torch.device, dtype: torch.dtype) -> Mod
 
 #: pipeline kind -> weights backend (pcpo_eval/weights) whose env var / cache locate its folder
 PIPELINE_BACKENDS = {"sd1": "sd1", "sd3": "sd35_medium", "flux": "flux_dev"}
+
+
+@dataclass(frozen=True)
+class FamilySize:
+    """What a real pipeline kind weighs, for planning before any weights are loaded (``study --plan``)."""
+
+    params: int  #: denoiser parameters (public architecture sizes)
+    lora_params_per_rank: int | None  #: LoRA parameters per unit of rank on the adapter's targets; None: not known
+    resolution: int  #: image side in pixels of the pipeline's default resolution
+
+
+#: SD-1.x UNet 859.5M (LoRA on to_q/to_k/to_v/to_out.0, the sd1 adapter's targets: diffusers' rank-4 SD-1.5
+#: LoRA has 797,184 = 4 x 199,296), SD3.5-Medium MMDiT transformer 2.24B, FLUX.1-dev transformer 11.9B
+FAMILY_SIZES = {
+    "sd1": FamilySize(859_520_964, 199_296, 512),
+    "sd3": FamilySize(2_240_000_000, None, 1024),
+    "flux": FamilySize(11_900_000_000, None, 1024),
+}
 
 
 def _sd1_backend(arg: str) -> str:

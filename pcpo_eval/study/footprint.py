@@ -10,14 +10,10 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-#: denoiser parameters per real model kind (public architecture sizes): SD-1.x UNet 859.5M,
-#: SD3.5-Medium MMDiT transformer 2.24B, FLUX.1-dev transformer 11.9B
-PARAMS = {"sd1": 859_520_964, "sd3": 2_240_000_000, "flux": 11_900_000_000}
-#: LoRA parameters per unit of rank: SD-1.x UNet attention to_q/to_k/to_v/to_out.0 (the sd1 adapter's
-#: targets; diffusers' rank-4 SD-1.5 LoRA has 797,184 = 4 x 199,296). Other real kinds: not known here
-LORA_PARAMS_PER_RANK = {"sd1": 199_296}
-#: image side in pixels of the eval sets per real model kind (the pipelines' default resolution)
-RESOLUTION = {"sd1": 512, "sd3": 1024, "flux": 1024}
+from pcpo_eval.models.registry import FAMILY_SIZES
+
+#: denoiser parameters, LoRA parameters per rank and resolution of the real kinds: the models' own table
+PARAMS = {k: f.params for k, f in FAMILY_SIZES.items()}
 #: PNG bytes per pixel of a generated RGB image (an assumption for photographic content: ~390 KB at 512 px)
 PNG_BYTES_PER_PIXEL = 1.5
 #: bytes per parameter: checkpoint weights (fp32 safetensors), AdamW state (two fp32 moments);
@@ -25,12 +21,16 @@ PNG_BYTES_PER_PIXEL = 1.5
 WEIGHT_BYTES, ADAM_BYTES = 4, 8
 
 #: GPU seconds per *training image* (sampling + training), measured on one H200 by
-#: benchmarks/gpu/bench_train.py: one SD-1.5 LoRA setup-2 epoch of 8 images took 20.5 s (ppo_clip) and
-#: 22.8 s (pcpo); scaled linearly in images. Only (model kind, LoRA, objective) listed here was measured
-TRAIN_S_PER_IMAGE = {("sd1", True, "ppo_clip"): 20.5 / 8, ("sd1", True, "pcpo"): 22.8 / 8}
+#: benchmarks/gpu/bench_train.py with the default (fast) kernels, scaled linearly in images: one SD-1.5 LoRA
+#: setup-2 epoch of 8 images took 16.96 s for ppo_clip (second GPU session, with the per-step statistics
+#: kept on the device) and 22.8 s for pcpo (first session, before that change; not re-measured). Only the
+#: (model kind, LoRA, objective) listed here was measured
+TRAIN_S_PER_IMAGE = {("sd1", True, "ppo_clip"): 16.96 / 8, ("sd1", True, "pcpo"): 22.8 / 8}
+#: ``deterministic: true`` kernels: 24.19 s vs 16.96 s per setup-2 epoch, one warm H200 (docs/gpu.md)
+DETERMINISTIC_SLOWDOWN = 24.19 / 16.96
 #: generated images per second, SD-1.5 512 px, 50 steps, CFG, bf16 (benchmarks/gpu/bench_generate.py,
-#: H200): 2.25 (pcpo-eval) to 3.16 (the diffusers pipeline); the range gives the GPU-hours range
-GENERATE_IMG_S = {"sd1": (2.25, 3.16)}
+#: H200, steady state): 3.32 (pcpo-eval) to 3.34 (the diffusers pipeline); the range gives the GPU-hours range
+GENERATE_IMG_S = {"sd1": (3.32, 3.34)}
 GPU_SOURCE = "H200 measurements, benchmarks/gpu/ (scaled linearly in images)"
 
 
@@ -57,10 +57,11 @@ def _toy_params(model: str, lora_rank: int) -> tuple[int, int, int]:
 def model_size(model: str, lora_rank: int) -> dict[str, Any]:
     """Parameter counts of a run's model: ``params``, ``trainable`` (None: not known), ``side`` (pixels)."""
     kind = _kind(model)
-    if kind in PARAMS:
-        per = LORA_PARAMS_PER_RANK.get(kind)
-        trainable = PARAMS[kind] if lora_rank <= 0 else (per * lora_rank if per else None)
-        return {"kind": kind, "params": PARAMS[kind], "trainable": trainable, "side": RESOLUTION[kind]}
+    if kind in FAMILY_SIZES:
+        fam = FAMILY_SIZES[kind]
+        per = fam.lora_params_per_rank
+        trainable = fam.params if lora_rank <= 0 else (per * lora_rank if per else None)
+        return {"kind": kind, "params": fam.params, "trainable": trainable, "side": fam.resolution}
     try:
         total, trainable, side = _toy_params(model, lora_rank)
     except Exception:  # noqa: BLE001 - an unknown or unloadable kind is reported as not known
@@ -163,7 +164,8 @@ def _gpu_lines(sp: Any, images: list[tuple[int, str]]) -> list[str]:
             missing.add(f"{key[0]} {'LoRA' if key[1] else 'full fine-tune'} {key[2]}")
             continue
         per_epoch = int(c.paper_total_batch) or c.samples_per_epoch
-        train_s += TRAIN_S_PER_IMAGE[key] * per_epoch * c.epochs
+        slow = DETERMINISTIC_SLOWDOWN if c.deterministic else 1.0
+        train_s += TRAIN_S_PER_IMAGE[key] * per_epoch * c.epochs * slow
     lines = [f"  GPU-hours ({GPU_SOURCE}):"]
     if train_s and not missing:
         lines.append(f"    training: {train_s / 3600:,.1f} GPU-hours (paired-control sampling not included)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
 from pcpo_eval.study.footprint import PARAMS, TRAIN_S_PER_IMAGE, footprint_lines
@@ -33,7 +34,7 @@ def test_toy_plan_disk_counts_the_toy_model_and_kept_checkpoints(tmp_path, cli):
 
 def test_sd1_plan_uses_the_measured_figures():
     """ddpo_aesthetic: SD-1.5 LoRA rank 4 (797,184 params), training from the measured s/image, generation at
-    2.25-3.16 img/s."""
+    the measured steady-state img/s range."""
     sp = load_spec(ROOT / "analysis" / "ddpo_aesthetic.yaml", check_weights=False)
     text = "\n".join(footprint_lines(sp))
     assert "LoRA rank 4, 797,184 params" in text and "3.2 MB weights" in text
@@ -51,3 +52,17 @@ def test_full_fine_tune_and_unmeasured_setups_say_not_measured():
     assert f"full weights, {PARAMS['sd1']:,} params" in text and "3.4 GB weights" in text
     assert "6.9 GB optimizer state in each run's newest checkpoint only" in text
     assert "training: not measured for sd1 full fine-tune" in text
+
+
+def test_deterministic_kernels_scale_the_training_estimate():
+    import dataclasses
+
+    from pcpo_eval.study.footprint import DETERMINISTIC_SLOWDOWN
+
+    sp = load_spec(ROOT / "analysis" / "ddpo_aesthetic.yaml", check_weights=False)
+    fast = [line for line in footprint_lines(sp) if "training:" in line][0]
+    runs = [dataclasses.replace(r, train=dataclasses.replace(r.train, deterministic=True)) if r.train else r
+            for r in sp.runs]
+    slow = [line for line in footprint_lines(dataclasses.replace(sp, runs=runs)) if "training:" in line][0]
+    hours = lambda line: float(line.split("training: ")[1].split(" GPU")[0].replace(",", ""))  # noqa: E731
+    assert hours(slow) == pytest.approx(hours(fast) * DETERMINISTIC_SLOWDOWN, rel=1e-3)
