@@ -33,7 +33,15 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from models import device_info, peak_gib, reset_peak, sd15_pipeline, sync, unet_flops_per_row  # noqa: E402
+from models import (  # noqa: E402
+    device_info,
+    peak_gib,
+    reset_peak,
+    sd15_pipeline,
+    sync,
+    unet_flops_per_row,
+    write_profile,
+)
 
 from pcpo_eval.generate.runner import generate_set  # noqa: E402
 from pcpo_eval.models.sd1 import SD1Adapter  # noqa: E402
@@ -94,15 +102,7 @@ def profile_ours(adapter, prompts, seeds, a, device: str, path: Path) -> dict:
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     with profile(activities=acts) as prof:
         wall, _ = run_ours(adapter, prompts, seeds, a.batch, a.steps, a.cfg, 1.0, device, a.precision)
-    ka = prof.key_averages()
-    dev_s = sum(getattr(k, "self_device_time_total", 0) for k in ka) / 1e6
-    out = {"wall_s": wall, "kernel_s": dev_s, "busy_fraction": dev_s / wall}
-    with open(path, "a") as fh:
-        fh.write(f"== generate_set, {len(prompts) * len(seeds)} images (profiled): wall {wall:.2f} s, "
-                 f"device kernels {dev_s:.2f} s, busy {out['busy_fraction']:.2f}\n")
-        for key in ("self_device_time_total", "self_cpu_time_total"):
-            fh.write(ka.table(sort_by=key, row_limit=18, max_name_column_width=60) + "\n")
-    return out
+    return write_profile(prof, wall, path, f"generate_set, {len(prompts) * len(seeds)} images (profiled)")
 
 
 def unet_invariance(pipe, device: str, rows_list=(1, 2, 8, 16, 64)) -> dict:

@@ -30,7 +30,16 @@ import pandas as pd
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from models import ROOT, device_info, peak_gib, reset_peak, sd15_pipeline, sync, unet_flops_per_row  # noqa: E402
+from models import (  # noqa: E402
+    ROOT,
+    device_info,
+    peak_gib,
+    reset_peak,
+    sd15_pipeline,
+    sync,
+    unet_flops_per_row,
+    write_profile,
+)
 
 from pcpo_eval.train.config import load_config  # noqa: E402
 from pcpo_eval.train.trainer import Trainer  # noqa: E402
@@ -73,7 +82,9 @@ def run_setup(setup: int, model_dir: Path, objective: str, batches: int, device:
     log = trainer.run()
     peak = peak_gib(device)
     row = log.iloc[1]
-    busy = _write_profile(prof, profile, f"setup {setup} {objective} {' '.join(extra)}") if prof else None
+    busy = write_profile(prof["prof"], prof["wall_s"], profile,
+                         f"setup {setup} {objective} {' '.join(extra)}: update phase of epoch {prof['epoch']} "
+                         "(profiled)") if prof else None
     images = cfg.sample_batch_size * cfg.sample_batches_per_epoch
     shutil.rmtree(out.parent, ignore_errors=True)
     print(f"setup {setup} {objective} {' '.join(extra)}: {images} images, epoch 2 {row['wall_time_s']:.2f} s "
@@ -106,19 +117,6 @@ def _profile_epoch(trainer: Trainer, epoch: int) -> dict:
 
     trainer.train_epoch = wrapped
     return found
-
-
-def _write_profile(found: dict, path: Path, title: str) -> dict:
-    """Append the profiled update's tables to ``path``; returns wall, kernel seconds and busy fraction."""
-    ka = found["prof"].key_averages()
-    dev_s = sum(getattr(k, "self_device_time_total", 0) for k in ka) / 1e6
-    out = {"wall_s": found["wall_s"], "kernel_s": dev_s, "busy_fraction": dev_s / found["wall_s"]}
-    with open(path, "a") as fh:
-        fh.write(f"== {title}: update phase of epoch {found['epoch']} (profiled), wall {out['wall_s']:.2f} s, "
-                 f"device kernels {dev_s:.2f} s, busy {out['busy_fraction']:.2f}\n")
-        for key in ("self_device_time_total", "self_cpu_time_total"):
-            fh.write(ka.table(sort_by=key, row_limit=18, max_name_column_width=60) + "\n")
-    return out
 
 
 def floor_s(r: dict, flops_row: float, images: int, phase: str = "epoch") -> float:

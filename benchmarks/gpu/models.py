@@ -119,3 +119,16 @@ def reset_peak(device: str) -> None:
     if torch.device(device).type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
+
+
+def write_profile(prof: Any, wall_s: float, path: Path, title: str) -> dict[str, float]:
+    """Append a ``torch.profiler`` run's tables to ``path`` (top ops by device time and by host time, with the
+    device-busy fraction: kernel seconds over ``wall_s``); returns wall, kernel seconds and that fraction."""
+    ka = prof.key_averages()
+    dev_s = sum(getattr(k, "self_device_time_total", 0) for k in ka) / 1e6
+    out = {"wall_s": wall_s, "kernel_s": dev_s, "busy_fraction": dev_s / wall_s}
+    with open(path, "a") as fh:
+        fh.write(f"== {title}: wall {wall_s:.2f} s, device kernels {dev_s:.2f} s, busy {out['busy_fraction']:.2f}\n")
+        for key in ("self_device_time_total", "self_cpu_time_total"):
+            fh.write(ka.table(sort_by=key, row_limit=18, max_name_column_width=60) + "\n")
+    return out
