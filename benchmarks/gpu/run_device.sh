@@ -30,9 +30,9 @@ for s in $stages; do
     trainprofile) timeout 150 python3 benchmarks/gpu/bench_train.py --setup 2 --batches 1 --runs ppo_clip \
               --profile "$OUT/train_profile.txt" --json "$OUT/train2_profiled.json" 2>&1 \
               | grep -v "Loading\|float32\|Writing" | tail -8 ;;
-    train5) timeout 100 python3 benchmarks/gpu/bench_train.py --setup 5 --batches 1 --runs ppo_clip \
+    train5) timeout 200 python3 benchmarks/gpu/bench_train.py --setup 5 --batches 1 --runs ppo_clip \
               --json "$OUT/train5.json" 2>&1 | grep -v "Loading\|float32\|Writing" | tail -8 ;;
-    metrics) timeout 120 python3 benchmarks/gpu/bench_metrics.py --images 1000 --metrics "fid,fd_dinov2,is,lpips" \
+    metrics) timeout 240 python3 benchmarks/gpu/bench_metrics.py --images 1000 --metrics "fid,fd_dinov2,is,lpips" \
                --json "$OUT/metrics.json" 2>&1 | grep -v "Warning\|warn" | tail -8 ;;
     quick) timeout 70 python3 benchmarks/gpu/bench_generate.py --images 32 --batch 16 --repeats 1 \
              --json "$OUT/generate_quick.json" 2>&1 | grep -v "float32" | tail -30
