@@ -20,7 +20,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 # Two torch threads (CI's 2 cores): a fresh-clone suite took 1,299 s with one thread for every test, and
-# ~1,070 s like this (2026-11-26). Modules whose results need one thread opt in with `one_thread`.
+# 1,020 s like this (2026-11-26). Modules whose results need one thread opt in with `one_thread`.
 torch.set_num_threads(2)
 
 
