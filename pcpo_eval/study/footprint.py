@@ -12,8 +12,6 @@ from typing import Any
 
 from pcpo_eval.models.registry import FAMILY_SIZES
 
-#: denoiser parameters, LoRA parameters per rank and resolution of the real kinds: the models' own table
-PARAMS = {k: f.params for k, f in FAMILY_SIZES.items()}
 #: PNG bytes per pixel of a generated RGB image (an assumption for photographic content: ~390 KB at 512 px)
 PNG_BYTES_PER_PIXEL = 1.5
 #: bytes per parameter: checkpoint weights (fp32 safetensors), AdamW state (two fp32 moments);

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pcpo_eval.study.footprint import PARAMS, TRAIN_S_PER_IMAGE, footprint_lines
+from pcpo_eval.models.registry import FAMILY_SIZES
+from pcpo_eval.study.footprint import TRAIN_S_PER_IMAGE, footprint_lines
 from pcpo_eval.study.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,7 +50,7 @@ def test_sd1_plan_uses_the_measured_figures():
 
 def test_full_fine_tune_and_unmeasured_setups_say_not_measured():
     text = "\n".join(footprint_lines(load_spec(ROOT / "analysis" / "dancegrpo_hps.yaml", check_weights=False)))
-    assert f"full weights, {PARAMS['sd1']:,} params" in text and "3.4 GB weights" in text
+    assert f"full weights, {FAMILY_SIZES['sd1'].params:,} params" in text and "3.4 GB weights" in text
     assert "6.9 GB optimizer state in each run's newest checkpoint only" in text
     assert "training: not measured for sd1 full fine-tune" in text
 
