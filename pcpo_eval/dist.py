@@ -3,7 +3,8 @@
 ``torchrun`` and ``accelerate launch`` set ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``
 and ``MASTER_PORT``; :func:`init` joins the group they describe (NCCL when CUDA is used, gloo on
 CPU), and the helpers below work with or without a group (a single process is rank 0 of 1), so
-library code never branches on how it was launched.
+library code never branches on how it was launched. Also this process's device (:func:`pick_device`,
+:func:`resolve_device`) and the host-to-device copy that does not stall the host (:func:`to_device_async`).
 """
 
 from __future__ import annotations
@@ -107,3 +108,18 @@ def resolve_device(flag: str) -> str:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UserError(f"--device {flag} but CUDA is not available here; use --device auto or cpu")
     return str(device)
+
+
+def to_device_async(x: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Copy a CPU tensor to ``device`` without stalling the host on CUDA (pinned, ``non_blocking``).
+
+    A plain ``.to("cuda")`` from pageable memory waits for every kernel queued before it, so the
+    host could not queue the next denoiser call while the GPU runs this one (the per-step noise of
+    a DDIM / SDE sampler made each step pay the UNet's kernel-launch time on top of its GPU time, and
+    so did the trainer's per-micro-step indices and schedule values). The one way every per-step
+    host-to-device copy is made (samplers and the update).
+    Pinned tensors stay alive until their copy is done (PyTorch's caching host allocator). Same values.
+    """
+    if device.type != "cuda":
+        return x.to(device)
+    return x.pin_memory().to(device, non_blocking=True)

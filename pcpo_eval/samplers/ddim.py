@@ -37,6 +37,7 @@ from pcpo_eval.credit.ddim import (
     pcpo_ddim_credit,
 )
 from pcpo_eval.credit.flow import KL_FORMS
+from pcpo_eval.dist import to_device_async
 from pcpo_eval.errors import UserError
 from pcpo_eval.models.base import ModelAdapter, PromptEmbeds
 from pcpo_eval.samplers.base import Trajectory, gaussian_kl_same_std
@@ -46,8 +47,15 @@ _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
 
 def _bcast(v: torch.Tensor | float, like: torch.Tensor) -> torch.Tensor:
-    """Scalar or (B,) -> broadcastable against ``like`` (B, ...)."""
-    v = torch.as_tensor(v, dtype=like.dtype, device=like.device)
+    """Scalar or (B,) -> broadcastable against ``like`` (B, ...).
+
+    A Python number becomes a 0-dim CPU tensor of ``like``'s dtype, which CUDA kernels take as an
+    argument: ``torch.as_tensor(float, device="cuda")`` is a blocking host-to-device copy, which made
+    the host wait for the GPU to drain at every sampling step (the same values either way on one device).
+    """
+    if not isinstance(v, torch.Tensor) or (v.ndim == 0 and v.device.type == "cpu"):
+        return torch.as_tensor(v, dtype=like.dtype)
+    v = v.to(like.device, like.dtype)
     return v.reshape(-1, *([1] * (like.ndim - 1))) if v.ndim == 1 else v
 
 
@@ -108,19 +116,6 @@ def step_sigmas(
 def initial_noise(generators: list[torch.Generator], shape: tuple[int, ...]) -> torch.Tensor:
     """x_T: one ``randn(shape)`` per sample from its own generator (float32, CPU)."""
     return torch.stack([torch.randn(shape, generator=g, dtype=torch.float32) for g in generators])
-
-
-def to_device_async(x: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Copy CPU noise to ``device`` without stalling the host on CUDA (pinned, ``non_blocking``).
-
-    A plain ``.to("cuda")`` from pageable memory waits for every kernel queued before it, so the
-    host could not queue the next denoiser call while the GPU runs this one (the per-step noise of
-    a DDIM / SDE sampler made each step pay the UNet's kernel-launch time on top of its GPU time).
-    Pinned tensors stay alive until their copy is done (PyTorch's caching host allocator). Same values.
-    """
-    if device.type != "cuda":
-        return x.to(device)
-    return x.pin_memory().to(device, non_blocking=True)
 
 
 @torch.no_grad()
@@ -247,7 +242,8 @@ class DDIMSampler:
 
     def _coefs(self, traj: DDIMSample, j: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """(ab_t, ab_prev, sigma_t) of steps ``j`` as float32 on ``like``'s device."""
-        return tuple(v[j].to(like.device, torch.float32) for v in (traj.alpha_bar, traj.alpha_bar_prev, traj.sigmas))
+        return tuple(to_device_async(v[j.cpu()].to(torch.float32), like.device)
+                     for v in (traj.alpha_bar, traj.alpha_bar_prev, traj.sigmas))
 
     def step_log_prob(self, traj: DDIMSample, j: torch.Tensor, x: torch.Tensor, x_next: torch.Tensor,
                       model_output: torch.Tensor) -> torch.Tensor:

@@ -60,10 +60,11 @@ from pcpo_eval.credit.flow import (
     shifted_sigmas,
     uniform_flow_scale,
 )
+from pcpo_eval.dist import to_device_async
 from pcpo_eval.errors import UserError
 from pcpo_eval.models.base import ModelAdapter, PromptEmbeds
 from pcpo_eval.samplers.base import Trajectory
-from pcpo_eval.samplers.ddim import _bcast, gaussian_log_prob, initial_noise, to_device_async
+from pcpo_eval.samplers.ddim import _bcast, gaussian_log_prob, initial_noise
 
 SDES: tuple[str, ...] = ("dance", "flowgrpo", "ode")
 GRIDS: tuple[str, ...] = ("auto", "shifted", "scheduler")
@@ -363,7 +364,7 @@ class FlowSampler:
 
     def _coefs(self, traj: FlowSample, j: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """(t, dt, sigma) of steps ``j`` as float32 on ``like``'s device."""
-        return tuple(v[j].to(like.device, torch.float32) for v in (traj.t, traj.dt, traj.sigmas))
+        return tuple(to_device_async(v[j.cpu()].to(torch.float32), like.device) for v in (traj.t, traj.dt, traj.sigmas))
 
     def step_log_prob(self, traj: FlowSample, j: torch.Tensor, x: torch.Tensor, x_next: torch.Tensor,
                       model_output: torch.Tensor) -> torch.Tensor:

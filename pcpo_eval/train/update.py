@@ -15,11 +15,27 @@ import numpy as np
 import torch
 
 from pcpo_eval.credit.flow import KL_FORMS
+from pcpo_eval.dist import to_device_async
 from pcpo_eval.errors import UserError
 from pcpo_eval.samplers.base import Trajectory
 from pcpo_eval.train.diagnostics import delta_terms, diagnostic_stats, ppo_health_stats
 from pcpo_eval.train.objectives import StepLoss, eps_matching_log_rho, uses_decomposition
 from pcpo_eval.train.rollout import EpochSamples, keyed_generator
+
+
+class _Rows:
+    """Rows ``rows`` at steps ``j`` (+ ``shift``) of the epoch's recorded (N, S, ...) tensors.
+
+    The recorded tensors live where the sampler left them (the policy's device); the CPU index tensors
+    are copied there once per micro-step, without blocking (:func:`pcpo_eval.dist.to_device_async`)."""
+
+    def __init__(self, tr: Trajectory, rows: torch.Tensor, j: torch.Tensor) -> None:
+        device = tr.trajectory.device
+        self.rows, self.j = to_device_async(rows, device), to_device_async(j, device)
+
+    def take(self, recorded: torch.Tensor, shift: int = 0) -> torch.Tensor:
+        """``recorded[rows, j + shift]``."""
+        return recorded[self.rows, self.j + shift]
 
 
 def _to_lists(values: dict[str, list[torch.Tensor]]) -> dict[str, list[float]]:
@@ -70,21 +86,28 @@ class UpdateMixin:
           third value holds the KL in every form of :data:`~pcpo_eval.credit.flow.KL_FORMS` (for the log).
         """
         cfg, dev, sp, tr = self.cfg, self.device, self.sampler, samples.traj
-        x = tr.trajectory[rows, j].to(dev)
-        t = sp.model_time(tr, j).to(dev)
-        cond = samples.cond.index(rows.to(samples.cond.hidden.device))
+        # Every host-to-device copy of a micro-step is pinned and non-blocking (dist.to_device_async), so the
+        # host queues this forward while the GPU still runs the last backward. The recorded chains live on
+        # the device; the indices and the schedule's values go there (a blocking copy, or indexing a CUDA
+        # tensor with CPU indices, would wait for the GPU to drain at every micro-step).
+        at = _Rows(tr, rows, j)
+        x = at.take(tr.trajectory)
+        t = to_device_async(sp.model_time(tr, j), dev)
+        cond = samples.cond.index(to_device_async(rows, samples.cond.hidden.device))
         with self._autocast():
             out = self._predict(x, t, cond, len(rows)).float()
+        if uses_decomposition(cfg.objective) or cfg.diagnostics:
+            recorded, noise = at.take(tr.model_outputs), at.take(tr.noise)
+            weight = to_device_async(sp.native_weight(tr, j), dev)
         if uses_decomposition(cfg.objective):
-            log_rho = eps_matching_log_rho(out, tr.model_outputs[rows, j].to(dev), tr.noise[rows, j].to(dev),
-                                           sp.native_weight(tr, j).to(dev))
-            res = self.objective(log_rho, adv, cfg.clip_range, weight_scale=self._credit_scale(tr, j).to(dev))
+            log_rho = eps_matching_log_rho(out, recorded, noise, weight)
+            res = self.objective(log_rho, adv, cfg.clip_range,
+                                 weight_scale=to_device_async(self._credit_scale(tr, j), dev))
         else:
-            logp = sp.step_log_prob(tr, j, x, tr.trajectory[rows, j + 1].to(dev), out)
-            res = self.objective(logp - tr.log_probs[rows, j].to(dev), adv, cfg.clip_range)
+            logp = sp.step_log_prob(tr, j, x, at.take(tr.trajectory, 1), out)
+            res = self.objective(logp - at.take(tr.log_probs), adv, cfg.clip_range)
         if cfg.diagnostics:
-            res.delta = delta_terms(out, tr.model_outputs[rows, j].to(dev), tr.noise[rows, j].to(dev),
-                                    sp.native_weight(tr, j).to(dev))
+            res.delta = delta_terms(out, recorded, noise, weight)
         loss, kls = res.loss, None
         if cfg.beta_kl > 0:
             with torch.no_grad(), self._reference():
@@ -147,7 +170,7 @@ class UpdateMixin:
                 chunk = micro[u * per_update:(u + 1) * per_update]
                 accum = len(chunk) * n_train
                 for rows in chunk:
-                    adv = adv_all[rows].to(self.device)
+                    adv = to_device_async(adv_all[rows], self.device)
                     stats["rows"].append(len(rows))
                     for k in range(n_train):
                         j = tsel[rows, k]

@@ -111,11 +111,58 @@ def train_mixed_precision(tmp: Path) -> dict:
     return {"last_loss": got}
 
 
+def step_syncs(tmp: Path) -> dict:
+    """Host-device synchronisations of an epoch do not grow with its steps, so the host queues each network
+    call while the GPU runs the last one: sampling (the per-step noise and schedule scalars,
+    ``dist.to_device_async`` and ``samplers.ddim._bcast``) and the update (indices and schedule values of each
+    micro-step). Counted with CUDA's sync debug mode over ``sample_epoch`` and ``train_epoch`` of the tiny
+    SD-1.x (fp16 autocast + GradScaler) at 2 and at 6 steps; what may synchronise is per batch or per
+    optimizer step (prompt tokens, images to the reward, gradient norm, the scaler's inf check, the epoch's
+    one transfer of statistics)."""
+    import warnings
+
+    from pcpo_eval.testing import save_tiny_sd1
+    from pcpo_eval.train.config import load_config
+    from pcpo_eval.train.trainer import Trainer
+
+    model = save_tiny_sd1(tmp / "sd1")
+    cuda = DEVICE.startswith("cuda")  # the cpu dry run counts nothing
+
+    def syncs(fn):
+        if cuda:
+            torch.cuda.synchronize()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            if cuda:
+                torch.cuda.set_sync_debug_mode("warn")
+            try:
+                value = fn()
+            finally:
+                if cuda:
+                    torch.cuda.set_sync_debug_mode("default")
+        return value, sum("synchroniz" in str(w.message) for w in caught)
+
+    counts: dict[str, dict[int, int]] = {"sample": {}, "update": {}}
+    for steps in (2, 6):  # every sampled step is trained: micro-steps per micro-batch
+        cfg = load_config(ROOT / "train" / "configs" / "setup2_ddpo_aes.yaml", [
+            f"model=sd1:{model}", "reward=jpeg_compressibility", "prompts=simple_animals", "epochs=1",
+            f"sample_steps={steps}", "sample_batch_size=4", "sample_batches_per_epoch=1", "train_batch_size=2",
+            "paper_total_batch=0", "log_to=none", "log_images_every=0", "mixed_precision=fp16", f"device={DEVICE}",
+        ])
+        trainer = Trainer(cfg, tmp / f"run{steps}", progress=False)
+        samples = trainer.sample_epoch(1)
+        trainer.train_epoch(1, samples)  # warm-up: lazy initialisations (the scaler's scale, AdamW state)
+        samples, counts["sample"][steps] = syncs(lambda: trainer.sample_epoch(2))  # noqa: B023
+        _, counts["update"][steps] = syncs(lambda: trainer.train_epoch(2, samples))  # noqa: B023
+    for phase, c in counts.items():
+        assert c[6] == c[2], f"{phase}: synchronisations grow with the steps: {counts}"
+    return {"syncs_per_epoch_by_steps": counts}
+
 #: ``cuda``; a third argument ``cpu`` dry-runs the scenarios' code paths (assertions on GPU facts may fail there).
 DEVICE = sys.argv[3] if len(sys.argv) > 3 else "cuda"
 
 SCENARIOS = {f.__name__: f for f in (generate_precisions, generate_memory_micro_batch, generate_sd1_tiny,
-                                     train_resume, train_mixed_precision)}
+                                     train_resume, train_mixed_precision, step_syncs)}
 
 if __name__ == "__main__":
     name, tmp = sys.argv[1], Path(sys.argv[2])
