@@ -17,6 +17,10 @@ DanceGRPO and Flow-GRPO sample in, and ``fp32`` on CPU, where bf16 is slower and
 bit-identity tests are defined. Sampler state (latents, the DDIM / Euler update, log-probabilities)
 always stays float32 whatever the model's precision (:mod:`pcpo_eval.samplers`): only the network
 runs in the reduced precision, as accelerate's mixed precision does for training.
+
+Also here, as the other kernel choice that changes a network's numbers: the *attention backend* of
+``torch.nn.functional.scaled_dot_product_attention`` (diffusers' default attention processor), see
+:data:`ATTENTION_BACKENDS` and :func:`attention_backend`.
 """
 
 from __future__ import annotations
@@ -73,6 +77,48 @@ def matmul_precision(name: str) -> Iterator[None]:
         yield
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+
+
+#: Accepted ``--attention`` values: ``auto`` lets PyTorch pick per call (flash attention on recent GPUs
+#: for bf16/fp16, memory-efficient or math otherwise); the others force one SDPA backend.
+ATTENTION_BACKENDS = ("auto", "math", "flash", "efficient", "cudnn")
+
+#: backends PyTorch has on a CPU (flash has a CPU kernel; efficient and cudnn are CUDA only)
+_CPU_ATTENTION = ("auto", "math", "flash")
+
+_SDPA_NAMES = {"math": "MATH", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
+               "cudnn": "CUDNN_ATTENTION"}
+
+
+def resolve_attention(name: str | None, device: str | torch.device) -> str:
+    """The attention backend ``name`` (None -> ``auto``), checked against the device.
+
+    Raises:
+        UserError: an unknown name, or a CUDA-only backend on another device (one line naming the choices).
+    """
+    key = "auto" if name is None else str(name).strip().lower()
+    if key not in ATTENTION_BACKENDS:
+        raise UserError(f"unknown --attention {name!r}; choose {', '.join(ATTENTION_BACKENDS)}")
+    if torch.device(device).type != "cuda" and key not in _CPU_ATTENTION:
+        raise UserError(f"--attention {key} runs on CUDA only; on {torch.device(device).type} choose "
+                        f"{', '.join(_CPU_ATTENTION)}")
+    return key
+
+
+@contextlib.contextmanager
+def attention_backend(name: str) -> Iterator[None]:
+    """Run ``scaled_dot_product_attention`` with only backend ``name`` (``auto``: PyTorch's choice, unchanged).
+
+    A forced backend that cannot take a call's shapes or dtype fails at that call with PyTorch's
+    message (flash attention takes fp16/bf16 on CUDA, head dims up to 256).
+    """
+    if name == "auto":
+        yield
+        return
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel([getattr(SDPBackend, _SDPA_NAMES[name])]):
+        yield
 
 
 def deterministic_cuda() -> None:

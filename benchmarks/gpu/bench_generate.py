@@ -8,8 +8,9 @@ PNGs (background thread), hashes and manifest; the pipeline returns arrays only.
 
 ``--invariance`` measures what bit-identity means on this device: the UNet output of one row at
 micro-batches 1..64 against micro-batch 16, repeat runs of one shape, and whole images rendered at
-micro-batch 16 vs 64 (max / mean pixel difference). ``--variants`` times channels-last and
-``torch.compile`` against eager.
+micro-batch 16 vs 64 (max / mean pixel difference). ``--variants`` times channels-last,
+``torch.compile`` and forced attention backends (``attn_math``, ``attn_flash``, ``attn_efficient``,
+``attn_cudnn``: ``--attention``) against the default.
 
 ``--tiny`` runs everything on the tests' tiny SD-1.x on CPU in seconds (CI runs it so the script
 never rots). Usage::
@@ -155,7 +156,8 @@ def main() -> None:
     ap.add_argument("--cfg", type=float, default=5.0)
     ap.add_argument("--precision", default="bf16", choices=["fp32", "tf32", "bf16", "fp16"])
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--variants", default="", help="comma list of channels_last,compile (timed after eager)")
+    ap.add_argument("--variants", default="", help="comma list of channels_last, compile, compile+channels_last, attn_<backend> "
+                    "(timed after the default)")
     ap.add_argument("--invariance", action="store_true")
     ap.add_argument("--profile", type=Path, default=None, help="torch.profiler tables of one batch of ours here")
     ap.add_argument("--json", type=Path, default=None)
@@ -221,7 +223,8 @@ def main() -> None:
             res["profile"] = profile_ours(adapter, small_prompts, small_seeds, a, device, a.profile)
         print(json.dumps(res["generate"], indent=1), flush=True)
         for v in [v for v in a.variants.split(",") if v]:
-            kw = {"channels_last": v in ("channels_last", "compile+channels_last"), "compile": "compile" in v}
+            kw = {"channels_last": v in ("channels_last", "compile+channels_last"), "compile": "compile" in v,
+                  "attention": v.removeprefix("attn_") if v.startswith("attn_") else "auto"}
             run_ours(adapter, prompts[:1], seeds[:min(len(seeds), a.batch)], a.batch, a.steps, a.cfg, 1.0, device,
                      a.precision, **kw)  # compile / convert outside the timing
             t, _ = run_ours(adapter, prompts, seeds, a.batch, a.steps, a.cfg, 1.0, device, a.precision, **kw)

@@ -2,7 +2,7 @@
 # One GPU session's checks, in priority order, each stage under its own time limit so a slow stage
 # cannot starve the next. Results land in $OUT (or ./gpu_out).
 #   bash benchmarks/gpu/run_device.sh [stage ...]
-# stages: generate train2 metrics train5 (default), tests profile trainprofile invariance quick compile.
+# stages: generate train2 metrics train5 (default), tests profile trainprofile invariance attention quick compile.
 # Measured stage times (H200): generate 79 s, train2 77 s (one run); metrics and train5 need more than 120 / 100 s.
 # Wheels for packages the machine lacks travel in .whl/ (docs/gpu.md, "Running the GPU checks").
 set -u
@@ -34,6 +34,9 @@ for s in $stages; do
               --json "$OUT/train5.json" 2>&1 | grep -v "Loading\|float32\|Writing" | tail -8 ;;
     metrics) timeout 240 python3 benchmarks/gpu/bench_metrics.py --images 1000 --metrics "fid,fd_dinov2,is,lpips" \
                --json "$OUT/metrics.json" 2>&1 | grep -v "Warning\|warn" | tail -8 ;;
+    attention) timeout 200 python3 benchmarks/gpu/bench_generate.py --images 48 --batch 16 --repeats 1 \
+                --variants attn_math,attn_efficient,attn_cudnn --json "$OUT/generate_attention.json" 2>&1 \
+                | grep -v "float32" | tail -6 ;;
     quick) timeout 70 python3 benchmarks/gpu/bench_generate.py --images 32 --batch 16 --repeats 1 \
              --json "$OUT/generate_quick.json" 2>&1 | grep -v "float32" | tail -30
            timeout 45 python3 -m pytest tests/gpu/test_cuda.py -m cuda -k train_resume -q -s -p no:cacheprovider 2>&1 | tail -4

@@ -42,6 +42,9 @@ def generate_cmd(
     precision: str = typer.Option(
         "auto", "--precision", help="auto (bf16 on CUDA, fp32 on CPU) | fp32 | tf32 | bf16 | fp16; recorded in set.json"
     ),
+    attention: str = typer.Option(
+        "auto", "--attention", help="auto (PyTorch's choice) | math | flash | efficient | cudnn: the SDPA backend; recorded in set.json"
+    ),
     compile: bool = typer.Option(False, "--compile/--no-compile", help="torch.compile the denoiser (CUDA speed-up)"),
     channels_last: bool = typer.Option(
         False, "--channels-last/--no-channels-last", help="channels-last memory format for the denoiser"
@@ -62,8 +65,8 @@ def generate_cmd(
     summary = generate_set(
         model, prompts, seeds, out,
         batch_size=batch_size, steps=steps, cfg=cfg, eta=eta, sampler=sampler,
-        schedule=schedule, micro_batch=micro_batch, device=device, precision=precision, compile=compile,
-        channels_last=channels_last, max_prompt_tokens=max_prompt_tokens, max_prompts=max_prompts, progress=progress,
+        schedule=schedule, micro_batch=micro_batch, device=device, precision=precision, attention=attention,
+        compile=compile, channels_last=channels_last, max_prompt_tokens=max_prompt_tokens, max_prompts=max_prompts, progress=progress,
     )  # fmt: skip
     if summary.rank == 0:
         dropped = (

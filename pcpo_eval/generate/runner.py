@@ -50,7 +50,14 @@ from pcpo_eval.generate.setdir import (
 )
 from pcpo_eval.imageset import MANIFEST_FILE, SET_FILE
 from pcpo_eval.models.base import ModelAdapter, PromptEmbeds
-from pcpo_eval.precision import dtype_precision, matmul_precision, precision_dtype, resolve_precision
+from pcpo_eval.precision import (
+    attention_backend,
+    dtype_precision,
+    matmul_precision,
+    precision_dtype,
+    resolve_attention,
+    resolve_precision,
+)
 from pcpo_eval.prompts import PromptSet, load_prompts
 from pcpo_eval.samplers import SAMPLERS, SCHEDULES, resolve_sampler
 from pcpo_eval.seeding import sample_generator
@@ -88,6 +95,8 @@ class GenerationRequest:
         device: torch device of the model.
         precision: ``auto`` / ``fp32`` / ``tf32`` / ``bf16`` / ``fp16`` (:mod:`pcpo_eval.precision`);
             ``auto`` is bf16 on CUDA, fp32 on CPU, or an adapter's own dtype when one is passed.
+        attention: the attention backend (:data:`pcpo_eval.precision.ATTENTION_BACKENDS`; ``auto``:
+            PyTorch's choice), part of the settings like the precision.
         compile, channels_last: ``torch.compile`` the denoiser / hold it in channels-last memory
             format (speed only; both change kernels, so the set's ``batch_invariance`` is ``tolerance``).
         model_name: the ``model`` column when ``model_spec`` is an adapter (default its name).
@@ -110,6 +119,7 @@ class GenerationRequest:
     micro_batch: int | None = None
     device: str = "cpu"
     precision: str | None = None
+    attention: str | None = None
     compile: bool = False
     channels_last: bool = False
     model_name: str | None = None
@@ -122,6 +132,7 @@ class GenerationRequest:
 
     def __post_init__(self) -> None:
         resolve_precision(self.precision, self.device)  # an unknown name fails before any model loads
+        resolve_attention(self.attention, self.device)
         if not _is_count(self.batch_size, 1):
             raise UserError(f"--batch-size {self.batch_size}; use a whole number >= 1")
         if not _is_count(self.steps, 1):
@@ -183,6 +194,7 @@ def generate_set(
     micro_batch: int | None = None,
     device: str = "cpu",
     precision: str | None = None,
+    attention: str | None = None,
     compile: bool = False,
     channels_last: bool = False,
     model_name: str | None = None,
@@ -205,13 +217,13 @@ def generate_set(
     request = GenerationRequest(
         model_spec, prompts, seeds, out_dir, batch_size=batch_size, steps=steps, cfg=cfg, eta=eta,
         sampler=sampler, schedule=schedule, micro_batch=micro_batch, device=device, precision=precision,
-        compile=compile, channels_last=channels_last, model_name=model_name, max_prompt_tokens=max_prompt_tokens, max_prompts=max_prompts, progress=progress,
+        attention=attention, compile=compile, channels_last=channels_last, model_name=model_name, max_prompt_tokens=max_prompt_tokens, max_prompts=max_prompts, progress=progress,
         flush_every_s=flush_every_s, rank=rank, world_size=world_size,
     )  # fmt: skip
     job = _check_request(request)  # 1. prompts, seeds, model, precision, settings, out dir: still nothing written
     fresh = (job.out.exists(), (job.out / SET_FILE).exists())
     try:
-        with matmul_precision(job.settings.precision):
+        with matmul_precision(job.settings.precision), attention_backend(job.settings.attention):
             opened = _open_set_dir(job)  # 2. plan, known records, set.json ("rendering")
             share = _render_share(job, opened)  # 3. this process's images: loop, PNG writer, record flushes
     except BaseException:
@@ -249,11 +261,12 @@ def _check_request(request: GenerationRequest) -> _Job:
         precision = resolve_precision(request.precision, request.device)
         adapter = load_generation_model(str(request.model_spec), request.device, precision_dtype(precision))
         spec_str = str(request.model_spec)
-    with matmul_precision(precision):
+    attention = resolve_attention(request.attention, request.device)
+    with matmul_precision(precision), attention_backend(attention):  # the memory probe runs the real kernels
         micro_batch, invariance = _micro_batch(request, adapter)
     if request.compile or request.channels_last:
         invariance = "tolerance"
-    settings = _settings(request, adapter, spec_str, micro_batch, precision, invariance)
+    settings = _settings(request, adapter, spec_str, micro_batch, precision, invariance, attention)
     _speed_up(adapter, request)  # after _settings: the model hash is of the plain module
     fixed = FixedBatchAdapter(adapter, micro_batch)
     out = Path(request.out_dir)
@@ -307,7 +320,7 @@ def _speed_up(adapter: ModelAdapter, request: GenerationRequest) -> None:
 
 
 def _settings(request: GenerationRequest, adapter: ModelAdapter, spec_str: str, micro_batch: int,
-              precision: str, invariance: str) -> GenerationSettings:
+              precision: str, invariance: str, attention: str = "auto") -> GenerationSettings:
     """Resolve sampler and schedule for the model's prediction type; hash the model."""
     sampler_name = resolve_sampler(request.sampler, adapter.prediction)
     schedule = SCHEDULES[sampler_name][0] if request.schedule is None else request.schedule
@@ -329,6 +342,7 @@ def _settings(request: GenerationRequest, adapter: ModelAdapter, spec_str: str, 
         device=torch.device(request.device).type,
         precision=precision,
         batch_invariance=invariance,
+        attention=attention,
     )
 
 

@@ -28,7 +28,7 @@ from pcpo_eval.io import atomic_write_json, atomic_write_parquet, sha256_file
 SEED_DERIVATION = "sha256('pcpo-eval/sample/v1/{prompt_id}/{seed}')[:8] little-endian & (2**63-1)"
 
 #: Settings absent from set.json files written before they existed (those sets were fp32, fixed shape).
-LEGACY_SETTINGS = {"precision": "fp32", "batch_invariance": "bitwise"}
+LEGACY_SETTINGS = {"precision": "fp32", "batch_invariance": "bitwise", "attention": "auto"}
 
 #: Known image records by ``(prompt_id, seed)``: manifest rows (``MANIFEST_COLUMNS`` subset).
 Records = dict[tuple[int, int], dict[str, Any]]
@@ -60,6 +60,7 @@ class GenerationSettings:
     device: str
     precision: str = "fp32"
     batch_invariance: str = "bitwise"
+    attention: str = "auto"  #: the SDPA backend (pcpo_eval.precision.ATTENTION_BACKENDS)
     seed_derivation: str = SEED_DERIVATION
 
     def compat_key(self) -> dict[str, Any]:

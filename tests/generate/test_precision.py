@@ -23,3 +23,62 @@ def test_precision_recorded_in_set_json(cli, tmp_path):
     r = cli("generate", "--model", "toy", "--prompts", "toy", "--seeds", "1", "--max-prompts", "2", "--steps", "2",
             "--out", str(out), "--precision", "fp32", "--device", "cpu", "--no-progress")
     assert r.returncode == 2 and "precision='bf16'" in r.stderr  # another precision is another set
+
+
+def test_unknown_or_unavailable_attention_is_refused_before_work(cli, tmp_path):
+    out = tmp_path / "set"
+    base = ["generate", "--model", "toy", "--prompts", "toy", "--seeds", "1", "--out", str(out), "--device", "cpu"]
+    r = cli(*base, "--attention", "fastest")
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1] == ("error: unknown --attention 'fastest'; choose auto, math, flash, "
+                                                 "efficient, cudnn")
+    r = cli(*base, "--attention", "efficient")
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1] == ("error: --attention efficient runs on CUDA only; on cpu choose "
+                                                 "auto, math, flash")
+    assert not out.exists()
+
+
+def test_attention_backend_forces_one_sdpa_kernel_and_restores():
+    import torch
+
+    from pcpo_eval.precision import attention_backend
+
+    before = (torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.math_sdp_enabled())
+    with attention_backend("math"):
+        assert torch.backends.cuda.math_sdp_enabled() and not torch.backends.cuda.flash_sdp_enabled()
+    with attention_backend("flash"):
+        assert torch.backends.cuda.flash_sdp_enabled() and not torch.backends.cuda.math_sdp_enabled()
+    with attention_backend("auto"):
+        assert (torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.math_sdp_enabled()) == before
+    assert (torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.math_sdp_enabled()) == before
+
+
+def test_attention_recorded_in_identity_and_images_agree(tmp_path):
+    """A real SD-1.x UNet (tiny, SDPA attention) rendered with math and with flash attention: each set records
+    its backend, resuming with another is refused, the images agree to within a grey level, and a set.json
+    written before the setting existed resumes as ``auto``."""
+    import numpy as np
+    import pytest
+
+    from pcpo_eval.errors import UserError
+    from pcpo_eval.generate.png import read_png_pixels
+    from pcpo_eval.generate.runner import generate_set
+    from pcpo_eval.testing import tiny_sd1_adapter
+
+    ad = tiny_sd1_adapter()
+    pixels = {}
+    for backend in ("math", "flash", "auto"):
+        out = tmp_path / backend
+        generate_set(ad, "toy", 2, out, batch_size=2, steps=3, max_prompts=2, attention=backend, progress=False)
+        assert json.loads((out / "set.json").read_text())["settings"]["attention"] == backend
+        pixels[backend] = np.stack([read_png_pixels(f) for f in sorted(out.glob("images/*/*.png"))]).astype(int)
+    assert np.abs(pixels["math"] - pixels["flash"]).max() <= 1
+    with pytest.raises(UserError, match="attention='math'"):
+        generate_set(ad, "toy", 2, tmp_path / "math", batch_size=2, steps=3, max_prompts=2, attention="flash",
+                     progress=False)
+    legacy = tmp_path / "auto" / "set.json"
+    meta = json.loads(legacy.read_text())
+    del meta["settings"]["attention"]
+    legacy.write_text(json.dumps(meta))
+    generate_set(ad, "toy", [2, 3], tmp_path / "auto", batch_size=2, steps=3, max_prompts=2, progress=False)
