@@ -184,6 +184,16 @@ class ImageSet:
                     f"{path} does not match its image_sha256 in the manifest; the set was modified, regenerate it"
                 )
             _VERIFIED.add(key)
+        arr = self._decode(data, path)
+        if (arr.shape[1], arr.shape[0]) != self.size:
+            raise UserError(
+                f"{path} is {arr.shape[1]}x{arr.shape[0]} but the set's images are {self.size[0]}x{self.size[1]}; "
+                "an image set must have one resolution"
+            )
+        return arr
+
+    def _decode(self, data: bytes, path: Path) -> np.ndarray:
+        """Any image PIL reads, as (H, W, 3) uint8: other modes through ``convert("RGB")`` (counted)."""
         try:
             with Image.open(io.BytesIO(data)) as im:
                 im.load()
@@ -193,20 +203,22 @@ class ImageSet:
                             self.read_stats.converted_to_rgb.get(im.mode, 0) + 1
                         )
                     im = im.convert("RGB")
-                arr = np.asarray(im, dtype=np.uint8)
+                return np.asarray(im, dtype=np.uint8)
         except (OSError, UnidentifiedImageError, SyntaxError) as exc:
             raise UserError(f"unreadable or truncated image {path}: {exc}".splitlines()[0]) from exc
-        if (arr.shape[1], arr.shape[0]) != self.size:
-            raise UserError(
-                f"{path} is {arr.shape[1]}x{arr.shape[0]} but the set's images are {self.size[0]}x{self.size[1]}; "
-                "an image set must have one resolution"
-            )
-        return arr
 
     def read_batch(self, rows: np.ndarray | list[int]) -> torch.Tensor:
-        """Decode rows as a uint8 (B, 3, H, W) tensor (decoded in parallel threads: :func:`parallel_map`)."""
-        arrs = parallel_map(self.read_image, [int(r) for r in rows])
-        return torch.from_numpy(np.stack(arrs)).permute(0, 3, 1, 2).contiguous()
+        """Decode rows as a uint8 (B, 3, H, W) tensor: each image decoded and written channels-first into its
+        slot of the batch on the thread pool (:func:`parallel_map`). No thread then stacks and re-lays out
+        the whole batch (a serial pass over every byte, which bounds a many-core read pool by Amdahl's law)."""
+        rows = [int(r) for r in rows]
+        out = np.empty((len(rows), 3, self.size[1], self.size[0]), dtype=np.uint8)
+
+        def fill(i: int) -> None:
+            out[i] = self.read_image(rows[i]).transpose(2, 0, 1)
+
+        parallel_map(fill, list(range(len(rows))))
+        return torch.from_numpy(out)
 
 
 def check_same_prompts(a: ImageSet, b: ImageSet, what: str = "reference") -> None:

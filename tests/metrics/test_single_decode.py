@@ -70,3 +70,18 @@ def test_metrics_progress_bar_on_stderr_only_when_asked(tmp_path, capsys):
         out = capsys.readouterr()
         assert ("metrics a" in out.err) is shown, (flag, out.err[-300:])
         assert "metrics a" not in out.out
+
+
+
+def test_read_batch_fills_pils_pixels_channels_first(tmp_path):
+    """read_batch: rows in the asked order, (B, 3, H, W) uint8, exactly PIL's RGB pixels of each file."""
+    from PIL import Image
+
+    s = ImageSet.load(make_image_set(tmp_path / "a", TOY_PROMPTS, [0, 1]))
+    order = [2, 0, 1, 2]
+    batch = s.read_batch(order)
+    assert batch.shape == (4, 3, s.size[1], s.size[0]) and batch.dtype == torch.uint8 and batch.is_contiguous()
+    for i, r in enumerate(order):
+        with Image.open(s.root / s.paths[r]) as im:
+            assert np.array_equal(batch[i].permute(1, 2, 0).numpy(), np.asarray(im.convert("RGB")))
+    assert s.read_batch([]).shape == (0, 3, s.size[1], s.size[0])
