@@ -109,6 +109,10 @@ class TrainConfig:
     #: fixed cuBLAS workspace), so a resumed run equals an uninterrupted one bit for bit, at 1.43x the
     #: epoch time of setup 2 on an H200 (docs/gpu.md). Process-wide, set before the first CUDA call.
     deterministic: bool = False
+    #: torch.compile the denoiser in place (``nn.Module.compile``: same module, state dict and LoRA
+    #: switches) for sampling and the update; speed only (other kernels: values agree within tolerance,
+    #: not bitwise); the first epoch pays the compilation. CUDA is where it pays (docs/gpu.md)
+    compile: bool = False
     checkpoint_every: int = 1  #: save every N epochs (and at the last epoch)
     #: after each save keep only the newest N checkpoints (0 = keep all). Whatever N, only the newest
     #: checkpoint keeps the optimizer / training state (resume); older ones hold weights + metadata

@@ -82,7 +82,7 @@ from pcpo_eval.train.tracking import RunTracking, open_tracking
 from pcpo_eval.train.update import UpdateMixin
 
 #: config keys ``--resume`` lets differ from the run's config.yaml (neither changes what is trained)
-RESUME_MAY_CHANGE = ("epochs", "device", "keep_checkpoints", "deterministic")
+RESUME_MAY_CHANGE = ("epochs", "device", "keep_checkpoints", "deterministic", "compile")
 INIT_FILE = "init_from.json"  #: where a run started from ``init_from`` records its source and weights hash
 
 
@@ -114,6 +114,9 @@ class Trainer(PolicyMixin, RolloutMixin, UpdateMixin):
         self.adapter: ModelAdapter = load_model(config.model, device=self.device)
         self.sampler, self.schedule = training_sampler(config, self.adapter.prediction)
         self._init_policy(resume)  # LoRA / full weights, reference copy, init_from, AdamW, loss scaler
+        if config.compile:  # in place, after LoRA and the reference copy: parameters and state dict unchanged
+            for module in filter(None, (self.adapter.denoiser, self.ref_denoiser)):
+                module.compile(dynamic=False)
         self.tracker = PerPromptStatTracker(config.stat_buffer_size, config.stat_min_count)
         self.objective = get_objective(config.objective)
         with torch.no_grad():
