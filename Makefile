@@ -4,6 +4,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
+# pytest workers of `make test` (pytest-xdist; one torch thread each): CI's two cores
+TEST_WORKERS ?= 2
 
 .PHONY: demo test test-full bench lint browser lmertest postgres clean-venv
 
@@ -21,15 +23,15 @@ demo: $(STAMP)
 
 ## The test suite CI runs (ruff + pytest, including the few slow tests, the browser tests, the lme4 comparisons and
 ## the human study app on a live PostgreSQL server; of the paper-spec end-to-end runs a representative subset),
-## then the 15 slowest tests.
+## then the 15 slowest tests. Two pytest workers, a test file per worker at a time (TEST_WORKERS=0: one process, two torch threads).
 test: $(STAMP) browser lmertest postgres
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q --durations=15
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15
 
 ## `make test` plus the tests marked `exhaustive` (every paper spec end to end on stand-ins).
 test-full: $(STAMP) browser lmertest postgres
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q --durations=15 --exhaustive
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15 --exhaustive
 
 ## Benchmarks: rewrites benchmarks/RESULTS.md.
 bench: $(STAMP) lmertest

@@ -19,9 +19,10 @@ os.environ["PCPO_EVAL_FIGURE_FORMATS"] = "png"
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-# Two torch threads (CI's 2 cores): a fresh-clone suite took 1,299 s with one thread for every test, and
-# 1,020 s like this (2026-11-26). Modules whose results need one thread opt in with `one_thread`.
-torch.set_num_threads(2)
+# Torch threads: one per pytest-xdist worker (`make test` runs two workers on CI's two cores: 687 s for
+# the suite, against 1,177 s in one process with two threads, 2026-11-26); two in a single process (a
+# one-thread single process took 1,299 s). Modules whose results need one thread opt in with `one_thread`.
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)
 
 
 @pytest.fixture(scope="module")

@@ -52,6 +52,6 @@ def test_llava_bertscore_protocol_and_batching():
 
 
 def test_llava_server_absent_names_the_variable():
-    fn = make_reward("llava_bertscore", url="http://127.0.0.1:9", timeout=2)
+    fn = make_reward("llava_bertscore", url="http://127.0.0.1:9", timeout=2, backoff=0.01)  # retries, not their waits
     with pytest.raises(MissingWeightsError, match="PCPO_LLAVA_URL"):
         fn(torch.zeros(1, 3, 8, 8, dtype=torch.uint8), ["a cat"])
