@@ -6,7 +6,8 @@ Inception (clean-fid's TF trunk, loaded from a saved state dict through the real
 ViT-L/14 (``save_pretrained`` of a random ``Dinov2Model``) and a random LPIPS trunk, cold caches;
 then torchmetrics' ``FrechetInceptionDistance(feature=...)`` ``update`` over the same PNGs decoded by
 PIL in the loop, with the same Inception and resize. Reported: images/s of each, our time
-extrapolated to 50,000 images per set, and peak GPU memory.
+extrapolated to 50,000 images per set, our seconds per phase (hash checks, waiting for decoded
+batches, each extractor, cache writes, LPIPS embedding, each metric's statistics), and peak GPU memory.
 
 ``--tiny``: 16 images of 64 px and a tiny DINOv2 on CPU (CI). Usage::
 
@@ -34,7 +35,7 @@ from PIL import Image
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from models import device_info, peak_gib, reset_peak, sync  # noqa: E402
 
-from pcpo_eval.metrics.extract import MetricsOptions  # noqa: E402
+from pcpo_eval.metrics.extract import ExtractionReport, MetricsOptions  # noqa: E402
 from pcpo_eval.metrics.workers import compute_metrics  # noqa: E402
 
 
@@ -85,14 +86,16 @@ def random_weights(tmp: Path, tiny: bool) -> dict:
     return {"inception": {"weights_path": str(inc)}, "dinov2": {"weights_path": str(dino)}}
 
 
-def run_ours(s: Path, ref: Path, metrics: str, device: str, weights: dict, batch: int) -> tuple[float, dict]:
+def run_ours(s: Path, ref: Path, metrics: str, device: str, weights: dict, batch: int) -> tuple[float, dict, dict]:
+    """Seconds, metric values and the seconds per phase (:class:`ExtractionReport`) of one cold-cache call."""
     opts = MetricsOptions(device=device, batch_size=batch, extractor_options=weights, lpips_trunk="random",
                           cache_dir=Path(tempfile.mkdtemp(prefix="bench_cache_")))
+    report = ExtractionReport()
     sync(device)
     t0 = time.perf_counter()
-    result = compute_metrics(s, metrics, ref, opts)
+    result = compute_metrics(s, metrics, ref, opts, report=report)
     sync(device)
-    return time.perf_counter() - t0, result.metrics
+    return time.perf_counter() - t0, result.metrics, report.seconds
 
 
 def run_torchmetrics(s: Path, ref: Path, device: str, weights: dict, batch: int) -> tuple[float, float]:
@@ -166,10 +169,11 @@ def main() -> None:
     print("torchmetrics", json.dumps(res["torchmetrics_fid"]), flush=True)
     for metrics in a.metrics.split(";"):
         reset_peak(device)
-        t, overall = run_ours(s, ref, metrics, device, weights, a.batch)
+        t, overall, phases = run_ours(s, ref, metrics, device, weights, a.batch)
         res[f"ours_{metrics}"] = {"seconds": t, "img_s": n / t, "ratio_vs_torchmetrics_fid": (n / t) / (n / t_tm),
                                   "minutes_for_50k_per_set": t / n * 100_000 / 60, "peak_gib": peak_gib(device),
-                                  "values": overall}
+                                  "values": overall,
+                                  "phase_seconds": {k: round(v, 3) for k, v in sorted(phases.items())}}
         print(metrics, json.dumps(res[f"ours_{metrics}"], default=str), flush=True)
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)

@@ -9,7 +9,9 @@ on every rank: the shared cache is their cross-process reduction.
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -49,10 +51,28 @@ class MetricsOptions:
 
 @dataclass
 class ExtractionReport:
-    """How many unique images this rank computed (the rest came from the cache)."""
+    """How many unique images this rank computed (the rest came from the cache), and where its seconds went.
+
+    ``seconds``: wall seconds per phase of this rank, summed over the call's passes: ``verify`` (hash
+    checks before any cache is trusted), ``read`` (waiting for the next decoded batch: what the
+    background decode did not hide), ``extract:<name>`` (resize + network + copy to the host of each
+    extractor), ``cache`` (feature chunks written), ``consume:<metric>`` (LPIPS embedding of the pass's
+    images; device work it queues may be counted by the next phase that waits for the device) and
+    ``metric:<name>`` (each metric's own update and compute: statistics, Frechet distances, pairs).
+    """
 
     computed: int = 0
     cached: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @contextmanager
+    def timed(self, phase: str) -> Iterator[None]:
+        """Add the wall seconds of the block to ``seconds[phase]``."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - t0
 
 
 def cache_root(image_set: ImageSet, options: MetricsOptions) -> Path:
@@ -116,6 +136,7 @@ def _prefetched(image_set: ImageSet, batches: list[list[int]]) -> Iterator[tuple
 class ImageConsumer(Protocol):
     """Something besides the extractors that needs decoded images of a pass (LPIPS per prompt)."""
 
+    name: str  #: the metric it feeds (the report's ``consume:<name>`` phase)
     rows: set[int]
 
     def consume(self, rows: list[int], images: torch.Tensor) -> None:
@@ -156,7 +177,8 @@ def extract_sets(
         report.cached += len(first_row) - len(missing[name])
     dist.barrier()
     union = sorted(set().union(*missing.values())) if missing else []
-    _verify_cached_rows(image_set, set(union))  # the rows decoded below are checked as they are read
+    with report.timed("verify"):
+        _verify_cached_rows(image_set, set(union))  # the rows decoded below are checked as they are read
     b = options.batch_size
     dealt = [union[i:i + b] for i in range(0, len(union), b)][dist.rank()::dist.world_size()]
     mine = {r for chunk in dealt for r in chunk}
@@ -164,19 +186,27 @@ def extract_sets(
     batches = dealt + [extra[i:i + b] for i in range(0, len(extra), b)]
     bar = progress_bar(sum(map(len, batches)), f"metrics {image_set.root.name}",
                        options.progress if dist.rank() == 0 else False, unit="img")
-    for rows, images in _prefetched(image_set, batches):
+    passes = _prefetched(image_set, batches)
+    while True:
+        with report.timed("read"):
+            item = next(passes, None)
+        if item is None:
+            break
+        rows, images = item
         bar.update(len(rows))
         for name, ext in extractors.items():
             idx = [j for j, r in enumerate(rows) if r in mine and r in missing[name]]
             if idx:
-                out = ext.extract(images[idx])
-                caches[name].write_chunk([keys[rows[j]] for j in idx],
-                                         {k: v.numpy().astype(np.float32) for k, v in out.items()})
+                with report.timed(f"extract:{name}"):
+                    out = {k: v.numpy().astype(np.float32) for k, v in ext.extract(images[idx]).items()}
+                with report.timed("cache"):
+                    caches[name].write_chunk([keys[rows[j]] for j in idx], out)
                 report.computed += len(idx)
         for c in consumers:
             idx = [j for j, r in enumerate(rows) if r in c.rows]
             if idx:
-                c.consume([rows[j] for j in idx], images[idx])
+                with report.timed(f"consume:{c.name}"):
+                    c.consume([rows[j] for j in idx], images[idx])
     bar.close()
     dist.barrier()
     out: dict[str, dict[str, np.ndarray]] = {}

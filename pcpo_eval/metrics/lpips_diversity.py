@@ -358,6 +358,7 @@ class _LpipsConsumer:
 
     def __init__(self, metric: LpipsDiversityMetric, data: EvalData, todo: dict[int, Path]) -> None:
         self.metric, self.todo, self.batch = metric, todo, data.options.lpips_batch
+        self.name = metric.name
         self.prompt_of = {int(r): pid for pid in todo for r in data.rows[pid]}
         self.rows = set(self.prompt_of)
         self.left = {pid: len(data.rows[pid]) for pid in todo}

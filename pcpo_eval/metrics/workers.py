@@ -222,7 +222,8 @@ def compute_metrics(
     validate_request(names, s, ref, options)
     for one in (s, ref):  # every file against its recorded sha256 before any cache keyed by it is used
         if one is not None:
-            one.verify()
+            with report.timed("verify"):
+                one.verify()
     if dist.is_main():
         remove_stale_temps(cache_root(s, options))  # left by a killed run; never ones a live process holds
     objects, extractors, wanted = build_metrics(names, options)
@@ -238,9 +239,11 @@ def compute_metrics(
     out: dict[str, float] = {}
     per_prompt, per_image = _tables(s, ref)
     for metric in objects:
-        metric.update(data)
-        metric.sync()
-        _add_values(metric.compute(), out, per_prompt, per_image)
+        with report.timed(f"metric:{metric.name}"):
+            metric.update(data)
+            metric.sync()
+            values = metric.compute()
+        _add_values(values, out, per_prompt, per_image)
     return MetricsResult(out, _settings(s, ref, names, extractors, objects, options), per_prompt, per_image)
 
 

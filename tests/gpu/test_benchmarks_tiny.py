@@ -41,6 +41,8 @@ def test_gpu_benchmark_tiny_mode(script, tmp_path):
         assert res["setups"]["2"][0]["update_device_busy"]["wall_s"] > 0  # the profiled run
     if script == "bench_metrics.py":
         assert res["decode_only"]["read_decode_img_s"] > 0 and res["decode_only"]["resize_299_img_s"] > 0
+        phases = res["ours_fid,fd_dinov2,is,lpips"]["phase_seconds"]
+        assert {"verify", "read", "extract:inception", "extract:dinov2", "consume:lpips", "metric:fid"} <= set(phases)
     if script != "bench_metrics.py":
         assert "Self CPU time total" in (tmp_path / "profile.txt").read_text()
     if script == "bench_generate.py":
