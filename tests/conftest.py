@@ -35,6 +35,16 @@ def one_thread():
     torch.set_num_threads(n)
 
 
+@pytest.fixture
+def aot_eager(monkeypatch):
+    """``torch.compile`` with dynamo's ``aot_eager`` backend: the graph capture and our wrapping of the
+    compiled module run for real, without inductor's minute of C++ compilation per test on CPU."""
+    real = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: real(model, **{**kw, "backend": "aot_eager"}))
+    yield
+    torch._dynamo.reset()
+
+
 @dataclass
 class CliResult:
     returncode: int

@@ -8,7 +8,6 @@ generation is timed on a GPU, ``benchmarks/gpu/bench_train.py --runs "ppo_clip;p
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -16,14 +15,6 @@ from pcpo_eval.testing import save_tiny_sd1
 from pcpo_eval.train import checkpoints as ck
 from pcpo_eval.train.config import load_config
 from pcpo_eval.train.trainer import Trainer, train
-
-
-@pytest.fixture
-def aot_eager(monkeypatch):
-    real = torch.compile
-    monkeypatch.setattr(torch, "compile", lambda model, **kw: real(model, **{**kw, "backend": "aot_eager"}))
-    yield
-    torch._dynamo.reset()
 
 
 def test_compiled_denoiser_trains_like_eager_and_checkpoints_the_same_keys(tmp_path, aot_eager):
