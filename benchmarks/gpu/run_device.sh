@@ -2,7 +2,7 @@
 # One GPU session's checks, in priority order, each stage under its own time limit so a slow stage
 # cannot starve the next. Results land in $OUT (or ./gpu_out).
 #   bash benchmarks/gpu/run_device.sh [stage ...]
-# stages: generate train2 metrics train5 (default), tests profile trainprofile invariance attention quick compile.
+# stages: generate train2 metrics train5 (default), tests profile trainprofile trainbatch invariance attention quick compile.
 # Measured stage times (H200): generate 79 s, train2 77 s (one run); metrics and train5 need more than 120 / 100 s.
 # Wheels for packages the machine lacks travel in .whl/ (docs/gpu.md, "Running the GPU checks").
 set -u
@@ -30,6 +30,9 @@ for s in $stages; do
               --json "$OUT/train2.json" 2>&1 | grep -v "Loading\|float32\|Writing" | tail -12 ;;
     trainprofile) timeout 150 python3 benchmarks/gpu/bench_train.py --setup 2 --batches 1 --runs ppo_clip \
               --profile "$OUT/train_profile.txt" --json "$OUT/train2_profiled.json" 2>&1 \
+              | grep -v "Loading\|float32\|Writing" | tail -8 ;;
+    trainbatch) timeout 300 python3 benchmarks/gpu/bench_train.py --setup 2 --batches 2 \
+              --runs "ppo_clip;ppo_clip:train_batch_size=8" --json "$OUT/train2_batch.json" 2>&1 \
               | grep -v "Loading\|float32\|Writing" | tail -8 ;;
     train5) timeout 200 python3 benchmarks/gpu/bench_train.py --setup 5 --batches 1 --runs ppo_clip \
               --json "$OUT/train5.json" 2>&1 | grep -v "Loading\|float32\|Writing" | tail -8 ;;
