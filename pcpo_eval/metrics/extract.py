@@ -117,9 +117,11 @@ def _verify_cached_rows(image_set: ImageSet, decoded: set[int]) -> None:
     image_set.verify([r for r in range(len(image_set)) if r not in decoded])
 
 
-def _prefetched(image_set: ImageSet, batches: list[list[int]]) -> Iterator[tuple[list[int], torch.Tensor]]:
+def _prefetched(image_set: ImageSet, batches: list[list[int]],
+                report: ExtractionReport) -> Iterator[tuple[list[int], torch.Tensor]]:
     """``(rows, images)`` per batch, the next batch read and decoded on a background thread while the
-    caller runs the networks on this one (host decode overlaps device compute; same images, same order)."""
+    caller runs the networks on this one (host decode overlaps device compute; same images, same order).
+    The time spent waiting for a batch goes to the report's ``read`` phase."""
     from concurrent.futures import ThreadPoolExecutor
 
     if not batches:
@@ -127,7 +129,8 @@ def _prefetched(image_set: ImageSet, batches: list[list[int]]) -> Iterator[tuple
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="pcpo-prefetch") as pool:
         pending = pool.submit(image_set.read_batch, batches[0])
         for i, rows in enumerate(batches):
-            images = pending.result()
+            with report.timed("read"):
+                images = pending.result()
             if i + 1 < len(batches):
                 pending = pool.submit(image_set.read_batch, batches[i + 1])
             yield rows, images
@@ -186,13 +189,7 @@ def extract_sets(
     batches = dealt + [extra[i:i + b] for i in range(0, len(extra), b)]
     bar = progress_bar(sum(map(len, batches)), f"metrics {image_set.root.name}",
                        options.progress if dist.rank() == 0 else False, unit="img")
-    passes = _prefetched(image_set, batches)
-    while True:
-        with report.timed("read"):
-            item = next(passes, None)
-        if item is None:
-            break
-        rows, images = item
+    for rows, images in _prefetched(image_set, batches, report):
         bar.update(len(rows))
         for name, ext in extractors.items():
             idx = [j for j, r in enumerate(rows) if r in mine and r in missing[name]]

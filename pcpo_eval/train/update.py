@@ -93,7 +93,7 @@ class UpdateMixin:
         at = _Rows(tr, rows, j)
         x = at.take(tr.trajectory)
         t = to_device_async(sp.model_time(tr, j), dev)
-        cond = samples.cond.index(to_device_async(rows, samples.cond.hidden.device))
+        cond = samples.cond.index(at.rows.to(samples.cond.hidden.device))  # the indices already copied (same device)
         with self._autocast():
             out = self._predict(x, t, cond, len(rows)).float()
         if uses_decomposition(cfg.objective) or cfg.diagnostics:
