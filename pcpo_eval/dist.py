@@ -1,8 +1,8 @@
 """The one torch.distributed set-up: join the process group torchrun / accelerate describe.
 
 ``torchrun`` and ``accelerate launch`` set ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``
-and ``MASTER_PORT``; :func:`init` joins the group they describe (NCCL when CUDA is used, gloo on
-CPU), and the helpers below work with or without a group (a single process is rank 0 of 1), so
+and ``MASTER_PORT``; :func:`init` joins the group they describe (gloo on CPU; on CUDA NCCL for
+device tensors and gloo for host tensors, each process on its own GPU), and the helpers below work with or without a group (a single process is rank 0 of 1), so
 library code never branches on how it was launched. Also this process's device (:func:`pick_device`,
 :func:`resolve_device`) and the host-to-device copy that does not stall the host (:func:`to_device_async`).
 """
@@ -26,15 +26,37 @@ def env_world_size() -> int:
 def init(device: str | torch.device = "cpu") -> tuple[int, int]:
     """Join the launcher's process group when ``WORLD_SIZE > 1``; return ``(rank, world_size)``.
 
-    The backend is NCCL for a CUDA device and gloo otherwise. Idempotent.
+    The group and this process's device come from :func:`group_backend`. Idempotent.
     """
     if is_initialized():
         return dist.get_rank(), dist.get_world_size()
     if env_world_size() <= 1:
         return 0, 1
-    use_cuda = torch.cuda.is_available() and str(device) not in ("cpu",) and not str(device).startswith("cpu")
-    dist.init_process_group("nccl" if use_cuda else "gloo")
+    backend, cuda_device = group_backend(device)
+    if cuda_device is None:
+        dist.init_process_group(backend)
+    else:
+        torch.cuda.set_device(cuda_device)
+        dist.init_process_group(backend, device_id=cuda_device)
     return dist.get_rank(), dist.get_world_size()
+
+
+def group_backend(device: str | torch.device) -> tuple[str, torch.device | None]:
+    """The process group's backend for a process on ``device`` (``auto`` as :func:`pick_device` reads it),
+    and the CUDA device it binds (or None).
+
+    On CPU: gloo. On CUDA: NCCL for CUDA tensors **and** gloo for CPU tensors (``"cpu:gloo,cuda:nccl"``),
+    because the metrics reduce CPU states (the FD sums, float64 on the host) and NCCL alone has no
+    CPU backend. The process's own GPU (``cuda:N``, else ``LOCAL_RANK``) becomes its current device
+    before the group starts: ``all_gather_object`` and NCCL's communicator use the current device, and
+    left at cuda:0 every rank would claim the same GPU.
+    """
+    dev = pick_device(device) if str(device) == "auto" else torch.device(device)
+    if dev.type != "cuda" or not torch.cuda.is_available():
+        return "gloo", None
+    if dev.index is None:
+        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+    return "cpu:gloo,cuda:nccl", dev
 
 
 def is_initialized() -> bool:

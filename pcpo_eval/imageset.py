@@ -40,12 +40,18 @@ MANIFEST_FILE = "manifest.parquet"
 #: every generation setting + run information; ``status`` ``rendering`` or ``complete``
 SET_FILE = "set.json"
 
-#: files verified in this process: (real path, size, mtime_ns, expected sha256); a file changed since
+#: files verified in this process: (device, inode, size, mtime_ns, expected sha256), the file's identity
+#: whatever path or link reaches it (a stat, where a real-path lookup costs several); a file changed since
 #: (size or mtime) is hashed again
-_VERIFIED: set[tuple[str, int, int, str]] = set()
+_VERIFIED: set[tuple[int, int, int, int, str]] = set()
 _STATS_LOCK = threading.Lock()
 
 REQUIRED_COLUMNS = ("prompt_id", "prompt", "seed", "path", "image_sha256")
+
+
+def _identity(st: os.stat_result, want: str) -> tuple[int, int, int, int, str]:
+    """The ``_VERIFIED`` key of a file's stat and its expected sha256."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, want)
 
 
 @dataclass
@@ -134,19 +140,21 @@ class ImageSet:
         """
         paths, shas = self.paths, self.shas
         todo = range(len(paths)) if rows is None else sorted(set(int(r) for r in rows))
-        problems = [p for p in parallel_map(lambda r: self._check_file(self.root / paths[r], shas[r]), list(todo)) if p]
+        root = str(self.root)
+        problems = [p for p in parallel_map(lambda r: self._check_file(os.path.join(root, paths[r]), shas[r]), list(todo))
+                    if p]
         if problems:
             raise UserError(problems[0])
 
     @staticmethod
-    def _check_file(full: Path, want: str) -> str | None:
+    def _check_file(full: str, want: str) -> str | None:
         """None if ``full`` hashes to ``want`` (remembered in ``_VERIFIED``), else the error line."""
         try:
-            st = full.stat()
+            st = os.stat(full)
         except OSError as exc:
             return (f"cannot read image {full}: {exc.strerror or exc}; the set is incomplete, "
                     "re-run the `pcpo-eval generate` command that made it to repair it")
-        key = (os.path.realpath(full), st.st_size, st.st_mtime_ns, want)
+        key = _identity(st, want)
         if key in _VERIFIED:
             return None
         try:
@@ -177,7 +185,7 @@ class ImageSet:
             st = path.stat()
         except OSError as exc:
             raise UserError(f"cannot read image {path}: {exc.strerror or exc}") from exc
-        key = (os.path.realpath(path), st.st_size, st.st_mtime_ns, want)
+        key = _identity(st, want)
         if key not in _VERIFIED:
             if hashlib.sha256(data).hexdigest() != want:
                 raise UserError(

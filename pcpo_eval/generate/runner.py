@@ -49,6 +49,7 @@ from pcpo_eval.generate.setdir import (
     write_manifest,
 )
 from pcpo_eval.imageset import MANIFEST_FILE, SET_FILE
+from pcpo_eval.io import parallel_map
 from pcpo_eval.models.base import ModelAdapter, PromptEmbeds
 from pcpo_eval.precision import (
     attention_backend,
@@ -408,7 +409,9 @@ def _render_share(job: _Job, opened: _OpenSet) -> _Share:
     """Render this rank's items not yet done, in batches; PNGs written and records flushed as they go."""
     req, out, settings = job.request, job.out, job.settings
     mine = shard_items(opened.items, job.rank, job.world_size)
-    todo = [it for it in mine if not is_done(out, it, opened.records)]
+    # a resumed 50,000-image set re-hashes what it has: on the thread pool (SHA-256 and reads release the GIL)
+    done = parallel_map(lambda it: is_done(out, it, opened.records), mine)
+    todo = [it for it, d in zip(mine, done, strict=True) if not d]
     progress_file = out / ".progress" / f"{uuid.uuid4().hex}-r{job.rank:03d}.parquet"
     writer = _Writer(out, settings)
     bar = _progress_bar(len(mine), len(mine) - len(todo), req.progress and job.rank == 0)

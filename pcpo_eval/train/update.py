@@ -110,7 +110,9 @@ class UpdateMixin:
             res.delta = delta_terms(out, recorded, noise, weight)
         loss, kls = res.loss, None
         if cfg.beta_kl > 0:
-            with torch.no_grad(), self._reference():
+            # the reference in the policy's precision: in fp32 beside a bf16 / fp16 policy, the KL of two
+            # equal networks would be their rounding difference, not 0
+            with torch.no_grad(), self._autocast(), self._reference():
                 ref = self._ref_predict(x, t, cond, len(rows)).float()
             kls = {form: sp.kl_to_reference(tr, j, x, out, ref, form=form) for form in KL_FORMS}
             loss = loss + cfg.beta_kl * kls[cfg.kl_form]

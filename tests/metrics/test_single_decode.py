@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from pathlib import Path
 
@@ -85,3 +86,52 @@ def test_read_batch_fills_pils_pixels_channels_first(tmp_path):
         with Image.open(s.root / s.paths[r]) as im:
             assert np.array_equal(batch[i].permute(1, 2, 0).numpy(), np.asarray(im.convert("RGB")))
     assert s.read_batch([]).shape == (0, 3, s.size[1], s.size[0])
+
+
+def test_parallel_map_chunks_keep_order_and_the_first_error():
+    """Contiguous chunks per pool thread: the results in item order, the first failing item's error."""
+    from pcpo_eval.io import parallel_map
+
+    for n in (0, 1, 2, 7, 63, 64, 65, 1001):
+        assert parallel_map(lambda x: x * x, list(range(n))) == [x * x for x in range(n)]
+
+    def fails(x: int) -> int:
+        if x in (500, 900):
+            raise ValueError(f"item {x}")
+        return x
+
+    with pytest.raises(ValueError, match="item 500"):
+        parallel_map(fails, list(range(1001)))
+
+
+def test_verify_hashes_a_file_once_whatever_path_reaches_it(tmp_path, monkeypatch):
+    """The verified-file cache is keyed by the file (device, inode, size, mtime), not the path string:
+    a set reached through a symlinked folder is not hashed again; a file rewritten in place is."""
+    import pcpo_eval.imageset as imageset
+
+    make_image_set(tmp_path / "a", TOY_PROMPTS, list(range(3)))
+    (tmp_path / "link").symlink_to(tmp_path / "a")
+    hashed: Counter = Counter()
+    real = imageset.sha256_file
+
+    def counting(path):
+        hashed[Path(path).name] += 1
+        return real(path)
+
+    monkeypatch.setattr(imageset, "sha256_file", counting)
+    monkeypatch.setattr(imageset, "_VERIFIED", set())
+    ImageSet.load(tmp_path / "a").verify()
+    n = len(TOY_PROMPTS) * 3
+    assert sum(hashed.values()) == n
+    ImageSet.load(tmp_path / "link").verify()
+    ImageSet.load(tmp_path / "a").verify()
+    assert sum(hashed.values()) == n, "an unchanged file was hashed again"
+    s = ImageSet.load(tmp_path / "a")
+    victim = s.root / s.paths[4]
+    data = bytearray(victim.read_bytes())
+    data[-20] ^= 0xFF  # same size
+    before = victim.stat().st_mtime_ns
+    victim.write_bytes(bytes(data))
+    os.utime(victim, ns=(before, before + 10**9))  # a new mtime even on a coarse-timestamp file system
+    with pytest.raises(imageset.UserError, match="does not match its image_sha256"):
+        ImageSet.load(tmp_path / "link").verify()

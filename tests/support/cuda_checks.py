@@ -158,11 +158,42 @@ def step_syncs(tmp: Path) -> dict:
         assert c[6] == c[2], f"{phase}: synchronisations grow with the steps: {counts}"
     return {"syncs_per_epoch_by_steps": counts}
 
+
+def dist_group(tmp: Path) -> dict:
+    """The process group ``dist.init`` starts on CUDA (``dist.group_backend``: NCCL + gloo, bound to the
+    rank's GPU) reduces host and device tensors and gathers objects: a one-process group here (two ranks
+    on one GPU are refused by NCCL); the torchrun tests run the same calls with gloo on CPU."""
+    import os
+
+    import torch.distributed as tdist
+
+    from pcpo_eval import dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29517", LOCAL_RANK="0")
+    backend, dev = dist.group_backend(DEVICE)
+    if dev is None:  # the cpu dry run
+        tdist.init_process_group(backend, rank=0, world_size=1)
+    else:
+        torch.cuda.set_device(dev)
+        tdist.init_process_group(backend, rank=0, world_size=1, device_id=dev)
+    try:
+        host = torch.arange(4, dtype=torch.float64)
+        tdist.all_reduce(host)  # the metrics' FD sums
+        device = torch.ones(3, device=dev or "cpu")
+        tdist.all_reduce(device)  # the trainer's gradients
+        out: list = [None]
+        tdist.all_gather_object(out, {"rank": 0})  # rollout and metric gathers
+        assert host.tolist() == [0.0, 1.0, 2.0, 3.0] and device.tolist() == [1.0] * 3 and out == [{"rank": 0}]
+    finally:
+        tdist.destroy_process_group()
+    return {"backend": backend, "device": str(dev)}
+
+
 #: ``cuda``; a third argument ``cpu`` dry-runs the scenarios' code paths (assertions on GPU facts may fail there).
 DEVICE = sys.argv[3] if len(sys.argv) > 3 else "cuda"
 
 SCENARIOS = {f.__name__: f for f in (generate_precisions, generate_memory_micro_batch, generate_sd1_tiny,
-                                     train_resume, train_mixed_precision, step_syncs)}
+                                     train_resume, train_mixed_precision, step_syncs, dist_group)}
 
 if __name__ == "__main__":
     name, tmp = sys.argv[1], Path(sys.argv[2])

@@ -132,6 +132,19 @@ def test_kl_penalty_against_base_weights(env):
     np.testing.assert_allclose(loss.numpy(), (out.loss + 0.04 * kl["paper"]).numpy(), rtol=1e-6)
 
 
+def test_kl_reference_runs_in_the_policys_precision(env):
+    """Under bf16 autocast the reference forward is autocast too: at init (LoRA B = 0, policy == base) the
+    KL is 0 exactly, not the rounding difference between a bf16 policy and an fp32 reference (0.008)."""
+    tmp, prompts = env
+    tr = Trainer(_cfg(prompts, sde="flowgrpo", sample_eta=0.7, beta_kl=0.04, objective="ppo_clip",
+                      mixed_precision="bf16"), tmp / "run")
+    s = tr.sample_epoch(1)
+    rows, adv, jj = torch.arange(4), torch.as_tensor(s.advantages, dtype=torch.float32), torch.full((4,), 2)
+    with torch.no_grad():
+        _, _, kl0 = tr.step_loss(s, rows, jj, adv)
+    assert max(v.abs().max().item() for v in kl0.values()) == 0.0
+
+
 @pytest.mark.parametrize("objective", ["ppo_clip", "pcpo"])
 def test_short_dancegrpo_and_pcpo_runs_log_rewards_and_clipfrac(env, objective):
     tmp, prompts = env
