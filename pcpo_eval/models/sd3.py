@@ -108,8 +108,10 @@ class SD3Adapter(ModelAdapter):
         return PromptEmbeds(pe.to(self.dtype), pooled.to(self.dtype))
 
     def denoise(self, x_t: torch.Tensor, t: torch.Tensor, cond: PromptEmbeds) -> torch.Tensor:
-        """Velocity u = noise - x_0 at continuous times ``t`` in [0, 1] (transformer gets 1000 t)."""
-        timestep = (t.to(x_t.device, torch.float32) * 1000.0).to(x_t.dtype)
+        """Velocity u = noise - x_0 at continuous times ``t`` in [0, 1] (transformer gets 1000 t in float32, as
+        diffusers' ``StableDiffusion3Pipeline`` passes its scheduler's timesteps: the transformer casts after
+        the sinusoidal projection, so a bf16 timestep would move t by up to 2 units of 1000)."""
+        timestep = t.to(x_t.device, torch.float32) * 1000.0
         return self.denoiser(
             hidden_states=x_t, encoder_hidden_states=cond.hidden, pooled_projections=cond.pooled,
             timestep=timestep, return_dict=False,

@@ -56,3 +56,27 @@ def test_matches_torch_fidelity() -> None:
 def test_rejects_too_many_splits() -> None:
     with pytest.raises(ValueError):
         inception_score(np.zeros((5, 3)), splits=10)
+
+
+def test_per_prompt_scores_batched_equal_one_call_per_prompt():
+    """The batched per-prompt pass gives each prompt what torch-fidelity gives its rows alone (min(splits, n)
+    splits, the same shuffle), for prompts of different image counts."""
+    from torch_fidelity.metric_isc import isc_features_to_metric
+
+    from pcpo_eval.metrics.inception_score import per_prompt_inception_scores
+
+    rng = np.random.default_rng(3)
+    logits = rng.normal(size=(200, 12)).astype(np.float32) * 3
+    order = rng.permutation(200)
+    rows, at = {}, 0
+    for pid, n in enumerate([10, 10, 25, 3, 1, 10, 40, 10, 20, 10, 10, 10, 11]):
+        rows[pid * 7] = order[at:at + n]
+        at += n
+    got = per_prompt_inception_scores(logits, rows, splits=10, seed=2020)
+    assert list(got) == list(rows)
+    for pid, r in rows.items():
+        want = isc_features_to_metric(torch.from_numpy(logits[r]), splits=min(10, len(r)), shuffle=True,
+                                      rng_seed=2020)
+        assert (got[pid].n, got[pid].splits, got[pid].shuffle_seed) == (len(r), min(10, len(r)), 2020)
+        assert got[pid].mean == pytest.approx(want["inception_score_mean"], rel=1e-12, abs=1e-12)
+        assert got[pid].std == pytest.approx(want["inception_score_std"], rel=1e-9, abs=1e-12)

@@ -44,6 +44,24 @@ def test_encode_and_guided_predict(adapter):
         assert not torch.allclose(adapter.denoise(x, torch.tensor([0.9, 0.9]), c), uc)
 
 
+def test_sd3_transformer_gets_float32_timesteps_in_bf16():
+    """The SD3 pipeline's convention: 1000 t in float32 whatever the weights' dtype (t = 0.9615 is 961.5, which
+    bf16 would round to 960)."""
+    from pcpo_eval.models.sd3 import SD3Adapter, tiny_sd3_pipeline
+
+    ad = SD3Adapter(tiny_sd3_pipeline(0).to(dtype=torch.bfloat16), resolution=16, max_sequence_length=16)
+    seen = []
+    hook = ad.denoiser.register_forward_pre_hook(lambda m, a, kw: seen.append(kw["timestep"]), with_kwargs=True)
+    try:
+        c = ad.encode_prompts(PROMPTS)
+        with torch.no_grad():
+            ad.denoise(torch.zeros(2, *ad.latent_shape, dtype=torch.bfloat16), torch.tensor([0.9615, 0.3]), c)
+    finally:
+        hook.remove()
+    assert seen[0].dtype == torch.float32
+    torch.testing.assert_close(seen[0], torch.tensor([961.5, 300.0]))
+
+
 def test_ode_sampler_matches_the_diffusers_pipeline_loop(adapter):
     """Our ODE on the scheduler grid reproduces the pipeline's own denoising loop (same x_1)."""
     x_T = torch.randn(2, *adapter.latent_shape, generator=torch.Generator().manual_seed(5))
