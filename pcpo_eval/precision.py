@@ -6,7 +6,7 @@ CUDA may use TF32 tensor cores for fp32 matrix products and convolutions:
 =========  ==============  ====================================================================
 name       weights         fp32 matmul / conv on CUDA
 =========  ==============  ====================================================================
-``fp32``   float32         true fp32 (``allow_tf32 = False``): the CPU-comparable reference
+``fp32``   float32         true fp32 (TF32 off): the CPU-comparable reference
 ``tf32``   float32         TF32 tensor cores (10-bit mantissa inputs, fp32 accumulate)
 ``bf16``   bfloat16        (no fp32 products left in the network)
 ``fp16``   float16         (idem)
@@ -68,15 +68,29 @@ def matmul_precision(name: str) -> Iterator[None]:
 
     ``fp32`` turns TF32 *off* explicitly: PyTorch's default allows it for cuDNN convolutions, so an
     unguarded "fp32" run on an Ampere-or-later GPU is silently a TF32 run for the UNet's convolutions.
+    Matmuls through ``torch.set_float32_matmul_precision`` (``highest`` / ``high``), the setting users and
+    inductor (``--compile``) read back with ``torch.get_float32_matmul_precision``: setting the older
+    ``cuda.matmul.allow_tf32`` flag after a user's ``set_float32_matmul_precision`` call leaves a state in
+    which that read raises. cuDNN through ``cudnn.allow_tf32``, which sets its convolutions and RNNs
+    together (set apart, reading the flag raises).
     """
-    old = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
-    allow = name == "tf32"
-    torch.backends.cuda.matmul.allow_tf32 = allow
+    allow, matmul = name == "tf32", torch.backends.cuda.matmul
+    old_new_api = getattr(matmul, "fp32_precision", None)
+    try:
+        old_matmul: str | None = torch.get_float32_matmul_precision()
+    except RuntimeError:  # a state PyTorch cannot read back: the caller mixed its two APIs before us
+        old_matmul = None
+    old_cudnn = torch.backends.cudnn.allow_tf32
+    torch.set_float32_matmul_precision("high" if allow else "highest")
     torch.backends.cudnn.allow_tf32 = allow
     try:
         yield
     finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+        if old_matmul is not None:
+            torch.set_float32_matmul_precision(old_matmul)
+        elif old_new_api is not None:
+            matmul.fp32_precision = old_new_api
+        torch.backends.cudnn.allow_tf32 = old_cudnn
 
 
 #: Accepted ``--attention`` values: ``auto`` lets PyTorch pick per call (flash attention on recent GPUs

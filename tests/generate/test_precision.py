@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 
 def test_unknown_precision_is_refused_before_work(cli, tmp_path):
     out = tmp_path / "set"
@@ -82,3 +84,32 @@ def test_attention_recorded_in_identity_and_images_agree(tmp_path):
     del meta["settings"]["attention"]
     legacy.write_text(json.dumps(meta))
     generate_set(ad, "toy", [2, 3], tmp_path / "auto", batch_size=2, steps=3, max_prompts=2, progress=False)
+
+
+_TF32_PROBE = """
+import sys, torch
+from pcpo_eval.precision import matmul_precision
+{setup}
+def read():
+    return (torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+for name, want in (("fp32", ("highest", False, False)), ("tf32", ("high", True, True)), ("bf16", ("highest", False, False))):
+    with matmul_precision(name):
+        assert read() == want, (name, read())
+print(read())
+"""
+
+
+@pytest.mark.parametrize("setup", [
+    "", "torch.set_float32_matmul_precision('high')", "torch.backends.cuda.matmul.allow_tf32 = True",
+    "torch.backends.cuda.matmul.fp32_precision = 'tf32'",  # PyTorch's newer API: a state its own reader refuses
+], ids=["pristine", "user-set-high", "user-legacy-flag", "user-new-api"])
+def test_matmul_precision_leaves_readable_tf32_settings(setup):
+    """Inside ``matmul_precision`` PyTorch can read its TF32 settings back whatever the caller set before
+    (inductor reads ``get_float32_matmul_precision``; setting the legacy flag after a user's
+    ``set_float32_matmul_precision`` made that read raise); the settings are what the precision says."""
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", _TF32_PROBE.format(setup=setup)], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
