@@ -29,6 +29,7 @@ from pcpo_eval.generate.fixed_batch import (
     FixedBatchAdapter,
     auto_micro_batch,
     effective_batch_size,
+    memory_decode_batch,
     memory_micro_batch,
 )
 from pcpo_eval.generate.loading import adapter_hash, load_generation_model
@@ -263,13 +264,15 @@ def _check_request(request: GenerationRequest) -> _Job:
         adapter = load_generation_model(str(request.model_spec), request.device, precision_dtype(precision))
         spec_str = str(request.model_spec)
     attention = resolve_attention(request.attention, request.device)
-    with matmul_precision(precision), attention_backend(attention):  # the memory probe runs the real kernels
+    with matmul_precision(precision), attention_backend(attention):  # the memory probes run the real kernels
         micro_batch, invariance = _micro_batch(request, adapter)
+        decode_batch = (memory_decode_batch(adapter, cap=effective_batch_size(request.batch_size, micro_batch, request.cfg))
+                        if invariance == "tolerance" and adapter.device.type == "cuda" else None)
     if request.compile or request.channels_last:
         invariance = "tolerance"
     settings = _settings(request, adapter, spec_str, micro_batch, precision, invariance, attention)
     _speed_up(adapter, request)  # after _settings: the model hash is of the plain module
-    fixed = FixedBatchAdapter(adapter, micro_batch)
+    fixed = FixedBatchAdapter(adapter, micro_batch, decode_batch)
     out = Path(request.out_dir)
     check_out_dir(out, settings)
     if request.rank is None or request.world_size is None:
@@ -309,15 +312,27 @@ def _micro_batch(request: GenerationRequest, adapter: ModelAdapter) -> tuple[int
 
 
 def _speed_up(adapter: ModelAdapter, request: GenerationRequest) -> None:
-    """``--channels-last`` and ``--compile``: applied to the denoiser in place (the UNet / transformer).
+    """``--channels-last`` and ``--compile``: applied in place to each denoiser that runs (the UNet / transformer;
+    an IRG model's reference and components).
 
     The compiled module wraps the original (``_orig_mod``); fixed micro-batches give it one static
     shape, so it compiles once per set.
     """
-    if request.channels_last:
-        adapter.denoiser.to(memory_format=torch.channels_last)
-    if request.compile and not hasattr(adapter.denoiser, "_orig_mod"):  # not twice for a reused adapter
-        adapter.denoiser = torch.compile(adapter.denoiser, fullgraph=False, dynamic=False)
+    for leaf in _denoising_adapters(adapter):
+        if request.channels_last:
+            leaf.denoiser.to(memory_format=torch.channels_last)
+        if request.compile and not hasattr(leaf.denoiser, "_orig_mod"):  # not twice for a reused adapter
+            leaf.denoiser = torch.compile(leaf.denoiser, fullgraph=False, dynamic=False)
+
+
+def _denoising_adapters(adapter: ModelAdapter) -> list[ModelAdapter]:
+    """The adapters whose own ``denoiser`` runs: an IRG adapter's reference and components (its
+    ``denoiser`` is only a ModuleList of theirs, never called), a wrapper's inner adapter, else itself."""
+    if hasattr(adapter, "components") and "reference" in vars(adapter):
+        return [leaf for a in (adapter.reference, *adapter.components) for leaf in _denoising_adapters(a)]
+    if "inner" in vars(adapter):
+        return _denoising_adapters(adapter.inner)
+    return [adapter]
 
 
 def _settings(request: GenerationRequest, adapter: ModelAdapter, spec_str: str, micro_batch: int,
@@ -389,6 +404,7 @@ def _run_info(job: _Job, items: Sequence[WorkItem]) -> dict[str, Any]:
         "n_images": len(items),
         "batch_size": req.batch_size,
         "effective_batch_size": effective_batch_size(req.batch_size, job.settings.micro_batch, req.cfg),
+        "decode_batch": job.fixed.decode_batch,  # None: decoded in padded micro-batches (bitwise sets)
         "world_size": job.world_size,
         "torch_version": torch.__version__,
     }

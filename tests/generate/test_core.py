@@ -8,7 +8,12 @@ import pytest
 import torch
 
 from pcpo_eval.errors import UserError
-from pcpo_eval.generate.fixed_batch import FixedBatchAdapter, auto_micro_batch, effective_batch_size
+from pcpo_eval.generate.fixed_batch import (
+    FixedBatchAdapter,
+    auto_micro_batch,
+    effective_batch_size,
+    memory_decode_batch,
+)
 from pcpo_eval.generate.irg import IRGAdapter, irg_combine, parse_irg_spec
 from pcpo_eval.generate.plan import WorkItem, parse_seeds, plan_items, shard_items
 from pcpo_eval.generate.runner import render_latents
@@ -131,6 +136,25 @@ def test_fixed_batch_adapter_matches_inner_on_full_chunks():
     emb = fixed.encode_prompts(["cat", "dog", "fox"])
     assert isinstance(emb, PromptEmbeds) and len(emb) == 3
     assert fixed.decode(x[:5]).shape == (5, 3, 8, 8)
+
+
+def test_decode_batch_decodes_unpadded_chunks():
+    """``decode_batch`` (CUDA tolerance sets): the decoder sees chunks of that many latents, none padded,
+    with the padded path's images; without it, padded micro-batches as before."""
+    inner = StandInAdapter()
+    seen: list[int] = []
+    real = inner.decode
+    inner.decode = lambda z: seen.append(len(z)) or real(z)
+    x = torch.randn(7, *inner.latent_shape, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        chunked = FixedBatchAdapter(inner, 4, decode_batch=3).decode(x)
+        assert seen == [3, 3, 1]
+        seen.clear()
+        padded = FixedBatchAdapter(inner, 4).decode(x)
+        assert seen == [4, 4]
+    torch.testing.assert_close(chunked, padded)
+    with pytest.raises(ValueError, match="CUDA"):
+        memory_decode_batch(inner, cap=8)
 
 
 def test_latents_bit_identical_for_batch_sizes_1_8_37():

@@ -46,13 +46,15 @@ def generate_precisions(tmp: Path) -> dict:
 
 
 def generate_memory_micro_batch(tmp: Path) -> dict:
-    """Default micro-batch on CUDA comes from free memory: identity 'tolerance', resumable at another size."""
+    """Default micro-batch and decode batch on CUDA come from free memory: identity 'tolerance'."""
     out = tmp / "auto"
     summary = generate_set("toy", "toy", 4, out, batch_size=8, steps=6, device=DEVICE, progress=False)
     s = _set_json(out)["settings"]
     assert s["batch_invariance"] == "tolerance" and s["precision"] == "bf16", s
     assert summary.settings.micro_batch >= 2
-    return {"micro_batch": summary.settings.micro_batch}
+    decode_batch = _set_json(out)["run"]["decode_batch"]  # memory_decode_batch: at most one batch's images
+    assert 1 <= decode_batch <= 8, decode_batch
+    return {"micro_batch": summary.settings.micro_batch, "decode_batch": decode_batch}
 
 
 def generate_sd1_tiny(tmp: Path) -> dict:
