@@ -115,8 +115,10 @@ class Trainer(PolicyMixin, RolloutMixin, UpdateMixin):
         self.sampler, self.schedule = training_sampler(config, self.adapter.prediction)
         self._init_policy(resume)  # LoRA / full weights, reference copy, init_from, AdamW, loss scaler
         if config.compile:  # in place, after LoRA and the reference copy: parameters and state dict unchanged
+            # static shapes, one graph each (4 for setup 2); drop_zero_advantage's micro-batches vary in size
+            # every epoch, which would pass dynamo's recompile limit (8) and fall back to eager
             for module in filter(None, (self.adapter.denoiser, self.ref_denoiser)):
-                module.compile(dynamic=False)
+                module.compile(dynamic=None if config.drop_zero_advantage else False)
         self.tracker = PerPromptStatTracker(config.stat_buffer_size, config.stat_min_count)
         self.objective = get_objective(config.objective)
         with torch.no_grad():

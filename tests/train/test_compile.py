@@ -25,7 +25,13 @@ def test_compiled_denoiser_trains_like_eager_and_checkpoints_the_same_keys(tmp_p
             "paired_control=true", "learning_rate=0.01"]
     setup = "train/configs/setup2_ddpo_aes.yaml"
     eager = train(load_config(setup, over), tmp_path / "eager")
+    from torch._dynamo.utils import counters
+
+    counters.clear()
     compiled = train(load_config(setup, [*over, "compile=true"]), tmp_path / "compiled")
+    # static shapes, one graph per (shape, grad mode, LoRA trainable): well under dynamo's recompile limit,
+    # past which the denoiser would silently run eager
+    assert 2 <= counters["stats"]["unique_graphs"] < torch._dynamo.config.recompile_limit
     for col in ("reward_mean", "control_reward_mean", "loss", "grad_norm"):
         assert np.allclose(eager[col], compiled[col], rtol=1e-4, atol=1e-6), col
     assert eager["reward_mean"].iloc[-1] != eager["control_reward_mean"].iloc[-1]  # the LoRA switch took effect
