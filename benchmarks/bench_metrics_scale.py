@@ -10,6 +10,10 @@ of a study re-reads nothing but the hashes' stat keys). Reported per call: wall 
 phase (:class:`~pcpo_eval.metrics.extract.ExtractionReport`), images/s, peak resident memory and the
 table sizes; and the per-image cost at ``--images`` vs at a tenth of it (linear scaling = equal).
 
+The reference for the up-front hash check (:meth:`ImageSet.verify`) is the per-file thread-pool map it
+replaced (one pool task per file, a real-path lookup for the verified-file key): both check the same
+files in the same run, cold (nothing verified yet) and warm (every file verified before).
+
 Usage::
 
     .venv/bin/python benchmarks/bench_metrics_scale.py [--images 50000] [--per-prompt 10] [--json out.json]
@@ -21,7 +25,9 @@ import argparse
 import hashlib
 import io
 import json
+import os
 import resource
+import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -31,10 +37,50 @@ import numpy as np
 import pandas as pd
 from PIL import Image
 
+import pcpo_eval.imageset as imageset
+from pcpo_eval.imageset import ImageSet
+from pcpo_eval.io import sha256_file
 from pcpo_eval.metrics.extract import ExtractionReport, MetricsOptions
 from pcpo_eval.metrics.workers import compute_metrics, write_outputs
 
 METRICS = "fd_toy,is_toy,lpips_toy"
+
+
+def reference_verify(s: ImageSet, seen: set) -> None:
+    """The previous hash check: one pool task per file, keyed by its real path (what ``verify`` replaced)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def check(r: int) -> None:
+        full = s.root / s.paths[r]
+        st = full.stat()
+        key = (os.path.realpath(full), st.st_size, st.st_mtime_ns, s.shas[r])
+        if key in seen:
+            return
+        assert sha256_file(full) == s.shas[r]
+        seen.add(key)
+
+    with ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 1)) as pool:
+        list(pool.map(check, range(len(s))))
+
+
+def verify_ratio(roots: list[Path]) -> dict:
+    """Seconds of the reference and of ``ImageSet.verify`` over both sets, cold then warm."""
+    sets = [ImageSet.load(r) for r in roots]
+    seen: set = set()
+    out = {}
+    for phase in ("cold", "warm"):
+        if phase == "cold":
+            imageset._VERIFIED.clear()
+        t0 = time.perf_counter()
+        for one in sets:
+            reference_verify(one, seen)
+        t_ref = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        for one in sets:
+            one.verify()
+        t_ours = time.perf_counter() - t0
+        out[phase] = {"reference_s": round(t_ref, 2), "ours_s": round(t_ours, 2), "ratio": round(t_ref / t_ours, 1)}
+    return out
 
 
 def _pngs(args: tuple[int, int, int]) -> list[bytes]:
@@ -92,11 +138,14 @@ def measure(n: int, per_prompt: int, batch: int) -> dict:
     s = write_set(tmp / "set", n, per_prompt, 0)
     ref = write_set(tmp / "ref", n, per_prompt, 10_000_000)
     res: dict = {"images_per_set": n, "prompts": n // per_prompt, "setup_s": round(time.perf_counter() - t0, 1)}
+    res["verify"] = verify_ratio([s, ref])
+    print(n, "verify", json.dumps(res["verify"]), file=sys.stderr, flush=True)
+    imageset._VERIFIED.clear()  # the metrics calls start cold
     cache = tmp / "cache"
     for name in ("cold", "warm"):
         res[name] = one_call(s, ref, cache, batch)
         res[name]["img_s"] = round(2 * n / res[name]["seconds"], 1)
-        print(n, name, json.dumps(res[name]), flush=True)
+        print(n, name, json.dumps(res[name]), file=sys.stderr, flush=True)
     res["peak_rss_gib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)
     return res
 
@@ -113,9 +162,34 @@ def main() -> None:
     res = {"small": small, "large": large,
            "cold_cost_ratio_per_image": round(large["cold"]["seconds"] / small["cold"]["seconds"] / 10, 3),
            "warm_cost_ratio_per_image": round(large["warm"]["seconds"] / small["warm"]["seconds"] / 10, 3)}
-    print(json.dumps({k: v for k, v in res.items() if "ratio" in k}))
+    print_section(res, a.per_prompt)
     if a.json:
         a.json.write_text(json.dumps(res, indent=1))
+
+
+def print_section(res: dict, per_prompt: int) -> None:
+    """The markdown section ``make bench`` collects."""
+    n = res["large"]["images_per_set"]
+    print(f"## Metrics pass at scale on CPU (2 x {n:,} toy images of 32 px, {per_prompt} per prompt, "
+          f"{METRICS})\n")
+    print("| hash check of both sets | per-file pool tasks, real-path key (s) | ours (s) | speed-up |")
+    print("|---|---|---|---|")
+    for size in ("small", "large"):
+        for phase in ("cold", "warm"):
+            v = res[size]["verify"][phase]
+            print(f"| {2 * res[size]['images_per_set']:,} files, {phase} | {v['reference_s']} | {v['ours_s']} | "
+                  f"{v['ratio']}x |")
+    print("\n| call | images/s | seconds | seconds per phase |")
+    print("|---|---|---|---|")
+    for size in ("small", "large"):
+        for phase in ("cold", "warm"):
+            c = res[size][phase]
+            phases = ", ".join(f"{k} {v}" for k, v in c["phase_seconds"].items())
+            print(f"| 2 x {res[size]['images_per_set']:,}, {phase} | {c['img_s']:,.0f} | {c['seconds']} | {phases} |")
+    print(f"\nPer-image cost at {n:,} over {n // 10:,} per set: cold {res['cold_cost_ratio_per_image']}, "
+          f"warm {res['warm_cost_ratio_per_image']} (1.0 = linear). Per-image table {res['large']['cold']['per_image_rows']:,} "
+          f"rows, per-prompt table {res['large']['cold']['per_prompt_rows']:,}; peak resident memory "
+          f"{res['large']['peak_rss_gib']} GiB.")
 
 
 if __name__ == "__main__":

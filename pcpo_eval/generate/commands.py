@@ -55,7 +55,8 @@ def generate_cmd(
     max_prompts: int | None = typer.Option(None, "--max-prompts", help="keep only the first N prompts"),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="progress bar on rank 0"),
 ) -> None:
-    """Render every (prompt, seed) image: bit-identical for any batch size or process count."""
+    """Render every (prompt, seed) image: bit-identical for any batch size or process count at a fixed
+    --micro-batch (the CPU default; within a tolerance at the GPU default)."""
     from pcpo_eval.dist import resolve_device
     from pcpo_eval.generate.runner import generate_set
     from pcpo_eval.io import check_out_path
