@@ -18,7 +18,7 @@ stages=${*:-generate train2 metrics train5}  # TRAIN_RUNS: bench_train --runs fo
 for s in $stages; do
   t0=$(date +%s)
   case $s in
-    tests) timeout 150 python3 -m pytest tests/gpu/test_cuda.py -m cuda -q -s -p no:cacheprovider 2>&1 | tail -25 ;;
+    tests) timeout 300 python3 -m pytest tests/gpu/test_cuda.py -m cuda -q -s -p no:cacheprovider 2>&1 | tail -25 ;;
     generate) timeout 100 python3 benchmarks/gpu/bench_generate.py --images 48 --batch 16 --repeats 1 \
                 --json "$OUT/generate.json" 2>&1 | grep -v "float32" | tail -40 ;;
     profile) timeout 150 python3 benchmarks/gpu/bench_generate.py --images 16 --batch 16 --repeats 1 \

@@ -191,11 +191,80 @@ def dist_group(tmp: Path) -> dict:
     return {"backend": backend, "device": str(dev)}
 
 
+def flow_models_bf16(tmp: Path) -> dict:
+    """Real SD3 and FLUX architectures (tiny random configs) and an IRG model render in bf16 at the CUDA
+    default: micro-batch and decode batch from free memory (velocity models and IRG in the probes)."""
+    from pcpo_eval.generate.irg import IRGAdapter
+    from pcpo_eval.models.flux import tiny_flux_adapter
+    from pcpo_eval.models.sd3 import tiny_sd3_adapter
+    from pcpo_eval.testing import tiny_sd1_adapter
+
+    def on_device(ad):
+        ad.pipe.to(DEVICE, torch.bfloat16)
+        return ad
+
+    models = {"sd3": on_device(tiny_sd3_adapter()), "flux": on_device(tiny_flux_adapter()),
+              "irg": IRGAdapter(on_device(tiny_sd1_adapter()), [(on_device(tiny_sd1_adapter(seed=1)), 0.5)])}
+    got = {}
+    for name, ad in models.items():
+        out = tmp / name
+        generate_set(ad, "toy", 2, out, batch_size=4, steps=4, max_prompts=2, device=DEVICE, progress=False,
+                     model_name=name)
+        info = _set_json(out)
+        px = _pixels(out)
+        assert info["settings"]["precision"] == "bf16" and px.shape[0] == 4, info
+        assert px.std() > 0, f"{name}: constant images"
+        got[name] = {"micro_batch": info["settings"]["micro_batch"], "decode_batch": info["run"]["decode_batch"]}
+    return got
+
+
+def flow_train_bf16(tmp: Path) -> dict:
+    """The toy flow model trains on CUDA under bf16 autocast with Flow-GRPO's SDE, a KL term and the paired
+    control, with LoRA and as a full fine-tune (a frozen reference copy): finite losses, rewards and KLs."""
+    from pcpo_eval.train.config import load_config
+    from pcpo_eval.train.trainer import train
+
+    got = {}
+    for name, extra in (("lora", ["lora_rank=2", "lora_alpha=2"]), ("full", ["lora_rank=0", "learning_rate=1e-5"])):
+        cfg = load_config(ROOT / "train" / "configs" / "toy_flow_pcpo.yaml", [
+            "epochs=2", "sde=flowgrpo", "sample_eta=0.7", "beta_kl=0.04", "paired_control=true",
+            "sample_batches_per_epoch=1", "mixed_precision=bf16", f"device={DEVICE}", "log_to=none",
+            "log_images_every=0", *extra])
+        log = train(cfg, tmp / name)
+        for col in ("reward_mean", "control_reward_mean", "loss", "kl_ref"):
+            assert np.isfinite(log[col]).all(), (name, col, log[col])
+        got[name] = {"kl_ref": [float(v) for v in log["kl_ref"]], "reward": [float(v) for v in log["reward_mean"]]}
+    return got
+
+
+def metrics_on_cuda(tmp: Path) -> dict:
+    """Toy metrics on CUDA equal the CPU values (rel 1e-3); the clean-fid resize on the GPU (`--fid-resize
+    torch`) is within its documented tolerance of PIL's on 512-px images."""
+    from pcpo_eval.features.base import TORCH_RESIZE_TOLERANCE, clean_resize, torch_clean_resize
+    from pcpo_eval.metrics.extract import MetricsOptions
+    from pcpo_eval.metrics.workers import compute_metrics
+
+    for name, seeds in (("set", list(range(6))), ("ref", list(range(100, 106)))):
+        generate_set("toy", "toy", seeds, tmp / name, batch_size=8, steps=4, max_prompts=4, device="cpu",
+                     progress=False, micro_batch=16)
+    values = {}
+    for dev in ("cpu", DEVICE):
+        opts = MetricsOptions(device=dev, batch_size=8, cache_dir=tmp / f"cache_{dev}")
+        values[dev] = compute_metrics(tmp / "set", "fd_toy,is_toy,lpips_toy", tmp / "ref", opts).metrics
+    for k, v in values["cpu"].items():
+        assert abs(values[DEVICE][k] - v) <= 1e-3 * max(abs(v), 1e-6), (k, values)
+    imgs = torch.from_numpy(np.random.default_rng(0).integers(0, 256, (4, 3, 512, 512), dtype=np.uint8))
+    diff = float((torch_clean_resize(imgs, 299, DEVICE).cpu() - clean_resize(imgs, 299)).abs().max())
+    assert diff <= TORCH_RESIZE_TOLERANCE, diff
+    return {"metrics": values, "resize_max_abs_diff": diff}
+
+
 #: ``cuda``; a third argument ``cpu`` dry-runs the scenarios' code paths (assertions on GPU facts may fail there).
 DEVICE = sys.argv[3] if len(sys.argv) > 3 else "cuda"
 
 SCENARIOS = {f.__name__: f for f in (generate_precisions, generate_memory_micro_batch, generate_sd1_tiny,
-                                     train_resume, train_mixed_precision, step_syncs, dist_group)}
+                                     train_resume, train_mixed_precision, step_syncs, dist_group,
+                                     flow_models_bf16, flow_train_bf16, metrics_on_cuda)}
 
 if __name__ == "__main__":
     name, tmp = sys.argv[1], Path(sys.argv[2])
