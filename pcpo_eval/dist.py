@@ -141,6 +141,8 @@ def to_device_async(x: torch.Tensor, device: torch.device) -> torch.Tensor:
     so did the trainer's per-micro-step indices and schedule values). The one way every per-step
     host-to-device copy is made (samplers and the update).
     Pinned tensors stay alive until their copy is done (PyTorch's caching host allocator). Same values.
+    Pass a tensor nobody writes to afterwards: an already pinned ``x`` is copied from directly
+    (``pin_memory`` returns it as it is), so writing to it before the GPU has read it would race.
     """
     if device.type != "cuda":
         return x.to(device)
