@@ -2,8 +2,9 @@
 
 ``torchrun`` and ``accelerate launch`` set ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``
 and ``MASTER_PORT``; :func:`init` joins the group they describe (gloo on CPU; on CUDA NCCL for
-device tensors and gloo for host tensors, each process on its own GPU), and the helpers below work with or without a group (a single process is rank 0 of 1), so
-library code never branches on how it was launched. Also this process's device (:func:`pick_device`,
+device tensors and gloo for host tensors, each process on its own GPU), and the helpers below work
+with or without a group (a single process is rank 0 of 1), so library code never branches on how it
+was launched. Also this process's device (:func:`pick_device`,
 :func:`resolve_device`) and the host-to-device copy that does not stall the host (:func:`to_device_async`).
 """
 
