@@ -213,12 +213,19 @@ def test_real_sigint_exits_130(tmp_path):
     import numpy as np
 
     _log(tmp_path / "a.parquet", np.linspace(0, 1, 10))
+    def as_from_a_shell() -> None:
+        # the command starts as a terminal starts it: SIGINT delivered and handled by default. A child inherits
+        # an ignored or blocked SIGINT from its parent (Python then installs no KeyboardInterrupt handler),
+        # and a test process may carry one from an earlier test's native library
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         cwd=tmp_path)
+                         cwd=tmp_path, preexec_fn=as_from_a_shell)
     assert p.stdout.readline().strip() == "ready"
     p.send_signal(signal.SIGINT)
-    # a bound, not a timing: the exit takes ~0.1 s, but one CI run on a machine loaded past its cores timed
-    # out at 30 s; an ignored SIGINT would end the stand-in's 60 s sleep with exit code 0, which fails below
+    # a bound, not a timing (the exit takes ~0.1 s); an ignored SIGINT ends the stand-in's 60 s sleep with an
+    # error, not 130
     _, err = p.communicate(timeout=120)
     assert p.returncode == 130, err
     lines = err.strip().splitlines()
