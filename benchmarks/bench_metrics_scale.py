@@ -172,20 +172,18 @@ def print_section(res: dict, per_prompt: int) -> None:
     n = res["large"]["images_per_set"]
     print(f"## Metrics pass at scale on CPU (2 x {n:,} toy images of 32 px, {per_prompt} per prompt, "
           f"{METRICS})\n")
-    print("| hash check of both sets | per-file pool tasks, real-path key (s) | ours (s) | speed-up |")
-    print("|---|---|---|---|")
+    hashes, calls = [], []
     for size in ("small", "large"):
+        m = res[size]["images_per_set"]
         for phase in ("cold", "warm"):
-            v = res[size]["verify"][phase]
-            print(f"| {2 * res[size]['images_per_set']:,} files, {phase} | {v['reference_s']} | {v['ours_s']} | "
-                  f"{v['ratio']}x |")
-    print("\n| call | images/s | seconds | seconds per phase |")
-    print("|---|---|---|---|")
-    for size in ("small", "large"):
-        for phase in ("cold", "warm"):
-            c = res[size][phase]
-            phases = ", ".join(f"{k} {v}" for k, v in c["phase_seconds"].items())
-            print(f"| 2 x {res[size]['images_per_set']:,}, {phase} | {c['img_s']:,.0f} | {c['seconds']} | {phases} |")
+            v, c = res[size]["verify"][phase], res[size][phase]
+            hashes.append(f"| {2 * m:,} files, {phase} | {v['reference_s']} | {v['ours_s']} | {v['ratio']}x |")
+            phases = ", ".join(f"{k} {t}" for k, t in c["phase_seconds"].items())
+            calls.append(f"| 2 x {m:,}, {phase} | {c['img_s']:,.0f} | {c['seconds']} | {phases} |")
+    print("| hash check of both sets | per-file pool tasks, real-path key (s) | ours (s) | speed-up |\n|---|---|---|---|")
+    print("\n".join(hashes))
+    print("\n| call | images/s | seconds | seconds per phase |\n|---|---|---|---|")
+    print("\n".join(calls))
     print(f"\nPer-image cost at {n:,} over {n // 10:,} per set: cold {res['cold_cost_ratio_per_image']}, "
           f"warm {res['warm_cost_ratio_per_image']} (1.0 = linear). Per-image table {res['large']['cold']['per_image_rows']:,} "
           f"rows, per-prompt table {res['large']['cold']['per_prompt_rows']:,}; peak resident memory "

@@ -78,10 +78,9 @@ def per_prompt_inception_scores(
     for pid, r in rows.items():
         by_count.setdefault(len(r), []).append(pid)
     out: dict[int, InceptionScore] = {}
-    k = max(1, logits.shape[1] if logits.ndim == 2 else 1)
     for n, pids in by_count.items():
         s = min(splits, n)
-        chunk = max(1, 2**22 // (n * k))  # ~32 MB of float64 logits per pass
+        chunk = max(1, 2**22 // (n * logits.shape[1]))  # ~32 MB of float64 logits per pass
         for c in range(0, len(pids), chunk):
             part = pids[c:c + chunk]
             x = torch.as_tensor(logits[np.stack([rows[p] for p in part])]).double()
