@@ -9,8 +9,10 @@ PNGs (background thread), hashes and manifest; the pipeline returns arrays only.
 ``--invariance`` measures what bit-identity means on this device: the UNet output of one row at
 micro-batches 1..64 against micro-batch 16, repeat runs of one shape, and whole images rendered at
 micro-batch 16 vs 64 (max / mean pixel difference). ``--variants`` times channels-last,
-``torch.compile`` and forced attention backends (``attn_math``, ``attn_flash``, ``attn_efficient``,
-``attn_cudnn``: ``--attention``) against the default.
+``torch.compile``, forced attention backends (``attn_math``, ``attn_flash``, ``attn_efficient``,
+``attn_cudnn``: ``--attention``) and cuDNN's convolution autotuner (``cudnn_benchmark``:
+``torch.backends.cudnn.benchmark``, off by default in PyTorch; it picks each convolution shape's
+fastest algorithm by timing, which may differ from run to run) against the default.
 
 ``--tiny`` runs everything on the tests' tiny SD-1.x on CPU in seconds (CI runs it so the script
 never rots). Usage::
@@ -156,7 +158,7 @@ def main() -> None:
     ap.add_argument("--cfg", type=float, default=5.0)
     ap.add_argument("--precision", default="bf16", choices=["fp32", "tf32", "bf16", "fp16"])
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--variants", default="", help="comma list of channels_last, compile, compile+channels_last, attn_<backend> "
+    ap.add_argument("--variants", default="", help="comma list of channels_last, compile, compile+channels_last, attn_<backend>, cudnn_benchmark "
                     "(timed after the default)")
     ap.add_argument("--invariance", action="store_true")
     ap.add_argument("--profile", type=Path, default=None, help="torch.profiler tables of one batch of ours here")
@@ -225,6 +227,7 @@ def main() -> None:
         for v in [v for v in a.variants.split(",") if v]:
             kw = {"channels_last": v in ("channels_last", "compile+channels_last"), "compile": "compile" in v,
                   "attention": v.removeprefix("attn_") if v.startswith("attn_") else "auto"}
+            torch.backends.cudnn.benchmark = v == "cudnn_benchmark"
             try:
                 run_ours(adapter, prompts[:1], seeds[:min(len(seeds), a.batch)], a.batch, a.steps, a.cfg, 1.0, device,
                          a.precision, **kw)  # compile / convert outside the timing
@@ -232,6 +235,8 @@ def main() -> None:
                 res[f"variant_{v}"] = {"img_s": n / t, "ratio_vs_eager": (n / t) / our_ips}
             except RuntimeError as exc:  # a backend this GPU / shape lacks: say so, time the others
                 res[f"variant_{v}"] = {"error": str(exc).splitlines()[0][:300]}
+            finally:
+                torch.backends.cudnn.benchmark = False
             print(v, json.dumps(res[f"variant_{v}"]), flush=True)
             adapter.denoiser = getattr(adapter.denoiser, "_orig_mod", adapter.denoiser)
             adapter.denoiser.to(memory_format=torch.contiguous_format)

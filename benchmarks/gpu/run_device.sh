@@ -39,7 +39,7 @@ for s in $stages; do
     metrics) timeout 240 python3 benchmarks/gpu/bench_metrics.py --images 1000 --metrics "fid,fd_dinov2,is,lpips" \
                --json "$OUT/metrics.json" 2>&1 | grep -v "Warning\|warn" | tail -8 ;;
     attention) timeout 200 python3 benchmarks/gpu/bench_generate.py --images 48 --batch 16 --repeats 1 \
-                --variants attn_math,attn_efficient,attn_cudnn --json "$OUT/generate_attention.json" 2>&1 \
+                --variants attn_math,attn_efficient,attn_cudnn,cudnn_benchmark --json "$OUT/generate_attention.json" 2>&1 \
                 | grep -v "float32" | tail -6 ;;
     quick) timeout 70 python3 benchmarks/gpu/bench_generate.py --images 32 --batch 16 --repeats 1 \
              --json "$OUT/generate_quick.json" 2>&1 | grep -v "float32" | tail -30

@@ -23,7 +23,7 @@ EXPECT = {
 @pytest.mark.parametrize("script", sorted(EXPECT))
 def test_gpu_benchmark_tiny_mode(script, tmp_path):
     out = tmp_path / "r.json"
-    extra = ["--invariance", "--variants", "attn_math"] if script == "bench_generate.py" else []
+    extra = ["--invariance", "--variants", "attn_math,cudnn_benchmark"] if script == "bench_generate.py" else []
     if script != "bench_metrics.py":  # the profiler tables (one batch / one extra epoch on the tiny models)
         extra += ["--profile", str(tmp_path / "profile.txt")]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
@@ -47,4 +47,4 @@ def test_gpu_benchmark_tiny_mode(script, tmp_path):
         assert "Self CPU time total" in (tmp_path / "profile.txt").read_text()
     if script == "bench_generate.py":
         assert res["unet_invariance"]["repeat_same_shape_bitwise"] is True
-        assert res["variant_attn_math"]["img_s"] > 0
+        assert res["variant_attn_math"]["img_s"] > 0 and res["variant_cudnn_benchmark"]["img_s"] > 0
