@@ -108,11 +108,12 @@ def fmt_num(x: Any, digits: int = 4) -> str:
 
 
 def fmt_p(p: Any) -> str:
-    """p-values as in the paper (3 decimals), tiny ones as ``< 0.001`` with the exponent."""
+    """p-values as in the paper (3 decimals) from 0.1 up, three significant digits below (0.0496 and 0.0504
+    must not both read 0.050 beside alpha = 0.05), tiny ones with the exponent."""
     if _missing(p):
         return "–"
     p = float(p)
-    return f"{p:.3f}" if p >= 0.001 else f"{p:.1e}"
+    return f"{p:.3f}" if p >= 0.1 else f"{p:.3g}" if p >= 0.001 else f"{p:.1e}"
 
 
 def fmt_ci(lo: Any, hi: Any) -> str:

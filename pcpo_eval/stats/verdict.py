@@ -234,6 +234,15 @@ def _decimals(scale: float) -> int:
     return int(np.clip(1 - np.floor(np.log10(scale)), 0, 6))
 
 
+def _ci_decimals(estimate: float, lo: float, hi: float) -> int:
+    """Decimals for an estimate and its CI: about two significant digits of the CI's width, more until every
+    non-zero end keeps its sign when printed (a significant CI never reads ``+0.00 to +0.11``)."""
+    d = _decimals(hi - lo)
+    while d < 8 and any(x != 0 and round(x, d) == 0 for x in (estimate, lo, hi)):
+        d += 1
+    return d
+
+
 def _level(alpha: float) -> str:
     return f"{100 * (1 - alpha):g}%"
 
@@ -258,7 +267,7 @@ def comparison_sentence(v: Verdict, c: Comparison, label: str) -> str:
             return f"1 run per arm: differences between runs, not algorithms ({t} - {b} {label}: {c.estimate:+.{d}f})"
         return f"{label} of {t} vs {b} is not estimable: {c.reason}"
     assert c.estimate is not None and c.ci_low is not None and c.ci_high is not None
-    d = _decimals(c.ci_high - c.ci_low)
+    d = _ci_decimals(c.estimate, c.ci_low, c.ci_high)
     ci = f"{c.estimate:+.{d}f}, {_level(c.alpha)} CI {c.ci_low:+.{d}f} to {c.ci_high:+.{d}f}, {_design(c.paired, c.n_treatment, c.n_baseline)}"
     power = f"; detectable at 80% power: ±{c.mde:.{d}f}" if c.mde is not None else ""
     if not v.significant:
@@ -283,7 +292,7 @@ def speedup_sentence(v: Verdict, s: Speedup, kind: str) -> str:
         return f"speed-up to {what}, {t} vs {b}, is not estimable: {s.reason}"
     cens = [f"{n} of {m} {arm} runs never reach it" for n, m, arm in
             ((s.n_censored_treatment, s.n_treatment, t), (s.n_censored_baseline, s.n_baseline, b)) if n]
-    epochs = (f"{_epochs(s.treatment_mean)} vs {_epochs(s.baseline_mean)} epochs (restricted mean to epoch {s.tau}"
+    epochs = (f"{t} {_epochs(s.treatment_mean)} vs {b} {_epochs(s.baseline_mean)} epochs (restricted mean to epoch {s.tau}"
               + (f"; {', '.join(cens)}" if cens else "") + ")")
     ci = f"speed-up {pct(s.estimate)}, {_level(s.alpha)} CI {pct(s.ci_low)} to {pct(s.ci_high, 'unbounded')}"
     power = (f"; detectable at 80% power: {pct(s.mde)}" if s.mde is not None else "; no speed-up is detectable at 80% power")

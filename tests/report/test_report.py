@@ -181,7 +181,7 @@ def test_lmm_numbers_match_result_objects(report):
 def test_formatters():
     assert fmt_num(None) == "–" and fmt_num(float("nan")) == "–"
     assert fmt_num(12.3456) == "12.35" and fmt_num(0.6208) == "0.6208" and fmt_num(3) == "3"
-    assert fmt_p(0.0471) == "0.047" and fmt_p(1.2e-6) == "1.2e-06"
+    assert fmt_p(0.0471) == "0.0471" and fmt_p(0.0504) == "0.0504" and fmt_p(0.5) == "0.500" and fmt_p(1.2e-6) == "1.2e-06"
     assert pretty_term("algorithm[T.PCPO]:batch[T.32]") == "algorithm = PCPO × batch = 32"
 
 
