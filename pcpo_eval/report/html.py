@@ -194,6 +194,7 @@ def verdict_row(v: dict[str, Any]) -> dict[str, Any]:
         "runs": f"{fmt_num(v.get('n_treatment_runs'))} vs {fmt_num(v.get('n_baseline_runs'))}",
         "p": fmt_p(v.get("p")) if ok else not_estimable(v.get("reason")), "estimable": ok,
         "significant": ok and v.get("significant") is True,
+        "gated": bool((v.get("details") or {}).get("gated")),
     }  # fmt: skip
 
 
@@ -214,11 +215,13 @@ def per_cell(block: Any) -> list[dict[str, Any]]:
 
 
 def verdict_view(results: dict[str, Any]) -> dict[str, Any]:
-    """The opening section: verdict rows, the 1-run banner, the sampler offset per cell."""
+    """The opening section: the headline, the notes on what limits the comparison (runs cut short, missing
+    controls, partial pairing), verdict rows, the 1-run banner, the sampler offset per cell."""
     verdict = results.get("verdict")
     return {
         "present": verdict is not None,
         "headline": results.get("headline") or "",
+        "notes": [str(n) for n in results.get("verdict_notes") or []],
         "rows": [verdict_row(v) for v in verdict or []],
         "one_run": one_run_per_arm(verdict, results.get("runs")),
         "sampler_offset": per_cell(results.get("sampler_offset")),

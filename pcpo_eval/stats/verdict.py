@@ -17,7 +17,9 @@ are the replicates (rliable, Agarwal et al. 2021). For every cell and treatment 
 
 Pairing: when both arms of a cell trained the same seeds (a study's default), run ``i`` of one arm
 and run ``i`` of the other drew the same prompts and initial noises, so the comparison uses the
-per-seed differences (paired t; sign-flip permutation as a check); otherwise Welch over runs.
+per-seed differences (paired t; sign-flip permutation as a check). When the arms share only some
+seeds, the shared seeds are paired and the others left out (:func:`pair_runs`: the seeds, not the
+outcomes, decide) if they are at least 2 and at least half of each arm; otherwise Welch over all runs.
 
 Targets (:func:`target_status`): a reward target that any untrained control curve reaches is
 *uninformative* (the sampler reaches it without learning: a frozen policy would look fast); so is
@@ -25,8 +27,11 @@ a target every run reaches at its first full-window epoch. Uninformative targets
 
 Families: ``primary`` names the study's primary endpoint(s) (default ``paired_gain`` when the
 controls were logged, else ``final_reward``); every other row is secondary. ``p_adjusted`` is
-Holm's adjustment within the row's family, ``significant`` = ``p_adjusted < alpha``: one primary
-endpoint keeps its level per study, and the secondary rows together keep a family-wise level.
+Holm's adjustment within the row's family. The families are tested in sequence (serial
+gatekeeping): a primary row is significant when ``p_adjusted < alpha``; the secondary family is
+tested only when every primary row is significant (``details["gated"]`` marks the rows of a closed
+gate, never significant). So a study whose arms differ only by chance shows a significant row of
+any family in at most ``alpha`` of studies, not one ``alpha`` per family.
 Every row carries ``mde``, the smallest effect its test detects with 80% power at the measured
 run-to-run spread (:mod:`pcpo_eval.stats.power`).
 
@@ -61,6 +66,8 @@ QUANTITIES = {"final_reward": "final reward", "auc": "reward AUC", "paired_gain"
 SPEEDUP_KINDS = {"speedup_gain": "gain", "speedup_reward": "reward"}
 #: the speed-up the report says how many seeds would detect
 REFERENCE_SPEEDUP = 0.25
+#: why a secondary row is not significant when its family was not tested (:func:`adjust_families`)
+GATED = "not tested as a secondary row: the primary endpoint shows no difference"
 
 
 @dataclass(frozen=True)
@@ -166,12 +173,23 @@ def _arms(runs: Sequence[RunCurve], baseline: str, treatments: Sequence[str] | N
 
 
 def pair_runs(b: Sequence[RunCurve], t: Sequence[RunCurve]) -> tuple[list[RunCurve], list[RunCurve], bool]:
-    """Both arms in seed order, and whether they pair (the same >= 2 seeds in both arms)."""
+    """The runs to compare and whether they pair: the seeds both arms trained, in seed order, when they are
+    at least 2 and at least half of each arm (the unshared runs are left out: a design decision on seed
+    labels, not outcomes); else every run, unpaired."""
     sb, st = {r.seed: r for r in b}, {r.seed: r for r in t}
-    if set(sb) == set(st) and len(sb) >= 2:
-        seeds = sorted(sb)
-        return [sb[s] for s in seeds], [st[s] for s in seeds], True
+    shared = sorted(set(sb) & set(st))
+    if len(shared) >= 2 and 2 * len(shared) >= max(len(sb), len(st)):
+        return [sb[s] for s in shared], [st[s] for s in shared], True
     return list(b), list(t), False
+
+
+def unpaired_seeds(b: Sequence[RunCurve], t: Sequence[RunCurve]) -> tuple[list[str], list[str]]:
+    """The seeds of each arm that :func:`pair_runs` leaves out when it pairs on the shared seeds."""
+    kb, kt, paired = pair_runs(b, t)
+    if not paired:
+        return [], []
+    keep = {r.seed for r in kb}
+    return sorted(r.seed for r in b if r.seed not in keep), sorted(r.seed for r in t if r.seed not in keep)
 
 
 def default_primary(has_control: bool) -> tuple[str, ...]:
@@ -187,6 +205,17 @@ def default_primary(has_control: bool) -> tuple[str, ...]:
 def quantity_name(kind: str, target: float) -> str:
     """``speedup_gain:<g>`` or ``speedup_reward:<t>`` (the results.json contract)."""
     return f"speedup_{kind}:{target:g}"
+
+
+def control_reaches(run: RunCurve, target: float, window: int) -> bool:
+    """Whether the run's untrained control reaches ``target`` in some full window of ``window`` logged
+    values (a window with a missing control epoch decides nothing; the other windows still count, so a
+    control missing one epoch cannot make a target the sampler reaches look informative)."""
+    c = run.control
+    if c is None or c.size < window:
+        return False
+    s = np.lib.stride_tricks.sliding_window_view(c, window).mean(axis=1)
+    return bool(np.any(s[np.isfinite(s)] >= target))
 
 
 def target_status(runs: Sequence[RunCurve], targets: Sequence[float], gain_targets: Sequence[float],
@@ -208,8 +237,7 @@ def target_status(runs: Sequence[RunCurve], targets: Sequence[float], gain_targe
             elif kind == "gain" and t <= 0:
                 note = "a gain target must be > 0 (the untrained control has gain 0 by definition)"
             elif kind == "reward" and runs[0].control is not None:
-                # a control with a NaN is not finite (epoch None, censored False): it reaches nothing
-                hits = [r for r in runs if epochs_to_target(r.control, t, window, epochs=r.epochs).epoch is not None]
+                hits = [r for r in runs if control_reaches(r, t, window)]
                 if hits:
                     note = (f"uninformative: the untrained control reaches {t:g} in {len(hits)} of {len(runs)} runs, "
                             "so the sampler reaches it without learning")
@@ -258,6 +286,13 @@ def _p_text(v: Verdict) -> str:
     return f"; p = {v.p:.3g}{adj}"
 
 
+def _why_not(v: Verdict, ci_excludes_zero: bool) -> str:
+    """Why a row is not significant when its own test is (Holm, or the closed gate of the secondary family)."""
+    if v.details.get("gated"):
+        return f" ({'the CI excludes 0, but ' if ci_excludes_zero else ''}{GATED})"
+    return " (the CI excludes 0, but not after the family's Holm adjustment)" if ci_excludes_zero else ""
+
+
 def comparison_sentence(v: Verdict, c: Comparison, label: str) -> str:
     """One plain sentence for a comparison row (after the family adjustment)."""
     b, t = v.baseline, v.treatment
@@ -271,8 +306,7 @@ def comparison_sentence(v: Verdict, c: Comparison, label: str) -> str:
     ci = f"{c.estimate:+.{d}f}, {_level(c.alpha)} CI {c.ci_low:+.{d}f} to {c.ci_high:+.{d}f}, {_design(c.paired, c.n_treatment, c.n_baseline)}"
     power = f"; detectable at 80% power: ±{c.mde:.{d}f}" if c.mde is not None else ""
     if not v.significant:
-        excl = " (the CI excludes 0, but not after the family's Holm adjustment)" if c.significant else ""
-        return f"no evidence of a difference in {label} between {t} and {b} ({ci}{_p_text(v)}{power}){excl}"
+        return f"no evidence of a difference in {label} between {t} and {b} ({ci}{_p_text(v)}{power}){_why_not(v, c.significant)}"
     way = "higher" if c.estimate > 0 else "lower"
     assert c.baseline_value is not None and c.treatment_value is not None
     return f"{t}'s {label} is {way} than {b}'s: {c.treatment_value:.{d}f} vs {c.baseline_value:.{d}f} ({ci}{_p_text(v)}{power})"
@@ -300,8 +334,7 @@ def speedup_sentence(v: Verdict, s: Speedup, kind: str) -> str:
             if s.seeds_for_reference is not None else "")
     tail = f"{ci}, {_design(s.paired, s.n_treatment, s.n_baseline)}{_p_text(v)}{power}{need}"
     if not v.significant:
-        excl = " (the CI excludes 0, but not after the family's Holm adjustment)" if s.significant else ""
-        return f"no evidence of a difference in epochs to reach {what}: {epochs}; {tail}{excl}"
+        return f"no evidence of a difference in epochs to reach {what}: {epochs}; {tail}{_why_not(v, s.significant)}"
     way = "sooner" if (s.estimate or 0) > 0 else "later"
     return f"{t} reaches {what} {way} than {b}: {epochs}; {tail}"
 
@@ -340,15 +373,21 @@ def _base(quantity: str) -> str:
 
 
 def adjust_families(rows: Sequence[Verdict], primary: Sequence[str], alpha: float) -> list[Verdict]:
-    """Mark each row primary/secondary, Holm-adjust p within each family, set ``significant``."""
+    """Mark each row primary/secondary, Holm-adjust p within each family, set ``significant``: the
+    secondary family only when every primary row is significant (serial gatekeeping; module docstring),
+    else its rows keep their Holm-adjusted p for reading and get ``details["gated"] = True``."""
     fam = ["primary" if (r.quantity in primary or _base(r.quantity) in primary) else "secondary" for r in rows]
-    out = [replace(r, family=f) for r, f in zip(rows, fam, strict=True)]
+    out = [replace(r, family=f, significant=False) for r, f in zip(rows, fam, strict=True)]
     for name in ("primary", "secondary"):
+        prim = [r for r in out if r.family == "primary"]
+        gate = name == "primary" or (bool(prim) and all(r.significant for r in prim))
         idx = [i for i, r in enumerate(out) if r.family == name and r.estimable and r.p is not None]
         adj = holm([out[i].p for i in idx]) if idx else []
         for i, pa in zip(idx, adj, strict=True):
-            out[i] = replace(out[i], p_adjusted=float(pa), significant=bool(pa < alpha))
-    return [r if r.p_adjusted is not None else replace(r, significant=False) for r in out]
+            out[i] = replace(out[i], p_adjusted=float(pa), significant=gate and bool(pa < alpha))
+        if not gate:
+            out = [replace(r, details={**r.details, "gated": True}) if r.family == name else r for r in out]
+    return out
 
 
 def verdict_rows(
@@ -404,23 +443,35 @@ def verdict_rows(
 # ---------------------------------------------------------------------------------------------
 
 
-def headline(rows: Sequence[dict[str, Any]], offset: dict[str, Any] | None = None) -> str:
-    """The study's answer in one or two sentences: the primary endpoint(s) with CI, design and power,
-    then the learning speed-up (gain) and, if the raw-reward speed-up is the sampler's, that."""
+def headline(rows: Sequence[dict[str, Any]], offsets: dict[str, dict[str, Any]] | None = None,
+             caveats: Sequence[str] = (), no_primary: str = "") -> str:
+    """The study's answer in a few sentences: the primary endpoint(s) with CI, design and power, the
+    ``caveats`` (what limits the comparison, e.g. runs cut short), then per cell the learning speed-up
+    (gain) and, if the raw-reward speed-up is the sampler's, that (``offsets``: per cell, from the study's
+    sampler-offset check). Without a primary row: ``no_primary`` says why (default: none is estimable)."""
+    tail = [c for c in caveats if c]
     prim = [r for r in rows if r.get("family") == "primary"]
     if not prim:
-        return "No run-level verdict: the study has no estimable primary endpoint."
+        why = no_primary or "the study has no estimable primary endpoint"
+        return " ".join(p.rstrip(".") + "." for p in [f"No run-level verdict: {why}", *tail])
+    cells = sorted({r["cell"] for r in rows})
+    several = len(cells) > 1
     parts = []
-    several = len({r["cell"] for r in prim}) > 1
     for r in prim:
         where = [r["cell"]] if several else []
         if r["quantity"] not in QUANTITIES:
             where.append(r["quantity"].replace("_", " "))
         parts.append(f"On this study{' (' + ', '.join(where) + ')' if where else ''}, {r['sentence']}")
-    gains = [r for r in rows if r["quantity"].startswith("speedup_gain:") and r["family"] != "primary"]
-    if gains:
-        g = gains[0]
-        parts.append(f"Learning speed ({g['quantity'].split(':')[1]} gain over the untrained control): {g['sentence']}")
-    if offset and offset.get("explains_raw_speedup"):
-        parts.append(offset["explains_raw_speedup"])
+    parts += tail
+    for cell in cells:
+        gains = [r for r in rows if r["cell"] == cell and r["quantity"].startswith("speedup_gain:")
+                 and r["family"] != "primary"]
+        name = f"{cell}: " if several else ""
+        if gains:
+            g = gains[0]
+            parts.append(f"Learning speed ({name}{g['quantity'].split(':')[1]} gain over the untrained control): "
+                         f"{g['sentence']}")
+        off = (offsets or {}).get(cell) or {}
+        if off.get("explains_raw_speedup"):
+            parts.append(f"{'In ' + cell + ': ' if several else ''}{off['explains_raw_speedup']}")
     return " ".join(p.rstrip(".") + "." for p in parts)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -543,8 +544,12 @@ def _finite_list(key: str, values: Any, problems: list[str]) -> list[float]:
 PRIMARY_CHOICES = ("paired_gain", "final_reward", "auc", "speedup_gain", "speedup_reward")
 
 
-def _parse_endpoints(top: dict[str, Any], paired_control: bool, problems: list[str]) -> tuple[tuple[float, ...], tuple[str, ...]]:
-    """``gain_targets`` (levels of reward - control, > 0) and ``primary`` (the verdict's primary endpoints)."""
+def _parse_endpoints(top: dict[str, Any], paired_control: bool, targets: Sequence[float],
+                     problems: list[str]) -> tuple[tuple[float, ...], tuple[str, ...]]:
+    """``gain_targets`` (levels of reward - control, > 0) and ``primary`` (the verdict's primary endpoints).
+
+    A primary that names one speed-up row (``speedup_gain:0.05``) must name a listed target: a level that
+    is not in ``gain_targets`` / ``targets`` has no row, and the study would have no primary endpoint."""
     raw = top.get("gain_targets", [])
     if not isinstance(raw, list):
         problems.append(f"gain_targets must be a list of gain levels (reward - paired control), e.g. [0.03, 0.06]; got {raw!r}")
@@ -563,7 +568,25 @@ def _parse_endpoints(top: dict[str, Any], paired_control: bool, problems: list[s
                             "(or one speed-up row, e.g. speedup_gain:0.05)")
         elif q.split(":", 1)[0] in ("paired_gain", "speedup_gain") and not paired_control:
             problems.append(f"primary: {q} needs the paired untrained control; remove paired_control: false")
+        elif ":" in q:
+            problems += _primary_target_problem(q, gains, targets)
     return tuple(gains), tuple(prim)
+
+
+def _primary_target_problem(q: str, gains: Sequence[float], targets: Sequence[float]) -> list[str]:
+    """A ``speedup_<kind>:<level>`` primary whose level is not a listed target (empty list if it is)."""
+    kind, level = q.split(":", 1)
+    if kind not in ("speedup_gain", "speedup_reward"):
+        return []
+    listed, key = (gains, "gain_targets") if kind == "speedup_gain" else (targets, "targets")
+    try:
+        ok = any(math.isclose(float(level), float(x), rel_tol=1e-9, abs_tol=1e-12) for x in listed)
+    except ValueError:
+        return [f"primary: {q!r} names no number after ':'; e.g. {kind}:{listed[0] if listed else 0.05:g}"]
+    if ok:
+        return []
+    choices = ", ".join(f"{kind}:{x:g}" for x in listed) or f"none: {key} is empty"
+    return [f"primary: {q} names no row: {level} is not in {key} ({choices}); add it to {key} or name a listed one"]
 
 
 def _run_models(runs: Sequence[RunSpec], problems: list[str]) -> list[str | None]:
@@ -866,7 +889,7 @@ def load_spec(path: str | Path, check_weights: bool = True) -> StudySpec:
     _check_run_names(runs, problems)
     _check_identical_runs(runs, compare.factor, problems)
     targets, select_target, window = _parse_targets(top, runs, problems)
-    gain_targets, primary = _parse_endpoints(top, options.paired_control, problems)
+    gain_targets, primary = _parse_endpoints(top, options.paired_control, targets, problems)
     models = _run_models(runs, problems)
     eval_spec = _parse_eval(top.get("eval"), base, models, problems)
     metrics, metric_batch_size, is_splits = _parse_metrics(top.get("metrics"), top.get("metric_options"), problems)

@@ -9,7 +9,10 @@ Runs (design cell x training seed), not prompts, are the replicates (rliable, Ag
 within the primary and within the secondary family, and the power of every row.
 
 Curves of a cell are cut to the epochs every run of that cell logged, so the arms are compared over
-the same training length. The permutation and bootstrap draws use a fixed generator
+the same training length; a cut says so in the notes and in the headline (which run stopped where).
+A run that logged its paired control but misses it at some epochs keeps its control: only the rows
+that need those epochs become not estimable (the paired gain needs the last ``k`` epochs), and a note
+names the run and the epochs. The permutation and bootstrap draws use a fixed generator
 (:data:`VERDICT_SEED`), so ``results.json`` is reproducible.
 
 The **sampler offset** per cell compares the arms' untrained controls (same prompts and noises,
@@ -37,6 +40,7 @@ from pcpo_eval.stats.verdict import (
     pair_runs,
     run_curves,
     target_status,
+    unpaired_seeds,
     verdict_rows,
 )
 from pcpo_eval.study.spec import StudySpec
@@ -69,8 +73,16 @@ def _wall_clock(log: pd.DataFrame) -> list[float] | None:
 
 
 def has_control(log: pd.DataFrame) -> bool:
-    """The run logged a finite paired control every epoch."""
-    return CONTROL_COLUMN in log.columns and bool(np.all(np.isfinite(log[CONTROL_COLUMN].to_numpy(np.float64))))
+    """The run logged the paired control (the column, with a finite value at some epoch)."""
+    return CONTROL_COLUMN in log.columns and bool(np.isfinite(log[CONTROL_COLUMN].to_numpy(np.float64)).any())
+
+
+def control_gaps(log: pd.DataFrame) -> list[int]:
+    """Epochs at which a run that logged the paired control has none (NaN)."""
+    if not has_control(log):
+        return []
+    bad = ~np.isfinite(log[CONTROL_COLUMN].to_numpy(np.float64))
+    return log["epoch"].astype(int).to_numpy()[bad].tolist()
 
 
 def ppo_health(log: pd.DataFrame) -> dict[str, Any]:
@@ -100,10 +112,28 @@ def runs_entries(sp: StudySpec, logs: dict[str, pd.DataFrame]) -> list[dict[str,
     return out
 
 
+def _compared(sp: StudySpec) -> list[Any]:
+    return [r for r in sp.runs if sp.role(r) in ("baseline", "pcpo")]
+
+
+def epoch_cuts(sp: StudySpec, logs: dict[str, pd.DataFrame]) -> dict[str, dict[str, Any]]:
+    """Per cell whose runs logged different numbers of epochs: the common last epoch, the longest run's
+    last epoch and the runs that stopped at the common one (every run of the cell is cut there)."""
+    out = {}
+    for cell in sp.cells():
+        last = {r.name: int(logs[r.name]["epoch"].max()) for r in _compared(sp) if sp.cell_key(r) == cell}
+        if last and min(last.values()) < max(last.values()):
+            common = min(last.values())
+            out[cell] = {"last_epoch": common, "longest": max(last.values()),
+                         "short_runs": sorted(n for n, e in last.items() if e == common)}
+    return out
+
+
 def runs_table(sp: StudySpec, logs: dict[str, pd.DataFrame]) -> pd.DataFrame:
     """The tidy (arm, cell, seed, epoch, reward_mean[, control_reward_mean]) table of the compared runs,
-    each cell cut to the epochs all its runs logged; the control column only if every run has one."""
-    runs = [r for r in sp.runs if sp.role(r) in ("baseline", "pcpo")]
+    each cell cut to the epochs all its runs logged; the control column if every run logged it (a missing
+    epoch stays NaN there)."""
+    runs = _compared(sp)
     with_control = all(has_control(logs[r.name]) for r in runs)
     frames = []
     for cell in sp.cells():
@@ -162,13 +192,15 @@ def speedup_blocks(sp: StudySpec, rows: Sequence[dict[str, Any]], status: Sequen
 
 
 def _control_means(runs: Sequence[RunCurve]) -> np.ndarray:
-    return np.asarray([float(np.mean(r.control)) for r in runs], dtype=np.float64)
+    """Each run's mean untrained-control reward over the epochs it logged one."""
+    return np.asarray([float(np.nanmean(r.control)) for r in runs], dtype=np.float64)
 
 
 def _raw_speedup_explained(sp: StudySpec, cell: str, diff: float, significant: bool,
                            rows: Sequence[dict[str, Any]]) -> str:
-    """A sentence when the raw-reward speed-up goes the sampler offset's way and learning does not."""
-    raw = [r for r in rows if r["cell"] == cell and r["quantity"].startswith("speedup_reward:") and r["estimable"]
+    """A sentence when a significant raw-reward speed-up goes the sampler offset's way and learning does not
+    (a raw-reward speed-up without evidence needs no explanation)."""
+    raw = [r for r in rows if r["cell"] == cell and r["quantity"].startswith("speedup_reward:") and r["significant"]
            and r["estimate"] is not None and r["estimate"] * diff > 0]
     if not raw or not significant:
         return ""
@@ -211,24 +243,73 @@ def sampler_offset(sp: StudySpec, table: pd.DataFrame, rows: Sequence[dict[str, 
     return out
 
 
+def _notes(sp: StudySpec, logs: dict[str, pd.DataFrame], table: pd.DataFrame, runs: Sequence[RunCurve],
+           cuts: dict[str, dict[str, Any]]) -> tuple[list[str], list[str]]:
+    """``verdict_notes`` (what limits the comparison) and the headline's caveats (the ones that change
+    what the verdict is about: cut runs, a missing control)."""
+    notes, caveats = [], []
+    if CONTROL_COLUMN not in table.columns:
+        lacking = [r.name for r in _compared(sp) if not has_control(logs[r.name])]
+        text = (f"no paired gain, gain speed-up or sampler offset: {len(lacking)} run(s) lack control_reward_mean "
+                f"({', '.join(lacking[:4])}{', ...' if len(lacking) > 4 else ''}); train with paired_control: true")
+        notes.append(text)
+        caveats.append("No learning measure: " + text.split(": ", 1)[1])
+    for r in _compared(sp):
+        gaps = [e for e in control_gaps(logs[r.name]) if e <= int(table["epoch"].max())]
+        if gaps and CONTROL_COLUMN in table.columns:
+            notes.append(f"{r.name} has no paired control at epoch(s) {', '.join(map(str, gaps[:6]))}"
+                         f"{', ...' if len(gaps) > 6 else ''}: rows that need its gain at those epochs are not "
+                         "estimable; its sampler offset averages its other epochs")
+    for cell, c in cuts.items():
+        who = ", ".join(c["short_runs"][:3]) + (", ..." if len(c["short_runs"]) > 3 else "")
+        text = (f"compared over epochs up to {c['last_epoch']} only{' in ' + cell if len(sp.cells()) > 1 else ''}: "
+                f"{who} logged {c['last_epoch']} of the {c['longest']} epochs of the longest run, and every run of "
+                "the cell is cut there")
+        notes.append(text)
+        caveats.append(text[0].upper() + text[1:])
+    for cell in sorted({r.cell for r in runs}):
+        b = [r for r in runs if r.cell == cell and r.arm == sp.baseline]
+        t = [r for r in runs if r.cell == cell and r.arm == sp.pcpo]
+        xb, xt = unpaired_seeds(b, t)
+        shared = {r.seed for r in b} & {r.seed for r in t}
+        if xb or xt:
+            notes.append(f"{cell}: the arms share {len(shared)} seeds; the runs are paired on those and the others "
+                         f"are left out ({sp.baseline} seeds {', '.join(xb) or 'none'}; {sp.pcpo} seeds "
+                         f"{', '.join(xt) or 'none'})")
+        elif b and t and not pair_runs(b, t)[2]:
+            notes.append(f"{cell}: the arms share {len(shared)} of {len(b)} and {len(t)} seeds (pairing needs at least "
+                         "2 shared seeds and half of each arm), so runs are compared unpaired (Welch); a study with "
+                         "the same seeds in both arms pairs them and needs fewer seeds")
+    return notes, caveats
+
+
+def _no_primary(sp: StudySpec, rows: Sequence[dict[str, Any]], status: Sequence[dict[str, Any]],
+                table: pd.DataFrame) -> str:
+    """Why a primary endpoint the spec names has no row ('' when every one has)."""
+    for q in sp.primary:
+        if any(r["quantity"] == q or r["quantity"].split(":", 1)[0] == q for r in rows):
+            continue
+        st = next((x for x in status if x["quantity"] == q), None)
+        if st is not None and st["note"]:
+            return f"the primary endpoint {q} has no row ({st['note']})"
+        if q.split(":", 1)[0] in ("paired_gain", "speedup_gain") and CONTROL_COLUMN not in table.columns:
+            return f"the primary endpoint {q} needs the paired untrained control, which not every run logged"
+        return f"the primary endpoint {q} has no row"
+    return ""
+
+
 def run_level(sp: StudySpec, layout: StudyLayout) -> dict[str, Any]:
-    """``runs``, ``verdict``, ``headline``, ``sampler_offset``, ``targets`` and ``speedup`` of ``results.json``."""
+    """``runs``, ``verdict``, ``headline``, ``sampler_offset``, ``targets``, ``speedup`` and ``verdict_notes``
+    of ``results.json``."""
     logs = run_logs(sp, layout)
     table = runs_table(sp, logs)
     runs = compared_runs(sp, table)
     gains = list(sp.gain_targets) if CONTROL_COLUMN in table.columns else []
     status = target_status(runs, list(sp.targets), gains, sp.window)
     rows = verdict(sp, table)
-    notes = []
-    if CONTROL_COLUMN not in table.columns:
-        lacking = [r.name for r in sp.runs if not has_control(logs[r.name])]
-        notes.append(f"no paired gain, gain speed-up or sampler offset: {len(lacking)} run(s) lack control_reward_mean "
-                     f"({', '.join(lacking[:4])}{', ...' if len(lacking) > 4 else ''}); train with paired_control: true")
-    if rows and not any(r["paired"] for r in rows):
-        notes.append("the arms do not share their training seeds, so runs are compared unpaired (Welch); "
-                     "a study with the same seeds in both arms pairs them and needs fewer seeds")
+    notes, caveats = _notes(sp, logs, table, runs, epoch_cuts(sp, logs))
     offset = sampler_offset(sp, table, rows)
-    first = next(iter(offset.values()), None)
-    return {"runs": runs_entries(sp, logs), "verdict": rows, "headline": headline(rows, first),
+    return {"runs": runs_entries(sp, logs), "verdict": rows,
+            "headline": headline(rows, offset, caveats, _no_primary(sp, rows, status, table)),
             "sampler_offset": offset, "targets": status, "speedup": speedup_blocks(sp, rows, status),
             "verdict_notes": notes}
