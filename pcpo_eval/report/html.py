@@ -177,14 +177,23 @@ def fmt_pct(x: Any) -> str:
     return f"{x:+.1%}" if abs(x) < 0.1 else f"{x:+.0%}"
 
 
+def _speedup_ci(v: dict[str, Any]) -> str:
+    """A speed-up row's CI in %: 'lo to hi', or its two Fieller pieces 'lo to a or b to hi' when
+    ``details["ci_gap"]`` holds the hole (as the sentence prints it)."""
+    hi = fmt_pct(v.get("ci_high")) if v.get("ci_high") is not None else "unbounded"
+    gap = (v.get("details") or {}).get("ci_gap") or [None, None]
+    if len(gap) == 2 and gap[0] is not None and gap[1] is not None:
+        return f"{fmt_pct(v.get('ci_low'))} to {fmt_pct(gap[0])} or {fmt_pct(gap[1])} to {hi}"
+    return f"{fmt_pct(v.get('ci_low'))} to {hi}"
+
+
 def verdict_row(v: dict[str, Any]) -> dict[str, Any]:
     """One verdict object as printed: p only when the study marked it estimable, bold only then;
     speed-ups in %, the row's family with its Holm-adjusted p, its power (MDE) and pairing."""
     ok = v.get("estimable") is True
     q = v.get("quantity", "")
     num = fmt_pct if _is_speedup(q) else fmt_num
-    ci = (f"{fmt_pct(v.get('ci_low'))} to {fmt_pct(v.get('ci_high')) if v.get('ci_high') is not None else 'unbounded'}"
-          if _is_speedup(q) and v.get("ci_low") is not None else fmt_ci(v.get("ci_low"), v.get("ci_high")))
+    ci = (_speedup_ci(v) if _is_speedup(q) and v.get("ci_low") is not None else fmt_ci(v.get("ci_low"), v.get("ci_high")))
     return {
         "cell": v.get("cell", ""), "quantity": quantity_label(q), "family": v.get("family", ""),
         "comparison": f"{text(v.get('treatment'))} vs {text(v.get('baseline'))}", "sentence": v.get("sentence", ""),

@@ -27,7 +27,13 @@ mean, ``scipy.stats.trim_mean(x, 0.25)``; with 3 runs nothing is trimmed, so IQM
   excludes 0" agree; ``p_permutation`` is a distribution-free check (exact sign flips when paired,
   2^n patterns, floor ``p_min`` = 2/8 at 3 pairs; relabellings when not, 2/20 at 3 vs 3), never
   used for ``significant``; ``mde`` the smallest |difference| detectable at 80% power at the
-  measured spread (:mod:`pcpo_eval.stats.power`).
+  measured spread (:mod:`pcpo_eval.stats.power`) *by the test used*: for IQM the winsorised SE and
+  ``h - 1`` df of the trimmed test (:func:`trimmed_mde`), not the plain t's.
+* no spread but a consistent nonzero difference (every per-seed difference equal and not 0, or each
+  arm constant at its own value): the t test is degenerate, so there is no CI, and ``p`` is the
+  permutation test's (exact sign flips: 2/2^n, 2/64 = 0.031 at 6 pairs; relabellings: 2/C(2n, n)),
+  then used for ``significant`` (:func:`no_spread_difference`). Equal arms with no spread stay not
+  estimable.
 * Not rliable's stratified percentile bootstrap, by measurement: rliable 1.2.0 does not import with
   the installed pandas (its dependency ``arch`` 7.2.0 fails in ``deprecate_kwarg``), and on 1000
   simulated A/A studies per setting (``significance_rates`` in ``tests/stats/test_runlevel.py`` as
@@ -450,6 +456,35 @@ def degenerate_reason(baseline: np.ndarray, treatment: np.ndarray, paired: bool 
     return ""
 
 
+def no_spread_difference(baseline: np.ndarray, treatment: np.ndarray, paired: bool = False) -> bool:
+    """The t test has no spread but the difference is consistent and nonzero: every per-seed difference
+    equal and not 0 (paired, with :func:`degenerate_reason`'s rounding tolerance), or each arm
+    constant at its own value (unpaired). :func:`compare_runs` then reports the exact permutation p
+    (sign flips / relabellings) without a CI instead of "not estimable"."""
+    b, t = np.asarray(baseline, dtype=np.float64), np.asarray(treatment, dtype=np.float64)
+    if b.size < 2 or t.size < 2 or not (np.all(np.isfinite(b)) and np.all(np.isfinite(t))):
+        return False
+    if paired:
+        d = t - b
+        tol = 1e-12 * max(1.0, float(np.max(np.abs(np.r_[b, t]))))
+        return bool(np.ptp(d) <= tol and abs(float(d.mean())) > tol)
+    return bool(np.ptp(b) == 0 and np.ptp(t) == 0 and b[0] != t[0])
+
+
+def trimmed_mde(baseline: np.ndarray, treatment: np.ndarray, *, paired: bool, trim: float, alpha: float) -> float | None:
+    """MDE (80% power) of the test :func:`compare_runs` runs: the (trimmed) t with the interval's own SE
+    and df. Paired: Tukey-McLaughlin's ``se^2 = d`` of the differences and ``h - 1`` df; unpaired: Yuen's
+    ``d_b``, ``d_t`` with Welch df over ``h_b - 1``, ``h_t - 1`` (:func:`_yuen_parts`). Passed to
+    :func:`pcpo_eval.stats.power.mde` as an SD ``sqrt(d h)`` over ``h`` runs, which gives exactly that
+    SE and df; ``trim=0`` is the plain paired / Welch t (``d = s^2 / n``, ``h = n``)."""
+    if paired:
+        _, d, h = _yuen_parts(np.asarray(treatment, dtype=np.float64) - np.asarray(baseline, dtype=np.float64), trim)
+        return _mde(math.sqrt(d * h), h, paired=True, alpha=alpha)
+    _, db, hb = _yuen_parts(np.asarray(baseline, dtype=np.float64), trim)
+    _, dt, ht = _yuen_parts(np.asarray(treatment, dtype=np.float64), trim)
+    return _mde(math.sqrt(db * hb), hb, sd_t=math.sqrt(dt * ht), n_t=ht, paired=False, alpha=alpha)
+
+
 def _describe(
     b: np.ndarray, t: np.ndarray, f: Callable[..., np.ndarray]
 ) -> tuple[float | None, float | None]:
@@ -480,7 +515,11 @@ def compare_runs(
     estimate is then stat of the differences and its CI the paired (trimmed) t interval.
     Degenerate inputs (an empty arm, NaN/inf, fewer than 2 runs in an arm, no variation) give
     ``estimable=False`` with the reason, ``p=None`` and no CI; the estimate is still reported when it
-    can be computed (with 1 run per arm it is a difference between runs).
+    can be computed (with 1 run per arm it is a difference between runs). One exception: no spread
+    but a consistent nonzero difference (:func:`no_spread_difference`, e.g. every per-seed difference
+    +0.1) is estimable without a CI: ``p`` is the permutation test's (exact sign flips, 2/2^n, or
+    relabellings), ``significant`` = p < alpha, ``reason`` says so, and there is no MDE.
+    The MDE is :func:`trimmed_mde`, the power of the very test whose CI is reported.
     """
     b, t = _runs(baseline, "baseline"), _runs(treatment, "treatment")
     require(0 < alpha < 1, f"alpha must be in (0, 1), got {alpha}")
@@ -491,25 +530,32 @@ def compare_runs(
     bv, tv = _describe(b, t, f)
     est = None if bv is None or tv is None else tv - bv
     reason = degenerate_reason(b, t, paired)
-    if reason:
+    exact_only = bool(reason) and no_spread_difference(b, t, paired)
+    if reason and not exact_only:
         return Comparison(stat, b.size, t.size, bv, tv, est, None, None, ci_method, alpha,
                           None, "", None, None, None, None, False, reason, False, paired)  # fmt: skip
+    perm = sign_flip_test(t - b, rng=rng) if paired else permutation_test(b, t, rng=rng, stat=stat)
+    kind = "sign-flip" if paired else "relabelling"
+    how = f"{'exact' if perm.exact else 'Monte Carlo'} {kind} permutation test over {perm.n_relabellings}"
+    if exact_only:  # no spread, a consistent nonzero difference: the permutation p, no CI (no_spread_difference)
+        diff = float(f(t - b)) if paired else est
+        assert diff is not None
+        why = "every per-seed difference is equal" if paired else "every run of each arm has the same value"
+        poi = float(probability_of_improvement(b, t))
+        return Comparison(stat, b.size, t.size, bv, tv, diff, None, None, "none (no spread)", alpha, perm.p,
+                          f"{how} (no spread for the t test)", perm.p_min, poi, None, None, True,
+                          f"CI not estimable ({why}: no spread); p is the {how}", bool(perm.p < alpha), paired,
+                          None, perm.p, None)  # fmt: skip
     if paired:
         ci = trimmed_paired_interval(t - b, trim=trim, alpha=alpha)
-        perm = sign_flip_test(t - b, rng=rng)
-        sd = float(np.std(t - b, ddof=1))
-        mde = _mde(sd, b.size, paired=True, alpha=alpha)
     else:
         ci = trimmed_t_interval(b, t, trim=trim, alpha=alpha)
-        perm = permutation_test(b, t, rng=rng, stat=stat)
-        mde = _mde(float(np.std(b, ddof=1)), b.size, sd_t=float(np.std(t, ddof=1)), n_t=t.size, paired=False,
-                   alpha=alpha)
     if ci.se == 0.0:
         reason = "no within-arm variation left after trimming 25% of runs per end; use stat='mean'"
         return Comparison(stat, b.size, t.size, bv, tv, est, None, None, ci_method, alpha,
                           None, "", None, None, None, None, False, reason, False, paired)  # fmt: skip
+    mde = trimmed_mde(b, t, paired=paired, trim=trim, alpha=alpha)
     p = _t_p(ci)
-    kind = "sign-flip" if paired else "relabelling"
     p_method = (f"{ci_method} (permutation check: {'exact' if perm.exact else 'Monte Carlo'} {kind} "
                 f"over {perm.n_relabellings})")
     poi = float(probability_of_improvement(b, t))

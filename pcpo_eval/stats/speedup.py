@@ -26,12 +26,27 @@ Epochs_PCPO - 1) x 100%" (e.g. 260 vs 131 epochs -> 98.5%, :func:`speedup_pct`),
    Fieller's interval for the ratio of means (Fieller 1954) built from the *same* t statistic: the
    set of ratios ``rho`` with ``|mean_b - rho mean_t| <= q se(rho)``, ``se(rho)^2 = var(b - rho t)/n``
    paired or ``v_b + rho^2 v_t`` unpaired, ``q`` the t quantile of the test's df. So the CI excludes
-   a speed-up of 0 exactly when p < alpha, whenever that set is one interval or ray (when it is two
-   pieces, ``[0, r1] U [r2, inf)``, a rare paired case with both means uncertain, the CI reported is
-   their hull ``[0, inf)``, conservative). Power: the minimum detectable speed-up at 80% power and
-   the seeds per arm a 25% speed-up needs (:mod:`pcpo_eval.stats.power`), from the measured spread.
-5. Guards: no runs, non-finite curves, fewer than 2 runs per arm, every run at ``tau`` or otherwise
-   no variation: not estimable, with the reason. A target every run reaches at its first eligible
+   a speed-up of 0 exactly when p < alpha. When the set is two pieces, ``[0, r1] U [r2, inf)`` (a
+   rare paired case with both means uncertain), both pieces are reported (``ci_gap_low`` /
+   ``ci_gap_high``: "CI -100% to -x% or +y% to ..."), never their hull, so this holds there too.
+   Feasibility: no run reaches a target before its first full-window epoch, so the treatment's
+   restricted mean is at least ``earliest`` (the mean of its runs' first full-window epochs), and
+   the baseline's at most ``tau``. The CI's upper end is clipped at ``tau / earliest - 1``, the
+   largest speed-up the design allows (``ci_high_clipped``): a bound on the parameter, so the
+   clipped set keeps its coverage. It is not clipped at ``RMST_b / earliest - 1``: that bound
+   uses the baseline's *estimate*, and a CI cut there misses the true speed-up whenever the
+   baseline's mean is underestimated and the treatment is near its floor.
+   Power: the minimum detectable speed-up at 80% power and the seeds per arm a 25% speed-up needs
+   (:mod:`pcpo_eval.stats.power`), from the measured spread and baseline mean, as planning figures:
+   an MDE above ``max_speedup = RMST_b / earliest - 1`` means "no speed-up is detectable", and a
+   reference speed-up above it is "not possible with this window and baseline" (no seed count).
+5. Guards: no runs, non-finite curves, fewer than 2 runs per arm, every run at ``tau``, no
+   variation and no difference: not estimable, with the reason. No spread but a consistent nonzero
+   difference (every per-seed difference equal, or each arm constant at its own value; e.g. every
+   treatment run at its first eligible epoch and no baseline run by ``tau``): the t test is
+   degenerate, so there is no CI, and ``p`` is the exact permutation test's (sign flips:
+   ``2 / 2^n``; relabellings: ``2 / C(2n, n)``, :func:`constant_difference_p`), used for
+   ``significant``. A target every run reaches at its first eligible
    epoch is *uninformative*; a target the untrained controls reach is judged uninformative by the
    verdict (:mod:`pcpo_eval.stats.verdict`), because then the sampler, not learning, reaches it.
 
@@ -164,13 +179,18 @@ def km_restricted_mean(times: Sequence[float] | np.ndarray, reached: Sequence[bo
     return float(area + surv * (tau - last))
 
 
-def fieller_interval(b: np.ndarray, t: np.ndarray, *, paired: bool, q: float) -> tuple[float, float]:
-    """Fieller's set {rho >= 0 : (m_b - rho m_t)^2 <= q^2 v(rho)} for ``rho = mean(b) / mean(t)``.
+def fieller_set(b: np.ndarray, t: np.ndarray, *, paired: bool, q: float) -> tuple[tuple[float, float], ...]:
+    """Fieller's set {rho >= 0 : (m_b - rho m_t)^2 <= q^2 v(rho)} for ``rho = mean(b) / mean(t)``, as
+    one or two intervals (Fieller 1954).
 
     ``v(rho) = v_bb - 2 rho v_bt + rho^2 v_tt`` with ``v`` the (co)variances of the means: the
     sample covariance of the pairs / n when paired, ``s^2/n`` per arm and ``v_bt = 0`` when not. The
     quadratic ``A rho^2 - 2 B rho + C <= 0``: with ``A > 0`` (the treatment mean clearly positive) an
-    interval, else unbounded above (``high = inf``). Limits below 0 are clipped to 0 (epochs > 0).
+    interval; with ``A < 0`` the outside of the roots ``r1 <= r2``, i.e. on ``rho >= 0`` the ray
+    ``[r2, inf)`` when ``r1 < 0``, else the two pieces ``[0, r1]`` and ``[r2, inf)`` (a rare paired
+    case, both means uncertain); else everything, ``[0, inf)``. Limits below 0 are clipped to 0
+    (epochs > 0). Since ``v(1)`` is the variance of the t test's difference, rho = 1 is outside the
+    set exactly when that t test has p < alpha (``q`` its quantile), whatever the number of pieces.
     """
     mb, mt = float(b.mean()), float(t.mean())
     if paired:
@@ -183,14 +203,24 @@ def fieller_interval(b: np.ndarray, t: np.ndarray, *, paired: bool, q: float) ->
     disc = B * B - A * C
     if A > 0 and disc >= 0:
         r = math.sqrt(disc)
-        return max((B - r) / A, 0.0), (B + r) / A
+        return ((max((B - r) / A, 0.0), (B + r) / A),)
     if A < 0 and disc >= 0:  # outside the roots r1 <= r2: (-inf, r1] U [r2, inf)
         r = math.sqrt(disc)
         r1, r2 = (B + r) / A, (B - r) / A  # A < 0: (B + r) / A is the smaller root
-        # r1 < 0: on rho >= 0 the set is the ray [r2, inf) (it holds the estimate mb/mt > 0); else it is
-        # [0, r1] U [r2, inf), two pieces, reported as their hull (conservative: may hold 1 when p < alpha)
-        return (max(r2, 0.0), math.inf) if r1 < 0 else (0.0, math.inf)
-    return 0.0, math.inf
+        # r1 < 0: on rho >= 0 the set is the ray [r2, inf) (it holds the estimate mb/mt > 0)
+        return ((max(r2, 0.0), math.inf),) if r1 < 0 else ((0.0, r1), (r2, math.inf))
+    return ((0.0, math.inf),)
+
+
+def fieller_interval(b: np.ndarray, t: np.ndarray, *, paired: bool, q: float) -> tuple[float, float]:
+    """The hull of :func:`fieller_set` (``[0, inf)`` for its two-piece case): an interval holding it."""
+    pieces = fieller_set(b, t, paired=paired, q=q)
+    return pieces[0][0], pieces[-1][1]
+
+
+def clip_pieces(pieces: Sequence[tuple[float, float]], upper: float) -> tuple[tuple[float, float], ...]:
+    """``pieces`` intersected with ``(-inf, upper]``; a piece wholly above ``upper`` is dropped."""
+    return tuple((lo, min(hi, upper)) for lo, hi in pieces if lo <= upper)
 
 
 @dataclass(frozen=True)
@@ -198,9 +228,23 @@ class Speedup:
     """Speed-up ``RMST_b / RMST_t - 1`` (a fraction: 0.25 = 25%) of the treatment over the baseline.
 
     ``baseline_epochs`` / ``treatment_epochs`` are the per-run ``min(T, tau)`` (censored runs at
-    ``tau``); ``p`` and the Fieller CI come from one t test (paired by seed when ``paired``);
-    ``mde`` is the smallest speed-up detectable at 80% power, ``seeds_for_reference`` the seeds per
-    arm a ``reference_effect`` speed-up needs, both at the measured spread (None: not computable).
+    ``tau``); ``p`` and the Fieller CI come from one t test (paired by seed when ``paired``).
+
+    * CI: ``ci_low..ci_high``; when Fieller's set has two pieces, ``ci_gap_low``/``ci_gap_high``
+      are the hole inside it, so the CI is ``[ci_low, ci_gap_low]`` or ``[ci_gap_high, ci_high]``
+      (both None for one piece). The upper end is clipped at ``tau / earliest - 1``, the largest
+      speed-up the design allows (``ci_high_clipped``), so ``ci_high`` None only without a CI.
+    * ``earliest``: the earliest possible treatment restricted mean, the mean over treatment runs
+      of their first full-window epoch (``tau`` for a run without one); ``max_speedup``:
+      ``baseline_mean / earliest - 1``, the largest speed-up possible against this baseline.
+    * ``mde``: the smallest speed-up detectable at 80% power; ``seeds_for_reference``: the seeds per
+      arm a ``reference_effect`` speed-up needs, both at the measured spread; None when not
+      computable, when the MDE exceeds ``max_speedup`` or when ``reference_effect`` does
+      (``reference_feasible`` False).
+    * ``p_method``: ``paired t`` / ``Welch t``, or, when the runs have no spread but every per-seed
+      difference (paired) or the two arms' constant values (unpaired) differ, the exact permutation
+      test (``exact sign-flip permutation`` / ``exact relabelling permutation``): then ``p`` is
+      its p, there is no CI, and ``reason`` says so.
     """
 
     target: float
@@ -225,6 +269,13 @@ class Speedup:
     estimable: bool
     reason: str
     significant: bool
+    ci_gap_low: float | None = None
+    ci_gap_high: float | None = None
+    ci_high_clipped: bool = False
+    earliest: float | None = None
+    max_speedup: float | None = None
+    reference_feasible: bool = True
+    p_method: str = ""
 
     @property
     def n_baseline(self) -> int:
@@ -254,11 +305,35 @@ def _reason(b: Sequence[TimeToTarget], t: Sequence[TimeToTarget], vb: np.ndarray
             else f"1 {'baseline' if len(b) < 2 else 'treatment'} run: need >= 2 runs per arm for a CI/p-value"
     if all(r.censored for r in (*b, *t)):
         return "no run of either arm reaches the target within the compared epochs"
-    if paired and np.ptp(vb - vt) == 0:
-        return "the per-seed differences in epochs are all equal: no spread to test against"
-    if not paired and np.ptp(vb) == 0 and np.ptp(vt) == 0:
-        return "no within-arm variation in epochs to the target: the run-to-run spread is unknown"
+    if no_spread(vb, vt, paired) and not differs(vb, vt):
+        return ("the per-seed differences in epochs are all 0: no difference and no spread to test against"
+                if paired else "no variation: every run of both arms takes the same number of epochs")
     return ""
+
+
+def no_spread(vb: np.ndarray, vt: np.ndarray, paired: bool) -> bool:
+    """The t test has no spread: equal per-seed differences (paired), constant arms (unpaired)."""
+    return bool(np.ptp(vb - vt) == 0) if paired else bool(np.ptp(vb) == 0 and np.ptp(vt) == 0)
+
+
+def differs(vb: np.ndarray, vt: np.ndarray) -> bool:
+    """Under :func:`no_spread`: the arms differ (a nonzero per-seed difference, or two constants)."""
+    return bool(vb[0] != vt[0])
+
+
+def constant_difference_p(n_b: int, n_t: int, paired: bool) -> float:
+    """Exact two-sided permutation p of the mean difference when it is consistent and nonzero with no
+    spread (:func:`no_spread` and :func:`differs`): only the observed labelling and its mirror reach
+    the observed |difference|.
+
+    Paired (sign flips, 2^n patterns): the all-+ and all-- patterns, ``p = 2 / 2^n``. Unpaired
+    (relabellings, C(n_b + n_t, n_t)): the observed split, and the swapped one when ``n_b == n_t``:
+    ``p = 2 / C`` or ``1 / C``. The same p as :func:`pcpo_eval.stats.runlevel.sign_flip_test` /
+    ``permutation_test`` (tested), in closed form for any n.
+    """
+    if paired:
+        return 2.0 / 2.0**n_b
+    return (2.0 if n_b == n_t else 1.0) / math.comb(n_b + n_t, n_t)
 
 
 def _t_test(vb: np.ndarray, vt: np.ndarray, paired: bool, alpha: float) -> tuple[float, float, float, float, float]:
@@ -278,11 +353,19 @@ def _t_test(vb: np.ndarray, vt: np.ndarray, paired: bool, alpha: float) -> tuple
     return 2 * float(scipy.stats.t.sf(abs(tstat), df)), df, float(scipy.stats.t.ppf(1 - alpha / 2, df)), sb, st
 
 
-def _as_speedup(rmst_b: float, diff: float | None) -> float | None:
-    """The speed-up that a difference of ``diff`` epochs below ``rmst_b`` means (None if impossible)."""
-    if diff is None or diff >= rmst_b:
+def _as_speedup(rmst_b: float, diff: float | None, earliest: float) -> float | None:
+    """The speed-up that a difference of ``diff`` epochs below ``rmst_b`` means; None if impossible:
+    the treatment would need a restricted mean below ``earliest``, the earliest it can have (no run
+    reaches a target before its first full-window epoch)."""
+    if diff is None or rmst_b - diff <= 0 or rmst_b - diff < earliest:
         return None
     return rmst_b / (rmst_b - diff) - 1.0
+
+
+def earliest_mean(runs: Sequence[TimeToTarget], tau: int) -> float:
+    """The smallest restricted mean time these runs could have: each at its first full-window epoch
+    (``tau`` for a run without one, which can reach nothing)."""
+    return float(np.mean([tau if r.first_eligible is None else min(r.first_eligible, tau) for r in runs]))
 
 
 def speedup_runs(
@@ -319,16 +402,34 @@ def speedup_runs(
     if reason:
         return Speedup(**base, ci_low=None, ci_high=None, p=None, df=None, mde=None, seeds_for_reference=None,
                        estimable=False, reason=reason, significant=False)
+    assert mb is not None and tau is not None
+    earliest = earliest_mean(t, tau)
+    feas = dict(earliest=earliest, max_speedup=mb / earliest - 1,
+                reference_feasible=mb / (1 + reference_effect) >= earliest)
+    if no_spread(vb, vt, paired):  # and the arms differ (else _reason): the exact permutation p
+        p = constant_difference_p(vb.size, vt.size, paired)
+        how = "sign-flip" if paired else "relabelling"
+        why = (f"every per-seed difference is {float(vb[0] - vt[0]):+g} epochs" if paired else
+               f"every baseline run takes {float(vb[0]):g} epochs, every treatment run {float(vt[0]):g}")
+        return Speedup(**base, ci_low=None, ci_high=None, p=p, df=None, mde=None, seeds_for_reference=None,
+                       estimable=True, significant=bool(p < alpha), **feas,
+                       p_method=f"exact {how} permutation",
+                       reason=f"CI not estimable ({why}: no spread); p is the exact {how} permutation test's")
     from pcpo_eval.stats.power import mde as _mde  # imports scipy: on first use (see _t_test)
     from pcpo_eval.stats.power import seeds_needed
 
     p, df, q, sd_b, sd_t = _t_test(vb, vt, paired, alpha)
-    lo, hi = fieller_interval(vb, vt, paired=paired, q=q)
+    upper = tau / earliest  # rho = mu_b / mu_t <= tau / earliest: the parameter space
+    pieces = fieller_set(vb, vt, paired=paired, q=q)
+    kept = clip_pieces(pieces, upper)
+    gap = (kept[0][1] - 1, kept[1][0] - 1) if len(kept) == 2 else (None, None)
     d_mde = _mde(sd_b, vb.size, sd_t=sd_t, n_t=vt.size, paired=paired, alpha=alpha)
-    need = seeds_needed(mb - mb / (1 + reference_effect), sd_b, sd_t=sd_t, paired=paired, alpha=alpha)
-    return Speedup(**base, ci_low=lo - 1, ci_high=hi - 1 if math.isfinite(hi) else None, p=p, df=df,
-                   mde=_as_speedup(mb, d_mde), seeds_for_reference=need, estimable=True, reason="",
-                   significant=bool(p < alpha))
+    need = (seeds_needed(mb - mb / (1 + reference_effect), sd_b, sd_t=sd_t, paired=paired, alpha=alpha)
+            if feas["reference_feasible"] else None)
+    return Speedup(**base, ci_low=kept[0][0] - 1, ci_high=kept[-1][1] - 1, p=p, df=df,
+                   mde=_as_speedup(mb, d_mde, earliest), seeds_for_reference=need, estimable=True, reason="",
+                   significant=bool(p < alpha), ci_gap_low=gap[0], ci_gap_high=gap[1],
+                   ci_high_clipped=pieces[-1][1] > upper, **feas, p_method="paired t" if paired else "Welch t")
 
 
 @dataclass(frozen=True)
@@ -375,12 +476,23 @@ def speedup_cell_epochs(mean: float | None, censored: int, n: int) -> str:
     return f"{mean:.1f}" + (f" ({censored}/{n} not reached)" if censored else "")
 
 
-def speedup_text(s: Speedup) -> str:
-    """'+25% (95% CI +3% to +60%)' or the reason there is none."""
-    if not s.estimable:
+def ci_text(s: Speedup) -> str:
+    """The CI as printed: '95% CI +3% to +60%', its two pieces '95% CI -100% to -40% or +20% to +300%'
+    (:func:`fieller_set`), or, with the exact permutation p and no CI, the reason there is none."""
+    level = f"{100 * (1 - s.alpha):g}% CI"
+    if s.ci_low is None:
         return s.reason
     hi = pct(s.ci_high, "unbounded")
-    return f"{pct(s.estimate)} ({100 * (1 - s.alpha):g}% CI {pct(s.ci_low)} to {hi})"
+    if s.ci_gap_low is not None and s.ci_gap_high is not None:
+        return f"{level} {pct(s.ci_low)} to {pct(s.ci_gap_low)} or {pct(s.ci_gap_high)} to {hi}"
+    return f"{level} {pct(s.ci_low)} to {hi}"
+
+
+def speedup_text(s: Speedup) -> str:
+    """'+25% (95% CI +3% to +60%)' (:func:`ci_text`) or the reason there is none."""
+    if not s.estimable:
+        return s.reason
+    return f"{pct(s.estimate)} ({ci_text(s)})"
 
 
 def speedup_table(

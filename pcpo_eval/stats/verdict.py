@@ -37,7 +37,10 @@ run-to-run spread (:mod:`pcpo_eval.stats.power`).
 
 Row keys (:data:`VERDICT_KEYS`): ``estimate`` is treatment - baseline (a fraction for speed-ups:
 0.25 = 25%), ``ci_low``/``ci_high`` None when there is no CI or that side is unbounded, ``p`` (the
-t test behind the CI) None when not estimable.
+t test behind the CI) None when not estimable. A speed-up's CI is clipped above at the largest
+speed-up the design allows, and when Fieller's set has two pieces ``ci_low``/``ci_high`` is its hull
+and ``details["ci_gap"]`` the hole (the sentence prints both pieces). No spread but a consistent
+nonzero difference: no CI, and ``p`` is the exact permutation p (``reason`` says so).
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ import pandas as pd
 from pcpo_eval.errors import UserError, require
 from pcpo_eval.stats.adjust import holm
 from pcpo_eval.stats.runlevel import ONE_RUN_PER_ARM, Comparison, Stat, auc, compare_runs, final, paired_gain
-from pcpo_eval.stats.speedup import Speedup, epochs_to_target, pct, speedup_runs
+from pcpo_eval.stats.speedup import Speedup, ci_text, epochs_to_target, pct, speedup_runs
 
 VERDICT_KEYS = (
     "cell", "quantity", "baseline", "treatment", "estimate", "ci_low", "ci_high", "n_baseline_runs",
@@ -286,34 +289,68 @@ def _p_text(v: Verdict) -> str:
     return f"; p = {v.p:.3g}{adj}"
 
 
-def _why_not(v: Verdict, ci_excludes_zero: bool) -> str:
+def _why_not(v: Verdict, own_test_significant: bool, has_ci: bool = True) -> str:
     """Why a row is not significant when its own test is (Holm, or the closed gate of the secondary family)."""
+    own = ("the CI excludes 0, but " if has_ci else "p < alpha, but ") if own_test_significant else ""
     if v.details.get("gated"):
-        return f" ({'the CI excludes 0, but ' if ci_excludes_zero else ''}{GATED})"
-    return " (the CI excludes 0, but not after the family's Holm adjustment)" if ci_excludes_zero else ""
+        return f" ({own}{GATED})"
+    return f" ({own}not after the family's Holm adjustment)" if own_test_significant else ""
 
 
 def comparison_sentence(v: Verdict, c: Comparison, label: str) -> str:
-    """One plain sentence for a comparison row (after the family adjustment)."""
+    """One plain sentence for a comparison row (after the family adjustment).
+
+    With ``stat="iqm"`` and pairing the estimate is the IQM of the per-seed differences, which can have
+    the other sign than the difference of the arms' IQMs: the sentence then names that estimate and
+    prints no arm values. Without a CI (no spread, :func:`pcpo_eval.stats.runlevel.no_spread_difference`)
+    the CI part is the reason: the exact permutation p.
+    """
     b, t = v.baseline, v.treatment
     if not c.estimable:
         if c.reason == ONE_RUN_PER_ARM and c.estimate is not None:
             d = _decimals(abs(c.estimate))
             return f"1 run per arm: differences between runs, not algorithms ({t} - {b} {label}: {c.estimate:+.{d}f})"
         return f"{label} of {t} vs {b} is not estimable: {c.reason}"
-    assert c.estimate is not None and c.ci_low is not None and c.ci_high is not None
-    d = _ci_decimals(c.estimate, c.ci_low, c.ci_high)
-    ci = f"{c.estimate:+.{d}f}, {_level(c.alpha)} CI {c.ci_low:+.{d}f} to {c.ci_high:+.{d}f}, {_design(c.paired, c.n_treatment, c.n_baseline)}"
+    assert c.estimate is not None
+    by_seed = c.paired and c.stat == "iqm"
+    what = "IQM of the per-seed differences " if by_seed else ""
+    design = _design(c.paired, c.n_treatment, c.n_baseline)
+    if c.ci_low is None or c.ci_high is None:  # no spread: the permutation p, no CI
+        d = _decimals(abs(c.estimate))
+        ci = f"{what}{c.estimate:+.{d}f}, {c.reason}, {design}"
+    else:
+        d = _ci_decimals(c.estimate, c.ci_low, c.ci_high)
+        ci = f"{what}{c.estimate:+.{d}f}, {_level(c.alpha)} CI {c.ci_low:+.{d}f} to {c.ci_high:+.{d}f}, {design}"
     power = f"; detectable at 80% power: ±{c.mde:.{d}f}" if c.mde is not None else ""
     if not v.significant:
-        return f"no evidence of a difference in {label} between {t} and {b} ({ci}{_p_text(v)}{power}){_why_not(v, c.significant)}"
+        return (f"no evidence of a difference in {label} between {t} and {b} ({ci}{_p_text(v)}{power})"
+                f"{_why_not(v, c.significant, c.ci_low is not None)}")
     way = "higher" if c.estimate > 0 else "lower"
+    if by_seed:
+        name = label.removeprefix("IQM ")
+        return f"{t}'s {name} is {way} than {b}'s, seed for seed ({ci}{_p_text(v)}{power})"
     assert c.baseline_value is not None and c.treatment_value is not None
     return f"{t}'s {label} is {way} than {b}'s: {c.treatment_value:.{d}f} vs {c.baseline_value:.{d}f} ({ci}{_p_text(v)}{power})"
 
 
 def _epochs(x: float | None) -> str:
     return "?" if x is None else f"{x:.1f}"
+
+
+def _speedup_power(s: Speedup) -> tuple[str, str]:
+    """The sentence's power and seeds parts: the MDE, or "no speed-up is detectable" when none is or
+    the MDE exceeds the largest possible speed-up (:attr:`Speedup.max_speedup`: no run reaches a target
+    before its first full-window epoch); the seeds a 25% speed-up needs, or that it is not possible.
+    With the exact permutation p there is no spread to plan with, and neither is given."""
+    if s.ci_low is None:  # estimable without a CI: the exact permutation p (Speedup.p_method)
+        return "; no spread measured, so no detectable effect or seed count", ""
+    limit = f" (at most {pct(s.max_speedup)} is possible with this window and baseline)" if s.max_speedup is not None else ""
+    power = f"; detectable at 80% power: {pct(s.mde)}" if s.mde is not None else f"; no speed-up is detectable at 80% power{limit}"
+    if not s.reference_feasible:
+        return power, f"; a {REFERENCE_SPEEDUP:.0%} speed-up is not possible with this window and baseline"
+    need = (f"; a {REFERENCE_SPEEDUP:.0%} speed-up needs {s.seeds_for_reference} seeds per arm"
+            if s.seeds_for_reference is not None else "")
+    return power, need
 
 
 def speedup_sentence(v: Verdict, s: Speedup, kind: str) -> str:
@@ -328,13 +365,11 @@ def speedup_sentence(v: Verdict, s: Speedup, kind: str) -> str:
             ((s.n_censored_treatment, s.n_treatment, t), (s.n_censored_baseline, s.n_baseline, b)) if n]
     epochs = (f"{t} {_epochs(s.treatment_mean)} vs {b} {_epochs(s.baseline_mean)} epochs (restricted mean to epoch {s.tau}"
               + (f"; {', '.join(cens)}" if cens else "") + ")")
-    ci = f"speed-up {pct(s.estimate)}, {_level(s.alpha)} CI {pct(s.ci_low)} to {pct(s.ci_high, 'unbounded')}"
-    power = (f"; detectable at 80% power: {pct(s.mde)}" if s.mde is not None else "; no speed-up is detectable at 80% power")
-    need = (f"; a {REFERENCE_SPEEDUP:.0%} speed-up needs {s.seeds_for_reference} seeds per arm"
-            if s.seeds_for_reference is not None else "")
+    ci = f"speed-up {pct(s.estimate)}, {ci_text(s)}"
+    power, need = _speedup_power(s)
     tail = f"{ci}, {_design(s.paired, s.n_treatment, s.n_baseline)}{_p_text(v)}{power}{need}"
     if not v.significant:
-        return f"no evidence of a difference in epochs to reach {what}: {epochs}; {tail}{_why_not(v, s.significant)}"
+        return f"no evidence of a difference in epochs to reach {what}: {epochs}; {tail}{_why_not(v, s.significant, s.ci_low is not None)}"
     way = "sooner" if (s.estimate or 0) > 0 else "later"
     return f"{t} reaches {what} {way} than {b}: {epochs}; {tail}"
 
@@ -352,9 +387,12 @@ def _speedup(cell: str, b: Sequence[RunCurve], t: Sequence[RunCurve], paired: bo
     details = {"curve": kind, "target": target, "tau": s.tau, "baseline_epochs": list(s.baseline_epochs),
                "treatment_epochs": list(s.treatment_epochs), "n_censored_baseline": s.n_censored_baseline,
                "n_censored_treatment": s.n_censored_treatment, "df": s.df,
-               "reference_speedup": REFERENCE_SPEEDUP, "seeds_for_reference": s.seeds_for_reference}
+               "reference_speedup": REFERENCE_SPEEDUP, "seeds_for_reference": s.seeds_for_reference,
+               "reference_feasible": s.reference_feasible, "max_speedup": s.max_speedup, "p_method": s.p_method,
+               "ci_gap": [s.ci_gap_low, s.ci_gap_high], "ci_high_clipped": s.ci_high_clipped}
     v = Verdict(cell, quantity_name(kind, target), *names, s.estimate, s.ci_low, s.ci_high, s.n_baseline, s.n_treatment,
-                s.p, s.estimable, s.reason, s.significant, "", s.paired, s.mde, "secondary", None, None,
+                s.p, s.estimable, s.reason, s.significant, "", s.paired, s.mde, "secondary", None,
+                s.p if s.p_method.startswith("exact") else None,
                 s.baseline_mean, s.treatment_mean, details)  # fmt: skip
     return v, s
 

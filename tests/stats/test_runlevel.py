@@ -23,6 +23,7 @@ from pcpo_eval.stats.runlevel import (
     degenerate_reason,
     final,
     iqm,
+    no_spread_difference,
     paired_gain,
     permutation_test,
     probability_of_improvement,
@@ -244,12 +245,10 @@ def test_compare_runs_iqm_ignores_an_outlier_run():
         ([0.8], [0.9], True, ONE_RUN_PER_ARM),
         ([0.8], [0.9, 0.91, 0.92], False, "1 baseline run: no run-to-run spread"),
         ([0.8, 0.8, 0.8], [0.8, 0.8, 0.8], False, "no variation: every run of both arms has the same value"),
-        ([0.8, 0.8, 0.8], [0.9, 0.9, 0.9], False, "no within-arm variation"),
         ([0.8, np.nan, 0.7], [0.9, 0.9, 0.8], False, "non-finite values (NaN/inf) in 1 of 6 runs"),
         ([0.8, 0.7, np.inf], [0.9, 0.9, 0.8], True, "non-finite values (NaN/inf) in 1 of 6 runs"),
         ([], [0.9, 0.9, 0.8], False, "no baseline runs"),
         # paired: the runs vary, the per-seed differences do not
-        ([0.5, 0.7, 0.9], [0.6, 0.8, 1.0], True, "no variation in the per-seed differences"),
         ([0.5, 0.7, 0.9], [0.5, 0.7, 0.9], True, "no variation in the per-seed differences"),
     ],
 )
@@ -260,6 +259,48 @@ def test_compare_runs_degenerate_inputs_are_not_estimable(b, t, paired, reason):
     assert c.reason == degenerate_reason(np.asarray(b, dtype=float), np.asarray(t, dtype=float), paired)
     if reason == ONE_RUN_PER_ARM:
         assert c.estimate == pytest.approx(0.1)  # a difference between two runs, still shown
+
+
+@pytest.mark.parametrize(
+    ("b", "t", "paired", "p"),
+    [
+        # 6 seeds, every per-seed difference +0.1 (up to rounding): exact sign flips, 2 / 2^6
+        ([0.5, 0.7, 0.9, 0.2, 0.4, 0.6], [0.6, 0.8, 1.0, 0.3, 0.5, 0.7], True, 2 / 64),
+        ([0.5, 0.7, 0.9], [0.6, 0.8, 1.0], True, 2 / 8),
+        # each arm constant at its own value: relabellings, 2 / C(6, 3) and 2 / C(12, 6)
+        ([0.8] * 3, [0.9] * 3, False, 2 / 20),
+        ([0.8] * 6, [0.7] * 6, False, 2 / 924),
+    ],
+)  # fmt: skip
+def test_no_spread_but_a_consistent_difference_gives_the_exact_permutation_p(b, t, paired, p):
+    """The t test is degenerate, the difference is not: p is the exact permutation p, no CI, no MDE
+    (review item 11; these were "not estimable" with no p)."""
+    b, t = np.asarray(b), np.asarray(t)
+    assert degenerate_reason(b, t, paired) and no_spread_difference(b, t, paired)
+    c = compare_runs(b, t, rng=np.random.default_rng(0), paired=paired)
+    ref = sign_flip_test(t - b, rng=np.random.default_rng(0)) if paired else permutation_test(b, t, rng=np.random.default_rng(0))
+    assert c.estimable and c.p == pytest.approx(p) == pytest.approx(ref.p) and c.p_permutation == c.p
+    assert c.significant == (p < ALPHA) and c.ci_low is None and c.ci_high is None and c.mde is None
+    assert c.reason.startswith("CI not estimable") and "exact" in c.reason and "permutation" in c.p_method
+    assert c.estimate == pytest.approx(float(np.mean(t - b)))
+
+
+def test_iqm_mde_is_the_trimmed_tests():
+    """stat='iqm': the MDE is the power of the trimmed test whose CI is printed (winsorised SE, h - 1 df),
+    not the plain paired t's (review item 8: +-1.85 for a test whose CI half-width is 0.15)."""
+    b = np.array([0.05, 2.0, 0.19, -0.63, -0.38, -1.09, -1.28, 0.63])
+    t = np.array([0.41, -1.29, -2.73, -0.16, -0.11, -0.63, -1.02, 0.86])
+    rng = np.random.default_rng(0)
+    for paired in (True, False):
+        c = compare_runs(b, t, "iqm", n_boot=10, rng=rng, paired=paired)
+        ci = (trimmed_paired_interval(t - b, trim=0.25, alpha=ALPHA) if paired
+              else trimmed_t_interval(b, t, trim=0.25, alpha=ALPHA))
+        assert c.df == pytest.approx(ci.df)
+        q = scipy.stats.t.ppf(1 - ALPHA / 2, ci.df)
+        nc = c.mde / ci.se
+        power = scipy.stats.nct.sf(q, ci.df, nc) + scipy.stats.nct.sf(q, ci.df, -nc)
+        assert power == pytest.approx(0.8, abs=1e-6)
+    assert compare_runs(b, t, "iqm", n_boot=10, rng=rng, paired=True).mde < 0.3
 
 
 def test_constant_differences_are_fine_unpaired():

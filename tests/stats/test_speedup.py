@@ -172,7 +172,9 @@ def test_fieller_ray_when_the_treatment_mean_is_uncertain():
     b, t = np.array([31.0, 48.0, 27.0]), np.array([16.0, 29.0, 14.0])
     s = speedup_runs([_tt(int(x)) for x in b], [_tt(int(x)) for x in t], paired=True)
     assert s.p == pytest.approx(scipy.stats.ttest_rel(b, t).pvalue) and s.p < ALPHA
-    assert s.ci_high is None and s.ci_low is not None and 0 < s.ci_low < s.estimate
+    # unbounded above by the data; clipped at the design's limit tau / earliest - 1 = 60 / 5 - 1
+    assert s.ci_high == pytest.approx(60 / 5 - 1) and s.ci_high_clipped
+    assert s.ci_low is not None and 0 < s.ci_low < s.estimate and s.ci_gap_low is None
     assert _pivot(b, t, s.ci_low + 1, True) == pytest.approx(scipy.stats.t.ppf(0.975, 2), rel=1e-9)
 
 
@@ -196,7 +198,7 @@ def test_ci_excludes_zero_exactly_when_p_below_alpha():
     CV ~30%, censoring at 60; paired arms share a seed effect): the Fieller CI excludes a speed-up
     of 0 iff p < alpha, and p is scipy's t test on min(T, tau). Measured: 419 significant, 0
     disagreements on one-piece Fieller sets; 2 paired studies had a two-piece set [0, r1] U [r2, inf)
-    (both means uncertain), reported as its hull, the one case where p < alpha and the CI holds 0."""
+    (both means uncertain), reported as its two pieces, whose hole holds 0: the CI excludes 0 there too."""
     rng = np.random.default_rng(7)
     n_sig = n_hull = 0
     for _ in range(600):
@@ -219,14 +221,15 @@ def test_ci_excludes_zero_exactly_when_p_below_alpha():
             assert s.p == pytest.approx(ref.pvalue, rel=1e-9, abs=1e-15)
             assert s.df == pytest.approx(ref.df, rel=1e-9)
             assert s.estimate == pytest.approx(vb.mean() / vt.mean() - 1, rel=1e-12)
-            excludes = s.ci_low > 0 or (s.ci_high is not None and s.ci_high < 0)
             assert s.significant == (s.p < ALPHA)
-            if s.significant and (s.ci_low, s.ci_high) == (-1.0, None):
-                # the two-piece set [0, r1] U [r2, inf): 0 and the estimate inside, 1 (no speed-up) not
-                q = scipy.stats.t.ppf(1 - ALPHA / 2, s.df)
-                assert paired and _pivot(vb, vt, 0.0, paired) <= q < _pivot(vb, vt, 1.0, paired)
+            assert s.ci_high is not None and s.ci_high <= 60 / 5 - 1 + 1e-12  # clipped at the design's limit
+            pieces = [(s.ci_low, s.ci_high)]
+            if s.ci_gap_low is not None:
+                # the two-piece set [0, r1] U [r2, ...] (both means uncertain): printed as both pieces
+                assert paired and s.ci_gap_high is not None and s.ci_low <= s.ci_gap_low < s.ci_gap_high <= s.ci_high
+                pieces = [(s.ci_low, s.ci_gap_low), (s.ci_gap_high, s.ci_high)]
                 n_hull += 1
-                continue
+            excludes = not any(lo <= 0 <= hi for lo, hi in pieces)
             assert excludes == s.significant, (paired, vb, vt, s)
             n_sig += s.significant
     assert n_sig > 300  # the check covers both outcomes
@@ -273,8 +276,8 @@ def test_frozen_treatment_is_never_faster():
         ([_tt(20)], [_tt(10)], False, "1 run per arm"),
         ([_tt(20)], [_tt(10), _tt(12)], False, "1 baseline run: need >= 2 runs per arm"),
         ([_tt(None), _tt(None)], [_tt(None), _tt(None)], False, "no run of either arm reaches the target"),
-        ([_tt(20), _tt(30)], [_tt(10), _tt(20)], True, "the per-seed differences in epochs are all equal"),
-        ([_tt(20), _tt(20)], [_tt(10), _tt(10)], False, "no within-arm variation"),
+        ([_tt(20), _tt(30)], [_tt(20), _tt(30)], True, "the per-seed differences in epochs are all 0"),
+        ([_tt(20), _tt(20)], [_tt(20), _tt(20)], False, "no variation: every run of both arms"),
     ],
 )  # fmt: skip
 def test_speedup_not_estimable(b, t, paired, reason):
@@ -382,3 +385,87 @@ def test_cli_missing_log_and_empty_run(tmp_path, cli):
     (tmp_path / "run").mkdir()
     r = cli("speedup", "--baseline", tmp_path / "run", "--pcpo", tmp_path / "run", "--target", "1")
     assert r.returncode == 2 and "no log.parquet" in r.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# feasibility, two-piece Fieller sets, no spread (review items 5, 9, 11)
+# ---------------------------------------------------------------------------------------------
+
+
+def _hit_curve(hit: int, n_epochs: int = 20, window: int = 5) -> np.ndarray:
+    """Gain 0 until epoch ``hit - window``, then 1: the full-window mean first reaches 1 at ``hit``."""
+    y = np.zeros(n_epochs)
+    y[hit - window :] = 1.0
+    return y
+
+
+def test_mde_and_reference_effect_respect_the_first_full_window_epoch():
+    """Baseline restricted mean 6.0 epochs, window 5: no run reaches before epoch 5, so at most a
+    6 / 5 - 1 = +20% speed-up is possible. The paired t's MDE in epochs would mean +39%, and a 25%
+    speed-up (4.8 epochs) is impossible: no MDE, no seed count (was +39% and 8 seeds)."""
+    b = [epochs_to_target(_hit_curve(h), 1.0, 5) for h in (5, 6, 7, 6, 6)]
+    t = [epochs_to_target(_hit_curve(h), 1.0, 5) for h in (5, 7, 6, 5, 7)]
+    s = speedup_runs(b, t, target=1.0, paired=True)
+    assert s.estimable and s.baseline_mean == 6.0 and s.earliest == 5.0
+    assert s.max_speedup == pytest.approx(0.2)
+    assert s.mde is None and s.seeds_for_reference is None and not s.reference_feasible
+    # the same spread against a slower baseline: both feasible, and the MDE below the maximum
+    slow = [epochs_to_target(_hit_curve(h, 40), 1.0, 5) for h in (25, 26, 27, 26, 26)]
+    tt = [epochs_to_target(_hit_curve(h, 40), 1.0, 5) for h in (25, 27, 26, 25, 27)]
+    f = speedup_runs(slow, tt, target=1.0, paired=True)
+    assert f.reference_feasible and f.seeds_for_reference is not None
+    assert f.mde is not None and 0 < f.mde <= f.max_speedup
+
+
+def test_ci_is_clipped_at_the_designs_largest_speedup():
+    """rho = mu_b / mu_t <= tau / earliest (mu_b <= tau, mu_t >= the first full-window epoch): the
+    upper end is clipped there, a parameter-space bound that keeps the CI's coverage."""
+    b, t = np.array([31.0, 48.0, 27.0]), np.array([16.0, 29.0, 14.0])  # Fieller: a ray [r2, inf)
+    s = speedup_runs([_tt(int(x), eligible=10) for x in b], [_tt(int(x), eligible=10) for x in t], paired=True)
+    assert s.earliest == 10.0 and s.ci_high == pytest.approx(60 / 10 - 1) and s.ci_high_clipped
+
+
+def test_two_piece_fieller_set_is_reported_as_its_pieces():
+    """Times 10/19/47 vs 5/13/40 paired: p = 0.009 and Fieller's set is [0, r1] U [r2, inf) with
+    r1 < 1 < r2. The CI was printed as the hull '-100% to unbounded' next to 'sooner'; now both pieces,
+    whose hole holds 0, so significance and 'the CI excludes 0' agree."""
+    from pcpo_eval.stats.speedup import ci_text
+
+    b = [epochs_to_target(_hit_curve(h, 60), 1.0, 5) for h in (10, 19, 47)]
+    t = [epochs_to_target(_hit_curve(h, 60), 1.0, 5) for h in (5, 13, 40)]
+    s = speedup_runs(b, t, target=1.0, paired=True)
+    assert s.significant and s.p == pytest.approx(scipy.stats.ttest_rel([10, 19, 47], [5, 13, 40]).pvalue)
+    assert s.ci_low == -1.0 and s.ci_gap_low is not None and s.ci_gap_high is not None
+    assert s.ci_gap_low < 0 < s.ci_gap_high < s.estimate <= s.ci_high == pytest.approx(60 / 5 - 1)
+    q = scipy.stats.t.ppf(1 - ALPHA / 2, 2)
+    vb, vt = np.array([10.0, 19, 47]), np.array([5.0, 13, 40])
+    for r in (s.ci_gap_low + 1, s.ci_gap_high + 1):
+        assert _pivot(vb, vt, r, True) == pytest.approx(q, rel=1e-9)
+    assert ci_text(s) == "95% CI -100% to -14% or +13% to +1100%"
+
+
+def test_constant_difference_p_is_the_exact_permutation_p():
+    from pcpo_eval.stats.runlevel import permutation_test, sign_flip_test
+    from pcpo_eval.stats.speedup import constant_difference_p
+
+    rng = np.random.default_rng(0)
+    for n in (2, 3, 6):
+        d = np.full(n, 3.0)
+        assert constant_difference_p(n, n, True) == pytest.approx(sign_flip_test(d, rng=rng).p)
+    for nb, nt in ((2, 3), (3, 3), (4, 2), (6, 6)):
+        b, t = np.full(nb, 20.0), np.full(nt, 8.0)
+        assert constant_difference_p(nb, nt, False) == pytest.approx(permutation_test(b, t, rng=rng).p)
+
+
+@pytest.mark.parametrize(("paired", "p"), [(True, 2 / 2**6), (False, 2 / math.comb(12, 6))])
+def test_clearest_speedup_gets_the_exact_permutation_p(paired, p):
+    """Every treatment run at epoch 5 (the first eligible), no baseline run by epoch 24: the t test has
+    no spread; the row is estimable with the exact permutation p and no CI (was "not estimable")."""
+    b = [_tt(None, last=24) for _ in range(6)]
+    t = [_tt(5, last=24) for _ in range(6)]
+    s = speedup_runs(b, t, target=0.05, paired=paired)
+    assert s.estimable and s.significant and s.p == pytest.approx(p) and s.estimate == pytest.approx(24 / 5 - 1)
+    assert s.ci_low is None and s.ci_high is None and s.mde is None and s.seeds_for_reference is None
+    assert s.p_method.startswith("exact") and s.reason.startswith("CI not estimable")
+    three = speedup_runs(b[:3], t[:3], paired=True)
+    assert three.estimable and three.p == pytest.approx(0.25) and not three.significant

@@ -360,3 +360,65 @@ def test_frozen_arm_is_never_faster_nor_better():
                     n_lower += r.estimate < 0
     assert n_speed >= 100  # the gain targets always, the reward targets when the controls stay below
     assert n_lower >= 45  # of 50: the baseline learned something in (almost) every study
+
+
+# ---------------------------------------------------------------------------------------------
+# sentences: feasibility, two-piece CIs, no spread, IQM (review items 5, 8, 9, 11)
+# ---------------------------------------------------------------------------------------------
+
+
+def _speedup_sentence(bt, tt, *, n_epochs, paired=True):
+    from pcpo_eval.stats.speedup import TimeToTarget, speedup_runs
+    from pcpo_eval.stats.verdict import Verdict, speedup_sentence
+
+    def run(h):
+        return TimeToTarget(h, h is None, 1, n_epochs, 5)
+
+    s = speedup_runs([run(h) for h in bt], [run(h) for h in tt], target=1.0, paired=paired)
+    v = Verdict("all", "speedup_gain:1", "DDPO", "PCPO", s.estimate, s.ci_low, s.ci_high, len(bt), len(tt), s.p,
+                s.estimable, s.reason, s.significant, "", s.paired, s.mde, "primary", s.p)  # fmt: skip
+    return s, speedup_sentence(v, s, "gain")
+
+
+def test_speedup_sentence_says_what_the_window_makes_impossible():
+    s, text = _speedup_sentence((5, 6, 7, 6, 6), (5, 7, 6, 5, 7), n_epochs=20)
+    assert "no speed-up is detectable at 80% power (at most +20% is possible with this window and baseline)" in text
+    assert text.endswith("a 25% speed-up is not possible with this window and baseline")
+
+
+def test_speedup_sentence_prints_both_pieces_of_the_ci():
+    s, text = _speedup_sentence((10, 19, 47), (5, 13, 40), n_epochs=60)
+    assert text.startswith("PCPO reaches gain 1 sooner than DDPO")
+    assert "95% CI -100% to -14% or +13% to +1100%" in text and "unbounded" not in text
+
+
+def test_speedup_sentence_with_the_exact_permutation_p():
+    s, text = _speedup_sentence((None,) * 6, (5,) * 6, n_epochs=24)
+    assert text.startswith("PCPO reaches gain 1 sooner than DDPO") and "p = 0.0312" in text
+    assert "CI not estimable (every per-seed difference is +19 epochs: no spread)" in text
+    assert "p is the exact sign-flip permutation test's" in text and "no detectable effect" in text
+
+
+def test_no_spread_rows_enter_holm_with_the_exact_p():
+    """Every per-seed final-reward difference is +0.1 at 6 seeds: p = 2/64, significant, no CI."""
+    rows = [dict(arm=arm, cell="all", seed=str(s), epoch=e, reward_mean=0.1 * s + (0.1 if arm == "PCPO" else 0.0))
+            for arm in ("DDPO", "PCPO") for s in range(6) for e in range(1, 6)]  # fmt: skip
+    (v,) = verdict_rows(pd.DataFrame(rows), "DDPO", rng=np.random.default_rng(0), quantities=["final_reward"])
+    assert v.estimable and v.p == pytest.approx(2 / 64) and v.p_adjusted == v.p and v.significant
+    assert v.ci_low is None and v.p_permutation == v.p
+    assert v.sentence.startswith("PCPO's final reward is higher than DDPO's") and "CI not estimable" in v.sentence
+
+
+def test_iqm_paired_sentence_names_the_per_seed_estimate():
+    """stat='iqm', paired: the estimate is the IQM of the per-seed differences (+0.28), while the arms'
+    own IQMs (-0.48 vs -0.19) go the other way: the sentence must not print them next to 'higher'."""
+    b = [0.05, 2.0, 0.19, -0.63, -0.38, -1.09, -1.28, 0.63]
+    t = [0.41, -1.29, -2.73, -0.16, -0.11, -0.63, -1.02, 0.86]
+    rows = [dict(arm=arm, cell="all", seed=str(s), epoch=e, reward_mean=x)
+            for arm, vals in (("DDPO", b), ("PCPO", t)) for s, x in enumerate(vals) for e in range(1, 6)]
+    (v,) = verdict_rows(pd.DataFrame(rows), "DDPO", rng=np.random.default_rng(0), quantities=["final_reward"],
+                        stat="iqm")  # fmt: skip
+    assert v.estimate == pytest.approx(0.28) and v.treatment_value < v.baseline_value and v.significant
+    assert v.sentence.startswith("PCPO's final reward is higher than DDPO's, seed for seed "
+                                 "(IQM of the per-seed differences +0.28, 95% CI +0.13 to +0.43")
+    assert "-0.48" not in v.sentence and v.mde is not None and v.mde < 0.3
