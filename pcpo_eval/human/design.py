@@ -368,8 +368,10 @@ def check_per_rater(pairs: Sequence[tuple[Checkpoint, Checkpoint]], per_rater: i
     what = (f"checkpoint {', '.join(shared)} is in {len(pairs)} comparisons with one image per prompt and seed, "
             "so a rater who meets both pairs of a prompt and seed sees that image twice and can tell its side")
     if per_rater is None:
+        most = (max_safe_per_rater(n_keys * len(pairs), n_checks, n_keys) if n_keys
+                else "about the number of prompts x seeds")
         raise UserError(f"per_rater: null shows every rater every pair, but {what}; set per_rater to at most "
-                        f"{n_keys if n_keys else 'the number of prompts x seeds'} (pairs per rater), or {fix}")
+                        f"{most} (pairs per rater), or {fix}")
     if n_keys is None:
         return
     from pcpo_eval.human.db import block_counts
