@@ -46,7 +46,8 @@ degraded one; empty for ``main``).
 Responses (database and export): ``rater`` (the rater's display name), ``rater_id`` (integer),
 ``pair_id``, ``choice`` (``left`` | ``right`` | ``tie``), ``reason`` (optional free text, at
 most 500 characters), ``submitted_at`` (UTC ISO 8601), ``first_choice`` (the first answer, never
-changed), ``corrections`` (undo / re-answer rows). One response per (rater, pair): a second
+changed), ``corrections`` (undo / re-answer rows), ``seconds`` (from the app serving the pair's
+page to the standing answer; NaN when not recorded, e.g. simulated). One response per (rater, pair): a second
 submit of the same pair is answered with the stored response and changes nothing; after an undo
 the re-answer is stored as a correction and becomes the standing ``choice``.
 """
@@ -58,7 +59,8 @@ from pathlib import Path
 
 PAIR_COLUMNS = ("pair_id", "position", "comparison", "kind", "prompt_id", "prompt", "seed", "left_method",
                 "right_method", "left_image", "right_image", "expected")
-RESPONSE_COLUMNS = ("rater", "rater_id", "pair_id", "choice", "reason", "submitted_at", "first_choice", "corrections")
+RESPONSE_COLUMNS = ("rater", "rater_id", "pair_id", "choice", "reason", "submitted_at", "first_choice", "corrections",
+                    "seconds")
 CHOICES = ("left", "right", "tie")
 KINDS = ("main", "identical", "degraded")
 MAX_REASON = 500

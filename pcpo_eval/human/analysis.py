@@ -6,6 +6,7 @@ Output of :func:`analyze`: one JSON-serialisable dict (``None`` wherever a numbe
 * **Attention checks** (per rater). ``degraded`` pairs: choosing anything but ``expected`` (the
   undegraded side), a tie included, is a failure; raters with more than ``max_degraded_failures``
   failures are excluded from every other analysis (``exclude_failed``), listed with the reason.
+  Raters who answered no degraded check are listed as ``unscreened`` (kept: nothing excludes them).
   ``identical`` pairs: a side pick is *not* a failure; the share of non-tie answers calibrates how
   often raters pick a side when there is nothing to see.
 * **Side bias**: the share of ``left`` among decisive ``main`` answers, exact (Clopper-Pearson)
@@ -79,7 +80,10 @@ __all__ = [  # the analysis, and the moved names its callers import from here
 
 
 def attention_checks(merged: pd.DataFrame, max_degraded_failures: int) -> list[dict[str, Any]]:
-    """Per rater: degraded checks seen / failed, identical checks seen / answered with a side."""
+    """Per rater: degraded checks seen / failed, identical checks seen / answered with a side.
+
+    ``unscreened``: the rater answered no degraded check, so the checks could not exclude them
+    (their answers are kept; the analysis lists them under ``attention_checks.unscreened``)."""
     deg, ide = merged.kind == "degraded", merged.kind == "identical"
     flags = pd.DataFrame({
         "rater_id": merged.rater_id, "n_responses": 1, "degraded_seen": deg,
@@ -95,7 +99,7 @@ def attention_checks(merged: pd.DataFrame, max_degraded_failures: int) -> list[d
         reason = (f"failed {c['degraded_failed']} of {c['degraded_seen']} degraded checks "
                   f"(more than {max_degraded_failures})")
         out.append({"rater_id": rid, "rater": str(names[rid]), **c, "fails_checks": excluded,
-                    "reason": reason if excluded else None})
+                    "reason": reason if excluded else None, "unscreened": c["degraded_seen"] == 0})
     return out
 
 
@@ -210,7 +214,7 @@ def analyze(
 ) -> dict[str, Any]:
     """The full analysis of a study (module docstring); a JSON-serialisable dict.
 
-    Keys: ``settings``, ``counts``, ``attention_checks`` (``raters``, ``excluded``,
+    Keys: ``settings``, ``counts``, ``attention_checks`` (``raters``, ``excluded``, ``unscreened``,
     ``identical_non_tie_rate``), ``side_bias``, ``comparisons`` (one dict per comparison, with
     ``verdict``), ``bradley_terry`` (None with <= 2 methods), ``agreement``.
     Bad input raises :class:`UserError`.
@@ -221,6 +225,7 @@ def analyze(
     raters = attention_checks(merged, max_degraded_failures)
     excluded = [{"rater_id": r["rater_id"], "rater": r["rater"], "reason": r["reason"]}
                 for r in raters if r["fails_checks"] and exclude_failed]
+    unscreened = [{"rater_id": r["rater_id"], "rater": r["rater"]} for r in raters if r["unscreened"]]
     used = merged[~merged.rater_id.isin([e["rater_id"] for e in excluded])]
     main = used[used.kind == "main"]
     ide = merged[merged.kind == "identical"]
@@ -229,13 +234,15 @@ def analyze(
         "settings": {"exclude_failed": exclude_failed, "max_degraded_failures": max_degraded_failures,
                      "bootstrap": bootstrap, "seed": seed, "alpha": ALPHA, "min_decisive": MIN_DECISIVE},
         "counts": {"pairs": len(pairs), "responses": len(resp), "raters": resp.rater_id.nunique(),
-                   "raters_excluded": len(excluded), "responses_used": len(used),
+                   "raters_excluded": len(excluded), "raters_unscreened": len(unscreened),
+                   "responses_used": len(used),
                    "main_responses_used": len(main)},
         "attention_checks": {
-            "raters": raters, "excluded": excluded,
+            "raters": raters, "excluded": excluded, "unscreened": unscreened,
             "identical_non_tie_rate": _rate(int((ide.choice != "tie").sum()), len(ide)),
             "note": "degraded: any answer but the undegraded side (a tie included) fails; identical: a side "
-                    "pick is not a failure, its rate calibrates side-picking when there is nothing to see",
+                    "pick is not a failure, its rate calibrates side-picking when there is nothing to see; "
+                    "unscreened: raters who answered no degraded check (the checks could not exclude them; kept)",
         },
         "side_bias": side_bias(main),
         "comparisons": [compare(main, c) for c in labels],

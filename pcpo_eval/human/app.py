@@ -1,18 +1,31 @@
 """The rating web app: one private link per rater, one pair at a time, no method names anywhere.
 
 A rater is known only by the secret token in their link (``/r/<token>``). The app reads from
-``pairs.parquet`` only the rater-visible columns (``pair_id``, ``position``, ``prompt`` and the two
-opaque image tokens) and loads them into the database at start; method names, comparisons and
-kinds never enter the process. Routes (all under ``--root-path`` when one is set):
+``pairs.parquet`` the columns ``pair_id``, ``position``, ``prompt`` and the two opaque image
+tokens (loaded into the database at start) and ``kind`` (kept in memory only, to give every rater
+their share of attention checks: :func:`pcpo_eval.human.db.assignment`); method names and
+comparisons never enter the process, and nothing it serves names a pair id, image token or kind.
+Routes (all under ``--root-path`` when one is set):
 
 * ``GET|HEAD /``                      -- a neutral page (ask the study organiser for your link);
-* ``GET|HEAD /r/{token}``             -- the rater's next unanswered pair (or a thank-you page);
-* ``POST /r/{token}/answer``          -- store one answer (idempotent: the first answer wins), 303 back;
+* ``GET|HEAD /r/{token}``             -- the rater's current pair (or a thank-you page);
+* ``POST /r/{token}/answer``          -- store the answer to the current pair (idempotent: the first
+  answer wins), 303 back;
 * ``POST /r/{token}/undo``            -- withdraw the rater's last answer (kept, recorded as a correction);
 * ``GET|HEAD /r/{token}/img/{key}.png`` -- one side of one of the rater's pairs;
 * ``GET /static/...``                 -- the stylesheet.
 
-**Blinding.** An image URL is ``HMAC(process secret, rater, pair, side)``: one image shown in two
+**Answers only to the pair shown.** The page carries no pair id, only an answer key
+``ISSUED.HMAC(key secret, rater, pair, ISSUED)`` (``ISSUED``: when the page was served, in ms).
+An answer is stored only when its key names the rater's current pair (the one the page showed,
+which after an undo is the undone pair); the key of the pair just answered is accepted as a
+resubmit that changes nothing; anything else (another rater's pair, a pair not yet shown, a
+forged key) is one and the same 400 page. The seconds from ``ISSUED`` to the answer are stored with it.
+The undo button carries ``HMAC(key secret, rater, pair)`` likewise.
+
+**Blinding.** An image URL is ``HMAC(key secret, rater, pair, side)`` (key secret: derived from the
+design's ``blinding_secret``, so URLs and answer keys survive a restart; older designs: one made
+when the process starts): one image shown in two
 pairs (PCPO's, in both bracket comparisons) gets two unrelated URLs, and two raters never share
 one. Images are sent with ``Cache-Control: no-store`` and no ``Last-Modified`` or ``ETag`` (file
 times follow the order images were written, which followed the checkpoints). What the app cannot
@@ -24,9 +37,10 @@ site is refused; tokens never reach the log (one line per failure, paths redacte
 parameters hidden); a database failure answers the rater with a retry page (their answer was not
 stored, and the page says so) instead of a bare 500.
 
-Each rater sees at most ``per_rater`` pairs (design.json), in a deterministic order seeded by
-(``rng_seed``, rater id) (:func:`pcpo_eval.human.db.assignment`), so a rater resumes where they
-left off. Every response carries ``nosniff``, a self-only Content-Security-Policy,
+Each rater sees at most ``per_rater`` pairs (design.json), stratified by kind, in a deterministic
+order keyed by the design's ``blinding_secret`` and the rater id (:func:`pcpo_eval.human.db.assignment`;
+designs made before that secret existed: by ``rng_seed``, unstratified, as they were made), so a
+rater resumes where they left off. Every response carries ``nosniff``, a self-only Content-Security-Policy,
 ``same-origin`` referrers and ``frame-ancestors 'none'``; an error is a neutral page, never a traceback.
 """
 
@@ -39,6 +53,7 @@ import logging
 import re
 import secrets
 import threading
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,7 +70,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pcpo_eval.errors import UserError
-from pcpo_eval.human import CHOICES, MAX_REASON, HumanLayout, db
+from pcpo_eval.human import CHOICES, KINDS, MAX_REASON, HumanLayout, db
 
 HERE = Path(__file__).parent
 LOG = logging.getLogger("pcpo_eval.human.app")
@@ -73,7 +88,8 @@ SECURITY_HEADERS = (
 #: Bidirectional-text overrides are stripped from reasons along with control characters.
 BIDI = frozenset("\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 STATUS_TEXT = {
-    400: ("Not accepted", "This answer does not belong to your link. Go back to your current pair."),
+    400: ("Not accepted", "This answer is not for the pair your link shows now, so it was not saved. "
+                          "Go back to your current pair."),
     403: ("Not accepted", "This answer was sent from another site and was not saved. Open your link again."),
     404: ("Page not found", "This page does not exist. Ask the study organiser for your link."),
     405: ("Not allowed", "This page cannot be used that way."),
@@ -86,6 +102,7 @@ STATUS_TEXT = {
 #: A rater token as ``secrets.token_urlsafe(24)`` writes it (redacted from every log line).
 _TOKEN_IN_TEXT = re.compile(r"[A-Za-z0-9_-]{32}")
 _KEY_RE = re.compile(r"^[0-9a-f]{32}$")
+_ANSWER_KEY_RE = re.compile(r"^(\d{1,15})\.([0-9a-f]{32})$")
 
 
 def redact(text: str) -> str:
@@ -95,14 +112,32 @@ def redact(text: str) -> str:
 
 @dataclass(frozen=True)
 class Settings:
-    """The design settings the app needs: the order seed and the pairs per rater (None: all)."""
+    """The design settings the app needs: the public ``rng_seed``, the pairs per rater (None: all)
+    and the design's blinding secret (None: a design made before it existed)."""
 
     rng_seed: int
     per_rater: int | None
+    secret: bytes | None = None
+
+    @property
+    def order_seed(self) -> int | bytes:
+        """What keys each rater's order: the secret, else (legacy designs) ``rng_seed``."""
+        return self.secret if self.secret is not None else self.rng_seed
+
+
+def _secret(design: dict[str, Any], where: Path, hint: str) -> bytes | None:
+    """``blinding_secret`` of ``design.json`` (hex, at least 128 bits) or None when absent."""
+    raw = design.get("blinding_secret")
+    if raw is None:
+        return None
+    if not isinstance(raw, str) or not re.fullmatch(r"(?:[0-9a-f]{2}){16,64}", raw):
+        raise UserError(f"{where}: blinding_secret must be at least 32 hex digits; {hint}")
+    return bytes.fromhex(raw)
 
 
 def read_settings(layout: HumanLayout) -> Settings:
-    """``rng_seed`` and ``per_rater`` from ``design.json``; a missing or bad value is a UserError."""
+    """``rng_seed``, ``per_rater`` and ``blinding_secret`` from ``design.json``; a missing or bad
+    value is a UserError."""
     hint = "rerun `pcpo-eval human design`"
     if not layout.design.is_file():
         raise UserError(f"{layout.design} is missing; {hint}")
@@ -117,7 +152,7 @@ def read_settings(layout: HumanLayout) -> Settings:
         raise UserError(f"{layout.design} lacks an integer rng_seed; {hint}")
     if per_rater is not None and (isinstance(per_rater, bool) or not isinstance(per_rater, int) or per_rater < 1):
         raise UserError(f"{layout.design}: per_rater must be a positive integer or null; {hint}")
-    return Settings(seed, per_rater)
+    return Settings(seed, per_rater, _secret(design, layout.design, hint))
 
 
 def normalize_root_path(root_path: str | None) -> str:
@@ -152,6 +187,7 @@ class _State:
     order: list[str]
     pairs: dict[str, dict[str, Any]]
     templates: Environment
+    kinds: dict[str, str] | None = None
     root_path: str = ""
     origins: frozenset[str] = frozenset()
     secret: bytes = field(default_factory=lambda: secrets.token_bytes(32))
@@ -163,9 +199,37 @@ class _State:
         """The pair ids of rater ``rater_id`` in display order (cached)."""
         with self._lock:
             if rater_id not in self._assignments:
-                self._assignments[rater_id] = db.assignment(self.order, self.settings.rng_seed, rater_id,
-                                                            self.settings.per_rater)
+                self._assignments[rater_id] = db.assignment(self.order, self.settings.order_seed, rater_id,
+                                                            self.settings.per_rater, self.kinds)
             return self._assignments[rater_id]
+
+    def _mac(self, text: str) -> str:
+        return hmac.new(self.secret, text.encode(), hashlib.sha256).hexdigest()[:32]
+
+    def answer_key(self, rater_id: int, pair_id: str, issued_ms: int | None = None) -> str:
+        """The page's answer key: ``ISSUED.HMAC(rater, pair, ISSUED)`` (ISSUED: now, in ms)."""
+        issued = time.time_ns() // 1_000_000 if issued_ms is None else issued_ms
+        return f"{issued}.{self._mac(f'answer:{rater_id}:{pair_id}:{issued}')}"
+
+    def answer_pair(self, rater_id: int, key: str) -> tuple[str, float] | None:
+        """(pair, seconds since the page was served) that ``key`` names among this rater's pairs, or None."""
+        m = _ANSWER_KEY_RE.match(key)
+        if m is None:
+            return None
+        issued = int(m.group(1))
+        for pair_id in self.assignment(rater_id):
+            if hmac.compare_digest(self.answer_key(rater_id, pair_id, issued), key):
+                return pair_id, max(0.0, round(time.time() - issued / 1000, 3))
+        return None
+
+    def undo_key(self, rater_id: int, pair_id: str) -> str:
+        """The undo button's key of one pair for one rater: HMAC, 128 bits, hex."""
+        return self._mac(f"undo:{rater_id}:{pair_id}")
+
+    def undo_pair(self, rater_id: int, key: str) -> str | None:
+        """The rater's pair whose undo key is ``key`` (None: none)."""
+        return next((p for p in self.assignment(rater_id)
+                     if hmac.compare_digest(self.undo_key(rater_id, p), key)), None)
 
     def image_key(self, rater_id: int, pair_id: str, side: str) -> str:
         """The opaque name of one side of one pair for one rater: HMAC-SHA256, 128 bits, hex."""
@@ -212,7 +276,33 @@ def _load_state(root: Path, database_url: str | None, root_path: str, base_url: 
     pairs = {r["pair_id"]: r for r in frame.to_dict("records")}
     env = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=True, undefined=StrictUndefined)
     origins = frozenset(o for o in [origin_of(base_url)] if o) if base_url else frozenset()
-    return _State(layout, url, settings, list(frame["pair_id"]), pairs, env, root_path, origins)
+    return _State(layout, url, settings, list(frame["pair_id"]), pairs, env, _kinds(layout, settings, pairs),
+                  root_path, origins, _key_secret(settings))
+
+
+def _key_secret(settings: Settings) -> bytes:
+    """The secret of served keys (image URLs, answer and undo keys): HMAC of the design's blinding
+    secret, so keys survive a restart; a per-process random one for designs without a secret."""
+    if settings.secret is None:
+        return secrets.token_bytes(32)
+    return hmac.new(settings.secret, b"pcpo-eval human app keys", hashlib.sha256).digest()
+
+
+def _kinds(layout: HumanLayout, settings: Settings, pairs: dict[str, Any]) -> dict[str, str] | None:
+    """pair id -> kind, for the stratified assignment of designs with a blinding secret (kept in
+    memory, never served); None for older designs, whose blocks stay as they were cut (a warning)."""
+    if settings.secret is None:
+        LOG.warning("%s predates blinding secrets: its sides and order follow the public rng_seed and raters' "
+                    "blocks are not stratified; make a new design (`pcpo-eval human design`) for a new study",
+                    layout.design)
+        return None
+    frame = pd.read_parquet(layout.pairs, columns=["pair_id", "kind"])
+    kinds = dict(zip(frame["pair_id"].astype(str), frame["kind"].astype(str), strict=True))
+    bad = sorted({k for k in kinds.values() if k not in KINDS})
+    if bad or set(kinds) != set(pairs):
+        raise UserError(f"{layout.pairs} has unknown kinds {bad} or other pairs than the database; "
+                        "rerun `pcpo-eval human design`")
+    return kinds
 
 
 def clean_reason(raw: str) -> str:
@@ -342,19 +432,18 @@ def _rater_routes(app: FastAPI, state: _State) -> None:
         if rater is None:
             return state.message(404, invalid)
         order = state.assignment(rater.id)
-        done, last = db.rater_status(state.url, rater.id)
-        remaining = [p for p in order if p not in done]
-        undo = {"pair_id": last} if last is not None else None
-        if not remaining:
+        current, last, done = _current(state, rater.id)
+        undo = {"key": state.undo_key(rater.id, last)} if last is not None else None
+        if current is None:
             return state.page("done.html", n=len(order), token=token, undo=undo)
-        pair = state.pairs[remaining[0]]
-        return state.page("pair.html", token=token, pair_id=pair["pair_id"], prompt=pair["prompt"],
-                          left_key=state.image_key(rater.id, pair["pair_id"], "left"),
-                          right_key=state.image_key(rater.id, pair["pair_id"], "right"),
-                          k=len(order) - len(remaining) + 1, n=len(order), max_reason=MAX_REASON, undo=undo)
+        pair = state.pairs[current]
+        return state.page("pair.html", token=token, answer_key=state.answer_key(rater.id, current),
+                          prompt=pair["prompt"], left_key=state.image_key(rater.id, current, "left"),
+                          right_key=state.image_key(rater.id, current, "right"),
+                          k=len(done & set(order)) + 1, n=len(order), max_reason=MAX_REASON, undo=undo)
 
     @app.post("/r/{token}/answer")
-    def answer(token: str, pair_id: Annotated[str, Form()] = "", choice: Annotated[str, Form()] = "",
+    def answer(token: str, key: Annotated[str, Form()] = "", choice: Annotated[str, Form()] = "",
                reason: Annotated[str, Form()] = "") -> Response:
         rater = db.rater_by_token(state.url, token)
         if rater is None:
@@ -365,20 +454,23 @@ def _rater_routes(app: FastAPI, state: _State) -> None:
         text = clean_reason(reason)
         if len(text) > MAX_REASON:
             return state.message(422, f"The reason is too long: at most {MAX_REASON} characters.", back)
-        if pair_id not in set(state.assignment(rater.id)):
-            return state.message(400, back=back)
-        db.submit(state.url, rater.id, pair_id, choice, text)
+        found = state.answer_pair(rater.id, key)
+        current, last, _ = _current(state, rater.id) if found else (None, None, set())
+        if found is None or found[0] not in (current, last):
+            return state.message(400, back=back)  # not this rater's, not shown yet, or forged: one answer
+        db.submit(state.url, rater.id, found[0], choice, text, found[1] if found[0] == current else None)
         return RedirectResponse(back, status_code=303)
 
     @app.post("/r/{token}/undo")
-    def undo(token: str, undo_pair_id: Annotated[str, Form()] = "") -> Response:
+    def undo(token: str, undo_key: Annotated[str, Form()] = "") -> Response:
         rater = db.rater_by_token(state.url, token)
         if rater is None:
             return state.message(404, invalid)
         back = state.rater_home(token)
-        if undo_pair_id not in set(state.assignment(rater.id)):
+        pair_id = state.undo_pair(rater.id, undo_key)
+        if pair_id is None:
             return state.message(400, back=back)
-        db.undo(state.url, rater.id, undo_pair_id)  # False (a second click, an older answer): nothing to do
+        db.undo(state.url, rater.id, pair_id)  # False (a second click, an older answer): nothing to do
         return RedirectResponse(back, status_code=303)
 
     @app.api_route("/r/{token}/img/{key}.png", methods=["GET", "HEAD"])
@@ -389,6 +481,19 @@ def _rater_routes(app: FastAPI, state: _State) -> None:
         if path is None or not path.is_file():
             return state.message(404)
         return Response(path.read_bytes(), media_type="image/png", headers={"Cache-Control": "no-store"})
+
+
+def _current(state: _State, rater_id: int) -> tuple[str | None, str | None, set[str]]:
+    """(the pair the rater is shown now, their last answer if it may be undone, their answered pairs).
+
+    The pair shown is one whose undo is pending, else the first unanswered pair of their order
+    (None: all answered)."""
+    order = state.assignment(rater_id)
+    done, last, pending = db.rater_state(state.url, rater_id)
+    current = next((p for p in order if p in pending), None)
+    if current is None:
+        current = next((p for p in order if p not in done), None)
+    return current, last, done
 
 
 def _public_routes(app: FastAPI, state: _State) -> None:

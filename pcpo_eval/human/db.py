@@ -1,6 +1,7 @@
 """The rating database: SQLAlchemy models, Alembic migrations and the admin helpers.
 
-Tables (the migrations ``0001_initial`` and ``0002_revoke_and_corrections`` create them):
+Tables (the migrations ``0001_initial``, ``0002_revoke_and_corrections`` and ``0003_answer_seconds``
+create them):
 
 * ``raters``    -- ``id``, ``name`` (unique), ``token`` (``secrets.token_urlsafe(24)``, unique: the
   secret in a rater's link), ``created_at``;
@@ -11,7 +12,9 @@ Tables (the migrations ``0001_initial`` and ``0002_revoke_and_corrections`` crea
   ``UNIQUE(rater_id, pair_id)``: the first answer wins, a resubmit returns it unchanged;
 * ``corrections`` (migration ``0002``, which also adds ``raters.revoked_at``) -- an undo of the
   rater's last answer (``choice`` NULL) and the re-answer after it, numbered by ``seq`` with
-  ``UNIQUE(rater_id, pair_id, seq)``; ``responses`` is never updated, so no first answer is lost.
+  ``UNIQUE(rater_id, pair_id, seq)``; ``responses`` is never updated, so no first answer is lost;
+* ``seconds`` (migration ``0003``, on ``responses`` and ``corrections``) -- seconds from the app
+  serving the pair's page to the answer (NULL when not known).
 
 SQLite is the default (``sqlite:///HUMAN/human.db``), in WAL mode with a 60 s busy timeout and
 ``synchronous=FULL``, so concurrent writers wait instead of failing and an answer acknowledged to
@@ -23,10 +26,11 @@ works too (with its driver installed). The migrations run programmatically (:fun
 from __future__ import annotations
 
 import hashlib
+import hmac
 import re
 import secrets
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -38,6 +42,7 @@ from sqlalchemy import (
     CheckConstraint,
     DateTime,
     Engine,
+    Float,
     ForeignKey,
     Integer,
     MetaData,
@@ -54,7 +59,7 @@ from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, SQL
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from pcpo_eval.errors import UserError
-from pcpo_eval.human import CHOICES, MAX_REASON, RESPONSE_COLUMNS
+from pcpo_eval.human import CHOICES, KINDS, MAX_REASON, RESPONSE_COLUMNS
 from pcpo_eval.io import atomic_write_parquet
 
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -113,6 +118,7 @@ class Response(Base):
     choice: Mapped[str] = mapped_column(String(8), nullable=False)
     reason: Mapped[str] = mapped_column(Text, nullable=False, default="")
     submitted_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    seconds: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class Correction(Base):
@@ -130,6 +136,7 @@ class Correction(Base):
     choice: Mapped[str | None] = mapped_column(String(8), nullable=True)
     reason: Mapped[str] = mapped_column(Text, nullable=False, default="")
     submitted_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    seconds: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 @dataclass(frozen=True)
@@ -347,25 +354,72 @@ def pairs_frame(url: str) -> pd.DataFrame:
     return pd.DataFrame([tuple(r) for r in rows], columns=list(DB_PAIR_COLUMNS))
 
 
-def assignment(pair_ids: Sequence[str], rng_seed: int, rater_id: int, per_rater: int | None) -> list[str]:
+def block_counts(n_main: int, n_identical: int, n_degraded: int, per_rater: int | None) -> tuple[int, int, int]:
+    """(main, identical, degraded) pairs in one rater's block of ``per_rater`` pairs.
+
+    Each kind of check gets its share of the block, rounded, but at least one when the design has
+    any (so every rater meets a degraded check and can be screened); the main pairs fill the rest.
+    ``per_rater`` None or at least the design: every pair.
+    """
+    n = n_main + n_identical + n_degraded
+    if per_rater is None or per_rater >= n:
+        return n_main, n_identical, n_degraded
+
+    def share(k: int) -> int:
+        return 0 if k == 0 else min(k, max(1, round(per_rater * k / n)))
+
+    k_d = min(share(n_degraded), per_rater)
+    k_i = min(share(n_identical), per_rater - k_d)
+    m = min(n_main, per_rater - k_d - k_i)
+    while m + k_i + k_d < per_rater:  # few main pairs: the checks fill the block
+        if k_d < n_degraded:
+            k_d += 1
+        if k_i < n_identical and m + k_i + k_d < per_rater:
+            k_i += 1
+    return m, k_i, k_d
+
+
+def _order_key(seed: int | bytes, rater_id: int, pair_id: str) -> bytes:
+    """Sort key of one pair in one rater's order: HMAC-SHA256 under a secret, or (legacy designs)
+    SHA-256 of the public ``rng_seed``."""
+    msg = f"{rater_id}:{pair_id}".encode()
+    if isinstance(seed, bytes):
+        return hmac.new(seed, b"order:" + msg, hashlib.sha256).digest()
+    return hashlib.sha256(f"{seed}:".encode() + msg).digest()
+
+
+def _window(pool: Sequence[str], start: int, count: int) -> list[str]:
+    """``count`` consecutive items of ``pool`` from ``start``, cyclically."""
+    return [pool[(start + i) % len(pool)] for i in range(count)] if pool else []
+
+
+def assignment(pair_ids: Sequence[str], seed: int | bytes, rater_id: int, per_rater: int | None,
+               kinds: Mapping[str, str] | None = None) -> list[str]:
     """The pairs of rater ``rater_id`` in the order they are shown (deterministic, resumable).
 
-    ``pair_ids`` is the design's order (by ``position``). With ``per_rater`` set, rater ``r`` gets
-    the cyclic block of ``per_rater`` pairs starting at ``(r - 1) * per_rater``, so consecutive
-    raters cover the design evenly; the order inside the block is a permutation seeded by
-    (``rng_seed``, ``rater_id``) through SHA-256, the same on every machine and library version.
+    ``pair_ids`` is the design's order (by ``position``). ``per_rater`` None (or the whole design):
+    every pair. Otherwise, with ``kinds`` (pair id -> main / identical / degraded; designs with a
+    blinding secret), the block is stratified: :func:`block_counts` main, identical and degraded
+    pairs, each a cyclic run of its kind's pairs in design order starting at ``(r - 1) * count``,
+    so consecutive raters cover each kind evenly, every rater meets the checks, and (the design
+    lays main pairs out so: :func:`pcpo_eval.human.design.main_layout`) no rater gets two
+    comparisons of one prompt and seed. Without ``kinds`` (legacy designs) the block is the cyclic
+    run of ``per_rater`` pairs from ``(r - 1) * per_rater``. The order inside the block is sorted
+    by :func:`_order_key` of ``seed`` (the design's secret; legacy: ``rng_seed``).
     """
     n = len(pair_ids)
     if per_rater is None or per_rater >= n:
         block = list(pair_ids)
+    elif kinds is None:
+        block = _window(pair_ids, ((rater_id - 1) * per_rater) % n if n else 0, per_rater)
     else:
-        start = ((rater_id - 1) * per_rater) % n if n else 0
-        block = [pair_ids[(start + i) % n] for i in range(per_rater)]
-
-    def key(pair_id: str) -> bytes:
-        return hashlib.sha256(f"{rng_seed}:{rater_id}:{pair_id}".encode()).digest()
-
-    return sorted(block, key=key)
+        pools = {k: [p for p in pair_ids if kinds[p] == k] for k in KINDS}
+        counts = block_counts(len(pools["main"]), len(pools["identical"]), len(pools["degraded"]), per_rater)
+        block = []
+        for kind, count in zip(KINDS, counts, strict=True):
+            pool = pools[kind]
+            block += _window(pool, ((rater_id - 1) * count) % len(pool) if pool else 0, count)
+    return sorted(block, key=lambda p: _order_key(seed, rater_id, p))
 
 
 # ---- raters ------------------------------------------------------------------------------------
@@ -472,15 +526,21 @@ def answered(url: str, rater_id: int) -> set[str]:
         return set(_state(conn, rater_id)[0])
 
 
-def rater_status(url: str, rater_id: int) -> tuple[set[str], str | None]:
-    """(pairs with a standing answer, the pair answered last if it may be undone, else None).
+def rater_state(url: str, rater_id: int) -> tuple[set[str], str | None, set[str]]:
+    """(pairs with a standing answer, the pair answered last if it may be undone, pairs with a pending undo).
 
     The last answer may be undone unless an undo is already pending (one step back at a time)."""
     with get_engine(url).connect() as conn:
         times, pending = _state(conn, rater_id)
     if pending or not times:
-        return set(times), None
-    return set(times), max(times, key=lambda p: (_aware(times[p]), p))
+        return set(times), None, pending
+    return set(times), max(times, key=lambda p: (_aware(times[p]), p)), pending
+
+
+def rater_status(url: str, rater_id: int) -> tuple[set[str], str | None]:
+    """(pairs with a standing answer, the pair answered last if it may be undone, else None): :func:`rater_state`."""
+    done, last, _ = rater_state(url, rater_id)
+    return done, last
 
 
 def last_answer(url: str, rater_id: int) -> str | None:
@@ -519,13 +579,15 @@ def undo(url: str, rater_id: int, pair_id: str) -> bool:
     return True
 
 
-def submit(url: str, rater_id: int, pair_id: str, choice: str, reason: str = "") -> StoredResponse:
+def submit(url: str, rater_id: int, pair_id: str, choice: str, reason: str = "",
+           seconds: float | None = None) -> StoredResponse:
     """Store one answer; a second submit of the same (rater, pair) returns the standing one unchanged.
 
     The caller validates ``choice``, ``reason`` and that ``pair_id`` is in the rater's assignment.
     The INSERT is the transaction's first statement, so SQLite's busy timeout applies to it. After
     an undo (:func:`undo`) the next submit of that pair is stored as a correction (the first answer
     stays in ``responses``); the one after that is again a resubmit that changes nothing.
+    ``seconds``: time from serving the pair's page to this answer, stored with the row it creates.
     """
     if choice not in CHOICES or len(reason) > MAX_REASON:
         raise UserError(f"choice must be one of {', '.join(CHOICES)} and the reason at most {MAX_REASON} characters")
@@ -534,7 +596,8 @@ def submit(url: str, rater_id: int, pair_id: str, choice: str, reason: str = "")
     try:
         with engine.begin() as conn:
             conn.execute(Response.__table__.insert().values(
-                rater_id=rater_id, pair_id=pair_id, choice=choice, reason=reason, submitted_at=now))
+                rater_id=rater_id, pair_id=pair_id, choice=choice, reason=reason, submitted_at=now,
+                seconds=seconds))
         return StoredResponse(choice, reason, True)
     except IntegrityError:
         pass
@@ -554,7 +617,8 @@ def submit(url: str, rater_id: int, pair_id: str, choice: str, reason: str = "")
         try:
             with engine.begin() as conn:
                 conn.execute(Correction.__table__.insert().values(rater_id=rater_id, pair_id=pair_id, seq=seq,
-                                                                  choice=choice, reason=reason, submitted_at=now))
+                                                                  choice=choice, reason=reason, submitted_at=now,
+                                                                  seconds=seconds))
             return StoredResponse(choice, reason, True)
         except IntegrityError:
             continue  # a simultaneous re-answer was stored first: read it
@@ -573,15 +637,16 @@ def export_responses(url: str) -> pd.DataFrame:
     ``choice`` / ``reason`` / ``submitted_at`` are the standing answer (the last re-answer after an
     undo, else the first answer); ``first_choice`` is the first answer, never changed, and
     ``corrections`` the number of undo and re-answer rows of that pair. A pair whose answer was
-    undone and not yet answered again is left out (the rater withdrew it).
+    undone and not yet answered again is left out (the rater withdrew it). ``seconds``: from serving
+    the page to the standing answer (NaN when not recorded).
     """
     query = (select(Rater.name, Response.rater_id, Response.pair_id, Response.choice, Response.reason,
-                    Response.submitted_at)
+                    Response.submitted_at, Response.seconds)
              .join(Rater, Rater.id == Response.rater_id).order_by(Response.id))
     with get_engine(url).connect() as conn:
         rows = conn.execute(query).all()
         corr = conn.execute(select(Correction.rater_id, Correction.pair_id, Correction.seq, Correction.choice,
-                                   Correction.reason, Correction.submitted_at)
+                                   Correction.reason, Correction.submitted_at, Correction.seconds)
                             .order_by(Correction.rater_id, Correction.pair_id, Correction.seq)).all()
     latest: dict[tuple[int, str], Any] = {}
     counts: dict[tuple[int, str], int] = {}
@@ -590,14 +655,14 @@ def export_responses(url: str) -> pd.DataFrame:
         latest[key] = c  # ordered by seq: the last one stands
         counts[key] = counts.get(key, 0) + 1
     out = []
-    for name, rid, pid, choice, reason, at in rows:
+    for name, rid, pid, choice, reason, at, secs in rows:
         key = (int(rid), str(pid))
         c = latest.get(key)
         if c is not None and c.choice is None:
             continue  # undone, not answered again yet
-        now = (c.choice, c.reason, c.submitted_at) if c is not None else (choice, reason, at)
+        now = (c.choice, c.reason, c.submitted_at, c.seconds) if c is not None else (choice, reason, at, secs)
         out.append((str(name), int(rid), str(pid), str(now[0]), str(now[1] or ""), _iso_utc(now[2]), str(choice),
-                    counts.get(key, 0)))
+                    counts.get(key, 0), float("nan") if now[3] is None else float(now[3])))
     df = pd.DataFrame({
         "rater": pd.Series([r[0] for r in out], dtype=str),
         "rater_id": pd.Series([r[1] for r in out], dtype="int64"),
@@ -607,6 +672,7 @@ def export_responses(url: str) -> pd.DataFrame:
         "submitted_at": pd.Series([r[5] for r in out], dtype=str),
         "first_choice": pd.Series([r[6] for r in out], dtype=str),
         "corrections": pd.Series([r[7] for r in out], dtype="int64"),
+        "seconds": pd.Series([r[8] for r in out], dtype="float64"),
     })
     return df[list(RESPONSE_COLUMNS)]
 

@@ -12,10 +12,17 @@ checkpoints that bracket its reward (epochs 180 and 240), on 45 prompts x 10 see
    (:func:`pcpo_eval.generate.generate_set`: seed-controlled, so the two images of a pair share
    their initial noise; resumable). Shown images are re-encoded without PNG metadata and stored
    under random names: nothing a rater can fetch names a method, run or epoch.
-3. **pairs** (:func:`build_pairs`): one per comparison x prompt x seed; the left/right side of each
-   pair and the order of all pairs are drawn from ``rng_seed`` (recorded); attention checks are
+3. **pairs** (:func:`build_pairs`): one per comparison x prompt x seed; attention checks are
    added: ``identical`` (one image on both sides, under two names: the answer expected is a tie) and
    ``degraded`` (an image against a blurred, noisy copy of itself: expected is the intact side).
+   **Blinding**: the left/right side of each pair, which images the checks use, the order of the
+   main pairs and every token (pair ids, image names) are drawn from a fresh 128-bit secret
+   (``secrets.token_bytes``), recorded only in the organiser-private ``design.json``
+   (``blinding_secret``), never from the public ``rng_seed`` (which now seeds only the analysis'
+   bootstrap): nothing in a design file or on the rating pages lets a rater rebuild the pairs.
+   ``position`` lays the main pairs out so that the comparisons of one prompt and seed are
+   ``prompts x seeds`` apart (:func:`main_layout`), then the checks: the app cuts each rater's block
+   from it (:func:`pcpo_eval.human.db.assignment`), so no rater meets a shared checkpoint's image twice.
 4. **files**: ``images/``, ``pairs.parquet`` and, last, ``design.json`` (every setting), so a folder
    with a ``design.json`` is complete; re-running with the same settings does nothing, different
    settings on a folder that holds a design are refused.
@@ -25,10 +32,12 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import hmac
 import io
 import json
 import os
 import re
+import secrets
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -45,6 +54,9 @@ from pcpo_eval.rundir import checkpoint_dir
 from pcpo_eval.studydir import StudyLayout, StudyView
 
 _CKPT_RE = re.compile(r"^(?P<run>.+)@(?P<epoch>\d+)$")
+#: How the app cuts raters' blocks from a design written now (design.json ``assignment``):
+#: stratified by kind, main pairs laid out by :func:`main_layout` (:func:`pcpo_eval.human.db.assignment`).
+ASSIGNMENT = "stratified"
 
 
 @dataclass(frozen=True)
@@ -61,7 +73,8 @@ class HumanDesignSpec:
             how many prompts (in set order) and seeds per prompt (paper: 45 x 10).
         identical, degraded: number of attention checks of each kind.
         per_rater: pairs shown to one rater (``null``: every pair).
-        rng_seed: seeds sides, order and attention checks (and each rater's order in the app).
+        rng_seed: seeds the analysis' bootstrap only. It is public (it sits in the design file) and
+            does **not** seed the blinding: sides, order, checks and tokens come from a secret.
         batch_size: images per model call when rendering; device: set by ``--device``.
     """
 
@@ -256,8 +269,42 @@ def _sampling(view: StudyView) -> dict[str, Any]:
 # ---- pairs ------------------------------------------------------------------------------------
 
 
-def _token(rng: np.random.Generator) -> str:
-    return rng.bytes(8).hex()
+#: Bytes of the secret that draws the blinding (128 bits).
+SECRET_BYTES = 16
+
+
+def new_secret() -> bytes:
+    """A fresh blinding secret (:data:`SECRET_BYTES` bytes from the OS's CSPRNG)."""
+    return secrets.token_bytes(SECRET_BYTES)
+
+
+@dataclass
+class Blinding:
+    """Every random draw that blinds a design, all from one secret (never from ``rng_seed``).
+
+    ``rng`` (sides, order, which images the checks use, the degraded noise, the file write order)
+    is a numpy generator seeded by the 128-bit secret through a SeedSequence; ``token()`` (pair
+    ids, image names) is HMAC-SHA256(secret, counter), 64 bits, so a token says nothing about the
+    generator's state. The same secret gives the same design (tests); a new one, a new design.
+    """
+
+    secret: bytes
+    rng: np.random.Generator = dataclasses.field(init=False)
+    _count: int = dataclasses.field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.secret, bytes) or len(self.secret) < SECRET_BYTES:
+            raise ValueError(f"a blinding secret has at least {SECRET_BYTES} bytes")
+        self.rng = self.stream(0)
+
+    def stream(self, k: int) -> np.random.Generator:
+        """An independent generator ``k`` of this secret (0: the pairs; 1: the file write order)."""
+        return np.random.default_rng(np.random.SeedSequence([int.from_bytes(self.secret, "big"), k]))
+
+    def token(self) -> str:
+        """The next 16-hex token."""
+        self._count += 1
+        return hmac.new(self.secret, f"token:{self._count}".encode(), hashlib.sha256).hexdigest()[:16]
 
 
 def degrade(pixels: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -285,43 +332,115 @@ class _Images:
     files: dict[str, Path | np.ndarray] = dataclasses.field(default_factory=dict)
     by_key: dict[tuple[str, int, int], str] = dataclasses.field(default_factory=dict)
 
-    def token(self, rng: np.random.Generator, label: str, pid: int, seed: int, path: Path) -> str:
+    def token(self, blind: Blinding, label: str, pid: int, seed: int, path: Path) -> str:
         key = (label, pid, seed)
         if key not in self.by_key:
-            self.by_key[key] = tok = _token(rng)
+            self.by_key[key] = tok = blind.token()
             self.files[tok] = path
         return self.by_key[key]
 
-    def extra(self, rng: np.random.Generator, source: Path | np.ndarray) -> str:
-        tok = _token(rng)
+    def extra(self, blind: Blinding, source: Path | np.ndarray) -> str:
+        tok = blind.token()
         self.files[tok] = source
         return tok
 
 
-def build_pairs(pairs: Sequence[tuple[Checkpoint, Checkpoint]], sets: dict[str, Path], ds: HumanDesignSpec
-                ) -> tuple[pd.DataFrame, _Images]:
-    """The pairs table (PAIR_COLUMNS) and the images it shows; deterministic in ``ds.rng_seed``."""
-    rng = np.random.default_rng(ds.rng_seed)
+def shared_checkpoints(pairs: Sequence[tuple[Checkpoint, Checkpoint]]) -> list[str]:
+    """Labels of the checkpoints that take part in more than one comparison (a bracket's PCPO)."""
+    labels = [c.label for p in pairs for c in p]
+    return sorted({lab for lab in labels if labels.count(lab) > 1})
+
+
+def check_per_rater(pairs: Sequence[tuple[Checkpoint, Checkpoint]], per_rater: int | None,
+                    n_keys: int | None = None, n_checks: tuple[int, int] = (0, 0)) -> None:
+    """Refuse a ``per_rater`` that would show one rater a shared checkpoint's image twice (UserError).
+
+    A checkpoint in two comparisons has one image per prompt and seed, shown in both: a rater who
+    meets both pairs sees identical bytes on one side of each and so knows which side it is.
+    ``per_rater: null`` (every rater sees every pair) always does; with ``n_keys`` (prompts x
+    seeds) known, so does a block of more than ``n_keys`` main pairs.
+    """
+    shared = shared_checkpoints(pairs)
+    if not shared or len(pairs) < 2:
+        return
+    fix = ("render each comparison on its own seeds (a design per comparison) if every rater must see "
+           "every pair")
+    what = (f"checkpoint {', '.join(shared)} is in {len(pairs)} comparisons with one image per prompt and seed, "
+            "so a rater who meets both pairs of a prompt and seed sees that image twice and can tell its side")
+    if per_rater is None:
+        most = (max_safe_per_rater(n_keys * len(pairs), n_checks, n_keys) if n_keys
+                else "about the number of prompts x seeds")
+        raise UserError(f"per_rater: null shows every rater every pair, but {what}; set per_rater to at most "
+                        f"{most} (pairs per rater), or {fix}")
+    if n_keys is None:
+        return
+    from pcpo_eval.human.db import block_counts
+
+    n_main = n_keys * len(pairs)
+    limit = max_safe_per_rater(n_main, n_checks, n_keys)
+    if per_rater > limit:
+        raise UserError(f"per_rater {per_rater} gives a rater {block_counts(n_main, *n_checks, per_rater)[0]} main "
+                        f"pairs out of {n_keys} prompts x seeds, but {what}; set per_rater to at most {limit}, "
+                        f"or {fix}")
+
+
+def max_safe_per_rater(n_main: int, n_checks: tuple[int, int], n_keys: int) -> int:
+    """The largest ``per_rater`` whose blocks hold at most ``n_keys`` main pairs (and are not the whole design)."""
+    from pcpo_eval.human.db import block_counts
+
+    n = n_main + sum(n_checks)
+    ok = [p for p in range(1, n) if block_counts(n_main, *n_checks, p)[0] <= n_keys]
+    return max(ok, default=0)
+
+
+def main_layout(n_keys: int, n_comparisons: int, rng: np.random.Generator) -> list[tuple[int, int]]:
+    """(key index, comparison index) of every main pair in ``position`` order.
+
+    Keys (prompt x seed) come in a random order ``k_0 .. k_{G-1}``; slot ``j*G + i`` holds key
+    ``k_i`` in comparison ``(i + j) mod C``. So each stretch of slots mixes the comparisons, and the
+    C pairs of one key lie exactly G apart (cyclically too): any run of at most G consecutive
+    slots, which is what :func:`pcpo_eval.human.db.assignment` gives one rater, holds each key at most once.
+    """
+    order = rng.permutation(n_keys)
+    return [(int(order[i]), (i + j) % n_comparisons) for j in range(n_comparisons) for i in range(n_keys)]
+
+
+def build_pairs(pairs: Sequence[tuple[Checkpoint, Checkpoint]], sets: dict[str, Path], ds: HumanDesignSpec,
+                secret: bytes | None = None) -> tuple[pd.DataFrame, _Images]:
+    """The pairs table (PAIR_COLUMNS) and the images it shows.
+
+    Every blinding draw comes from ``secret`` (default: a fresh one, :func:`new_secret`), never from
+    ``ds.rng_seed``: the same secret gives the same table, settings alone do not. Refuses (UserError)
+    a ``per_rater`` that would show a rater a shared checkpoint's image twice (:func:`check_per_rater`).
+    """
+    blind = Blinding(new_secret() if secret is None else secret)
     images = _Images()
     manifests = {lab: _manifest(folder) for lab, folder in sets.items()}
     keys = list(next(iter(manifests.values())).index)
+    check_per_rater(pairs, ds.per_rater, len(keys), (ds.identical, ds.degraded))
     rows = []
-    for a, b in pairs:
-        comparison = f"{a.label} vs {b.label}"
-        for pid, seed in keys:
-            ra, rb = manifests[a.label].loc[(pid, seed)], manifests[b.label].loc[(pid, seed)]
-            ta = images.token(rng, a.label, pid, seed, sets[a.label] / ra["path"])
-            tb = images.token(rng, b.label, pid, seed, sets[b.label] / rb["path"])
-            left_a = bool(rng.integers(2))
-            rows.append(_row(comparison, "main", pid, ra["prompt"], seed, (a.label, ta) if left_a else (b.label, tb),
-                             (b.label, tb) if left_a else (a.label, ta), ""))
-    rows += _attention_rows(rng, images, manifests, sets, ds)
+    for k, c in main_layout(len(keys), len(pairs), blind.rng):
+        rows.append(_main_row(pairs[c], keys[k], manifests, sets, images, blind))
+    checks = _attention_rows(blind, images, manifests, sets, ds)
+    rows += [checks[i] for i in blind.rng.permutation(len(checks))]
     for r in rows:
-        r["pair_id"] = _token(rng)
+        r["pair_id"] = blind.token()
     table = pd.DataFrame(rows)
-    table["position"] = rng.permutation(len(table))
-    table = table.sort_values("position", kind="stable").reset_index(drop=True)
+    table["position"] = np.arange(len(table))
     return table[list(PAIR_COLUMNS)], images
+
+
+def _main_row(pair: tuple[Checkpoint, Checkpoint], key: tuple[int, int], manifests: dict[str, pd.DataFrame],
+              sets: dict[str, Path], images: _Images, blind: Blinding) -> dict[str, Any]:
+    """One main pair: the two checkpoints' images of one prompt and seed, sides drawn at random."""
+    a, b = pair
+    pid, seed = key
+    ra, rb = manifests[a.label].loc[(pid, seed)], manifests[b.label].loc[(pid, seed)]
+    ta = images.token(blind, a.label, pid, seed, sets[a.label] / ra["path"])
+    tb = images.token(blind, b.label, pid, seed, sets[b.label] / rb["path"])
+    left_a = bool(blind.rng.integers(2))
+    left, right = ((a.label, ta), (b.label, tb)) if left_a else ((b.label, tb), (a.label, ta))
+    return _row(f"{a.label} vs {b.label}", "main", pid, ra["prompt"], seed, left, right, "")
 
 
 def _row(comparison: str, kind: str, pid: int, prompt: str, seed: int, left: tuple[str, str],
@@ -331,13 +450,14 @@ def _row(comparison: str, kind: str, pid: int, prompt: str, seed: int, left: tup
             "expected": expected}
 
 
-def _attention_rows(rng: np.random.Generator, images: _Images, manifests: dict[str, pd.DataFrame],
+def _attention_rows(blind: Blinding, images: _Images, manifests: dict[str, pd.DataFrame],
                     sets: dict[str, Path], ds: HumanDesignSpec) -> list[dict[str, Any]]:
     """``identical`` and ``degraded`` checks on randomly drawn shown images."""
     from PIL import Image
 
     labels = list(manifests)
     keys = list(next(iter(manifests.values())).index)
+    rng = blind.rng
     rows = []
     for kind, n in (("identical", ds.identical), ("degraded", ds.degraded)):
         for _ in range(n):
@@ -345,12 +465,12 @@ def _attention_rows(rng: np.random.Generator, images: _Images, manifests: dict[s
             pid, seed = keys[int(rng.integers(len(keys)))]
             rec = manifests[label].loc[(pid, seed)]
             path = sets[label] / rec["path"]
-            tok = images.token(rng, label, pid, seed, path)
+            tok = images.token(blind, label, pid, seed, path)
             if kind == "identical":
-                other, expected = images.extra(rng, path), "tie"
+                other, expected = images.extra(blind, path), "tie"
             else:
                 with Image.open(path) as im:
-                    other = images.extra(rng, degrade(np.asarray(im.convert("RGB")), rng))
+                    other = images.extra(blind, degrade(np.asarray(im.convert("RGB")), rng))
                 expected = ""
             intact_left = bool(rng.integers(2))
             left, right = ((label, tok), (label, other)) if intact_left else ((label, other), (label, tok))
@@ -364,17 +484,17 @@ def _attention_rows(rng: np.random.Generator, images: _Images, manifests: dict[s
 FILE_TIME = 946_684_800
 
 
-def _write_images(images: _Images, folder: Path, rng_seed: int, log: Callable[[str], None] = print) -> None:
+def _write_images(images: _Images, folder: Path, secret: bytes, log: Callable[[str], None] = print) -> None:
     """Every shown image as a PNG without metadata (pixels only) under its token.
 
-    Blinding: written in a random order (seeded by ``rng_seed``, apart from the pairs' draws) and all
+    Blinding: written in a random order (drawn from the design's secret, apart from the pairs' draws) and all
     stamped with :data:`FILE_TIME`, so neither file order nor file times follow the checkpoints
     (before, every PCPO image was older than its baseline partner). Logs progress every ~10%.
     """
     from PIL import Image
 
     tokens = list(images.files)
-    order = np.random.default_rng([rng_seed, 1]).permutation(len(tokens))
+    order = Blinding(secret).stream(1).permutation(len(tokens))
     step = max(1, len(tokens) // 10)
     t0 = time.perf_counter()
     for i, j in enumerate(order, 1):
@@ -457,22 +577,25 @@ def make_design(study: str | Path, out: str | Path, ds: HumanDesignSpec,
     sampling = _sampling(view)
     pairs, note = choose_checkpoints(view, ds)
     pairs = _unique_labels(pairs)
+    check_per_rater(pairs, ds.per_rater)  # before rendering: per_rater null with a shared checkpoint
     checkpoints = list({c.label: c for p in pairs for c in p}.values())
     t0 = time.perf_counter()
     n_img = len(checkpoints) * (ds.max_prompts or 0) * ds.seeds
     log(f"[human] {len(pairs)} comparison(s) of {len(checkpoints)} checkpoints"
         + (f", {n_img} images to render (resumable)" if n_img else ""))
     sets = render_sets(view, ds, checkpoints, lay.root / "sets", log, progress)
-    table, images = build_pairs(pairs, sets, ds)
+    secret = new_secret()
+    table, images = build_pairs(pairs, sets, ds, secret)
     with atomic_dir(lay.images) as tmp:
-        _write_images(images, tmp, ds.rng_seed, log)
+        _write_images(images, tmp, secret, log)
     atomic_write_parquet(lay.pairs, table)
     design = {**settings, "settings_hash": _settings_hash(settings), "created": time.strftime("%Y-%m-%d %H:%M:%S"),
               "selection": note, "checkpoints": [dataclasses.asdict(c) for c in checkpoints],
               "comparisons": [f"{a.label} vs {b.label}" for a, b in pairs], "sampling": sampling,
               "n_pairs": int(len(table)), "n_main": int((table["kind"] == "main").sum()),
               "n_prompts": int(table["prompt_id"].nunique()), "n_images": len(images.files),
-              "render_seconds": round(time.perf_counter() - t0, 1)}
+              "render_seconds": round(time.perf_counter() - t0, 1),
+              "blinding_secret": secret.hex(), "assignment": ASSIGNMENT}
     design = _relative_paths(design, lay.root)
     atomic_write_json(lay.design, design)
     return design

@@ -125,8 +125,13 @@ def _label_simulated(res: dict[str, Any]) -> dict[str, Any]:
 
 
 def summary_lines(res: dict[str, Any]) -> list[str]:
-    """One line per comparison (its verdict sentence) for the console."""
-    return [f"  {c.get('verdict') or c.get('comparison')}" for c in res.get("comparisons", [])]
+    """One line per comparison (its verdict sentence) for the console, and one naming the raters
+    the attention checks could not screen (no degraded check answered), if any."""
+    lines = [f"  {c.get('verdict') or c.get('comparison')}" for c in res.get("comparisons", [])]
+    unscreened = (res.get("attention_checks") or {}).get("unscreened") or []
+    if unscreened:
+        lines.append(f"  unscreened (no degraded check answered, kept): {', '.join(r['rater'] for r in unscreened)}")
+    return lines
 
 
 def _into_study(design: dict[str, Any], res: dict[str, Any], log: Callable[[str], None], folder: Path) -> None:

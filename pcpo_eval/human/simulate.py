@@ -92,5 +92,6 @@ def simulate_responses(
     df["submitted_at"] = pd.date_range(t0, periods=len(df), freq="10s").strftime("%Y-%m-%dT%H:%M:%S+00:00")
     df["first_choice"] = df["choice"]
     df["corrections"] = 0
+    df["seconds"] = float("nan")  # no page was served
     df["simulated"] = True  # marks a rehearsal: `human analyze` never lets it reach the study report
     return df[[*RESPONSE_COLUMNS, "simulated"]]

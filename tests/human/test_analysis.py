@@ -199,6 +199,7 @@ def _resp(rows: list[tuple[int, str, str]]) -> pd.DataFrame:
     df["submitted_at"] = "2026-01-01T00:00:00+00:00"
     df["first_choice"] = df["choice"]
     df["corrections"] = 0
+    df["seconds"] = 5.0
     return df[list(RESPONSE_COLUMNS)]
 
 

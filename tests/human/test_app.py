@@ -19,7 +19,7 @@ from pcpo_eval.errors import UserError
 from pcpo_eval.human import MAX_REASON, RESPONSE_COLUMNS, db
 from pcpo_eval.human import app as app_module
 from pcpo_eval.human.app import create_app
-from tests.support.human import PAIR_ID_RE, PROGRESS_RE, leaks, make_human_dir, secret_strings
+from tests.support.human import KEY_RE, PROGRESS_RE, leaks, make_human_dir, secret_strings, shown_pair
 
 EVIL = "<script>alert(1)</script> & a cat"
 
@@ -36,11 +36,11 @@ def study(tmp_path):
     db.dispose(url)
 
 
-def current(client: TestClient, token: str) -> tuple[str, int, int]:
-    """(pair_id, k, n) of the rater's current page."""
+def current(client: TestClient, token: str) -> tuple[str, int, int, str]:
+    """(design pair_id, k, n, answer key) of the rater's current page (the pair id read server side)."""
     html = client.get(f"/r/{token}").text
     k, n = map(int, PROGRESS_RE.search(html).groups())
-    return PAIR_ID_RE.search(html).group(1), k, n
+    return shown_pair(client, token), k, n, KEY_RE.search(html).group(1)
 
 
 def rows(url: str) -> pd.DataFrame:
@@ -51,7 +51,8 @@ def test_rater_sees_prompt_two_images_and_progress(study):
     layout, client, url, token, _ = study
     r = client.get(f"/r/{token}")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
-    pair_id = PAIR_ID_RE.search(r.text).group(1)
+    pair_id = shown_pair(client, token)
+    assert pair_id not in r.text and KEY_RE.search(r.text)  # the page carries an answer key, not the pair id
     pair = pd.read_parquet(layout.pairs).set_index("pair_id").loc[pair_id]
     assert "Pair 1 of 10" in r.text and ">Left<" in r.text and ">Right<" in r.text and "Tie" in r.text
     assert f'maxlength="{MAX_REASON}"' in r.text
@@ -73,10 +74,10 @@ def test_answering_advances_to_the_end_and_resumes(study):
     layout, client, url, token, _ = study
     seen = []
     for step in range(1, 11):
-        pair_id, k, n = current(client, token)
+        pair_id, k, n, key = current(client, token)
         assert (k, n) == (step, 10) and pair_id not in seen
         seen.append(pair_id)
-        r = client.post(f"/r/{token}/answer", data={"pair_id": pair_id, "choice": "left", "reason": ""})
+        r = client.post(f"/r/{token}/answer", data={"key": key, "choice": "left", "reason": ""})
         assert r.status_code == 303 and r.headers["location"] == f"/r/{token}"
         if step == 5:  # a restarted app resumes exactly where the rater left off
             fresh = TestClient(create_app(layout.root), follow_redirects=False)
@@ -84,14 +85,16 @@ def test_answering_advances_to_the_end_and_resumes(study):
     done = client.get(f"/r/{token}")
     assert done.status_code == 200 and "Thank you" in done.text and "10 of 10" in done.text
     assert sorted(rows(url)["pair_id"]) == sorted(seen)
-    assert seen == db.assignment(list(db.pairs_frame(url)["pair_id"]), 7, 1, 10)
+    state = client.app.state.human
+    assert seen == db.assignment(list(db.pairs_frame(url)["pair_id"]), state.settings.secret, 1, 10, state.kinds)
+    assert rows(url)["seconds"].between(0, 60).all()  # seconds from serving the page to the answer
 
 
 def test_resubmit_keeps_the_first_answer(study):
     _, client, url, token, _ = study
-    pair_id, _, _ = current(client, token)
+    _, _, _, key = current(client, token)
     for choice, reason in (("left", "sharper"), ("right", "changed my mind"), ("left", "sharper")):
-        r = client.post(f"/r/{token}/answer", data={"pair_id": pair_id, "choice": choice, "reason": reason})
+        r = client.post(f"/r/{token}/answer", data={"key": key, "choice": choice, "reason": reason})
         assert r.status_code == 303
     df = rows(url)
     assert len(df) == 1 and (df.choice[0], df.reason[0]) == ("left", "sharper")
@@ -99,30 +102,33 @@ def test_resubmit_keeps_the_first_answer(study):
 
 def test_bad_input_is_an_error_page_and_stores_nothing(study):
     _, client, url, token_a, token_b = study
-    pair_a, _, _ = current(client, token_a)
-    foreign = next(p for p in db.pairs_frame(url)["pair_id"]
-                   if p not in db.assignment(list(db.pairs_frame(url)["pair_id"]), 7, 1, 10))
+    pair_a, _, _, key_a = current(client, token_a)
+    _, _, _, key_b = current(client, token_b)
+    state = client.app.state.human
+    foreign = next(p for p in db.pairs_frame(url)["pair_id"] if p not in state.assignment(1))
     cases = [
-        ({"pair_id": pair_a, "choice": "both"}, 422, "Choose Left, Right or Tie"),
-        ({"pair_id": pair_a}, 422, "Choose Left, Right or Tie"),
-        ({"pair_id": foreign, "choice": "left"}, 400, "does not belong"),
-        ({"pair_id": "0" * 16, "choice": "left"}, 400, "does not belong"),
-        ({"pair_id": "../../design.json", "choice": "left"}, 400, "does not belong"),
-        ({"choice": "left"}, 400, "does not belong"),
-        ({"pair_id": pair_a, "choice": "left", "reason": "x" * (MAX_REASON + 1)}, 422, "too long"),
+        ({"key": key_a, "choice": "both"}, 422, "Choose Left, Right or Tie"),
+        ({"key": key_a}, 422, "Choose Left, Right or Tie"),
+        ({"key": key_b, "choice": "left"}, 400, "not for the pair"),  # bob's page
+        ({"key": state.answer_key(1, foreign), "choice": "left"}, 400, "not for the pair"),
+        ({"key": pair_a, "choice": "left"}, 400, "not for the pair"),  # the design pair id is no key
+        ({"pair_id": pair_a, "choice": "left"}, 400, "not for the pair"),
+        ({"key": "0" * 16, "choice": "left"}, 400, "not for the pair"),
+        ({"key": "../../design.json", "choice": "left"}, 400, "not for the pair"),
+        ({"choice": "left"}, 400, "not for the pair"),
+        ({"key": key_a, "choice": "left", "reason": "x" * (MAX_REASON + 1)}, 422, "too long"),
     ]
     for data, status, message in cases:
         r = client.post(f"/r/{token_a}/answer", data=data)
         assert r.status_code == status and message in r.text, data
         assert "Traceback" not in r.text and r.headers["x-content-type-options"] == "nosniff"
-    assert client.post("/r/not-a-token/answer", data={"pair_id": pair_a, "choice": "left"}).status_code == 404
+    assert client.post("/r/not-a-token/answer", data={"key": key_a, "choice": "left"}).status_code == 404
     assert len(rows(url)) == 0
     # control characters are stripped; a reason of exactly MAX_REASON characters is accepted
     ok = client.post(f"/r/{token_a}/answer",
-                     data={"pair_id": pair_a, "choice": "tie", "reason": " ok\x00\x1b[1m\u202e\r\nfine\x7f "})
+                     data={"key": key_a, "choice": "tie", "reason": " ok\x00\x1b[1m\u202e\r\nfine\x7f "})
     assert ok.status_code == 303 and rows(url).reason.tolist() == ["ok[1m\nfine"]
-    pair_b, _, _ = current(client, token_b)
-    ok = client.post(f"/r/{token_b}/answer", data={"pair_id": pair_b, "choice": "tie", "reason": "y" * MAX_REASON})
+    ok = client.post(f"/r/{token_b}/answer", data={"key": key_b, "choice": "tie", "reason": "y" * MAX_REASON})
     assert ok.status_code == 303 and len(rows(url)) == 2
 
 
@@ -135,7 +141,7 @@ def test_prompt_with_script_is_escaped(tmp_path):
     for _ in range(2):
         html = client.get(f"/r/{token}").text
         texts.append(html)
-        client.post(f"/r/{token}/answer", data={"pair_id": PAIR_ID_RE.search(html).group(1), "choice": "left"})
+        client.post(f"/r/{token}/answer", data={"key": KEY_RE.search(html).group(1), "choice": "left"})
     joined = "".join(texts)
     assert "&lt;script&gt;alert(1)&lt;/script&gt; &amp; a cat" in joined
     assert "<script>" not in joined
@@ -149,16 +155,16 @@ def test_raters_are_isolated(tmp_path):
     (_, token_a), (_, token_b) = db.add_raters(url, ["alice", "bob"])
     answered_a = {}
     for i in range(3):
-        pair_id, _, _ = current(client, token_a)
-        client.post(f"/r/{token_a}/answer", data={"pair_id": pair_id, "choice": "left", "reason": f"alice-secret-{i}"})
+        pair_id, _, _, key = current(client, token_a)
+        client.post(f"/r/{token_a}/answer", data={"key": key, "choice": "left", "reason": f"alice-secret-{i}"})
         answered_a[pair_id] = "left"
     before = rows(url)
     pages = []
     for _ in range(6):  # B rates every pair (including A's) with the opposite choice
         r = client.get(f"/r/{token_b}")
         pages.append(r.text)
-        pair_id = PAIR_ID_RE.search(r.text).group(1)
-        client.post(f"/r/{token_b}/answer", data={"pair_id": pair_id, "choice": "right", "reason": "bob"})
+        client.post(f"/r/{token_b}/answer", data={"key": KEY_RE.search(r.text).group(1), "choice": "right",
+                                                  "reason": "bob"})
     pages.append(client.get(f"/r/{token_b}").text)
     assert "Pair 1 of 6" in pages[0] and "Thank you" in pages[-1]
     assert not any("alice" in p for p in pages)
@@ -182,14 +188,14 @@ def _visit_all(client: TestClient, token: str, secrets_: list[str]) -> list[str]
     while True:
         page = client.get(f"/r/{token}")
         check(page)
-        m = PAIR_ID_RE.search(page.text)
+        m = KEY_RE.search(page.text)
         if not m:
             break
         for src in re.findall(r'src="([^"]+)"', page.text) + re.findall(r'href="([^"]+)"', page.text):
             check(client.get(src))
-        check(client.post(f"/r/{token}/answer", data={"pair_id": m.group(1), "choice": "bad"}))
-        check(client.post(f"/r/{token}/answer", data={"pair_id": "f" * 16, "choice": "left"}))
-        check(client.post(f"/r/{token}/answer", data={"pair_id": m.group(1), "choice": "tie", "reason": "x"}))
+        check(client.post(f"/r/{token}/answer", data={"key": m.group(1), "choice": "bad"}))
+        check(client.post(f"/r/{token}/answer", data={"key": "f" * 16, "choice": "left"}))
+        check(client.post(f"/r/{token}/answer", data={"key": m.group(1), "choice": "tie", "reason": "x"}))
     return found
 
 
@@ -237,7 +243,7 @@ def test_unknown_token_and_security_headers(study, monkeypatch):
     def boom(*_args, **_kwargs):
         raise RuntimeError("internal detail db password")
 
-    monkeypatch.setattr(app_module.db, "rater_status", boom)
+    monkeypatch.setattr(app_module.db, "rater_state", boom)
     r = client.get(f"/r/{token}")
     assert r.status_code == 500 and "Traceback" not in r.text and "internal detail" not in r.text
     assert r.headers["content-security-policy"]
@@ -256,7 +262,7 @@ def test_migrations_are_idempotent_and_match_the_models(tmp_path):
     db.upgrade(url)
     with db.get_engine(url).connect() as conn:
         assert conn.exec_driver_sql("SELECT name, sql FROM sqlite_master ORDER BY name").all() == schema
-        assert conn.exec_driver_sql("SELECT version_num FROM alembic_version").all() == version == [("0002",)]
+        assert conn.exec_driver_sql("SELECT version_num FROM alembic_version").all() == version == [("0003",)]
         assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
         assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() >= 10000
     assert db.schema_diff(url) == []
@@ -276,6 +282,7 @@ def test_migration_renders_for_postgresql():
     assert "CREATE TABLE responses" in sql and "TIMESTAMP WITH TIME ZONE" in sql
     assert "CONSTRAINT uq_responses_rater_id_pair_id UNIQUE (rater_id, pair_id)" in sql
     assert "CONSTRAINT ck_responses_choice CHECK" in sql and "PRAGMA" not in sql
+    assert "ALTER TABLE responses ADD COLUMN seconds FLOAT" in sql  # migration 0003
 
 
 def test_db_helpers_refuse_bad_input_and_export(study, tmp_path):
@@ -294,8 +301,8 @@ def test_db_helpers_refuse_bad_input_and_export(study, tmp_path):
         db.load_pairs(url, pairs.drop(columns=["prompt"]))
     links = db.rater_links(url, "http://example.org:8000/")
     assert links == [("alice", f"http://example.org:8000/r/{token_a}"), ("bob", f"http://example.org:8000/r/{token_b}")]
-    pair_id, _, _ = current(client, token_a)
-    client.post(f"/r/{token_a}/answer", data={"pair_id": pair_id, "choice": "right", "reason": "why"})
+    pair_id, _, _, key = current(client, token_a)
+    client.post(f"/r/{token_a}/answer", data={"key": key, "choice": "right", "reason": "why"})
     df = db.export_responses(url)
     assert tuple(df.columns) == RESPONSE_COLUMNS and len(df) == 1
     assert df.iloc[0][["rater", "rater_id", "pair_id", "choice", "reason"]].tolist() == [
@@ -332,7 +339,7 @@ def test_concurrent_submits_of_one_pair_store_one_answer(study):
     from concurrent.futures import ThreadPoolExecutor
 
     _, client, url, token, _ = study
-    pair_id, _, _ = current(client, token)
+    pair_id, _, _, _ = current(client, token)
     choices = ["left", "right", "tie"] * 6
     with ThreadPoolExecutor(16) as pool:
         results = list(pool.map(lambda c: db.submit(url, 1, pair_id, c, c), choices))

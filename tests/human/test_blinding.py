@@ -17,12 +17,14 @@ guess of PCPO's side:
 A signal passes when it is constant (never tells the sides apart) or, where it does, picks PCPO
 at a rate inside the 99.9% binomial band around 1/2. Not tested, and not hidden by the app: the
 content itself (pixels, and so the PNG size; here the images are random noise of one size, so
-``Content-Length`` carries no method information by construction) and a rater recognising
-PCPO's image when its prompt and seed come up in both comparisons (docs/human.md, "Blind").
+``Content-Length`` carries no method information by construction). Tested besides: no rater
+receives the same image bytes in two main pairs (a shared checkpoint's image would name its
+side); raters who pool their images can still find such repeats (docs/human.md, "Blind").
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -39,8 +41,8 @@ from scipy.stats import binomtest
 
 from pcpo_eval.human import HumanLayout, db
 from pcpo_eval.human.app import create_app
-from pcpo_eval.human.design import Checkpoint, _write_images, build_pairs, parse_design_spec
-from tests.support.human import PAIR_ID_RE
+from pcpo_eval.human.design import Checkpoint, _write_images, build_pairs, new_secret, parse_design_spec
+from tests.support.human import KEY_RE, shown_pair
 
 PCPO = "PCPO@120"
 N_PROMPTS, N_SEEDS, N_RATERS, PER_RATER = 45, 10, 25, 40
@@ -78,13 +80,14 @@ def served(tmp_path_factory):
     ds = parse_design_spec({"seeds": N_SEEDS, "max_prompts": N_PROMPTS, "per_rater": PER_RATER, "rng_seed": 11,
                             "identical": 10, "degraded": 10})
     pcpo = Checkpoint(PCPO, "pcpo")
+    secret = new_secret()
     pairs, images = build_pairs([(pcpo, Checkpoint("DDPO@180", "b180")), (pcpo, Checkpoint("DDPO@240", "b240"))],
-                                sets, ds)
+                                sets, ds, secret)
     lay = HumanLayout(tmp / "human")
     lay.images.mkdir(parents=True)
-    _write_images(images, lay.images, ds.rng_seed, log=lambda s: None)
+    _write_images(images, lay.images, secret, log=lambda s: None)
     pairs.to_parquet(lay.pairs)
-    lay.design.write_text(json.dumps({"rng_seed": ds.rng_seed, "per_rater": PER_RATER}))
+    lay.design.write_text(json.dumps({"rng_seed": ds.rng_seed, "per_rater": PER_RATER, "blinding_secret": secret.hex()}))
     client = TestClient(create_app(lay.root), follow_redirects=False)
     tokens = [t for _, t in db.add_raters(lay.database_url, [f"r{i:02d}" for i in range(N_RATERS)])]
     by_id = pairs.set_index("pair_id")
@@ -93,19 +96,22 @@ def served(tmp_path_factory):
         seen: set[str] = set()
         while True:
             html = client.get(f"/r/{token}").text
-            m = PAIR_ID_RE.search(html)
+            m = KEY_RE.search(html)
             if m is None:
                 break
-            pair = by_id.loc[m.group(1)]
+            pair_id = shown_pair(client, token)
+            assert pair_id not in html
+            pair = by_id.loc[pair_id]
             urls = re.findall(r'<img src="([^"]+)"', html)
             if pair["kind"] == "main":
                 heads = [client.get(u) for u in urls]
-                rows.append({"rater": rater, "pair_id": m.group(1), "pcpo_left": pair["left_method"] == PCPO,
+                rows.append({"rater": rater, "pair_id": pair_id, "pcpo_left": pair["left_method"] == PCPO,
                              "urls": urls, "repeat": [u in seen for u in urls],
+                             "sha": [hashlib.sha256(h.content).hexdigest() for h in heads],
                              "headers": [dict(h.headers) for h in heads], "status": [h.status_code for h in heads],
                              "files": [lay.image(pair["left_image"]), lay.image(pair["right_image"])]})
             seen.update(urls)
-            client.post(f"/r/{token}/answer", data={"pair_id": m.group(1), "choice": "tie"})
+            client.post(f"/r/{token}/answer", data={"key": m.group(1), "choice": "tie"})
     db.dispose(lay.database_url)
     return rows, pairs, lay
 
@@ -154,6 +160,13 @@ def test_no_served_signal_predicts_the_method(served):
         for u in r["urls"]:
             urls[u].add(r["rater"])
     assert all(len(v) == 1 for v in urls.values()), "two raters share an image URL"
+    # F2: PCPO's image of one prompt and seed is shared by both comparisons, but no rater is given
+    # both pairs of it: no rater receives the same image bytes in two main pairs
+    by_rater = defaultdict(list)
+    for r in rows:
+        by_rater[r["rater"]] += r["sha"]
+    repeats = {k: len(v) - len(set(v)) for k, v in by_rater.items() if len(v) != len(set(v))}
+    assert repeats == {}, f"raters who received one image twice: {repeats}"
     report.append(_check("file mtime", [_larger_is_pcpo([f.stat().st_mtime_ns for f in r["files"]],
                                                         r["pcpo_left"]) for r in rows]))
     report.append(_check("file name", [_larger_is_pcpo([f.name for f in r["files"]], r["pcpo_left"])

@@ -18,6 +18,7 @@ import yaml
 from PIL import Image
 
 from pcpo_eval.human import PAIR_COLUMNS, HumanLayout
+from tests.support.human import shown_pair
 
 ROOT = Path(__file__).resolve().parents[2]
 DESIGN = {"checkpoints": "bracket", "seed": 0, "prompts": "toy", "max_prompts": 6, "seeds": 3, "identical": 2,
@@ -96,7 +97,16 @@ def test_design_is_deterministic_and_refuses_other_settings(study, human, tmp_pa
     # progress: a line per rendered checkpoint (k of m) and the image writing
     assert any(line.startswith("[human] rendering checkpoint 1 of ") for line in lines), lines
     assert any(re.match(r"\[human\] images: (\d+) of \1 written", line) for line in lines), lines
-    pd.testing.assert_frame_equal(pd.read_parquet(again / "pairs.parquet"), pd.read_parquet(human / "pairs.parquet"))
+    # the same settings in a new folder: a new blinding secret, so other sides, ids and image names
+    # (the design cannot be rebuilt from its settings); the same pairs of checkpoints, prompts and seeds
+    first, second = pd.read_parquet(human / "pairs.parquet"), pd.read_parquet(again / "pairs.parquet")
+    assert not set(first["pair_id"]) & set(second["pair_id"])
+    assert not (set(first["left_image"]) | set(first["right_image"])) & (set(second["left_image"]) | set(second["right_image"]))
+    key = ["comparison", "prompt_id", "seed"]
+    main1, main2 = (t[t["kind"] == "main"].set_index(key).sort_index() for t in (first, second))
+    assert main1.index.equals(main2.index) and (main1["left_method"] != main2["left_method"]).any()
+    secret = json.loads((again / "design.json").read_text())["blinding_secret"]
+    assert len(secret) == 32 and secret != json.loads((human / "design.json").read_text())["blinding_secret"]
     before = (again / "pairs.parquet").read_bytes()
     make_design(study, again, parse_design_spec(DESIGN), log=lambda s: None)  # same settings: nothing to do
     assert (again / "pairs.parquet").read_bytes() == before
@@ -141,10 +151,12 @@ def test_raters_rate_through_the_app_and_the_analysis_reaches_the_report(study, 
             path = link.split("8000", 1)[1]
             for _ in range(12):
                 page = client.get(path).text
-                pid = re.search(r'name="pair_id" value="([0-9a-f]+)"', page)[1]
+                key = re.search(r'name="key" value="([0-9.a-f]+)"', page)[1]
+                pid = shown_pair(client, path.rsplit("/", 1)[1])
+                assert pid not in page
                 row = pairs.loc[pid]
                 choice = row["expected"] or ("left" if row["left_method"].startswith("PCPO") else "right")
-                assert client.post(f"{path}/answer", data={"pair_id": pid, "choice": choice, "reason": ""},
+                assert client.post(f"{path}/answer", data={"key": key, "choice": choice, "reason": ""},
                                    follow_redirects=False).status_code == 303
             assert "Thank you" in client.get(path).text
     res = cli("human", "export", human)
@@ -211,6 +223,17 @@ def test_bad_input_is_one_line(cli, human, tmp_path, args, msg):
     assert len(lines) == 1 and lines[0].startswith("error:") and msg in lines[0], lines
     after = {p: p.stat().st_mtime_ns for p in human.rglob("*") if p.is_file() and p in before}
     assert after == before
+
+
+def test_per_rater_null_on_a_bracket_is_one_error_line_before_rendering(study, cli, tmp_path):
+    """F2: every rater seeing every pair would see PCPO's shared image twice: refused, nothing written."""
+    cfg = tmp_path / "all.yaml"
+    cfg.write_text(yaml.safe_dump(DESIGN | {"per_rater": None}))
+    res = cli("human", "design", study, "--config", cfg, "--out", tmp_path / "all")
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1, res.stderr
+    assert lines[0].startswith("error: per_rater: null shows every rater every pair") and "own seeds" in lines[0]
+    assert not (tmp_path / "all" / "sets").exists() and not (tmp_path / "all" / "design.json").exists()
 
 
 def test_shipped_design_files_validate():

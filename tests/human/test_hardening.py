@@ -23,7 +23,7 @@ from pcpo_eval.errors import UserError
 from pcpo_eval.human import RESPONSE_COLUMNS, db
 from pcpo_eval.human import app as app_module
 from pcpo_eval.human.app import MAX_BODY, create_app
-from tests.support.human import PAIR_ID_RE, PROGRESS_RE, free_port, make_human_dir
+from tests.support.human import KEY_RE, PROGRESS_RE, UNDO_RE, free_port, make_human_dir, shown_pair
 
 
 @pytest.fixture
@@ -36,37 +36,58 @@ def study(tmp_path):
     db.dispose(url)
 
 
+#: The answer key last served for each design pair (pages carry keys, not pair ids).
+_KEYS: dict[str, str] = {}
+
+
 def page(client: TestClient, token: str) -> tuple[str | None, int | None, str]:
-    """(pair id, k, html) of the rater's current page (None, None, html on the thank-you page)."""
+    """(design pair id, k, html) of the rater's current page (None, None, html on the thank-you page);
+    the pair id is read server side and its page's answer key remembered for :func:`answer`."""
     html = client.get(f"/r/{token}").text
-    m, p = PAIR_ID_RE.search(html), PROGRESS_RE.search(html)
-    return (m.group(1) if m else None), (int(p.group(1)) if p else None), html
+    m, p = KEY_RE.search(html), PROGRESS_RE.search(html)
+    pid = shown_pair(client, token) if m else None
+    if m:
+        _KEYS[pid] = m.group(1)
+    return pid, (int(p.group(1)) if p else None), html
 
 
 def answer(client: TestClient, token: str, pair_id: str, choice: str, **headers: str):
-    return client.post(f"/r/{token}/answer", data={"pair_id": pair_id, "choice": choice, "reason": choice},
-                       headers=headers)
+    """Post ``choice`` with the answer key of the page last served for ``pair_id``."""
+    return client.post(f"/r/{token}/answer", data={"key": _KEYS.get(pair_id, ""), "choice": choice,
+                                                   "reason": choice}, headers=headers)
 
 
-def undo_target(html: str) -> str | None:
+def _rater_id(client: TestClient, token: str) -> int:
+    return db.rater_by_token(client.app.state.human.url, token).id
+
+
+def undo_target(client: TestClient, token: str, html: str) -> str | None:
+    """The design pair the page's undo button withdraws (None: no undo button)."""
     m = re.search(r'<form method="post" action="[^"]*/undo" id="undo"[^>]*>\s*<input type="hidden" '
-                  r'name="undo_pair_id" value="([0-9a-f]+)"', html)
-    return m.group(1) if m else None
+                  r'name="undo_key" value="([0-9a-f]+)"', html)
+    return client.app.state.human.undo_pair(_rater_id(client, token), m.group(1)) if m else None
+
+
+def undo(client: TestClient, token: str, pair_id: str, **headers: str):
+    """Post the undo of ``pair_id`` with the key its undo button would carry."""
+    key = client.app.state.human.undo_key(_rater_id(client, token), pair_id)
+    return client.post(f"/r/{token}/undo", data={"undo_key": key}, headers=headers)
 
 
 def test_undo_reasks_the_last_pair_and_keeps_the_first_answer(study):
     layout, client, url, token, _ = study
     first, k, html = page(client, token)
-    assert k == 1 and undo_target(html) is None  # nothing to undo yet
+    assert k == 1 and undo_target(client, token, html) is None  # nothing to undo yet
     assert html.index('id="reason"') < html.index('id="choose-left"')  # the reason comes before the buttons
     assert answer(client, token, first, "left").status_code == 303
     second, k, html = page(client, token)
-    assert k == 2 and undo_target(html) == first
-    r = client.post(f"/r/{token}/undo", data={"undo_pair_id": first})
+    assert k == 2 and undo_target(client, token, html) == first
+    assert first not in html and UNDO_RE.search(html)  # the undo button names no design pair id
+    r = undo(client, token, first)
     assert r.status_code == 303 and r.headers["location"] == f"/r/{token}"
     again, k, html = page(client, token)
-    assert (again, k) == (first, 1) and undo_target(html) is None  # one step back at a time
-    assert client.post(f"/r/{token}/undo", data={"undo_pair_id": first}).status_code == 303  # a second click: no-op
+    assert (again, k) == (first, 1) and undo_target(client, token, html) is None  # one step back at a time
+    assert undo(client, token, first).status_code == 303  # a second click: no-op
     assert db.export_responses(url).empty  # withdrawn, not yet answered again
     assert answer(client, token, first, "right").status_code == 303
     assert answer(client, token, first, "tie").status_code == 303  # a resubmit changes nothing again
@@ -79,9 +100,10 @@ def test_undo_reasks_the_last_pair_and_keeps_the_first_answer(study):
                                                                                                    (2, "right")]
     # only the last answer can be undone; an older one or a foreign pair is refused or ignored
     assert answer(client, token, second, "left").status_code == 303
-    client.post(f"/r/{token}/undo", data={"undo_pair_id": first})
+    undo(client, token, first)
     assert page(client, token)[1] == 3
-    assert client.post(f"/r/{token}/undo", data={"undo_pair_id": "0" * 16}).status_code == 400
+    assert client.post(f"/r/{token}/undo", data={"undo_key": "0" * 32}).status_code == 400
+    assert client.post(f"/r/{token}/undo", data={"undo_pair_id": first}).status_code == 400
     assert db.progress(url, 6)["answered"].tolist() == [2, 0]
 
 
@@ -91,8 +113,8 @@ def test_undo_on_the_thank_you_page(study):
         pid, _, _ = page(client, token)
         answer(client, token, pid, "left")
     pid_none, _, html = page(client, token)
-    assert pid_none is None and "Thank you" in html and undo_target(html) == pid
-    client.post(f"/r/{token}/undo", data={"undo_pair_id": pid})
+    assert pid_none is None and "Thank you" in html and undo_target(client, token, html) == pid
+    undo(client, token, pid)
     assert page(client, token)[:2] == (pid, 6)
 
 
@@ -135,7 +157,7 @@ def test_raters_needs_an_address(tmp_path, cli):
 def test_body_limit_holds_without_content_length(study):
     _, client, url, token, _ = study
     pid, _, _ = page(client, token)
-    form = f"pair_id={pid}&choice=left&reason=".encode()
+    form = f"key={_KEYS[pid]}&choice=left&reason=".encode()
 
     def chunks(total: int):
         yield form
@@ -162,7 +184,7 @@ def test_cross_origin_posts_are_refused(study):
                     {"referer": "https://evil.example/page"}, {"origin": "http://testserver.evil.example"}):
         r = answer(client, token, pid, "left", **headers)
         assert r.status_code == 403 and "another site" in r.text, headers
-        assert client.post(f"/r/{token}/undo", data={"undo_pair_id": pid}, headers=headers).status_code == 403
+        assert undo(client, token, pid, **headers).status_code == 403
     assert db.export_responses(url).empty
     assert answer(client, token, pid, "left", origin="http://testserver").status_code == 303
     pid2, _, _ = page(client, token)
@@ -185,8 +207,7 @@ def test_head_and_root_path(tmp_path):
         img = next(u for u in links if "/img/" in u)
         assert client.get(img).status_code == 200 and client.head(img).status_code == 200
         assert client.get(f"{prefix}/static/style.css").status_code == 200
-    pid = PAIR_ID_RE.search(r.text).group(1)
-    posted = client.post(f"/rate/r/{token}/answer", data={"pair_id": pid, "choice": "left"})
+    posted = client.post(f"/rate/r/{token}/answer", data={"key": KEY_RE.search(r.text).group(1), "choice": "left"})
     assert posted.status_code == 303 and posted.headers["location"] == f"/rate/r/{token}"
     with pytest.raises(UserError, match="--root-path"):
         create_app(layout.root, root_path="rate here")
@@ -208,7 +229,7 @@ def test_database_failure_mid_run_is_a_retry_page_and_one_redacted_line(study, m
     assert "try again" in r.text.lower() and f'href="/r/{token}"' in r.text and "Traceback" not in r.text
     lines = [rec.getMessage() for rec in caplog.records]
     assert len(lines) == 1 and "\n" not in lines[0] and token not in lines[0] and "OperationalError" in lines[0]
-    monkeypatch.setattr(app_module.db, "rater_status", down)
+    monkeypatch.setattr(app_module.db, "rater_state", down)
     caplog.clear()
     with caplog.at_level(logging.ERROR, logger="pcpo_eval.human.app"):
         assert client.get(f"/r/{token}").status_code == 503
@@ -224,7 +245,7 @@ def test_unexpected_error_log_hides_the_token(study, monkeypatch, caplog):
     def boom(*_args, **_kwargs):
         raise RuntimeError(f"lookup of {token} failed")
 
-    monkeypatch.setattr(app_module.db, "rater_status", boom)
+    monkeypatch.setattr(app_module.db, "rater_state", boom)
     with caplog.at_level(logging.ERROR, logger="pcpo_eval.human.app"):
         assert client.get(f"/r/{token}").status_code == 500
     assert len(caplog.records) == 1 and token not in caplog.records[0].getMessage()

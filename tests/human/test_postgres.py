@@ -23,7 +23,7 @@ import pytest
 
 from pcpo_eval.human import RESPONSE_COLUMNS, db
 from pcpo_eval.registry import optional_module
-from tests.support.human import PAIR_ID_RE, make_human_dir
+from tests.support.human import KEY_RE, make_human_dir, shown_pair
 
 BINDIRS = sorted(glob.glob("/usr/lib/postgresql/*/bin"))
 psycopg = optional_module("psycopg")
@@ -96,11 +96,11 @@ def test_the_app_runs_on_postgresql(tmp_path, pg_url):
     (_, tok_a), (_, tok_b) = db.add_raters(pg_url, ["ann", "bo"])
     client = TestClient(app, follow_redirects=False)
     for _ in range(3):
-        pid = PAIR_ID_RE.search(client.get(f"/r/{tok_a}").text).group(1)
-        assert client.post(f"/r/{tok_a}/answer", data={"pair_id": pid, "choice": "left"}).status_code == 303
+        key = KEY_RE.search(client.get(f"/r/{tok_a}").text).group(1)
+        assert client.post(f"/r/{tok_a}/answer", data={"key": key, "choice": "left"}).status_code == 303
     # a resubmit of the last pair changes nothing
-    assert client.post(f"/r/{tok_a}/answer", data={"pair_id": pid, "choice": "right"}).status_code == 303
-    pid_b = PAIR_ID_RE.search(client.get(f"/r/{tok_b}").text).group(1)
+    assert client.post(f"/r/{tok_a}/answer", data={"key": key, "choice": "right"}).status_code == 303
+    pid_b = shown_pair(client, tok_b)
     rater_b = db.rater_by_token(pg_url, tok_b)
     with cf.ThreadPoolExecutor(8) as pool:  # 8 simultaneous submits of one pair: one row
         list(pool.map(lambda c: db.submit(pg_url, rater_b.id, pid_b, c), ["tie", "left"] * 4))

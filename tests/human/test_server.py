@@ -20,7 +20,15 @@ import httpx
 import pandas as pd
 
 from pcpo_eval.human import CHOICES, RESPONSE_COLUMNS, db
-from tests.support.human import PAIR_ID_RE, free_port, make_human_dir, start_server, stop_server
+from tests.support.human import (
+    KEY_RE,
+    PROGRESS_RE,
+    free_port,
+    make_human_dir,
+    organiser_order,
+    start_server,
+    stop_server,
+)
 
 N_RATERS, PER_RATER, KILL_AT = 20, 23, 200
 QUOTAS = [23] * 10 + [22] * 10  # 450 responses in total
@@ -34,7 +42,7 @@ class Rater:
     token: str
     quota: int
     base: str
-    stored: dict[str, str] = field(default_factory=dict)
+    stored: dict[int, str] = field(default_factory=dict)  # k (the page's "Pair k of n") -> choice
     retries: int = 0
     errors: list[str] = field(default_factory=list)
 
@@ -64,24 +72,24 @@ class Rater:
         with httpx.Client(base_url=self.base, timeout=10.0, follow_redirects=False) as http:
             while len(self.stored) < self.quota:
                 page = self._until_answered(http, "GET", f"/r/{self.token}")
-                match = PAIR_ID_RE.search(page.text)
+                match, progress = KEY_RE.search(page.text), PROGRESS_RE.search(page.text)
                 if match is None:
                     self.errors.append("ran out of pairs")
                     return
-                pair_id = match.group(1)
-                choice = CHOICES[int(pair_id[:4], 16) % 3]
-                form = {"pair_id": pair_id, "choice": choice, "reason": f"r{len(self.stored)}"}
+                k = int(progress.group(1))  # the page names no pair: the test maps k to its pair afterwards
+                choice = CHOICES[int(match.group(1).split(".")[1][:4], 16) % 3]
+                form = {"key": match.group(1), "choice": choice, "reason": f"r{len(self.stored)}"}
                 r = self._until_answered(http, "POST", f"/r/{self.token}/answer", data=form)
                 if r.status_code != 303:
-                    self.errors.append(f"answer {pair_id}: {r.status_code}")
+                    self.errors.append(f"answer {k}: {r.status_code}")
                     return
-                self.stored[pair_id] = choice
+                self.stored[k] = choice
                 if len(self.stored) % 5 == 0:  # a resubmit with another choice changes nothing
                     other = CHOICES[(CHOICES.index(choice) + 1) % 3]
                     r = self._until_answered(http, "POST", f"/r/{self.token}/answer",
                                              data={**form, "choice": other})
                     if r.status_code != 303:
-                        self.errors.append(f"resubmit {pair_id}: {r.status_code}")
+                        self.errors.append(f"resubmit {k}: {r.status_code}")
 
 
 def _count(url: str) -> int:
@@ -123,7 +131,8 @@ def test_concurrent_raters_survive_a_sigkill(tmp_path):
     assert not any(t.is_alive() for t in threads)
     assert [e for r in raters for e in r.errors] == []
     df = db.export_responses(url)
-    told = {(i + 1, p): c for i, r in enumerate(raters) for p, c in r.stored.items()}
+    order = {i + 1: organiser_order(layout, i + 1) for i in range(N_RATERS)}
+    told = {(i + 1, order[i + 1][k - 1]): c for i, r in enumerate(raters) for k, c in r.stored.items()}
     stored = {(int(row.rater_id), row.pair_id): row.choice for row in df.itertuples()}
     duplicates = int(df.duplicated(["rater_id", "pair_id"]).sum())
     lost = [k for k, c in told.items() if stored.get(k) != c]
@@ -133,9 +142,8 @@ def test_concurrent_raters_survive_a_sigkill(tmp_path):
     assert KILL_AT <= at_kill < 450  # the kill really happened mid-study
     assert len(df) == 450 and duplicates == 0 and lost == [] and len(told) == 450 and stored == told
     assert tuple(df.columns) == RESPONSE_COLUMNS
-    pairs = list(db.pairs_frame(url)["pair_id"])
-    for i, r in enumerate(raters):
-        assert set(r.stored) <= set(db.assignment(pairs, 7, i + 1, PER_RATER))
+    for r in raters:
+        assert sorted(r.stored) == list(range(1, len(r.stored) + 1))  # in order, none skipped
     pd.testing.assert_frame_equal(db.export_parquet(url, layout.responses), pd.read_parquet(layout.responses))
     assert db.progress(url, PER_RATER)["answered"].tolist() == QUOTAS
     db.dispose(url)
@@ -152,8 +160,8 @@ def test_real_server_limits_chunked_bodies_and_checks_origin(tmp_path):
     proc = start_server(layout.root, port, log)
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10.0, follow_redirects=False) as http:
-            pair_id = PAIR_ID_RE.search(http.get(f"/r/{token}").text).group(1)
-            form = f"pair_id={pair_id}&choice=left&reason=".encode()
+            key = KEY_RE.search(http.get(f"/r/{token}").text).group(1)
+            form = f"key={key}&choice=left&reason=".encode()
             for size in (200 * 1024, 1024 * 1024):
                 def chunks(size=size):
                     yield form

@@ -3,7 +3,8 @@
 :func:`make_human_dir` writes what ``pcpo-eval human design`` writes: ``pairs.parquet`` (PAIR_COLUMNS;
 main pairs of comparisons such as ``"pcpo@120 vs ddpo@180"`` plus ``identical`` / ``degraded``
 attention checks), tiny 16x16 PNGs under opaque hex names, and ``design.json`` (``rng_seed``,
-``per_rater``). :func:`secret_strings` lists what a rater must never see.
+``per_rater``, ``blinding_secret`` unless ``legacy``). :func:`secret_strings` lists what a rater must
+never see; :func:`shown_pair` is the design pair id behind a rater's current page (server side).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -26,7 +28,9 @@ from PIL import Image
 from pcpo_eval.human import KINDS, PAIR_COLUMNS, HumanLayout
 
 COMPARISONS = ("pcpo@120 vs ddpo@180", "pcpo@120 vs ddpo@240")
-PAIR_ID_RE = re.compile(r'name="pair_id" value="([0-9a-f]+)"')
+#: The answer key of a served page (no design pair id is served: ``pcpo_eval.human.app``).
+KEY_RE = re.compile(r'name="key" value="([0-9]+\.[0-9a-f]{32})"')
+UNDO_RE = re.compile(r'name="undo_key" value="([0-9a-f]{32})"')
 PROGRESS_RE = re.compile(r"Pair (\d+) of (\d+)")
 REPO = Path(__file__).resolve().parents[2]
 
@@ -67,8 +71,9 @@ def _pair_rows(n_prompts: int, n_seeds: int, n_checks: int, comparisons: Sequenc
 
 def make_human_dir(root: Path, n_prompts: int = 45, n_seeds: int = 10, n_checks: int = 6,
                    per_rater: int | None = None, rng_seed: int = 7, comparisons: Sequence[str] = COMPARISONS,
-                   prompts: Sequence[str] | None = None) -> HumanLayout:
-    """Write a synthetic HUMAN folder under ``root``; returns its layout."""
+                   prompts: Sequence[str] | None = None, legacy: bool = False) -> HumanLayout:
+    """Write a synthetic HUMAN folder under ``root``; returns its layout (``legacy``: a design.json
+    without ``blinding_secret``, as written before it existed)."""
     layout = HumanLayout(Path(root))
     layout.images.mkdir(parents=True, exist_ok=True)
     prompts = list(prompts or []) + [f"a photo of object number {i} on a table" for i in range(n_prompts)]
@@ -81,10 +86,35 @@ def make_human_dir(root: Path, n_prompts: int = 45, n_seeds: int = 10, n_checks:
             layout.image(row[side]).write_bytes(_png(rng))
     df = pd.DataFrame(rows)[list(PAIR_COLUMNS)].sort_values("position").reset_index(drop=True)
     df.to_parquet(layout.pairs, index=False)
-    layout.design.write_text(json.dumps({"rng_seed": rng_seed, "per_rater": per_rater, "study": "synthetic",
-                                         "comparisons": list(comparisons), "n_prompts": n_prompts,
-                                         "n_seeds": n_seeds}))
+    design = {"rng_seed": rng_seed, "per_rater": per_rater, "study": "synthetic", "comparisons": list(comparisons),
+              "n_prompts": n_prompts, "n_seeds": n_seeds}
+    if not legacy:
+        design["blinding_secret"] = bytes(rng.integers(0, 256, 16, dtype=np.uint8)).hex()
+    layout.design.write_text(json.dumps(design))
     return layout
+
+
+def shown_pair(client: Any, token: str) -> str | None:
+    """The design pair id of the page rater ``token`` is shown now (read server side, from the
+    app of a ``TestClient``; no page carries it)."""
+    from pcpo_eval.human import db
+    from pcpo_eval.human.app import _current
+
+    state = client.app.state.human
+    rater = db.rater_by_token(state.url, token)
+    return _current(state, rater.id)[0]
+
+
+def organiser_order(layout: HumanLayout, rater_id: int) -> list[str]:
+    """The design pair ids of rater ``rater_id`` in the order the app shows them (organiser side:
+    the design's secret and kinds, as :func:`pcpo_eval.human.db.assignment` uses them)."""
+    from pcpo_eval.human import db
+
+    design = json.loads(layout.design.read_text())
+    pairs = pd.read_parquet(layout.pairs).sort_values(["position", "pair_id"])
+    kinds = dict(zip(pairs["pair_id"], pairs["kind"], strict=True))
+    return db.assignment(list(pairs["pair_id"]), bytes.fromhex(design["blinding_secret"]), rater_id,
+                         design["per_rater"], kinds)
 
 
 def secret_strings(layout: HumanLayout) -> list[str]:
