@@ -23,7 +23,8 @@ outcomes, decide) if they are at least 2 and at least half of each arm; otherwis
 
 Targets (:func:`target_status`): a reward target that any untrained control curve reaches is
 *uninformative* (the sampler reaches it without learning: a frozen policy would look fast); so is
-a target every run reaches at its first full-window epoch. Uninformative targets get no row.
+every reward target when no control was logged (nothing tells learning from the sampler), and a
+target every run reaches at its first full-window epoch. Uninformative targets get no row.
 
 Families: ``primary`` names the study's primary endpoint(s) (default ``paired_gain`` when the
 controls were logged, else ``final_reward``); every other row is secondary. ``p_adjusted`` is
@@ -234,7 +235,11 @@ def target_status(runs: Sequence[RunCurve], targets: Sequence[float], gain_targe
         short = bool(runs) and all(r.epochs.size < window for r in runs)
         for t in levels:
             note = ""
-            if short:
+            if kind == "reward" and runs and runs[0].control is None:
+                note = ("uninformative: no paired untrained control logged, so reaching a raw reward cannot be told "
+                        "from the sampler reaching it (a frozen policy with a better sampler would look fast); "
+                        "train with paired_control: true")
+            elif short:
                 note = (f"uninformative: the runs have at most {max(r.epochs.size for r in runs)} epochs, fewer than the "
                         f"smoothing window ({window}), so no run can reach a target")
             elif kind == "gain" and t <= 0:

@@ -221,9 +221,11 @@ def test_target_status_uninformative_targets_get_no_row():
     rows = verdict_rows(tab, "DDPO", rng=np.random.default_rng(0), quantities=[],
                         targets=(reached_by_control, 0.5), gain_targets=(0.0, GAIN_TARGET))
     assert [r.quantity for r in rows] == ["speedup_gain:0.03", "speedup_reward:0.5"]
-    # without controls: a target every run reaches at its first full-window epoch (epoch 5)
-    (low,) = target_status(run_curves(tab.drop(columns="control_reward_mean")), [-1.0], [], 5)
+    (low,) = target_status(run_curves(tab), [], [0.001], 5)  # every run's gain reaches it at its first full window
     assert low["status"] == "uninformative" and "first full-window epoch" in low["note"]
+    # without controls no raw-reward target tells learning from the sampler: a frozen arm could look fast
+    (raw,) = target_status(run_curves(tab.drop(columns="control_reward_mean")), [0.5], [], 5)
+    assert raw["status"] == "uninformative" and "no paired untrained control logged" in raw["note"]
 
 
 def test_a_nan_in_a_control_does_not_make_every_reward_target_uninformative():
