@@ -6,7 +6,8 @@ Output of :func:`analyze`: one JSON-serialisable dict (``None`` wherever a numbe
 * **Attention checks** (per rater). ``degraded`` pairs: choosing anything but ``expected`` (the
   undegraded side), a tie included, is a failure; raters with more than ``max_degraded_failures``
   failures are excluded from every other analysis (``exclude_failed``), listed with the reason.
-  Raters who answered no degraded check are listed as ``unscreened`` (kept: nothing excludes them).
+  Raters who answered no degraded check are listed as ``unscreened`` (kept: nothing excludes them),
+  and raters whose median answer came within ``FAST_SECONDS`` of its page as ``fast`` (kept).
   ``identical`` pairs: a side pick is *not* a failure; the share of non-tie answers calibrates how
   often raters pick a side when there is nothing to see.
 * **Side bias**: the share of ``left`` among decisive ``main`` answers, exact (Clopper-Pearson)
@@ -79,11 +80,25 @@ __all__ = [  # the analysis, and the moved names its callers import from here
 # -- attention checks and side bias -------------------------------------------------------------
 
 
+#: a rater whose median answer came this many seconds or fewer after the page was served is listed as
+#: ``fast`` (a look at two images and a click takes longer; the answers are kept)
+FAST_SECONDS = 1.0
+
+
+def _median_seconds(merged: pd.DataFrame) -> pd.Series:
+    """Per rater the median seconds from page to answer (NaN where not recorded: older databases)."""
+    if "seconds" not in merged.columns:
+        return pd.Series(np.nan, index=sorted(merged.rater_id.unique()))
+    return pd.to_numeric(merged.seconds, errors="coerce").groupby(merged.rater_id, sort=True).median()
+
+
 def attention_checks(merged: pd.DataFrame, max_degraded_failures: int) -> list[dict[str, Any]]:
-    """Per rater: degraded checks seen / failed, identical checks seen / answered with a side.
+    """Per rater: degraded checks seen / failed, identical checks seen / answered with a side, median
+    seconds from page to answer.
 
     ``unscreened``: the rater answered no degraded check, so the checks could not exclude them
-    (their answers are kept; the analysis lists them under ``attention_checks.unscreened``)."""
+    (their answers are kept; the analysis lists them under ``attention_checks.unscreened``).
+    ``fast``: the median answer came within :data:`FAST_SECONDS` of its page (listed, kept)."""
     deg, ide = merged.kind == "degraded", merged.kind == "identical"
     flags = pd.DataFrame({
         "rater_id": merged.rater_id, "n_responses": 1, "degraded_seen": deg,
@@ -92,14 +107,18 @@ def attention_checks(merged: pd.DataFrame, max_degraded_failures: int) -> list[d
     })
     counts = flags.groupby("rater_id", sort=True).sum()
     names = merged.groupby("rater_id", sort=True).rater.first()
+    secs = _median_seconds(merged)
     out = []
     for rid, row in counts.iterrows():
         c = {k: int(v) for k, v in row.items()}
         excluded = c["degraded_failed"] > max_degraded_failures
         reason = (f"failed {c['degraded_failed']} of {c['degraded_seen']} degraded checks "
                   f"(more than {max_degraded_failures})")
+        med = float(secs.get(rid, np.nan))
         out.append({"rater_id": rid, "rater": str(names[rid]), **c, "fails_checks": excluded,
-                    "reason": reason if excluded else None, "unscreened": c["degraded_seen"] == 0})
+                    "reason": reason if excluded else None, "unscreened": c["degraded_seen"] == 0,
+                    "median_seconds": med if np.isfinite(med) else None,
+                    "fast": bool(np.isfinite(med) and med <= FAST_SECONDS)})
     return out
 
 
@@ -226,6 +245,8 @@ def analyze(
     excluded = [{"rater_id": r["rater_id"], "rater": r["rater"], "reason": r["reason"]}
                 for r in raters if r["fails_checks"] and exclude_failed]
     unscreened = [{"rater_id": r["rater_id"], "rater": r["rater"]} for r in raters if r["unscreened"]]
+    fast = [{"rater_id": r["rater_id"], "rater": r["rater"], "median_seconds": r["median_seconds"]}
+            for r in raters if r["fast"]]
     used = merged[~merged.rater_id.isin([e["rater_id"] for e in excluded])]
     main = used[used.kind == "main"]
     ide = merged[merged.kind == "identical"]
@@ -234,15 +255,16 @@ def analyze(
         "settings": {"exclude_failed": exclude_failed, "max_degraded_failures": max_degraded_failures,
                      "bootstrap": bootstrap, "seed": seed, "alpha": ALPHA, "min_decisive": MIN_DECISIVE},
         "counts": {"pairs": len(pairs), "responses": len(resp), "raters": resp.rater_id.nunique(),
-                   "raters_excluded": len(excluded), "raters_unscreened": len(unscreened),
+                   "raters_excluded": len(excluded), "raters_unscreened": len(unscreened), "raters_fast": len(fast),
                    "responses_used": len(used),
                    "main_responses_used": len(main)},
         "attention_checks": {
-            "raters": raters, "excluded": excluded, "unscreened": unscreened,
+            "raters": raters, "excluded": excluded, "unscreened": unscreened, "fast": fast,
             "identical_non_tie_rate": _rate(int((ide.choice != "tie").sum()), len(ide)),
             "note": "degraded: any answer but the undegraded side (a tie included) fails; identical: a side "
                     "pick is not a failure, its rate calibrates side-picking when there is nothing to see; "
-                    "unscreened: raters who answered no degraded check (the checks could not exclude them; kept)",
+                    "unscreened: raters who answered no degraded check (the checks could not exclude them; kept); "
+                    f"fast: raters whose median answer came within {FAST_SECONDS:g} s of the page (kept)",
         },
         "side_bias": side_bias(main),
         "comparisons": [compare(main, c) for c in labels],

@@ -125,12 +125,17 @@ def _label_simulated(res: dict[str, Any]) -> dict[str, Any]:
 
 
 def summary_lines(res: dict[str, Any]) -> list[str]:
-    """One line per comparison (its verdict sentence) for the console, and one naming the raters
-    the attention checks could not screen (no degraded check answered), if any."""
+    """One line per comparison (its verdict sentence) for the console, one naming the raters the
+    attention checks could not screen (no degraded check answered), and one naming the raters who
+    answered implausibly fast, if any."""
     lines = [f"  {c.get('verdict') or c.get('comparison')}" for c in res.get("comparisons", [])]
     unscreened = (res.get("attention_checks") or {}).get("unscreened") or []
     if unscreened:
         lines.append(f"  unscreened (no degraded check answered, kept): {', '.join(r['rater'] for r in unscreened)}")
+    fast = (res.get("attention_checks") or {}).get("fast") or []
+    if fast:
+        lines.append("  fast (median answer within 1 s of the page, kept): "
+                     + ", ".join(f"{r['rater']} ({r['median_seconds']:.2f} s)" for r in fast))
     return lines
 
 

@@ -220,6 +220,27 @@ def test_f4_unscreened_raters_are_reported(bracket):
     assert checks["unscreened"] == [{"rater_id": 2, "rater": "never"}]
     assert [r["unscreened"] for r in checks["raters"]] == [False, True]
     assert out["counts"]["raters_unscreened"] == 1 and checks["excluded"] == []
+    assert checks["fast"] == [] and [r["median_seconds"] for r in checks["raters"]] == [None, None]  # not recorded
+
+
+def test_fast_raters_are_listed_and_kept(bracket):
+    """The seconds from page to answer: a rater whose median is within FAST_SECONDS is listed, not excluded."""
+    from pcpo_eval.human.analysis import FAST_SECONDS
+    from pcpo_eval.human.report import summary_lines
+
+    _, table = bracket
+    main = table[table.kind == "main"]
+    rows = [{"rater": "careful", "rater_id": 1, "pair_id": p, "choice": "left", "seconds": 4.0 + i}
+            for i, p in enumerate(main.pair_id[:5])]
+    rows += [{"rater": "clicker", "rater_id": 2, "pair_id": p, "choice": "left", "seconds": s}
+             for p, s in zip(main.pair_id[5:10], [0.2, 0.3, 0.4, 9.0, 0.25], strict=True)]
+    out = analyze(table, pd.DataFrame(rows), bootstrap=0)
+    checks = out["attention_checks"]
+    assert checks["fast"] == [{"rater_id": 2, "rater": "clicker", "median_seconds": 0.3}] and 0.3 <= FAST_SECONDS
+    assert [r["median_seconds"] for r in checks["raters"]] == [6.0, 0.3]
+    assert out["counts"]["raters_fast"] == 1 and out["counts"]["main_responses_used"] == 10  # kept
+    assert any(line.startswith("  fast (median answer within 1 s") and "clicker (0.30 s)" in line
+               for line in summary_lines(out))
 
 
 def test_f2_no_block_holds_both_comparisons_of_one_prompt_and_seed(bracket):
