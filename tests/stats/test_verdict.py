@@ -424,3 +424,19 @@ def test_iqm_paired_sentence_names_the_per_seed_estimate():
     assert v.sentence.startswith("PCPO's final reward is higher than DDPO's, seed for seed "
                                  "(IQM of the per-seed differences +0.28, 95% CI +0.13 to +0.43")
     assert "-0.48" not in v.sentence and v.mde is not None and v.mde < 0.3
+
+
+@pytest.mark.usefixtures("fast_loop")
+def test_headline_per_cell_learning_speed_caveats_and_a_missing_primary():
+    """Several cells: each cell's learning-speed sentence, named; the offset sentence of the cell it belongs
+    to; caveats right after the primary sentences; a primary without a row says why."""
+    tab = _study(5, gain_t=2.0, seed=3, cells=("hps", "pick"))
+    rows = [r.to_dict() for r in verdict_rows(tab, "DDPO", rng=np.random.default_rng(0), gain_targets=(GAIN_TARGET,),
+                                                n_boot=20)]
+    h = headline(rows, {"pick": {"explains_raw_speedup": "The raw-reward speed-up (0.5: +20%) is the sampler's."}},
+                 caveats=["Compared over epochs up to 7 only: run r logged 7 of the 24 epochs"])
+    assert f"Learning speed (hps: {GAIN_TARGET:g} gain" in h and f"Learning speed (pick: {GAIN_TARGET:g} gain" in h
+    assert "In pick: The raw-reward speed-up (0.5: +20%) is the sampler's." in h
+    assert h.index("On this study (hps)") < h.index("Compared over epochs") < h.index("Learning speed (hps")
+    assert headline([], no_primary="the primary endpoint speedup_gain:0.1 has no row (x)") == \
+        "No run-level verdict: the primary endpoint speedup_gain:0.1 has no row (x)."
