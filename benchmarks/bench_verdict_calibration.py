@@ -141,6 +141,16 @@ def truth_speedups(ddpo: dict[int, pd.DataFrame], targets: list[float], window: 
     return out
 
 
+def covers(v, x: float) -> bool:
+    """Whether a speed-up row's CI holds ``x``: within ``ci_low..ci_high`` (unbounded above when None) and
+    not inside the hole of a two-piece Fieller set (``details["ci_gap"]``). Rows without a CI (no spread:
+    the exact permutation p) are left out of the coverage by the caller."""
+    hi = v.ci_high if v.ci_high is not None else np.inf
+    gap = v.details.get("ci_gap") or [None, None]
+    in_gap = gap[0] is not None and gap[1] is not None and gap[0] < x < gap[1]
+    return bool(v.ci_low <= x <= hi and not in_gap)
+
+
 def run_scenario(sc: Scenario, n: int, studies: int, settings: dict, truth: dict[str, float], rng: np.random.Generator) -> dict:
     prim = anyrow = 0
     per_row: dict[str, list[int]] = {}
@@ -155,15 +165,9 @@ def run_scenario(sc: Scenario, n: int, studies: int, settings: dict, truth: dict
             k = per_row.setdefault(v.quantity, [0, 0])
             k[0] += v.significant
             k[1] += 1
-            if v.quantity in truth and v.estimable and sc.name.startswith("2x"):
+            if v.quantity in truth and v.estimable and v.ci_low is not None and sc.name.startswith(("2x", "A/A")):
                 c = cover.setdefault(v.quantity, [0, 0])
-                hi = v.ci_high if v.ci_high is not None else np.inf
-                c[0] += v.ci_low <= truth[v.quantity] <= hi
-                c[1] += 1
-            if v.quantity in truth and v.estimable and sc.name.startswith("A/A"):
-                c = cover.setdefault(v.quantity, [0, 0])
-                hi = v.ci_high if v.ci_high is not None else np.inf
-                c[0] += v.ci_low <= 0.0 <= hi
+                c[0] += covers(v, truth[v.quantity] if sc.name.startswith("2x") else 0.0)
                 c[1] += 1
     return {"primary": clopper(prim, studies), "any": clopper(anyrow, studies), "faster": clopper(faster, studies),
             "rows": {q: clopper(k, m) + ("" if m == studies else f" of {m} studies with the row") for q, (k, m) in per_row.items()},
