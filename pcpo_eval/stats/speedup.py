@@ -145,20 +145,29 @@ def epochs_to_target(
 ) -> TimeToTarget:
     """First epoch whose full-window trailing mean reaches ``target``; censored if none does.
 
-    A curve with a non-finite value gives ``finite=False`` (no decision on a NaN); a curve shorter
-    than the window has no eligible epoch and is censored.
+    A window holding a non-finite value decides nothing: the first window that reaches the target
+    counts when every window before it was decided (a missing value after the hit does not matter),
+    a curve that never reaches it is censored when every window was decided; otherwise the time is
+    unknown (``finite=False``). A curve shorter than the window has no eligible epoch and is censored.
     """
     y, e = check_curve(curve, epochs)
     first, last = int(e[0]), int(e[-1])
     eligible = int(e[window - 1]) if y.size >= window else None
-    if not np.all(np.isfinite(y)):
-        return TimeToTarget(None, False, first, last, eligible, finite=False)
-    s = full_window_average(y, window)
+    if y.size < window:
+        return TimeToTarget(None, bool(np.all(np.isfinite(y))), first, last, eligible,
+                            finite=bool(np.all(np.isfinite(y))))
+    s = np.lib.stride_tricks.sliding_window_view(y, window).mean(axis=1)  # NaN where a window holds one
+    known = np.isfinite(s)
     with np.errstate(invalid="ignore"):
-        hit = s >= target if higher_is_better else s <= target
-    if not hit.any():
-        return TimeToTarget(None, True, first, last, eligible)
-    return TimeToTarget(int(e[int(np.argmax(hit))]), False, first, last, eligible)
+        hit = known & (s >= target if higher_is_better else s <= target)
+    if hit.any():
+        i = int(np.argmax(hit))
+        if not known[:i].all():
+            return TimeToTarget(None, False, first, last, eligible, finite=False)
+        return TimeToTarget(int(e[i + window - 1]), False, first, last, eligible)
+    if not known.all():
+        return TimeToTarget(None, False, first, last, eligible, finite=False)
+    return TimeToTarget(None, True, first, last, eligible)
 
 
 def km_restricted_mean(times: Sequence[float] | np.ndarray, reached: Sequence[bool] | np.ndarray, tau: float) -> float:
@@ -295,7 +304,8 @@ def _reason(b: Sequence[TimeToTarget], t: Sequence[TimeToTarget], vb: np.ndarray
         return f"no {'baseline' if not b else 'treatment'} runs"
     bad = sum(not r.finite for r in (*b, *t))
     if bad:
-        return f"non-finite rewards in {bad} of {len(b) + len(t)} runs; fix or exclude those runs explicitly"
+        return (f"{bad} of {len(b) + len(t)} runs have a missing (non-finite) reward or control before they reach "
+                "the target, so their time to it is unknown; fix or exclude those runs explicitly")
     if all(r.first_eligible is None for r in (*b, *t)):
         return f"the runs have {b[0].last_epoch - b[0].first_epoch + 1} epochs, fewer than the smoothing window"
     if all(r.at_start for r in (*b, *t)):

@@ -70,8 +70,9 @@ QUANTITIES = {"final_reward": "final reward", "auc": "reward AUC", "paired_gain"
 SPEEDUP_KINDS = {"speedup_gain": "gain", "speedup_reward": "reward"}
 #: the speed-up the report says how many seeds would detect
 REFERENCE_SPEEDUP = 0.25
-#: why a secondary row is not significant when its family was not tested (:func:`adjust_families`)
-GATED = "not tested as a secondary row: the primary endpoint shows no difference"
+#: why a secondary row is not significant when its family was not tested (:func:`adjust_families`;
+#: ``details["gate"]`` says which primary row closed the gate)
+GATED = "not tested as a secondary row"
 
 
 @dataclass(frozen=True)
@@ -298,7 +299,7 @@ def _why_not(v: Verdict, own_test_significant: bool, has_ci: bool = True) -> str
     """Why a row is not significant when its own test is (Holm, or the closed gate of the secondary family)."""
     own = ("the CI excludes 0, but " if has_ci else "p < alpha, but ") if own_test_significant else ""
     if v.details.get("gated"):
-        return f" ({own}{GATED})"
+        return f" ({own}{GATED}: {v.details.get('gate', 'the primary endpoint shows no difference')})"
     return f" ({own}not after the family's Holm adjustment)" if own_test_significant else ""
 
 
@@ -429,8 +430,22 @@ def adjust_families(rows: Sequence[Verdict], primary: Sequence[str], alpha: floa
         for i, pa in zip(idx, adj, strict=True):
             out[i] = replace(out[i], p_adjusted=float(pa), significant=gate and bool(pa < alpha))
         if not gate:
-            out = [replace(r, details={**r.details, "gated": True}) if r.family == name else r for r in out]
+            why = gate_reason(prim)
+            out = [replace(r, details={**r.details, "gated": True, "gate": why, "holm_below_alpha":
+                                       r.p_adjusted is not None and r.p_adjusted < alpha})
+                   if r.family == name else r for r in out]
     return out
+
+
+def gate_reason(prim: Sequence[Verdict]) -> str:
+    """Why the secondary family was not tested: no primary row, or the (first) primary row that is not
+    estimable or shows no difference, with its cell when the primary rows span several cells."""
+    if not prim:
+        return "the study has no primary row"
+    r = next(x for x in prim if not x.significant)
+    where = f" in {r.cell}" if len({x.cell for x in prim}) > 1 else ""
+    what = "is not estimable" if not r.estimable or r.p is None else "shows no difference"
+    return f"the primary endpoint ({r.quantity}){where} {what}"
 
 
 def verdict_rows(
@@ -493,6 +508,12 @@ def headline(rows: Sequence[dict[str, Any]], offsets: dict[str, dict[str, Any]] 
     (gain) and, if the raw-reward speed-up is the sampler's, that (``offsets``: per cell, from the study's
     sampler-offset check). Without a primary row: ``no_primary`` says why (default: none is estimable)."""
     tail = [c for c in caveats if c]
+    untested = [r for r in rows if (r.get("details") or {}).get("holm_below_alpha")]
+    if untested:
+        names = ", ".join(dict.fromkeys(QUANTITIES.get(r["quantity"], r["quantity"].replace("_", " "))
+                                        for r in untested))
+        tail.append(f"Not tested, because {untested[0]['details']['gate']}: {len(untested)} secondary row(s) whose "
+                    f"Holm-adjusted p is below alpha ({names}); a study that needs them names one as its primary endpoint")
     prim = [r for r in rows if r.get("family") == "primary"]
     if not prim:
         why = no_primary or "the study has no estimable primary endpoint"

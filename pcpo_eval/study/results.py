@@ -291,7 +291,9 @@ def overall_effects(sp: StudySpec, rows: list[dict[str, Any]], values: dict[str,
             b, t = ([values[c["name"]][m] for c in rows if c["cell"] == cell and c["role"] == role
                      and m in values.get(c["name"], {})] for role in ("baseline", "pcpo"))
             c = compare_runs(b, t, rng=np.random.default_rng(0), alpha=sp.lmm.alpha)
-            p = float(scipy.stats.ttest_ind(t, b, equal_var=False).pvalue) if c.estimable else None
+            # the Welch p of the CI; without spread (no CI) the exact relabelling p compare_runs gives
+            p = (float(scipy.stats.ttest_ind(t, b, equal_var=False).pvalue) if c.ci_low is not None else c.p) \
+                if c.estimable else None
             per[m] = {"estimate": c.estimate, "se": None, "df": None, "ci_low": c.ci_low, "ci_high": c.ci_high,
                       "p": p, "estimable": c.estimable, "reason": c.reason or None, "converged": True,
                       "method": f"Welch t over runs of the overall {m} ({c.n_treatment} vs {c.n_baseline} runs)"}

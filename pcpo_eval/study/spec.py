@@ -37,6 +37,7 @@ from pcpo_eval.rewards import required_backends
 from pcpo_eval.rundir import checkpoints_root, log_path
 from pcpo_eval.stats.formula import parse_lmm_formula
 from pcpo_eval.stats.speedup import unreachable_targets
+from pcpo_eval.stats.verdict import quantity_name
 from pcpo_eval.study.retention import epoch_maps, retention_problems
 from pcpo_eval.study.sections import GridSpec, PreferenceSpec, parse_epoch_map, parse_grids, parse_preferences
 from pcpo_eval.train.config import TrainConfig, config_from_dict, read_config_file
@@ -562,6 +563,7 @@ def _parse_endpoints(top: dict[str, Any], paired_control: bool, targets: Sequenc
     if not isinstance(prim, list) or not all(isinstance(p, str) for p in prim):
         problems.append(f"primary must be a list of endpoint names ({', '.join(PRIMARY_CHOICES)}); got {prim!r}")
         prim = []
+    names = []
     for q in prim:
         if q.split(":", 1)[0] not in PRIMARY_CHOICES:
             problems.append(f"primary: unknown endpoint {q!r}; choose from {', '.join(PRIMARY_CHOICES)} "
@@ -569,24 +571,29 @@ def _parse_endpoints(top: dict[str, Any], paired_control: bool, targets: Sequenc
         elif q.split(":", 1)[0] in ("paired_gain", "speedup_gain") and not paired_control:
             problems.append(f"primary: {q} needs the paired untrained control; remove paired_control: false")
         elif ":" in q:
-            problems += _primary_target_problem(q, gains, targets)
-    return tuple(gains), tuple(prim)
+            q = _primary_row_name(q, gains, targets, problems)
+        names.append(q)
+    return tuple(gains), tuple(names)
 
 
-def _primary_target_problem(q: str, gains: Sequence[float], targets: Sequence[float]) -> list[str]:
-    """A ``speedup_<kind>:<level>`` primary whose level is not a listed target (empty list if it is)."""
+def _primary_row_name(q: str, gains: Sequence[float], targets: Sequence[float], problems: list[str]) -> str:
+    """A ``speedup_<kind>:<level>`` primary as its row is named (``speedup_gain:0.060`` and ``6e-2`` name
+    the row ``speedup_gain:0.06``); a level that is not a listed target is a problem (no row would have it)."""
     kind, level = q.split(":", 1)
     if kind not in ("speedup_gain", "speedup_reward"):
-        return []
+        return q
     listed, key = (gains, "gain_targets") if kind == "speedup_gain" else (targets, "targets")
     try:
-        ok = any(math.isclose(float(level), float(x), rel_tol=1e-9, abs_tol=1e-12) for x in listed)
+        hit = [x for x in listed if math.isclose(float(level), float(x), rel_tol=1e-9, abs_tol=1e-12)]
     except ValueError:
-        return [f"primary: {q!r} names no number after ':'; e.g. {kind}:{listed[0] if listed else 0.05:g}"]
-    if ok:
-        return []
+        problems.append(f"primary: {q!r} names no number after ':'; e.g. {kind}:{listed[0] if listed else 0.05:g}")
+        return q
+    if hit:
+        return quantity_name(kind.removeprefix("speedup_"), hit[0])
     choices = ", ".join(f"{kind}:{x:g}" for x in listed) or f"none: {key} is empty"
-    return [f"primary: {q} names no row: {level} is not in {key} ({choices}); add it to {key} or name a listed one"]
+    problems.append(f"primary: {q} names no row: {level} is not in {key} ({choices}); add it to {key} or name a "
+                    "listed one")
+    return q
 
 
 def _run_models(runs: Sequence[RunSpec], problems: list[str]) -> list[str | None]:

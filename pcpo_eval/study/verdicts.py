@@ -232,7 +232,8 @@ def sampler_offset(sp: StudySpec, table: pd.DataFrame, rows: Sequence[dict[str, 
         c = compare_runs(mb, mt, rng=np.random.default_rng(VERDICT_SEED), paired=paired)
         diff = float(mt.mean() - mb.mean())
         design = f"{len(b)} seeds, paired by seed" if paired else f"{len(t)} vs {len(b)} runs, unpaired"
-        ci = f", 95% CI {c.ci_low:+.3g} to {c.ci_high:+.3g}, {design}" if c.estimable else f"; {c.reason}"
+        ci = (f", 95% CI {c.ci_low:+.3g} to {c.ci_high:+.3g}, {design}" if c.ci_low is not None and c.ci_high is not None
+              else f"; {c.reason}, p = {c.p:.3g}, {design}" if c.estimable and c.p is not None else f"; {c.reason}")
         head = (f"untrained controls (same prompts and noises, each arm's sampler): {sp.pcpo} {mt.mean():.4g} vs "
                 f"{sp.baseline} {mb.mean():.4g} (difference {diff:+.3g}{ci})")
         explained = _raw_speedup_explained(sp, cell, diff, c.significant, rows)
@@ -273,9 +274,10 @@ def _notes(sp: StudySpec, logs: dict[str, pd.DataFrame], table: pd.DataFrame, ru
         xb, xt = unpaired_seeds(b, t)
         shared = {r.seed for r in b} & {r.seed for r in t}
         if xb or xt:
-            notes.append(f"{cell}: the arms share {len(shared)} seeds; the runs are paired on those and the others "
-                         f"are left out ({sp.baseline} seeds {', '.join(xb) or 'none'}; {sp.pcpo} seeds "
-                         f"{', '.join(xt) or 'none'})")
+            text = (f"the arms share {len(shared)} seeds; the runs are paired on those and the others are left out "
+                    f"({sp.baseline} seeds {', '.join(xb) or 'none'}; {sp.pcpo} seeds {', '.join(xt) or 'none'})")
+            notes.append(f"{cell}: {text}")
+            caveats.append(f"{'In ' + cell + ', t' if len(sp.cells()) > 1 else 'T'}{text[1:]}")
         elif b and t and not pair_runs(b, t)[2]:
             notes.append(f"{cell}: the arms share {len(shared)} of {len(b)} and {len(t)} seeds (pairing needs at least "
                          "2 shared seeds and half of each arm), so runs are compared unpaired (Welch); a study with "

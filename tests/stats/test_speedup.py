@@ -269,7 +269,7 @@ def test_frozen_treatment_is_never_faster():
     [
         ([], [_tt(10), _tt(12)], False, "no baseline runs"),
         ([_tt(20), TimeToTarget(None, False, 1, 60, 5, finite=False)], [_tt(10), _tt(12)], False,
-         "non-finite rewards in 1 of 4 runs"),
+         "1 of 4 runs have a missing (non-finite) reward or control before they reach the target"),
         ([TimeToTarget(None, True, 1, 3, None)] * 2, [TimeToTarget(None, True, 1, 3, None)] * 2, False,
          "the runs have 3 epochs, fewer than the smoothing window"),
         ([_tt(5), _tt(5)], [_tt(5), _tt(5)], False, "uninformative target"),
@@ -469,3 +469,21 @@ def test_clearest_speedup_gets_the_exact_permutation_p(paired, p):
     assert s.p_method.startswith("exact") and s.reason.startswith("CI not estimable")
     three = speedup_runs(b[:3], t[:3], paired=True)
     assert three.estimable and three.p == pytest.approx(0.25) and not three.significant
+
+
+def test_a_missing_value_decides_only_the_windows_that_hold_it():
+    """A NaN after the first hit leaves the hit; before it (or in a curve that never hits) the time is unknown."""
+    y = np.array([0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1])
+    clean = epochs_to_target(y, 0.4, 3)
+    assert clean.epoch == 7 and clean.finite
+    late = y.copy()
+    late[10] = np.nan
+    assert epochs_to_target(late, 0.4, 3) == clean
+    early = y.copy()
+    early[1] = np.nan
+    assert not epochs_to_target(early, 0.4, 3).finite and epochs_to_target(early, 0.4, 3).epoch is None
+    never = y.copy()
+    never[11] = np.nan
+    out = epochs_to_target(never, 5.0, 3)
+    assert not out.finite and not out.censored
+    assert epochs_to_target(y, 5.0, 3).censored  # every window decided, none reaches it

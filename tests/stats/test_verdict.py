@@ -23,6 +23,8 @@ from pcpo_eval.stats.adjust import holm
 from pcpo_eval.stats.runlevel import ONE_RUN_PER_ARM
 from pcpo_eval.stats.verdict import (
     VERDICT_KEYS,
+    Verdict,
+    adjust_families,
     default_primary,
     headline,
     pair_runs,
@@ -265,9 +267,15 @@ def test_nan_run_and_missing_arm_in_a_cell():
                         gain_targets=(GAIN_TARGET,), primary=["final_reward"])  # fmt: skip
     by = {(r.cell, r.quantity): r for r in rows}
     assert by[("hps", "final_reward")].reason.startswith("non-finite values (NaN/inf) in 1 of 6 runs")
-    assert by[("hps", "speedup_gain:0.03")].reason.startswith("non-finite rewards in 1 of 6 runs")
+    # the NaN (epoch 38) comes after every run reached the gain target: the speed-up keeps its times
+    assert by[("hps", "speedup_gain:0.03")].estimable
     assert by[("pick", "final_reward")].reason == "no baseline runs" and by[("pick", "final_reward")].n_baseline_runs == 0
-    assert all(r.p is None and not r.estimable for r in rows)
+    assert all(r.p is None and not r.estimable for r in rows if r.quantity == "final_reward")
+    t.loc[(t.arm == "PCPO") & (t.cell == "hps") & (t.seed == 1) & (t.epoch == 2), "reward_mean"] = np.nan
+    early = verdict_rows(t, "DDPO", rng=np.random.default_rng(0), quantities=["final_reward"],
+                         gain_targets=(GAIN_TARGET,), primary=["final_reward"])  # fmt: skip
+    gain = next(r for r in early if (r.cell, r.quantity) == ("hps", "speedup_gain:0.03"))
+    assert not gain.estimable and gain.reason.startswith("1 of 6 runs have a missing (non-finite) reward or control")
     assert headline([r.to_dict() for r in rows]).startswith("On this study")
 
 
@@ -440,3 +448,25 @@ def test_headline_per_cell_learning_speed_caveats_and_a_missing_primary():
     assert h.index("On this study (hps)") < h.index("Compared over epochs") < h.index("Learning speed (hps")
     assert headline([], no_primary="the primary endpoint speedup_gain:0.1 has no row (x)") == \
         "No run-level verdict: the primary endpoint speedup_gain:0.1 has no row (x)."
+
+
+def _row(cell: str, q: str, p: float | None) -> Verdict:
+    return Verdict(cell, q, "DDPO", "PCPO", 0.1, 0.0, 0.2, 3, 3, p, p is not None, "" if p is not None else "x", False, "")
+
+
+def test_the_gate_names_the_primary_row_that_closed_it():
+    """Secondary rows of a closed gate say which primary row closed it and why (no difference, or not
+    estimable; with its cell when there are several), and whether their own Holm p was below alpha."""
+    rows = adjust_families([_row("a", "paired_gain", 0.001), _row("b", "paired_gain", 0.4), _row("a", "auc", 0.001)],
+                           ("paired_gain",), ALPHA)
+    auc = rows[2]
+    assert not auc.significant and auc.details["gated"] and auc.details["holm_below_alpha"]
+    assert auc.details["gate"] == "the primary endpoint (paired_gain) in b shows no difference"
+    rows = adjust_families([_row("a", "paired_gain", None), _row("a", "auc", 0.3)], ("paired_gain",), ALPHA)
+    assert rows[1].details["gate"] == "the primary endpoint (paired_gain) is not estimable"
+    assert not rows[1].details["holm_below_alpha"]
+    assert adjust_families([_row("a", "auc", 0.01)], ("paired_gain",), ALPHA)[0].details["gate"] == \
+        "the study has no primary row"
+    h = headline([r.to_dict() for r in adjust_families(
+        [_row("a", "paired_gain", 0.4), _row("a", "auc", 0.001)], ("paired_gain",), ALPHA)])
+    assert "Not tested, because the primary endpoint (paired_gain) shows no difference: 1 secondary row(s)" in h

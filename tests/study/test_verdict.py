@@ -374,6 +374,8 @@ def test_endpoint_keys_are_validated_before_any_work(tmp_path):
     assert not (tmp_path / "study").exists()
     ok = load_spec(write_spec(tmp_path / "t.yaml", gain_targets=[0.1], primary="speedup_gain:0.1"))
     assert ok.gain_targets == (0.1,) and ok.primary == ("speedup_gain:0.1",)
+    spelled = load_spec(write_spec(tmp_path / "v.yaml", gain_targets=[0.06], primary=["speedup_gain:0.060", "auc"]))
+    assert spelled.primary == ("speedup_gain:0.06", "auc")  # the row's own spelling, so the row is found
     # a speed-up primary must name a listed target: 0.05 (a typo of 0.06) would have no row, and no primary
     bad = write_spec(tmp_path / "u.yaml", gain_targets=[0.03, 0.06], primary=["speedup_gain:0.05", "speedup_reward:0.4"])
     with pytest.raises(UserError) as ei:
@@ -448,6 +450,19 @@ def test_arms_sharing_most_seeds_pair_on_them(tmp_path, monkeypatch):
     assert any("share 2 seeds; the runs are paired on those" in n and "A seeds 2; B seeds 5" in n
                for n in res["verdict_notes"])
     assert res["sampler_offset"]["all"]["paired"]
+    assert "The arms share 2 seeds; the runs are paired on those and the others are left out" in res["headline"]
+
+
+def test_a_sampler_offset_without_spread_is_reported(tmp_path, monkeypatch):
+    """The arms' controls differ by exactly the same amount on every seed: no CI, the exact sign-flip p
+    (3 pairs: 0.25), no crash (the offset sentence used to format a missing CI)."""
+    def shift(logs):
+        for s in range(3):
+            logs[f"algorithm-B__seed-{s}"]["control_reward_mean"] = logs[f"algorithm-A__seed-{s}"]["control_reward_mean"] + 0.25
+
+    off = _planted(tmp_path, monkeypatch, shift)["sampler_offset"]["all"]
+    assert off["difference"] == pytest.approx(0.25) and off["ci_low"] is None and off["p"] == pytest.approx(0.25)
+    assert not off["significant"] and "p = 0.25" in off["explains"]
 
 
 def test_a_primary_without_a_row_says_why(tmp_path, fakes):
