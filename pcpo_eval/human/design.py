@@ -231,6 +231,17 @@ def _safe(label: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", label)
 
 
+def _n_keys(view: StudyView, ds: HumanDesignSpec) -> int | None:
+    """Prompts x seeds each checkpoint renders (None when the prompt set cannot be read here: the render
+    says why, and the design's own check runs once the sets exist)."""
+    from pcpo_eval.prompts import load_prompts
+
+    try:
+        return len(load_prompts(ds.prompts or view.spec["eval"]["prompts"], limit=ds.max_prompts)) * ds.seeds
+    except (UserError, OSError, KeyError):
+        return None
+
+
 def render_sets(view: StudyView, ds: HumanDesignSpec, checkpoints: Sequence[Checkpoint], sets_root: Path,
                 log: Callable[[str], None] = print, progress: bool = False) -> dict[str, Path]:
     """Render every checkpoint's prompts x seeds with the study's eval sampler; label -> set folder.
@@ -353,13 +364,17 @@ def shared_checkpoints(pairs: Sequence[tuple[Checkpoint, Checkpoint]]) -> list[s
 
 def check_per_rater(pairs: Sequence[tuple[Checkpoint, Checkpoint]], per_rater: int | None,
                     n_keys: int | None = None, n_checks: tuple[int, int] = (0, 0)) -> None:
-    """Refuse a ``per_rater`` that would show one rater a shared checkpoint's image twice (UserError).
+    """Refuse a ``per_rater`` that would show one rater a shared checkpoint's image twice, or a block
+    with no main pair (UserError).
 
     A checkpoint in two comparisons has one image per prompt and seed, shown in both: a rater who
     meets both pairs sees identical bytes on one side of each and so knows which side it is.
     ``per_rater: null`` (every rater sees every pair) always does; with ``n_keys`` (prompts x
-    seeds) known, so does a block of more than ``n_keys`` main pairs.
+    seeds) known, so does a block of more than ``n_keys`` main pairs. A block so small that the
+    attention checks fill it would collect answers that compare nothing.
     """
+    if n_keys is not None and per_rater is not None:
+        _check_block_holds_a_main_pair(n_keys * len(pairs), n_checks, per_rater)
     shared = shared_checkpoints(pairs)
     if not shared or len(pairs) < 2:
         return
@@ -382,6 +397,18 @@ def check_per_rater(pairs: Sequence[tuple[Checkpoint, Checkpoint]], per_rater: i
         raise UserError(f"per_rater {per_rater} gives a rater {block_counts(n_main, *n_checks, per_rater)[0]} main "
                         f"pairs out of {n_keys} prompts x seeds, but {what}; set per_rater to at most {limit}, "
                         f"or {fix}")
+
+
+def _check_block_holds_a_main_pair(n_main: int, n_checks: tuple[int, int], per_rater: int) -> None:
+    """UserError when a block of ``per_rater`` pairs holds only attention checks."""
+    from pcpo_eval.human.db import block_counts
+
+    if n_main == 0 or block_counts(n_main, *n_checks, per_rater)[0] > 0:
+        return
+    least = next(p for p in range(per_rater + 1, n_main + sum(n_checks) + 1) if block_counts(n_main, *n_checks, p)[0])
+    raise UserError(f"per_rater {per_rater} leaves no main pair after the attention checks (every rater gets at least "
+                    f"one of each kind the design has: {n_checks[0]} identical, {n_checks[1]} degraded); set per_rater "
+                    f"to at least {least}")
 
 
 def max_safe_per_rater(n_main: int, n_checks: tuple[int, int], n_keys: int) -> int:
@@ -577,7 +604,7 @@ def make_design(study: str | Path, out: str | Path, ds: HumanDesignSpec,
     sampling = _sampling(view)
     pairs, note = choose_checkpoints(view, ds)
     pairs = _unique_labels(pairs)
-    check_per_rater(pairs, ds.per_rater)  # before rendering: per_rater null with a shared checkpoint
+    check_per_rater(pairs, ds.per_rater, _n_keys(view, ds), (ds.identical, ds.degraded))  # before rendering
     checkpoints = list({c.label: c for p in pairs for c in p}.values())
     t0 = time.perf_counter()
     n_img = len(checkpoints) * (ds.max_prompts or 0) * ds.seeds

@@ -236,6 +236,19 @@ def test_per_rater_null_on_a_bracket_is_one_error_line_before_rendering(study, c
     assert not (tmp_path / "all" / "sets").exists() and not (tmp_path / "all" / "design.json").exists()
 
 
+def test_a_per_rater_too_large_or_too_small_is_refused_before_rendering(study, cli, tmp_path):
+    """A block with more main pairs than prompts x seeds (a shared image twice), or one the attention checks
+    fill: one error line, and no image set rendered first."""
+    for name, per_rater, needle in (("big", 10_000, "at most"), ("tiny", 2, "leaves no main pair")):
+        cfg = tmp_path / f"{name}.yaml"
+        cfg.write_text(yaml.safe_dump(DESIGN | {"per_rater": per_rater}))
+        res = cli("human", "design", study, "--config", cfg, "--out", tmp_path / name)
+        lines = res.stderr.strip().splitlines()
+        assert res.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: per_rater") and needle in lines[0], \
+            res.stderr
+        assert not (tmp_path / name / "sets").exists() and not (tmp_path / name / "design.json").exists()
+
+
 def test_shipped_design_files_validate():
     from pcpo_eval.human.design import load_design_spec
 

@@ -264,6 +264,8 @@ def test_f2_per_rater_that_would_repeat_an_image_is_refused(tmp_path):
                     parse_design_spec(PUBLIC | {"max_prompts": 3, "seeds": 2, "per_rater": 20, "identical": 1,
                                                 "degraded": 1}))
     check_per_rater(BRACKET, 40, 450, (10, 10))  # the paper's design: 38 main pairs of 450 keys
+    with pytest.raises(UserError, match=r"per_rater 2 leaves no main pair after the attention checks.*at least 3"):
+        check_per_rater(BRACKET, 2, 450, (10, 10))  # 1 identical + 1 degraded fill the block
     check_per_rater([BRACKET[0]], None)  # one comparison: nothing is shared
     check_per_rater([(PCPO, Checkpoint("A@1", "a")), (Checkpoint("B@1", "b"), Checkpoint("C@1", "c"))], None)
 
