@@ -48,3 +48,19 @@ def test_gpu_benchmark_tiny_mode(script, tmp_path):
     if script == "bench_generate.py":
         assert res["unet_invariance"]["repeat_same_shape_bitwise"] is True
         assert res["variant_attn_math"]["img_s"] > 0 and res["variant_cudnn_benchmark"]["img_s"] > 0
+
+
+def test_count_flops_tiny_mode(tmp_path):
+    """benchmarks/gpu/count_flops.py --tiny: the op split of a UNet row and a tiny setup-2 epoch's FLOPs
+    against the floor formula, for both objectives (the numbers docs/gpu.md reads)."""
+    out = tmp_path / "f.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu" / "count_flops.py"), "--tiny", "--json",
+                          str(out)], capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    res = json.loads(out.read_text())
+    ops = res["unet_row_by_op_G"]
+    assert 0 < ops["aten.convolution"] < ops["total"]
+    for e in res["tiny_setup2_epoch"].values():
+        assert e["update_G"] > 0 and e["update_floor_G"] > 0 and e["sample_G"] > e["sample_floor_G"] > 0
+    assert res["tiny_setup2_epoch"]["ppo_clip"]["update_G"] == res["tiny_setup2_epoch"]["pcpo"]["update_G"]

@@ -1,0 +1,100 @@
+"""FLOP counts behind docs/gpu.md's reading of the setup-2 gap (CPU; no timing, no GPU needed).
+
+1. One SD-1.5 UNet row (512 px, random weights of the real architecture, ``models.SD15_UNET``) by
+   op, with ``torch.utils.flop_counter.FlopCounterMode``: how much of it is convolution (what cuDNN's
+   autotuner, ``bench_generate.py --variants cudnn_benchmark``, could speed up). On a CPU the
+   attention kernel is not counted (its CPU op has no FLOP formula), so the total here is below the
+   803 GFLOP counted on a GPU.
+2. One setup-2 epoch of the tiny SD-1.x (``bench_train.py``'s tiny overrides: 8 images, 4 steps) for
+   ``ppo_clip`` and ``pcpo``: the FLOPs of sampling and of the update against ``bench_train.floor_s``'s
+   formula, so a gap in seconds on the GPU is kernel efficiency, not extra work.
+
+Usage::
+
+    python benchmarks/gpu/count_flops.py [--tiny] [--json OUT.json]
+
+``--tiny``: the tiny UNet for part 1 (CI).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_train  # noqa: E402
+from models import ROOT, SD15_UNET  # noqa: E402
+
+from pcpo_eval.train.config import load_config  # noqa: E402
+from pcpo_eval.train.trainer import Trainer  # noqa: E402
+
+
+def unet_flops_by_op(tiny: bool) -> dict[str, float]:
+    """GFLOP of one UNet row (one latent, one 77-token condition) per aten op, and the total."""
+    from diffusers import UNet2DConditionModel
+
+    from pcpo_eval.testing import tiny_sd1_components
+
+    torch.manual_seed(0)
+    unet = tiny_sd1_components(0)["unet"] if tiny else UNet2DConditionModel(**SD15_UNET)
+    c, s = unet.config.in_channels, unet.config.sample_size
+    x, h = torch.zeros(1, c, s, s), torch.zeros(1, 77, unet.config.cross_attention_dim)
+    with torch.inference_mode(), FlopCounterMode(display=False) as counter:
+        unet.eval()(x, torch.tensor([500]), encoder_hidden_states=h)
+    ops = {str(op): f / 1e9 for op, f in counter.get_flop_counts()["Global"].items()}
+    return {**dict(sorted(ops.items(), key=lambda kv: -kv[1])), "total": counter.get_total_flops() / 1e9}
+
+
+def epoch_flops(objective: str, model_dir: Path, flops_row: float) -> dict[str, float]:
+    """GFLOP of one tiny setup-2 epoch's sampling and update, and the floor formula's for each."""
+    over = [f"model=sd1:{model_dir}", "reward=jpeg_compressibility", "prompts=simple_animals", "epochs=1",
+            "sample_batches_per_epoch=2", "paper_total_batch=0", "checkpoint_every=1000", "log_to=none",
+            "log_images_every=0", f"objective={objective}", "device=cpu", "sample_steps=4", "sample_batch_size=4",
+            "train_batch_size=2"]
+    cfg = load_config(ROOT / "train" / "configs" / bench_train.SETUPS[2], over)
+    trainer = Trainer(cfg, Path(tempfile.mkdtemp(prefix="count_flops_")) / "run", progress=False)
+    counted: dict[str, float] = {}
+    for phase, name in (("sample", "sample_epoch"), ("update", "train_epoch")):
+        inner = getattr(trainer, name)
+
+        def counting(*a, _inner=inner, _phase=phase, **k):
+            with FlopCounterMode(display=False) as counter:
+                out = _inner(*a, **k)
+            counted[_phase] = counter.get_total_flops() / 1e9
+            return out
+
+        setattr(trainer, name, counting)
+    trainer.run()
+    r = {"steps": cfg.sample_steps, "timestep_fraction": cfg.timestep_fraction,
+         "train_last_step": cfg.train_last_step, "lora_rank": cfg.lora_rank}
+    images = cfg.sample_batch_size * cfg.sample_batches_per_epoch
+    floor = {p: bench_train.floor_s(r, flops_row, images, p) * bench_train.PEAK_TFLOPS * 1e3 for p in counted}
+    return {**{f"{p}_G": v for p, v in counted.items()}, **{f"{p}_floor_G": v for p, v in floor.items()}}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tiny", action="store_true", help="the tiny UNet for the op split (CI)")
+    ap.add_argument("--json", type=Path, default=None)
+    a = ap.parse_args()
+    ops = unet_flops_by_op(a.tiny)
+    conv = ops.get("aten.convolution", 0.0)
+    print(f"UNet row ({'tiny' if a.tiny else 'SD-1.5, 512 px'}): {ops['total']:.1f} GFLOP counted on CPU, "
+          f"convolutions {conv:.1f} ({100 * conv / ops['total']:.0f}%)", flush=True)
+    model_dir, flops_row = bench_train.save_model(True, "cpu")
+    epochs = {obj: epoch_flops(obj, model_dir, flops_row) for obj in ("ppo_clip", "pcpo")}
+    for obj, e in epochs.items():
+        print(f"tiny setup-2 epoch, {obj}: sampling {e['sample_G']:.2f} GFLOP (floor {e['sample_floor_G']:.2f}), "
+              f"update {e['update_G']:.2f} (floor {e['update_floor_G']:.2f})", flush=True)
+    if a.json:
+        a.json.write_text(json.dumps({"unet_row_by_op_G": ops, "tiny_setup2_epoch": epochs}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
