@@ -54,7 +54,7 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
@@ -211,14 +211,15 @@ class _State:
         issued = time.time_ns() // 1_000_000 if issued_ms is None else issued_ms
         return f"{issued}.{self._mac(f'answer:{rater_id}:{pair_id}:{issued}')}"
 
-    def answer_pair(self, rater_id: int, key: str) -> tuple[str, float] | None:
-        """(pair, seconds since the page was served) that ``key`` names among this rater's pairs, or None."""
+    def answer_pair(self, rater_id: int, key: str, candidates: Iterable[str | None]) -> tuple[str, float] | None:
+        """(pair, seconds since the page was served) that ``key`` names among ``candidates`` (the pairs an answer
+        may be for: the one shown, the one just answered), or None."""
         m = _ANSWER_KEY_RE.match(key)
         if m is None:
             return None
         issued = int(m.group(1))
-        for pair_id in self.assignment(rater_id):
-            if hmac.compare_digest(self.answer_key(rater_id, pair_id, issued), key):
+        for pair_id in candidates:
+            if pair_id is not None and hmac.compare_digest(self.answer_key(rater_id, pair_id, issued), key):
                 return pair_id, max(0.0, round(time.time() - issued / 1000, 3))
         return None
 
@@ -454,9 +455,9 @@ def _rater_routes(app: FastAPI, state: _State) -> None:
         text = clean_reason(reason)
         if len(text) > MAX_REASON:
             return state.message(422, f"The reason is too long: at most {MAX_REASON} characters.", back)
-        found = state.answer_pair(rater.id, key)
-        current, last, _ = _current(state, rater.id) if found else (None, None, set())
-        if found is None or found[0] not in (current, last):
+        current, last, _ = _current(state, rater.id)
+        found = state.answer_pair(rater.id, key, (current, last))
+        if found is None:
             return state.message(400, back=back)  # not this rater's, not shown yet, or forged: one answer
         db.submit(state.url, rater.id, found[0], choice, text, found[1] if found[0] == current else None)
         return RedirectResponse(back, status_code=303)

@@ -86,10 +86,17 @@ def speedup_pct(epochs_baseline: float, epochs_pcpo: float) -> float:
 
 
 def full_window_average(x: Sequence[float] | np.ndarray, window: int = 5) -> np.ndarray:
-    """Trailing mean over ``window`` values; NaN for the first ``window - 1`` (no full window yet)."""
-    s = moving_average(x, window)
-    s[: min(window - 1, s.size)] = np.nan
-    return s
+    """Trailing mean over ``window`` values; NaN for the first ``window - 1`` (no full window yet) and
+    for every window that holds a non-finite value (it decides nothing; the other windows still do)."""
+    if window < 1:
+        raise UserError(f"moving-average window must be >= 1, got {window}")
+    a = np.asarray(x, dtype=np.float64)
+    out = np.full(a.size, np.nan)
+    if a.size >= window:
+        with np.errstate(invalid="ignore"):
+            means = np.lib.stride_tricks.sliding_window_view(a, window).mean(axis=1)
+        out[window - 1:] = np.where(np.isfinite(means), means, np.nan)
+    return out
 
 
 @dataclass(frozen=True)
@@ -156,7 +163,7 @@ def epochs_to_target(
     if y.size < window:
         return TimeToTarget(None, bool(np.all(np.isfinite(y))), first, last, eligible,
                             finite=bool(np.all(np.isfinite(y))))
-    s = np.lib.stride_tricks.sliding_window_view(y, window).mean(axis=1)  # NaN where a window holds one
+    s = full_window_average(y, window)[window - 1:]  # one per eligible epoch, NaN where a window holds a NaN
     known = np.isfinite(s)
     with np.errstate(invalid="ignore"):
         hit = known & (s >= target if higher_is_better else s <= target)

@@ -56,7 +56,7 @@ import pandas as pd
 from pcpo_eval.errors import UserError, require
 from pcpo_eval.stats.adjust import holm
 from pcpo_eval.stats.runlevel import ONE_RUN_PER_ARM, Comparison, Stat, auc, compare_runs, final, paired_gain
-from pcpo_eval.stats.speedup import Speedup, ci_text, epochs_to_target, pct, speedup_runs
+from pcpo_eval.stats.speedup import Speedup, ci_text, epochs_to_target, full_window_average, pct, speedup_runs
 
 VERDICT_KEYS = (
     "cell", "quantity", "baseline", "treatment", "estimate", "ci_low", "ci_high", "n_baseline_runs",
@@ -216,10 +216,9 @@ def control_reaches(run: RunCurve, target: float, window: int) -> bool:
     """Whether the run's untrained control reaches ``target`` in some full window of ``window`` logged
     values (a window with a missing control epoch decides nothing; the other windows still count, so a
     control missing one epoch cannot make a target the sampler reaches look informative)."""
-    c = run.control
-    if c is None or c.size < window:
+    if run.control is None:
         return False
-    s = np.lib.stride_tricks.sliding_window_view(c, window).mean(axis=1)
+    s = full_window_average(run.control, window)
     return bool(np.any(s[np.isfinite(s)] >= target))
 
 
