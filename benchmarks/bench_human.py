@@ -57,7 +57,7 @@ def paper_pairs(seed: int = 0) -> pd.DataFrame:
 def rates(pairs: pd.DataFrame, p_prefer: float | dict, n: int, sd: float) -> dict[str, tuple[int, int]]:
     """Significant comparisons / comparisons over ``n`` studies, per test."""
     hits = {"binomial": 0, "mixed model": 0, "mixed model, Wald z": 0, "mixed model not estimable": 0}
-    total = 0
+    total, mdes = 0, []
     for k in range(n):
         resp = simulate_responses(pairs, 15, 40, p_prefer, rng_seed=1000 + k, rater_sd=sd, prompt_sd=sd)
         res = analyze(pairs, resp, bootstrap=0, seed=k)
@@ -68,7 +68,21 @@ def rates(pairs: pd.DataFrame, p_prefer: float | dict, n: int, sd: float) -> dic
             hits["mixed model"] += bool(mm["estimable"] and mm["p"] < 0.05)
             hits["mixed model, Wald z"] += bool(mm["estimable"] and mm["p_wald_z"] < 0.05)
             hits["mixed model not estimable"] += not mm["estimable"]
-    return {k: (v, total) for k, v in hits.items()}
+            if c["mde_win_rate"] is not None:
+                mdes.append(c["mde_win_rate"])
+    return {k: (v, total) for k, v in hits.items()} | {"mde": mdes}
+
+
+def mde_check(pairs: pd.DataFrame, aa_mdes: list[float], n: int, sd: float) -> str:
+    """Is the detectable win rate the verdict prints right? Plant the median MDE the A/A studies
+    reported and measure the verdict test's power there (the claim: 80%)."""
+    q = float(np.median(aa_mdes))
+    hit, tot = rates(pairs, {"PCPO@120": q}, n, sd)["mixed model"]
+    lo, hi = clopper_pearson(hit, tot)
+    return (f"Detectable win rate printed by the verdict (\"detectable at 80% power\"), rater / prompt SD {sd}: "
+            f"median {q:.3f} over the A/A studies (range {min(aa_mdes):.3f}-{max(aa_mdes):.3f}); planted at "
+            f"{q:.3f}, the mixed model is significant in {hit / tot:.3f} [{lo:.3f}, {hi:.3f}] of {tot} comparisons "
+            "(the claim: 0.80).")
 
 
 def glmer_ratio(pairs: pd.DataFrame) -> str:
@@ -113,8 +127,11 @@ def main(n: int) -> None:
              "| planted P(PCPO chosen) | rater / prompt SD (logit) | binomial test: significant | mixed model "
              "(Wald t, df raters - 1; the verdict's test): significant | mixed model with a Wald z test instead | "
              "mixed model not estimable |", "|---|---|---|---|---|---|"]
+    aa_mdes: list[float] = []
     for p, sd in ((0.5, 0.15), (0.5, 0.3), (0.6, 0.3), (0.7, 0.3)):
         r = rates(pairs, p if p == 0.5 else {"PCPO@120": p}, n, sd)
+        if p == 0.5 and sd == 0.3:
+            aa_mdes = r["mde"]
 
         def cell(k: str, r=r) -> str:
             hit, tot = r[k]
@@ -124,6 +141,7 @@ def main(n: int) -> None:
         label = f"{p} (A/A)" if p == 0.5 else f"{p}"
         lines.append(f"| {label} | {sd} | {cell('binomial')} | {cell('mixed model')} | "
                      f"{cell('mixed model, Wald z')} | {cell('mixed model not estimable')} |")
+    lines += ["", mde_check(pairs, aa_mdes, n, 0.3)]
     lines += ["", f"Mixed-model fit (one comparison, ~280 decisive answers): {glmer_ratio(pairs)}.", "",
               f"Command: `python benchmarks/bench_human.py {n}` ({time.perf_counter() - t0:.0f} s)."]
     print("\n".join(lines))

@@ -22,7 +22,8 @@ Output of :func:`analyze`: one JSON-serialisable dict (``None`` wherever a numbe
   made-up p) with fewer than 2 raters, fewer than :data:`MIN_DECISIVE` decisive answers, every
   answer one way, or a fit that does not converge. The verdict uses the mixed-model p when
   estimable, else the binomial p, says which, and says "no evidence of a preference" unless
-  p < :data:`ALPHA`.
+  p < :data:`ALPHA`; it also says which win rate that test would detect with 80% power with the
+  answers it had (``mde_win_rate``, :func:`detectable_win_rate`).
 * **Bradley-Terry** (more than two methods across main comparisons): maximum-likelihood
   log-strengths by the MM algorithm (Hunter 2004, "MM algorithms for generalized Bradley-Terry
   models", Ann. Stat. 32(1), eq. 3) with ties as half a win to each side (as Chatbot Arena),
@@ -43,6 +44,7 @@ Krippendorff's alpha) live in :mod:`pcpo_eval.stats.pairwise`; the mixed model i
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -60,6 +62,7 @@ from pcpo_eval.human.tables import (
 )
 from pcpo_eval.io import to_jsonable
 from pcpo_eval.stats.pairwise import (
+    binomial_mde,
     binomial_p,
     clopper_pearson,
     fit_bradley_terry,
@@ -138,6 +141,26 @@ def _fmt_ci(lo: float | None, hi: float | None) -> str:
     return "n/a" if lo is None else f"{lo:.2f}-{hi:.2f}"
 
 
+def detectable_win_rate(c: dict[str, Any]) -> float | None:
+    """The win rate of A (above 1/2; 1 minus it below) that the verdict's test detects with 80% power
+    with the answers this study has: with the mixed model, the inverse logit of its Wald t MDE on the
+    log-odds (:func:`pcpo_eval.stats.power.mde_from_se` at the fitted SE and df: a typical rater and
+    prompt, no side advantage); with the binomial test, its exact MDE at ``n_decisive``
+    (:func:`pcpo_eval.stats.pairwise.binomial_mde`). None where no rate up to 1 is detectable."""
+    mm = c["mixed_model"]
+    if c["p_source"] == "mixed-model":
+        d = mm.get("mde_log_odds")
+        return None if d is None else 1.0 / (1.0 + math.exp(-d))
+    return binomial_mde(c["n_decisive"], ALPHA)
+
+
+def _power_txt(c: dict[str, Any]) -> str:
+    q = c.get("mde_win_rate")
+    if q is None:
+        return "; no win rate is detectable at 80% power with these answers"
+    return f"; detectable at 80% power: a win rate of {q:.2f} (or {1 - q:.2f})"
+
+
 def verdict_sentence(c: dict[str, Any]) -> str:
     """One line: a preference only when the chosen p is below :data:`ALPHA`, else "no evidence"."""
     a, b = c["a"], c["b"]
@@ -152,8 +175,8 @@ def verdict_sentence(c: dict[str, Any]) -> str:
     if c["p"] is not None and c["p"] < ALPHA:
         a_ahead = mm["odds_ratio_a"] > 1.0 if c["p_source"] == "mixed-model" else c["win_rate_a"] > 0.5
         winner, loser = (a, b) if a_ahead else (b, a)
-        return f"Raters preferred {winner} over {loser}: {rate}, {p_txt}."
-    return f"No evidence of a preference between {a} and {b}: {rate}, {p_txt}."
+        return f"Raters preferred {winner} over {loser}: {rate}, {p_txt}{_power_txt(c)}."
+    return f"No evidence of a preference between {a} and {b}: {rate}, {p_txt}{_power_txt(c)}."
 
 
 def compare(main: pd.DataFrame, label: str) -> dict[str, Any]:
@@ -176,6 +199,7 @@ def compare(main: pd.DataFrame, label: str) -> dict[str, Any]:
     mm = c["mixed_model"]
     c["p"], c["p_source"] = (mm["p"], "mixed-model") if mm["estimable"] else (c["p_binomial"], "binomial")
     c["significant"] = c["p"] is not None and c["p"] < ALPHA
+    c["mde_win_rate"] = detectable_win_rate(c)
     c["verdict"] = verdict_sentence(c)
     return c
 

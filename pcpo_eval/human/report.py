@@ -95,7 +95,9 @@ def analyze_folder(folder: str | Path, responses: str | Path | None = None, data
     res = analyze(pairs, df, bootstrap=bootstrap, seed=int(design.get("rng_seed", 0)))
     res = to_jsonable({**res, "source": source, "design": {k: design.get(k) for k in (
         "study", "comparisons", "checkpoints", "selection", "n_pairs", "n_main", "n_prompts", "rng_seed",
-        "per_rater", "seeds", "max_prompts", "identical", "degraded", "created")},
+        "per_rater", "seeds", "max_prompts", "identical", "degraded", "created")}
+        # how sides and order were drawn (the secret itself stays in design.json)
+        | {"blinding": "secret" if design.get("blinding_secret") else "rng_seed"},
         "examples": examples(pairs, df, folder)})
     lay = HumanLayout(folder)
     if is_simulated(df):

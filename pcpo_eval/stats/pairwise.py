@@ -61,6 +61,28 @@ def binomial_p(k: int, n: int) -> float | None:
     return float(binomtest(k, n, 0.5).pvalue) if n else None
 
 
+def binomial_power(p1: float, n: int, alpha: float = 0.05) -> float:
+    """Power of the exact two-sided binomial test against 1/2 (:func:`binomial_p`) at ``n`` trials
+    when the true rate is ``p1``: the probability of a count whose p is below ``alpha``."""
+    from scipy.stats import binom
+
+    k = np.arange(n + 1)
+    # scipy's two-sided p at 1/2 (a symmetric null): 2 P(K >= max(k, n - k)), capped at 1
+    p = np.minimum(1.0, 2.0 * binom.sf(np.maximum(k, n - k) - 1, n, 0.5))
+    return float(binom.pmf(k[p < alpha], n, p1).sum())
+
+
+def binomial_mde(n: int, alpha: float = 0.05, power: float = 0.8) -> float | None:
+    """Smallest win rate above 1/2 that :func:`binomial_p` detects with probability ``power`` at
+    ``n`` decisive answers (by symmetry ``1 - rate`` below 1/2); None when no rate up to 1 does
+    (too few answers: fewer than 6 at alpha 0.05)."""
+    from scipy.optimize import brentq
+
+    if n < 1 or binomial_power(1.0, n, alpha) < power:
+        return None
+    return float(brentq(lambda q: binomial_power(q, n, alpha) - power, 0.5, 1.0, xtol=1e-9))
+
+
 # -- Bradley-Terry ------------------------------------------------------------------------------
 
 

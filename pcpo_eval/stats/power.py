@@ -53,14 +53,32 @@ def t_power(delta: float, sd_b: float, n_b: int, *, sd_t: float | None = None, n
     se, df = _se_df(sd_b, sd_t, n_b, n_t, paired)
     if se == 0.0:
         return 1.0 if delta != 0 else alpha
+    return power_at(abs(delta) / se, df, alpha)
+
+
+def power_at(nc: float, df: float, alpha: float = 0.05) -> float:
+    """Power of a two-sided t test with ``df`` at noncentrality ``nc`` = true effect / SE:
+    ``P(|T'| > t_{1-alpha/2, df})`` with ``T'`` noncentral t, both tails counted."""
     q = float(scipy.stats.t.ppf(1 - alpha / 2, df))
-    nc = abs(delta) / se
     # lower tail P(T' < -q) as sf(q; -nc): the same number, but scipy 1.17's nct.cdf(-q, df, nc) is NaN
     # at scattered nc >~ 7.5 (then the normal limit below was used: 0.92 instead of 0.73 at df 1)
     pw = float(scipy.stats.nct.sf(q, df, nc) + scipy.stats.nct.sf(q, df, -nc))
     if not math.isfinite(pw):  # scipy's nct gives NaN far in the tail: the normal limit there
         pw = float(scipy.stats.norm.sf(q - nc) + scipy.stats.norm.cdf(-q - nc))
     return min(pw, 1.0)
+
+
+def mde_from_se(se: float, df: float, *, alpha: float = 0.05, power: float = POWER) -> float | None:
+    """Smallest |effect| a two-sided Wald t test with standard error ``se`` and ``df`` detects with
+    probability ``power`` (the effect in the SE's units, e.g. log-odds for a logistic model's
+    coefficient); None without a finite positive SE or df."""
+    if not (math.isfinite(se) and se > 0 and math.isfinite(df) and df > 0):
+        return None
+    f = lambda nc: power_at(nc, df, alpha) - power  # noqa: E731
+    hi = 1.0
+    while f(hi) < 0:
+        hi *= 2
+    return se * float(scipy.optimize.brentq(f, 0.0, hi, xtol=1e-12, rtol=1e-10))
 
 
 def mde(sd_b: float, n_b: int, *, sd_t: float | None = None, n_t: int | None = None, paired: bool,

@@ -95,6 +95,22 @@ def test_aa_design_gives_no_evidence(pairs2):
     for c in out["comparisons"]:
         assert c["verdict"].startswith("No evidence of a preference between pcpo@120 and ddpo@"), c["verdict"]
         assert c["p"] >= 0.05 and c["ci95"][0] < 0.5 < c["ci95"][1]
+        # every verdict says what it could have detected with the answers it had
+        q = c["mde_win_rate"]
+        assert 0.5 < q < 1.0 and f"detectable at 80% power: a win rate of {q:.2f} (or {1 - q:.2f})" in c["verdict"]
+        mm = c["mixed_model"]
+        assert q == pytest.approx(1 / (1 + math.exp(-mm["mde_log_odds"])))
+        assert mm["mde_log_odds"] > 2.8 * mm["se"]  # t quantiles at raters - 1 df exceed the normal ones
+
+
+def test_binomial_verdict_states_its_exact_detectable_rate(pairs2):
+    """One rater: no mixed model; the binomial test's exact MDE at the decisive answers is printed."""
+    from pcpo_eval.stats.pairwise import binomial_mde
+
+    resp = simulate_responses(pairs2, 1, 40, 0.5, rng_seed=5)
+    for c in analyze(pairs2, resp, bootstrap=0)["comparisons"]:
+        assert c["p_source"] == "binomial" and c["mde_win_rate"] == binomial_mde(c["n_decisive"])
+        assert f"detectable at 80% power: a win rate of {c['mde_win_rate']:.2f}" in c["verdict"]
 
 
 def aa_rejection_rates(n_studies: int, seed: int, sd: float) -> tuple[float, float, int]:

@@ -175,6 +175,11 @@ def test_raters_rate_through_the_app_and_the_analysis_reaches_the_report(study, 
     assert html.index('id="human-verdict"') < html.index('id="spec"')
     assert all(c["verdict"].split(":")[0] in html for c in analysis["comparisons"])
     assert html.count('src="data:image/png;base64,') >= 2 * len(analysis["examples"])
+    # each comparison states the win rate it could have detected; the blinding secret is not in the report
+    assert "detectable win rate (80% power)" in html and "randomised from the design's private secret" in html
+    assert all("detectable at 80% power" in c["verdict"] for c in analysis["comparisons"])
+    secret = json.loads((human / "design.json").read_text())["blinding_secret"]
+    assert secret not in html and secret not in json.dumps(results)
     # a rehearsal on simulated raters (planted preference for PCPO) never touches the real results
     sim = human / "sim.parquet"
     pcpo = next(c["label"] for c in json.loads((human / "design.json").read_text())["checkpoints"]

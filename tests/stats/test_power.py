@@ -94,3 +94,39 @@ def test_seeds_needed_edges():
     assert seeds_needed(10.0, 1.0, paired=True) == 3  # 2 pairs (df 1): power 0.73
     assert seeds_needed(30.0, 1.0, paired=True) == 2
     assert MAX_SEEDS == 10_000
+
+
+@pytest.mark.parametrize("n", [3, 5, 10])
+def test_mde_from_se_is_the_t_tests_mde(n):
+    """A Wald t test with SE s/sqrt(n) and n - 1 df is the paired t: the same MDE."""
+    from pcpo_eval.stats.power import mde_from_se
+
+    sd = 1.7
+    assert mde_from_se(sd / math.sqrt(n), n - 1) == pytest.approx(mde(sd, n, paired=True), rel=1e-8)
+    assert mde_from_se(1.0, 1e7) == pytest.approx(2.8016, abs=1e-3)  # the normal limit z_.975 + z_.8
+    assert mde_from_se(0.0, 5) is None and mde_from_se(math.nan, 5) is None and mde_from_se(1.0, 0) is None
+
+
+@pytest.mark.parametrize("n", [6, 20, 57, 300])
+def test_binomial_mde_has_80_percent_power_by_simulation(n):
+    """The exact binomial test (scipy's binomtest p) at the MDE rejects in 80% of draws."""
+    import numpy as np
+    from scipy.stats import binomtest
+
+    from pcpo_eval.stats.pairwise import binomial_mde, binomial_power
+
+    q = binomial_mde(n)
+    assert q is not None and 0.5 < q < 1.0
+    assert binomial_power(q, n) == pytest.approx(0.8, abs=1e-6)
+    assert binomial_power(0.5, n) <= 0.05  # the exact test keeps its level
+    ks = np.random.default_rng(n).binomial(n, q, 4000)
+    p_of = {k: binomtest(int(k), n, 0.5).pvalue for k in np.unique(ks)}
+    rate = np.mean([p_of[k] < 0.05 for k in ks])
+    assert abs(rate - 0.8) < 4 * math.sqrt(0.16 / 4000), rate
+
+
+def test_binomial_mde_needs_enough_answers():
+    from pcpo_eval.stats.pairwise import binomial_mde
+
+    assert binomial_mde(5) is None and binomial_mde(0) is None  # 5 of 5 has p = 0.0625
+    assert binomial_mde(6) is not None and binomial_mde(1000) < binomial_mde(100) < binomial_mde(10)
