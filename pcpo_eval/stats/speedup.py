@@ -33,7 +33,8 @@ Epochs_PCPO - 1) x 100%" (e.g. 260 vs 131 epochs -> 98.5%, :func:`speedup_pct`),
    restricted mean is at least ``earliest`` (the mean of its runs' first full-window epochs), and
    the baseline's at most ``tau``. The CI's upper end is clipped at ``tau / earliest - 1``, the
    largest speed-up the design allows (``ci_high_clipped``): a bound on the parameter, so the
-   clipped set keeps its coverage. It is not clipped at ``RMST_b / earliest - 1``: that bound
+   clipped set keeps its coverage; likewise its lower end at ``earliest_b / tau - 1`` (the baseline's
+   own earliest mean over ``tau``; ``ci_low_clipped``), where Fieller's set reached -100%. It is not clipped at ``RMST_b / earliest - 1``: that bound
    uses the baseline's *estimate*, and a CI cut there misses the true speed-up whenever the
    baseline's mean is underestimated and the treatment is near its floor.
    Power: the minimum detectable speed-up at 80% power and the seeds per arm a 25% speed-up needs
@@ -234,9 +235,10 @@ def fieller_interval(b: np.ndarray, t: np.ndarray, *, paired: bool, q: float) ->
     return pieces[0][0], pieces[-1][1]
 
 
-def clip_pieces(pieces: Sequence[tuple[float, float]], upper: float) -> tuple[tuple[float, float], ...]:
-    """``pieces`` intersected with ``(-inf, upper]``; a piece wholly above ``upper`` is dropped."""
-    return tuple((lo, min(hi, upper)) for lo, hi in pieces if lo <= upper)
+def clip_pieces(pieces: Sequence[tuple[float, float]], upper: float,
+                lower: float = -math.inf) -> tuple[tuple[float, float], ...]:
+    """``pieces`` intersected with ``[lower, upper]``; a piece wholly outside is dropped."""
+    return tuple((max(lo, lower), min(hi, upper)) for lo, hi in pieces if lo <= upper and hi >= lower)
 
 
 @dataclass(frozen=True)
@@ -249,7 +251,9 @@ class Speedup:
     * CI: ``ci_low..ci_high``; when Fieller's set has two pieces, ``ci_gap_low``/``ci_gap_high``
       are the hole inside it, so the CI is ``[ci_low, ci_gap_low]`` or ``[ci_gap_high, ci_high]``
       (both None for one piece). The upper end is clipped at ``tau / earliest - 1``, the largest
-      speed-up the design allows (``ci_high_clipped``), so ``ci_high`` None only without a CI.
+      speed-up the design allows (``ci_high_clipped``), so ``ci_high`` None only without a CI; the
+      lower end at ``earliest_b / tau - 1``, the largest slow-down it allows (``ci_low_clipped``:
+      the baseline's runs' first full-window epochs against a treatment that never hits).
     * ``earliest``: the earliest possible treatment restricted mean, the mean over treatment runs
       of their first full-window epoch (``tau`` for a run without one); ``max_speedup``:
       ``baseline_mean / earliest - 1``, the largest speed-up possible against this baseline.
@@ -288,6 +292,7 @@ class Speedup:
     ci_gap_low: float | None = None
     ci_gap_high: float | None = None
     ci_high_clipped: bool = False
+    ci_low_clipped: bool = False
     earliest: float | None = None
     max_speedup: float | None = None
     reference_feasible: bool = True
@@ -436,9 +441,11 @@ def speedup_runs(
     from pcpo_eval.stats.power import seeds_needed
 
     p, df, q, sd_b, sd_t = _t_test(vb, vt, paired, alpha)
-    upper = tau / earliest  # rho = mu_b / mu_t <= tau / earliest: the parameter space
+    # the parameter space: earliest_b / tau <= rho = mu_b / mu_t <= tau / earliest (no mean beyond tau,
+    # none before its runs' first full-window epochs); it holds the estimate, so a piece survives
+    lower, upper = earliest_mean(b, tau) / tau, tau / earliest
     pieces = fieller_set(vb, vt, paired=paired, q=q)
-    kept = clip_pieces(pieces, upper)
+    kept = clip_pieces(pieces, upper, lower)
     gap = (kept[0][1] - 1, kept[1][0] - 1) if len(kept) == 2 else (None, None)
     d_mde = _mde(sd_b, vb.size, sd_t=sd_t, n_t=vt.size, paired=paired, alpha=alpha)
     need = (seeds_needed(mb - mb / (1 + reference_effect), sd_b, sd_t=sd_t, paired=paired, alpha=alpha)
@@ -446,7 +453,7 @@ def speedup_runs(
     return Speedup(**base, ci_low=kept[0][0] - 1, ci_high=kept[-1][1] - 1, p=p, df=df,
                    mde=_as_speedup(mb, d_mde, earliest), seeds_for_reference=need, estimable=True, reason="",
                    significant=bool(p < alpha), ci_gap_low=gap[0], ci_gap_high=gap[1],
-                   ci_high_clipped=pieces[-1][1] > upper, **feas, p_method="paired t" if paired else "Welch t")
+                   ci_high_clipped=pieces[-1][1] > upper, ci_low_clipped=pieces[0][0] < lower, **feas, p_method="paired t" if paired else "Welch t")
 
 
 @dataclass(frozen=True)

@@ -394,7 +394,8 @@ def _speedup(cell: str, b: Sequence[RunCurve], t: Sequence[RunCurve], paired: bo
                "n_censored_treatment": s.n_censored_treatment, "df": s.df,
                "reference_speedup": REFERENCE_SPEEDUP, "seeds_for_reference": s.seeds_for_reference,
                "reference_feasible": s.reference_feasible, "max_speedup": s.max_speedup, "p_method": s.p_method,
-               "ci_gap": [s.ci_gap_low, s.ci_gap_high], "ci_high_clipped": s.ci_high_clipped}
+               "ci_gap": [s.ci_gap_low, s.ci_gap_high], "ci_high_clipped": s.ci_high_clipped,
+               "ci_low_clipped": s.ci_low_clipped}
     v = Verdict(cell, quantity_name(kind, target), *names, s.estimate, s.ci_low, s.ci_high, s.n_baseline, s.n_treatment,
                 s.p, s.estimable, s.reason, s.significant, "", s.paired, s.mde, "secondary", None,
                 s.p if s.p_method.startswith("exact") else None,

@@ -425,6 +425,20 @@ def test_ci_is_clipped_at_the_designs_largest_speedup():
     assert s.earliest == 10.0 and s.ci_high == pytest.approx(60 / 10 - 1) and s.ci_high_clipped
 
 
+def test_ci_is_clipped_at_the_designs_largest_slowdown():
+    """rho >= earliest_b / tau (the baseline's mean cannot fall below its runs' first full-window
+    epochs, the treatment's cannot pass tau): a treatment slower than an uncertain baseline has its
+    Fieller ray cut there instead of reaching -100%; a piece wholly outside is dropped."""
+    from pcpo_eval.stats.speedup import clip_pieces
+
+    b, t = np.array([16.0, 29.0, 14.0]), np.array([31.0, 48.0, 27.0])  # the ray test's arms swapped
+    s = speedup_runs([_tt(int(x), eligible=10) for x in b], [_tt(int(x), eligible=10) for x in t], paired=True)
+    assert s.estimate < 0 and s.significant and s.ci_low_clipped
+    assert s.ci_low == pytest.approx(10 / 60 - 1) and s.ci_low < s.estimate < s.ci_high < 0
+    assert clip_pieces(((0.0, 0.5), (2.0, math.inf)), 6.0, 0.6) == ((2.0, 6.0),)
+    assert clip_pieces(((0.0, 0.5), (2.0, math.inf)), 1.5, 0.1) == ((0.1, 0.5),)
+
+
 def test_two_piece_fieller_set_is_reported_as_its_pieces():
     """Times 10/19/47 vs 5/13/40 paired: p = 0.009 and Fieller's set is [0, r1] U [r2, inf) with
     r1 < 1 < r2. The CI was printed as the hull '-100% to unbounded' next to 'sooner'; now both pieces,
@@ -435,13 +449,15 @@ def test_two_piece_fieller_set_is_reported_as_its_pieces():
     t = [epochs_to_target(_hit_curve(h, 60), 1.0, 5) for h in (5, 13, 40)]
     s = speedup_runs(b, t, target=1.0, paired=True)
     assert s.significant and s.p == pytest.approx(scipy.stats.ttest_rel([10, 19, 47], [5, 13, 40]).pvalue)
-    assert s.ci_low == -1.0 and s.ci_gap_low is not None and s.ci_gap_high is not None
+    # Fieller's lower piece starts at rho = 0 (-100%); the design bounds it at earliest_b / tau = 5 / 60
+    assert s.ci_low == pytest.approx(5 / 60 - 1) and s.ci_low_clipped
+    assert s.ci_gap_low is not None and s.ci_gap_high is not None
     assert s.ci_gap_low < 0 < s.ci_gap_high < s.estimate <= s.ci_high == pytest.approx(60 / 5 - 1)
     q = scipy.stats.t.ppf(1 - ALPHA / 2, 2)
     vb, vt = np.array([10.0, 19, 47]), np.array([5.0, 13, 40])
     for r in (s.ci_gap_low + 1, s.ci_gap_high + 1):
         assert _pivot(vb, vt, r, True) == pytest.approx(q, rel=1e-9)
-    assert ci_text(s) == "95% CI -100% to -14% or +13% to +1100%"
+    assert ci_text(s) == "95% CI -92% to -14% or +13% to +1100%"
 
 
 def test_constant_difference_p_is_the_exact_permutation_p():
