@@ -537,23 +537,20 @@ def compare_runs(
     perm = sign_flip_test(t - b, rng=rng) if paired else permutation_test(b, t, rng=rng, stat=stat)
     kind = "sign-flip" if paired else "relabelling"
     how = f"{'exact' if perm.exact else 'Monte Carlo'} {kind} permutation test over {perm.n_relabellings}"
-    if exact_only:  # no spread, a consistent nonzero difference: the permutation p, no CI (no_spread_difference)
+    ci = None
+    if not exact_only:
+        ci = (trimmed_paired_interval(t - b, trim=trim, alpha=alpha) if paired
+              else trimmed_t_interval(b, t, trim=trim, alpha=alpha))
+    if ci is None or ci.se == 0.0:  # no spread (left after trimming): the permutation p, no CI
         diff = float(f(t - b)) if paired else est
         assert diff is not None
-        why = "every per-seed difference is equal" if paired else "every run of each arm has the same value"
+        why = ("no within-arm variation left after trimming 25% of runs per end" if ci is not None else
+               "every per-seed difference is equal" if paired else "every run of each arm has the same value")
         poi = float(probability_of_improvement(b, t))
         return Comparison(stat, b.size, t.size, bv, tv, diff, None, None, "none (no spread)", alpha, perm.p,
                           f"{how} (no spread for the t test)", perm.p_min, poi, None, None, True,
                           f"CI not estimable ({why}: no spread); p is the {how}", bool(perm.p < alpha), paired,
                           None, perm.p, None)  # fmt: skip
-    if paired:
-        ci = trimmed_paired_interval(t - b, trim=trim, alpha=alpha)
-    else:
-        ci = trimmed_t_interval(b, t, trim=trim, alpha=alpha)
-    if ci.se == 0.0:
-        reason = "no within-arm variation left after trimming 25% of runs per end; use stat='mean'"
-        return Comparison(stat, b.size, t.size, bv, tv, est, None, None, ci_method, alpha,
-                          None, "", None, None, None, None, False, reason, False, paired)  # fmt: skip
     mde = trimmed_mde(b, t, paired=paired, trim=trim, alpha=alpha)
     p = _t_p(ci)
     p_method = (f"{ci_method} (permutation check: {'exact' if perm.exact else 'Monte Carlo'} {kind} "
