@@ -70,7 +70,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pcpo_eval.errors import UserError
-from pcpo_eval.human import CHOICES, KINDS, MAX_REASON, HumanLayout, db
+from pcpo_eval.human import CHOICES, KINDS, MAX_REASON, HumanLayout, db, design_comparison_seeds
 
 HERE = Path(__file__).parent
 LOG = logging.getLogger("pcpo_eval.human.app")
@@ -152,6 +152,7 @@ def read_settings(layout: HumanLayout) -> Settings:
         raise UserError(f"{layout.design} lacks an integer rng_seed; {hint}")
     if per_rater is not None and (isinstance(per_rater, bool) or not isinstance(per_rater, int) or per_rater < 1):
         raise UserError(f"{layout.design}: per_rater must be a positive integer or null; {hint}")
+    design_comparison_seeds(design, layout.design)  # served alike; a bad value is a damaged file
     return Settings(seed, per_rater, _secret(design, layout.design, hint))
 
 

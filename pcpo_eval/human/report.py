@@ -24,7 +24,7 @@ from typing import Any
 import pandas as pd
 
 from pcpo_eval.errors import UserError
-from pcpo_eval.human import ANALYSIS_FILE, HumanLayout
+from pcpo_eval.human import ANALYSIS_FILE, HumanLayout, design_comparison_seeds
 from pcpo_eval.io import atomic_write_json, to_jsonable
 
 EXAMPLES_PER_COMPARISON = 3
@@ -95,7 +95,8 @@ def analyze_folder(folder: str | Path, responses: str | Path | None = None, data
     res = analyze(pairs, df, bootstrap=bootstrap, seed=int(design.get("rng_seed", 0)))
     res = to_jsonable({**res, "source": source, "design": {k: design.get(k) for k in (
         "study", "comparisons", "checkpoints", "selection", "n_pairs", "n_main", "n_prompts", "rng_seed",
-        "per_rater", "seeds", "max_prompts", "identical", "degraded", "created")},
+        "per_rater", "seeds", "max_prompts", "identical", "degraded", "created")}
+        | {"comparison_seeds": design_comparison_seeds(design, HumanLayout(folder).design)},
         "examples": examples(pairs, df, folder)})
     lay = HumanLayout(folder)
     if is_simulated(df):
