@@ -65,6 +65,11 @@ CHOICES = ("left", "right", "tie")
 KINDS = ("main", "identical", "degraded")
 MAX_REASON = 500
 ALPHA = 0.05  # significance level of the analysis' verdicts (and 1 - the level of its CIs)
+#: ``comparison_seeds`` of a design: ``distinct`` (the default: comparison k on seeds k*S .. k*S+S-1, so no
+#: image is shown in two comparisons) or ``shared`` (every comparison on seeds 0 .. S-1).
+COMPARISON_SEEDS = ("distinct", "shared")
+#: What a design.json written before ``comparison_seeds`` existed used.
+LEGACY_COMPARISON_SEEDS = "shared"
 
 # The file names of ``HUMAN/`` (spelled here only: tests/repo/test_file_names.py); :class:`HumanLayout` gives the paths.
 #: every setting of the design; written last, so a folder with it is a finished design
@@ -127,3 +132,15 @@ class HumanLayout:
     def rehearsal(self) -> Path:
         """Where the analysis of simulated responses goes (never the study's report)."""
         return self.root / "rehearsal"
+
+
+def design_comparison_seeds(design: dict, where: Path | str) -> str:
+    """``comparison_seeds`` of a ``design.json`` mapping (absent: a design written before the setting,
+    :data:`LEGACY_COMPARISON_SEEDS`); any other value is a one-line UserError."""
+    from pcpo_eval.errors import UserError
+
+    value = design.get("comparison_seeds", LEGACY_COMPARISON_SEEDS)
+    if value not in COMPARISON_SEEDS:
+        raise UserError(f"{where}: comparison_seeds {value!r} must be distinct or shared; rerun "
+                        "`pcpo-eval human design`")
+    return str(value)

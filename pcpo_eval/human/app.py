@@ -26,8 +26,10 @@ The undo button carries ``HMAC(key secret, rater, pair)`` likewise.
 **Blinding.** An image URL is ``HMAC(key secret, rater, pair, side)`` (key secret: derived from the
 design's ``blinding_secret``, so URLs and answer keys survive a restart; older designs: one made
 when the process starts): one image shown in two
-pairs (PCPO's, in both bracket comparisons) gets two unrelated URLs, and two raters never share
-one. Images are sent with ``Cache-Control: no-store`` and no ``Last-Modified`` or ``ETag`` (file
+pairs (PCPO's, in both bracket comparisons of a design on shared seeds; a main pair's image reused by
+an attention check) gets two unrelated URLs, and two raters never share one. Designs on distinct
+seeds (``comparison_seeds``, the default) show no image in two comparisons at all
+(``tests/human/test_comparison_seeds.py``); the app serves both kinds alike. Images are sent with ``Cache-Control: no-store`` and no ``Last-Modified`` or ``ETag`` (file
 times follow the order images were written, which followed the checkpoints). What the app cannot
 hide is the content itself (pixels, and so the PNG's size): ``tests/human/test_blinding.py``.
 
@@ -70,7 +72,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pcpo_eval.errors import UserError
-from pcpo_eval.human import CHOICES, KINDS, MAX_REASON, HumanLayout, db
+from pcpo_eval.human import CHOICES, KINDS, MAX_REASON, HumanLayout, db, design_comparison_seeds
 
 HERE = Path(__file__).parent
 LOG = logging.getLogger("pcpo_eval.human.app")
@@ -152,6 +154,7 @@ def read_settings(layout: HumanLayout) -> Settings:
         raise UserError(f"{layout.design} lacks an integer rng_seed; {hint}")
     if per_rater is not None and (isinstance(per_rater, bool) or not isinstance(per_rater, int) or per_rater < 1):
         raise UserError(f"{layout.design}: per_rater must be a positive integer or null; {hint}")
+    design_comparison_seeds(design, layout.design)  # served alike; a bad value is a damaged file
     return Settings(seed, per_rater, _secret(design, layout.design, hint))
 
 

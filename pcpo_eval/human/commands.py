@@ -76,8 +76,10 @@ def design_cmd(
 
     ds = dataclasses.replace(load_design_spec(config), device=resolve_device(device))
     d = make_design(study, out, ds, log=typer.echo, progress=True)
+    seeds = d.get("comparison_seed_ranges") or {}
     typer.echo(f"design: {d['n_pairs']} pairs ({d['n_main']} compared, {d['n_pairs'] - d['n_main']} attention "
-               f"checks) over {', '.join(d['comparisons'])}; {d['n_images']} images in {out}")
+               f"checks) over {', '.join(f'{c} (seeds {seeds[c]})' if c in seeds else c for c in d['comparisons'])}; "
+               f"{d['n_images']} images in {out}")
 
 
 @human_app.command("raters")

@@ -8,10 +8,14 @@ checkpoints that bracket its reward (epochs 180 and 240), on 45 prompts x 10 see
    r*), and the baseline run of the same seed and cell: its saved checkpoints just below and just
    above r* (:func:`pcpo_eval.stats.select.bracket`, same smoothing window and reward source as the
    study). Or ``pairs``: any list of ``RUN@EPOCH`` (or ``base``) pairs named in the design file.
-2. **images**: every checkpoint renders the same prompts x seeds with the study's eval sampler
-   (:func:`pcpo_eval.generate.generate_set`: seed-controlled, so the two images of a pair share
-   their initial noise; resumable). Shown images are re-encoded without PNG metadata and stored
-   under random names: nothing a rater can fetch names a method, run or epoch.
+2. **images**: every checkpoint renders the prompts x seeds of its comparisons with the study's eval
+   sampler (:func:`pcpo_eval.generate.generate_set`: seed-controlled, so the two images of a pair
+   share their initial noise; resumable). ``comparison_seeds: distinct`` (the default) gives
+   comparison k the seeds ``k*S .. k*S+S-1`` (:func:`comparison_seeds`), so a checkpoint in two
+   comparisons (a bracket's PCPO) renders both ranges and no image is shown in two comparisons;
+   ``shared`` (designs made before the setting) shows its one image of a prompt and seed in both.
+   Shown images are re-encoded without PNG metadata and stored under random names: nothing a rater
+   can fetch names a method, run or epoch.
 3. **pairs** (:func:`build_pairs`): one per comparison x prompt x seed; attention checks are
    added: ``identical`` (one image on both sides, under two names: the answer expected is a tie) and
    ``degraded`` (an image against a blurred, noisy copy of itself: expected is the intact side).
@@ -22,7 +26,8 @@ checkpoints that bracket its reward (epochs 180 and 240), on 45 prompts x 10 see
    bootstrap): nothing in a design file or on the rating pages lets a rater rebuild the pairs.
    ``position`` lays the main pairs out so that the comparisons of one prompt and seed are
    ``prompts x seeds`` apart (:func:`main_layout`), then the checks: the app cuts each rater's block
-   from it (:func:`pcpo_eval.human.db.assignment`), so no rater meets a shared checkpoint's image twice.
+   from it (:func:`pcpo_eval.human.db.assignment`), so no rater meets both comparisons of one prompt
+   and seed (with ``shared`` seeds: a shared checkpoint's image twice; :func:`check_per_rater`).
 4. **files**: ``images/``, ``pairs.parquet`` and, last, ``design.json`` (every setting), so a folder
    with a ``design.json`` is complete; re-running with the same settings does nothing, different
    settings on a folder that holds a design are refused.
@@ -48,7 +53,13 @@ import numpy as np
 import pandas as pd
 
 from pcpo_eval.errors import UserError
-from pcpo_eval.human import PAIR_COLUMNS, HumanLayout
+from pcpo_eval.human import (
+    COMPARISON_SEEDS,
+    LEGACY_COMPARISON_SEEDS,
+    PAIR_COLUMNS,
+    HumanLayout,
+    design_comparison_seeds,
+)
 from pcpo_eval.io import atomic_dir, atomic_write_json, atomic_write_parquet, check_finite, check_out_path
 from pcpo_eval.rundir import checkpoint_dir
 from pcpo_eval.studydir import StudyLayout, StudyView
@@ -71,8 +82,14 @@ class HumanDesignSpec:
         cell: the comparison cell of a bracket, e.g. ``batch=16`` (default: the first cell).
         prompts: prompt set or file (default: the study's eval prompts); ``max_prompts``, ``seeds``:
             how many prompts (in set order) and seeds per prompt (paper: 45 x 10).
+        comparison_seeds: ``distinct`` (default): comparison k renders seeds ``k*seeds ..
+            k*seeds + seeds - 1`` for both its checkpoints, so no image is shown in two comparisons (a
+            bracket's shared checkpoint renders both ranges); ``shared``: every comparison on seeds
+            ``0 .. seeds - 1``, so a shared checkpoint's image is shown in both of its comparisons
+            (designs written before this setting existed are ``shared``).
         identical, degraded: number of attention checks of each kind.
-        per_rater: pairs shown to one rater (``null``: every pair).
+        per_rater: pairs shown to one rater (``null``: every pair; with ``shared`` seeds and a
+            shared checkpoint, refused).
         rng_seed: seeds the analysis' bootstrap only. It is public (it sits in the design file) and
             does **not** seed the blinding: sides, order, checks and tokens come from a secret.
         batch_size: images per model call when rendering; device: set by ``--device``.
@@ -85,6 +102,7 @@ class HumanDesignSpec:
     prompts: str | None = None
     max_prompts: int | None = 45
     seeds: int = 10
+    comparison_seeds: str = "distinct"
     identical: int = 10
     degraded: int = 10
     per_rater: int | None = 40
@@ -104,6 +122,9 @@ def _spec_problems(d: dict[str, Any]) -> list[str]:
     """Every problem of a design mapping (names the key and the fix)."""
     fields = {f.name for f in dataclasses.fields(HumanDesignSpec)} - {"device"}  # device: the --device flag
     problems = [f"unknown key {k!r} (keys: {', '.join(sorted(fields))})" for k in d if k not in fields]
+    if d.get("comparison_seeds", "distinct") not in COMPARISON_SEEDS:
+        problems.append(f"comparison_seeds {d['comparison_seeds']!r}: use distinct (each comparison on its own seeds) "
+                        "or shared (every comparison on seeds 0 .. seeds-1)")
     if d.get("checkpoints", "bracket") not in ("bracket", "pairs"):
         problems.append(f"checkpoints {d['checkpoints']!r}: use bracket or pairs")
     if d.get("checkpoints") == "pairs":
@@ -224,6 +245,50 @@ def _unique_labels(pairs: list[tuple[Checkpoint, Checkpoint]]) -> list[tuple[Che
             for p in pairs]  # type: ignore[misc]
 
 
+# ---- seeds ------------------------------------------------------------------------------------
+
+
+def comparison_seeds(n_comparisons: int, seeds: int, mode: str) -> list[list[int]]:
+    """The seeds of each comparison: ``distinct``: comparison k on ``k*seeds .. k*seeds + seeds - 1``;
+    ``shared``: every comparison on ``0 .. seeds - 1``. Within a comparison both checkpoints render the
+    same seeds, so the two images of a pair share their initial noise."""
+    if mode not in COMPARISON_SEEDS:
+        raise UserError(f"comparison_seeds {mode!r}: use distinct or shared")
+    starts = [k * seeds if mode == "distinct" else 0 for k in range(n_comparisons)]
+    return [list(range(a, a + seeds)) for a in starts]
+
+
+def checkpoint_seeds(pairs: Sequence[tuple[Checkpoint, Checkpoint]], seeds: int, mode: str) -> dict[str, list[int]]:
+    """label -> the sorted seeds its image set must hold: the union over the comparisons it is in
+    (with ``distinct`` seeds a bracket's shared checkpoint renders two ranges, one per comparison)."""
+    out: dict[str, set[int]] = {}
+    for pair, ss in zip(pairs, comparison_seeds(len(pairs), seeds, mode), strict=True):
+        for c in pair:
+            out.setdefault(c.label, set()).update(ss)
+    return {label: sorted(v) for label, v in out.items()}
+
+
+def seed_text(seeds: Sequence[int]) -> str:
+    """``0-9``, ``0-9, 20-29``: a sorted seed list as inclusive ranges."""
+    runs: list[list[int]] = []
+    for s in sorted(seeds):
+        if runs and s == runs[-1][1] + 1:
+            runs[-1][1] = s
+        else:
+            runs.append([s, s])
+    return ", ".join(f"{a}-{b}" if a != b else f"{a}" for a, b in runs)
+
+
+def _seed_spec(seeds: Sequence[int]) -> int | str | list[int]:
+    """``seeds`` as ``generate`` takes them: ``N`` for 0..N-1, ``A-B`` for a run, else the list."""
+    seeds = sorted(seeds)
+    if seeds == list(range(len(seeds))):
+        return len(seeds)
+    if seeds == list(range(seeds[0], seeds[-1] + 1)):
+        return f"{seeds[0]}-{seeds[-1]}"
+    return list(seeds)
+
+
 # ---- rendering --------------------------------------------------------------------------------
 
 
@@ -243,11 +308,13 @@ def _n_keys(view: StudyView, ds: HumanDesignSpec) -> int | None:
 
 
 def render_sets(view: StudyView, ds: HumanDesignSpec, checkpoints: Sequence[Checkpoint], sets_root: Path,
-                log: Callable[[str], None] = print, progress: bool = False) -> dict[str, Path]:
+                log: Callable[[str], None] = print, progress: bool = False,
+                seeds: dict[str, list[int]] | None = None) -> dict[str, Path]:
     """Render every checkpoint's prompts x seeds with the study's eval sampler; label -> set folder.
 
-    Logs one line per checkpoint (k of m, how many images) and its time; ``progress``: generate's
-    per-batch bar too."""
+    ``seeds``: label -> the seeds its set holds (:func:`checkpoint_seeds`; default: ``0 .. ds.seeds - 1``
+    for every checkpoint). Logs one line per checkpoint (k of m, how many images) and its time;
+    ``progress``: generate's per-batch bar too."""
     from pcpo_eval.generate.runner import generate_set
 
     ev = view.spec["eval"]
@@ -255,11 +322,12 @@ def render_sets(view: StudyView, ds: HumanDesignSpec, checkpoints: Sequence[Chec
     out: dict[str, Path] = {}
     for i, c in enumerate(checkpoints, 1):
         folder = sets_root / _safe(c.label)
+        mine = list(range(ds.seeds)) if seeds is None else seeds[c.label]
         n = f"{ds.max_prompts} prompts" if ds.max_prompts else "every prompt"
-        log(f"[human] rendering checkpoint {i} of {len(checkpoints)}: {c.label} ({n} x {ds.seeds} seeds, "
-            f"{sampling['steps']} steps) -> {folder}")
+        log(f"[human] rendering checkpoint {i} of {len(checkpoints)}: {c.label} ({n} x {len(mine)} seeds "
+            f"[{seed_text(mine)}], {sampling['steps']} steps) -> {folder}")
         t0 = time.perf_counter()
-        generate_set(c.model, ds.prompts or ev["prompts"], ds.seeds, folder, batch_size=ds.batch_size,
+        generate_set(c.model, ds.prompts or ev["prompts"], _seed_spec(mine), folder, batch_size=ds.batch_size,
                      steps=sampling["steps"], cfg=sampling["cfg"], eta=sampling["eta"],
                      schedule=sampling["sigma_schedule"], device=ds.device, max_prompts=ds.max_prompts,
                      progress=progress)
@@ -363,22 +431,25 @@ def shared_checkpoints(pairs: Sequence[tuple[Checkpoint, Checkpoint]]) -> list[s
 
 
 def check_per_rater(pairs: Sequence[tuple[Checkpoint, Checkpoint]], per_rater: int | None,
-                    n_keys: int | None = None, n_checks: tuple[int, int] = (0, 0)) -> None:
+                    n_keys: int | None = None, n_checks: tuple[int, int] = (0, 0),
+                    seeds_mode: str = "shared") -> None:
     """Refuse a ``per_rater`` that would show one rater a shared checkpoint's image twice, or a block
     with no main pair (UserError).
 
-    A checkpoint in two comparisons has one image per prompt and seed, shown in both: a rater who
-    meets both pairs sees identical bytes on one side of each and so knows which side it is.
-    ``per_rater: null`` (every rater sees every pair) always does; with ``n_keys`` (prompts x
-    seeds) known, so does a block of more than ``n_keys`` main pairs. A block so small that the
-    attention checks fill it would collect answers that compare nothing.
+    With ``shared`` seeds (``seeds_mode``, the design's ``comparison_seeds``) a checkpoint in two
+    comparisons has one image per prompt and seed, shown in both: a rater who meets both pairs sees
+    identical bytes on one side of each and so knows which side it is. ``per_rater: null`` (every
+    rater sees every pair) always does; with ``n_keys`` (prompts x seeds) known, so does a block of
+    more than ``n_keys`` main pairs. With ``distinct`` seeds each comparison shows its own images of
+    the shared checkpoint (no image is in two comparisons), so neither is refused. A block so small
+    that the attention checks fill it would collect answers that compare nothing (either mode).
     """
     if n_keys is not None and per_rater is not None:
         _check_block_holds_a_main_pair(n_keys * len(pairs), n_checks, per_rater)
     shared = shared_checkpoints(pairs)
-    if not shared or len(pairs) < 2:
+    if seeds_mode == "distinct" or not shared or len(pairs) < 2:
         return
-    fix = ("render each comparison on its own seeds (a design per comparison) if every rater must see "
+    fix = ("set comparison_seeds: distinct (each comparison on its own seeds) if every rater must see "
            "every pair")
     what = (f"checkpoint {', '.join(shared)} is in {len(pairs)} comparisons with one image per prompt and seed, "
             "so a rater who meets both pairs of a prompt and seed sees that image twice and can tell its side")
@@ -438,23 +509,120 @@ def build_pairs(pairs: Sequence[tuple[Checkpoint, Checkpoint]], sets: dict[str, 
 
     Every blinding draw comes from ``secret`` (default: a fresh one, :func:`new_secret`), never from
     ``ds.rng_seed``: the same secret gives the same table, settings alone do not. Refuses (UserError)
-    a ``per_rater`` that would show a rater a shared checkpoint's image twice (:func:`check_per_rater`).
+    a ``per_rater`` that would show a rater a shared checkpoint's image twice (:func:`check_per_rater`),
+    and sets that lack an image the design shows (the message names the seeds and the command that
+    renders them).
+
+    ``ds.comparison_seeds``: ``distinct``: comparison k shows seeds ``k*S .. k*S+S-1`` of every prompt
+    (S = ``ds.seeds``), so no image is in two comparisons, and the attention checks reuse the image of
+    one side (at random) of one main pair (at random), so a check repeats the bytes of exactly one
+    comparison's pair and, pooled with it, tells its side with probability 1/2; ``shared``: every
+    comparison shows every key of the sets (as designs did before the setting), the checks draw a
+    checkpoint, then a key.
     """
     blind = Blinding(new_secret() if secret is None else secret)
     images = _Images()
     manifests = {lab: _manifest(folder) for lab, folder in sets.items()}
-    keys = list(next(iter(manifests.values())).index)
-    check_per_rater(pairs, ds.per_rater, len(keys), (ds.identical, ds.degraded))
+    first = next(iter(manifests.values()))
+    if ds.comparison_seeds == "shared":
+        comp_keys = [list(first.index)] * len(pairs)
+    else:
+        pids = sorted({int(p) for p in first.index.get_level_values("prompt_id")})
+        comp_keys = [[(pid, s) for pid in pids for s in ss]
+                     for ss in comparison_seeds(len(pairs), ds.seeds, ds.comparison_seeds)]
+    _check_sets_cover(pairs, comp_keys, manifests, sets, ds)
+    n_keys = len(comp_keys[0])
+    check_per_rater(pairs, ds.per_rater, n_keys, (ds.identical, ds.degraded), ds.comparison_seeds)
     rows = []
-    for k, c in main_layout(len(keys), len(pairs), blind.rng):
-        rows.append(_main_row(pairs[c], keys[k], manifests, sets, images, blind))
-    checks = _attention_rows(blind, images, manifests, sets, ds)
+    for k, c in main_layout(n_keys, len(pairs), blind.rng):
+        rows.append(_main_row(pairs[c], comp_keys[c][k], manifests, sets, images, blind))
+    checks = _attention_rows(blind, images, manifests, sets, ds, _check_images(ds, list(manifests), list(first.index),
+                                                                               list(rows)))
     rows += [checks[i] for i in blind.rng.permutation(len(checks))]
     for r in rows:
         r["pair_id"] = blind.token()
     table = pd.DataFrame(rows)
     table["position"] = np.arange(len(table))
     return table[list(PAIR_COLUMNS)], images
+
+
+def _check_images(ds: HumanDesignSpec, labels: list[str], keys: list[tuple[int, int]],
+                  main: list[dict[str, Any]]) -> Callable[[np.random.Generator], tuple[str, int, int]]:
+    """How an attention check draws its image: (checkpoint, prompt id, seed) from the generator.
+
+    ``distinct`` seeds: one side (1/2 each) of one main pair (uniform), so a check repeats the bytes of
+    one pair of one comparison only, and which side of it is a coin flip. ``shared`` (as before the
+    setting): a checkpoint (uniform over ``labels``), then a key (uniform over ``keys``)."""
+    if ds.comparison_seeds == "shared":
+        def pick(rng: np.random.Generator) -> tuple[str, int, int]:
+            label = labels[int(rng.integers(len(labels)))]
+            pid, seed = keys[int(rng.integers(len(keys)))]
+            return label, pid, seed
+    else:
+        def pick(rng: np.random.Generator) -> tuple[str, int, int]:
+            r = main[int(rng.integers(len(main)))]
+            return r[f"{('left', 'right')[int(rng.integers(2))]}_method"], r["prompt_id"], r["seed"]
+    return pick
+
+
+def _check_sets_cover(pairs: Sequence[tuple[Checkpoint, Checkpoint]], comp_keys: Sequence[Sequence[tuple[int, int]]],
+                      manifests: dict[str, pd.DataFrame], sets: dict[str, Path], ds: HumanDesignSpec) -> None:
+    """UserError naming, per checkpoint, the seeds its image set lacks and the ``generate`` command that
+    renders them (into the same folder: it resumes)."""
+    need: dict[str, set[tuple[int, int]]] = {}
+    model = {}
+    for pair, keys in zip(pairs, comp_keys, strict=True):
+        for c in pair:
+            need.setdefault(c.label, set()).update(keys)
+            model[c.label] = c.model
+    problems = []
+    for label, keys in need.items():
+        have = set(manifests[label].index) if label in manifests else set()
+        missing = keys - have
+        if missing:
+            seeds = sorted({s for _, s in keys})
+            problems.append(f"{label}'s image set {sets.get(label, '(none)')} lacks {len(missing)} image(s) this design "
+                            f"shows (seeds {seed_text({s for _, s in missing})}); render them: "
+                            f"`{generate_command(sets.get(label), model[label], seeds, ds)}`")
+    if problems:
+        mode = ("each comparison renders its own seeds (comparison_seeds: distinct), so a checkpoint in several "
+                "comparisons needs every one of their seed ranges" if ds.comparison_seeds == "distinct" else
+                "every comparison renders the same seeds (comparison_seeds: shared)")
+        raise UserError(f"{'; '.join(problems)} ({mode})")
+
+
+def generate_command(folder: Path | None, model: str, seeds: Sequence[int], ds: HumanDesignSpec) -> str:
+    """The ``pcpo-eval generate`` command that renders ``seeds`` (as one range ``min-max``: a set's
+    manifest lists the seeds of its last run) into the set ``folder`` with the settings its
+    ``set.json`` records (else the checkpoint's model and the design's prompts)."""
+    import shlex
+
+    from pcpo_eval.imageset import SET_FILE
+
+    info: dict[str, Any] = {}
+    if folder is not None and (Path(folder) / SET_FILE).is_file():
+        try:
+            info = json.loads((Path(folder) / SET_FILE).read_text())
+        except (OSError, ValueError):
+            info = {}
+    st, run = info.get("settings") or {}, info.get("run") or {}
+    parts = ["pcpo-eval generate", "--model", shlex.quote(str(st.get("model", model))),
+             "--prompts", shlex.quote(str(run.get("prompts") or ds.prompts or "PROMPTS")),
+             "--seeds", f"{min(seeds)}-{max(seeds)}", "--out", shlex.quote(str(folder or "SET"))]
+    for key, flag in (("sampler", "--sampler"), ("steps", "--steps"), ("cfg", "--cfg"), ("eta", "--eta"),
+                      ("schedule", "--schedule"), ("precision", "--precision"), ("attention", "--attention")):
+        if key in st:
+            parts += [flag, shlex.quote(str(st[key]))]
+    if st.get("device"):
+        parts += ["--device", "cuda" if st["device"] == "cuda" else shlex.quote(str(st["device"]))]
+    if st.get("batch_invariance") == "bitwise" and st.get("micro_batch"):
+        parts += ["--micro-batch", str(st["micro_batch"])]
+    limit = run.get("n_prompts") if run.get("n_prompts_beyond_limit") else ds.max_prompts
+    if limit:
+        parts += ["--max-prompts", str(limit)]
+    if run.get("max_prompt_tokens") is not None:
+        parts += ["--max-prompt-tokens", str(run["max_prompt_tokens"])]
+    return " ".join(parts)
 
 
 def _main_row(pair: tuple[Checkpoint, Checkpoint], key: tuple[int, int], manifests: dict[str, pd.DataFrame],
@@ -478,18 +646,17 @@ def _row(comparison: str, kind: str, pid: int, prompt: str, seed: int, left: tup
 
 
 def _attention_rows(blind: Blinding, images: _Images, manifests: dict[str, pd.DataFrame],
-                    sets: dict[str, Path], ds: HumanDesignSpec) -> list[dict[str, Any]]:
-    """``identical`` and ``degraded`` checks on randomly drawn shown images."""
+                    sets: dict[str, Path], ds: HumanDesignSpec,
+                    pick: Callable[[np.random.Generator], tuple[str, int, int]]) -> list[dict[str, Any]]:
+    """``identical`` and ``degraded`` checks on shown images; ``pick(rng)``: the (checkpoint, prompt id,
+    seed) of each check's image (:func:`build_pairs`)."""
     from PIL import Image
 
-    labels = list(manifests)
-    keys = list(next(iter(manifests.values())).index)
     rng = blind.rng
     rows = []
     for kind, n in (("identical", ds.identical), ("degraded", ds.degraded)):
         for _ in range(n):
-            label = labels[int(rng.integers(len(labels)))]
-            pid, seed = keys[int(rng.integers(len(keys)))]
+            label, pid, seed = pick(rng)
             rec = manifests[label].loc[(pid, seed)]
             path = sets[label] / rec["path"]
             tok = images.token(blind, label, pid, seed, path)
@@ -578,8 +745,11 @@ def _relative_paths(design: dict[str, Any], root: Path) -> dict[str, Any]:
 
 
 def _settings_hash(d: dict[str, Any]) -> str:
-    """Hash of the settings that define the pairs (the rendering device does not)."""
-    keep = {k: v for k, v in d.items() if k != "device"}
+    """Hash of the settings that define the pairs (the rendering device does not). ``comparison_seeds:
+    shared`` is left out, so a design written before that setting existed (it was shared) hashes as
+    the same settings with ``comparison_seeds: shared``."""
+    keep = {k: v for k, v in d.items()
+            if k != "device" and not (k == "comparison_seeds" and v == LEGACY_COMPARISON_SEEDS)}
     return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -599,18 +769,25 @@ def make_design(study: str | Path, out: str | Path, ds: HumanDesignSpec,
         if old.get("settings_hash") == _settings_hash(settings):
             log(f"[human] {lay.design} already holds this design; nothing to do")
             return old
+        legacy = {**settings, "comparison_seeds": LEGACY_COMPARISON_SEEDS}
+        if "comparison_seeds" not in old and old.get("settings_hash") == _settings_hash(legacy):
+            raise UserError(f"{lay.root} holds a design made before comparison_seeds existed, i.e. with shared "
+                            f"seeds ({lay.design}); add `comparison_seeds: shared` to the design file to use it "
+                            "as it is, or choose a new --out for a design on distinct seeds")
         raise UserError(f"{lay.root} already holds another human design ({lay.design}); choose a new --out "
                         "(its database may hold answers to that design)")
     sampling = _sampling(view)
     pairs, note = choose_checkpoints(view, ds)
     pairs = _unique_labels(pairs)
-    check_per_rater(pairs, ds.per_rater, _n_keys(view, ds), (ds.identical, ds.degraded))  # before rendering
+    check_per_rater(pairs, ds.per_rater, _n_keys(view, ds), (ds.identical, ds.degraded),
+                    ds.comparison_seeds)  # before rendering
     checkpoints = list({c.label: c for p in pairs for c in p}.values())
+    seeds = checkpoint_seeds(pairs, ds.seeds, ds.comparison_seeds)
     t0 = time.perf_counter()
-    n_img = len(checkpoints) * (ds.max_prompts or 0) * ds.seeds
-    log(f"[human] {len(pairs)} comparison(s) of {len(checkpoints)} checkpoints"
+    n_img = sum(map(len, seeds.values())) * (ds.max_prompts or 0)
+    log(f"[human] {len(pairs)} comparison(s) of {len(checkpoints)} checkpoints, {ds.comparison_seeds} seeds"
         + (f", {n_img} images to render (resumable)" if n_img else ""))
-    sets = render_sets(view, ds, checkpoints, lay.root / "sets", log, progress)
+    sets = render_sets(view, ds, checkpoints, lay.root / "sets", log, progress, seeds)
     secret = new_secret()
     table, images = build_pairs(pairs, sets, ds, secret)
     with atomic_dir(lay.images) as tmp:
@@ -618,7 +795,11 @@ def make_design(study: str | Path, out: str | Path, ds: HumanDesignSpec,
     atomic_write_parquet(lay.pairs, table)
     design = {**settings, "settings_hash": _settings_hash(settings), "created": time.strftime("%Y-%m-%d %H:%M:%S"),
               "selection": note, "checkpoints": [dataclasses.asdict(c) for c in checkpoints],
-              "comparisons": [f"{a.label} vs {b.label}" for a, b in pairs], "sampling": sampling,
+              "comparisons": [f"{a.label} vs {b.label}" for a, b in pairs],
+              "comparison_seed_ranges": {f"{a.label} vs {b.label}": seed_text(ss) for (a, b), ss in
+                                         zip(pairs, comparison_seeds(len(pairs), ds.seeds, ds.comparison_seeds),
+                                             strict=True)},
+              "checkpoint_seed_ranges": {label: seed_text(ss) for label, ss in seeds.items()}, "sampling": sampling,
               "n_pairs": int(len(table)), "n_main": int((table["kind"] == "main").sum()),
               "n_prompts": int(table["prompt_id"].nunique()), "n_images": len(images.files),
               "render_seconds": round(time.perf_counter() - t0, 1),
@@ -635,6 +816,7 @@ def read_design(root: str | Path) -> tuple[dict[str, Any], pd.DataFrame]:
         raise UserError(f"{lay.root} holds no finished human design (design.json / pairs.parquet missing); "
                         f"run `pcpo-eval human design STUDY --out {lay.root}` first")
     design = json.loads(lay.design.read_text())
+    design_comparison_seeds(design, lay.design)
     pairs = pd.read_parquet(lay.pairs)
     if pairs.empty:
         raise UserError(f"{lay.pairs} holds no pairs; re-run `pcpo-eval human design`")

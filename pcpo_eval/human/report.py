@@ -24,7 +24,7 @@ from typing import Any
 import pandas as pd
 
 from pcpo_eval.errors import UserError
-from pcpo_eval.human import ANALYSIS_FILE, HumanLayout
+from pcpo_eval.human import ANALYSIS_FILE, HumanLayout, design_comparison_seeds
 from pcpo_eval.io import atomic_write_json, to_jsonable
 
 EXAMPLES_PER_COMPARISON = 3
@@ -96,8 +96,9 @@ def analyze_folder(folder: str | Path, responses: str | Path | None = None, data
     res = to_jsonable({**res, "source": source, "design": {k: design.get(k) for k in (
         "study", "comparisons", "checkpoints", "selection", "n_pairs", "n_main", "n_prompts", "rng_seed",
         "per_rater", "seeds", "max_prompts", "identical", "degraded", "created")}
-        # how sides and order were drawn (the secret itself stays in design.json)
-        | {"blinding": "secret" if design.get("blinding_secret") else "rng_seed"},
+        # how sides and order were drawn (the secret itself stays in design.json), and the seed layout
+        | {"blinding": "secret" if design.get("blinding_secret") else "rng_seed",
+           "comparison_seeds": design_comparison_seeds(design, HumanLayout(folder).design)},
         "examples": examples(pairs, df, folder)})
     lay = HumanLayout(folder)
     if is_simulated(df):

@@ -1,7 +1,8 @@
 """Blinding as a tested property: nothing the app serves predicts which side is PCPO.
 
-A bracket design like the paper's (PCPO@120 against DDPO@180 and DDPO@240, 45 prompts x 10 seeds,
-so PCPO's image of each prompt and seed is shown in two pairs) is built by the design code
+A bracket design like the paper's (PCPO@120 against DDPO@180 and DDPO@240, 45 prompts x 10 seeds per
+comparison), once with ``comparison_seeds: distinct`` (the default: each comparison on its own seeds)
+and once with ``shared`` (PCPO's image of each prompt and seed shown in two pairs), is built by the design code
 (:func:`~pcpo_eval.human.design.build_pairs`, :func:`~pcpo_eval.human.design._write_images`) from
 image sets written the way ``generate`` writes them: one checkpoint after the other, so the
 source files' times follow the checkpoints. 25 raters x 40 pairs then rate through the app as a
@@ -19,7 +20,8 @@ at a rate inside the 99.9% binomial band around 1/2. Not tested, and not hidden 
 content itself (pixels, and so the PNG size; here the images are random noise of one size, so
 ``Content-Length`` carries no method information by construction). Tested besides: no rater
 receives the same image bytes in two main pairs (a shared checkpoint's image would name its
-side); raters who pool their images can still find such repeats (docs/human.md, "Blind").
+side); with shared seeds raters who pool their images can still find such repeats (docs/human.md,
+"Blind"), with distinct seeds there are none to find (tests/human/test_comparison_seeds.py).
 """
 
 from __future__ import annotations
@@ -41,7 +43,14 @@ from scipy.stats import binomtest
 
 from pcpo_eval.human import HumanLayout, db
 from pcpo_eval.human.app import create_app
-from pcpo_eval.human.design import Checkpoint, _write_images, build_pairs, new_secret, parse_design_spec
+from pcpo_eval.human.design import (
+    Checkpoint,
+    _write_images,
+    build_pairs,
+    checkpoint_seeds,
+    new_secret,
+    parse_design_spec,
+)
 from tests.support.human import KEY_RE, shown_pair
 
 PCPO = "PCPO@120"
@@ -49,16 +58,17 @@ N_PROMPTS, N_SEEDS, N_RATERS, PER_RATER = 45, 10, 25, 40
 ALPHA = 1e-3  # the band: a signal fails when its binomial p against 1/2 is below this
 
 
-def _fake_sets(root: Path, labels: list[str]) -> dict[str, Path]:
-    """One image set per checkpoint, written checkpoint after checkpoint with rising file times."""
+def _fake_sets(root: Path, seeds: dict[str, list[int]]) -> dict[str, Path]:
+    """One image set per checkpoint (label -> its seeds), written checkpoint after checkpoint with rising
+    file times."""
     rng = np.random.default_rng(3)
     sets, t = {}, 1_700_000_000
-    for label in labels:
+    for label, ss in seeds.items():
         folder = root / label.replace("@", "_")
         folder.mkdir(parents=True)
         rows = []
         for p in range(N_PROMPTS):
-            for s in range(N_SEEDS):
+            for s in ss:
                 name = f"p{p:03d}_s{s:02d}.png"
                 buf = io.BytesIO()
                 Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(buf, format="PNG")
@@ -71,23 +81,24 @@ def _fake_sets(root: Path, labels: list[str]) -> dict[str, Path]:
     return sets
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    """What 25 raters' browsers received for every main pair they were shown, and the design."""
+@pytest.fixture(scope="module", params=["distinct", "shared"])
+def served(tmp_path_factory, request):
+    """What 25 raters' browsers received for every main pair they were shown, and the design
+    (``comparison_seeds``: the parameter)."""
     tmp = tmp_path_factory.mktemp("blind")
-    labels = [PCPO, "DDPO@180", "DDPO@240"]
-    sets = _fake_sets(tmp / "sets", labels)
-    ds = parse_design_spec({"seeds": N_SEEDS, "max_prompts": N_PROMPTS, "per_rater": PER_RATER, "rng_seed": 11,
-                            "identical": 10, "degraded": 10})
     pcpo = Checkpoint(PCPO, "pcpo")
+    bracket = [(pcpo, Checkpoint("DDPO@180", "b180")), (pcpo, Checkpoint("DDPO@240", "b240"))]
+    sets = _fake_sets(tmp / "sets", checkpoint_seeds(bracket, N_SEEDS, request.param))
+    ds = parse_design_spec({"seeds": N_SEEDS, "max_prompts": N_PROMPTS, "per_rater": PER_RATER, "rng_seed": 11,
+                            "identical": 10, "degraded": 10, "comparison_seeds": request.param})
     secret = new_secret()
-    pairs, images = build_pairs([(pcpo, Checkpoint("DDPO@180", "b180")), (pcpo, Checkpoint("DDPO@240", "b240"))],
-                                sets, ds, secret)
+    pairs, images = build_pairs(bracket, sets, ds, secret)
     lay = HumanLayout(tmp / "human")
     lay.images.mkdir(parents=True)
     _write_images(images, lay.images, secret, log=lambda s: None)
     pairs.to_parquet(lay.pairs)
-    lay.design.write_text(json.dumps({"rng_seed": ds.rng_seed, "per_rater": PER_RATER, "blinding_secret": secret.hex()}))
+    lay.design.write_text(json.dumps({"rng_seed": ds.rng_seed, "per_rater": PER_RATER, "blinding_secret": secret.hex(),
+                                      "comparison_seeds": ds.comparison_seeds}))
     client = TestClient(create_app(lay.root), follow_redirects=False)
     tokens = [t for _, t in db.add_raters(lay.database_url, [f"r{i:02d}" for i in range(N_RATERS)])]
     by_id = pairs.set_index("pair_id")
@@ -139,9 +150,13 @@ def test_no_served_signal_predicts_the_method(served):
     rows, pairs, lay = served
     main = pairs[pairs["kind"] == "main"]
     assert len(rows) >= 900 and all(s == [200, 200] for s in (r["status"] for r in rows))
-    # the design shares PCPO's image between the two comparisons: the leak the URLs used to carry
+    # shared seeds: the design shares PCPO's image between the two comparisons (the leak the URLs used
+    # to carry); distinct seeds: no image is in two pairs
     shared = pd.concat([main["left_image"], main["right_image"]]).value_counts()
-    assert (shared == 2).sum() == N_PROMPTS * N_SEEDS
+    if json.loads(lay.design.read_text())["comparison_seeds"] == "shared":
+        assert (shared == 2).sum() == N_PROMPTS * N_SEEDS
+    else:
+        assert shared.max() == 1
     report = []
     header_names = sorted({k for r in rows for h in r["headers"] for k in h})
     for name in header_names:
@@ -188,6 +203,7 @@ def test_image_files_do_not_keep_the_render_order(served):
         method.update(dict(zip(main[f"{side}_image"], main[f"{side}_method"] == PCPO, strict=True)))
     by_inode = [method[f.stem] for f in sorted(files, key=lambda f: f.stat().st_ino) if f.stem in method]
     first_half = by_inode[: len(by_inode) // 2]
-    # PCPO holds 1/3 of the main images; written in checkpoint order it would fill the first third
+    # PCPO holds 1/3 (shared seeds) or 1/2 (distinct) of the main images; written in checkpoint order it
+    # would fill the first third or half
     k, n = sum(first_half), len(first_half)
     assert binomtest(k, n, sum(by_inode) / len(by_inode)).pvalue >= ALPHA, (k, n)

@@ -88,6 +88,63 @@ def test_design_brackets_the_matched_reward_and_hides_the_methods(study, human):
     assert deg["expected"] in ("left", "right")
 
 
+def test_design_renders_each_comparison_on_its_own_seeds(study, human):
+    """The default design (comparison_seeds: distinct): comparison k on seeds 3k .. 3k+2 for both its
+    checkpoints, PCPO's set holds every range, and no image file of a main pair is in two comparisons
+    (by token and by bytes)."""
+    import hashlib
+
+    from pcpo_eval.imageset import MANIFEST_FILE
+
+    design = json.loads((human / "design.json").read_text())
+    pairs = pd.read_parquet(human / "pairs.parquet")
+    main = pairs[pairs["kind"] == "main"]
+    assert design["comparison_seeds"] == "distinct"
+    for k, comp in enumerate(design["comparisons"]):
+        assert design["comparison_seed_ranges"][comp] == f"{3 * k}-{3 * k + 2}"
+        assert set(main.loc[main["comparison"] == comp, "seed"]) == {3 * k, 3 * k + 1, 3 * k + 2}
+    for c in design["checkpoints"]:  # a set holds the seeds of the comparisons its checkpoint is in
+        seeds = sorted(set(pd.read_parquet(human / "sets" / c["label"].replace("@", "_") / MANIFEST_FILE)["seed"]))
+        ks = [k for k, comp in enumerate(design["comparisons"]) if c["label"] in comp.split(" vs ")]
+        assert seeds == [s for k in ks for s in range(3 * k, 3 * k + 3)], (c["label"], seeds)
+        if c["label"].startswith("PCPO"):
+            assert design["checkpoint_seed_ranges"][c["label"]] == f"0-{3 * len(ks) - 1}"
+    assert pd.concat([main["left_image"], main["right_image"]]).is_unique
+    comps: dict[str, set] = {}
+    for side in ("left", "right"):
+        for tok, comp in zip(main[f"{side}_image"], main["comparison"], strict=True):
+            digest = hashlib.sha256(HumanLayout(human).image(tok).read_bytes()).hexdigest()
+            comps.setdefault(digest, set()).add(comp)
+    assert all(len(v) == 1 for v in comps.values())
+
+
+def test_a_design_made_before_comparison_seeds_is_kept_or_refused_by_name(study, human, tmp_path):
+    """Re-running `human design` on a folder written before the setting (its design.json has no
+    comparison_seeds and hashes its settings without it): with `comparison_seeds: shared` it is that
+    design (nothing to do); with the new default it is refused, naming the setting."""
+    import hashlib
+
+    from pcpo_eval.errors import UserError
+    from pcpo_eval.human.design import make_design, parse_design_spec
+
+    old_settings = {"study": str(study.resolve()), **parse_design_spec(DESIGN).to_dict()}
+    old_settings.pop("comparison_seeds")
+    keep = {k: v for k, v in old_settings.items() if k != "device"}  # the hash as it was computed then
+    old_hash = hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    design = json.loads((human / "design.json").read_text())
+    for key in ("comparison_seeds", "comparison_seed_ranges", "checkpoint_seed_ranges"):
+        design.pop(key)
+    folder = tmp_path / "old"
+    folder.mkdir()
+    (folder / "design.json").write_text(json.dumps({**design, "settings_hash": old_hash}))
+    lines = []
+    kept = make_design(study, folder, parse_design_spec(DESIGN | {"comparison_seeds": "shared"}), log=lines.append)
+    assert kept["settings_hash"] == old_hash and "nothing to do" in lines[-1]
+    with pytest.raises(UserError, match="made before comparison_seeds existed.*comparison_seeds: shared"):
+        make_design(study, folder, parse_design_spec(DESIGN), log=lambda s: None)
+    assert not (folder / "sets").exists()
+
+
 def test_design_is_deterministic_and_refuses_other_settings(study, human, tmp_path):
     from pcpo_eval.errors import UserError
     from pcpo_eval.human.design import make_design, parse_design_spec
@@ -230,23 +287,41 @@ def test_bad_input_is_one_line(cli, human, tmp_path, args, msg):
     assert after == before
 
 
+def _comparisons(study: Path) -> int:
+    from pcpo_eval.human.design import choose_checkpoints, parse_design_spec
+    from pcpo_eval.studydir import StudyView
+
+    return len(choose_checkpoints(StudyView.load(study), parse_design_spec(DESIGN))[0])
+
+
 def test_per_rater_null_on_a_bracket_is_one_error_line_before_rendering(study, cli, tmp_path):
-    """F2: every rater seeing every pair would see PCPO's shared image twice: refused, nothing written."""
+    """F2: with shared seeds every rater seeing every pair would see PCPO's shared image twice: refused,
+    nothing written. With distinct seeds (the default) no image is in two comparisons: accepted."""
+    if _comparisons(study) < 2:
+        pytest.skip("the toy bracket has one comparison here: nothing is shared")
     cfg = tmp_path / "all.yaml"
-    cfg.write_text(yaml.safe_dump(DESIGN | {"per_rater": None}))
+    cfg.write_text(yaml.safe_dump(DESIGN | {"per_rater": None, "comparison_seeds": "shared"}))
     res = cli("human", "design", study, "--config", cfg, "--out", tmp_path / "all")
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 2 and len(lines) == 1, res.stderr
     assert lines[0].startswith("error: per_rater: null shows every rater every pair") and "own seeds" in lines[0]
+    assert "comparison_seeds: distinct" in lines[0]
     assert not (tmp_path / "all" / "sets").exists() and not (tmp_path / "all" / "design.json").exists()
+    cfg.write_text(yaml.safe_dump(DESIGN | {"per_rater": None}))
+    res = cli("human", "design", study, "--config", cfg, "--out", tmp_path / "distinct")
+    assert res.returncode == 0, res.stderr
+    design = json.loads((tmp_path / "distinct" / "design.json").read_text())
+    assert design["comparison_seeds"] == "distinct" and design["per_rater"] is None
 
 
 def test_a_per_rater_too_large_or_too_small_is_refused_before_rendering(study, cli, tmp_path):
-    """A block with more main pairs than prompts x seeds (a shared image twice), or one the attention checks
-    fill: one error line, and no image set rendered first."""
+    """A block with more main pairs than prompts x seeds (with shared seeds: a shared image twice), or one
+    the attention checks fill: one error line, and no image set rendered first."""
+    if _comparisons(study) < 2:
+        pytest.skip("the toy bracket has one comparison here: nothing is shared")
     for name, per_rater, needle in (("big", 10_000, "at most"), ("tiny", 2, "leaves no main pair")):
         cfg = tmp_path / f"{name}.yaml"
-        cfg.write_text(yaml.safe_dump(DESIGN | {"per_rater": per_rater}))
+        cfg.write_text(yaml.safe_dump(DESIGN | {"per_rater": per_rater, "comparison_seeds": "shared"}))
         res = cli("human", "design", study, "--config", cfg, "--out", tmp_path / name)
         lines = res.stderr.strip().splitlines()
         assert res.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: per_rater") and needle in lines[0], \

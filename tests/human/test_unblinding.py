@@ -7,8 +7,9 @@
   from serving the page to the answer;
 * F4: every rater's block holds its share of degraded and identical checks, and the analysis lists
   raters who saw no degraded check as unscreened;
-* F2: no rater's block holds both comparisons of one prompt and seed (a bracket's PCPO image would
-  appear twice), and ``per_rater: null`` with a shared checkpoint is refused.
+* F2: no rater's block holds both comparisons of one prompt and seed (with ``comparison_seeds:
+  shared`` a bracket's PCPO image would appear twice), and ``per_rater: null`` with a shared
+  checkpoint on shared seeds is refused (distinct seeds, the default: tests/human/test_comparison_seeds.py).
 """
 
 from __future__ import annotations
@@ -27,7 +28,14 @@ from pcpo_eval.errors import UserError
 from pcpo_eval.human import HumanLayout, db
 from pcpo_eval.human.analysis import analyze
 from pcpo_eval.human.app import create_app
-from pcpo_eval.human.design import Checkpoint, _write_images, build_pairs, check_per_rater, parse_design_spec
+from pcpo_eval.human.design import (
+    Checkpoint,
+    _write_images,
+    build_pairs,
+    check_per_rater,
+    checkpoint_seeds,
+    parse_design_spec,
+)
 from tests.support.human import KEY_RE, PROGRESS_RE, make_human_dir, shown_pair
 
 PCPO = Checkpoint("PCPO@120", "pcpo")
@@ -35,16 +43,17 @@ BRACKET = [(PCPO, Checkpoint("DDPO@180", "b180")), (PCPO, Checkpoint("DDPO@240",
 PUBLIC = {"seeds": 10, "max_prompts": 45, "per_rater": 40, "rng_seed": 0, "identical": 10, "degraded": 10}
 
 
-def _sets(root: Path, n_prompts: int, n_seeds: int, noise: bool) -> dict[str, Path]:
-    """One 8x8 image set per bracket checkpoint (random pixels, or all black: a rater's dummy)."""
+def _sets(root: Path, n_prompts: int, n_seeds: int, noise: bool, mode: str = "distinct") -> dict[str, Path]:
+    """One 8x8 image set per bracket checkpoint (random pixels, or all black: a rater's dummy) holding the
+    seeds its comparisons use (``mode``: the design's comparison_seeds)."""
     rng = np.random.default_rng(5)
     sets = {}
-    for label in ("PCPO@120", "DDPO@180", "DDPO@240"):
+    for label, seeds in checkpoint_seeds(BRACKET, n_seeds, mode).items():
         folder = root / label.replace("@", "_")
         folder.mkdir(parents=True)
         rows = []
         for p in range(n_prompts):
-            for s in range(n_seeds):
+            for s in seeds:
                 pixels = rng.integers(0, 256, (8, 8, 3), dtype=np.uint8) if noise else np.zeros((8, 8, 3), np.uint8)
                 Image.fromarray(pixels).save(folder / f"p{p}_s{s}.png")
                 rows.append({"prompt_id": p, "prompt": f"thing {p}", "seed": s, "path": f"p{p}_s{s}.png"})
@@ -260,9 +269,16 @@ def test_f2_per_rater_that_would_repeat_an_image_is_refused(tmp_path):
     with pytest.raises(UserError, match=r"per_rater: null .*PCPO@120 is in 2 comparisons.*own seeds"):
         check_per_rater(BRACKET, None)
     with pytest.raises(UserError, match=r"per_rater 20 gives a rater 12 main pairs out of 6 .*at most 8"):
-        build_pairs(BRACKET, _sets(tmp_path, 3, 2, noise=False),
-                    parse_design_spec(PUBLIC | {"max_prompts": 3, "seeds": 2, "per_rater": 20, "identical": 1,
+        build_pairs(BRACKET, _sets(tmp_path, 3, 2, noise=False, mode="shared"),
+                    parse_design_spec(PUBLIC | {"comparison_seeds": "shared", "max_prompts": 3, "seeds": 2,
+                                                "per_rater": 20, "identical": 1,
                                                 "degraded": 1}))
+    # distinct seeds (the default): PCPO's images differ between the comparisons, nothing to repeat
+    table, _ = build_pairs(BRACKET, _sets(tmp_path / "distinct", 3, 2, noise=False),
+                           parse_design_spec(PUBLIC | {"max_prompts": 3, "seeds": 2, "per_rater": 20, "identical": 1,
+                                                       "degraded": 1}))
+    assert (table["kind"] == "main").sum() == 12
+    check_per_rater(BRACKET, None, 450, (10, 10), "distinct")
     check_per_rater(BRACKET, 40, 450, (10, 10))  # the paper's design: 38 main pairs of 450 keys
     with pytest.raises(UserError, match=r"per_rater 2 leaves no main pair after the attention checks.*at least 3"):
         check_per_rater(BRACKET, 2, 450, (10, 10))  # 1 identical + 1 degraded fill the block
