@@ -21,11 +21,12 @@ report (:mod:`pcpo_eval.report.html`) only formats the JSON written from :func:`
     ``(1|prompt)``), so the algorithm effect is tested against the between-run variation; with 1
     run per arm the fit is reported but marked not estimable ("1 run per arm: these are
     differences between runs"), p null. Holm (or BH) across metrics per fixed term, one family
-    per comparison;
+    per term over both comparisons (:func:`lmm_study_family`);
   - significance of PCPO vs baseline within a cell: the simple effect ``value ~ <factor> +
     (1|prompt) [+ (1|run)]`` on that cell's per-prompt scores; for ``overall_only`` metrics
     (undefined per prompt, e.g. FD of 4 images in 128-d) a Welch t interval over the runs'
-    overall values (:func:`pcpo_eval.stats.runlevel.compare_runs`), Holm across those metrics.
+    overall values (:func:`pcpo_eval.stats.runlevel.compare_runs`); bold = Holm (or BH) in one
+    family over every cell, comparison and metric of the table (:func:`study_family`).
 
 * Preference table (Table 6; best by each metric's direction), training traces (Fig. 5), the
   credit-weight figure (Fig. 2), image grids at matched reward.
@@ -414,7 +415,8 @@ def image_metrics(sp: StudySpec, layout: StudyLayout) -> tuple[dict[str, Any], d
     """``raw_scores`` and ``lmm`` of results.json for both comparisons, and extra metric labels.
 
     Matched-epoch entries carry the suffix `` @ epoch E``: cells in the raw-score table, metrics in
-    the LMM tables. Each comparison is its own multiplicity family.
+    the LMM tables. Both comparisons and all cells form one multiplicity family per study: the bold
+    cells by :func:`study_family`, the LMM tables per term by :func:`lmm_study_family`.
     """
     from pcpo_eval.metrics.base import METRIC_LABELS
 
