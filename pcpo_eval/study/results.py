@@ -21,11 +21,12 @@ report (:mod:`pcpo_eval.report.html`) only formats the JSON written from :func:`
     ``(1|prompt)``), so the algorithm effect is tested against the between-run variation; with 1
     run per arm the fit is reported but marked not estimable ("1 run per arm: these are
     differences between runs"), p null. Holm (or BH) across metrics per fixed term, one family
-    per comparison;
+    per term over both comparisons (:func:`lmm_study_family`);
   - significance of PCPO vs baseline within a cell: the simple effect ``value ~ <factor> +
     (1|prompt) [+ (1|run)]`` on that cell's per-prompt scores; for ``overall_only`` metrics
     (undefined per prompt, e.g. FD of 4 images in 128-d) a Welch t interval over the runs'
-    overall values (:func:`pcpo_eval.stats.runlevel.compare_runs`), Holm across those metrics.
+    overall values (:func:`pcpo_eval.stats.runlevel.compare_runs`); bold = Holm (or BH) in one
+    family over every cell, comparison and metric of the table (:func:`study_family`).
 
 * Preference table (Table 6; best by each metric's direction), training traces (Fig. 5), the
   credit-weight figure (Fig. 2), image grids at matched reward.
@@ -361,6 +362,51 @@ def comparison(sp: StudySpec, layout: StudyLayout, match: str) -> dict[str, Any]
             "adjusted": adjusted, "significance": sig}
 
 
+def study_family(significance: dict[str, dict[str, Any]], adjust: str, alpha: float) -> dict[str, dict[str, Any]]:
+    """The raw-score table's bold as ONE multiplicity family per study: every estimable PCPO-vs-baseline
+    row of every cell and both comparisons (matched reward, matched epoch), simple-effect LMMs and
+    overall-only Welch rows together, Holm (or BH) adjusted at once; ``p_adj`` and ``significant`` are
+    replaced, the rest of each row is kept (a row with an error or without p stays as it was).
+
+    Why: each (cell, comparison) used to be its own family, and the Welch rows a further one, so an
+    A/A study had up to 2 x 2 chances per cell at 5% to show a bold cell (the per-study false-positive
+    rate the verdict bounds at 5%, docs/statistics.md; measured in benchmarks/bench_lmm_calibration.py).
+    """
+    from pcpo_eval.stats.adjust import benjamini_hochberg, holm
+
+    keys = [(c, m) for c, per in significance.items() for m, r in per.items()
+            if "error" not in r and r.get("estimable") and r.get("p") is not None]
+    fn = holm if adjust == "holm" else benjamini_hochberg
+    adj = dict(zip(keys, (float(a) for a in fn([significance[c][m]["p"] for c, m in keys])), strict=True)) if keys else {}
+    out: dict[str, dict[str, Any]] = {}
+    for c, per in significance.items():
+        out[c] = {}
+        for m, r in per.items():
+            if "error" in r:
+                out[c][m] = dict(r)
+                continue
+            p_adj = adj.get((c, m))
+            out[c][m] = dict(r) | {"p_adj": p_adj, "significant": p_adj is not None and p_adj < alpha}
+    return out
+
+
+def lmm_study_family(adjusted: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """The LMM tables' Holm and BH families per fixed term across every metric of BOTH comparisons
+    (``adjusted`` keys carry the `` @ epoch E`` suffix), not per comparison: one family per term per
+    study, so the matched-epoch fits do not add a second 5% chance (see :func:`study_family`)."""
+    from pcpo_eval.stats.adjust import benjamini_hochberg, holm
+
+    out = {m: {t: dict(v) for t, v in terms.items()} for m, terms in adjusted.items()}
+    for term in {t for terms in adjusted.values() for t in terms}:
+        keys = [m for m, terms in adjusted.items() if terms.get(term, {}).get("p") is not None]
+        if not keys:
+            continue
+        pv = np.array([adjusted[m][term]["p"] for m in keys], dtype=float)
+        for m, a, b in zip(keys, holm(pv), benjamini_hochberg(pv), strict=True):
+            out[m][term] |= {"p_holm": float(a), "p_bh": float(b)}
+    return out
+
+
 def _suffixed(d: dict[str, Any], suffix: str) -> dict[str, Any]:
     return {f"{k}{suffix}": v for k, v in d.items()}
 
@@ -369,7 +415,8 @@ def image_metrics(sp: StudySpec, layout: StudyLayout) -> tuple[dict[str, Any], d
     """``raw_scores`` and ``lmm`` of results.json for both comparisons, and extra metric labels.
 
     Matched-epoch entries carry the suffix `` @ epoch E``: cells in the raw-score table, metrics in
-    the LMM tables. Each comparison is its own multiplicity family.
+    the LMM tables. Both comparisons and all cells form one multiplicity family per study: the bold
+    cells by :func:`study_family`, the LMM tables per term by :func:`lmm_study_family`.
     """
     from pcpo_eval.metrics.base import METRIC_LABELS
 
@@ -381,6 +428,7 @@ def image_metrics(sp: StudySpec, layout: StudyLayout) -> tuple[dict[str, Any], d
     significance: dict[str, Any] = {}
     labels: dict[str, str] = {}
     formulas, image_formulas, n_rows = {}, {}, 0
+    pending: list[tuple[list[dict[str, Any]], dict[str, dict[str, float]], str]] = []
     epoch = json.loads(layout.selection_file.read_text()).get("epoch")
     for match in ("reward", "epoch"):
         if match == "epoch" and epoch is None:
@@ -390,7 +438,7 @@ def image_metrics(sp: StudySpec, layout: StudyLayout) -> tuple[dict[str, Any], d
         suffix = "" if match == "reward" else f" @ {where}"
         c = comparison(sp, layout, match)
         significance.update(_suffixed(c["significance"], suffix))
-        raw += raw_score_rows(sp, c["rows"], c["values"], significance, suffix)
+        pending.append((c["rows"], c["values"], suffix))
         fits.update(_suffixed(c["fits"], suffix))
         adjusted.update(_suffixed(c["adjusted"], suffix))
         labels.update({f"{m}{suffix}": f"{METRIC_LABELS[m]}{suffix}" for m in c["fits"]} if suffix else {})
@@ -399,6 +447,11 @@ def image_metrics(sp: StudySpec, layout: StudyLayout) -> tuple[dict[str, Any], d
         if c["image_formula"]:
             image_formulas[key] = c["image_formula"]
         n_rows += c["n_rows"]
+    # one family per study (bold: every cell, comparison and metric; LMM tables: per term), then the rows
+    significance = study_family(significance, sp.lmm.adjust, sp.lmm.alpha)
+    adjusted = lmm_study_family(adjusted)
+    for rows, values, suffix in pending:
+        raw += raw_score_rows(sp, rows, values, significance, suffix)
     for m in sp.per_prompt_rank_deficient_ok:
         labels[m] = f"{METRIC_LABELS[m]} (per-prompt rank-deficient, opted in)"
     raw_scores = {"columns": list(sp.metrics), "rows": raw, "significance": significance, "rule": _rule(sp),
@@ -415,7 +468,9 @@ def image_metrics(sp: StudySpec, layout: StudyLayout) -> tuple[dict[str, Any], d
 def _rule(sp: StudySpec) -> str:
     """The bold rule of the raw-score table, with the guards that apply to this study."""
     adj = "BH" if sp.lmm.adjust == "bh" else "Holm"
-    text = (f"bold: PCPO differs from the baseline in that cell, {adj}-adjusted p < {sp.lmm.alpha:g} across metrics: "
+    text = (f"bold: PCPO differs from the baseline in that cell, {adj}-adjusted p < {sp.lmm.alpha:g} in one family "
+            "over every metric, cell and comparison of this table (so an A/A study shows a bold cell in at most "
+            f"{sp.lmm.alpha:g} of studies): "
             f"per-prompt metrics by the simple-effect LMM value ~ {sp.compare_factor} + (1|prompt) (+ (1|run) with "
             ">= 2 runs per arm; 1 run per arm: not estimable, never bold) on the cell's per-prompt scores (REML, "
             "Satterthwaite df)")

@@ -1,0 +1,90 @@
+"""The image-metric comparisons are one multiplicity family per study (bold cells, LMM tables).
+
+Before, each comparison (matched reward, matched epoch) and, within it, the simple-effect LMMs and the
+overall-only Welch rows were separate Holm families, so an A/A study showed some bold cell far more
+often than 5% of the time. The calibration test below draws A/A studies (3 vs 3 runs, Gaussian), gives
+the per-prompt metric the exact run-level t-test of a balanced LMM and the overall-only metrics the
+study's own Welch rows (:func:`pcpo_eval.study.results.overall_effects`), and runs them through
+:func:`pcpo_eval.study.results.image_metrics`, which builds the raw-score table the report bolds.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from scipy import stats
+
+import pcpo_eval.study.results as results
+from pcpo_eval.study.results import image_metrics, lmm_study_family, overall_effects, study_family
+from pcpo_eval.study.spec import load_spec
+from pcpo_eval.studydir import StudyLayout
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _row(p: float | None, **kw: Any) -> dict[str, Any]:
+    return {"estimate": 0.0, "p": p, "estimable": p is not None, "p_adj": p, "significant": p is not None and p < 0.05,
+            **kw}
+
+
+def test_study_family_adjusts_every_cell_and_comparison_at_once():
+    sig = {"all": {"a": _row(0.01), "b": _row(0.04)}, "all @ epoch 10": {"a": _row(0.03), "b": _row(None)},
+           "x": {"c": {"error": "boom"}}}
+    out = study_family(sig, "holm", 0.05)
+    # Holm over the three estimable p-values: 0.01 * 3, max(0.03 * 2, 0.03), max(0.04, 0.06)
+    assert out["all"]["a"]["p_adj"] == pytest.approx(0.03) and out["all"]["a"]["significant"]
+    assert out["all @ epoch 10"]["a"]["p_adj"] == pytest.approx(0.06) and not out["all @ epoch 10"]["a"]["significant"]
+    assert out["all"]["b"]["p_adj"] == pytest.approx(0.06) and not out["all"]["b"]["significant"]
+    assert out["all @ epoch 10"]["b"]["p_adj"] is None and not out["all @ epoch 10"]["b"]["significant"]
+    assert out["x"]["c"] == {"error": "boom"}
+    assert sig["all"]["b"]["significant"]  # the input is not modified
+
+
+def test_lmm_study_family_spans_both_comparisons_per_term():
+    adj = {"m": {"alg": {"p": 0.02, "p_holm": 0.02, "p_bh": 0.02}, "(Intercept)": {"p": 0.5, "p_holm": 0.5, "p_bh": 0.5}},
+           "m @ epoch 10": {"alg": {"p": 0.04, "p_holm": 0.04, "p_bh": 0.04}},
+           "n @ epoch 10": {"alg": {"p": None, "p_holm": None, "p_bh": None}}}
+    out = lmm_study_family(adj)
+    assert out["m"]["alg"]["p_holm"] == pytest.approx(0.04) and out["m @ epoch 10"]["alg"]["p_holm"] == pytest.approx(0.04)
+    assert out["m"]["alg"]["p_bh"] == pytest.approx(0.04)
+    assert out["m"]["(Intercept)"]["p_holm"] == pytest.approx(0.5)  # its own family (one fit)
+    assert out["n @ epoch 10"]["alg"]["p_holm"] is None
+
+
+def _fake_comparison(sp, rng: np.random.Generator):
+    """A comparison() stand-in: A/A Gaussian runs; lpips_toy by the exact run-level t (a balanced LMM's
+    test, its own per-cell family as simple_effects made it), fd_toy / is_toy by the study's Welch rows."""
+    runs = [{"name": r.name, "cell": sp.cell_key(r), "role": sp.role(r)} for r in sp.runs]
+
+    def comparison(_sp, _layout, match):
+        values = {r["name"]: {m: float(rng.normal()) for m in sp.overall_only} for r in runs}
+        base = [rng.normal() for r in runs if r["role"] == "baseline"]
+        trt = [rng.normal() for r in runs if r["role"] == "pcpo"]
+        p = float(stats.ttest_ind(trt, base).pvalue)
+        sig = {cell: {"lpips_toy": _row(p)} | per for cell, per in overall_effects(sp, runs, values).items()}
+        return {"rows": [], "values": {}, "n_rows": 0, "formula": "f", "image_formula": None, "fits": {},
+                "adjusted": {"lpips_toy": {"algorithm[T.B]": {"p": p, "p_holm": p, "p_bh": p}}}, "significance": sig}
+
+    return comparison
+
+
+def test_aa_studies_show_a_bold_cell_in_at_most_5_percent(tmp_path, monkeypatch):
+    sp = load_spec(ROOT / "analysis" / "toy_aa_study.yaml", check_weights=False)
+    layout = StudyLayout(tmp_path)
+    layout.selection_file.parent.mkdir(parents=True, exist_ok=True)
+    layout.selection_file.write_text(json.dumps({"epoch": 10}))
+    monkeypatch.setattr(results, "_metrics_json", lambda path: {"metrics": {}})
+    monkeypatch.setattr(results, "comparison", _fake_comparison(sp, np.random.default_rng(20261127)))
+    n, bold, lmm_sig = 120, 0, 0
+    for _ in range(n):
+        raw, lmm, _ = image_metrics(sp, layout)
+        bold += any(any(r["significant"].values()) for r in raw["rows"])
+        lmm_sig += any(v["p_holm"] < 0.05 for terms in lmm["adjusted"].values() for v in terms.values())
+    bound = 0.05 + 2 * np.sqrt(0.05 * 0.95 / n)
+    # per-comparison families (the old code): 16 of these 120 studies (13.3%) had a bold cell
+    assert bold / n <= bound, (bold, n)
+    assert lmm_sig / n <= bound, (lmm_sig, n)
