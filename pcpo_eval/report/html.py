@@ -348,6 +348,13 @@ def p_cells(p: Any, p_adj: Any, estimable: bool, reason: Any, significant: bool)
     return {"ne": None, "p": fmt_p(p), "p_adj": fmt_p(p_adj), "significant": significant}
 
 
+def _mde_or_none(se: Any, df: Any, alpha: float) -> float | None:
+    """The |coefficient| a row's t test detects with 80% power at its SE and df (before adjustment)."""
+    from pcpo_eval.stats.power import mde_from_se
+
+    return None if _missing(se) or _missing(df) else mde_from_se(float(se), float(df), alpha=alpha)
+
+
 def _lmm_effect_rows(term: str, lmm: dict[str, Any], labels: dict[str, str]) -> list[dict[str, Any]]:
     alpha = float(lmm.get("alpha", 0.05))
     key = "p_bh" if lmm.get("adjust") == "bh" else "p_holm"
@@ -361,6 +368,7 @@ def _lmm_effect_rows(term: str, lmm: dict[str, Any], labels: dict[str, str]) -> 
         sig = ok and bool(f.get("converged", True)) and not _missing(p_adj) and p_adj < alpha
         rows.append({"metric": labels.get(m, m), "estimate": fe.get("estimate"), "se": fe.get("se"),
                      "df": fe.get("df"), "t": fe.get("t"), "ci": fmt_ci(fe.get("ci_low"), fe.get("ci_high")),
+                     "mde": _mde_or_none(fe.get("se"), fe.get("df"), alpha) if ok else None,
                      **p_cells(fe.get("p"), p_adj, ok, f.get("reason"), sig)})
     return rows
 
@@ -401,7 +409,7 @@ def simple_effect_rows(significance: dict[str, dict[str, Any]], labels: dict[str
             row: dict[str, Any] = {"cell": cell, "metric": labels.get(m, m), "first": i == 0, "error": e.get("error")}
             if not row["error"]:
                 ok = e.get("estimable", True) is not False
-                row |= {"estimate": e.get("estimate"), "se": e.get("se"), "df": e.get("df"),
+                row |= {"estimate": e.get("estimate"), "se": e.get("se"), "df": e.get("df"), "mde": e.get("mde"),
                         "ci": fmt_ci(e.get("ci_low"), e.get("ci_high")),
                         **p_cells(e.get("p"), e.get("p_adj"), ok, e.get("reason"), ok and e.get("significant") is True)}
             rows.append(row)

@@ -210,7 +210,8 @@ def fit_metric_lmms(frames: dict[str, tuple[pd.DataFrame, LMMSetup]],
 
 
 def _simple_effect(sp: StudySpec, d: pd.DataFrame, m: str, setup: LMMSetup) -> tuple[Any, dict[str, Any]]:
-    """One metric's PCPO - baseline effect in one cell: (fit or None, row without p_adj)."""
+    """One metric's PCPO - baseline effect in one cell: (fit or None, row without p_adj). ``mde``: the
+    |effect| its t test detects with 80% power at the fitted SE and df, before any adjustment."""
     from pcpo_eval.stats import fit_lmm
 
     try:
@@ -221,8 +222,11 @@ def _simple_effect(sp: StudySpec, d: pd.DataFrame, m: str, setup: LMMSetup) -> t
         return None, {"error": _error(exc)}
     reasons = [r for r in (setup.not_estimable, f.reason) if r]
     ok = not reasons
+    from pcpo_eval.stats.power import mde_from_se
+
     return (f if ok else None), {
         "estimate": fe.estimate, "se": fe.se, "df": fe.df, "ci_low": fe.ci_low if ok else None,
+        "mde": mde_from_se(fe.se, fe.df, alpha=sp.lmm.alpha) if ok else None,
         "ci_high": fe.ci_high if ok else None, "p": fe.p if ok else None, "converged": f.converged, "estimable": ok, "reason": "; ".join(reasons) or None,
         "method": f"LMM {setup.formula} (REML, Satterthwaite df)",
     }  # fmt: skip
@@ -278,8 +282,9 @@ def overall_values(sp: StudySpec, layout: StudyLayout, rows: list[dict[str, Any]
 
 def overall_effects(sp: StudySpec, rows: list[dict[str, Any]], values: dict[str, dict[str, float]]) -> dict[str, dict[str, Any]]:
     """Per cell, for each ``overall_only`` metric: PCPO - baseline of the runs' overall values, Welch t
-    interval and Welch t-test p over runs (:func:`pcpo_eval.stats.runlevel.compare_runs`), Holm (or BH)
-    across the overall-only metrics; 1 run per arm: not estimable."""
+    interval and Welch t-test p over runs (:func:`pcpo_eval.stats.runlevel.compare_runs`, whose MDE at
+    the runs' spread is ``mde``), Holm (or BH) across the overall-only metrics; 1 run per arm: not
+    estimable."""
     import scipy.stats
 
     from pcpo_eval.stats.adjust import benjamini_hochberg, holm
@@ -295,7 +300,8 @@ def overall_effects(sp: StudySpec, rows: list[dict[str, Any]], values: dict[str,
             # the Welch p of the CI; without spread (no CI) the exact relabelling p compare_runs gives
             p = (float(scipy.stats.ttest_ind(t, b, equal_var=False).pvalue) if c.ci_low is not None else c.p) \
                 if c.estimable else None
-            per[m] = {"estimate": c.estimate, "se": None, "df": None, "ci_low": c.ci_low, "ci_high": c.ci_high,
+            per[m] = {"estimate": c.estimate, "se": None, "df": c.df, "ci_low": c.ci_low, "ci_high": c.ci_high,
+                      "mde": c.mde,
                       "p": p, "estimable": c.estimable, "reason": c.reason or None, "converged": True,
                       "method": f"Welch t over runs of the overall {m} ({c.n_treatment} vs {c.n_baseline} runs)"}
         est = [m for m, r in per.items() if r["estimable"]]

@@ -247,13 +247,13 @@ def test_not_estimable_lmm_fit_shows_its_reason_and_no_p(report):
     numeric_p = [fmt_p(fe["p"]) for fe in results["lmm"]["fits"]["clip_toy"]["fixed"]]  # asdict keeps them
     clip = [r for r in t.rows_by_class("lmm-table") if r[0] == "CLIP (toy)"]
     assert len(clip) == 3
-    for row in clip:
-        assert row[-1] == f"not estimable: {NOT_ESTIMABLE_REASON}"
+    for row in clip:  # the reason instead of p, and no detectable effect
+        assert row[-2] == f"not estimable: {NOT_ESTIMABLE_REASON}" and row[-1] == "–"
         assert not set(row) & set(numeric_p) and "p = " not in " ".join(row)
     diag = next(r for r in t.rows("lmm-diagnostics") if r[0] == "CLIP (toy)")
     assert diag[1] == f"not estimable: {NOT_ESTIMABLE_REASON}"
     simple = next(r for r in t.rows("simple-effects-table") if r[1] == "CLIP (toy)")
-    assert simple[-1] == f"not estimable: {NOT_ESTIMABLE_REASON}" and simple[2] == "0.001"
+    assert simple[-2] == f"not estimable: {NOT_ESTIMABLE_REASON}" and simple[2] == "0.001" and simple[-1] == "–"
     # never bold: no <b> between the CLIP row's start and its end in any LMM table
     for m in re.finditer(r"<tr><td class=\"l\">CLIP \(toy\)</td>.*?</tr>", html, re.S):
         assert "<b>" not in m.group(0)
@@ -261,6 +261,11 @@ def test_not_estimable_lmm_fit_shows_its_reason_and_no_p(report):
     fd = next(r for r in t.rows_by_class("lmm-table") if r[0] == "FD (toy)")
     fe = next(f for f in results["lmm"]["fits"]["fd_toy"]["fixed"] if f["term"] == "algorithm[T.PCPO]")
     assert fd[2] == fmt_ci(fe["ci_low"], fe["ci_high"]) and fd[6] == fmt_p(fe["p"])
+    # what each estimable row could have detected: the t test's 80%-power effect at its SE and df
+    from pcpo_eval.report.html import fmt_num
+    from pcpo_eval.stats.power import mde_from_se
+
+    assert fd[-1] == fmt_num(mde_from_se(fe["se"], fe["df"])) != "–"
 
 
 def test_lmm_fits_in_to_dict_shape():
@@ -277,7 +282,7 @@ def test_lmm_fits_in_to_dict_shape():
     t = _tables(html)
     rows = t.rows_by_class("lmm-table")
     assert len(rows) == 3 * 3
-    assert all(r[-1] == f"not estimable: {NOT_ESTIMABLE_REASON}" for r in rows if r[0] == "clip_toy")
+    assert all(r[-2] == f"not estimable: {NOT_ESTIMABLE_REASON}" for r in rows if r[0] == "clip_toy")
     fd = next(r for r in rows if r[0] == "fd_toy")
     assert fd[6] == fmt_p(fits["fd_toy"].term("algorithm[T.PCPO]").p) and fd[2].startswith("[")
     assert not MISSING_WORDS.search(_text(html))
@@ -347,7 +352,7 @@ def test_missing_numbers_never_print_as_none_or_nan(report):
     t = _tables(html)
     v = t.rows("verdict-table")[0]
     assert v[4] == "–" and v[5] == "–" and v[6] == "2 vs – (unpaired)" and v[7] == "–" and v[9] == "no"
-    assert t.rows_by_class("lmm-table")[0][-1] == "not estimable (no reason recorded)"
+    assert t.rows_by_class("lmm-table")[0][-2] == "not estimable (no reason recorded)"
     assert html.count("missing</span>") >= 2  # progression cells without an image
 
 

@@ -88,3 +88,23 @@ def test_aa_studies_show_a_bold_cell_in_at_most_5_percent(tmp_path, monkeypatch)
     # per-comparison families (the old code): 16 of these 120 studies (13.3%) had a bold cell
     assert bold / n <= bound, (bold, n)
     assert lmm_sig / n <= bound, (lmm_sig, n)
+
+
+def test_overall_only_rows_state_their_welch_mde():
+    """An overall-only (Welch) row carries the MDE and df of the very test it reports."""
+    from pcpo_eval.stats.power import t_power
+    from pcpo_eval.stats.runlevel import compare_runs
+
+    sp = load_spec(ROOT / "analysis" / "toy_aa_study.yaml", check_weights=False)
+    runs = [{"name": r.name, "cell": sp.cell_key(r), "role": sp.role(r)} for r in sp.runs]
+    rng = np.random.default_rng(3)
+    values = {r["name"]: {m: float(rng.normal()) for m in sp.overall_only} for r in runs}
+    for cell, per in overall_effects(sp, runs, values).items():
+        for m, row in per.items():
+            b, t = ([values[r["name"]][m] for r in runs if r["cell"] == cell and r["role"] == role]
+                    for role in ("baseline", "pcpo"))
+            c = compare_runs(b, t, rng=np.random.default_rng(0))
+            assert row["mde"] == pytest.approx(c.mde) and row["df"] == pytest.approx(c.df)
+            power = t_power(row["mde"], float(np.std(b, ddof=1)), len(b), sd_t=float(np.std(t, ddof=1)),
+                            n_t=len(t), paired=False)
+            assert power == pytest.approx(0.8, abs=1e-6)

@@ -60,7 +60,13 @@ def test_per_image_metric_is_fitted_on_image_rows_with_noise_and_run_effects(tmp
     fe = _term(pick, "algorithm[T.B]")
     assert pick["estimable"], pick["reason"]
     assert fe["p"] > 0.05 and fe["df"] < 10, fe
-    assert not res["raw_scores"]["significance"]["all"]["pickscore"]["significant"]
+    row = res["raw_scores"]["significance"]["all"]["pickscore"]
+    assert not row["significant"]
+    # "no evidence" says what it could have detected: the t test's 80%-power effect at its SE and df
+    from pcpo_eval.stats.power import mde_from_se, power_at
+
+    assert row["mde"] == pytest.approx(mde_from_se(row["se"], row["df"])) and row["mde"] > 2.8 * row["se"]
+    assert power_at(row["mde"] / row["se"], row["df"]) == pytest.approx(0.8, abs=1e-6)
 
 
 def test_planted_per_image_difference_is_detected(tmp_path, fakes):
