@@ -39,6 +39,7 @@ with ``sigma = eta`` (DanceGRPO) or ``sigma_t = eta sqrt(t / (1 - t))`` (Flow-GR
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -190,9 +191,10 @@ class DDIMSchedule:
 
 def _validate_ddim(steps: int, eta: float) -> None:
     if not isinstance(steps, (int, np.integer)) or steps < 1:
-        raise UserError(f"--steps must be an integer >= 1 (got {steps})")
-    if not eta > 0:
-        raise UserError(f"--eta must be > 0 for a stochastic sampler with log-probabilities (got {eta})")
+        raise UserError(f"--steps must be an integer >= 1 (got {steps}); pass a positive step count")
+    if not (eta > 0 and math.isfinite(eta)):
+        raise UserError(f"--eta must be a finite number > 0 for a stochastic sampler with log-probabilities "
+                        f"(got {eta}); pass e.g. --eta 1")
 
 
 def ddim_schedule(
@@ -442,8 +444,9 @@ def pcpo_ddim_credit(
     C = ddim_C(schedule.alpha_bar, schedule.alpha_bar_prev, sigma)
     native = ddim_weight(C, sigma, convention)
     wt = float(np.mean(native)) if w_target is None else float(w_target)
-    if not wt > 0:
-        raise UserError(f"--w-target must be > 0 (got {wt})")
+    if not (wt > 0 and math.isfinite(wt)):
+        raise UserError(f"--w-target must be a finite number > 0 (got {wt}); pass a weight, or leave it out for "
+                        "the mean native weight")
     star = least_weight_sigma(schedule.alpha_bar, schedule.alpha_bar_prev, convention)
     new_sigma = np.empty_like(sigma)
     fallback_steps: list[int] = []
