@@ -8,6 +8,7 @@ Cases run through the real CLI entry point in-process (``cli``) inside the ``box
 from __future__ import annotations
 
 import copy
+import shutil
 from pathlib import Path
 
 import pytest
@@ -147,10 +148,37 @@ def test_generate_names_the_flag(cli, box, args, needle):
              "--out", box / "set", "--no-progress", *args, needles=[needle])
 
 
-def test_features_output_suffix_names_output(cli, box, tmp_path):
+@pytest.fixture(scope="module")
+def tiny_set(tmp_path_factory) -> Path:
+    """A complete toy image set: 1 prompt x 2 seeds, 2 steps."""
+    from pcpo_eval.generate.runner import generate_set
+
+    out = tmp_path_factory.mktemp("tiny") / "set"
+    generate_set("toy", "toy", "2", out, steps=2, max_prompts=1, progress=False, device="cpu")
+    return out
+
+
+def test_features_output_suffix_names_output(cli, box, tiny_set):
     """The message named --out, a flag features does not have (it writes --output FILE)."""
-    s = Path(tmp_path) / "set"
-    assert cli("generate", "--model", "toy", "--prompts", "toy", "--max-prompts", "1", "--seeds", "2", "--steps", "2",
-               "--out", s, "--no-progress").returncode == 0
-    rejected(cli, box, "features", s, "--extractor", "toy", "--output", box / "features",
+    rejected(cli, box, "features", tiny_set, "--extractor", "toy", "--output", box / "features",
              needles=["--output", "must end in .npy"])
+
+
+# ---- an --out set whose set.json is valid JSON of another shape; a corrupt manifest ---------------
+
+@pytest.mark.parametrize("content", ["[]", '{"status": "complete", "settings": 5}'], ids=["list", "settings-int"])
+def test_generate_out_set_json_not_a_record(cli, box, tiny_set, content):
+    """A set.json that parses but is no set record was a TypeError traceback (exit 1)."""
+    s = box / "set"
+    shutil.copytree(tiny_set, s)
+    (s / "set.json").write_text(content)
+    rejected(cli, box, "generate", "--model", "toy", "--prompts", "toy", "--max-prompts", "1", "--seeds", "2",
+             "--steps", "2", "--out", s, "--no-progress", needles=["set.json is unreadable", "choose a new --out"])
+
+
+def test_metrics_corrupt_manifest_names_the_fix(cli, box, tiny_set):
+    s = box / "set"
+    shutil.copytree(tiny_set, s)
+    (s / "manifest.parquet").write_bytes((tiny_set / "manifest.parquet").read_bytes()[:100])
+    rejected(cli, box, "metrics", s, "--metrics", "lpips_toy", "--out", box / "m", "--no-progress",
+             needles=["cannot read", "manifest.parquet", "re-run `pcpo-eval generate`"])
