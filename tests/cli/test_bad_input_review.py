@@ -182,3 +182,19 @@ def test_metrics_corrupt_manifest_names_the_fix(cli, box, tiny_set):
     (s / "manifest.parquet").write_bytes((tiny_set / "manifest.parquet").read_bytes()[:100])
     rejected(cli, box, "metrics", s, "--metrics", "lpips_toy", "--out", box / "m", "--no-progress",
              needles=["cannot read", "manifest.parquet", "re-run `pcpo-eval generate`"])
+
+
+# ---- study --out: another study's folder, or a folder of the user's --------------------------------
+
+@pytest.mark.parametrize("files, needle", [
+    ({"spec.resolved.json": '{"name": "other_study"}', "study.yaml": "name: other_study\n"},
+     "holds the study 'other_study'"),  # its spec.resolved.json was overwritten, then the stage failed
+    ({"notes.txt": "mine"}, "exists and is not a study folder (it holds 'notes.txt')"),  # .lock, logs/ added
+])
+def test_study_out_of_another_kind(cli, box, files, needle):
+    out = box / "out"
+    out.mkdir()
+    for name, text in files.items():
+        (out / name).write_text(text)
+    rejected(cli, box, "study", ROOT / "analysis" / "toy_study.yaml", "--out", out, "--stages", "report",
+             "--no-progress", needles=[needle, "choose"])
