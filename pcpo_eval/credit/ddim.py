@@ -440,9 +440,15 @@ def pcpo_ddim_credit(
     """
     _check_convention(convention)
     _check_fallback(fallback)
-    sigma = schedule.sigma
-    C = ddim_C(schedule.alpha_bar, schedule.alpha_bar_prev, sigma)
-    native = ddim_weight(C, sigma, convention)
+    with np.errstate(divide="ignore", invalid="ignore"):  # a degenerate schedule is reported below, in one line
+        sigma = schedule.sigma
+        C = ddim_C(schedule.alpha_bar, schedule.alpha_bar_prev, sigma)
+        native = ddim_weight(C, sigma, convention)
+    if not np.all(np.isfinite(native)):
+        bad = [int(i) for i in np.flatnonzero(~np.isfinite(native))]
+        raise UserError(f"the native credit weights of this schedule are not finite at steps {bad[:5]} (alpha_bar "
+                        "reaches 0 or 1 there: betas too large or too small); fix --beta-start / --beta-end / "
+                        "--beta-schedule (or the --scheduler-config file)")
     wt = float(np.mean(native)) if w_target is None else float(w_target)
     if not (wt > 0 and math.isfinite(wt)):
         raise UserError(f"--w-target must be a finite number > 0 (got {wt}); pass a weight, or leave it out for "

@@ -39,6 +39,14 @@ def test_credit_non_finite(cli, box, args, needles):
     assert "; pass" in line or "; leave" in line or "or leave" in line  # the fix
 
 
+@pytest.mark.parametrize("extra", [[], ["--w-target", "1"]], ids=["mean-weight", "w-target-given"])
+def test_credit_degenerate_schedule(cli, box, extra):
+    """betas up to 0.5 drive alpha_bar to 0: the weights were inf, printed (exit 0) with a given --w-target, or
+    blamed on --w-target (not given) after numpy's RuntimeWarnings (several stderr lines)."""
+    rejected(cli, box, "credit", "ddim", "--beta-start", "0.0001", "--beta-end", "0.5", "--beta-schedule", "linear",
+             "--steps", "5", *extra, needles=["native credit weights of this schedule are not finite", "--beta-end"])
+
+
 # ---- speedup / select: the smoothing window -------------------------------------------------
 
 @pytest.mark.parametrize("window", ["-2", "-1"])
