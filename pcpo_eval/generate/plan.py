@@ -79,9 +79,12 @@ def check_sampling_options(*, batch_size: Any = None, steps: Any = None, cfg: An
                            section: str | None = None) -> None:
     """The one check of an image set's sampling options (``None`` = not given): a UserError naming the
     first bad one as the ``generate`` flag (``--steps``) or, with ``section``, as the spec key
-    (``eval.steps``), so a study spec is refused on load, not at its generate stage hours later."""
+    (``eval.steps``; ``section=""``: a top-level key, ``steps``), so a study spec or IRG sweep file is
+    refused on load, not at its generate stage hours later."""
     def name(key: str) -> str:
-        return f"{section}.{key}" if section else "--" + key.replace("_", "-")
+        if section is None:
+            return "--" + key.replace("_", "-")
+        return f"{section}.{key}" if section else key
 
     if batch_size is not None and not is_count(batch_size, 1):
         raise UserError(f"{name('batch_size')} {batch_size}; use a whole number >= 1")

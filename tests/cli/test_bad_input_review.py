@@ -206,3 +206,18 @@ def test_study_out_of_another_kind(cli, box, files, needle):
         (out / name).write_text(text)
     rejected(cli, box, "study", ROOT / "analysis" / "toy_study.yaml", "--out", out, "--stages", "report",
              "--no-progress", needles=[needle, "choose"])
+
+
+# ---- irg-sweep: the sampling options of a sweep file are generate's, checked on load ---------------
+
+@pytest.mark.parametrize("key, value, needle", [
+    ("eta", -1, "eta -1; use a finite eta >= 0"),
+    ("cfg", "high", "cfg high; use a finite guidance weight"),
+    ("max_prompts", 0, "max_prompts 0; use a whole number of prompts >= 1"),
+    ("seeds", "abc", "--seeds 'abc' is malformed"),
+])
+def test_irg_sweep_sampling_options(cli, box, key, value, needle):
+    sweep = yaml.safe_load((ROOT / "analysis" / "irg" / "toy_irg.yaml").read_text())
+    sweep[key] = value
+    (box / "sweep.yaml").write_text(yaml.safe_dump(sweep))
+    rejected(cli, box, "irg-sweep", box / "sweep.yaml", "--out", box / "sweep", needles=["IRG sweep file", needle])
