@@ -85,7 +85,8 @@ class ImageSet:
         try:
             df = pd.read_parquet(path)
         except Exception as exc:  # pyarrow raises several types for corrupt files
-            raise UserError(f"cannot read {path}: {type(exc).__name__}: {exc}".splitlines()[0]) from exc
+            raise UserError(f"cannot read {path}: {type(exc).__name__}: {exc}".splitlines()[0][:300]
+                            + "; re-run `pcpo-eval generate` with the set's settings to rewrite it") from exc
         missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
         if missing:
             raise UserError(

@@ -317,18 +317,55 @@ def read_text_file(path: str | os.PathLike, what: str, hint: str) -> str:
         raise UserError(f"{what} {p} is not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
 
 
+_UNIQUE_KEY_LOADER: Any = None
+
+
+def yaml_safe_load(text: str) -> Any:
+    """``yaml.safe_load(text)``, except that a mapping naming a key twice is a ``yaml.YAMLError``.
+
+    PyYAML keeps the last of two equal keys without a word, so ``epochs: 2`` followed further down by
+    ``epochs: 30`` trained 30 epochs while the file seemed to say 2. Keys merged in with ``<<:`` may
+    still be overridden (that is what a merge is for).
+    """
+    global _UNIQUE_KEY_LOADER
+    import yaml
+
+    if _UNIQUE_KEY_LOADER is None:
+        class UniqueKeyLoader(yaml.SafeLoader):
+            def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+                if isinstance(node, yaml.MappingNode):
+                    seen: dict[Any, Any] = {}
+                    for key_node, _ in node.value:
+                        if key_node.tag == "tag:yaml.org,2002:merge":
+                            continue
+                        key = self.construct_object(key_node, deep=True)
+                        try:
+                            first = seen.setdefault(key, key_node.start_mark)
+                        except TypeError:  # an unhashable key: SafeLoader reports it
+                            continue
+                        if first is not key_node.start_mark:
+                            raise yaml.constructor.ConstructorError(
+                                None, None, f"key {key!r} appears twice, first at line {first.line + 1}; keep one",
+                                key_node.start_mark)
+                return super().construct_mapping(node, deep)
+
+        _UNIQUE_KEY_LOADER = UniqueKeyLoader
+    return yaml.load(text, Loader=_UNIQUE_KEY_LOADER)  # noqa: S506 - a SafeLoader subclass
+
+
 def read_yaml_mapping(path: str | os.PathLike, what: str, hint: str) -> dict[str, Any]:
     """The mapping in YAML file ``path`` (an empty file is ``{}``).
 
-    A missing or unreadable file, invalid YAML or a non-mapping raise a one-line UserError naming
-    ``what`` (e.g. ``study spec``) and the fix; ``hint`` is the fix appended to the not-found message.
+    A missing or unreadable file, invalid YAML (a key given twice included, :func:`yaml_safe_load`)
+    or a non-mapping raise a one-line UserError naming ``what`` (e.g. ``study spec``) and the fix;
+    ``hint`` is the fix appended to the not-found message.
     """
     import yaml
 
     p = Path(path)
     text = read_text_file(p, what, hint)
     try:
-        data = yaml.safe_load(text) or {}
+        data = yaml_safe_load(text) or {}
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""

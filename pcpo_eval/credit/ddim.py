@@ -39,6 +39,7 @@ with ``sigma = eta`` (DanceGRPO) or ``sigma_t = eta sqrt(t / (1 - t))`` (Flow-GR
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -190,9 +191,10 @@ class DDIMSchedule:
 
 def _validate_ddim(steps: int, eta: float) -> None:
     if not isinstance(steps, (int, np.integer)) or steps < 1:
-        raise UserError(f"--steps must be an integer >= 1 (got {steps})")
-    if not eta > 0:
-        raise UserError(f"--eta must be > 0 for a stochastic sampler with log-probabilities (got {eta})")
+        raise UserError(f"--steps must be an integer >= 1 (got {steps}); pass a positive step count")
+    if not (eta > 0 and math.isfinite(eta)):
+        raise UserError(f"--eta must be a finite number > 0 for a stochastic sampler with log-probabilities "
+                        f"(got {eta}); pass e.g. --eta 1")
 
 
 def ddim_schedule(
@@ -438,12 +440,19 @@ def pcpo_ddim_credit(
     """
     _check_convention(convention)
     _check_fallback(fallback)
-    sigma = schedule.sigma
-    C = ddim_C(schedule.alpha_bar, schedule.alpha_bar_prev, sigma)
-    native = ddim_weight(C, sigma, convention)
+    with np.errstate(divide="ignore", invalid="ignore"):  # a degenerate schedule is reported below, in one line
+        sigma = schedule.sigma
+        C = ddim_C(schedule.alpha_bar, schedule.alpha_bar_prev, sigma)
+        native = ddim_weight(C, sigma, convention)
+    if not np.all(np.isfinite(native)):
+        bad = [int(i) for i in np.flatnonzero(~np.isfinite(native))]
+        raise UserError(f"the native credit weights of this schedule are not finite at steps {bad[:5]} (alpha_bar "
+                        "reaches 0 or 1 there: betas too large or too small); fix --beta-start / --beta-end / "
+                        "--beta-schedule (or the --scheduler-config file)")
     wt = float(np.mean(native)) if w_target is None else float(w_target)
-    if not wt > 0:
-        raise UserError(f"--w-target must be > 0 (got {wt})")
+    if not (wt > 0 and math.isfinite(wt)):
+        raise UserError(f"--w-target must be a finite number > 0 (got {wt}); pass a weight, or leave it out for "
+                        "the mean native weight")
     star = least_weight_sigma(schedule.alpha_bar, schedule.alpha_bar_prev, convention)
     new_sigma = np.empty_like(sigma)
     fallback_steps: list[int] = []

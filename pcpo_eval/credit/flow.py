@@ -14,6 +14,7 @@ more than DanceGRPO's native ``w ~ sqrt(dt_i)`` does, the direction opposite to 
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -141,11 +142,11 @@ T1_CONVENTIONS: dict[str, str] = {
 
 def _validate_flow(steps: int, eta: float, shift: float) -> None:
     if not isinstance(steps, (int, np.integer)) or steps < 1:
-        raise UserError(f"--steps must be an integer >= 1 (got {steps})")
-    if not eta > 0:
-        raise UserError(f"--eta must be > 0 (got {eta})")
-    if not shift > 0:
-        raise UserError(f"--shift must be > 0 (got {shift})")
+        raise UserError(f"--steps must be an integer >= 1 (got {steps}); pass a positive step count")
+    if not (eta > 0 and math.isfinite(eta)):
+        raise UserError(f"--eta must be a finite number > 0 (got {eta}); pass e.g. --eta 0.3")
+    if not (shift > 0 and math.isfinite(shift)):
+        raise UserError(f"--shift must be a finite number > 0 (got {shift}); pass e.g. --shift 3")
 
 
 def flow_credit(

@@ -5,9 +5,12 @@ Owns :func:`parse_seeds` (``--seeds`` -> seeds; :data:`MAX_SEED`), :class:`WorkI
 and :func:`shard_items` (``i % world == rank``). No torch here, so a study can validate seeds cheaply.
 """
 
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from numbers import Integral, Real
+from typing import Any
 
 import numpy as np
 
@@ -59,6 +62,46 @@ def parse_seeds(spec: str | int | Sequence[int]) -> list[int]:
         raise UserError(f"seed {max(seeds)} too large; seeds must be <= {MAX_SEED} (file names use 7 digits)")
     return seeds
 
+
+
+def is_count(value: Any, least: int) -> bool:
+    """``value`` is an integer (a float such as 2.5 or NaN is not, nor a boolean) and >= ``least``."""
+    return isinstance(value, Integral) and not isinstance(value, bool) and value >= least
+
+
+def is_finite(value: Any) -> bool:
+    """``value`` is a real number, not NaN or +-inf (a NaN guidance weight renders all-black images)."""
+    return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_sampling_options(*, batch_size: Any = None, steps: Any = None, cfg: Any = None, eta: Any = None,
+                           micro_batch: Any = None, max_prompts: Any = None, max_prompt_tokens: Any = None,
+                           section: str | None = None) -> None:
+    """The one check of an image set's sampling options (``None`` = not given): a UserError naming the
+    first bad one as the ``generate`` flag (``--steps``) or, with ``section``, as the spec key
+    (``eval.steps``; ``section=""``: a top-level key, ``steps``), so a study spec or IRG sweep file is
+    refused on load, not at its generate stage hours later."""
+    def name(key: str) -> str:
+        if section is None:
+            return "--" + key.replace("_", "-")
+        return f"{section}.{key}" if section else key
+
+    if batch_size is not None and not is_count(batch_size, 1):
+        raise UserError(f"{name('batch_size')} {batch_size}; use a whole number >= 1")
+    if steps is not None and not is_count(steps, 1):
+        raise UserError(f"{name('steps')} {steps}; use a whole number of sampler steps >= 1")
+    if cfg is not None and not is_finite(cfg):
+        raise UserError(f"{name('cfg')} {cfg}; use a finite guidance weight (1 = no guidance)")
+    if eta is not None and (not is_finite(eta) or eta < 0):
+        raise UserError(f"{name('eta')} {eta}; use a finite eta >= 0 (0 = deterministic)")
+    if micro_batch is not None and not is_count(micro_batch, 0):
+        raise UserError(f"{name('micro_batch')} {micro_batch}; use a whole number of rows >= 0 (0 = off)")
+    if max_prompts is not None and not is_count(max_prompts, 1):
+        raise UserError(f"{name('max_prompts')} {max_prompts}; use a whole number of prompts >= 1 (or leave it out "
+                        "for all)")
+    if max_prompt_tokens is not None and not is_count(max_prompt_tokens, 3):
+        raise UserError(f"{name('max_prompt_tokens')} {max_prompt_tokens}; use a whole number of CLIP tokens >= 3 "
+                        "(start, text, end; the paper's filter: 77)")
 
 @dataclass(frozen=True)
 class WorkItem:

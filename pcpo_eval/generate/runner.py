@@ -9,13 +9,11 @@ bytes are :mod:`.png`'s; the design is in :mod:`pcpo_eval.generate`.
 """
 
 import hashlib
-import math
 import time
 import uuid
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from numbers import Integral, Real
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +31,7 @@ from pcpo_eval.generate.fixed_batch import (
     memory_micro_batch,
 )
 from pcpo_eval.generate.loading import adapter_hash, load_generation_model
-from pcpo_eval.generate.plan import WorkItem, parse_seeds, plan_items, shard_items
+from pcpo_eval.generate.plan import WorkItem, check_sampling_options, parse_seeds, plan_items, shard_items
 from pcpo_eval.generate.png import encode_png, pixel_sha256, write_image_file
 from pcpo_eval.generate.setdir import (
     GenerationSettings,
@@ -135,26 +133,9 @@ class GenerationRequest:
     def __post_init__(self) -> None:
         resolve_precision(self.precision, self.device)  # an unknown name fails before any model loads
         resolve_attention(self.attention, self.device)
-        if not _is_count(self.batch_size, 1):
-            raise UserError(f"--batch-size {self.batch_size}; use a whole number >= 1")
-        if not _is_count(self.steps, 1):
-            raise UserError(f"--steps {self.steps}; use a whole number of sampler steps >= 1")
-        if not _is_finite(self.cfg):
-            raise UserError(f"--cfg {self.cfg}; use a finite guidance weight (1 = no guidance)")
-        if not _is_finite(self.eta) or self.eta < 0:
-            raise UserError(f"--eta {self.eta}; use a finite eta >= 0 (0 = deterministic)")
-        if self.micro_batch is not None and not _is_count(self.micro_batch, 0):
-            raise UserError(f"--micro-batch {self.micro_batch}; use a whole number of rows >= 0 (0 = off)")
-
-
-def _is_count(value: Any, least: int) -> bool:
-    """``value`` is an integer (a float such as 2.5 or NaN is not) and >= ``least``."""
-    return isinstance(value, Integral) and value >= least
-
-
-def _is_finite(value: Any) -> bool:
-    """``value`` is a real number, not NaN or +-inf (a NaN guidance weight renders all-black images)."""
-    return isinstance(value, Real) and math.isfinite(value)
+        check_sampling_options(batch_size=self.batch_size, steps=self.steps, cfg=self.cfg, eta=self.eta,
+                               micro_batch=self.micro_batch, max_prompts=self.max_prompts,
+                               max_prompt_tokens=self.max_prompt_tokens)
 
 
 @dataclass

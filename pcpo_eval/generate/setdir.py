@@ -112,7 +112,9 @@ def check_out_dir(out: Path, settings: GenerationSettings) -> None:
         return
     try:
         old = json.loads(set_json.read_text())["settings"]
-    except (ValueError, KeyError) as exc:
+        if not isinstance(old, dict):  # valid JSON of another shape (a list, a number): not a set record
+            raise TypeError(f"its settings are a {type(old).__name__}, not a mapping")
+    except (ValueError, KeyError, TypeError) as exc:
         raise UserError(f"{set_json} is unreadable ({exc}); choose a new --out directory") from exc
     old = {**LEGACY_SETTINGS, **old}
     new = settings.compat_key()

@@ -292,9 +292,9 @@ def export_features(
     options = options or MetricsOptions()
     out = Path(out_file)
     if out.suffix != ".npy":
-        raise UserError(f"--out {out} must end in .npy")
+        raise UserError(f"--output {out} must end in .npy; give a file name such as features.npy")
     if out.is_dir():
-        raise UserError(f"--out {out} is a directory; give a .npy file path")
+        raise UserError(f"--output {out} is a directory; give a .npy file path")
     s = ImageSet.load(image_set)
     s.verify()
     if dist.is_main():

@@ -70,10 +70,16 @@ from pcpo_eval.errors import UserError, require
 from pcpo_eval.rundir import load_log, log_path, validate_log
 
 
+def check_window(window: int) -> None:
+    """A moving-average window is a whole number of epochs >= 1 (one UserError otherwise)."""
+    if isinstance(window, bool) or not isinstance(window, int | np.integer) or window < 1:
+        raise UserError(f"moving-average window must be a whole number of epochs >= 1, got {window}; "
+                        "pass e.g. --window 5")
+
+
 def moving_average(x: Sequence[float] | np.ndarray, window: int = 5) -> np.ndarray:
     """Trailing moving average; the first ``window-1`` values average what is available."""
-    if window < 1:
-        raise UserError(f"moving-average window must be >= 1, got {window}")
+    check_window(window)
     a = np.asarray(x, dtype=np.float64)
     c = np.cumsum(np.r_[0.0, a])
     idx = np.arange(1, a.size + 1)
@@ -89,8 +95,7 @@ def speedup_pct(epochs_baseline: float, epochs_pcpo: float) -> float:
 def full_window_average(x: Sequence[float] | np.ndarray, window: int = 5) -> np.ndarray:
     """Trailing mean over ``window`` values; NaN for the first ``window - 1`` (no full window yet) and
     for every window that holds a non-finite value (it decides nothing; the other windows still do)."""
-    if window < 1:
-        raise UserError(f"moving-average window must be >= 1, got {window}")
+    check_window(window)
     a = np.asarray(x, dtype=np.float64)
     out = np.full(a.size, np.nan)
     if a.size >= window:
@@ -158,6 +163,7 @@ def epochs_to_target(
     a curve that never reaches it is censored when every window was decided; otherwise the time is
     unknown (``finite=False``). A curve shorter than the window has no eligible epoch and is censored.
     """
+    check_window(window)
     y, e = check_curve(curve, epochs)
     first, last = int(e[0]), int(e[-1])
     eligible = int(e[window - 1]) if y.size >= window else None

@@ -107,6 +107,7 @@ def _resolve(base: Path, spec: str) -> str:
 
 
 def _problems(d: dict[str, Any]) -> list[str]:
+    from pcpo_eval.generate.plan import check_sampling_options, parse_seeds
     from pcpo_eval.metrics.base import METRICS
 
     problems = [f"unknown key {k!r} (keys: {', '.join(sorted(_KEYS))})" for k in d if k not in _KEYS]
@@ -128,6 +129,12 @@ def _problems(d: dict[str, Any]) -> list[str]:
     for key in ("steps", "batch_size"):
         if key in d and not (isinstance(d[key], int) and not isinstance(d[key], bool) and d[key] >= 1):
             problems.append(f"{key} {d[key]!r}: use a whole number >= 1")
+    try:  # generate's own checks (a bad value failed at the first point's render, or rendered nonsense)
+        check_sampling_options(cfg=d.get("cfg"), eta=d.get("eta"), max_prompts=d.get("max_prompts"), section="")
+        seeds = d.get("seeds", 4)
+        parse_seeds(str(seeds) if isinstance(seeds, bool) else seeds)
+    except UserError as exc:
+        problems.append(str(exc))
     return problems
 
 

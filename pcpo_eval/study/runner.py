@@ -21,13 +21,20 @@ import yaml
 
 from pcpo_eval.errors import UserError
 from pcpo_eval.imageset import MANIFEST_FILE, SET_FILE
-from pcpo_eval.io import atomic_write_json, atomic_write_text, check_out_path, remove_stale_temps, sha256_file
+from pcpo_eval.io import (
+    TEMP_NAME,
+    atomic_write_json,
+    atomic_write_text,
+    check_out_path,
+    remove_stale_temps,
+    sha256_file,
+)
 from pcpo_eval.metricsdir import metrics_path
 from pcpo_eval.progress import echo, progress_bar
 from pcpo_eval.rundir import log_path
 from pcpo_eval.stats.speedup import unreachable_targets
 from pcpo_eval.study.spec import STAGES, StudySpec, _safe_name, load_spec
-from pcpo_eval.studydir import StudyLayout, write_results
+from pcpo_eval.studydir import RUNS_DIR, SPEC_COPY_FILE, STATE_FILE, StudyLayout, write_results
 
 # ------------------------------------------------------------------------------------------------
 # Stage runner
@@ -128,8 +135,34 @@ class Study:
         self.state[stage] = {"fingerprint": fp, "seconds": round(seconds, 2), "finished": time.strftime("%Y-%m-%d %H:%M:%S"), **info}
         self._save_state()
 
+    def _check_out_folder(self) -> None:
+        """Refuse, before anything is written, an ``out`` that holds ANOTHER study (its
+        ``spec.resolved.json`` names another study: it was overwritten, then the stages failed on the
+        other study's files) or, without that file, entries that are not a study's (a folder of the
+        user's: ``.lock``, ``logs/`` and the spec copy were added to it). The study's own runs folder
+        may exist before its first stage (runs trained elsewhere, copied in)."""
+        if not self.out.is_dir():
+            return
+        spec_file = self.layout.spec_file
+        if spec_file.is_file():
+            try:
+                other = json.loads(spec_file.read_text(encoding="utf-8")).get("name")
+            except (ValueError, UnicodeDecodeError, AttributeError):
+                other = None  # unreadable: our own derived file, rewritten below
+            if isinstance(other, str) and other != self.spec.name:
+                raise UserError(f"--out {self.out} holds the study {other!r} ({spec_file.name}), not {self.spec.name!r}; "
+                                "choose another --out (one folder per study)")
+            return
+        own = {".lock", "logs", SPEC_COPY_FILE, STATE_FILE, RUNS_DIR}
+        strangers = sorted(p.name for p in self.out.iterdir() if p.name not in own and not TEMP_NAME.match(p.name))
+        if strangers:
+            raise UserError(f"--out {self.out} exists and is not a study folder (it holds {strangers[0]!r}"
+                            f"{f' and {len(strangers) - 1} more' if len(strangers) > 1 else ''}); choose a new or "
+                            "empty folder")
+
     def run(self, stages: Sequence[str] = STAGES) -> Path:
         """Run ``stages`` in order; returns the report path (or the study dir)."""
+        self._check_out_folder()
         self.out.mkdir(parents=True, exist_ok=True)
         self._lock()
         try:

@@ -634,7 +634,7 @@ def _eval_sampler(models: Sequence[str | None], problems: list[str]) -> str | No
 def _parse_eval(section: Any, base: Path, models: Sequence[str | None], problems: list[str]) -> EvalSpec:
     """``eval:`` -> EvalSpec; seeds parsed, the schedule checked against the runs' sampler
     (:data:`pcpo_eval.samplers.SCHEDULES`) and defaulted to that sampler's first schedule."""
-    from pcpo_eval.generate.plan import parse_seeds
+    from pcpo_eval.generate.plan import check_sampling_options, parse_seeds
     from pcpo_eval.samplers import SCHEDULES
 
     ev = _section("eval", section, _fields(EvalSpec), problems)
@@ -643,6 +643,8 @@ def _parse_eval(section: Any, base: Path, models: Sequence[str | None], problems
         spec = EvalSpec(**{**ev, "seeds": str(ev.get("seeds", EvalSpec.seeds)),
                            "prompts": _prompt_source(base, str(ev.get("prompts", "toy")))})
         parse_seeds(spec.seeds)
+        check_sampling_options(batch_size=spec.batch_size, steps=spec.steps, cfg=spec.cfg, eta=spec.eta,
+                               max_prompts=spec.max_prompts, section="eval")
     except (TypeError, UserError) as exc:
         problems.append(f"eval: {exc}")
     sampler = _eval_sampler(models, problems)
@@ -828,6 +830,9 @@ def _parse_lmm(section: Any, factors: Factors, problems: list[str]) -> LMMSpec:
         problems.append(f"lmm.coding {spec.coding!r} (choose treatment or sum)")
     if spec.adjust not in ("holm", "bh"):
         problems.append(f"lmm.adjust {spec.adjust!r} (choose holm or bh)")
+    alpha = spec.alpha
+    if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not 0 < alpha < 1:
+        problems.append(f"lmm.alpha {alpha!r} must be a number in (0, 1), e.g. 0.05")
     return spec
 
 

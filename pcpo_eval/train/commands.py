@@ -72,6 +72,14 @@ def train_cmd(
     if log_to is not None:
         extra.append(f"log_to={log_to.strip() or 'none'}")
     cfg = load_config(config, [*(overrides or []), *extra])
+    if device is None and cfg.device.startswith("cuda"):  # the config's device: CUDA must be here
+        from pcpo_eval.dist import resolve_device
+
+        try:
+            resolve_device(cfg.device)
+        except UserError:
+            raise UserError(f"config device={cfg.device!r} but CUDA is not available here; use device=auto or cpu "
+                            "(or --device cpu)") from None
     from pcpo_eval.train.preflight import missing_assets
 
     if missing := missing_assets(cfg):  # every absent weight / prompt set at once, before any process loads

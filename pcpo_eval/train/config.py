@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +20,7 @@ import yaml
 from pcpo_eval.credit.ddim import CONVENTIONS, DEFAULT_FALLBACK, FALLBACKS
 from pcpo_eval.credit.flow import FLOW_SDES, KL_FORMS, STEP_WEIGHTINGS, T1_CONVENTIONS
 from pcpo_eval.errors import UserError
-from pcpo_eval.io import check_finite, read_yaml_mapping
+from pcpo_eval.io import check_finite, read_yaml_mapping, yaml_safe_load
 from pcpo_eval.rewards import parse_reward, reward_parts
 from pcpo_eval.train.advantages import ADV_STDS
 from pcpo_eval.train.objectives import OBJECTIVES
@@ -187,6 +188,7 @@ class TrainConfig:
              f"keep_checkpoints must be >= 0 (0 = keep every checkpoint; got {self.keep_checkpoints})")
         need(int(self.paper_total_batch) >= 0, f"paper_total_batch must be >= 0 (0: none stated; got {self.paper_total_batch})")
         need(self.train_min_sigma >= 0, f"train_min_sigma must be >= 0 (got {self.train_min_sigma})")
+        problems += self._optimizer_problems()
         problems += self._extension_problems()
         n = self.samples_per_epoch
         if self.sample_batch_size >= 1 and self.train_batch_size >= 1:
@@ -208,6 +210,33 @@ class TrainConfig:
         if problems:
             raise UserError("invalid training config: " + "; ".join(problems))
         return self
+
+    def _optimizer_problems(self) -> list[str]:
+        """Problems of the seed, device, optimiser, clipping, LoRA and stat-tracker keys (each used to pass
+        validation and then end in a traceback, or train with a flipped or zeroed update)."""
+        out: list[str] = []
+
+        def need(cond: bool, msg: str) -> None:
+            if not cond:
+                out.append(msg)
+
+        need(int(self.seed) >= 0, f"seed must be >= 0 (got {self.seed})")
+        need(re.fullmatch(r"auto|(cpu|cuda|mps|xpu)(:\d+)?", str(self.device)) is not None,
+             f"device={self.device!r} (choose auto, cpu, cuda or cuda:N)")
+        for name in ("adam_beta1", "adam_beta2"):
+            need(0 <= getattr(self, name) < 1, f"{name} must be in [0, 1) (got {getattr(self, name)})")
+        need(self.adam_epsilon >= 0, f"adam_epsilon must be >= 0 (got {self.adam_epsilon})")
+        need(self.adam_weight_decay >= 0, f"adam_weight_decay must be >= 0 (got {self.adam_weight_decay})")
+        need(self.max_grad_norm > 0, f"max_grad_norm must be > 0 (got {self.max_grad_norm}; a huge value such as 1e9 "
+             "turns clipping off)")
+        need(self.adv_clip_max > 0, f"adv_clip_max must be > 0 (got {self.adv_clip_max}; advantages are clamped to "
+             "+-adv_clip_max)")
+        need(int(self.stat_buffer_size) >= 1, f"stat_buffer_size must be >= 1 (got {self.stat_buffer_size})")
+        need(int(self.stat_min_count) >= 0, f"stat_min_count must be >= 0 (got {self.stat_min_count})")
+        if int(self.lora_rank) > 0:
+            need(self.lora_alpha > 0, f"lora_alpha must be > 0 with lora_rank={self.lora_rank} (got {self.lora_alpha}; "
+                 "the adapter's scale is lora_alpha / lora_rank)")
+        return out
 
     def _extension_problems(self) -> list[str]:
         """Problems of the step-weighting, validation and init_from keys."""
@@ -293,10 +322,19 @@ _HINTS = typing.get_type_hints(TrainConfig)
 
 
 def _coerce(key: str, value: Any) -> Any:
-    """Convert a YAML/CLI value to the field's type, or raise a UserError naming the key."""
+    """Convert a YAML/CLI value to the field's type, or raise a UserError naming the key.
+
+    A YAML 1.1 boolean (``yes``/``no``/``on``/``off``) is not a number (``lora_rank: no`` read as 0
+    turned a LoRA run into a full fine-tune), a boolean is only ``true``/``false`` (or 1/0), and a
+    list or mapping is not a string.
+    """
     hint = _HINTS[key]
     if key == "reward":
         return parse_reward(value)
+    name = getattr(hint, "__name__", str(hint))
+    if isinstance(value, bool) and hint in (int, float):
+        raise UserError(f"config key {key}: {str(value).lower()} (YAML reads yes/no/on/off as true/false) is not "
+                        f"{'an' if hint is int else 'a'} {name}; {_WRITE[name]}")
     try:
         if hint is bool:
             if isinstance(value, str):
@@ -305,7 +343,9 @@ def _coerce(key: str, value: Any) -> Any:
                 if value.lower() in ("false", "0", "no"):
                     return False
                 raise ValueError(value)
-            return bool(value)
+            if isinstance(value, bool) or (isinstance(value, int) and value in (0, 1)):
+                return bool(value)
+            raise ValueError(value)
         if hint is int:
             if isinstance(value, float) and not value.is_integer():
                 raise ValueError(value)
@@ -315,14 +355,21 @@ def _coerce(key: str, value: Any) -> Any:
         if hint is str:
             if isinstance(value, bool):  # YAML 1.1 reads a bare no / off / yes as a boolean
                 return {False: "no", True: "yes"}[value] if key == "mixed_precision" else str(value).lower()
+            if isinstance(value, list | dict) or value is None:
+                raise ValueError(value)
             return str(value)
         if isinstance(value, str):
-            value = yaml.safe_load(value)
+            value = yaml_safe_load(value)
         if not isinstance(value, dict):
             raise ValueError(value)
         return value
-    except (TypeError, ValueError):
-        raise UserError(f"config key {key}: cannot read {value!r} as {getattr(hint, '__name__', hint)}") from None
+    except (TypeError, ValueError, yaml.YAMLError):
+        raise UserError(f"config key {key}: cannot read {value!r} as {name}; {_WRITE.get(name, 'write one value')}") from None
+
+
+#: how to write a value of each field type (the fix of a value that does not read as one)
+_WRITE = {"bool": "write true or false", "int": "write a whole number", "float": "write a number",
+          "str": "write one text value (quoted if it holds ': ' or ' #')", "dict": "write a mapping, e.g. {key: value}"}
 
 
 def config_from_dict(data: dict[str, Any]) -> TrainConfig:
@@ -340,7 +387,10 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
         if "=" not in item:
             raise UserError(f"override {item!r} is not KEY=VALUE (e.g. epochs=2)")
         k, v = item.split("=", 1)
-        out[k.strip()] = yaml.safe_load(v) if v.strip() else ""
+        try:
+            out[k.strip()] = yaml_safe_load(v) if v.strip() else ""
+        except yaml.YAMLError:  # not a YAML scalar (model=@x, prompts=%p): the text itself
+            out[k.strip()] = v.strip()
     return out
 
 

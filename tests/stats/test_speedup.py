@@ -68,7 +68,7 @@ def test_moving_average_and_full_window_average_match_pandas_rolling():
     assert np.isnan(full[:4]).all()
     np.testing.assert_allclose(full[4:], pd.Series(x).rolling(5).mean().to_numpy()[4:], rtol=1e-12)
     assert np.isnan(full_window_average(x[:3], 5)).all()
-    with pytest.raises(UserError, match="window must be >= 1"):
+    with pytest.raises(UserError, match="window must be a whole number of epochs >= 1"):
         moving_average(x, 0)
 
 
