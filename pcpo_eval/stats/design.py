@@ -48,18 +48,36 @@ def _is_categorical(s: pd.Series) -> bool:
     return not pd.api.types.is_numeric_dtype(s) or pd.api.types.is_bool_dtype(s)
 
 
+#: Python builtins a formula term may call (patsy evaluates each term as Python: nothing else is allowed)
+_SAFE_BUILTINS = {"abs", "round", "min", "max", "pow", "float", "int", "str", "bool", "True", "False", "None"}
+#: syntax a formula term may use: names, calls, constants, arithmetic, comparisons, np.<function>
+_SAFE_NODES = (ast.Expression, ast.Name, ast.Load, ast.Call, ast.Constant, ast.keyword, ast.BinOp, ast.UnaryOp,
+               ast.operator, ast.unaryop, ast.Compare, ast.cmpop, ast.Attribute, ast.Tuple, ast.List)
+
+
 def _names_in(code: str) -> set[str]:
+    """The names a formula term reads, after checking it is only data columns, arithmetic and the
+    allowed functions: patsy evaluates terms as Python, so ``__import__('os').system(...)`` in a
+    (shared) study spec would run."""
     try:
         tree = ast.parse(code, mode="eval")
     except SyntaxError as exc:
         raise UserError(f"cannot parse formula term {code!r}: {exc.msg}") from None
+    for node in ast.walk(tree):
+        bad = (type(node).__name__ if not isinstance(node, _SAFE_NODES) else
+               f"'{node.attr}'" if isinstance(node, ast.Attribute) and not (
+                   isinstance(node.value, ast.Name) and node.value.id == "np" and not node.attr.startswith("_")) else
+               f"'{node.id}'" if isinstance(node, ast.Name) and node.id.startswith("_") else None)
+        if bad:
+            raise UserError(f"formula term {code!r} uses {bad}, which a formula may not; use data columns, "
+                            "arithmetic and C, I, Q, log, exp, sqrt, abs or np.<function>")
     return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
 
 
 def _known_names() -> set[str]:
     import patsy.builtins
 
-    return set(patsy.builtins.__all__) | set(_FORMULA_ENV) | set(dir(builtins))
+    return set(patsy.builtins.__all__) | set(_FORMULA_ENV) | (_SAFE_BUILTINS & set(dir(builtins)))
 
 
 def parse_formula(formula: str, columns: list[str]) -> tuple[object, str, list[str]]:

@@ -164,6 +164,26 @@ def test_lmm_bad_input(scores, cli, tmp_path, mutate, args, message):
     assert message in r.stderr
 
 
+@pytest.mark.parametrize("formula", [
+    "fid ~ algorithm + __import__('os').system('touch {marker}')",
+    "fid ~ algorithm + exec(\"open('{marker}', 'w')\")",
+    "fid ~ algorithm.__class__",
+])
+def test_lmm_formula_runs_no_code(scores, cli, tmp_path, formula):
+    """patsy evaluates formula terms as Python: a formula (e.g. in a shared study spec) must not run
+    code. Only data columns, arithmetic and the listed functions pass."""
+    marker = tmp_path / "pwned"
+    r = cli("lmm", scores / "scores.csv", "--formula", formula.format(marker=marker), "--group", "prompt")
+    assert r.returncode == 2 and r.stderr.startswith("error: ") and r.stderr.count("\n") == 1, r.stderr
+    assert not marker.exists()
+
+
+def test_lmm_formula_keeps_its_functions(scores, cli):
+    r = cli("lmm", scores / "scores.csv", "--formula", "fid ~ C(algorithm) + np.sqrt(np.abs(lpips)) + I(lpips ** 2)",
+            "--group", "prompt", "--json")
+    assert r.returncode == 0, r.stderr
+
+
 def test_lmm_bad_file(cli, tmp_path):
     r = cli("lmm", tmp_path / "x.csv", "--formula", "y ~ x", "--group", "g")
     assert r.returncode == 2 and "does not exist" in r.stderr
