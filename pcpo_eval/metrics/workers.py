@@ -251,10 +251,13 @@ def compute_metrics(
 
 
 def write_outputs(result: MetricsResult, out_dir: str | Path) -> None:
-    """Rank 0 writes the Parquet tables, then ``metrics.json`` (each atomically)."""
+    """Rank 0 writes the Parquet tables, then ``metrics.json`` (each atomically). A ``metrics.json``
+    already there is removed first: a folder with one is complete (:mod:`pcpo_eval.metricsdir`), so
+    an interrupted rewrite must not leave new tables beside the old values."""
     if not dist.is_main():
         return
     out = Path(out_dir)
+    metrics_path(out).unlink(missing_ok=True)
     atomic_write_parquet(per_prompt_path(out), result.per_prompt)
     atomic_write_parquet(per_image_path(out), result.per_image)
     atomic_write_json(metrics_path(out), result.as_json())

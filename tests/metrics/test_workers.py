@@ -208,3 +208,29 @@ def test_features_command_exports_manifest_order(sets, tmp_path, cli) -> None:
     np.testing.assert_allclose(feats[[2]], direct.numpy(), rtol=1e-5, atol=1e-6)
     r = cli("features", small, "--extractor", "nope", "--output", out)
     assert r.returncode == 2 and "choose one of" in r.stderr
+
+
+def test_an_interrupted_rewrite_leaves_no_stale_metrics_json(tmp_path, monkeypatch):
+    """A folder with metrics.json is complete: rewriting into it and failing after the first table
+    must not leave the old metrics.json beside the new per-prompt table."""
+    import pcpo_eval.metrics.workers as workers
+    from pcpo_eval.metricsdir import metrics_path, per_image_path, per_prompt_path
+
+    def result(v: float) -> workers.MetricsResult:
+        return workers.MetricsResult({"m": v}, {"image_set": "s"}, pd.DataFrame({"prompt_id": [0], "m": [v]}),
+                                     pd.DataFrame({"prompt_id": [0], "seed": [0]}))
+
+    workers.write_outputs(result(1.0), tmp_path)
+    assert metrics_path(tmp_path).exists() and per_image_path(tmp_path).exists()
+    real = workers.atomic_write_parquet
+
+    def fail_on_per_image(path, df):
+        if path == per_image_path(tmp_path):
+            raise OSError(28, "No space left on device")
+        real(path, df)
+
+    monkeypatch.setattr(workers, "atomic_write_parquet", fail_on_per_image)
+    with pytest.raises(OSError):
+        workers.write_outputs(result(2.0), tmp_path)
+    assert pd.read_parquet(per_prompt_path(tmp_path))["m"].tolist() == [2.0]
+    assert not metrics_path(tmp_path).exists()  # incomplete, and says so: no stale values
