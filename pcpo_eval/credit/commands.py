@@ -15,6 +15,7 @@ from pcpo_eval.credit.ddim import (
     pcpo_ddim_credit,
     read_scheduler_config,
 )
+from pcpo_eval.errors import UserError
 from pcpo_eval.io import check_out_path
 
 credit_app = typer.Typer(help="Per-timestep credit weights: native vs PCPO (paper Fig. 2).", no_args_is_help=True)
@@ -31,6 +32,16 @@ def _emit(summary: dict[str, Any], as_json: bool, columns: list[str], header: st
 
 
 _SD1 = DDIMSchedulerConfig()
+
+
+def _check_plot(plot: Path | None) -> None:
+    """``--plot`` must be a writable ``.png`` path (its .svg and .pdf are written beside it)."""
+    if plot is None:
+        return
+    check_out_path(plot, "--plot", folder=False)
+    if plot.suffix.lower() != ".png":
+        raise UserError(f"--plot {plot} must end in .png (the .svg and .pdf are written beside it); "
+                        f"e.g. --plot {plot.with_suffix('.png')}")
 
 
 @credit_app.command("ddim")
@@ -64,8 +75,7 @@ def ddim_cmd(
     Per step: sigma, sigma~, their ratio, native and PCPO (effective) weights, each step's share of the
     total weight, and the fallback steps.
     """
-    if plot is not None:
-        check_out_path(plot, "--plot", folder=False)
+    _check_plot(plot)
     if scheduler_config is not None:
         cfg = read_scheduler_config(scheduler_config)
     else:
@@ -103,8 +113,7 @@ def flow_cmd(
     """Flow SDE native weights and PCPO's proportional weights zeta*dt (paper Prop. 2, Fig. 2c-d)."""
     from pcpo_eval.credit.flow import flow_credit
 
-    if plot is not None:
-        check_out_path(plot, "--plot", folder=False)
+    _check_plot(plot)
     credit = flow_credit(sde, steps, eta, shift, t1=t1)
     summary = credit.to_dict()
     if plot is not None:

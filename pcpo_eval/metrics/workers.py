@@ -63,8 +63,10 @@ def parse_metrics(metrics: str | list[str]) -> list[str]:
     """Comma-separated or list of names -> validated, de-duplicated list."""
     names = [m.strip() for m in (metrics.split(",") if isinstance(metrics, str) else metrics) if m.strip()]
     unknown = [m for m in names if m not in METRICS]
-    if unknown or not names:
-        raise UserError(f"unknown metric(s) {unknown or names}; choose from: {', '.join(METRICS)}")
+    if not names:
+        raise UserError(f"no metric named; give --metrics as a comma-separated list from: {', '.join(METRICS)}")
+    if unknown:
+        raise UserError(f"unknown metric(s) {', '.join(unknown)}; choose from: {', '.join(METRICS)}")
     return list(dict.fromkeys(names))
 
 

@@ -256,7 +256,8 @@ def build_design(
     if not np.all(np.isfinite(y)):
         raise UserError(f"response column {response!r} has infinite values")
     if np.ptp(y) == 0.0:
-        raise UserError(f"response column {response!r} is constant ({y[0]:g}); nothing to model")
+        raise UserError(f"response column {response!r} is constant ({float(y[0]):g}); nothing to model: "
+                        "choose a response that varies")
 
     env = patsy.EvalEnvironment([_FORMULA_ENV])
     data = as_patsy_categoricals(data, [c for c in used if c not in groups])

@@ -177,11 +177,12 @@ def test_metrics_corrupt_png(cli, box, image_set, manifest_agrees):
     [
         (["{box}/no set", "--out", "{box}/m"], ["is not an image set"]),
         (["{set}", "--metrics", "fid,nosuch", "--out", "{box}/m"], ["unknown metric", "nosuch"]),
+        (["{set}", "--metrics", " , ", "--out", "{box}/m"], ["no metric named", "comma-separated"]),
         (["{set}", "--metrics", "lpips_toy", "--out", "{box}/plain file/m"], ["is a file, not a folder"]),
         (["{set}", "--metrics", "lpips_toy", "--out", "{box}/m", "--batch-size", "0"], ["--batch-size must be >= 1"]),
         (["{set}", "--metrics", "is_toy", "--out", "{box}/m", "--is-splits", "0"], ["--is-splits must be >= 1"]),
     ],
-    ids=["no-set", "unknown-metric", "out-under-file", "batch-size", "is-splits"],
+    ids=["no-set", "unknown-metric", "no-metric", "out-under-file", "batch-size", "is-splits"],
 )
 def test_metrics_bad_input(cli, box, image_set, args, needles):
     args = [a.format(box=box, set=image_set) for a in args]
@@ -233,6 +234,8 @@ def test_credit_bad_input(cli, box):
     rejected(cli, box, "credit", "ddim", "--scheduler-config", box / "sched.json", needles=["sched.json"])
     rejected(cli, box, "credit", "ddim", "--steps", "0", needles=["--steps"])
     rejected(cli, box, "credit", "flow", "--plot", box / "plain file" / "f.png", needles=["is a file, not a folder"])
+    rejected(cli, box, "credit", "flow", "--plot", box / "fig.txt", needles=["must end in .png", "fig.png"])
+    rejected(cli, box, "credit", "ddim", "--plot", box / "fig", needles=["must end in .png"])
 
 
 def test_toy_bad_input(cli, box):
