@@ -172,6 +172,9 @@ def read_prompt_text(path: str | Path, what: str = "prompt file") -> str:
 def read_prompt_file(path: str | Path) -> PromptSet:
     """Read a ``.txt`` / ``.csv`` / ``.parquet`` prompt file (see the module docstring)."""
     path = Path(path)
+    if path.is_dir():
+        raise UserError(f"prompt file {str(path)!r} is a folder; pass a .txt, .csv or .parquet file inside it "
+                        f"or one of: {', '.join(sorted(REGISTRY))}")
     if not path.is_file():
         raise UserError(
             f"prompt file {str(path)!r} not found; pass a file or one of: {', '.join(sorted(REGISTRY))}"

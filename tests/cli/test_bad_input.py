@@ -130,11 +130,12 @@ def test_load_training_state_rejects_truncated(box, toy_run):
         (["--prompts", "{box}/empty prompts.txt", "--seeds", "2"], ["contains no prompts"]),
         (["--prompts", "{box}/noprompt.csv", "--seeds", "2"], ["no 'prompt' column"]),
         (["--prompts", "{box}/nö such.txt", "--seeds", "2"], ["not found", "nö such.txt"]),
+        (["--prompts", "{box}", "--seeds", "2"], ["is a folder", ".txt, .csv or .parquet"]),
         (["--prompts", "toy", "--seeds", "a-b"], ["--seeds 'a-b' is malformed"]),
         (["--prompts", "toy", "--seeds", "2", "--cfg", "nan"], ["--cfg"]),
         (["--prompts", "toy", "--seeds", "2", "--device", "tpu9"], ["unknown --device"]),
     ],
-    ids=["empty-prompts", "csv-no-prompt-column", "prompts-missing", "seeds", "cfg-nan", "device"],
+    ids=["empty-prompts", "csv-no-prompt-column", "prompts-missing", "prompts-folder", "seeds", "cfg-nan", "device"],
 )
 def test_generate_bad_input(cli, box, args, needles):
     args = [a.format(box=box) for a in args]
@@ -241,6 +242,7 @@ def test_credit_bad_input(cli, box):
 def test_toy_bad_input(cli, box):
     rejected(cli, box, "toy", "check", "--weights", box / "no weights", needles=["toy pretrain"])
     rejected(cli, box, "toy", "pretrain", "--train-steps", "0", "--out", box / "w", needles=["--train-steps must be >= 1"])
+    rejected(cli, box, "toy", "pretrain", "--seed", "-1", "--out", box / "w", needles=["--seed must be >= 0"])
     rejected(cli, box, "toy", "pretrain", "--out", box / "plain file", needles=["is a file, not a folder"])
     rejected(cli, box, "toy-flow", "check", "--seeds", "0", needles=["--seeds must be >= 1"])
     rejected(cli, box, "toy-flow", "check", "--eta", "nan", needles=["--eta"])
