@@ -26,7 +26,8 @@ report (:mod:`pcpo_eval.report.html`) only formats the JSON written from :func:`
     (1|prompt) [+ (1|run)]`` on that cell's per-prompt scores; for ``overall_only`` metrics
     (undefined per prompt, e.g. FD of 4 images in 128-d) a Welch t interval over the runs'
     overall values (:func:`pcpo_eval.stats.runlevel.compare_runs`); bold = Holm (or BH) in one
-    family over every cell, comparison and metric of the table (:func:`study_family`).
+    family over every cell, comparison and metric of the table and the LMM terms of the compared
+    factor (:func:`arm_family`).
 
 * Preference table (Table 6; best by each metric's direction), training traces (Fig. 5), the
   credit-weight figure (Fig. 2), image grids at matched reward.
@@ -368,38 +369,11 @@ def comparison(sp: StudySpec, layout: StudyLayout, match: str) -> dict[str, Any]
             "adjusted": adjusted, "significance": sig}
 
 
-def study_family(significance: dict[str, dict[str, Any]], adjust: str, alpha: float) -> dict[str, dict[str, Any]]:
-    """The raw-score table's bold as ONE multiplicity family per study: every estimable PCPO-vs-baseline
-    row of every cell and both comparisons (matched reward, matched epoch), simple-effect LMMs and
-    overall-only Welch rows together, Holm (or BH) adjusted at once; ``p_adj`` and ``significant`` are
-    replaced, the rest of each row is kept (a row with an error or without p stays as it was).
-
-    Why: each (cell, comparison) used to be its own family, and the Welch rows a further one, so an
-    A/A study had up to 2 x 2 chances per cell at 5% to show a bold cell (the per-study false-positive
-    rate the verdict bounds at 5%, docs/statistics.md; measured in benchmarks/bench_lmm_calibration.py).
-    """
-    from pcpo_eval.stats.adjust import benjamini_hochberg, holm
-
-    keys = [(c, m) for c, per in significance.items() for m, r in per.items()
-            if "error" not in r and r.get("estimable") and r.get("p") is not None]
-    fn = holm if adjust == "holm" else benjamini_hochberg
-    adj = dict(zip(keys, (float(a) for a in fn([significance[c][m]["p"] for c, m in keys])), strict=True)) if keys else {}
-    out: dict[str, dict[str, Any]] = {}
-    for c, per in significance.items():
-        out[c] = {}
-        for m, r in per.items():
-            if "error" in r:
-                out[c][m] = dict(r)
-                continue
-            p_adj = adj.get((c, m))
-            out[c][m] = dict(r) | {"p_adj": p_adj, "significant": p_adj is not None and p_adj < alpha}
-    return out
-
-
 def lmm_study_family(adjusted: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, dict[str, Any]]]:
     """The LMM tables' Holm and BH families per fixed term across every metric of BOTH comparisons
     (``adjusted`` keys carry the `` @ epoch E`` suffix), not per comparison: one family per term per
-    study, so the matched-epoch fits do not add a second 5% chance (see :func:`study_family`)."""
+    study, so the matched-epoch fits do not add a second 5% chance; the terms of the compared factor
+    then join the raw-score rows' family (:func:`arm_family`)."""
     from pcpo_eval.stats.adjust import benjamini_hochberg, holm
 
     out = {m: {t: dict(v) for t, v in terms.items()} for m, terms in adjusted.items()}
@@ -413,6 +387,72 @@ def lmm_study_family(adjusted: dict[str, dict[str, dict[str, Any]]]) -> dict[str
     return out
 
 
+def involves(term: str, factor: str) -> bool:
+    """Whether a fixed-effect term (``algorithm[T.PCPO]``, ``algorithm[T.PCPO]:batch[T.b]``) is or
+    contains the compared factor: the terms that compare the arms."""
+    return any(part.startswith(f"{factor}[") for part in term.split(":"))
+
+
+def same_tests(significance: dict[str, dict[str, Any]], adjusted: dict[str, dict[str, Any]],
+               fits: dict[str, Any], factor: str, suffix: str) -> dict[tuple[str, str], tuple[str, str]]:
+    """LMM-table entries ``(metric, term)`` that ARE a raw-score row ``(cell, metric)``: the same test
+    printed twice (a one-cell study whose LMM is the simple-effect model), known by an equal estimate,
+    SE and p. Keys and values carry ``suffix`` (the comparison)."""
+    out = {}
+    for cell, per in significance.items():
+        for m, row in per.items():
+            fit = fits.get(m) or {}
+            for fe in fit.get("fixed") or []:
+                p = adjusted.get(m, {}).get(fe["term"], {}).get("p")
+                if (involves(fe["term"], factor) and p is not None and row.get("p") is not None
+                        and all(row.get(k) is not None and fe.get(k) is not None
+                                and np.isclose(row[k], fe[k], rtol=1e-9, atol=0) for k in ("estimate", "se", "p"))):
+                    out[(f"{m}{suffix}", fe["term"])] = (f"{cell}{suffix}", m)
+    return out
+
+
+def arm_family(significance: dict[str, dict[str, Any]], adjusted: dict[str, dict[str, Any]], factor: str,
+               same: dict[tuple[str, str], tuple[str, str]], adjust: str,
+               alpha: float) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    """ONE multiplicity family per study for every arm comparison the image-metric sections mark: the
+    raw-score rows (every cell, comparison and metric; simple-effect LMMs and Welch rows) and the LMM
+    tables' terms that involve the compared factor (:func:`involves`), Holm and BH over them at once.
+    An LMM entry that is the same test as a raw-score row (``same``, :func:`same_tests`) counts once
+    and shows that row's adjusted p. Other LMM terms keep their per-term family
+    (:func:`lmm_study_family`). Returns new (significance, adjusted); the inputs are not modified.
+
+    Why: the raw-score bold and the LMM tables were two families, so an A/A study showed some
+    significant arm comparison in up to alpha (1 + W / (L + W)) of studies (6.0% [2.2, 12.6]
+    measured on real toy runs, 3 vs 3).
+    """
+    from pcpo_eval.stats.adjust import benjamini_hochberg, holm
+
+    members: dict[tuple[str, str, str], float] = {}
+    for c, per in significance.items():
+        for m, r in per.items():
+            if "error" not in r and r.get("estimable") and r.get("p") is not None:
+                members[("row", c, m)] = float(r["p"])
+    for mk, terms in adjusted.items():
+        for t, v in terms.items():
+            if involves(t, factor) and v.get("p") is not None and (mk, t) not in same:
+                members[("lmm", mk, t)] = float(v["p"])
+    keys = list(members)
+    pv = np.array([members[k] for k in keys], dtype=float)
+    h = dict(zip(keys, holm(pv), strict=True)) if keys else {}
+    b = dict(zip(keys, benjamini_hochberg(pv), strict=True)) if keys else {}
+    sig = {c: {m: dict(r) for m, r in per.items()} for c, per in significance.items()}
+    for (_, c, m) in (k for k in keys if k[0] == "row"):
+        p_adj = float((h if adjust == "holm" else b)[("row", c, m)])
+        sig[c][m] |= {"p_adj": p_adj, "significant": p_adj < alpha}
+    adj = {mk: {t: dict(v) for t, v in terms.items()} for mk, terms in adjusted.items()}
+    for mk, terms in adj.items():
+        for t in terms:
+            key = ("row", *same[(mk, t)]) if (mk, t) in same else ("lmm", mk, t)
+            if key in h:
+                terms[t] |= {"p_holm": float(h[key]), "p_bh": float(b[key])}
+    return sig, adj
+
+
 def _suffixed(d: dict[str, Any], suffix: str) -> dict[str, Any]:
     return {f"{k}{suffix}": v for k, v in d.items()}
 
@@ -421,8 +461,9 @@ def image_metrics(sp: StudySpec, layout: StudyLayout) -> tuple[dict[str, Any], d
     """``raw_scores`` and ``lmm`` of results.json for both comparisons, and extra metric labels.
 
     Matched-epoch entries carry the suffix `` @ epoch E``: cells in the raw-score table, metrics in
-    the LMM tables. Both comparisons and all cells form one multiplicity family per study: the bold
-    cells by :func:`study_family`, the LMM tables per term by :func:`lmm_study_family`.
+    the LMM tables. Every comparison of the arms (bold cells, LMM terms of the compared factor) of both
+    comparisons and all cells forms one multiplicity family per study (:func:`arm_family`); the LMM
+    tables' other terms one per term (:func:`lmm_study_family`).
     """
     from pcpo_eval.metrics.base import METRIC_LABELS
 
@@ -435,6 +476,7 @@ def image_metrics(sp: StudySpec, layout: StudyLayout) -> tuple[dict[str, Any], d
     labels: dict[str, str] = {}
     formulas, image_formulas, n_rows = {}, {}, 0
     pending: list[tuple[list[dict[str, Any]], dict[str, dict[str, float]], str]] = []
+    same: dict[tuple[str, str], tuple[str, str]] = {}
     epoch = json.loads(layout.selection_file.read_text()).get("epoch")
     for match in ("reward", "epoch"):
         if match == "epoch" and epoch is None:
@@ -443,6 +485,7 @@ def image_metrics(sp: StudySpec, layout: StudyLayout) -> tuple[dict[str, Any], d
         where = epoch if isinstance(epoch, str) else f"epoch {epoch}"
         suffix = "" if match == "reward" else f" @ {where}"
         c = comparison(sp, layout, match)
+        same |= same_tests(c["significance"], c["adjusted"], c["fits"], sp.compare_factor, suffix)
         significance.update(_suffixed(c["significance"], suffix))
         pending.append((c["rows"], c["values"], suffix))
         fits.update(_suffixed(c["fits"], suffix))
@@ -453,9 +496,10 @@ def image_metrics(sp: StudySpec, layout: StudyLayout) -> tuple[dict[str, Any], d
         if c["image_formula"]:
             image_formulas[key] = c["image_formula"]
         n_rows += c["n_rows"]
-    # one family per study (bold: every cell, comparison and metric; LMM tables: per term), then the rows
-    significance = study_family(significance, sp.lmm.adjust, sp.lmm.alpha)
+    # one family per study: every arm comparison (bold rows and the LMM terms of the compared factor)
+    # together; the LMM tables' other terms per term; then the rows
     adjusted = lmm_study_family(adjusted)
+    significance, adjusted = arm_family(significance, adjusted, sp.compare_factor, same, sp.lmm.adjust, sp.lmm.alpha)
     for rows, values, suffix in pending:
         raw += raw_score_rows(sp, rows, values, significance, suffix)
     for m in sp.per_prompt_rank_deficient_ok:

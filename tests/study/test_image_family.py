@@ -19,7 +19,7 @@ import pytest
 from scipy import stats
 
 import pcpo_eval.study.results as results
-from pcpo_eval.study.results import image_metrics, lmm_study_family, overall_effects, study_family
+from pcpo_eval.study.results import arm_family, image_metrics, lmm_study_family, overall_effects
 from pcpo_eval.study.spec import load_spec
 from pcpo_eval.studydir import StudyLayout
 
@@ -34,7 +34,7 @@ def _row(p: float | None, **kw: Any) -> dict[str, Any]:
 def test_study_family_adjusts_every_cell_and_comparison_at_once():
     sig = {"all": {"a": _row(0.01), "b": _row(0.04)}, "all @ epoch 10": {"a": _row(0.03), "b": _row(None)},
            "x": {"c": {"error": "boom"}}}
-    out = study_family(sig, "holm", 0.05)
+    out, _ = arm_family(sig, {}, "algorithm", {}, "holm", 0.05)
     # Holm over the three estimable p-values: 0.01 * 3, max(0.03 * 2, 0.03), max(0.04, 0.06)
     assert out["all"]["a"]["p_adj"] == pytest.approx(0.03) and out["all"]["a"]["significant"]
     assert out["all @ epoch 10"]["a"]["p_adj"] == pytest.approx(0.06) and not out["all @ epoch 10"]["a"]["significant"]
@@ -42,6 +42,25 @@ def test_study_family_adjusts_every_cell_and_comparison_at_once():
     assert out["all @ epoch 10"]["b"]["p_adj"] is None and not out["all @ epoch 10"]["b"]["significant"]
     assert out["x"]["c"] == {"error": "boom"}
     assert sig["all"]["b"]["significant"]  # the input is not modified
+
+
+def test_arm_family_joins_the_lmm_terms_of_the_compared_factor_and_counts_a_repeated_test_once():
+    sig = {"all": {"a": _row(0.01, se=1.0)}, "all @ epoch 10": {"a": _row(0.04, se=1.0)}}
+    adj = {"a": {"algorithm[T.B]": {"p": 0.01}, "batch[T.y]": {"p": 0.001, "p_holm": 0.002, "p_bh": 0.002}},
+           "a @ epoch 10": {"algorithm[T.B]": {"p": 0.04}, "algorithm[T.B]:batch[T.y]": {"p": 0.02}}}
+    # the matched-reward LMM term is the raw-score row (same estimate, SE, p); the epoch one is not
+    fits = {"a": {"fixed": [{"term": "algorithm[T.B]", "estimate": 0.0, "se": 1.0, "p": 0.01}]}}
+    same = results.same_tests({"all": sig["all"]}, {"a": adj["a"]}, fits, "algorithm", "")
+    assert same == {("a", "algorithm[T.B]"): ("all", "a")}
+    s, a = arm_family(sig, adj, "algorithm", same, "holm", 0.05)
+    # one family of 4 tests (2 rows, the epoch LMM term and the interaction; not batch, not the repeat)
+    assert s["all"]["a"]["p_adj"] == pytest.approx(0.04) and s["all"]["a"]["significant"]
+    assert a["a"]["algorithm[T.B]"]["p_holm"] == s["all"]["a"]["p_adj"]  # the repeat shows the row's value
+    assert a["a @ epoch 10"]["algorithm[T.B]:batch[T.y]"]["p_holm"] == pytest.approx(0.06)
+    assert a["a @ epoch 10"]["algorithm[T.B]"]["p_holm"] == pytest.approx(0.08)
+    assert s["all @ epoch 10"]["a"]["p_adj"] == pytest.approx(0.08)
+    assert a["a"]["batch[T.y]"]["p_holm"] == 0.002  # not an arm comparison: its own family, untouched
+    assert results.involves("x[T.1]:algorithm[T.B]", "algorithm") and not results.involves("algorithmic", "algorithm")
 
 
 def test_lmm_study_family_spans_both_comparisons_per_term():
@@ -65,8 +84,10 @@ def _fake_comparison(sp, rng: np.random.Generator):
         base = [rng.normal() for r in runs if r["role"] == "baseline"]
         trt = [rng.normal() for r in runs if r["role"] == "pcpo"]
         p = float(stats.ttest_ind(trt, base).pvalue)
-        sig = {cell: {"lpips_toy": _row(p)} | per for cell, per in overall_effects(sp, runs, values).items()}
-        return {"rows": [], "values": {}, "n_rows": 0, "formula": "f", "image_formula": None, "fits": {},
+        sig = {cell: {"lpips_toy": _row(p, se=1.0)} | per for cell, per in overall_effects(sp, runs, values).items()}
+        # one cell: the LMM table's algorithm term is the raw-score row's test (same estimate, SE and p)
+        fits = {"lpips_toy": {"fixed": [{"term": "algorithm[T.B]", "estimate": 0.0, "se": 1.0, "p": p}]}}
+        return {"rows": [], "values": {}, "n_rows": 0, "formula": "f", "image_formula": None, "fits": fits,
                 "adjusted": {"lpips_toy": {"algorithm[T.B]": {"p": p, "p_holm": p, "p_bh": p}}}, "significance": sig}
 
     return comparison
@@ -79,15 +100,18 @@ def test_aa_studies_show_a_bold_cell_in_at_most_5_percent(tmp_path, monkeypatch)
     layout.selection_file.write_text(json.dumps({"epoch": 10}))
     monkeypatch.setattr(results, "_metrics_json", lambda path: {"metrics": {}})
     monkeypatch.setattr(results, "comparison", _fake_comparison(sp, np.random.default_rng(20261127)))
-    n, bold, lmm_sig = 120, 0, 0
+    n, bold, lmm_sig, either = 120, 0, 0, 0
     for _ in range(n):
         raw, lmm, _ = image_metrics(sp, layout)
-        bold += any(any(r["significant"].values()) for r in raw["rows"])
-        lmm_sig += any(v["p_holm"] < 0.05 for terms in lmm["adjusted"].values() for v in terms.values())
+        b = any(any(r["significant"].values()) for r in raw["rows"])
+        m = any(v["p_holm"] < 0.05 for terms in lmm["adjusted"].values() for v in terms.values())
+        bold, lmm_sig, either = bold + b, lmm_sig + m, either + (b or m)
     bound = 0.05 + 2 * np.sqrt(0.05 * 0.95 / n)
     # per-comparison families (the old code): 16 of these 120 studies (13.3%) had a bold cell
     assert bold / n <= bound, (bold, n)
     assert lmm_sig / n <= bound, (lmm_sig, n)
+    # ONE family per study: some arm comparison anywhere in the image-metric sections (was two families)
+    assert either / n <= bound, (either, n)
 
 
 def test_overall_only_rows_state_their_welch_mde():
