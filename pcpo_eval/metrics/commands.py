@@ -57,6 +57,23 @@ def _options(
     )
 
 
+#: the network each weights flag loads -> the metrics' ``source`` that uses it (metrics.base.METRICS)
+_WEIGHTS_FLAG_SOURCE = {"--inception-weights": "inception", "--dinov2-path": "dinov2", "--lpips-trunk": "alex"}
+
+
+def _check_unused_weights(metrics: str, given: dict[str, Any]) -> None:
+    """A weights flag for a network no chosen metric runs would be silently ignored: refuse it."""
+    from pcpo_eval.errors import UserError
+    from pcpo_eval.metrics.workers import parse_metrics
+
+    sources = {METRICS[m].source for m in parse_metrics(metrics)}
+    for flag, value in given.items():
+        if value is not None and _WEIGHTS_FLAG_SOURCE[flag] not in sources:
+            users = [m for m, i in METRICS.items() if i.source == _WEIGHTS_FLAG_SOURCE[flag]]
+            raise UserError(f"{flag} is given but no chosen metric uses it ({', '.join(users)} do); "
+                            f"drop {flag} or add one of them to --metrics")
+
+
 def metrics_cmd(
     image_set: Path = typer.Argument(..., help="image set directory (manifest.parquet + images/)"),
     reference: Path | None = typer.Option(
@@ -99,6 +116,8 @@ def metrics_cmd(
     from pcpo_eval.metricsdir import METRICS_FILE, PER_IMAGE_FILE, PER_PROMPT_FILE
 
     check_out_path(out, "--out")
+    _check_unused_weights(metrics, {"--inception-weights": inception_weights, "--dinov2-path": dinov2_path,
+                                    "--lpips-trunk": lpips_trunk})
     device = dist.resolve_device(device)
     dist.init(device)
     opts = _options(batch_size, device, cache_dir, inception_weights, dinov2_path, lpips_trunk, is_splits,

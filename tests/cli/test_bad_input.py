@@ -179,11 +179,15 @@ def test_metrics_corrupt_png(cli, box, image_set, manifest_agrees):
         (["{box}/no set", "--out", "{box}/m"], ["is not an image set"]),
         (["{set}", "--metrics", "fid,nosuch", "--out", "{box}/m"], ["unknown metric", "nosuch"]),
         (["{set}", "--metrics", " , ", "--out", "{box}/m"], ["no metric named", "comma-separated"]),
+        (["{set}", "--metrics", "lpips_toy", "--lpips-trunk", "{box}/alex.pth", "--out", "{box}/m"],
+         ["--lpips-trunk is given but no chosen metric uses it", "lpips"]),
+        (["{set}", "--metrics", "fd_toy", "--dinov2-path", "{box}/d", "--out", "{box}/m"], ["--dinov2-path is given"]),
         (["{set}", "--metrics", "lpips_toy", "--out", "{box}/plain file/m"], ["is a file, not a folder"]),
         (["{set}", "--metrics", "lpips_toy", "--out", "{box}/m", "--batch-size", "0"], ["--batch-size must be >= 1"]),
         (["{set}", "--metrics", "is_toy", "--out", "{box}/m", "--is-splits", "0"], ["--is-splits must be >= 1"]),
     ],
-    ids=["no-set", "unknown-metric", "no-metric", "out-under-file", "batch-size", "is-splits"],
+    ids=["no-set", "unknown-metric", "no-metric", "unused-lpips-trunk", "unused-dinov2", "out-under-file", "batch-size",
+         "is-splits"],
 )
 def test_metrics_bad_input(cli, box, image_set, args, needles):
     args = [a.format(box=box, set=image_set) for a in args]
