@@ -197,6 +197,16 @@ def _validate_ddim(steps: int, eta: float) -> None:
                         f"(got {eta}); pass e.g. --eta 1")
 
 
+def check_ddim_eta(eta: float, what: str = "eta") -> None:
+    """DDIM's eta runs from deterministic DDIM (0) to DDPM's posterior variance (1) (Song et al. 2021,
+    Eq. 16). Above 1 a step's sigma^2 exceeds 1 - alpha_bar_prev (at the last step always), so the
+    direction term sqrt(1 - alpha_bar_prev - sigma^2) does not exist (diffusers gives NaN; clamping it
+    would sample another process without a word): refused, naming the option ``what``."""
+    if eta > 1:
+        raise UserError(f"{what} {eta}: DDIM's eta must be at most 1 (1 = DDPM's posterior variance); "
+                        f"pass {what} 1 or less")
+
+
 def ddim_schedule(
     config: dict[str, Any] | None = None, steps: int = 50, eta: float = 1.0, stochastic: bool = True
 ) -> DDIMSchedule:
@@ -214,6 +224,7 @@ def ddim_schedule(
         _validate_ddim(steps, eta)
     elif not (isinstance(steps, (int, np.integer)) and steps >= 1 and eta >= 0):
         raise UserError(f"DDIM needs steps >= 1 and eta >= 0 (got steps={steps}, eta={eta})")
+    check_ddim_eta(eta, "--eta" if stochastic else "eta")
     cfg = dict(SD1_DDIM_CONFIG if config is None else config)
     cfg = {k: v for k, v in cfg.items() if not k.startswith("_")}
     check_scheduler_types(cfg)

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from pcpo_eval import dist
+from pcpo_eval.credit.ddim import check_ddim_eta
 from pcpo_eval.errors import UserError
 from pcpo_eval.generate.fixed_batch import (
     MAX_MEMORY_MICRO_BATCH,
@@ -320,6 +321,8 @@ def _settings(request: GenerationRequest, adapter: ModelAdapter, spec_str: str, 
               precision: str, invariance: str, attention: str = "auto") -> GenerationSettings:
     """Resolve sampler and schedule for the model's prediction type; hash the model."""
     sampler_name = resolve_sampler(request.sampler, adapter.prediction)
+    if sampler_name == "ddim":
+        check_ddim_eta(float(request.eta), "eta")  # before the set folder or a progress bar exists
     schedule = SCHEDULES[sampler_name][0] if request.schedule is None else request.schedule
     if schedule not in SCHEDULES[sampler_name]:
         raise UserError(

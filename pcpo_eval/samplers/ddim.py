@@ -32,6 +32,7 @@ from pcpo_eval.credit.ddim import (
     DEFAULT_FALLBACK,
     FALLBACKS,
     DDIMSchedule,
+    check_ddim_eta,
     ddim_C,
     ddim_schedule,
     pcpo_ddim_credit,
@@ -214,7 +215,9 @@ class DDIMSampler:
     @classmethod
     def for_training(cls, run: Any) -> tuple[DDIMSampler, str]:
         """DDIM with DDIM's sigma (DDPO) or, for ``objective=pcpo``, PCPO's re-solved sigma~ in
-        ``credit_convention`` with ``credit_fallback`` (Prop. 1; docs/credit.md)."""
+        ``credit_convention`` with ``credit_fallback`` (Prop. 1; docs/credit.md). ``sample_eta`` above
+        1 is refused here, before the run writes anything."""
+        check_ddim_eta(run.sample_eta, "sample_eta")
         return cls(convention=run.credit_convention, fallback=run.credit_fallback), run.sigma_schedule()
 
     @classmethod

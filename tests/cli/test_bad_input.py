@@ -45,12 +45,14 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
         (".", [], ["is a folder"]),
         (TOY_CFG, ["cfg=nan"], ["non-finite", "cfg=nan"]),
         (TOY_CFG, ["sample_eta=-inf"], ["non-finite"]),
+        (TOY_CFG, ["sample_eta=1.5"], ["sample_eta 1.5", "at most 1"]),
         (TOY_CFG, ["epochs"], ["not KEY=VALUE"]),
         (TOY_CFG, ["learning_rate=abc"], ["learning_rate"]),
         (TOY_CFG, ["--device", "gpu"], ["unknown --device 'gpu'"]),
     ],
     ids=["missing", "yaml", "non-mapping", "unknown-key", "wrong-type", "out-of-range", "nan-in-file",
-         "not-utf8", "folder", "override-nan", "override-inf", "override-syntax", "override-type", "device"],
+         "not-utf8", "folder", "override-nan", "override-inf", "ddim-eta-above-1", "override-syntax", "override-type",
+         "device"],
 )
 def test_train_bad_config(cli, box, config, extra, needles):
     cfg = config if isinstance(config, Path) else box / config
