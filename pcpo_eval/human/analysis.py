@@ -21,9 +21,10 @@ Output of :func:`analyze`: one JSON-serialisable dict (``None`` wherever a numbe
   no side advantage; its Wald 95% CI and p. It is not estimable (``p = None`` and a reason, never a
   made-up p) with fewer than 2 raters, fewer than :data:`MIN_DECISIVE` decisive answers, every
   answer one way, or a fit that does not converge. The verdict uses the mixed-model p when
-  estimable, else the binomial p, says which, and says "no evidence of a preference" unless
-  p < :data:`ALPHA`; it also says which win rate that test would detect with 80% power with the
-  answers it had (``mde_win_rate``, :func:`detectable_win_rate`).
+  estimable, else the binomial p, says which, and says "no evidence of a preference" unless that
+  p, Holm-adjusted over the study's main comparisons (one family per study, :func:`study_family`),
+  is below :data:`ALPHA`; it also says which win rate that test would detect with 80% power at the
+  family's level ``ALPHA / m`` with the answers it had (``mde_win_rate``, :func:`detectable_win_rate`).
 * **Bradley-Terry** (more than two methods across main comparisons): maximum-likelihood
   log-strengths by the MM algorithm (Hunter 2004, "MM algorithms for generalized Bradley-Terry
   models", Ann. Stat. 32(1), eq. 3) with ties as half a win to each side (as Chatbot Arena),
@@ -76,6 +77,7 @@ __all__ = [  # the analysis, and the moved names its callers import from here
     "ALPHA", "MIN_DECISIVE", "NEEDED_PAIR_COLUMNS", "NEEDED_RESPONSE_COLUMNS", "agreement", "analyze",
     "attention_checks", "binomial_p", "bradley_terry", "clopper_pearson", "compare",
     "krippendorff_alpha_nominal", "mixed_model", "parse_comparison", "side_bias", "simulate_responses",
+    "study_family",
     "verdict_sentence",
 ]
 
@@ -141,28 +143,34 @@ def _fmt_ci(lo: float | None, hi: float | None) -> str:
     return "n/a" if lo is None else f"{lo:.2f}-{hi:.2f}"
 
 
-def detectable_win_rate(c: dict[str, Any]) -> float | None:
+def detectable_win_rate(c: dict[str, Any], level: float = ALPHA) -> float | None:
     """The win rate of A (above 1/2; 1 minus it below) that the verdict's test detects with 80% power
-    with the answers this study has: with the mixed model, the inverse logit of its Wald t MDE on the
-    log-odds (:func:`pcpo_eval.stats.power.mde_from_se` at the fitted SE and df: a typical rater and
-    prompt, no side advantage); with the binomial test, its exact MDE at ``n_decisive``
+    at test level ``level`` (the study family's ``alpha / m``, :func:`study_family`) with the answers
+    this study has: with the mixed model, the inverse logit of its Wald t MDE on the log-odds
+    (:func:`pcpo_eval.stats.power.mde_from_se` at the fitted SE and df: a typical rater and prompt, no
+    side advantage); with the binomial test, its exact MDE at ``n_decisive``
     (:func:`pcpo_eval.stats.pairwise.binomial_mde`). None where no rate up to 1 is detectable."""
+    from pcpo_eval.stats.power import mde_from_se
+
     mm = c["mixed_model"]
     if c["p_source"] == "mixed-model":
-        d = mm.get("mde_log_odds")
+        d = mde_from_se(float(mm["se"]), float(mm["df"]), alpha=level)
         return None if d is None else 1.0 / (1.0 + math.exp(-d))
-    return binomial_mde(c["n_decisive"], ALPHA)
+    return binomial_mde(c["n_decisive"], level)
 
 
 def _power_txt(c: dict[str, Any]) -> str:
     q = c.get("mde_win_rate")
+    m = int(c.get("family_size") or 1)
+    how = "detectable at 80% power" + (f" after Holm over the {m} comparisons" if m > 1 else "")
     if q is None:
-        return "; no win rate is detectable at 80% power with these answers"
-    return f"; detectable at 80% power: a win rate of {q:.2f} (or {1 - q:.2f})"
+        return f"; no win rate is {how} with these answers"
+    return f"; {how}: a win rate of {q:.2f} (or {1 - q:.2f})"
 
 
 def verdict_sentence(c: dict[str, Any]) -> str:
-    """One line: a preference only when the chosen p is below :data:`ALPHA`, else "no evidence"."""
+    """One line: a preference only when the chosen p, Holm-adjusted over the study's comparisons
+    (``p_holm``, :func:`study_family`), is below :data:`ALPHA`, else "no evidence"."""
     a, b = c["a"], c["b"]
     if c["n_decisive"] == 0:
         return f"{a} vs {b}: no decisive answers; no evidence of a preference."
@@ -170,17 +178,22 @@ def verdict_sentence(c: dict[str, Any]) -> str:
             f"{c['n_decisive']} decisive answers)")
     mm = c["mixed_model"]
     p_txt = f"{c['p_source']} p = {c['p']:.3g}"
+    if c.get("p_holm") is not None and int(c.get("family_size") or 1) > 1:
+        p_txt += f", Holm-adjusted over the {c['family_size']} comparisons p = {c['p_holm']:.3g}"
     if not mm["estimable"]:
         p_txt += f"; mixed model not estimable: {mm['reason']}"
-    if c["p"] is not None and c["p"] < ALPHA:
+    if c["significant"]:
         a_ahead = mm["odds_ratio_a"] > 1.0 if c["p_source"] == "mixed-model" else c["win_rate_a"] > 0.5
         winner, loser = (a, b) if a_ahead else (b, a)
         return f"Raters preferred {winner} over {loser}: {rate}, {p_txt}{_power_txt(c)}."
-    return f"No evidence of a preference between {a} and {b}: {rate}, {p_txt}{_power_txt(c)}."
+    own = f" (p < {ALPHA:g} alone, but not after Holm over the study's comparisons)" if (
+        c["p"] is not None and c["p"] < ALPHA) else ""
+    return f"No evidence of a preference between {a} and {b}: {rate}, {p_txt}{_power_txt(c)}{own}."
 
 
 def compare(main: pd.DataFrame, label: str) -> dict[str, Any]:
-    """Counts, exact binomial analysis, mixed model and verdict of one comparison ``"A vs B"``."""
+    """Counts, exact binomial analysis and mixed model of one comparison ``"A vs B"``; its verdict
+    comes with the study's family (:func:`study_family`)."""
     a, b = parse_comparison(label)
     d = main[main.comparison == label]
     chose_a = (d.choice == "left") & (d.left_method == a) | (d.choice == "right") & (d.right_method == a)
@@ -198,10 +211,29 @@ def compare(main: pd.DataFrame, label: str) -> dict[str, Any]:
     }
     mm = c["mixed_model"]
     c["p"], c["p_source"] = (mm["p"], "mixed-model") if mm["estimable"] else (c["p_binomial"], "binomial")
-    c["significant"] = c["p"] is not None and c["p"] < ALPHA
-    c["mde_win_rate"] = detectable_win_rate(c)
-    c["verdict"] = verdict_sentence(c)
     return c
+
+
+def study_family(comps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The study's verdicts: ONE multiplicity family over its main comparisons (the paper's bracket
+    has two), Holm-adjusted, so raters who see no difference anywhere give "Raters preferred ..." in
+    at most :data:`ALPHA` of studies, not one ALPHA per comparison. Sets ``p_holm``, ``family_size``
+    (comparisons with a p), ``significant`` (``p_holm < ALPHA``), ``mde_level`` (``ALPHA / m``,
+    :func:`pcpo_eval.stats.power.family_level`), ``mde_win_rate`` at that level and ``verdict``."""
+    from pcpo_eval.stats.adjust import holm
+    from pcpo_eval.stats.power import family_level
+
+    idx = [i for i, c in enumerate(comps) if c["p"] is not None]
+    adj = dict(zip(idx, (float(x) for x in holm([comps[i]["p"] for i in idx])), strict=True)) if idx else {}
+    level = family_level(ALPHA, len(idx))
+    out = []
+    for i, c in enumerate(comps):
+        c = dict(c, p_holm=adj.get(i), family_size=len(idx), mde_level=level)
+        c["significant"] = c["p_holm"] is not None and c["p_holm"] < ALPHA
+        c["mde_win_rate"] = detectable_win_rate(c, level)
+        c["verdict"] = verdict_sentence(c)
+        out.append(c)
+    return out
 
 
 # -- Bradley-Terry ------------------------------------------------------------------------------
@@ -291,7 +323,7 @@ def analyze(
                     f"fast: raters whose median answer came within {FAST_SECONDS:g} s of the page (kept)",
         },
         "side_bias": side_bias(main),
-        "comparisons": [compare(main, c) for c in labels],
+        "comparisons": study_family([compare(main, c) for c in labels]),
         "bradley_terry": bradley_terry(main, bootstrap, seed),
         "agreement": agreement(main),
     }

@@ -4,8 +4,8 @@
 over the decisive answers of ``"A vs B"``, fitted by :func:`pcpo_eval.stats.glmer.fit_glmm`;
 ``side`` = +0.5 if A was shown left, -0.5 if right, so ``exp(intercept)`` is the odds of choosing
 A at no side advantage. Wald t tests with between-within df
-(:func:`pcpo_eval.stats.glmer.between_within_df`); ``mde_log_odds`` is the smallest |log-odds| that
-test detects with 80% power at the fitted standard error (:func:`pcpo_eval.stats.power.mde_from_se`).
+(:func:`pcpo_eval.stats.glmer.between_within_df`); what that test detects at the study family's
+level is the analysis' (:func:`pcpo_eval.human.analysis.detectable_win_rate`, from ``se`` and ``df``).
 Not estimable (``p = None`` and a reason, never a made-up p) with fewer than 2 raters, fewer than :data:`MIN_DECISIVE` decisive answers, every answer
 one way, or a fit that does not converge.
 """
@@ -39,7 +39,6 @@ def mixed_model(dec: pd.DataFrame, a: str) -> dict[str, Any]:
     from scipy.stats import t as student_t
 
     from pcpo_eval.stats.glmer import between_within_df, fit_glmm
-    from pcpo_eval.stats.power import mde_from_se
 
     n, n_raters, n_prompts = len(dec), dec.rater_id.nunique(), dec.prompt_id.nunique()
     sizes = {"n": n, "n_raters": n_raters, "n_prompts": n_prompts}
@@ -71,7 +70,6 @@ def mixed_model(dec: pd.DataFrame, a: str) -> dict[str, Any]:
         return _not_estimable(f"model did not converge: {fit.message}", **sizes)
     b, se = float(fit.beta[0]), float(fit.se[0])
     df = between_within_df({g: data[g].to_numpy() for g in fit.groups})
-    mde = mde_from_se(se, df, alpha=ALPHA)
     tq = float(student_t.ppf(1 - ALPHA / 2, df))
     has_side = "side" in fit.names
     return {
@@ -79,7 +77,7 @@ def mixed_model(dec: pd.DataFrame, a: str) -> dict[str, Any]:
         "ci95": [math.exp(b - tq * se), math.exp(b + tq * se)],
         "p": float(2 * student_t.sf(abs(b / se), df)), "p_wald_z": float(fit.p[0]), "df": df,
         "test": f"Wald t with between-within df = {df} (levels of the smallest grouping factor - 1)",
-        "log_odds_a": b, "se": se, "mde_log_odds": mde, "reason": None, **sizes,
+        "log_odds_a": b, "se": se, "reason": None, **sizes,
         "side_log_odds": float(fit.beta[1]) if has_side else None,
         "side_p": float(2 * student_t.sf(abs(fit.z[1]), df)) if has_side else None,
         "random_sd": fit.random_sd, "singular": fit.singular, "message": fit.message, "notes": notes,

@@ -348,13 +348,6 @@ def p_cells(p: Any, p_adj: Any, estimable: bool, reason: Any, significant: bool)
     return {"ne": None, "p": fmt_p(p), "p_adj": fmt_p(p_adj), "significant": significant}
 
 
-def _mde_or_none(se: Any, df: Any, alpha: float) -> float | None:
-    """The |coefficient| a row's t test detects with 80% power at its SE and df (before adjustment)."""
-    from pcpo_eval.stats.power import mde_from_se
-
-    return None if _missing(se) or _missing(df) else mde_from_se(float(se), float(df), alpha=alpha)
-
-
 def _lmm_effect_rows(term: str, lmm: dict[str, Any], labels: dict[str, str]) -> list[dict[str, Any]]:
     alpha = float(lmm.get("alpha", 0.05))
     key = "p_bh" if lmm.get("adjust") == "bh" else "p_holm"
@@ -368,7 +361,7 @@ def _lmm_effect_rows(term: str, lmm: dict[str, Any], labels: dict[str, str]) -> 
         sig = ok and bool(f.get("converged", True)) and not _missing(p_adj) and p_adj < alpha
         rows.append({"metric": labels.get(m, m), "estimate": fe.get("estimate"), "se": fe.get("se"),
                      "df": fe.get("df"), "t": fe.get("t"), "ci": fmt_ci(fe.get("ci_low"), fe.get("ci_high")),
-                     "mde": _mde_or_none(fe.get("se"), fe.get("df"), alpha) if ok else None,
+                     "mde": fe.get("mde") if ok else None,  # at its family's level (study.results.family_mdes)
                      **p_cells(fe.get("p"), p_adj, ok, f.get("reason"), sig)})
     return rows
 

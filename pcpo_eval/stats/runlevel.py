@@ -55,7 +55,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
@@ -499,6 +499,22 @@ def _t_p(ci: TInterval) -> float:
     return 2 * float(scipy.stats.t.sf(abs(ci.estimate) / ci.se, ci.df))
 
 
+def _trim(stat: str) -> float:
+    """The share trimmed per end by ``stat``'s t test (Yuen's for the IQM)."""
+    return IQM_TRIM if stat == "iqm" else 0.0
+
+
+def comparison_at_level(c: Comparison, baseline: Sequence[float] | np.ndarray,
+                        treatment: Sequence[float] | np.ndarray, level: float) -> Comparison:
+    """``c`` (from :func:`compare_runs` on these runs) with its MDE at test level ``level`` (e.g. its
+    family's :func:`pcpo_eval.stats.power.family_level`); estimate, CI and p unchanged. A comparison
+    without an MDE (not estimable, or no spread) stays as it is."""
+    if c.mde is None:
+        return c
+    b, t = _runs(baseline, "baseline"), _runs(treatment, "treatment")
+    return replace(c, mde=trimmed_mde(b, t, paired=c.paired, trim=_trim(c.stat), alpha=level))
+
+
 def compare_runs(
     baseline: Sequence[float] | np.ndarray,
     treatment: Sequence[float] | np.ndarray,
@@ -525,7 +541,7 @@ def compare_runs(
     require(0 < alpha < 1, f"alpha must be in (0, 1), got {alpha}")
     require(not paired or b.size == t.size, f"paired runs need equal arms, got {b.size} and {t.size}")
     f = _stat_fn(stat)
-    trim = IQM_TRIM if stat == "iqm" else 0.0
+    trim = _trim(stat)
     ci_method = ("paired " if paired else "") + ("Yuen trimmed-mean t (25%)" if trim else ("t" if paired else "Welch t"))
     bv, tv = _describe(b, t, f)
     est = None if bv is None or tv is None else tv - bv

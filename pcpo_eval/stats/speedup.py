@@ -59,7 +59,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -396,6 +396,31 @@ def earliest_mean(runs: Sequence[TimeToTarget], tau: int) -> float:
     return float(np.mean([tau if r.first_eligible is None else min(r.first_eligible, tau) for r in runs]))
 
 
+def _power(vb: np.ndarray, vt: np.ndarray, paired: bool, mb: float, earliest: float, reference_effect: float,
+           feasible: bool, level: float) -> tuple[float | None, int | None]:
+    """(MDE as a speed-up, seeds per arm for ``reference_effect``) of the t test on restricted times at
+    the measured spread, at test level ``level`` (:class:`Speedup`'s ``mde`` and ``seeds_for_reference``)."""
+    from pcpo_eval.stats.power import mde as _mde  # imports scipy: on first use (see _t_test)
+    from pcpo_eval.stats.power import seeds_needed
+
+    _, _, _, sd_b, sd_t = _t_test(vb, vt, paired, level)
+    d_mde = _mde(sd_b, vb.size, sd_t=sd_t, n_t=vt.size, paired=paired, alpha=level)
+    need = (seeds_needed(mb - mb / (1 + reference_effect), sd_b, sd_t=sd_t, paired=paired, alpha=level)
+            if feasible else None)
+    return _as_speedup(mb, d_mde, earliest), need
+
+
+def at_level(s: Speedup, level: float) -> Speedup:
+    """``s`` with its MDE and seeds-for-reference at test level ``level`` (e.g. its family's
+    :func:`pcpo_eval.stats.power.family_level`); everything else, the CI and p included, unchanged.
+    Rows without a t test (not estimable, or the exact permutation p) have neither and stay as they are."""
+    if not s.estimable or s.ci_low is None or s.baseline_mean is None or s.earliest is None:
+        return s
+    vb, vt = np.asarray(s.baseline_epochs), np.asarray(s.treatment_epochs)
+    mde, need = _power(vb, vt, s.paired, s.baseline_mean, s.earliest, s.reference_effect, s.reference_feasible, level)
+    return replace(s, mde=mde, seeds_for_reference=need)
+
+
 def speedup_runs(
     baseline: Sequence[TimeToTarget],
     treatment: Sequence[TimeToTarget],
@@ -443,21 +468,16 @@ def speedup_runs(
                        estimable=True, significant=bool(p < alpha), **feas,
                        p_method=f"exact {how} permutation",
                        reason=f"CI not estimable ({why}: no spread); p is the exact {how} permutation test's")
-    from pcpo_eval.stats.power import mde as _mde  # imports scipy: on first use (see _t_test)
-    from pcpo_eval.stats.power import seeds_needed
-
-    p, df, q, sd_b, sd_t = _t_test(vb, vt, paired, alpha)
+    p, df, q, _, _ = _t_test(vb, vt, paired, alpha)
     # the parameter space: earliest_b / tau <= rho = mu_b / mu_t <= tau / earliest (no mean beyond tau,
     # none before its runs' first full-window epochs); it holds the estimate, so a piece survives
     lower, upper = earliest_mean(b, tau) / tau, tau / earliest
     pieces = fieller_set(vb, vt, paired=paired, q=q)
     kept = clip_pieces(pieces, upper, lower)
     gap = (kept[0][1] - 1, kept[1][0] - 1) if len(kept) == 2 else (None, None)
-    d_mde = _mde(sd_b, vb.size, sd_t=sd_t, n_t=vt.size, paired=paired, alpha=alpha)
-    need = (seeds_needed(mb - mb / (1 + reference_effect), sd_b, sd_t=sd_t, paired=paired, alpha=alpha)
-            if feas["reference_feasible"] else None)
+    mde, need = _power(vb, vt, paired, mb, earliest, reference_effect, feas["reference_feasible"], alpha)
     return Speedup(**base, ci_low=kept[0][0] - 1, ci_high=kept[-1][1] - 1, p=p, df=df,
-                   mde=_as_speedup(mb, d_mde, earliest), seeds_for_reference=need, estimable=True, reason="",
+                   mde=mde, seeds_for_reference=need, estimable=True, reason="",
                    significant=bool(p < alpha), ci_gap_low=gap[0], ci_gap_high=gap[1],
                    ci_high_clipped=pieces[-1][1] > upper, ci_low_clipped=pieces[0][0] < lower, **feas, p_method="paired t" if paired else "Welch t")
 

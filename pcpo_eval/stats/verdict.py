@@ -33,8 +33,11 @@ gatekeeping): a primary row is significant when ``p_adjusted < alpha``; the seco
 tested only when every primary row is significant (``details["gated"]`` marks the rows of a closed
 gate, never significant). So a study whose arms differ only by chance shows a significant row of
 any family in at most ``alpha`` of studies, not one ``alpha`` per family.
-Every row carries ``mde``, the smallest effect its test detects with 80% power at the measured
-run-to-run spread (:mod:`pcpo_eval.stats.power`).
+Every row carries ``mde``, the smallest effect it is found significant for with 80% power at the
+measured run-to-run spread (:mod:`pcpo_eval.stats.power`): in a family of ``m`` estimable rows at
+the family's level ``alpha / m`` (:func:`pcpo_eval.stats.power.family_level`, Holm's first step;
+``details["family_size"]``, ``details["mde_level"]``), since the row must pass Holm, not its own
+test; a secondary row's also presumes the gate opens.
 
 Row keys (:data:`VERDICT_KEYS`): ``estimate`` is treatment - baseline (a fraction for speed-ups:
 0.25 = 25%), ``ci_low``/``ci_high`` None when there is no CI or that side is unbounded, ``p`` (the
@@ -55,8 +58,26 @@ import pandas as pd
 
 from pcpo_eval.errors import UserError, require
 from pcpo_eval.stats.adjust import holm
-from pcpo_eval.stats.runlevel import ONE_RUN_PER_ARM, Comparison, Stat, auc, compare_runs, final, paired_gain
-from pcpo_eval.stats.speedup import Speedup, ci_text, epochs_to_target, full_window_average, pct, speedup_runs
+from pcpo_eval.stats.power import family_level
+from pcpo_eval.stats.runlevel import (
+    ONE_RUN_PER_ARM,
+    Comparison,
+    Stat,
+    auc,
+    compare_runs,
+    comparison_at_level,
+    final,
+    paired_gain,
+)
+from pcpo_eval.stats.speedup import (
+    Speedup,
+    at_level,
+    ci_text,
+    epochs_to_target,
+    full_window_average,
+    pct,
+    speedup_runs,
+)
 
 VERDICT_KEYS = (
     "cell", "quantity", "baseline", "treatment", "estimate", "ci_low", "ci_high", "n_baseline_runs",
@@ -326,7 +347,7 @@ def comparison_sentence(v: Verdict, c: Comparison, label: str) -> str:
     else:
         d = _ci_decimals(c.estimate, c.ci_low, c.ci_high)
         ci = f"{what}{c.estimate:+.{d}f}, {_level(c.alpha)} CI {c.ci_low:+.{d}f} to {c.ci_high:+.{d}f}, {design}"
-    power = f"; detectable at 80% power: ±{c.mde:.{d}f}" if c.mde is not None else ""
+    power = f"; {detectable(v)}: ±{c.mde:.{d}f}" if c.mde is not None else ""
     if not v.significant:
         return (f"no evidence of a difference in {label} between {t} and {b} ({ci}{_p_text(v)}{power})"
                 f"{_why_not(v, c.significant, c.ci_low is not None)}")
@@ -342,7 +363,13 @@ def _epochs(x: float | None) -> str:
     return "?" if x is None else f"{x:.1f}"
 
 
-def _speedup_power(s: Speedup) -> tuple[str, str]:
+def detectable(v: Verdict) -> str:
+    """"detectable at 80% power", naming the Holm family when the MDE is at its level ``alpha / m``."""
+    m = int(v.details.get("family_size") or 1)
+    return "detectable at 80% power" + (f" after Holm over the {m} {v.family} rows" if m > 1 else "")
+
+
+def _speedup_power(v: Verdict, s: Speedup) -> tuple[str, str]:
     """The sentence's power and seeds parts: the MDE, or "no speed-up is detectable" when none is or
     the MDE exceeds the largest possible speed-up (:attr:`Speedup.max_speedup`: no run reaches a target
     before its first full-window epoch); the seeds a 25% speed-up needs, or that it is not possible.
@@ -350,7 +377,7 @@ def _speedup_power(s: Speedup) -> tuple[str, str]:
     if s.ci_low is None:  # estimable without a CI: the exact permutation p (Speedup.p_method)
         return "; no spread measured, so no detectable effect or seed count", ""
     limit = f" (at most {pct(s.max_speedup)} is possible with this window and baseline)" if s.max_speedup is not None else ""
-    power = f"; detectable at 80% power: {pct(s.mde)}" if s.mde is not None else f"; no speed-up is detectable at 80% power{limit}"
+    power = f"; {detectable(v)}: {pct(s.mde)}" if s.mde is not None else f"; no speed-up is {detectable(v)}{limit}"
     if not s.reference_feasible:
         return power, f"; a {REFERENCE_SPEEDUP:.0%} speed-up is not possible with this window and baseline"
     need = (f"; a {REFERENCE_SPEEDUP:.0%} speed-up needs {s.seeds_for_reference} seeds per arm"
@@ -371,7 +398,7 @@ def speedup_sentence(v: Verdict, s: Speedup, kind: str) -> str:
     epochs = (f"{t} {_epochs(s.treatment_mean)} vs {b} {_epochs(s.baseline_mean)} epochs (restricted mean to epoch {s.tau}"
               + (f"; {', '.join(cens)}" if cens else "") + ")")
     ci = f"speed-up {pct(s.estimate)}, {ci_text(s)}"
-    power, need = _speedup_power(s)
+    power, need = _speedup_power(v, s)
     tail = f"{ci}, {_design(s.paired, s.n_treatment, s.n_baseline)}{_p_text(v)}{power}{need}"
     if not v.significant:
         return f"no evidence of a difference in epochs to reach {what}: {epochs}; {tail}{_why_not(v, s.significant, s.ci_low is not None)}"
@@ -416,11 +443,32 @@ def _base(quantity: str) -> str:
     return quantity.split(":", 1)[0]
 
 
+def family_of(quantity: str, primary: Sequence[str]) -> str:
+    """``primary`` when the row's quantity (or its speed-up kind) is a primary endpoint, else ``secondary``."""
+    return "primary" if (quantity in primary or _base(quantity) in primary) else "secondary"
+
+
+def planned_family_sizes(has_control: bool, gain_targets: Sequence[float], targets: Sequence[float],
+                         primary: Sequence[str], n_cells: int) -> tuple[dict[str, int], dict[str, str]]:
+    """Before any run: (family -> the rows Holm will adjust together, row name -> its family) of a
+    design with one treatment arm per cell, as :func:`verdict_rows` forms them. Every target is
+    counted informative and every row estimable (an uninformative target gets no row), so the sizes
+    are upper bounds: a plan at ``alpha / m`` is conservative. ``primary`` empty: the default."""
+    names = [*_quantities(None, has_control), *(quantity_name("gain", g) for g in (gain_targets if has_control else ())),
+             *(quantity_name("reward", t) for t in targets)]
+    prim = tuple(primary) or default_primary(has_control)
+    fam = {q: family_of(q, prim) for q in names}
+    sizes: dict[str, int] = {}
+    for f in fam.values():
+        sizes[f] = sizes.get(f, 0) + n_cells
+    return sizes, fam
+
+
 def adjust_families(rows: Sequence[Verdict], primary: Sequence[str], alpha: float) -> list[Verdict]:
     """Mark each row primary/secondary, Holm-adjust p within each family, set ``significant``: the
     secondary family only when every primary row is significant (serial gatekeeping; module docstring),
     else its rows keep their Holm-adjusted p for reading and get ``details["gated"] = True``."""
-    fam = ["primary" if (r.quantity in primary or _base(r.quantity) in primary) else "secondary" for r in rows]
+    fam = [family_of(r.quantity, primary) for r in rows]
     out = [replace(r, family=f, significant=False) for r, f in zip(rows, fam, strict=True)]
     for name in ("primary", "secondary"):
         prim = [r for r in out if r.family == "primary"]
@@ -474,7 +522,7 @@ def verdict_rows(
     speed = [(s["curve"], s["target"]) for s in status if s["headline"]]
     speed = [x for x in speed if x[0] == "gain"] + [x for x in speed if x[0] == "reward"]
     rows: list[Verdict] = []
-    objs: list[tuple[str, Comparison | Speedup]] = []
+    objs: list[tuple[str, Comparison | Speedup, tuple[np.ndarray, np.ndarray] | None]] = []
     for cell in sorted({r.cell for r in runs}):
         b_all = [r for r in runs if r.cell == cell and r.arm == baseline]
         for arm in arms:
@@ -484,16 +532,43 @@ def verdict_rows(
                 xt = np.asarray([_scalar(r, q, k) for r in t], dtype=np.float64)
                 c = compare_runs(xb, xt, stat, n_boot, rng=rng, alpha=alpha, paired=paired)
                 rows.append(_comparison(cell, q, c, (baseline, arm)))
-                objs.append((QUANTITIES[q] if stat == "mean" else f"IQM {QUANTITIES[q]}", c))
+                objs.append((QUANTITIES[q] if stat == "mean" else f"IQM {QUANTITIES[q]}", c, (xb, xt)))
             for kind, x in speed:
                 v, s = _speedup(cell, b, t, paired, (baseline, arm), kind, x, window, alpha)
                 rows.append(v)
-                objs.append((kind, s))
+                objs.append((kind, s, None))
     if not primary:  # the default primary endpoint, or the first quantity asked for when it is not among them
         primary = [q for q in default_primary(has_control) if q in qs] or list(qs[:1])
     rows = adjust_families(rows, tuple(primary), alpha)
-    return tuple(replace(v, sentence=speedup_sentence(v, o, lab) if isinstance(o, Speedup)
-                         else comparison_sentence(v, o, lab)) for v, (lab, o) in zip(rows, objs, strict=True))
+    out = []
+    for v, (lab, o, runs) in zip(rows, objs, strict=True):
+        v, o = at_family_level(v, o, runs, family_sizes(rows), alpha)
+        out.append(replace(v, sentence=speedup_sentence(v, o, lab) if isinstance(o, Speedup)
+                           else comparison_sentence(v, o, lab)))
+    return tuple(out)
+
+
+def family_sizes(rows: Sequence[Verdict]) -> dict[str, int]:
+    """Family -> the number of its rows Holm adjusts together (estimable, with a p)."""
+    out: dict[str, int] = {}
+    for r in rows:
+        if r.estimable and r.p is not None:
+            out[r.family] = out.get(r.family, 0) + 1
+    return out
+
+
+def at_family_level(v: Verdict, o: Comparison | Speedup, runs: tuple[np.ndarray, np.ndarray] | None,
+                    sizes: dict[str, int], alpha: float) -> tuple[Verdict, Comparison | Speedup]:
+    """The row and its comparison with the MDE (and a speed-up's seeds for the reference effect) at its
+    family's level ``alpha / m`` (module docstring); ``details`` records ``family_size`` and ``mde_level``."""
+    m = sizes.get(v.family, 1)
+    level = family_level(alpha, m)
+    if m > 1:
+        o = at_level(o, level) if isinstance(o, Speedup) else comparison_at_level(o, *runs, level)  # type: ignore[misc]
+    details = {**v.details, "family_size": m, "mde_level": level}
+    if isinstance(o, Speedup):
+        details["seeds_for_reference"] = o.seeds_for_reference
+    return replace(v, mde=o.mde, details=details), o
 
 
 # ---------------------------------------------------------------------------------------------

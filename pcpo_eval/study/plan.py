@@ -7,8 +7,10 @@
   coefficient of variation ``--cv`` (SD / mean of a per-run quantity) when there is no pilot.
 * The effect (``--effect``, default 0.25): a relative change, i.e. a paired gain 25% above the
   baseline's, and a 25% speed-up to each gain / reward target.
-* The seeds: :func:`pcpo_eval.stats.power.seeds_needed` (80% power, two-sided 5%, the same t test
-  the verdict uses): paired by seed when the spec's arms share seeds (the pilot's SD of the per-seed
+* The seeds: :func:`pcpo_eval.stats.power.seeds_needed` (80% power, the same t test the verdict
+  uses, two-sided at the endpoint's family level ``0.05 / m``: the verdict's rows must pass Holm over
+  their family, :func:`pcpo_eval.stats.verdict.planned_family_sizes`, every target counted, so
+  conservative): paired by seed when the spec's arms share seeds (the pilot's SD of the per-seed
   differences), else Welch. With ``--cv`` the SD of a per-seed difference is taken as
   ``cv * mean * sqrt(2)``, i.e. no benefit from pairing (conservative).
 * Disk and GPU-hours from the spec alone (:mod:`.footprint`): checkpoint sizes from parameter counts
@@ -33,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from pcpo_eval.errors import UserError
-from pcpo_eval.stats.power import seeds_needed
+from pcpo_eval.stats.power import family_level, seeds_needed
 from pcpo_eval.study.footprint import footprint_lines
 from pcpo_eval.study.spec import StudySpec
 from pcpo_eval.studydir import RESULTS_FILE, StudyLayout
@@ -78,10 +80,29 @@ def _speedup_sd(row: dict[str, Any]) -> tuple[float, float] | None:
     return float(b.mean()), sd
 
 
+#: the verdict's significance level (:func:`pcpo_eval.study.verdicts.verdict` runs at the default)
+PLAN_ALPHA = 0.05
+
+
+def family_levels(sp: StudySpec) -> dict[str, tuple[float, int]]:
+    """Row name -> (its family's test level ``alpha / m``, ``m``) in this spec's verdict."""
+    from pcpo_eval.stats.verdict import planned_family_sizes
+
+    sizes, fam = planned_family_sizes(sp.paired_control, sp.gain_targets, sp.targets, sp.primary, len(sp.cells()))
+    return {q: (family_level(PLAN_ALPHA, sizes[f]), sizes[f]) for q, f in fam.items()}
+
+
 def plan_rows(sp: StudySpec, pilot: dict[str, Any] | None, cv: float | None, effect: float) -> list[dict[str, Any]]:
-    """Per endpoint: the baseline level, the SD used, the effect and the seeds per arm it needs."""
+    """Per endpoint: the baseline level, the SD used, the effect, its family's level and the seeds per
+    arm it needs at that level."""
     paired = len({tuple(v) for v in sp.seeds.values()}) == 1
+    levels = family_levels(sp)
     out = []
+
+    def need(q: str, delta: float, sd: float, paired_: bool) -> dict[str, Any]:
+        a, m = levels.get(q, (PLAN_ALPHA, 1))
+        return {"seeds": seeds_needed(delta, sd, paired=paired_, alpha=a), "level": a, "family_size": m}
+
     if pilot is not None:
         for row in pilot["verdict"]:
             q = row["quantity"]
@@ -91,17 +112,16 @@ def plan_rows(sp: StudySpec, pilot: dict[str, Any] | None, cv: float | None, eff
                     continue
                 base, sd = got
                 delta = base - base / (1 + effect)
-                n = seeds_needed(delta, sd, paired=True) if row.get("paired") else seeds_needed(delta, sd / math.sqrt(2), paired=False)
-                out.append({"endpoint": q, "baseline": base, "sd": sd, "effect": f"{effect:+.0%} speed-up", "seeds": n})
+                n = need(q, delta, sd, True) if row.get("paired") else need(q, delta, sd / math.sqrt(2), False)
+                out.append({"endpoint": q, "baseline": base, "sd": sd, "effect": f"{effect:+.0%} speed-up", **n})
             else:
                 sd = _row_sd(row)
                 base = row.get("baseline_value")
                 if sd is None or base is None or base == 0:
                     continue
                 delta = effect * abs(float(base))
-                n = seeds_needed(delta, sd, paired=True) if row.get("paired") else seeds_needed(delta, sd, paired=False)
                 out.append({"endpoint": q, "baseline": float(base), "sd": sd, "effect": f"{effect:+.0%} of the baseline",
-                            "seeds": n})
+                            **need(q, delta, sd, bool(row.get("paired")))})
         return out
     assert cv is not None
     sd_rel = cv * math.sqrt(2)  # SD of a per-seed difference relative to the mean, no benefit from pairing
@@ -109,7 +129,7 @@ def plan_rows(sp: StudySpec, pilot: dict[str, Any] | None, cv: float | None, eff
               *[f"speedup_reward:{t:g}" for t in sp.targets]):
         rel = effect if not q.startswith("speedup") else 1 - 1 / (1 + effect)
         out.append({"endpoint": q, "baseline": None, "sd": None, "effect": f"{effect:+.0%}" + (" speed-up" if q.startswith("speedup") else ""),
-                    "seeds": seeds_needed(rel, sd_rel, paired=True) if paired else seeds_needed(rel, cv, paired=False)})
+                    **(need(q, rel, sd_rel, True) if paired else need(q, rel, cv, False))})
     return out
 
 
@@ -153,12 +173,14 @@ def plan_text(sp: StudySpec, pilot_dir: Path | None = None, cv: float | None = N
     rows = plan_rows(sp, pilot, cv, effect)
     paired = len({tuple(v) for v in sp.seeds.values()}) == 1
     src = f"pilot {pilot_dir}" if pilot is not None else f"stated CV {cv:g} (no pairing benefit assumed)"
-    lines = [f"plan for {sp.name}: seeds per arm for 80% power at two-sided 5% ({'paired by seed' if paired else 'unpaired'}), "
+    lines = [f"plan for {sp.name}: seeds per arm for 80% power at two-sided 5%, Holm within the verdict's families "
+             f"(each row at 5% / its family's rows, every target counted) ({'paired by seed' if paired else 'unpaired'}), "
              f"spread from the {src}"]
     for r in rows:
         lvl = "" if r["baseline"] is None else f" (baseline {r['baseline']:.4g}, SD {r['sd']:.3g})"
         need = "more than 10000" if r["seeds"] is None else str(r["seeds"])
-        lines.append(f"  {r['endpoint']}: {r['effect']}{lvl} -> {need} seeds per arm")
+        fam = f" (at {r['level']:.3g}: Holm over {r['family_size']} rows)" if r["family_size"] > 1 else ""
+        lines.append(f"  {r['endpoint']}: {r['effect']}{lvl} -> {need} seeds per arm{fam}")
     now = {len(v) for v in sp.seeds.values()}
     lines.append(f"  the spec trains {', '.join(map(str, sorted(now)))} seed(s) per arm")
     need = max((r["seeds"] for r in rows if r["seeds"] is not None), default=None)

@@ -172,8 +172,9 @@ def lmm_setup(fixed: str, groups: list[str], re_formula: str | None, n_runs: int
     return LMMSetup(fixed, groups, re_formula, " + ".join([fixed, *terms]), reason)
 
 
-def _fit_dict(fit: Any, forced: str | None) -> dict[str, Any]:
-    """A fit as results.json holds it: estimable / reason, and p null when not estimable."""
+def fit_record(fit: Any, forced: str | None) -> dict[str, Any]:
+    """A fit as results.json holds it: estimable / reason, and p null when not estimable (each fixed
+    effect's ``mde`` is added once its family is known: :func:`family_mdes`)."""
     d = dataclasses.asdict(fit) | {"reml_criterion": fit.reml_criterion}
     reasons = [r for r in (forced, fit.reason) if r]
     ok = not reasons
@@ -182,6 +183,10 @@ def _fit_dict(fit: Any, forced: str | None) -> dict[str, Any]:
         for fe in d["fixed"]:
             fe.update(p=None, z_p=None, ci_low=None, ci_high=None, z_ci_low=None, z_ci_high=None)
     return d
+
+
+def _finite(*xs: Any) -> bool:
+    return all(x is not None and np.isfinite(float(x)) for x in xs)
 
 
 def fit_metric_lmms(frames: dict[str, tuple[pd.DataFrame, LMMSetup]],
@@ -205,7 +210,7 @@ def fit_metric_lmms(frames: dict[str, tuple[pd.DataFrame, LMMSetup]],
     adjusted: dict[str, Any] = adjust_across_metrics(family) if family else {}
     for m, f in fits.items():
         data, setup = frames[m]
-        out[m] = _fit_dict(f, setup.not_estimable) | {"formula": setup.formula, "n_rows": len(data)}
+        out[m] = fit_record(f, setup.not_estimable) | {"formula": setup.formula, "n_rows": len(data)}
         adjusted.setdefault(m, {fe.term: {"p": None, "p_holm": None, "p_bh": None} for fe in f.fixed})
     return {m: out[m] for m in frames if m in out}, adjusted
 
@@ -302,7 +307,7 @@ def overall_effects(sp: StudySpec, rows: list[dict[str, Any]], values: dict[str,
             p = (float(scipy.stats.ttest_ind(t, b, equal_var=False).pvalue) if c.ci_low is not None else c.p) \
                 if c.estimable else None
             per[m] = {"estimate": c.estimate, "se": None, "df": c.df, "ci_low": c.ci_low, "ci_high": c.ci_high,
-                      "mde": c.mde,
+                      "mde": c.mde, "run_values": {"baseline": b, "treatment": t},
                       "p": p, "estimable": c.estimable, "reason": c.reason or None, "converged": True,
                       "method": f"Welch t over runs of the overall {m} ({c.n_treatment} vs {c.n_baseline} runs)"}
         est = [m for m, r in per.items() if r["estimable"]]
@@ -383,7 +388,7 @@ def lmm_study_family(adjusted: dict[str, dict[str, dict[str, Any]]]) -> dict[str
             continue
         pv = np.array([adjusted[m][term]["p"] for m in keys], dtype=float)
         for m, a, b in zip(keys, holm(pv), benjamini_hochberg(pv), strict=True):
-            out[m][term] |= {"p_holm": float(a), "p_bh": float(b)}
+            out[m][term] |= {"p_holm": float(a), "p_bh": float(b), "family_size": len(keys)}
     return out
 
 
@@ -443,14 +448,55 @@ def arm_family(significance: dict[str, dict[str, Any]], adjusted: dict[str, dict
     sig = {c: {m: dict(r) for m, r in per.items()} for c, per in significance.items()}
     for (_, c, m) in (k for k in keys if k[0] == "row"):
         p_adj = float((h if adjust == "holm" else b)[("row", c, m)])
-        sig[c][m] |= {"p_adj": p_adj, "significant": p_adj < alpha}
+        sig[c][m] |= {"p_adj": p_adj, "significant": p_adj < alpha, "family_size": len(keys)}
     adj = {mk: {t: dict(v) for t, v in terms.items()} for mk, terms in adjusted.items()}
     for mk, terms in adj.items():
         for t in terms:
             key = ("row", *same[(mk, t)]) if (mk, t) in same else ("lmm", mk, t)
             if key in h:
-                terms[t] |= {"p_holm": float(h[key]), "p_bh": float(b[key])}
+                terms[t] |= {"p_holm": float(h[key]), "p_bh": float(b[key]), "family_size": len(keys)}
     return sig, adj
+
+
+def _row_mde(r: dict[str, Any], level: float) -> float | None:
+    """A raw-score row's MDE at test level ``level``: the Welch t over its runs' overall values
+    (``run_values``, :func:`overall_effects`), else the LMM t at its SE and df."""
+    from pcpo_eval.stats.power import mde_from_se
+    from pcpo_eval.stats.runlevel import trimmed_mde
+
+    if r.get("run_values"):
+        b, t = (np.asarray(r["run_values"][k], dtype=float) for k in ("baseline", "treatment"))
+        return trimmed_mde(b, t, paired=False, trim=0.0, alpha=level)
+    return mde_from_se(float(r["se"]), float(r["df"]), alpha=level) if _finite(r.get("se"), r.get("df")) else None
+
+
+def family_mdes(significance: dict[str, dict[str, Any]], fits: dict[str, Any], adjusted: dict[str, dict[str, Any]],
+                alpha: float) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """Every raw-score row's and LMM fixed effect's ``mde`` at its family's level ``alpha / m``
+    (:func:`pcpo_eval.stats.power.family_level`; ``m`` = ``family_size`` from :func:`arm_family` and
+    :func:`lmm_study_family`), with ``mde_level``: a row is bold only when its adjusted p passes, so the
+    effect it detects with 80% power is its test's at that level (the unadjusted MDE would promise power
+    the family does not have). Rows or terms outside any family (not estimable) get None. New dicts."""
+    from pcpo_eval.stats.power import family_level, mde_from_se
+
+    sig = {c: {m: dict(r) for m, r in per.items()} for c, per in significance.items()}
+    for per in sig.values():
+        for r in per.values():
+            n = r.get("family_size")
+            if n and r.get("mde") is not None:
+                r |= {"mde": _row_mde(r, family_level(alpha, n)), "mde_level": family_level(alpha, n)}
+    out = {mk: dict(f) for mk, f in fits.items()}
+    for mk, f in out.items():
+        if not isinstance(f.get("fixed"), (list, tuple)):  # an error record
+            continue
+        f["fixed"] = [dict(fe) for fe in f["fixed"]]
+        for fe in f["fixed"]:
+            n = adjusted.get(mk, {}).get(fe["term"], {}).get("family_size")
+            ok = bool(n) and f.get("estimable", True) is not False and _finite(fe.get("se"), fe.get("df"))
+            level = family_level(alpha, n) if n else None
+            fe |= {"mde": mde_from_se(float(fe["se"]), float(fe["df"]), alpha=level) if ok else None,
+                   "mde_level": level if ok else None}
+    return sig, out
 
 
 def _suffixed(d: dict[str, Any], suffix: str) -> dict[str, Any]:
@@ -500,6 +546,7 @@ def image_metrics(sp: StudySpec, layout: StudyLayout) -> tuple[dict[str, Any], d
     # together; the LMM tables' other terms per term; then the rows
     adjusted = lmm_study_family(adjusted)
     significance, adjusted = arm_family(significance, adjusted, sp.compare_factor, same, sp.lmm.adjust, sp.lmm.alpha)
+    significance, fits = family_mdes(significance, fits, adjusted, sp.lmm.alpha)
     for rows, values, suffix in pending:
         raw += raw_score_rows(sp, rows, values, significance, suffix)
     for m in sp.per_prompt_rank_deficient_ok:

@@ -23,6 +23,7 @@ from pcpo_eval.human.analysis import (
     krippendorff_alpha_nominal,
     simulate_responses,
 )
+from pcpo_eval.stats.power import mde_from_se
 
 MAIN2 = ["pcpo@120 vs ddpo@180", "pcpo@120 vs ddpo@240"]
 
@@ -95,12 +96,36 @@ def test_aa_design_gives_no_evidence(pairs2):
     for c in out["comparisons"]:
         assert c["verdict"].startswith("No evidence of a preference between pcpo@120 and ddpo@"), c["verdict"]
         assert c["p"] >= 0.05 and c["ci95"][0] < 0.5 < c["ci95"][1]
-        # every verdict says what it could have detected with the answers it had
+        # every verdict says what it could have detected with the answers it had, at the level Holm
+        # over the study's 2 comparisons tests it (alpha / 2)
         q = c["mde_win_rate"]
-        assert 0.5 < q < 1.0 and f"detectable at 80% power: a win rate of {q:.2f} (or {1 - q:.2f})" in c["verdict"]
+        assert c["family_size"] == 2 and c["mde_level"] == 0.025 and c["p_holm"] >= c["p"]
+        assert 0.5 < q < 1.0 and (f"detectable at 80% power after Holm over the 2 comparisons: a win rate of "
+                                  f"{q:.2f} (or {1 - q:.2f})") in c["verdict"]
         mm = c["mixed_model"]
-        assert q == pytest.approx(1 / (1 + math.exp(-mm["mde_log_odds"])))
-        assert mm["mde_log_odds"] > 2.8 * mm["se"]  # t quantiles at raters - 1 df exceed the normal ones
+        d = math.log(q / (1 - q))
+        assert d == pytest.approx(mde_from_se(mm["se"], mm["df"], alpha=0.025))
+        assert d > mde_from_se(mm["se"], mm["df"]) > 2.8 * mm["se"]  # t quantiles at raters - 1 df exceed the normal ones
+
+
+def test_one_family_per_study_holm_over_the_comparisons(pairs2):
+    """A preference in each comparison's own test is a verdict only when it survives Holm over the
+    study's comparisons: the smaller p against alpha / 2, then the other against alpha."""
+    from pcpo_eval.human.analysis import study_family
+
+    out = analyze(pairs2, simulate_responses(pairs2, 15, 20, 0.5, rng_seed=5), bootstrap=0)
+    c1, c2 = out["comparisons"]
+    fake = [dict(c1, p=0.03), dict(c2, p=0.2)]  # significant alone, not after Holm (0.06)
+    a, b = study_family(fake)
+    assert a["p_holm"] == pytest.approx(0.06) and not a["significant"] and b["p_holm"] == pytest.approx(0.2)
+    assert a["verdict"].startswith("No evidence of a preference")
+    assert "Holm-adjusted over the 2 comparisons p = 0.06" in a["verdict"]
+    assert "(p < 0.05 alone, but not after Holm over the study's comparisons)" in a["verdict"]
+    a, b = study_family([dict(c1, p=0.02), dict(c2, p=0.04)])  # Holm: 0.04 and 0.04
+    assert a["significant"] and b["significant"]
+    (one,) = study_family([dict(c1, p=0.03)])  # a study of one comparison: its own test
+    assert one["significant"] and one["family_size"] == 1 and one["mde_level"] == 0.05
+    assert "Holm" not in one["verdict"]
 
 
 def test_binomial_verdict_states_its_exact_detectable_rate(pairs2):
@@ -109,8 +134,9 @@ def test_binomial_verdict_states_its_exact_detectable_rate(pairs2):
 
     resp = simulate_responses(pairs2, 1, 40, 0.5, rng_seed=5)
     for c in analyze(pairs2, resp, bootstrap=0)["comparisons"]:
-        assert c["p_source"] == "binomial" and c["mde_win_rate"] == binomial_mde(c["n_decisive"])
-        assert f"detectable at 80% power: a win rate of {c['mde_win_rate']:.2f}" in c["verdict"]
+        assert c["p_source"] == "binomial" and c["mde_win_rate"] == binomial_mde(c["n_decisive"], 0.025)
+        assert f"detectable at 80% power after Holm over the 2 comparisons: a win rate of {c['mde_win_rate']:.2f}" \
+            in c["verdict"]
 
 
 def aa_rejection_rates(n_studies: int, seed: int, sd: float) -> tuple[float, float, int]:

@@ -235,6 +235,9 @@ def test_raters_rate_through_the_app_and_the_analysis_reaches_the_report(study, 
     # each comparison states the win rate it could have detected; the blinding secret is not in the report
     assert "detectable win rate (80% power)" in html and "randomised from the design's private secret" in html
     assert all("detectable at 80% power" in c["verdict"] for c in analysis["comparisons"])
+    # one multiplicity family per study: Holm over its comparisons, shown in its own column
+    tested = [c for c in analysis["comparisons"] if c["p"] is not None]
+    assert "Holm p (study)" in html and all(c["family_size"] == len(tested) for c in analysis["comparisons"])
     secret = json.loads((human / "design.json").read_text())["blinding_secret"]
     assert secret not in html and secret not in json.dumps(results)
     # a rehearsal on simulated raters (planted preference for PCPO) never touches the real results

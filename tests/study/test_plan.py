@@ -63,7 +63,16 @@ def test_plan_from_a_pilot_matches_the_power_function(tmp_path):
     n = g["seeds"]
     assert t_power(0.25 * g["baseline"], sd, n, paired=True) >= 0.8 > t_power(0.25 * g["baseline"], sd, n - 1, paired=True)
     assert "speedup_gain:0.03" in rows and rows["speedup_gain:0.03"]["seeds"] >= 2
+    # a secondary row must pass Holm over its family (final, AUC, 2 gain and 2 reward speed-ups: 6 rows)
+    assert g["level"] == 0.05 and g["family_size"] == 1
+    sg = rows["speedup_gain:0.03"]
+    assert sg["family_size"] == 6 and sg["level"] == pytest.approx(0.05 / 6)
+    f = rows["final_reward"]
+    assert f["seeds"] == seeds_needed(0.25 * f["baseline"], f["sd"], paired=True, alpha=0.05 / 6)
+    assert f["seeds"] > seeds_needed(0.25 * f["baseline"], f["sd"], paired=True)
     text = plan_text(sp, pilot, None, 0.25)
+    assert f"final_reward: +25% of the baseline (baseline {f['baseline']:.4g}, SD {f['sd']:.3g}) -> {f['seeds']} seeds " \
+           "per arm (at 0.00833: Holm over 6 rows)" in text
     assert f"paired_gain: +25% of the baseline (baseline {g['baseline']:.4g}" in text
     assert "the spec trains 3 seed(s) per arm" in text and "paired by seed" in text
     assert "process-hours of training" in text and "MB per run as in the pilot" in text
@@ -93,8 +102,10 @@ def test_plan_from_a_stated_cv():
     text = plan_text(sp, None, 0.3, 0.25)
     assert "no pairing benefit assumed" in text and "give --pilot STUDY_DIR" in text
     n = seeds_needed(0.25, 0.3 * math.sqrt(2), paired=True)
-    assert f"paired_gain: +25% -> {n} seeds per arm" in text
-    assert "speedup_gain:0.03" in text and "speedup_reward:0.92" in text
+    assert f"paired_gain: +25% -> {n} seeds per arm\n" in text  # the primary, alone in its family
+    n_sg = seeds_needed(1 - 1 / 1.25, 0.3 * math.sqrt(2), paired=True, alpha=0.05 / 6)
+    assert f"speedup_gain:0.03: +25% speed-up -> {n_sg} seeds per arm (at 0.00833: Holm over 6 rows)" in text
+    assert "speedup_reward:0.92" in text
 
 
 @pytest.mark.parametrize(("args", "message"), [

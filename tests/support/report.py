@@ -15,6 +15,8 @@ import numpy as np
 import pandas as pd
 from PIL import Image
 
+from pcpo_eval.study.results import family_mdes, fit_record, lmm_study_family
+
 #: A prompt that would run script if the report did not escape it.
 EVIL_PROMPT = '<script>document.title="pwned";alert(1)</script> a red <b>cube</b> & "friends"'
 EVIL_RUN = "algorithm-<img src=x onerror=alert(2)>"
@@ -100,7 +102,12 @@ def synthetic_results(root: Path) -> dict:
 
     data = synthetic_scores()
     fits = synthetic_fits(data)
-    adjusted = adjust_across_metrics(fits)
+    adjusted = lmm_study_family(adjust_across_metrics(fits))  # results.json's form: with each family's size
+    # the fits as results.json holds them, each fixed effect's MDE at its family's level; the
+    # not-estimable fit keeps its p-values, to prove the report hides them
+    records = {m: fit_record(f, None) if f.estimable else dataclasses.asdict(f) | {
+        "reml_criterion": f.reml_criterion, "estimable": False, "reason": f.reason} for m, f in fits.items()}
+    _, records = family_mdes({}, records, adjusted, 0.05)
     logs = {(a, b): synthetic_log(0.05 if a == "DDPO" else 0.08, 40, i) for i, (a, b) in
             enumerate([(a, b) for a in ("DDPO", "PCPO") for b in ("16", "32")])}
     speed = []
@@ -160,8 +167,7 @@ def synthetic_results(root: Path) -> dict:
                                                                    "estimable": False, "reason": NOT_ESTIMABLE_REASON}}}},
         "lmm": {"formula": "value ~ algorithm * batch + (1|prompt)", "coding": "treatment",
                 "df_method": "Satterthwaite (lmerTest)", "estimation": "REML", "adjust": "holm", "alpha": 0.05,
-                "fits": {**{m: dataclasses.asdict(f) | {"reml_criterion": f.reml_criterion, "estimable": f.estimable,
-                                                          "reason": f.reason} for m, f in fits.items()},
+                "fits": {**records,
                          "is_toy": {"error": "grouping column 'prompt' has only one level"}},
                 "adjusted": adjusted, "n_rows": len(data)},
         "preference": {"prompts": "unseen.txt", "seeds": "1", "columns": ["hps"], "rows": [
