@@ -31,8 +31,8 @@ def checkpoint(tmp_path_factory) -> Path:
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for name, p in adapter.denoiser.named_parameters():
-            if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
+            if "lora_" in name:  # A and B from the seeded generator: add_lora's A comes from the global
+                p.copy_(torch.randn(p.shape, generator=gen) * (0.05 if "lora_B" in name else 0.5))  # RNG (order-dependent)
     run = tmp_path_factory.mktemp("run") / "run"
     run.mkdir()
     cfg = load_config(ROOT / "train" / "configs" / "toy_pcpo.yaml", ["lora_rank=2", "lora_alpha=2"])
