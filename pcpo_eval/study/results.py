@@ -40,6 +40,7 @@ import json
 import math
 import platform
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -700,6 +701,56 @@ def trained_credit(sp: StudySpec) -> tuple[Any, Any, str]:
                      f"{cfg.sample_eta:g}, {cfg.credit_convention} convention, fallback {cfg.credit_fallback}")
 
 
+#: fixed generator seed of the balance check's permutation and bootstrap draws (results.json is reproducible)
+BALANCE_SEED = 20261126
+
+
+def reward_balance(sp: StudySpec, runs: Sequence[dict[str, Any]], alpha: float = 0.05) -> dict[str, dict[str, Any]]:
+    """Per cell: do the arms' reward-matched checkpoints sit at the same reward? Each run's checkpoint
+    is its first to reach ``select_target``, so an arm that learns in bigger steps overshoots more and
+    its "matched" checkpoints carry more reward: a confounder of every matched-reward image metric.
+    PCPO - baseline of the selected checkpoints' smoothed rewards over the runs that reached the
+    target, paired by seed as the verdict pairs (:func:`pcpo_eval.stats.verdict.pair_runs`), by
+    :func:`pcpo_eval.stats.runlevel.compare_runs` (t CI and p); ``imbalanced`` when that p < alpha.
+    ``sentence`` says it; fewer than 2 runs per arm: not estimable."""
+    from types import SimpleNamespace
+
+    from pcpo_eval.stats.runlevel import compare_runs
+    from pcpo_eval.stats.verdict import pair_runs
+
+    out: dict[str, dict[str, Any]] = {}
+    for cell in sp.cells():
+        arm = {role: [SimpleNamespace(seed=str(r["seed"]), reward=float(r["reward"])) for r in runs
+                      if r.get("cell") == cell and r.get("role") == role and r.get("reached")]
+               for role in ("baseline", "pcpo")}
+        b, t, paired = pair_runs(arm["baseline"], arm["pcpo"])  # type: ignore[arg-type]
+        c = compare_runs([r.reward for r in b], [r.reward for r in t], rng=np.random.default_rng(BALANCE_SEED),
+                         alpha=alpha, paired=paired, n_boot=200)
+        imbalanced = bool(c.estimable and c.p is not None and c.p < alpha)
+        out[cell] = {"baseline_mean": c.baseline_value, "pcpo_mean": c.treatment_value, "estimate": c.estimate,
+                     "ci_low": c.ci_low, "ci_high": c.ci_high, "p": c.p, "paired": paired, "n_baseline": c.n_baseline,
+                     "n_pcpo": c.n_treatment, "estimable": c.estimable, "reason": c.reason or None,
+                     "mde": c.mde, "imbalanced": imbalanced, "sentence": _balance_sentence(sp, cell, c, imbalanced)}
+    return out
+
+
+def _balance_sentence(sp: StudySpec, cell: str, c: Any, imbalanced: bool) -> str:
+    where = f" ({cell})" if len(sp.cells()) > 1 else ""
+    if not c.estimable or c.estimate is None:
+        return f"Matched-reward balance{where}: not estimable ({c.reason})."
+    design = f"{c.n_baseline} seeds per arm, paired by seed" if c.paired else f"{c.n_treatment} vs {c.n_baseline} runs"
+    ci = (f", 95% CI {c.ci_low:+.3f} to {c.ci_high:+.3f}" if c.ci_low is not None else "") + \
+        (f", p = {c.p:.3g}" if c.p is not None else "")
+    head = (f"Matched-reward balance{where}: {sp.pcpo}'s reward-matched checkpoints sit at a smoothed reward of "
+            f"{c.treatment_value:.3f}, {sp.baseline}'s at {c.baseline_value:.3f} ({sp.pcpo} - {sp.baseline} "
+            f"{c.estimate:+.3f}{ci}; {design})")
+    if imbalanced:
+        return (head + ": the arms' matched checkpoints differ in reward, so a matched-reward image-metric difference "
+                       "may partly be this reward difference; read the matched-epoch comparison beside it.")
+    power = f" (detectable at 80% power: ±{c.mde:.3f})" if c.mde is not None else ""
+    return head + f": no evidence that one arm's matched checkpoints carry more reward{power}."
+
+
 def build_results(sp: StudySpec, layout: StudyLayout) -> dict[str, Any]:
     """Everything the report formats (JSON-able), from the spec and the files under ``layout.out``."""
     from pcpo_eval.credit.plot import save_credit_figure
@@ -727,7 +778,8 @@ def build_results(sp: StudySpec, layout: StudyLayout) -> dict[str, Any]:
         "metric_labels": {**METRIC_LABELS, **labels},
         "metrics": list(sp.metrics),
         "speedup": level["speedup"],
-        "selection": json.loads(layout.selection_file.read_text()),
+        "selection": (sel := json.loads(layout.selection_file.read_text())) | {
+            "balance": reward_balance(sp, sel.get("runs") or [], sp.lmm.alpha)},
         "raw_scores": raw,
         "lmm": lmm,
         "preference": preference_table(sp, layout),

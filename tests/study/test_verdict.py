@@ -90,6 +90,10 @@ def test_aa_study_finds_no_difference(tmp_path, fakes):
     assert res["headline"].startswith("On this study, no evidence of a difference in paired gain")
     off = res["sampler_offset"]["all"]
     assert not off["significant"] and off["ci_low"] <= 0 <= off["ci_high"]
+    # the matched-reward checkpoints' rewards, compared per cell (tests/study/test_balance.py)
+    bal = res["selection"]["balance"]["all"]
+    reached = [r for r in res["selection"]["runs"] if r["reached"]]
+    assert bal["n_baseline"] + bal["n_pcpo"] == len(reached) and bal["sentence"].startswith("Matched-reward balance")
     fit = res["lmm"]["fits"]["lpips_toy"]  # value ~ algorithm + (1|prompt) + (1|run)
     assert fit["groups"] == ["prompt", "run"]
     assert not (fit["estimable"] and res["lmm"]["adjusted"]["lpips_toy"]["algorithm[T.B]"]["p_holm"] < 0.05)
