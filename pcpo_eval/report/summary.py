@@ -2,8 +2,8 @@
 
 Order: the run-level verdict sentences first (they are the study's answer, over runs), with the
 1-run-per-arm warning and the notes; then the sampler offset of the untrained controls; then the
-speed-up table (uninformative targets labelled) and the compared factor's LMM effects. A missing
-number is printed as "n/a", never as "None" or "nan".
+speed-up table (uninformative targets labelled), the matched-reward balance and the compared factor's
+LMM effects. A missing number is printed as "n/a", never as "None" or "nan".
 """
 
 from __future__ import annotations
@@ -57,6 +57,11 @@ def speedup_lines(res: dict[str, Any]) -> list[str]:
     return lines
 
 
+def balance_lines(res: dict[str, Any]) -> list[str]:
+    """Per cell: do the arms' reward-matched checkpoints carry the same reward (``selection.balance``)?"""
+    return [f"  {b.get('sentence')}" for b in ((res.get("selection") or {}).get("balance") or {}).values()]
+
+
 def lmm_lines(res: dict[str, Any]) -> list[str]:
     """The compared factor's main effect per metric: estimate, p, adjusted p, or why there is none."""
     lmm = res.get("lmm") or {}
@@ -82,4 +87,4 @@ def lmm_lines(res: dict[str, Any]) -> list[str]:
 def summary_lines(study_dir: Path) -> list[str]:
     """The console summary of ``STUDY_DIR/results.json`` (see the module docstring)."""
     res = json.loads(results_path(study_dir).read_text())
-    return [*verdict_lines(res), "details:", *speedup_lines(res), *lmm_lines(res)]
+    return [*verdict_lines(res), "details:", *speedup_lines(res), *balance_lines(res), *lmm_lines(res)]

@@ -206,6 +206,9 @@ def test_uninformative_target_is_labelled_not_headlined(tmp_path, fakes):
     lines = summary_lines(tmp_path / "study")
     assert any("reward -1:" in line and line.endswith(t0["note"]) for line in lines)
     assert not any("+0.0%" in line for line in lines)
+    # the matched-reward balance per cell, as results.json says it
+    bal = [b["sentence"] for b in res["selection"]["balance"].values()]
+    assert bal and all(f"  {b}" in lines for b in bal) and all(b.startswith("Matched-reward balance") for b in bal)
 
 
 def falling(epochs: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
