@@ -595,8 +595,23 @@ def preference_sets(sp: StudySpec, layout: StudyLayout, pr: Any) -> list[tuple[s
     return layout.eval_sets(sp.base_model)
 
 
+def mark_best(rows: list[dict[str, Any]], metrics: Sequence[str]) -> None:
+    """Set each row's ``best[m]``: its value ranks first among its cell's rows by the metric's
+    direction (the base model, cell ``""``, competes in every cell; it is best if it is in any)."""
+    for m in metrics:
+        for cell in {r["cell"] for r in rows if r["cell"]} or {""}:
+            group = [r for r in rows if r["cell"] in (cell, "")]
+            vals = [r["values"][m] for r in group if r["values"].get(m) is not None]
+            best = (max if METRICS[m].higher_is_better else min)(vals) if vals else None
+            for r in group:
+                mark = r.setdefault("best", {})
+                mark[m] = mark.get(m, False) or (bool(vals) and r["values"].get(m) == best)
+
+
 def preference_table(sp: StudySpec, layout: StudyLayout, pr: Any = None) -> dict[str, Any] | None:
-    """Table-6 rows on one preference set (default: the first): base and each checkpoint (best marked)."""
+    """Table-6 rows on one preference set (default: the first): base and each checkpoint; ``best`` marks
+    the highest-ranked value per metric and cell (a ranking of single checkpoints, not a test: the
+    arms' tested comparisons are the raw-score rows)."""
     pr = pr if pr is not None else sp.preference
     if pr is None:
         return None
@@ -606,11 +621,7 @@ def preference_table(sp: StudySpec, layout: StudyLayout, pr: Any = None) -> dict
         rows.append({"label": "Base model" if c is None else f"{c['name']} (E{int(c['epoch'])})",
                      "role": "base" if c is None else c["role"], "cell": "" if c is None else c["cell"],
                      "values": {m: mj.get(m) for m in pr.metrics}})
-    for m in pr.metrics:
-        vals = [r["values"][m] for r in rows if r["values"].get(m) is not None]
-        best = (max if METRICS[m].higher_is_better else min)(vals) if vals else None
-        for r in rows:
-            r.setdefault("best", {})[m] = bool(vals) and r["values"].get(m) == best
+    mark_best(rows, pr.metrics)
     return {"name": pr.name, "prompts": pr.prompts, "seeds": pr.seeds, "columns": list(pr.metrics), "rows": rows,
             "epochs": pr.epochs}
 

@@ -4,6 +4,7 @@ Each run's reward-matched checkpoint is its first to reach the target, so an arm
 bigger steps overshoots more: its "matched" checkpoints carry more reward, a confounder of every
 matched-reward image metric. The check compares the selected rewards per cell (paired by seed as the
 verdict pairs), says so in a sentence, and flags the imbalance only as often as chance allows in A/A.
+Also the preference table's mark of the best checkpoint: a ranking, never shown as a significance.
 """
 
 from __future__ import annotations
@@ -75,3 +76,24 @@ def test_report_shows_the_balance_and_warns_above_the_raw_scores():
     raw = html.index('id="raw"')
     assert html.count('<p class="warn balance">Matched-reward balance: IMBALANCED here.</p>') == 2
     assert html.index('<p class="warn balance">', raw) > raw
+
+
+def test_preference_best_is_per_cell_and_shown_as_a_ranking_not_a_test():
+    """Table 6's mark: the best checkpoint per cell (the base model in every cell), underlined in the
+    report, never bold (bold means a significant arm comparison)."""
+    from pcpo_eval.study.results import mark_best
+
+    rows = [{"label": "Base model", "role": "base", "cell": "", "values": {"hps": 0.20, "lpips_toy": 0.5}},
+            {"label": "a", "role": "baseline", "cell": "b=16", "values": {"hps": 0.25, "lpips_toy": 0.4}},
+            {"label": "b", "role": "pcpo", "cell": "b=16", "values": {"hps": 0.24, "lpips_toy": 0.3}},
+            {"label": "c", "role": "baseline", "cell": "b=32", "values": {"hps": 0.30, "lpips_toy": None}},
+            {"label": "d", "role": "pcpo", "cell": "b=32", "values": {"hps": 0.31, "lpips_toy": 0.6}}]
+    mark_best(rows, ["hps", "lpips_toy"])  # higher is better for both (LPIPS: diversity)
+    assert [r["best"]["hps"] for r in rows] == [False, True, False, False, True]
+    # the base model is best in cell b=16 (0.5 > 0.4, 0.3); d in b=32 (c has no value)
+    assert [r["best"]["lpips_toy"] for r in rows] == [True, False, False, False, True]
+    pref = {"prompts": "p.txt", "seeds": "1", "columns": ["hps"], "rows": rows}
+    html = render_report({"study": {"name": "b"}, "metrics": [], "preference": pref})
+    table = html[html.index('id="preference-table"'):]
+    table = table[:table.index("</table>")]
+    assert table.count("<u>") == 2 and "<b>" not in table and "no test" in html
