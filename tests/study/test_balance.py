@@ -97,3 +97,17 @@ def test_preference_best_is_per_cell_and_shown_as_a_ranking_not_a_test():
     table = html[html.index('id="preference-table"'):]
     table = table[:table.index("</table>")]
     assert table.count("<u>") == 2 and "<b>" not in table and "no test" in html
+
+
+def test_real_run_calibration_script_runs():
+    """benchmarks/bench_balance_calibration.py (resampled studies from the real toy pool) runs and
+    prints its table; the figures are in benchmarks/RESULTS.md."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_balance_calibration.py"
+    out = subprocess.run([sys.executable, str(script), "--studies", "4"], capture_output=True, text=True, check=True,
+                         timeout=300).stdout
+    assert "Pool truth over the 40 seeds" in out and out.count("| A/A ") == 12
+    assert "| PCPO vs DDPO paired by seed | 10 |" in out
