@@ -720,45 +720,71 @@ def reward_balance(sp: StudySpec, runs: Sequence[dict[str, Any]], alpha: float =
     """Per cell: do the arms' reward-matched checkpoints sit at the same reward? Each run's checkpoint
     is its first to reach ``select_target``, so an arm that learns in bigger steps overshoots more and
     its "matched" checkpoints carry more reward: a confounder of every matched-reward image metric.
+
     PCPO - baseline of the selected checkpoints' smoothed rewards over the runs that reached the
-    target, paired by seed as the verdict pairs (:func:`pcpo_eval.stats.verdict.pair_runs`), by
-    :func:`pcpo_eval.stats.runlevel.compare_runs` (t CI and p); ``imbalanced`` when that p < alpha.
-    ``sentence`` says it; fewer than 2 runs per arm: not estimable."""
+    target (those that did not have no matched checkpoint; ``n_left_out`` counts them), paired by
+    shared seed under :func:`pcpo_eval.stats.verdict.pair_runs`'s rule, by
+    :func:`pcpo_eval.stats.runlevel.compare_runs` (t CI and p, the exact permutation p without
+    spread). The cells are one Holm family per study (``p_holm``, ``family_size``): ``imbalanced``
+    when ``p_holm < alpha``, so arms that overshoot alike are flagged in at most alpha of studies
+    however many cells; ``mde`` at the family's level ``alpha / m``. ``sentence`` says it."""
     from types import SimpleNamespace
 
-    from pcpo_eval.stats.runlevel import compare_runs
+    from pcpo_eval.stats.adjust import holm
+    from pcpo_eval.stats.power import family_level
+    from pcpo_eval.stats.runlevel import compare_runs, comparison_at_level
     from pcpo_eval.stats.verdict import pair_runs
 
-    out: dict[str, dict[str, Any]] = {}
+    tests: dict[str, tuple[Any, list[float], list[float], dict[str, int]]] = {}
     for cell in sp.cells():
-        arm = {role: [SimpleNamespace(seed=str(r["seed"]), reward=float(r["reward"])) for r in runs
-                      if r.get("cell") == cell and r.get("role") == role and r.get("reached")]
-               for role in ("baseline", "pcpo")}
+        mine = [r for r in runs if r.get("cell") == cell and r.get("role") in ("baseline", "pcpo")]
+        arm = {role: [SimpleNamespace(seed=str(r["seed"]), reward=float(r["reward"])) for r in mine
+                      if r.get("role") == role and r.get("reached")] for role in ("baseline", "pcpo")}
         b, t, paired = pair_runs(arm["baseline"], arm["pcpo"])  # type: ignore[arg-type]
-        c = compare_runs([r.reward for r in b], [r.reward for r in t], rng=np.random.default_rng(BALANCE_SEED),
-                         alpha=alpha, paired=paired, n_boot=200)
-        imbalanced = bool(c.estimable and c.p is not None and c.p < alpha)
+        xb, xt = [r.reward for r in b], [r.reward for r in t]
+        c = compare_runs(xb, xt, rng=np.random.default_rng(BALANCE_SEED), alpha=alpha, paired=paired, n_boot=200)
+        runs_of = {role: sum(r.get("role") == role for r in mine) for role in ("baseline", "pcpo")}
+        tests[cell] = (c, xb, xt, runs_of)
+    tested = [cell for cell, (c, *_) in tests.items() if c.estimable and c.p is not None]
+    adj = dict(zip(tested, (float(a) for a in holm([tests[x][0].p for x in tested])), strict=True)) if tested else {}
+    level = family_level(alpha, len(tested))
+    out: dict[str, dict[str, Any]] = {}
+    for cell, (c, xb, xt, runs_of) in tests.items():
+        if len(tested) > 1:
+            c = comparison_at_level(c, xb, xt, level)
+        imbalanced = cell in adj and adj[cell] < alpha
+        left_out = {role: runs_of[role] - n for role, n in (("baseline", c.n_baseline), ("pcpo", c.n_treatment))}
         out[cell] = {"baseline_mean": c.baseline_value, "pcpo_mean": c.treatment_value, "estimate": c.estimate,
-                     "ci_low": c.ci_low, "ci_high": c.ci_high, "p": c.p, "paired": paired, "n_baseline": c.n_baseline,
-                     "n_pcpo": c.n_treatment, "estimable": c.estimable, "reason": c.reason or None,
-                     "mde": c.mde, "imbalanced": imbalanced, "sentence": _balance_sentence(sp, cell, c, imbalanced)}
+                     "ci_low": c.ci_low, "ci_high": c.ci_high, "p": c.p, "p_holm": adj.get(cell),
+                     "family_size": len(tested), "paired": c.paired, "n_baseline": c.n_baseline, "n_pcpo": c.n_treatment,
+                     "n_left_out": left_out, "estimable": c.estimable, "reason": c.reason or None, "mde": c.mde,
+                     "mde_level": level, "imbalanced": imbalanced,
+                     "sentence": _balance_sentence(sp, cell, c, alpha, imbalanced, adj.get(cell), len(tested), left_out)}
     return out
 
 
-def _balance_sentence(sp: StudySpec, cell: str, c: Any, imbalanced: bool) -> str:
+def _balance_sentence(sp: StudySpec, cell: str, c: Any, alpha: float, imbalanced: bool, p_holm: float | None, m: int,
+                      left_out: dict[str, int]) -> str:
+    """The balance of one cell in words (:func:`reward_balance`)."""
     where = f" ({cell})" if len(sp.cells()) > 1 else ""
+    gone = [f"{n} {sp.pcpo if role == 'pcpo' else sp.baseline} run(s) never reached the target or had no shared seed"
+            for role, n in left_out.items() if n]
+    gone_txt = f"; {', '.join(gone)}" if gone else ""
     if not c.estimable or c.estimate is None:
-        return f"Matched-reward balance{where}: not estimable ({c.reason})."
+        return f"Matched-reward balance{where}: not estimable ({c.reason}{gone_txt})."
     design = f"{c.n_baseline} seeds per arm, paired by seed" if c.paired else f"{c.n_treatment} vs {c.n_baseline} runs"
-    ci = (f", 95% CI {c.ci_low:+.3f} to {c.ci_high:+.3f}" if c.ci_low is not None else "") + \
-        (f", p = {c.p:.3g}" if c.p is not None else "")
+    ci = f", {1 - alpha:.0%} CI {c.ci_low:+.3f} to {c.ci_high:+.3f}" if c.ci_low is not None else f", {c.reason}"
+    p = (f", p = {c.p:.3g}" if c.p is not None else "") + \
+        (f", Holm-adjusted over the {m} cells p = {p_holm:.3g}" if p_holm is not None and m > 1 else "")
     head = (f"Matched-reward balance{where}: {sp.pcpo}'s reward-matched checkpoints sit at a smoothed reward of "
             f"{c.treatment_value:.3f}, {sp.baseline}'s at {c.baseline_value:.3f} ({sp.pcpo} - {sp.baseline} "
-            f"{c.estimate:+.3f}{ci}; {design})")
+            f"{c.estimate:+.3f}{ci}{p}; {design}{gone_txt})")
     if imbalanced:
         return (head + ": the arms' matched checkpoints differ in reward, so a matched-reward image-metric difference "
                        "may partly be this reward difference; read the matched-epoch comparison beside it.")
-    power = f" (detectable at 80% power: ±{c.mde:.3f})" if c.mde is not None else ""
+    how = "detectable at 80% power" + (f" after Holm over the {m} cells" if m > 1 else "")
+    power = (f" ({how}: ±{c.mde:.3f})" if c.mde is not None
+             else " (no spread measured, so no detectable effect)" if c.ci_low is None else "")
     return head + f": no evidence that one arm's matched checkpoints carry more reward{power}."
 
 

@@ -65,6 +65,36 @@ def test_aa_overshoot_is_flagged_at_most_at_alpha():
     assert hits / n <= 0.05 + 2.5 * np.sqrt(0.05 * 0.95 / n), hits / n
 
 
+def test_cells_are_one_holm_family_per_study():
+    """4 cells, 3 paired seeds, A/A: some cell flagged in at most 5% + 2.5 SE of 400 studies (each cell
+    at 0.05 on its own: 23% in a review's reproduction). Measured (seed 11): 2.25% (9 of 400)."""
+    sp4 = SimpleNamespace(cells=lambda: ["c0", "c1", "c2", "c3"], pcpo="PCPO", baseline="DDPO")
+    rng = np.random.default_rng(11)
+    n, hits = 400, 0
+    for _ in range(n):
+        rows = []
+        for cell in sp4.cells():
+            shared = np.abs(rng.normal(0, 0.01, 3))
+            for role in ("baseline", "pcpo"):
+                rows += [{"cell": cell, "role": role, "seed": i, "reward": 0.8 + shared[i] + abs(rng.normal(0, 0.01)),
+                          "reached": True} for i in range(3)]
+        bal = reward_balance(sp4, rows)
+        hits += any(b["imbalanced"] for b in bal.values())
+    assert all(b["family_size"] == 4 and b["mde_level"] == pytest.approx(0.0125) for b in bal.values())
+    b = next(iter(bal.values()))
+    assert "Holm-adjusted over the 4 cells p = " in b["sentence"] and b["p_holm"] >= b["p"]
+    assert hits / n <= 0.05 + 2.5 * np.sqrt(0.05 * 0.95 / n), hits / n
+
+
+def test_ci_level_follows_alpha_and_no_spread_says_so():
+    b = reward_balance(SP, _runs([0.81, 0.83, 0.80], [0.82, 0.81, 0.84]), alpha=0.1)["all"]
+    assert ", 90% CI " in b["sentence"] and "95% CI" not in b["sentence"]
+    flat = reward_balance(SP, _runs([0.81, 0.83, 0.80], [0.815, 0.835, 0.805]))["all"]  # every difference +0.005
+    assert flat["ci_low"] is None and flat["p"] == pytest.approx(0.25) and not flat["imbalanced"]
+    assert flat["sentence"].endswith("(no spread measured, so no detectable effect).")
+    assert "exact sign-flip permutation" in flat["sentence"]
+
+
 def test_report_shows_the_balance_and_warns_above_the_raw_scores():
     ok = reward_balance(SP, _runs([0.81, 0.83, 0.80], [0.82, 0.81, 0.84]))["all"]
     bad = dict(ok, imbalanced=True, sentence="Matched-reward balance: IMBALANCED here.")
