@@ -491,11 +491,21 @@ class SpeedupTable:
     baseline_names: tuple[str, ...]
     pcpo_names: tuple[str, ...]
     curve: str = "reward"
+    #: Holm-adjusted p per row over the table's targets (one family; None where a row has no p)
+    p_holm: tuple[float | None, ...] = ()
+
+    @property
+    def family_size(self) -> int:
+        """The rows Holm adjusts together (those with a p); their MDEs are at alpha / this."""
+        return sum(p is not None for p in self.p_holm)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON shape of ``pcpo-eval speedup --json``."""
+        holm = self.p_holm or (None,) * len(self.rows)
         return {"window": self.window, "curve": self.curve, "baseline_runs": list(self.baseline_names),
-                "pcpo_runs": list(self.pcpo_names), "targets": [r.to_dict() for r in self.rows]}
+                "pcpo_runs": list(self.pcpo_names), "family_size": self.family_size,
+                "targets": [r.to_dict() | {"p_holm": h, "significant_holm": h is not None and h < r.alpha}
+                            for r, h in zip(self.rows, holm, strict=True)]}
 
     def to_markdown(self) -> str:
         """Target, restricted mean epochs per arm (censored runs), speed-up with CI, p, power."""
@@ -504,12 +514,17 @@ class SpeedupTable:
                  f"baseline / {len(self.pcpo_names)} PCPO run(s), {paired}; curve: {self.curve}.",
                  "Epochs: Kaplan-Meier restricted mean to the last common epoch (runs that never reach the "
                  "target count as that epoch).", "",
-                 "| Target | Epochs baseline | Epochs PCPO | Speed-up (95% CI) | p | detectable at 80% power |",
-                 "|---:|---:|---:|---:|---:|---:|"]
-        for r in self.rows:
+                 f"p: each target's own test; Holm p: adjusted over the {self.family_size} targets with a p (one "
+                 f"family: a target is a finding only when its Holm p < alpha); detectable: at 80% power at that "
+                 "family's level, alpha / targets.", "",
+                 "| Target | Epochs baseline | Epochs PCPO | Speed-up (95% CI) | p | Holm p | detectable at 80% power |",
+                 "|---:|---:|---:|---:|---:|---:|---:|"]
+        holm = self.p_holm or (None,) * len(self.rows)
+        for r, h in zip(self.rows, holm, strict=True):
             lines.append(f"| {r.target:g} | {speedup_cell_epochs(r.baseline_mean, r.n_censored_baseline, r.n_baseline)} | "
                          f"{speedup_cell_epochs(r.treatment_mean, r.n_censored_treatment, r.n_treatment)} | "
-                         f"{speedup_text(r)} | {'' if r.p is None else f'{r.p:.3g}'} | {pct(r.mde, 'none')} |")
+                         f"{speedup_text(r)} | {'' if r.p is None else f'{r.p:.3g}'} | {'' if h is None else f'{h:.3g}'} | "
+                         f"{pct(r.mde, 'none')} |")
         return "\n".join(lines)
 
 
@@ -587,7 +602,21 @@ def speedup_table(
 
     rows = tuple(speedup_runs([ttt(d, t) for _, d in b], [ttt(d, t) for _, d in p], target=t, paired=paired,
                               alpha=alpha) for t in targets)
-    return SpeedupTable(rows, window, tuple(n for n, _ in b), tuple(n for n, _ in p), curve)
+    rows, p_holm = targets_family(rows, alpha)
+    return SpeedupTable(rows, window, tuple(n for n, _ in b), tuple(n for n, _ in p), curve, p_holm)
+
+
+def targets_family(rows: Sequence[Speedup], alpha: float) -> tuple[tuple[Speedup, ...], tuple[float | None, ...]]:
+    """The targets of one table as one Holm family: the adjusted p per row (None without a p) and each
+    row's MDE and seeds-for-reference at the family's level ``alpha / m`` (:func:`at_level`)."""
+    from pcpo_eval.stats.adjust import holm
+    from pcpo_eval.stats.power import family_level
+
+    idx = [i for i, r in enumerate(rows) if r.estimable and r.p is not None]
+    adj = dict(zip(idx, (float(a) for a in holm([rows[i].p for i in idx])), strict=True)) if idx else {}
+    level = family_level(alpha, len(idx))
+    out = tuple(at_level(r, level) if len(idx) > 1 else r for r in rows)
+    return out, tuple(adj.get(i) for i in range(len(rows)))
 
 
 def unreachable_targets(run_dirs: Sequence[str | Path], targets: Sequence[float], window: int) -> list[str]:

@@ -345,6 +345,30 @@ def test_cli_speedup_json_paired_gain(tmp_path, cli):
     assert r.returncode == 0 and "paired by position (same seeds)" in r.stdout and "curve: gain" in r.stdout
 
 
+def test_a_tables_targets_are_one_holm_family():
+    """Several targets: Holm over the targets with a p, and each row's MDE and seeds for +25% at the
+    family's level alpha / m (the command prints comparisons: one family per table)."""
+    from pcpo_eval.stats.adjust import holm
+    from pcpo_eval.stats.speedup import at_level
+
+    rng = np.random.default_rng(3)
+    base = [_log(_crossing(c) + rng.normal(0, 0.02, 300)) for c in (200, 240, 215, 230)]
+    pcpo = [_log(_crossing(c) + rng.normal(0, 0.02, 300)) for c in (190, 250, 200, 220)]
+    targets = [6.9, 7.2, 7.5]
+    tab = speedup_table(base, pcpo, targets, paired=True)
+    alone = [speedup_table(base, pcpo, [t], paired=True).rows[0] for t in targets]
+    assert tab.family_size == 3 and len(tab.p_holm) == 3
+    np.testing.assert_allclose(tab.p_holm, holm([r.p for r in alone]))
+    for r, a in zip(tab.rows, alone, strict=True):
+        assert (r.estimate, r.ci_low, r.ci_high, r.p) == (a.estimate, a.ci_low, a.ci_high, a.p)
+        assert (r.mde, r.seeds_for_reference) == (at_level(a, 0.05 / 3).mde, at_level(a, 0.05 / 3).seeds_for_reference)
+    assert any(r.mde is not None and a.mde is not None and r.mde > a.mde for r, a in zip(tab.rows, alone, strict=True))
+    d = tab.to_dict()
+    assert d["family_size"] == 3 and [t["p_holm"] for t in d["targets"]] == list(tab.p_holm)
+    md = tab.to_markdown()
+    assert "| p | Holm p | detectable at 80% power |" in md and "adjusted over the 3 targets" in md
+
+
 @pytest.mark.parametrize(
     ("frame", "message"),
     [
