@@ -125,7 +125,8 @@ def plan_rows(sp: StudySpec, pilot: dict[str, Any] | None, cv: float | None, eff
         return out
     assert cv is not None
     sd_rel = cv * math.sqrt(2)  # SD of a per-seed difference relative to the mean, no benefit from pairing
-    for q in ("paired_gain", *[f"speedup_gain:{g:g}" for g in sp.gain_targets],
+    gains = sp.gain_targets if sp.paired_control else ()  # no control: no gain curve, final reward is primary
+    for q in ("paired_gain" if sp.paired_control else "final_reward", *[f"speedup_gain:{g:g}" for g in gains],
               *[f"speedup_reward:{t:g}" for t in sp.targets]):
         rel = effect if not q.startswith("speedup") else 1 - 1 / (1 + effect)
         out.append({"endpoint": q, "baseline": None, "sd": None, "effect": f"{effect:+.0%}" + (" speed-up" if q.startswith("speedup") else ""),

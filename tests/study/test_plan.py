@@ -106,6 +106,12 @@ def test_plan_from_a_stated_cv():
     n_sg = seeds_needed(1 - 1 / 1.25, 0.3 * math.sqrt(2), paired=True, alpha=0.05 / 6)
     assert f"speedup_gain:0.03: +25% speed-up -> {n_sg} seeds per arm (at 0.00833: Holm over 6 rows)" in text
     assert "speedup_reward:0.92" in text
+    # without paired controls there is no gain curve: the final reward is the primary endpoint
+    import dataclasses
+
+    text = plan_text(dataclasses.replace(sp, paired_control=False, primary=()), None, 0.3, 0.25)
+    assert f"final_reward: +25% -> {n} seeds per arm\n" in text
+    assert "paired_gain" not in text and "speedup_gain" not in text and "speedup_reward:0.92" in text
 
 
 @pytest.mark.parametrize(("args", "message"), [
