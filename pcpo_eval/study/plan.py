@@ -9,8 +9,9 @@
   baseline's, and a 25% speed-up to each gain / reward target.
 * The seeds: :func:`pcpo_eval.stats.power.seeds_needed` (80% power, the same t test the verdict
   uses, two-sided at the endpoint's family level ``0.05 / m``: the verdict's rows must pass Holm over
-  their family, :func:`pcpo_eval.stats.verdict.planned_family_sizes`, every target counted, so
-  conservative): paired by seed when the spec's arms share seeds (the pilot's SD of the per-seed
+  their family; ``m`` from the pilot's verdict rows when it has them (it knows which targets are
+  informative), else :func:`pcpo_eval.stats.verdict.planned_family_sizes` with every target counted,
+  so conservative): paired by seed when the spec's arms share seeds (the pilot's SD of the per-seed
   differences), else Welch. With ``--cv`` the SD of a per-seed difference is taken as
   ``cv * mean * sqrt(2)``, i.e. no benefit from pairing (conservative).
 * Disk and GPU-hours from the spec alone (:mod:`.footprint`): checkpoint sizes from parameter counts
@@ -99,8 +100,11 @@ def plan_rows(sp: StudySpec, pilot: dict[str, Any] | None, cv: float | None, eff
     levels = family_levels(sp)
     out = []
 
-    def need(q: str, delta: float, sd: float, paired_: bool) -> dict[str, Any]:
+    def need(q: str, delta: float, sd: float, paired_: bool, row: dict[str, Any] | None = None) -> dict[str, Any]:
         a, m = levels.get(q, (PLAN_ALPHA, 1))
+        seen = ((row or {}).get("details") or {}).get("family_size")
+        if seen and seen <= m:  # the pilot's verdict knows which targets are informative: its family
+            a, m = family_level(PLAN_ALPHA, int(seen)), int(seen)
         return {"seeds": seeds_needed(delta, sd, paired=paired_, alpha=a), "level": a, "family_size": m}
 
     if pilot is not None:
@@ -112,7 +116,7 @@ def plan_rows(sp: StudySpec, pilot: dict[str, Any] | None, cv: float | None, eff
                     continue
                 base, sd = got
                 delta = base - base / (1 + effect)
-                n = need(q, delta, sd, True) if row.get("paired") else need(q, delta, sd / math.sqrt(2), False)
+                n = need(q, delta, sd, True, row) if row.get("paired") else need(q, delta, sd / math.sqrt(2), False, row)
                 out.append({"endpoint": q, "baseline": base, "sd": sd, "effect": f"{effect:+.0%} speed-up", **n})
             else:
                 sd = _row_sd(row)
@@ -121,7 +125,7 @@ def plan_rows(sp: StudySpec, pilot: dict[str, Any] | None, cv: float | None, eff
                     continue
                 delta = effect * abs(float(base))
                 out.append({"endpoint": q, "baseline": float(base), "sd": sd, "effect": f"{effect:+.0%} of the baseline",
-                            **need(q, delta, sd, bool(row.get("paired")))})
+                            **need(q, delta, sd, bool(row.get("paired")), row)})
         return out
     assert cv is not None
     sd_rel = cv * math.sqrt(2)  # SD of a per-seed difference relative to the mean, no benefit from pairing
