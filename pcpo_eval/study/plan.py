@@ -179,7 +179,7 @@ def plan_text(sp: StudySpec, pilot_dir: Path | None = None, cv: float | None = N
     paired = len({tuple(v) for v in sp.seeds.values()}) == 1
     src = f"pilot {pilot_dir}" if pilot is not None else f"stated CV {cv:g} (no pairing benefit assumed)"
     lines = [f"plan for {sp.name}: seeds per arm for 80% power at two-sided 5%, Holm within the verdict's families "
-             f"(each row at 5% / its family's rows, every target counted) ({'paired by seed' if paired else 'unpaired'}), "
+             f"(each row at 5% / its family's rows: {'as in the pilot' if pilot is not None else 'every target counted'}) ({'paired by seed' if paired else 'unpaired'}), "
              f"spread from the {src}"]
     for r in rows:
         lvl = "" if r["baseline"] is None else f" (baseline {r['baseline']:.4g}, SD {r['sd']:.3g})"
