@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from pcpo_eval.human.analysis import clopper_pearson  # noqa: E402
+from pcpo_eval.stats.pairwise import clopper_pearson  # noqa: E402
 from pcpo_eval.stats.runlevel import compare_runs  # noqa: E402
 from pcpo_eval.stats.select import RunCheckpoint, match_checkpoint  # noqa: E402
 from pcpo_eval.stats.speedup import moving_average  # noqa: E402

@@ -27,18 +27,14 @@ side); with shared seeds raters who pool their images can still find such repeat
 from __future__ import annotations
 
 import hashlib
-import io
 import json
-import os
 import re
 from collections import defaultdict
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
 from fastapi.testclient import TestClient
-from PIL import Image
 from scipy.stats import binomtest
 
 from pcpo_eval.human import HumanLayout, db
@@ -51,7 +47,7 @@ from pcpo_eval.human.design import (
     new_secret,
     parse_design_spec,
 )
-from tests.support.human import KEY_RE, shown_pair
+from tests.support.human import KEY_RE, shown_pair, write_image_sets
 
 PCPO = "PCPO@120"
 N_PROMPTS, N_SEEDS, N_RATERS, PER_RATER = 45, 10, 25, 40
@@ -61,24 +57,8 @@ ALPHA = 1e-3  # the band: a signal fails when its binomial p against 1/2 is belo
 def _fake_sets(root: Path, seeds: dict[str, list[int]]) -> dict[str, Path]:
     """One image set per checkpoint (label -> its seeds), written checkpoint after checkpoint with rising
     file times."""
-    rng = np.random.default_rng(3)
-    sets, t = {}, 1_700_000_000
-    for label, ss in seeds.items():
-        folder = root / label.replace("@", "_")
-        folder.mkdir(parents=True)
-        rows = []
-        for p in range(N_PROMPTS):
-            for s in ss:
-                name = f"p{p:03d}_s{s:02d}.png"
-                buf = io.BytesIO()
-                Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(buf, format="PNG")
-                (folder / name).write_bytes(buf.getvalue())
-                t += 1
-                os.utime(folder / name, (t, t))
-                rows.append({"prompt_id": p, "prompt": f"a photo of thing {p}", "seed": s, "path": name})
-        pd.DataFrame(rows).to_parquet(folder / "manifest.parquet")
-        sets[label] = folder
-    return sets
+    return write_image_sets(root, seeds, N_PROMPTS, rng_seed=3, name="p{p:03d}_s{s:02d}.png",
+                            prompt="a photo of thing {p}", mtime_from=1_700_000_000)
 
 
 @pytest.fixture(scope="module", params=["distinct", "shared"])

@@ -30,7 +30,6 @@ import pandas as pd
 import pytest
 import yaml
 from fastapi.testclient import TestClient
-from PIL import Image
 
 from pcpo_eval.errors import UserError
 from pcpo_eval.human import HumanLayout, db, design_comparison_seeds
@@ -44,7 +43,7 @@ from pcpo_eval.human.design import (
     comparison_seeds,
     parse_design_spec,
 )
-from tests.support.human import KEY_RE, make_human_dir, shown_pair
+from tests.support.human import KEY_RE, make_human_dir, shown_pair, write_image_sets
 
 PCPO = Checkpoint("PCPO@120", "pcpo")
 BRACKET = [(PCPO, Checkpoint("DDPO@180", "b180")), (PCPO, Checkpoint("DDPO@240", "b240"))]
@@ -56,18 +55,8 @@ SETTINGS = {"seeds": N_SEEDS, "max_prompts": N_PROMPTS, "per_rater": PER_RATER, 
 def _sets(root: Path, n_prompts: int, seeds: dict[str, range], set_json: bool = False) -> dict[str, Path]:
     """One image set per bracket checkpoint holding ``seeds[label]`` (random 8x8 pixels: every image's
     bytes differ), written as ``generate`` writes a manifest (and ``set.json`` when asked)."""
-    rng = np.random.default_rng(9)
-    sets = {}
-    for label, ss in seeds.items():
-        folder = root / label.replace("@", "_")
-        folder.mkdir(parents=True)
-        rows = []
-        for p in range(n_prompts):
-            for s in ss:
-                name = f"p{p}_s{s}.png"
-                Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(folder / name)
-                rows.append({"prompt_id": p, "prompt": f"thing {p}", "seed": s, "path": name})
-        pd.DataFrame(rows).to_parquet(folder / "manifest.parquet")
+    sets = write_image_sets(root, seeds, n_prompts, rng_seed=9)
+    for label, folder in sets.items():
         if set_json:
             (folder / "set.json").write_text(json.dumps({
                 "status": "complete", "settings": {"model": f"runs/{label}/checkpoints/epoch_0120", "sampler": "ddim",
@@ -76,7 +65,6 @@ def _sets(root: Path, n_prompts: int, seeds: dict[str, range], set_json: bool = 
                                                    "batch_invariance": "bitwise", "attention": "auto"},
                 "run": {"prompts": "toy", "n_prompts": n_prompts, "n_prompts_beyond_limit": 33,
                         "max_prompt_tokens": None}}))
-        sets[label] = folder
     return sets
 
 
@@ -246,19 +234,8 @@ def test_a_design_on_shared_seeds_is_built_as_before_the_setting(tmp_path):
 
 def _legacy_sets(root: Path, n_prompts: int, n_seeds: int) -> dict[str, Path]:
     """The sets the legacy digest was taken on (``tests/human/test_unblinding.py``'s ``_sets``, generator 5)."""
-    rng = np.random.default_rng(5)
-    sets = {}
-    for label in ("PCPO@120", "DDPO@180", "DDPO@240"):
-        folder = root / label.replace("@", "_")
-        folder.mkdir(parents=True)
-        rows = []
-        for p in range(n_prompts):
-            for s in range(n_seeds):
-                Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(folder / f"p{p}_s{s}.png")
-                rows.append({"prompt_id": p, "prompt": f"thing {p}", "seed": s, "path": f"p{p}_s{s}.png"})
-        pd.DataFrame(rows).to_parquet(folder / "manifest.parquet")
-        sets[label] = folder
-    return sets
+    return write_image_sets(root, {label: range(n_seeds) for label in ("PCPO@120", "DDPO@180", "DDPO@240")},
+                            n_prompts, rng_seed=5)
 
 
 def test_a_set_without_the_seeds_of_its_comparisons_names_them_and_the_command(tmp_path):

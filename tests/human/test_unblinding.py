@@ -18,11 +18,9 @@ import json
 from collections import Counter
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
 from fastapi.testclient import TestClient
-from PIL import Image
 
 from pcpo_eval.errors import UserError
 from pcpo_eval.human import HumanLayout, db
@@ -36,7 +34,7 @@ from pcpo_eval.human.design import (
     checkpoint_seeds,
     parse_design_spec,
 )
-from tests.support.human import KEY_RE, PROGRESS_RE, make_human_dir, shown_pair
+from tests.support.human import KEY_RE, PROGRESS_RE, make_human_dir, shown_pair, write_image_sets
 
 PCPO = Checkpoint("PCPO@120", "pcpo")
 BRACKET = [(PCPO, Checkpoint("DDPO@180", "b180")), (PCPO, Checkpoint("DDPO@240", "b240"))]
@@ -46,20 +44,7 @@ PUBLIC = {"seeds": 10, "max_prompts": 45, "per_rater": 40, "rng_seed": 0, "ident
 def _sets(root: Path, n_prompts: int, n_seeds: int, noise: bool, mode: str = "distinct") -> dict[str, Path]:
     """One 8x8 image set per bracket checkpoint (random pixels, or all black: a rater's dummy) holding the
     seeds its comparisons use (``mode``: the design's comparison_seeds)."""
-    rng = np.random.default_rng(5)
-    sets = {}
-    for label, seeds in checkpoint_seeds(BRACKET, n_seeds, mode).items():
-        folder = root / label.replace("@", "_")
-        folder.mkdir(parents=True)
-        rows = []
-        for p in range(n_prompts):
-            for s in seeds:
-                pixels = rng.integers(0, 256, (8, 8, 3), dtype=np.uint8) if noise else np.zeros((8, 8, 3), np.uint8)
-                Image.fromarray(pixels).save(folder / f"p{p}_s{s}.png")
-                rows.append({"prompt_id": p, "prompt": f"thing {p}", "seed": s, "path": f"p{p}_s{s}.png"})
-        pd.DataFrame(rows).to_parquet(folder / "manifest.parquet")
-        sets[label] = folder
-    return sets
+    return write_image_sets(root, checkpoint_seeds(BRACKET, n_seeds, mode), n_prompts, rng_seed=5, noise=noise)
 
 
 @pytest.fixture(scope="module")

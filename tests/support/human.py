@@ -5,18 +5,20 @@ main pairs of comparisons such as ``"pcpo@120 vs ddpo@180"`` plus ``identical`` 
 attention checks), tiny 16x16 PNGs under opaque hex names, and ``design.json`` (``rng_seed``,
 ``per_rater``, ``blinding_secret`` unless ``legacy``). :func:`secret_strings` lists what a rater must
 never see; :func:`shown_pair` is the design pair id behind a rater's current page (server side).
+:func:`write_image_sets` writes the checkpoints' image sets a design is built from.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,34 @@ KEY_RE = re.compile(r'name="key" value="([0-9]+\.[0-9a-f]{32})"')
 UNDO_RE = re.compile(r'name="undo_key" value="([0-9a-f]{32})"')
 PROGRESS_RE = re.compile(r"Pair (\d+) of (\d+)")
 REPO = Path(__file__).resolve().parents[2]
+
+
+def write_image_sets(root: Path, seeds: Mapping[str, Iterable[int]], n_prompts: int, *, rng_seed: int,
+                     noise: bool = True, name: str = "p{p}_s{s}.png", prompt: str = "thing {p}",
+                     mtime_from: int | None = None) -> dict[str, Path]:
+    """One 8x8 PNG set per checkpoint label (folder ``label`` with ``@`` -> ``_``) holding
+    ``seeds[label]`` for prompts ``0..n_prompts-1``, with ``generate``'s ``manifest.parquet``; pixels
+    random from one generator (``rng_seed``) drawn in label, prompt, seed order, or all black
+    (``noise=False``: a rater's dummy). ``mtime_from``: files get rising modification times from it,
+    written checkpoint after checkpoint."""
+    rng = np.random.default_rng(rng_seed)
+    sets, t = {}, mtime_from
+    for label, ss in seeds.items():
+        folder = root / label.replace("@", "_")
+        folder.mkdir(parents=True)
+        rows = []
+        for p in range(n_prompts):
+            for s in ss:
+                file = name.format(p=p, s=s)
+                pixels = rng.integers(0, 256, (8, 8, 3), dtype=np.uint8) if noise else np.zeros((8, 8, 3), np.uint8)
+                Image.fromarray(pixels).save(folder / file)
+                if t is not None:
+                    t += 1
+                    os.utime(folder / file, (t, t))
+                rows.append({"prompt_id": p, "prompt": prompt.format(p=p), "seed": s, "path": file})
+        pd.DataFrame(rows).to_parquet(folder / "manifest.parquet")
+        sets[label] = folder
+    return sets
 
 
 def _png(rng: np.random.Generator) -> bytes:
