@@ -220,15 +220,15 @@ def study_family(comps: list[dict[str, Any]]) -> list[dict[str, Any]]:
     at most :data:`ALPHA` of studies, not one ALPHA per comparison. Sets ``p_holm``, ``family_size``
     (comparisons with a p), ``significant`` (``p_holm < ALPHA``), ``mde_level`` (``ALPHA / m``,
     :func:`pcpo_eval.stats.power.family_level`), ``mde_win_rate`` at that level and ``verdict``."""
-    from pcpo_eval.stats.adjust import holm
+    from pcpo_eval.stats.adjust import holm_present
     from pcpo_eval.stats.power import family_level
 
-    idx = [i for i, c in enumerate(comps) if c["p"] is not None]
-    adj = dict(zip(idx, (float(x) for x in holm([comps[i]["p"] for i in idx])), strict=True)) if idx else {}
-    level = family_level(ALPHA, len(idx))
+    adj = holm_present([c["p"] for c in comps])
+    m = sum(a is not None for a in adj)
+    level = family_level(ALPHA, m)
     out = []
-    for i, c in enumerate(comps):
-        c = dict(c, p_holm=adj.get(i), family_size=len(idx), mde_level=level)
+    for c, a in zip(comps, adj, strict=True):
+        c = dict(c, p_holm=a, family_size=m, mde_level=level)
         c["significant"] = c["p_holm"] is not None and c["p_holm"] < ALPHA
         c["mde_win_rate"] = detectable_win_rate(c, level)
         c["verdict"] = verdict_sentence(c)

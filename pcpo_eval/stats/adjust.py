@@ -49,3 +49,11 @@ def holm(pvals: Sequence[float] | np.ndarray) -> np.ndarray:
 def benjamini_hochberg(pvals: Sequence[float] | np.ndarray) -> np.ndarray:
     """Benjamini-Hochberg step-up adjusted p-values (false discovery rate)."""
     return _adjust(pvals, "bh")
+
+
+def holm_present(pvals: Sequence[float | None]) -> list[float | None]:
+    """Holm over the entries that have a p (one family: its size is their count); an entry without a
+    p (not estimable, not tested) stays None and does not count."""
+    idx = [i for i, p in enumerate(pvals) if p is not None]
+    adj = dict(zip(idx, (float(a) for a in holm([float(pvals[i]) for i in idx])), strict=True)) if idx else {}
+    return [adj.get(i) for i in range(len(pvals))]

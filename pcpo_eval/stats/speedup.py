@@ -609,14 +609,13 @@ def speedup_table(
 def targets_family(rows: Sequence[Speedup], alpha: float) -> tuple[tuple[Speedup, ...], tuple[float | None, ...]]:
     """The targets of one table as one Holm family: the adjusted p per row (None without a p) and each
     row's MDE and seeds-for-reference at the family's level ``alpha / m`` (:func:`at_level`)."""
-    from pcpo_eval.stats.adjust import holm
+    from pcpo_eval.stats.adjust import holm_present
     from pcpo_eval.stats.power import family_level
 
-    idx = [i for i, r in enumerate(rows) if r.estimable and r.p is not None]
-    adj = dict(zip(idx, (float(a) for a in holm([rows[i].p for i in idx])), strict=True)) if idx else {}
-    level = family_level(alpha, len(idx))
-    out = tuple(at_level(r, level) if len(idx) > 1 else r for r in rows)
-    return out, tuple(adj.get(i) for i in range(len(rows)))
+    adj = holm_present([r.p if r.estimable else None for r in rows])
+    m = sum(a is not None for a in adj)
+    out = tuple(at_level(r, family_level(alpha, m)) if m > 1 else r for r in rows)
+    return out, tuple(adj)
 
 
 def unreachable_targets(run_dirs: Sequence[str | Path], targets: Sequence[float], window: int) -> list[str]:

@@ -730,7 +730,7 @@ def reward_balance(sp: StudySpec, runs: Sequence[dict[str, Any]], alpha: float =
     however many cells; ``mde`` at the family's level ``alpha / m``. ``sentence`` says it."""
     from types import SimpleNamespace
 
-    from pcpo_eval.stats.adjust import holm
+    from pcpo_eval.stats.adjust import holm_present
     from pcpo_eval.stats.power import family_level
     from pcpo_eval.stats.runlevel import compare_runs, comparison_at_level
     from pcpo_eval.stats.verdict import pair_runs
@@ -745,14 +745,14 @@ def reward_balance(sp: StudySpec, runs: Sequence[dict[str, Any]], alpha: float =
         c = compare_runs(xb, xt, rng=np.random.default_rng(BALANCE_SEED), alpha=alpha, paired=paired, n_boot=200)
         runs_of = {role: sum(r.get("role") == role for r in mine) for role in ("baseline", "pcpo")}
         tests[cell] = (c, xb, xt, runs_of)
-    tested = [cell for cell, (c, *_) in tests.items() if c.estimable and c.p is not None]
-    adj = dict(zip(tested, (float(a) for a in holm([tests[x][0].p for x in tested])), strict=True)) if tested else {}
+    adj = dict(zip(tests, holm_present([c.p if c.estimable else None for c, *_ in tests.values()]), strict=True))
+    tested = [cell for cell, a in adj.items() if a is not None]
     level = family_level(alpha, len(tested))
     out: dict[str, dict[str, Any]] = {}
     for cell, (c, xb, xt, runs_of) in tests.items():
         if len(tested) > 1:
             c = comparison_at_level(c, xb, xt, level)
-        imbalanced = cell in adj and adj[cell] < alpha
+        imbalanced = adj[cell] is not None and adj[cell] < alpha
         left_out = {role: runs_of[role] - n for role, n in (("baseline", c.n_baseline), ("pcpo", c.n_treatment))}
         out[cell] = {"baseline_mean": c.baseline_value, "pcpo_mean": c.treatment_value, "estimate": c.estimate,
                      "ci_low": c.ci_low, "ci_high": c.ci_high, "p": c.p, "p_holm": adj.get(cell),

@@ -47,3 +47,13 @@ def test_nan_kept_and_excluded():
     out = holm([0.01, np.nan, 0.02])
     assert np.isnan(out[1])
     np.testing.assert_allclose(out[[0, 2]], [0.02, 0.02])
+
+
+def test_holm_present_adjusts_the_entries_with_a_p_and_keeps_none():
+    from pcpo_eval.stats.adjust import holm_present
+
+    got = holm_present([0.03, None, 0.01, None])
+    want = holm([0.03, 0.01])
+    assert got[1] is None and got[3] is None
+    assert got[0] == pytest.approx(want[0]) and got[2] == pytest.approx(want[1])
+    assert holm_present([None, None]) == [None, None] and holm_present([]) == []
