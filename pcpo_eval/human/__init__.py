@@ -14,6 +14,8 @@ Modules (one job each):
 
 * :mod:`~pcpo_eval.human.design`   -- which checkpoints meet, prompts x seeds, sides, order, attention checks
 * :mod:`~pcpo_eval.human.db`       -- the database schema (SQLAlchemy) and its Alembic migrations
+* :mod:`~pcpo_eval.human.settings` -- what the app needs from a design or a bundle (derived secrets)
+* :mod:`~pcpo_eval.human.bundle`   -- the serving bundle: what the app needs, nothing that unblinds
 * :mod:`~pcpo_eval.human.app`      -- the FastAPI app a rater sees (no method names anywhere in it)
 * :mod:`~pcpo_eval.human.report`   -- ``human analyze``: the analysis files and the study report section
 * :mod:`~pcpo_eval.human.analysis` -- ``human analyze``'s sections: checks, win rates, Bradley-Terry, agreement
@@ -34,6 +36,11 @@ The folder ``HUMAN/`` (one home for its layout: :class:`HumanLayout`)::
     HUMAN/analysis.json      the analysis (read by the study report)
     HUMAN/server.json        the address raters open (``--base-url``, remembered)
     HUMAN/rehearsal/         the analysis of simulated responses (never the study report)
+
+A serving bundle (``pcpo-eval human bundle HUMAN --out SERVE``, :mod:`~pcpo_eval.human.bundle`) is
+the same layout less everything that unblinds: ``SERVE/bundle.json`` instead of ``design.json``,
+``pairs.parquet`` with the served columns only, ``images/``; the app, ``raters`` and ``export`` run
+on it as on ``HUMAN``.
 
 Pairs table (``pairs.parquet``): ``pair_id`` (opaque 16-hex token, the only id a rater sees),
 ``position`` (0.. the design's randomised order), ``comparison`` (e.g. ``"pcpo@120 vs ddpo@180"``),
@@ -84,6 +91,8 @@ RESPONSES_FILE = "responses.parquet"
 ANALYSIS_FILE = "analysis.json"
 #: the remembered public address of the app
 SERVER_FILE = "server.json"
+#: a serving bundle's settings (``pcpo-eval human bundle``: the derived secrets, no blinding secret)
+BUNDLE_FILE = "bundle.json"
 
 
 @dataclass(frozen=True)
@@ -99,6 +108,11 @@ class HumanLayout:
     @property
     def pairs(self) -> Path:
         return self.root / PAIRS_FILE
+
+    @property
+    def bundle(self) -> Path:
+        """A serving bundle's settings (present instead of ``design.json``: :mod:`pcpo_eval.human.bundle`)."""
+        return self.root / BUNDLE_FILE
 
     @property
     def images(self) -> Path:

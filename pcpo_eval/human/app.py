@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import logging
 import re
 import secrets
@@ -72,7 +71,8 @@ from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pcpo_eval.errors import UserError
-from pcpo_eval.human import CHOICES, KINDS, MAX_REASON, HumanLayout, db, design_comparison_seeds
+from pcpo_eval.human import CHOICES, KINDS, MAX_REASON, HumanLayout, db
+from pcpo_eval.human.settings import Settings, read_settings
 
 HERE = Path(__file__).parent
 LOG = logging.getLogger("pcpo_eval.human.app")
@@ -110,52 +110,6 @@ _ANSWER_KEY_RE = re.compile(r"^(\d{1,15})\.([0-9a-f]{32})$")
 def redact(text: str) -> str:
     """``text`` with anything shaped like a rater token (and every ``/r/<x>`` path segment) hidden."""
     return _TOKEN_IN_TEXT.sub("<token>", re.sub(r"/r/[^/\s]+", "/r/<token>", str(text)))
-
-
-@dataclass(frozen=True)
-class Settings:
-    """The design settings the app needs: the public ``rng_seed``, the pairs per rater (None: all)
-    and the design's blinding secret (None: a design made before it existed)."""
-
-    rng_seed: int
-    per_rater: int | None
-    secret: bytes | None = None
-
-    @property
-    def order_seed(self) -> int | bytes:
-        """What keys each rater's order: the secret, else (legacy designs) ``rng_seed``."""
-        return self.secret if self.secret is not None else self.rng_seed
-
-
-def _secret(design: dict[str, Any], where: Path, hint: str) -> bytes | None:
-    """``blinding_secret`` of ``design.json`` (hex, at least 128 bits) or None when absent."""
-    raw = design.get("blinding_secret")
-    if raw is None:
-        return None
-    if not isinstance(raw, str) or not re.fullmatch(r"(?:[0-9a-f]{2}){16,64}", raw):
-        raise UserError(f"{where}: blinding_secret must be at least 32 hex digits; {hint}")
-    return bytes.fromhex(raw)
-
-
-def read_settings(layout: HumanLayout) -> Settings:
-    """``rng_seed``, ``per_rater`` and ``blinding_secret`` from ``design.json``; a missing or bad
-    value is a UserError."""
-    hint = "rerun `pcpo-eval human design`"
-    if not layout.design.is_file():
-        raise UserError(f"{layout.design} is missing; {hint}")
-    try:
-        design = json.loads(layout.design.read_text())
-    except (OSError, ValueError) as exc:
-        raise UserError(f"{layout.design} is unreadable ({exc.__class__.__name__}); {hint}") from None
-    if not isinstance(design, dict):
-        raise UserError(f"{layout.design} is not a JSON object; {hint}")
-    seed, per_rater = design.get("rng_seed"), design.get("per_rater")
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise UserError(f"{layout.design} lacks an integer rng_seed; {hint}")
-    if per_rater is not None and (isinstance(per_rater, bool) or not isinstance(per_rater, int) or per_rater < 1):
-        raise UserError(f"{layout.design}: per_rater must be a positive integer or null; {hint}")
-    design_comparison_seeds(design, layout.design)  # served alike; a bad value is a damaged file
-    return Settings(seed, per_rater, _secret(design, layout.design, hint))
 
 
 def normalize_root_path(root_path: str | None) -> str:
@@ -285,17 +239,16 @@ def _load_state(root: Path, database_url: str | None, root_path: str, base_url: 
 
 
 def _key_secret(settings: Settings) -> bytes:
-    """The secret of served keys (image URLs, answer and undo keys): HMAC of the design's blinding
-    secret, so keys survive a restart; a per-process random one for designs without a secret."""
-    if settings.secret is None:
-        return secrets.token_bytes(32)
-    return hmac.new(settings.secret, b"pcpo-eval human app keys", hashlib.sha256).digest()
+    """The secret of served keys (image URLs, answer and undo keys): derived from the design's
+    blinding secret (:func:`pcpo_eval.human.settings.derive_key_secret`), so keys survive a restart
+    and a serving bundle gives the same ones; a per-process random one for designs without a secret."""
+    return settings.key_secret if settings.key_secret is not None else secrets.token_bytes(32)
 
 
 def _kinds(layout: HumanLayout, settings: Settings, pairs: dict[str, Any]) -> dict[str, str] | None:
     """pair id -> kind, for the stratified assignment of designs with a blinding secret (kept in
     memory, never served); None for older designs, whose blocks stay as they were cut (a warning)."""
-    if settings.secret is None:
+    if settings.legacy:
         LOG.warning("%s predates blinding secrets: its sides and order follow the public rng_seed and raters' "
                     "blocks are not stratified; make a new design (`pcpo-eval human design`) for a new study",
                     layout.design)
@@ -529,7 +482,8 @@ def _public_routes(app: FastAPI, state: _State) -> None:
 
 def create_app(root: Path, database_url: str | None = None, root_path: str = "",
                base_url: str | None = None) -> FastAPI:
-    """The rating app over the study folder ``root`` (database: ``database_url`` or ``root/human.db``).
+    """The rating app over the design folder or serving bundle ``root`` (database: ``database_url`` or
+    ``root/human.db``).
 
     Migrates the database to the newest schema, loads the pairs (idempotent) and checks that the
     database accepts writes (a read-only or unreachable one is a UserError now, not a 500 per answer).

@@ -1,4 +1,4 @@
-"""CLI commands ``human design|raters|serve|export|simulate|analyze`` (thin shell over :mod:`pcpo_eval.human`)."""
+"""CLI commands ``human design|bundle|raters|serve|export|simulate|analyze`` (thin shell over :mod:`pcpo_eval.human`)."""
 
 from __future__ import annotations
 
@@ -26,10 +26,10 @@ def _database(folder: Path, database_url: str | None) -> str:
 
     Any database failure (unreachable server, missing driver, read-only or non-SQLite file) is one
     ``error:`` line (:func:`pcpo_eval.human.db.database_errors`)."""
+    from pcpo_eval.human.bundle import served_pairs
     from pcpo_eval.human.db import database_errors, load_pairs, upgrade
-    from pcpo_eval.human.design import read_design
 
-    _, pairs = read_design(folder)
+    pairs = served_pairs(folder)
     url = _url(folder, database_url)
     with database_errors(url):
         upgrade(url)
@@ -82,9 +82,20 @@ def design_cmd(
                f"{d['n_images']} images in {out}")
 
 
+@human_app.command("bundle")
+def bundle_cmd(
+    folder: Path = typer.Argument(..., help="human study (design) folder"),
+    out: Path = typer.Option(..., "--out", help="serving bundle folder to create (new or empty)"),
+) -> None:
+    """Write what the rating app needs, and nothing that unblinds, to deploy on the serving machine."""
+    from pcpo_eval.human.bundle import make_bundle
+
+    make_bundle(folder, out, log=typer.echo)
+
+
 @human_app.command("raters")
 def raters_cmd(
-    folder: Path = typer.Argument(..., help="human study folder"),
+    folder: Path = typer.Argument(..., help="human study folder or serving bundle"),
     add: list[str] = typer.Option([], "--add", help="add a rater by name (repeat the flag for several)"),
     revoke: list[str] = typer.Option([], "--revoke", help="revoke a rater's link now (their answers are kept)"),
     rotate: list[str] = typer.Option([], "--rotate", help="give a rater a new link (the old one stops working)"),
@@ -95,10 +106,10 @@ def raters_cmd(
 ) -> None:
     """Add, revoke or rotate raters, and print every rater's private link with their progress."""
     from pcpo_eval.human import HumanLayout
-    from pcpo_eval.human.app import read_settings
     from pcpo_eval.human.db import add_raters, database_errors, progress, rater_links
     from pcpo_eval.human.db import revoke as revoke_rater
     from pcpo_eval.human.db import rotate as rotate_rater
+    from pcpo_eval.human.settings import read_settings
 
     url = _database(folder, database_url)
     base = _base_url(folder, base_url)
@@ -128,7 +139,7 @@ def raters_cmd(
 
 @human_app.command("serve")
 def serve_cmd(
-    folder: Path = typer.Argument(..., help="human study folder"),
+    folder: Path = typer.Argument(..., help="human study folder or serving bundle (`human bundle`)"),
     host: str = typer.Option("127.0.0.1", "--host", help="interface to listen on (0.0.0.0: every interface)"),
     port: int = typer.Option(8000, "--port", help="TCP port"),
     root_path: str = typer.Option("", "--root-path", help="path prefix a reverse proxy serves the app under, "
@@ -164,7 +175,7 @@ def _check_port(host: str, port: int) -> None:
 
 @human_app.command("export")
 def export_cmd(
-    folder: Path = typer.Argument(..., help="human study folder"),
+    folder: Path = typer.Argument(..., help="human study folder or serving bundle"),
     output: Path | None = typer.Option(None, "--output", "-o", help="Parquet file [HUMAN/responses.parquet]"),
     database_url: str | None = typer.Option(None, "--database-url", help=DB_HELP),
 ) -> None:

@@ -60,14 +60,16 @@ from pcpo_eval.human import (
     HumanLayout,
     design_comparison_seeds,
 )
+from pcpo_eval.human.settings import ASSIGNMENT_KEYED
 from pcpo_eval.io import atomic_dir, atomic_write_json, atomic_write_parquet, check_finite, check_out_path
 from pcpo_eval.rundir import checkpoint_dir
 from pcpo_eval.studydir import StudyLayout, StudyView
 
 _CKPT_RE = re.compile(r"^(?P<run>.+)@(?P<epoch>\d+)$")
-#: How the app cuts raters' blocks from a design written now (design.json ``assignment``):
-#: stratified by kind, main pairs laid out by :func:`main_layout` (:func:`pcpo_eval.human.db.assignment`).
-ASSIGNMENT = "stratified"
+#: How the app cuts raters' blocks from a design written now (design.json ``assignment``): stratified
+#: by kind, main pairs laid out by :func:`main_layout` (:func:`pcpo_eval.human.db.assignment`), each
+#: rater's order keyed by a secret derived from the blinding secret (:mod:`pcpo_eval.human.settings`).
+ASSIGNMENT = ASSIGNMENT_KEYED
 
 
 @dataclass(frozen=True)
@@ -812,6 +814,10 @@ def make_design(study: str | Path, out: str | Path, ds: HumanDesignSpec,
 def read_design(root: str | Path) -> tuple[dict[str, Any], pd.DataFrame]:
     """``design.json`` and ``pairs.parquet`` of a finished design folder (a UserError if incomplete)."""
     lay = HumanLayout(Path(root))
+    if lay.bundle.is_file() and not lay.design.is_file():
+        raise UserError(f"{lay.root} is a serving bundle ({lay.bundle}): it names no checkpoint; run this on the design "
+                        "folder it was made from (analyse a bundle's answers with `pcpo-eval human export BUNDLE` "
+                        "and `pcpo-eval human analyze HUMAN --responses FILE`)")
     if not lay.design.is_file() or not lay.pairs.is_file():
         raise UserError(f"{lay.root} holds no finished human design (design.json / pairs.parquet missing); "
                         f"run `pcpo-eval human design STUDY --out {lay.root}` first")

@@ -86,7 +86,7 @@ def test_answering_advances_to_the_end_and_resumes(study):
     assert done.status_code == 200 and "Thank you" in done.text and "10 of 10" in done.text
     assert sorted(rows(url)["pair_id"]) == sorted(seen)
     state = client.app.state.human
-    assert seen == db.assignment(list(db.pairs_frame(url)["pair_id"]), state.settings.secret, 1, 10, state.kinds)
+    assert seen == db.assignment(list(db.pairs_frame(url)["pair_id"]), state.settings.order_seed, 1, 10, state.kinds)
     assert rows(url)["seconds"].between(0, 60).all()  # seconds from serving the page to the answer
 
 

@@ -276,7 +276,7 @@ def test_legacy_designs_keep_their_assignment(tmp_path):
     layout = make_human_dir(tmp_path / "H", n_prompts=6, n_seeds=3, n_checks=4, per_rater=10, legacy=True)
     client = TestClient(create_app(layout.root), follow_redirects=False)
     state = client.app.state.human
-    assert state.kinds is None and state.settings.secret is None
+    assert state.kinds is None and state.settings.legacy
     pairs = list(db.pairs_frame(layout.database_url)["pair_id"])
     assert state.assignment(1) == db.assignment(pairs, 7, 1, 10)
     db.dispose(layout.database_url)

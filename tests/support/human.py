@@ -101,9 +101,11 @@ def _pair_rows(n_prompts: int, n_seeds: int, n_checks: int, comparisons: Sequenc
 
 def make_human_dir(root: Path, n_prompts: int = 45, n_seeds: int = 10, n_checks: int = 6,
                    per_rater: int | None = None, rng_seed: int = 7, comparisons: Sequence[str] = COMPARISONS,
-                   prompts: Sequence[str] | None = None, legacy: bool = False) -> HumanLayout:
+                   prompts: Sequence[str] | None = None, legacy: bool = False,
+                   assignment: str | None = None) -> HumanLayout:
     """Write a synthetic HUMAN folder under ``root``; returns its layout (``legacy``: a design.json
-    without ``blinding_secret``, as written before it existed)."""
+    without ``blinding_secret``, as written before it existed; ``assignment``: design.json's, e.g.
+    ``stratified-keyed`` as ``human design`` writes now; None: absent, read as ``stratified``)."""
     layout = HumanLayout(Path(root))
     layout.images.mkdir(parents=True, exist_ok=True)
     prompts = list(prompts or []) + [f"a photo of object number {i} on a table" for i in range(n_prompts)]
@@ -120,6 +122,8 @@ def make_human_dir(root: Path, n_prompts: int = 45, n_seeds: int = 10, n_checks:
               "n_prompts": n_prompts, "n_seeds": n_seeds}
     if not legacy:
         design["blinding_secret"] = bytes(rng.integers(0, 256, 16, dtype=np.uint8)).hex()
+    if assignment is not None:
+        design["assignment"] = assignment
     layout.design.write_text(json.dumps(design))
     return layout
 
@@ -137,14 +141,14 @@ def shown_pair(client: Any, token: str) -> str | None:
 
 def organiser_order(layout: HumanLayout, rater_id: int) -> list[str]:
     """The design pair ids of rater ``rater_id`` in the order the app shows them (organiser side:
-    the design's secret and kinds, as :func:`pcpo_eval.human.db.assignment` uses them)."""
+    the design's order secret and kinds, as :func:`pcpo_eval.human.db.assignment` uses them)."""
     from pcpo_eval.human import db
+    from pcpo_eval.human.settings import read_settings
 
-    design = json.loads(layout.design.read_text())
+    settings = read_settings(layout)
     pairs = pd.read_parquet(layout.pairs).sort_values(["position", "pair_id"])
     kinds = dict(zip(pairs["pair_id"], pairs["kind"], strict=True))
-    return db.assignment(list(pairs["pair_id"]), bytes.fromhex(design["blinding_secret"]), rater_id,
-                         design["per_rater"], kinds)
+    return db.assignment(list(pairs["pair_id"]), settings.order_seed, rater_id, settings.per_rater, kinds)
 
 
 def secret_strings(layout: HumanLayout) -> list[str]:
