@@ -4,8 +4,9 @@ A design re-encodes every shown image (``pcpo_eval.human.design._write_images``)
 written (mode, text / iTXt / eXIf / iCCP chunks, compression level) does not reach a rater: a set
 written with every one of those differences gives byte-identical files to one written plainly.
 What re-encoding cannot equalise is the pixel grid: a checkpoint rendered at another resolution
-(or stored in a lossy format) would be the side with the other width and height (or the JPEG
-artefacts, hence the larger PNG) in every pair, so such a design is refused before any file is written.
+(or stored in a lossy format or a palette) would be the side with the other width and height (or
+the JPEG artefacts, hence the larger PNG; or the few colours, hence the smaller one) in every pair,
+so such a design is refused before any file is written.
 """
 
 from __future__ import annotations
@@ -30,14 +31,17 @@ def _sets(root: Path) -> dict[str, Path]:
     return write_image_sets(root, checkpoint_seeds(BRACKET, 3, "distinct"), 4, rng_seed=2)
 
 
-def _rewrite(folder: Path, size: tuple[int, int] | None = None, fmt: str = "PNG") -> None:
+def _rewrite(folder: Path, size: tuple[int, int] | None = None, fmt: str = "PNG", colours: int | None = None) -> None:
     """Every image of a set written another way: RGBA, a text, an iTXt, an ICC profile and EXIF,
-    compression level 9; ``size``: resampled to it; ``fmt``: another file format (same file name)."""
+    compression level 9; ``size``: resampled to it; ``fmt``: another file format (same file name);
+    ``colours``: quantised to a palette of that many colours."""
     for f in folder.glob("*.png"):
         with Image.open(f) as im:
             img = im.convert("RGBA")
         if size is not None:
             img = img.resize(size)
+        if colours is not None:
+            img = img.convert("RGB").quantize(colours)
         if fmt != "PNG":
             img.convert("RGB").save(f, format=fmt, quality=90)
             continue
@@ -76,7 +80,8 @@ def test_how_a_set_was_written_does_not_reach_the_files(tmp_path):
     assert {tuple(_chunks(b)) for b in other.values()} == {("IHDR", "IDAT", "IEND")}
 
 
-@pytest.mark.parametrize("change", [{"size": (16, 16)}, {"size": (8, 9)}, {"fmt": "JPEG"}])
+@pytest.mark.parametrize("change", [{"size": (16, 16)}, {"size": (8, 9)}, {"fmt": "JPEG"},
+                                    {"colours": 16}])
 def test_pairs_whose_images_differ_in_grid_or_format_are_refused(tmp_path, change):
     sets = _sets(tmp_path / "sets")
     _rewrite(sets["DDPO@240"], **change)
