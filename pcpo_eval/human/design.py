@@ -15,7 +15,8 @@ checkpoints that bracket its reward (epochs 180 and 240), on 45 prompts x 10 see
    comparisons (a bracket's PCPO) renders both ranges and no image is shown in two comparisons;
    ``shared`` (designs made before the setting) shows its one image of a prompt and seed in both.
    Shown images are re-encoded without PNG metadata and stored under random names: nothing a rater
-   can fetch names a method, run or epoch.
+   can fetch names a method, run or epoch. The two images of a pair must share width, height, file
+   format and colour depth (re-encoding cannot equalise those): else the design is refused.
 3. **pairs** (:func:`build_pairs`): one per comparison x prompt x seed; attention checks are
    added: ``identical`` (one image on both sides, under two names: the answer expected is a tie) and
    ``degraded`` (an image against a blurred, noisy copy of itself: expected is the intact side).
@@ -512,8 +513,9 @@ def build_pairs(pairs: Sequence[tuple[Checkpoint, Checkpoint]], sets: dict[str, 
     Every blinding draw comes from ``secret`` (default: a fresh one, :func:`new_secret`), never from
     ``ds.rng_seed``: the same secret gives the same table, settings alone do not. Refuses (UserError)
     a ``per_rater`` that would show a rater a shared checkpoint's image twice (:func:`check_per_rater`),
-    and sets that lack an image the design shows (the message names the seeds and the command that
-    renders them).
+    sets that lack an image the design shows (the message names the seeds and the command that
+    renders them), and pairs whose two images differ in size, file format or colour depth
+    (:func:`_check_pair_grids`).
 
     ``ds.comparison_seeds``: ``distinct``: comparison k shows seeds ``k*S .. k*S+S-1`` of every prompt
     (S = ``ds.seeds``), so no image is in two comparisons, and the attention checks reuse the image of
@@ -533,6 +535,7 @@ def build_pairs(pairs: Sequence[tuple[Checkpoint, Checkpoint]], sets: dict[str, 
         comp_keys = [[(pid, s) for pid in pids for s in ss]
                      for ss in comparison_seeds(len(pairs), ds.seeds, ds.comparison_seeds)]
     _check_sets_cover(pairs, comp_keys, manifests, sets, ds)
+    _check_pair_grids(pairs, comp_keys, manifests, sets)
     n_keys = len(comp_keys[0])
     check_per_rater(pairs, ds.per_rater, n_keys, (ds.identical, ds.degraded), ds.comparison_seeds)
     rows = []
@@ -591,6 +594,47 @@ def _check_sets_cover(pairs: Sequence[tuple[Checkpoint, Checkpoint]], comp_keys:
                 "comparisons needs every one of their seed ranges" if ds.comparison_seeds == "distinct" else
                 "every comparison renders the same seeds (comparison_seeds: shared)")
         raise UserError(f"{'; '.join(problems)} ({mode})")
+
+
+#: Colour modes that hold full 8-bit RGB (alpha or padding aside): re-encoded to RGB, they keep every pixel.
+_FULL_COLOUR = frozenset({"RGB", "RGBA", "RGBX"})
+
+
+def _grid(path: Path) -> tuple[str, int, int, str]:
+    """(file format, width, height, colour depth) of an image file (its header only); the depth is
+    ``RGB`` for full 8-bit colour, else the mode (``P``: a palette, ``L``: grey)."""
+    from PIL import Image
+
+    with Image.open(path) as im:
+        return str(im.format), int(im.width), int(im.height), "RGB" if im.mode in _FULL_COLOUR else str(im.mode)
+
+
+def _grid_text(grid: tuple[str, int, int, str]) -> str:
+    return f"{grid[1]}x{grid[2]} {grid[0]} ({grid[3]})"
+
+
+def _check_pair_grids(pairs: Sequence[tuple[Checkpoint, Checkpoint]], comp_keys: Sequence[Sequence[tuple[int, int]]],
+                      manifests: dict[str, pd.DataFrame], sets: dict[str, Path]) -> None:
+    """UserError when the two images of a main pair differ in width, height, file format or colour depth.
+
+    Blinding: re-encoding (:func:`_write_images`) equalises how a set was written, not its pixels:
+    a checkpoint rendered at another resolution would be the side of that size in every pair, one
+    stored lossily (JPEG) the side with the block artefacts (and so the larger PNG), one stored as a
+    palette or grey the side with few colours (the smaller PNG). Names each comparison, both
+    checkpoints' grids and a prompt and seed where they differ."""
+    problems = []
+    for (a, b), keys in zip(pairs, comp_keys, strict=True):
+        for pid, seed in keys:
+            ga, gb = (_grid(sets[c.label] / manifests[c.label].loc[(pid, seed), "path"]) for c in (a, b))
+            if ga != gb:
+                problems.append(f"{a.label} vs {b.label}: {a.label}'s images are {_grid_text(ga)}, {b.label}'s "
+                                f"{_grid_text(gb)} (e.g. prompt {pid} seed {seed})")
+                break
+    if problems:
+        raise UserError(f"{'; '.join(problems)}: the two images of a pair must have one size, file format and "
+                        "colour depth, or the side with the other one names its checkpoint to every rater; render both "
+                        "checkpoints with the same sampler settings (`pcpo-eval generate` writes PNG at the "
+                        "model's resolution)")
 
 
 def generate_command(folder: Path | None, model: str, seeds: Sequence[int], ds: HumanDesignSpec) -> str:
