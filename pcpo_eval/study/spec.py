@@ -38,6 +38,7 @@ from pcpo_eval.rundir import checkpoints_root, log_path
 from pcpo_eval.stats.formula import parse_lmm_formula
 from pcpo_eval.stats.speedup import unreachable_targets
 from pcpo_eval.stats.verdict import quantity_name
+from pcpo_eval.study.comparability import existing_run_problems
 from pcpo_eval.study.retention import epoch_maps, retention_problems
 from pcpo_eval.study.sections import GridSpec, PreferenceSpec, parse_epoch_map, parse_grids, parse_preferences
 from pcpo_eval.train.config import TrainConfig, config_from_dict, read_config_file
@@ -506,6 +507,29 @@ def _check_identical_runs(runs: Sequence[RunSpec], compare: str, problems: list[
                         "or different overrides")
 
 
+def _run_settings(run: RunSpec) -> dict[str, Any] | None:
+    """A run's training settings: its resolved train config, or an existing run's ``config.yaml``
+    (None when unreadable: :func:`_run_models` reports it)."""
+    from pcpo_eval.train.checkpoints import load_run_config
+
+    if run.train is not None:
+        return run.train.to_dict()
+    try:
+        return load_run_config(run.run_dir) if run.run_dir is not None else None
+    except UserError:
+        return None
+
+
+def _check_existing_settings(runs: Sequence[RunSpec], factors: Factors, compare: str, problems: list[str]) -> None:
+    """Existing run directories (``runs:``) must be trained as listed (seed, level overrides) and differ from
+    the other runs of their cell only in what the compared factor's levels declare (:mod:`.comparability`)."""
+    if not any(r.run_dir for r in runs):
+        return
+    declared = {k for ov in factors.get(compare, {}).values() for k in ov}
+    cell_of = lambda r: ", ".join(f"{f}={v}" for f, v in r.levels.items() if f != compare) or "all"  # noqa: E731
+    problems += existing_run_problems(runs, compare, declared, cell_of, _run_settings)
+
+
 def _parse_targets(top: dict[str, Any], runs: Sequence[RunSpec], problems: list[str]) -> tuple[list[float], float, int]:
     """``targets``, ``select_target`` (default: the last target) and ``window``; existing runs must reach them."""
     window = top.get("window", 5)
@@ -900,6 +924,7 @@ def load_spec(path: str | Path, check_weights: bool = True) -> StudySpec:
                         options.paired_control, existing, problems)
     _check_run_names(runs, problems)
     _check_identical_runs(runs, compare.factor, problems)
+    _check_existing_settings(runs, factors, compare.factor, problems)
     targets, select_target, window = _parse_targets(top, runs, problems)
     gain_targets, primary = _parse_endpoints(top, options.paired_control, targets, problems)
     models = _run_models(runs, problems)

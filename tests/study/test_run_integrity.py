@@ -1,0 +1,80 @@
+"""Input integrity of a study: runs, image sets and metrics that are not what the spec says they are.
+
+Each test feeds a study an input a user could plausibly give it by mistake and checks that the study
+refuses it by name (or says so in the verdict) instead of printing a conclusion about the wrong thing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pcpo_eval.errors import UserError
+from pcpo_eval.study.spec import load_spec
+from tests.support.study import write_run, write_spec
+
+ONE_FACTOR = {"algorithm": {"DDPO": {"objective": "ppo_clip"}, "PCPO": {"objective": "pcpo"}}}
+
+
+def _existing(tmp: Path, configs: dict[tuple[str, int], dict]) -> list[dict]:
+    """Existing run directories, one per (arm, listed seed), with the given config.yaml."""
+    runs = []
+    for (alg, seed), cfg in configs.items():
+        rd = tmp / f"run_{alg}_{seed}"
+        write_run(rd, 8, 0.05 if alg == "DDPO" else 0.08, 2, config=cfg, rng_key=rd.name)
+        runs.append({"levels": {"algorithm": alg}, "seed": seed, "run_dir": str(rd)})
+    return runs
+
+
+def _spec(tmp: Path, runs: list[dict], design: dict | None = None) -> Path:
+    return write_spec(tmp / "s.yaml", runs=runs, seeds=[0, 1], targets=[0.3], select_target=0.3,
+                      design=design or ONE_FACTOR, lmm={"formula": "value ~ algorithm + (1|prompt)"})
+
+
+def _cfg(alg: str, seed: int, **changes) -> dict:
+    return {"model": "toy", "reward": "toy_aesthetic", "sample_steps": 8, "learning_rate": 5e-5,
+            "objective": "ppo_clip" if alg == "DDPO" else "pcpo", "seed": seed, **changes}
+
+
+def test_existing_runs_with_another_reward_or_sampler_setting_are_refused(tmp_path):
+    configs = {(a, s): _cfg(a, s) for a in ("DDPO", "PCPO") for s in (0, 1)}
+    assert len(load_spec(_spec(tmp_path, _existing(tmp_path, configs)), check_weights=False).runs) == 4
+    for s in (0, 1):  # the PCPO runs were trained on another reward with more sampler steps
+        configs[("PCPO", s)] = _cfg("PCPO", s, reward="jpeg_compressibility", sample_steps=20)
+    with pytest.raises(UserError) as ei:
+        load_spec(_spec(tmp_path, _existing(tmp_path, configs)), check_weights=False)
+    msg = str(ei.value)
+    assert ("in cell all, the runs differ in reward (DDPO 'toy_aesthetic'; PCPO 'jpeg_compressibility'), which no "
+            "level of algorithm sets: the verdict would credit that difference to algorithm") in msg
+    assert "the runs differ in sample_steps (DDPO 8; PCPO 20)" in msg and "has 2 problem(s)" in msg
+    # a difference the design declares is the comparison itself, and must hold within each arm
+    design = {"algorithm": {"DDPO": {"objective": "ppo_clip", "sample_steps": 8, "reward": "toy_aesthetic"},
+                            "PCPO": {"objective": "pcpo", "sample_steps": 20, "reward": "jpeg_compressibility"}}}
+    load_spec(_spec(tmp_path, _existing(tmp_path, configs), design), check_weights=False)
+    configs[("PCPO", 1)] = _cfg("PCPO", 1, reward="jpeg_compressibility", sample_steps="12")
+    with pytest.raises(UserError, match=r"listed under a design level that sets sample_steps: 20, but its config.yaml "
+                                        r"records sample_steps: '12'.*the PCPO runs differ in sample_steps"):
+        load_spec(_spec(tmp_path, _existing(tmp_path, configs), design), check_weights=False)
+
+
+def test_existing_run_listed_with_the_wrong_seed_or_level_is_refused(tmp_path):
+    configs = {(a, s): _cfg(a, s) for a in ("DDPO", "PCPO") for s in (0, 1)}
+    configs[("PCPO", 1)] = _cfg("PCPO", 7)  # trained with seed 7, listed as seed 1: paired with DDPO seed 1
+    configs[("DDPO", 1)] = _cfg("PCPO", 1)  # a PCPO run listed under DDPO
+    with pytest.raises(UserError) as ei:
+        load_spec(_spec(tmp_path, _existing(tmp_path, configs)), check_weights=False)
+    msg = str(ei.value)
+    assert ("run algorithm-PCPO__seed-1 is listed with seed 1, but its config.yaml records seed 7: pairing by seed "
+            "would pair it with the other arm's seed-1 run; list it with seed: 7") in msg
+    assert ("run algorithm-DDPO__seed-1 is listed under a design level that sets objective: 'ppo_clip', but its "
+            "config.yaml records objective: 'pcpo'") in msg
+
+
+def test_imported_runs_compare_only_what_they_record(tmp_path):
+    """An imported run's config.yaml holds its model and objective only: nothing else is compared, and
+    YAML's text numbers (5e-5) equal the trainer's floats."""
+    configs = {("DDPO", 0): {"model": "toy", "objective": "ppo_clip", "imported_from": "dancegrpo", "source": "/a"},
+               ("DDPO", 1): {"model": "toy", "objective": "ppo_clip", "imported_from": "dancegrpo", "source": "/b"},
+               ("PCPO", 0): _cfg("PCPO", 0, learning_rate="5e-5"), ("PCPO", 1): _cfg("PCPO", 1)}
+    assert len(load_spec(_spec(tmp_path, _existing(tmp_path, configs)), check_weights=False).runs) == 4
