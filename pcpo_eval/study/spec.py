@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from pcpo_eval.errors import ProblemList, UserError
-from pcpo_eval.io import read_yaml_mapping
+from pcpo_eval.io import read_yaml_mapping, sha256_file
 from pcpo_eval.metrics.base import METRICS, PREFERENCE_METRICS, per_prompt_problem
 from pcpo_eval.rewards import required_backends
 from pcpo_eval.rundir import checkpoints_root, log_path
@@ -477,10 +477,12 @@ def _check_run_names(runs: Sequence[RunSpec], problems: list[str]) -> None:
 
 
 def _check_identical_runs(runs: Sequence[RunSpec], compare: str, problems: list[str]) -> None:
-    """Two runs that would be the same run: one existing run directory listed twice (``runs:``), or
+    """Two runs that would be the same run: one existing run directory listed twice (``runs:``) or copied
+    (byte-identical ``log.parquet`` in two directories), or
     two trained runs of different arms with the same resolved train config and seed (an A/A design
     with equal seeds and overrides); comparing them would compare a run with itself."""
     dirs: dict[str, RunSpec] = {}
+    logs: dict[str, RunSpec] = {}
     for r in runs:
         if r.run_dir is None:
             continue
@@ -489,6 +491,13 @@ def _check_identical_runs(runs: Sequence[RunSpec], compare: str, problems: list[
         if other is not r:
             problems.append(f"runs {other.name} and {r.name} use the same run directory {r.run_dir}; list a "
                             "different run directory for each (cell, seed)")
+            continue
+        if not log_path(r.run_dir).is_file():
+            continue  # reported by _parse_runs
+        twin = logs.setdefault(sha256_file(log_path(r.run_dir)), r)
+        if twin is not r:
+            problems.append(f"runs {twin.name} ({twin.run_dir}) and {r.name} ({r.run_dir}) have byte-identical "
+                            "training logs: one run copied to two places; list each run's own directory")
     trained: dict[str, RunSpec] = {}
     same: list[tuple[RunSpec, RunSpec]] = []
     for r in runs:

@@ -78,3 +78,16 @@ def test_imported_runs_compare_only_what_they_record(tmp_path):
                ("DDPO", 1): {"model": "toy", "objective": "ppo_clip", "imported_from": "dancegrpo", "source": "/b"},
                ("PCPO", 0): _cfg("PCPO", 0, learning_rate="5e-5"), ("PCPO", 1): _cfg("PCPO", 1)}
     assert len(load_spec(_spec(tmp_path, _existing(tmp_path, configs)), check_weights=False).runs) == 4
+
+
+def test_a_run_copied_into_both_arms_is_refused(tmp_path):
+    """``cp -r`` of one run into the other arm's folder: two paths, one run (the path check cannot see it)."""
+    import shutil
+
+    configs = {(a, s): {"model": "toy", "seed": s} for a in ("DDPO", "PCPO") for s in (0, 1)}
+    runs = _existing(tmp_path, configs)
+    shutil.rmtree(runs[2]["run_dir"])
+    shutil.copytree(runs[0]["run_dir"], runs[2]["run_dir"])  # DDPO seed 0 copied as PCPO seed 0
+    with pytest.raises(UserError, match=r"runs algorithm-DDPO__seed-0 \(.*run_DDPO_0\) and algorithm-PCPO__seed-0 "
+                                        r"\(.*run_PCPO_0\) have byte-identical training logs: one run copied"):
+        load_spec(_spec(tmp_path, runs), check_weights=False)
