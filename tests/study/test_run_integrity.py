@@ -91,3 +91,22 @@ def test_a_run_copied_into_both_arms_is_refused(tmp_path):
     with pytest.raises(UserError, match=r"runs algorithm-DDPO__seed-0 \(.*run_DDPO_0\) and algorithm-PCPO__seed-0 "
                                         r"\(.*run_PCPO_0\) have byte-identical training logs: one run copied"):
         load_spec(_spec(tmp_path, runs), check_weights=False)
+
+
+def test_an_infinite_reward_never_makes_a_checkpoint_reward_matched(tmp_path):
+    """One epoch's reward logged as inf (a reward model overflowing) made every trailing mean over it inf:
+    the run's epoch-4 checkpoint "reached" any target and entered the matched-reward metrics."""
+    import numpy as np
+    import pandas as pd
+
+    from pcpo_eval.stats.select import select_checkpoints
+
+    rd = tmp_path / "run"
+    write_run(rd, 12, 0.02, 2, rng_key="inf", config={"model": "toy"})
+    assert not select_checkpoints([rd], 0.3).choices[0].reached  # rises 0.02 per epoch to 0.22: 0.3 is not reached
+    log = pd.read_parquet(rd / "log.parquet")
+    log.loc[2, "reward_mean"] = np.inf
+    log.to_parquet(rd / "log.parquet", index=False)
+    with pytest.raises(UserError, match=r"log.parquet column 'reward_mean' is infinite at epoch\(s\) 3; a smoothed "
+                                        r"reward over those epochs would reach any target"):
+        select_checkpoints([rd], 0.3)
