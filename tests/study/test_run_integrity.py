@@ -110,3 +110,57 @@ def test_an_infinite_reward_never_makes_a_checkpoint_reward_matched(tmp_path):
     with pytest.raises(UserError, match=r"log.parquet column 'reward_mean' is infinite at epoch\(s\) 3; a smoothed "
                                         r"reward over those epochs would reach any target"):
         select_checkpoints([rd], 0.3)
+
+
+def test_a_complete_image_set_of_other_inputs_is_never_reused(tmp_path, monkeypatch):
+    """A set was skipped when its manifest had the expected number of images, so a spec with another
+    eval.steps, or a run retrained after its sets were rendered, kept the old images (and their metrics,
+    keyed on the unchanged manifest) under the new spec's name."""
+    import json
+    import shutil
+
+    from pcpo_eval.study.runner import StageError, run_study
+    from tests.support.study import install_fakes
+
+    fakes = install_fakes(monkeypatch)
+    stages = ("train", "select", "generate")
+    spec = write_spec(tmp_path / "s.yaml", seeds=[0, 1], design=ONE_FACTOR,
+                      lmm={"formula": "value ~ algorithm + (1|prompt)"})
+    out = tmp_path / "study"
+    run_study(spec, out, stages=stages, log=lambda s: None)
+    n = len(fakes.generate_calls)
+    run_study(spec, out, stages=stages, log=lambda s: None)
+    assert len(fakes.generate_calls) == n  # unchanged inputs: every set reused
+
+    write_spec(tmp_path / "s.yaml", seeds=[0, 1], design=ONE_FACTOR, lmm={"formula": "value ~ algorithm + (1|prompt)"},
+               eval={"prompts": str(tmp_path / "prompts.txt"), "seeds": "4", "steps": 6})
+    with pytest.raises(StageError, match=rf"{n} image set\(s\) of this study were rendered from other inputs than the "
+                                         r"spec now gives: sets/base \(rendered from another checkpoint"):
+        run_study(spec, out, stages=stages, log=lambda s: None)
+    assert len(fakes.generate_calls) == n
+    shutil.rmtree(out / "sets")  # the fix the error names: re-rendered with the new steps
+    run_study(spec, out, stages=stages, log=lambda s: None)
+    assert len(fakes.generate_calls) == 2 * n
+
+    sel = json.loads((out / "selection.json").read_text())
+    ck = Path(next(c["path"] for c in sel["runs"] if c["path"]))  # a selected checkpoint, retrained since
+    meta = json.loads((ck / "checkpoint.json").read_text())
+    (ck / "checkpoint.json").write_text(json.dumps({**meta, "weights_sha256": "another training"}))
+    with pytest.raises(StageError, match=r"1 image set\(s\) .*: sets/algorithm-\w+__seed-\d/epoch_\d+ \(rendered from "
+                                         r"another checkpoint \(a retrained run\?\)"):
+        run_study(spec, out, stages=stages, log=lambda s: None)
+
+
+def test_a_set_json_with_other_sampler_settings_is_named(tmp_path):
+    """Sets rendered before the study kept fingerprints: set.json's own settings still show a changed sampler."""
+    import json
+
+    from pcpo_eval.study.runner import stale_set_reason
+
+    sdir = tmp_path / "set"
+    sdir.mkdir()
+    (sdir / "set.json").write_text(json.dumps({"settings": {"steps": 8, "cfg": 3, "eta": 1.0, "schedule": "ddim"}}))
+    spec = {"steps": 8, "cfg": 3.0, "eta": 1.0, "sigma_schedule": "ddim"}
+    assert stale_set_reason(sdir, spec, None, "x") == ""
+    assert stale_set_reason(sdir, {**spec, "cfg": 5.0}, None, "x") == "rendered with cfg=3, the spec gives 5.0"
+    assert stale_set_reason(sdir, spec, "y", "x").startswith("rendered from another checkpoint")
