@@ -311,7 +311,8 @@ class Study:
         for label, pref, pname, names in jobs:
             out = lay.metrics_dir(label, pref, pname)
             sdir = lay.set_dir(label, pref, pname)
-            fp = _fingerprint([names, sdir / MANIFEST_FILE, None if pref else base / MANIFEST_FILE])
+            fp = _fingerprint([names, sdir / MANIFEST_FILE, None if pref else base / MANIFEST_FILE,
+                               *_metric_options(names, sp.is_splits)])
             done = metrics_path(out)
             if done.is_file() and json.loads(done.read_text()).get("study_fingerprint") == fp:
                 self.log(f"  metrics {out.relative_to(self.out)}: done, skipped")
@@ -350,6 +351,14 @@ class Study:
             return
         write_report(self.out, self.layout.report_file)
         self._mark("report", fp, 0.0)
+
+
+def _metric_options(names: Sequence[str], is_splits: int) -> list[dict[str, int]]:
+    """The metric options that change a set's values, for its metrics fingerprint: ``is_splits`` when an
+    Inception-Score-kind metric is measured (nothing otherwise, so other metrics are not re-measured)."""
+    from pcpo_eval.metrics.base import METRICS
+
+    return [{"is_splits": int(is_splits)}] if any(m in METRICS and METRICS[m].kind == "is" for m in names) else []
 
 
 #: ``study_state.json`` key of the image sets' fingerprints (:func:`_set_identity`)

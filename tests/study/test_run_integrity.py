@@ -164,3 +164,30 @@ def test_a_set_json_with_other_sampler_settings_is_named(tmp_path):
     assert stale_set_reason(sdir, spec, None, "x") == ""
     assert stale_set_reason(sdir, {**spec, "cfg": 5.0}, None, "x") == "rendered with cfg=3, the spec gives 5.0"
     assert stale_set_reason(sdir, spec, "y", "x").startswith("rendered from another checkpoint")
+
+
+def test_metrics_are_remeasured_when_is_splits_changes(tmp_path, monkeypatch):
+    """The metrics fingerprint held the metric names and the manifests only: a spec with another
+    metric_options.is_splits kept every set's old Inception Score."""
+    import pcpo_eval.metrics.workers
+    from pcpo_eval.study.runner import run_study
+    from tests.support.study import install_fakes
+
+    fakes = install_fakes(monkeypatch)
+
+    def run_metrics(image_set, metrics, out_dir, reference=None, options=None):  # the fakes have no IS: a stand-in
+        res = fakes.run_metrics(image_set, [m for m in metrics if m != "is_toy"], out_dir, reference, options)
+        return {**res, "metrics": {**res["metrics"], "is_toy": 1.0 + 0.1 * options.is_splits}}
+
+    monkeypatch.setattr(pcpo_eval.metrics.workers, "run_metrics", run_metrics)
+    stages = ("train", "select", "generate", "metrics")
+    kw = {"seeds": [0, 1], "design": ONE_FACTOR, "lmm": {"formula": "value ~ algorithm + (1|prompt)"},
+          "metrics": ["fd_toy", "is_toy", "lpips_toy"], "overall_only": ["fd_toy", "is_toy"]}
+    spec = write_spec(tmp_path / "s.yaml", **kw, metric_options={"is_splits": 10})
+    run_study(spec, tmp_path / "study", stages=stages, log=lambda s: None)
+    n = len(fakes.metrics_calls)
+    run_study(spec, tmp_path / "study", stages=stages, log=lambda s: None)
+    assert len(fakes.metrics_calls) == n
+    write_spec(tmp_path / "s.yaml", **kw, metric_options={"is_splits": 4})
+    run_study(spec, tmp_path / "study", stages=stages, log=lambda s: None)
+    assert len(fakes.metrics_calls) == 2 * n  # every set's IS re-measured with 4 splits
