@@ -191,3 +191,23 @@ def test_metrics_are_remeasured_when_is_splits_changes(tmp_path, monkeypatch):
     write_spec(tmp_path / "s.yaml", **kw, metric_options={"is_splits": 4})
     run_study(spec, tmp_path / "study", stages=stages, log=lambda s: None)
     assert len(fakes.metrics_calls) == 2 * n  # every set's IS re-measured with 4 splits
+
+
+def test_runs_trained_longer_than_the_spec_are_refused(tmp_path, monkeypatch):
+    """Lowering epochs (24 -> 12) kept the 24-epoch runs as 'complete': selection, verdict and speed-ups were
+    computed over 24 epochs under a spec that says 12. Raising it resumes them, as before."""
+    from pcpo_eval.study.runner import StageError, run_study
+    from tests.support.study import install_fakes
+
+    fakes = install_fakes(monkeypatch)
+    kw = {"seeds": [0, 1], "design": ONE_FACTOR, "lmm": {"formula": "value ~ algorithm + (1|prompt)"}}
+    spec = write_spec(tmp_path / "s.yaml", **kw)  # train.overrides: epochs 12
+    run_study(spec, tmp_path / "study", stages=("train",), log=lambda s: None)
+    write_spec(tmp_path / "s.yaml", **kw, train={"overrides": {"epochs": 8, "checkpoint_every": 2}})
+    with pytest.raises(StageError, match=r"run\(s\) trained for more epochs than the spec gives: "
+                                         r"algorithm-DDPO__seed-0 \(12 > epochs 8\);.* Restore epochs in the spec"):
+        run_study(spec, tmp_path / "study", stages=("train",), log=lambda s: None)
+    n = len(fakes.train_calls)
+    write_spec(tmp_path / "s.yaml", **kw, train={"overrides": {"epochs": 16, "checkpoint_every": 2}})
+    run_study(spec, tmp_path / "study", stages=("train",), log=lambda s: None)
+    assert len(fakes.train_calls) == n + 4 and all(resume for _, resume in fakes.train_calls[n:])
