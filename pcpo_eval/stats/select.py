@@ -149,6 +149,16 @@ def _eval_checkpoints(run: Path, dirs: list[tuple[int, Path]], window: int) -> t
     return out, f"log.parquet {col} (moving average over {window} validation points)"
 
 
+def _check_finite_rewards(run: Path, log: pd.DataFrame) -> None:
+    """A log with an infinite ``reward_mean`` (NaN is refused by the log reader) cannot rank checkpoints:
+    every trailing mean over that epoch is infinite and "reaches" any target, so it is refused by name."""
+    bad = log["epoch"].astype(int).to_numpy()[~np.isfinite(log["reward_mean"].to_numpy(np.float64))]
+    if bad.size:
+        raise UserError(f"run {run}: log.parquet column 'reward_mean' is infinite at epoch(s) "
+                        f"{', '.join(map(str, bad[:6]))}{', ...' if bad.size > 6 else ''}; a smoothed reward over "
+                        "those epochs would reach any target. Fix or drop those epochs, or leave the run out")
+
+
 def run_checkpoints(run_dir: str | Path, window: int = 5, on: str = "train") -> tuple[list[RunCheckpoint], str]:
     """Saved checkpoints of a run, in epoch order, with smoothed rewards; and the reward source.
 
@@ -178,6 +188,7 @@ def run_checkpoints(run_dir: str | Path, window: int = 5, on: str = "train") -> 
     out: list[RunCheckpoint] = []
     if log_file.is_file():
         log = load_log(log_file)
+        _check_finite_rewards(run, log)
         sm = dict(
             zip(log["epoch"].astype(int), moving_average(log["reward_mean"].to_numpy(), window), strict=True)
         )

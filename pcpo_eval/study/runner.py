@@ -31,7 +31,7 @@ from pcpo_eval.io import (
 )
 from pcpo_eval.metricsdir import metrics_path
 from pcpo_eval.progress import echo, progress_bar
-from pcpo_eval.rundir import log_path
+from pcpo_eval.rundir import META_FILE, log_path
 from pcpo_eval.stats.speedup import unreachable_targets
 from pcpo_eval.study.spec import STAGES, StudySpec, _safe_name, load_spec
 from pcpo_eval.studydir import RUNS_DIR, SPEC_COPY_FILE, STATE_FILE, StudyLayout, write_results
@@ -259,14 +259,26 @@ class Study:
             jobs += [(self.layout.set_dir(label, True, pr.name), model, pr.prompts, pr.seeds, pr.max_prompts,
                       pr.max_prompt_tokens, None) for label, model, _ in preference_sets(sp, self.layout, pr)]
         jobs += self._grid_jobs()
-        for out, model, prompts, seeds, maxp, maxtok, n in jobs:
+        made = self.state.setdefault(SETS_KEY, {})  #: set folder -> fingerprint of what it was rendered from
+        idents = {str(out.relative_to(self.out)): _set_identity(model, prompts, seeds, maxp, maxtok, s)
+                  for out, model, prompts, seeds, maxp, maxtok, _ in jobs}
+        stale = [f"{rel} ({why})" for (out, *_, n), (rel, ident) in zip(jobs, idents.items(), strict=True)
+                 if _set_complete(out, n) and (why := stale_set_reason(out, s, made.get(rel), ident))]
+        if stale:
+            raise UserError(f"{len(stale)} image set(s) of this study were rendered from other inputs than the spec now "
+                            f"gives: {'; '.join(stale[:3])}{' ...' if len(stale) > 3 else ''}; delete them (their metrics "
+                            "are re-measured) to re-render, or restore the spec")
+        for (out, model, prompts, seeds, maxp, maxtok, n), (rel, ident) in zip(jobs, idents.items(), strict=True):
             if _set_complete(out, n):
-                self.log(f"  set {out.relative_to(self.out)}: complete, skipped")
-                continue
-            self.log(f"  set {out.relative_to(self.out)} <- {model}")
-            generate_set(model, prompts, seeds, out, batch_size=ev.batch_size, steps=s["steps"], cfg=s["cfg"],
-                         eta=s["eta"], schedule=s["sigma_schedule"], device=ev.device, max_prompts=maxp,
-                         max_prompt_tokens=maxtok, progress=False)
+                self.log(f"  set {rel}: complete, skipped")
+            else:
+                self.log(f"  set {rel} <- {model}")
+                generate_set(model, prompts, seeds, out, batch_size=ev.batch_size, steps=s["steps"], cfg=s["cfg"],
+                             eta=s["eta"], schedule=s["sigma_schedule"], device=ev.device, max_prompts=maxp,
+                             max_prompt_tokens=maxtok, progress=False)
+            if made.get(rel) != ident:
+                made[rel] = ident
+                self._save_state()
 
     def _grid_jobs(self) -> list[tuple[Path, str, Any, list[int], None, None, int]]:
         """Sets of the grids with named prompts, seed lists or stated epochs (:mod:`.grids`)."""
@@ -299,7 +311,8 @@ class Study:
         for label, pref, pname, names in jobs:
             out = lay.metrics_dir(label, pref, pname)
             sdir = lay.set_dir(label, pref, pname)
-            fp = _fingerprint([names, sdir / MANIFEST_FILE, None if pref else base / MANIFEST_FILE])
+            fp = _fingerprint([names, sdir / MANIFEST_FILE, None if pref else base / MANIFEST_FILE,
+                               *_metric_options(names, sp.is_splits)])
             done = metrics_path(out)
             if done.is_file() and json.loads(done.read_text()).get("study_fingerprint") == fp:
                 self.log(f"  metrics {out.relative_to(self.out)}: done, skipped")
@@ -338,6 +351,73 @@ class Study:
             return
         write_report(self.out, self.layout.report_file)
         self._mark("report", fp, 0.0)
+
+
+def _metric_options(names: Sequence[str], is_splits: int) -> list[dict[str, int]]:
+    """The metric options that change a set's values, for its metrics fingerprint: ``is_splits`` when an
+    Inception-Score-kind metric is measured (nothing otherwise, so other metrics are not re-measured)."""
+    from pcpo_eval.metrics.base import METRICS
+
+    return [{"is_splits": int(is_splits)}] if any(m in METRICS and METRICS[m].kind == "is" for m in names) else []
+
+
+#: ``study_state.json`` key of the image sets' fingerprints (:func:`_set_identity`)
+SETS_KEY = "sets"
+#: spec.sampling() key -> set.json ``settings`` key of the eval sampler settings
+_SAMPLING_KEYS = {"steps": "steps", "cfg": "cfg", "eta": "eta", "sigma_schedule": "schedule"}
+
+
+def _set_identity(model: str, prompts: Any, seeds: Any, max_prompts: int | None, max_tokens: int | None,
+                  sampling: dict[str, Any]) -> str:
+    """Fingerprint of what a set's images are rendered from, free of paths (a moved study folder keeps its
+    sets): the model (a checkpoint by its weights' sha256 from ``checkpoint.json``, so a retrained run's
+    checkpoint differs), the prompts (a file by its bytes), the seeds and the sampler settings."""
+    return _fingerprint([_model_identity(str(model)), _prompts_identity(prompts), seeds, max_prompts, max_tokens,
+                         sampling])
+
+
+def _model_identity(model: str) -> Any:
+    """A checkpoint's weights hash (its ``checkpoint.json``), else the model spec itself (``toy``, ``sd1:DIR``)."""
+    meta = Path(model) / META_FILE
+    if not meta.is_file():
+        return model
+    try:
+        info = json.loads(meta.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return sha256_file(meta)
+    return info.get("weights_sha256") if isinstance(info, dict) and info.get("weights_sha256") else sha256_file(meta)
+
+
+def _prompts_identity(prompts: Any) -> Any:
+    """A prompt file by its bytes, a prompt table (a grid's ``PromptSet``) by its ids and texts, a name as given."""
+    if isinstance(prompts, str | Path) and Path(str(prompts)).is_file():
+        return sha256_file(Path(str(prompts)))
+    if hasattr(prompts, "prompt_ids") and hasattr(prompts, "prompts"):
+        return [list(map(int, prompts.prompt_ids)), list(prompts.prompts)]
+    return str(prompts)
+
+
+def stale_set_reason(out: Path, sampling: dict[str, Any], recorded: str | None, identity: str) -> str:
+    """Why a complete set is not the set the spec asks for ('' when it is): its ``set.json`` records other
+    sampler settings than the spec's, or the study rendered it from another checkpoint, prompts or seeds."""
+    try:
+        old = json.loads((out / SET_FILE).read_text(encoding="utf-8")).get("settings") or {}
+    except (OSError, ValueError, AttributeError):
+        old = {}
+    for key, sk in _SAMPLING_KEYS.items():
+        new = sampling.get(key)
+        if sk in old and new is not None and str(old[sk]) != str(new) and not _same_number(old[sk], new):
+            return f"rendered with {sk}={old[sk]}, the spec gives {new}"
+    if recorded is not None and recorded != identity:
+        return "rendered from another checkpoint (a retrained run?), prompt set, seeds or sampler settings"
+    return ""
+
+
+def _same_number(a: Any, b: Any) -> bool:
+    try:
+        return float(a) == float(b)
+    except (TypeError, ValueError):
+        return False
 
 
 def _set_complete(out: Path, n_expected: int | None) -> bool:

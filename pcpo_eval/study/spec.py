@@ -31,13 +31,14 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from pcpo_eval.errors import ProblemList, UserError
-from pcpo_eval.io import read_yaml_mapping
+from pcpo_eval.io import read_yaml_mapping, sha256_file
 from pcpo_eval.metrics.base import METRICS, PREFERENCE_METRICS, per_prompt_problem
 from pcpo_eval.rewards import required_backends
 from pcpo_eval.rundir import checkpoints_root, log_path
 from pcpo_eval.stats.formula import parse_lmm_formula
 from pcpo_eval.stats.speedup import unreachable_targets
 from pcpo_eval.stats.verdict import quantity_name
+from pcpo_eval.study.comparability import existing_run_problems
 from pcpo_eval.study.retention import epoch_maps, retention_problems
 from pcpo_eval.study.sections import GridSpec, PreferenceSpec, parse_epoch_map, parse_grids, parse_preferences
 from pcpo_eval.train.config import TrainConfig, config_from_dict, read_config_file
@@ -476,10 +477,12 @@ def _check_run_names(runs: Sequence[RunSpec], problems: list[str]) -> None:
 
 
 def _check_identical_runs(runs: Sequence[RunSpec], compare: str, problems: list[str]) -> None:
-    """Two runs that would be the same run: one existing run directory listed twice (``runs:``), or
+    """Two runs that would be the same run: one existing run directory listed twice (``runs:``) or copied
+    (byte-identical ``log.parquet`` in two directories), or
     two trained runs of different arms with the same resolved train config and seed (an A/A design
     with equal seeds and overrides); comparing them would compare a run with itself."""
     dirs: dict[str, RunSpec] = {}
+    logs: dict[str, RunSpec] = {}
     for r in runs:
         if r.run_dir is None:
             continue
@@ -488,6 +491,13 @@ def _check_identical_runs(runs: Sequence[RunSpec], compare: str, problems: list[
         if other is not r:
             problems.append(f"runs {other.name} and {r.name} use the same run directory {r.run_dir}; list a "
                             "different run directory for each (cell, seed)")
+            continue
+        if not log_path(r.run_dir).is_file():
+            continue  # reported by _parse_runs
+        twin = logs.setdefault(sha256_file(log_path(r.run_dir)), r)
+        if twin is not r:
+            problems.append(f"runs {twin.name} ({twin.run_dir}) and {r.name} ({r.run_dir}) have byte-identical "
+                            "training logs: one run copied to two places; list each run's own directory")
     trained: dict[str, RunSpec] = {}
     same: list[tuple[RunSpec, RunSpec]] = []
     for r in runs:
@@ -504,6 +514,29 @@ def _check_identical_runs(runs: Sequence[RunSpec], compare: str, problems: list[
                         f"both arms of {compare}; give the arms different seeds, e.g. seeds: "
                         f"{{{a.levels.get(compare)}: [0, 1, 2], {b.levels.get(compare)}: [3, 4, 5]}}, "
                         "or different overrides")
+
+
+def _run_settings(run: RunSpec) -> dict[str, Any] | None:
+    """A run's training settings: its resolved train config, or an existing run's ``config.yaml``
+    (None when unreadable: :func:`_run_models` reports it)."""
+    from pcpo_eval.train.checkpoints import load_run_config
+
+    if run.train is not None:
+        return run.train.to_dict()
+    try:
+        return load_run_config(run.run_dir) if run.run_dir is not None else None
+    except UserError:
+        return None
+
+
+def _check_existing_settings(runs: Sequence[RunSpec], factors: Factors, compare: str, problems: list[str]) -> None:
+    """Existing run directories (``runs:``) must be trained as listed (seed, level overrides) and differ from
+    the other runs of their cell only in what the compared factor's levels declare (:mod:`.comparability`)."""
+    if not any(r.run_dir for r in runs):
+        return
+    declared = {k for ov in factors.get(compare, {}).values() for k in ov}
+    cell_of = lambda r: ", ".join(f"{f}={v}" for f, v in r.levels.items() if f != compare) or "all"  # noqa: E731
+    problems += existing_run_problems(runs, compare, declared, cell_of, _run_settings)
 
 
 def _parse_targets(top: dict[str, Any], runs: Sequence[RunSpec], problems: list[str]) -> tuple[list[float], float, int]:
@@ -900,6 +933,7 @@ def load_spec(path: str | Path, check_weights: bool = True) -> StudySpec:
                         options.paired_control, existing, problems)
     _check_run_names(runs, problems)
     _check_identical_runs(runs, compare.factor, problems)
+    _check_existing_settings(runs, factors, compare.factor, problems)
     targets, select_target, window = _parse_targets(top, runs, problems)
     gain_targets, primary = _parse_endpoints(top, options.paired_control, targets, problems)
     models = _run_models(runs, problems)

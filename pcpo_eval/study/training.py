@@ -67,11 +67,26 @@ def changed_settings(run: RunSpec, layout: StudyLayout) -> list[str]:
             if k not in ("epochs", "device", "keep_checkpoints") and saved.get(k, defaults.get(k)) != v]
 
 
+def logged_epochs(run: RunSpec, layout: StudyLayout) -> int | None:
+    """The last epoch a trained run's ``log.parquet`` holds (None without a readable log)."""
+    import pandas as pd
+
+    path = log_path(layout.run_dir(run))
+    if not path.is_file():
+        return None
+    try:
+        epochs = pd.read_parquet(path, columns=["epoch"])["epoch"]
+    except Exception:  # noqa: BLE001 - an unreadable log is the trainer's / the log reader's to report
+        return None
+    return int(epochs.max()) if len(epochs) else None
+
+
 def pending_runs(spec: StudySpec, layout: StudyLayout, log: Callable[[str], None]) -> list[tuple[RunSpec, bool]]:
     """(run, resume) for every run still to train; a run directory without a checkpoint is removed.
 
     A run directory trained with other settings than the spec now gives (e.g. ``paired_control``
-    switched on, a changed learning rate) is never reused or resumed: a UserError names it.
+    switched on, a changed learning rate), or for more epochs than the spec's ``epochs``, is never
+    reused or resumed: a UserError names it (fewer epochs are resumed).
     """
     from pcpo_eval.train.checkpoints import latest_checkpoint
 
@@ -80,6 +95,13 @@ def pending_runs(spec: StudySpec, layout: StudyLayout, log: Callable[[str], None
         raise UserError("run(s) trained with other settings than the spec gives: "
                         + "; ".join(f"{n} ({', '.join(k)})" for n, k in stale.items())
                         + f"; delete them under {layout.out / 'runs'} to retrain, or restore the spec")
+    longer = {r.name: (e, r.train.epochs) for r in spec.runs if r.train is not None
+              and (e := logged_epochs(r, layout)) is not None and e > r.train.epochs}
+    if longer:
+        raise UserError("run(s) trained for more epochs than the spec gives: "
+                        + "; ".join(f"{n} ({e} > epochs {want})" for n, (e, want) in longer.items())
+                        + "; the study would select, compare and time them over all their epochs, not the spec's. "
+                        f"Restore epochs in the spec, or delete them under {layout.out / 'runs'} to retrain")
     out = []
     for run in spec.runs:
         rd = layout.run_dir(run)

@@ -53,7 +53,7 @@ def test_study_refuses_one_run_dir_in_both_arms(cli, box):
     rd = box / "run one"
     write_run(rd, 8, 0.05, 2)
     other = box / "run two"
-    write_run(other, 8, 0.05, 2)
+    write_run(other, 8, 0.05, 2, rng_key="two")  # its own run: another log
     design = {"algorithm": {"DDPO": {"objective": "ppo_clip"}, "PCPO": {"objective": "pcpo"}}}
     runs = [{"levels": {"algorithm": "DDPO"}, "seed": 0, "run_dir": str(rd)},
             {"levels": {"algorithm": "PCPO"}, "seed": 0, "run_dir": str(box / "." / "run one")}]

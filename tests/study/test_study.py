@@ -113,7 +113,7 @@ def test_existing_runs_per_seed(tmp_path):
         for b in ("16", "32"):
             for seed in (0, 1):
                 rd = tmp_path / f"run_{alg}_{b}_{seed}"
-                write_run(rd, 8, 0.05 if alg == "DDPO" else 0.08, 2)
+                write_run(rd, 8, 0.05 if alg == "DDPO" else 0.08, 2, rng_key=rd.name)
                 runs.append({"levels": {"algorithm": alg, "batch": b}, "seed": seed, "run_dir": str(rd)})
     spec = load_spec(write_spec(tmp_path / "s.yaml", runs=runs, seeds=[0, 1], targets=[0.3], select_target=0.3))
     assert all(r.run_dir and r.train is None for r in spec.runs) and len(spec.runs) == 8
@@ -183,7 +183,7 @@ def test_unreachable_target_of_existing_runs(tmp_path):
     for alg in ("DDPO", "PCPO"):
         for b in ("16", "32"):
             rd = tmp_path / f"run_{alg}_{b}"
-            write_run(rd, 8, 0.05 if alg == "DDPO" else 0.08, 2)
+            write_run(rd, 8, 0.05 if alg == "DDPO" else 0.08, 2, rng_key=rd.name)
             runs.append({"levels": {"algorithm": alg, "batch": b}, "run_dir": str(rd)})
     path = write_spec(tmp_path / "s.yaml", runs=runs, targets=[0.3, 5.0], select_target=0.3)
     with pytest.raises(UserError, match=r"target 5 is reached by no run \(best smoothed reward"):

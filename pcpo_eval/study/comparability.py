@@ -1,0 +1,141 @@
+"""Existing run directories in a study must be the runs the spec says they are, and comparable.
+
+A study trains its own runs from the spec, so their settings are what the YAML says. A run listed
+under ``runs:`` (trained elsewhere, or imported) brings settings the spec never shows: its
+``config.yaml``. Comparing arms whose runs were trained with another reward, base model, prompt
+set, sampler setting or learning rate would print a verdict about that setting, labelled as the
+algorithm's; a run listed under the wrong seed would be paired with the wrong run of the other arm.
+:func:`existing_run_problems` names, before any work, every existing run whose ``config.yaml``
+
+* records another training seed than the run is listed with (pairing by seed would pair the wrong runs);
+* contradicts its design level's overrides (e.g. listed under ``PCPO: {objective: pcpo}`` but trained
+  with ``objective: ppo_clip``);
+* differs from another run of its comparison cell in a setting the compared factor's levels do not
+  declare (the arms may differ only in what ``design.<compared factor>.<level>`` sets; a declared key
+  must still agree within an arm).
+
+Only keys present in both configs are compared (an imported run records its model and objective
+only), and :data:`EXEMPT_KEYS` never are: they do not change what a run learns, or another part of
+the study handles them (``epochs``: every cell is cut to its shortest run, with a note; ``paired_control``:
+the verdict names runs without a control).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+#: config keys never compared between runs: execution and logging, importer bookkeeping, the seed
+#: (checked on its own) and the keys the verdict already handles (``epochs``, ``paired_control``)
+EXEMPT_KEYS = frozenset({
+    "seed", "epochs", "paired_control", "device", "keep_checkpoints", "compile", "deterministic", "diagnostics",
+    "log_to", "log_project", "log_images_every", "wandb_mode", "imported_from", "source",
+})  # fmt: skip
+
+
+def same_value(a: Any, b: Any) -> bool:
+    """Config values equal as the trainer reads them: numbers by value (YAML may give ``5e-5`` as text)."""
+    if a == b:
+        return True
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_value(a[k], b[k]) for k in a)
+    if isinstance(a, bool) or isinstance(b, bool):
+        return False
+    try:
+        x, y = float(a), float(b)
+    except (TypeError, ValueError):
+        return False
+    return math.isclose(x, y, rel_tol=1e-9, abs_tol=0.0)
+
+
+def _show(v: Any) -> str:
+    return repr(v) if isinstance(v, str) else str(v)
+
+
+def seed_problem(name: str, listed: int, cfg: dict[str, Any]) -> str | None:
+    """An existing run listed with another seed than its ``config.yaml`` records (None: agrees or unrecorded)."""
+    seed = cfg.get("seed")
+    if seed is None or isinstance(seed, bool) or same_value(seed, listed):
+        return None
+    return (f"run {name} is listed with seed {listed}, but its config.yaml records seed {_show(seed)}: pairing by "
+            f"seed would pair it with the other arm's seed-{listed} run; list it with seed: {_show(seed)}")
+
+
+def override_problems(name: str, overrides: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
+    """Keys of the run's design levels that its ``config.yaml`` contradicts."""
+    return [f"run {name} is listed under a design level that sets {k}: {_show(v)}, but its config.yaml records "
+            f"{k}: {_show(cfg[k])}; list it under the level it was trained as"
+            for k, v in overrides.items() if k in cfg and k not in EXEMPT_KEYS and not same_value(cfg[k], v)]
+
+
+def _differing(runs: Sequence[tuple[str, str, dict[str, Any]]], key: str) -> dict[str, list[tuple[str, Any]]] | None:
+    """Per arm, (run, value) of ``key`` among the runs that record it, when two values differ; else None."""
+    have = [(arm, name, cfg[key]) for arm, name, cfg in runs if key in cfg]
+    if all(same_value(v, have[0][2]) for _, _, v in have[1:]):
+        return None
+    out: dict[str, list[tuple[str, Any]]] = {}
+    for arm, name, v in have:
+        out.setdefault(arm, []).append((name, v))
+    return out
+
+
+def _values_text(by_arm: dict[str, list[tuple[str, Any]]]) -> str:
+    parts = []
+    for arm, items in by_arm.items():
+        vals = list(dict.fromkeys(_show(v) for _, v in items))
+        parts.append(f"{arm} {' / '.join(vals)}")
+    return "; ".join(parts)
+
+
+def cell_problems(cell: str, runs: Sequence[tuple[str, str, dict[str, Any], bool]], declared: set[str],
+                  compare: str) -> list[str]:
+    """Settings that differ between the runs of one comparison cell.
+
+    ``runs``: (arm, run name, settings, existing) per run. Undeclared keys must agree over the whole
+    cell, declared ones (set by a level of the compared factor) within each arm. Only cells with an
+    existing run are checked: trained runs are what the spec says.
+    """
+    if not any(existing for *_, existing in runs):
+        return []
+    rows = [(arm, name, cfg) for arm, name, cfg, _ in runs]
+    keys = sorted({k for _, _, cfg in rows for k in cfg} - EXEMPT_KEYS)
+    out = []
+    for key in keys:
+        if key in declared:
+            for arm in dict.fromkeys(a for a, _, _ in rows):
+                diff = _differing([r for r in rows if r[0] == arm], key)
+                if diff is not None:
+                    who = ", ".join(f"{n}: {_show(v)}" for items in diff.values() for n, v in items)
+                    out.append(f"in cell {cell}, the {arm} runs differ in {key} ({who}); the runs of an arm must be "
+                               "replicates of one setting")
+            continue
+        diff = _differing(rows, key)
+        if diff is not None:
+            out.append(f"in cell {cell}, the runs differ in {key} ({_values_text(diff)}), which no level of {compare} "
+                       f"sets: the verdict would credit that difference to {compare}; use runs trained with one "
+                       f"{key}, or declare it in design.{compare}.<level> if the arms are meant to differ in it")
+    return out
+
+
+def existing_run_problems(runs: Sequence[Any], compare: str, declared: set[str], cell_of: Callable[[Any], str],
+                          settings_of: Callable[[Any], dict[str, Any] | None]) -> list[str]:
+    """Every problem of :mod:`this module <pcpo_eval.study.comparability>` over the spec's runs.
+
+    ``settings_of(run)`` is the run's resolved train config (a trained run) or its ``config.yaml``
+    (an existing run; None when unreadable, reported elsewhere).
+    """
+    problems: list[str] = []
+    by_cell: dict[str, list[tuple[str, str, dict[str, Any], bool]]] = {}
+    for r in runs:
+        cfg = settings_of(r)
+        if cfg is None:
+            continue
+        if r.run_dir is not None:
+            if (msg := seed_problem(r.name, r.seed, cfg)) is not None:
+                problems.append(msg)
+            problems += override_problems(r.name, r.overrides, cfg)
+        by_cell.setdefault(cell_of(r), []).append((r.levels.get(compare, ""), r.name, cfg, r.run_dir is not None))
+    for cell, members in by_cell.items():
+        problems += cell_problems(cell, members, declared, compare)
+    return problems
