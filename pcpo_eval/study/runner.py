@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from pcpo_eval.errors import UserError
-from pcpo_eval.imageset import MANIFEST_FILE, SET_FILE
+from pcpo_eval.imageset import MANIFEST_FILE, SET_FILE, set_status
 from pcpo_eval.io import (
     TEMP_NAME,
     atomic_write_json,
@@ -341,9 +341,10 @@ class Study:
 
 
 def _set_complete(out: Path, n_expected: int | None) -> bool:
-    """A set is complete when its manifest lists the expected number of images."""
+    """A set is complete when generate finished it (set.json not ``rendering``: a resumed run that was
+    interrupted leaves the previous manifest) and its manifest lists the expected number of images."""
     man = out / MANIFEST_FILE
-    if not man.is_file() or not (out / SET_FILE).is_file():
+    if not man.is_file() or not (out / SET_FILE).is_file() or set_status(out) == "rendering":
         return False
     if n_expected is None:
         return True
