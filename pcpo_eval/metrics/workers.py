@@ -22,6 +22,8 @@ Metric names: the catalogue :data:`pcpo_eval.metrics.base.METRICS` (``fid``, ``f
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import platform
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,8 +36,14 @@ import torch
 from pcpo_eval import dist
 from pcpo_eval.errors import UserError
 from pcpo_eval.features import FeatureExtractor, make_extractor
-from pcpo_eval.imageset import ImageSet, check_min_images, check_same_prompts
-from pcpo_eval.io import atomic_write, atomic_write_json, atomic_write_parquet, remove_stale_temps
+from pcpo_eval.imageset import MANIFEST_FILE, ImageSet, check_min_images, check_same_prompts
+from pcpo_eval.io import (
+    atomic_write,
+    atomic_write_json,
+    atomic_write_parquet,
+    remove_stale_temps,
+    sha256_file,
+)
 from pcpo_eval.metrics.base import METRICS
 from pcpo_eval.metrics.extract import ExtractionReport, MetricsOptions, cache_root, extract_set, extract_sets
 from pcpo_eval.metrics.frechet import FrechetDistanceMetric
@@ -205,7 +213,50 @@ def _settings(
         "lpips_batch": options.lpips_batch,
     }
     settings["versions"] = {"torch": torch.__version__, "python": platform.python_version()}
+    settings["request_fingerprint"] = request_fingerprint(s.root, names, ref.root if ref is not None else None, options)
     return settings
+
+
+def request_fingerprint(
+    image_set: str | Path, metrics: list[str], reference: str | Path | None, options: MetricsOptions
+) -> str:
+    """sha256 of what a run's values depend on besides the networks' files: the metric names, the bytes of
+    the set's (and the reference's) manifest, and the options that change values (IS splits and shuffle
+    seed, extractor, reward and LPIPS-trunk options). Recorded in metrics.json ``settings``, so a caller
+    that keeps a metrics folder (``study``, ``irg-sweep``) can tell whether it is still this request's
+    (:func:`outputs_current`): a set extended, shrunk or re-rendered since has another manifest."""
+    def manifest(root: str | Path | None) -> str | None:
+        path = None if root is None else Path(root) / MANIFEST_FILE
+        return sha256_file(path) if path is not None and path.is_file() else None
+
+    parts = {
+        "metrics": list(metrics),
+        "image_set": manifest(image_set),
+        "reference": manifest(reference),
+        "is": [options.is_splits, options.is_seed],
+        "extractor_options": options.extractor_options,
+        "reward_options": options.reward_options,
+        "lpips_trunk": options.lpips_trunk,
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def outputs_current(
+    out_dir: str | Path,
+    image_set: str | Path,
+    metrics: list[str],
+    reference: str | Path | None = None,
+    options: MetricsOptions | None = None,
+) -> bool:
+    """Whether ``out_dir`` holds a complete metrics folder (its ``metrics.json``) of exactly this request:
+    its recorded :func:`request_fingerprint` equals the one of the files on disk now. A folder written
+    before fingerprints were recorded, or unreadable, is not current (measured again, from the caches)."""
+    try:
+        recorded = json.loads(metrics_path(out_dir).read_text())["settings"]["request_fingerprint"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    options = options or MetricsOptions()
+    return recorded == request_fingerprint(image_set, parse_metrics(metrics), reference, options)
 
 
 def compute_metrics(

@@ -286,7 +286,7 @@ class Study:
     # -- 4. metrics ----------------------------------------------------------------------------
     def stage_metrics(self) -> None:
         from pcpo_eval.metrics.base import METRICS
-        from pcpo_eval.metrics.workers import MetricsOptions, run_metrics
+        from pcpo_eval.metrics.workers import MetricsOptions, outputs_current, run_metrics
         from pcpo_eval.study.results import preference_sets
 
         sp, lay = self.spec, self.layout
@@ -299,15 +299,12 @@ class Study:
         for label, pref, pname, names in jobs:
             out = lay.metrics_dir(label, pref, pname)
             sdir = lay.set_dir(label, pref, pname)
-            fp = _fingerprint([names, sdir / MANIFEST_FILE, None if pref else base / MANIFEST_FILE])
-            done = metrics_path(out)
-            if done.is_file() and json.loads(done.read_text()).get("study_fingerprint") == fp:
+            ref = base if any(METRICS[m].needs_reference for m in names) else None
+            if outputs_current(out, sdir, names, ref, opts):  # same metrics, manifests and IS splits
                 self.log(f"  metrics {out.relative_to(self.out)}: done, skipped")
                 continue
             self.log(f"  metrics {out.relative_to(self.out)} ({', '.join(names)})")
-            needs_ref = any(METRICS[m].needs_reference for m in names)
-            result = run_metrics(sdir, names, out, base if needs_ref else None, opts)
-            atomic_write_json(done, {**result, "study_fingerprint": fp})
+            run_metrics(sdir, names, out, ref, opts)
 
     # -- 5. stats ------------------------------------------------------------------------------
     def stage_stats(self) -> None:

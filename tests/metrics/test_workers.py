@@ -234,3 +234,20 @@ def test_an_interrupted_rewrite_leaves_no_stale_metrics_json(tmp_path, monkeypat
         workers.write_outputs(result(2.0), tmp_path)
     assert pd.read_parquet(per_prompt_path(tmp_path))["m"].tolist() == [2.0]
     assert not metrics_path(tmp_path).exists()  # incomplete, and says so: no stale values
+
+
+def test_outputs_current_tells_a_kept_folder_from_a_stale_one(sets, tmp_path):
+    """``study`` and ``irg-sweep`` keep a metrics folder only while it is this request's: the same metric
+    names, manifests and value-changing options (here IS splits) as the run that wrote it."""
+    from pcpo_eval.metrics.workers import outputs_current
+
+    a, b = sets
+    out = tmp_path / "out"
+    assert not outputs_current(out, a, ["fd_toy", "is_toy"], b, _opts(tmp_path))  # nothing there yet
+    run_metrics(a, "fd_toy,is_toy", out, reference=b, options=_opts(tmp_path, is_splits=2))
+    assert outputs_current(out, a, ["fd_toy", "is_toy"], b, _opts(tmp_path, is_splits=2))
+    assert not outputs_current(out, a, ["fd_toy", "is_toy"], b, _opts(tmp_path, is_splits=3))
+    assert not outputs_current(out, a, ["fd_toy"], b, _opts(tmp_path, is_splits=2))
+    assert not outputs_current(out, a, ["fd_toy", "is_toy"], a, _opts(tmp_path, is_splits=2))
+    make_image_set(a, TOY_PROMPTS, SEEDS[:6])  # the set re-rendered with fewer seeds: another manifest
+    assert not outputs_current(out, a, ["fd_toy", "is_toy"], b, _opts(tmp_path, is_splits=2))
