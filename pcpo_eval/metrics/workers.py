@@ -41,6 +41,7 @@ from pcpo_eval.io import (
     atomic_write,
     atomic_write_json,
     atomic_write_parquet,
+    exclusive,
     remove_stale_temps,
     sha256_file,
 )
@@ -51,7 +52,7 @@ from pcpo_eval.metrics.inception_score import InceptionScoreMetric
 from pcpo_eval.metrics.lpips_diversity import LpipsDiversityMetric
 from pcpo_eval.metrics.metric import EvalData, Metric, MetricValues
 from pcpo_eval.metrics.reward_score import RewardScoreMetric
-from pcpo_eval.metricsdir import metrics_path, per_image_path, per_prompt_path
+from pcpo_eval.metricsdir import lock_path, metrics_path, per_image_path, per_prompt_path
 
 #: catalogue kind -> Metric class (add a kind: one file with its class, one entry here)
 METRIC_CLASSES: dict[str, type[Metric]] = {
@@ -306,14 +307,18 @@ def compute_metrics(
 def write_outputs(result: MetricsResult, out_dir: str | Path) -> None:
     """Rank 0 writes the Parquet tables, then ``metrics.json`` (each atomically). A ``metrics.json``
     already there is removed first: a folder with one is complete (:mod:`pcpo_eval.metricsdir`), so
-    an interrupted rewrite must not leave new tables beside the old values."""
+    an interrupted rewrite must not leave new tables beside the old values. The three writes hold the
+    folder's lock (:func:`pcpo_eval.io.exclusive`): two runs into one ``--out`` (other sets, other
+    metrics) take turns, so the folder ends as one run's files, never one's tables beside the other's
+    ``metrics.json``."""
     if not dist.is_main():
         return
     out = Path(out_dir)
-    metrics_path(out).unlink(missing_ok=True)
-    atomic_write_parquet(per_prompt_path(out), result.per_prompt)
-    atomic_write_parquet(per_image_path(out), result.per_image)
-    atomic_write_json(metrics_path(out), result.as_json())
+    with exclusive(lock_path(out)):
+        metrics_path(out).unlink(missing_ok=True)
+        atomic_write_parquet(per_prompt_path(out), result.per_prompt)
+        atomic_write_parquet(per_image_path(out), result.per_image)
+        atomic_write_json(metrics_path(out), result.as_json())
 
 
 def check_out_dir(out_dir: str | Path) -> None:
