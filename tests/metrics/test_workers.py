@@ -283,3 +283,20 @@ def test_two_runs_writing_one_folder_leave_one_runs_files(tmp_path, monkeypatch)
               float(pd.read_parquet(per_prompt_path(tmp_path))["m"].iloc[0]),
               float(pd.read_parquet(per_image_path(tmp_path))["m"].iloc[0])}
     assert values == {2.0}, values  # the later run's files, all three
+
+
+def test_reward_weights_replaced_at_the_same_path_are_scored_again(sets, tmp_path, monkeypatch):
+    """A preference reward records its weights by path: new weights written over the old file (same path,
+    same options) must not be answered from the scores the old weights cached."""
+    import os
+
+    monkeypatch.setitem(rewards.REGISTRY, "hps", "tests.support.metrics:file_reward")
+    a, _ = sets
+    weights = tmp_path / "weights.txt"
+    weights.write_text("1.0")
+    opts = _opts(tmp_path, reward_options={"hps": {"weights": str(weights)}})
+    assert compute_metrics(a, "hps", options=opts).metrics["hps"] == 1.0
+    weights.write_text("2.5")
+    st = weights.stat()
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # a later write, however coarse the clock
+    assert compute_metrics(a, "hps", options=opts).metrics["hps"] == 2.5
