@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import threading
 from collections.abc import Sequence
@@ -75,8 +76,13 @@ class ImageSet:
 
     @classmethod
     def load(cls, root: str | Path) -> ImageSet:
-        """Open ``root/manifest.parquet`` and validate it (no image is decoded except the first)."""
+        """Open ``root/manifest.parquet`` and validate it (no image is decoded except the first).
+
+        A set whose ``set.json`` says ``rendering`` is refused (:func:`check_finished`): a ``generate``
+        run is working on it or was interrupted, so its manifest is not the set that run asked for.
+        """
         root = Path(root)
+        check_finished(root)
         path = root / MANIFEST_FILE
         if not path.is_file():
             raise UserError(
@@ -228,6 +234,31 @@ class ImageSet:
 
         parallel_map(fill, list(range(len(rows))))
         return torch.from_numpy(out)
+
+
+def set_status(root: Path) -> str | None:
+    """``status`` of ``root/set.json`` (``rendering`` or ``complete``); None when there is no readable
+    generate record (a hand-made set: its manifest is its only description)."""
+    try:
+        status = json.loads((root / SET_FILE).read_text()).get("status")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return status if isinstance(status, str) else None
+
+
+def check_finished(root: Path) -> None:
+    """UserError if ``root/set.json`` records ``status: rendering`` (:func:`set_status`).
+
+    ``generate`` writes ``rendering`` before it touches the folder and ``complete`` with the manifest it
+    leaves; in between (running, or killed) the images on disk and the manifest disagree: a resumed set's
+    old manifest lists fewer (or other) images than the run was asked for, and metrics on it would be
+    numbers of a set nobody asked for.
+    """
+    if set_status(root) == "rendering":
+        raise UserError(
+            f"{root} is an unfinished image set ({root / SET_FILE} says status 'rendering': a `pcpo-eval generate` "
+            "run is still working on it or was interrupted); wait for it, or re-run that generate command to finish it"
+        )
 
 
 def check_same_prompts(a: ImageSet, b: ImageSet, what: str = "reference") -> None:

@@ -156,6 +156,23 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb") -> Iterator[Any]:
 
 
 @contextlib.contextmanager
+def exclusive(path: str | os.PathLike) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created if absent) for the block, waiting for any other
+    holder: writers of a group of files that must stay one write's (a metrics folder's tables and
+    ``metrics.json``) take turns instead of interleaving. No-op where ``flock`` does not exist."""
+    if os.name != "posix":
+        yield
+        return
+    import fcntl
+
+    path = Path(path)
+    ensure_dir(path.parent, "folder")
+    with open(path, "a+b") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)  # released when the file is closed
+        yield
+
+
+@contextlib.contextmanager
 def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     """Yield an empty temporary folder next to ``path``; on success it replaces ``path`` whole.
 

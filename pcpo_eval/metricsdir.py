@@ -6,6 +6,7 @@
     OUT/per_image.parquet    one row per image (the per-image columns, e.g. reward scores)
     OUT/metrics.json         {"metrics": {name: value}, "settings": {...}}; written last, so a folder
                              with it is complete
+    OUT/.metrics.lock        flock held while the three are written (two runs into one folder take turns)
 
 Written by :func:`pcpo_eval.metrics.workers.write_outputs`; read by ``study`` (the metrics stage's
 skip check, the results tables: ``STUDY/metrics/<label>`` is one such folder) and ``irg-sweep``
@@ -24,6 +25,8 @@ METRICS_FILE = "metrics.json"
 PER_PROMPT_FILE = "per_prompt.parquet"
 #: one row per image
 PER_IMAGE_FILE = "per_image.parquet"
+#: held (``flock``) while a run writes the three files above, so two runs' files never mix
+LOCK_FILE = ".metrics.lock"
 
 
 def metrics_path(out_dir: str | Path) -> Path:
@@ -39,3 +42,8 @@ def per_prompt_path(out_dir: str | Path) -> Path:
 def per_image_path(out_dir: str | Path) -> Path:
     """``OUT/per_image.parquet``."""
     return Path(out_dir) / PER_IMAGE_FILE
+
+
+def lock_path(out_dir: str | Path) -> Path:
+    """``OUT/.metrics.lock``."""
+    return Path(out_dir) / LOCK_FILE

@@ -223,12 +223,20 @@ def flush_records(path: Path, records: list[dict[str, Any]]) -> None:
 def begin_set(out: Path, settings: GenerationSettings, run_info: dict[str, Any]) -> None:
     """Rank 0, before rendering: create ``out``, drop stale temp files, write a ``rendering`` set.json.
 
-    An existing set.json (a resumed set; :func:`check_out_dir` made sure its settings match) is kept.
+    An existing set.json (a resumed set; :func:`check_out_dir` made sure its settings match) keeps its
+    settings and run record but is marked ``rendering`` too: until :func:`write_manifest` marks it
+    ``complete`` again, its manifest is the previous run's, not this request's, and ``metrics`` refuses it
+    (:func:`pcpo_eval.imageset.check_finished`) instead of measuring the old images as if they were the set.
     """
     out.mkdir(parents=True, exist_ok=True)
     remove_stale_tmp(out)
-    if not (out / SET_FILE).exists():
-        atomic_write_json(out / SET_FILE, {"status": "rendering", "settings": asdict(settings), "run": run_info})
+    path = out / SET_FILE
+    if not path.exists():
+        atomic_write_json(path, {"status": "rendering", "settings": asdict(settings), "run": run_info})
+        return
+    record = json.loads(path.read_text())  # check_out_dir read it: a mapping with settings
+    if record.get("status") != "rendering":
+        atomic_write_json(path, {**record, "status": "rendering"})
 
 
 def discard_empty_set(out: Path, remove_dir: bool) -> bool:

@@ -98,12 +98,22 @@ class FeatureCache:
             by_chunk.setdefault(path, []).append((pos, i))
         out: dict[str, np.ndarray] = {}
         for path, pairs in by_chunk.items():
-            with np.load(path) as z:
-                for name in names:
-                    arr = z[name]
-                    if name not in out:
-                        out[name] = np.empty((len(keys), *arr.shape[1:]), dtype=arr.dtype)
-                    pos = np.fromiter((p for p, _ in pairs), dtype=np.int64)
-                    src = np.fromiter((i for _, i in pairs), dtype=np.int64)
-                    out[name][pos] = arr[src]
+            pos = np.fromiter((p for p, _ in pairs), dtype=np.int64)
+            src = np.fromiter((i for _, i in pairs), dtype=np.int64)
+            for name, arr in self._read_chunk(path, names).items():
+                if name not in out:
+                    out[name] = np.empty((len(keys), *arr.shape[1:]), dtype=arr.dtype)
+                out[name][pos] = arr[src]
         return out
+
+    def _read_chunk(self, path: Path, names: list[str]) -> dict[str, np.ndarray]:
+        """The arrays ``names`` of one chunk. A chunk whose keys read but whose arrays do not (bytes
+        damaged on disk after the atomic write: a bad CRC) is one UserError naming it, with the repair."""
+        try:
+            with np.load(path) as z:
+                return {name: z[name] for name in names}
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
+            raise UserError(
+                f"feature cache chunk {path} is damaged ({type(exc).__name__}: {exc}); delete it and re-run "
+                "to compute its images again"
+            ) from exc

@@ -9,6 +9,7 @@ on every rank: the shared cache is their cross-process reduction.
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -250,6 +251,35 @@ def reward_settings(name: str, fn: Any, options: dict[str, Any]) -> dict[str, An
     return {"reward": name, **(info if isinstance(info, dict) else {}), **options}
 
 
+def path_identity(value: Any) -> list[Any] | None:
+    """``[size, mtime_ns]`` of the file a settings value names, or ``[[relative name, size, mtime_ns], ...]``
+    of the files under the folder it names; None when it names no existing path.
+
+    A reward records its weights by path (``settings["weights"]``): this stat identity (the one
+    :mod:`pcpo_eval.imageset` trusts for checked images) tells new weights written over the old ones
+    at that path, without hashing gigabytes per run."""
+    if not isinstance(value, str | os.PathLike) or not str(value):
+        return None
+    try:
+        path = Path(value)
+        if path.is_file():
+            st = path.stat()
+            return [st.st_size, st.st_mtime_ns]
+        if path.is_dir():
+            files = sorted(p for p in path.rglob("*") if p.is_file())
+            return [[str(p.relative_to(path)), p.stat().st_size, p.stat().st_mtime_ns] for p in files]
+    except (OSError, ValueError):  # a name too long, or not a path at all
+        return None
+    return None
+
+
+def reward_cache_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """The reward cache's key: ``settings`` (:func:`reward_settings`) as text, plus the
+    :func:`path_identity` of every value that names a file or folder (``files``)."""
+    files = {str(v): ident for v in settings.values() if (ident := path_identity(v)) is not None}
+    return {**{k: str(v) for k, v in settings.items()}, "files": files}
+
+
 def score_set(
     image_set: ImageSet,
     fn: Any,
@@ -259,13 +289,12 @@ def score_set(
 ) -> np.ndarray:
     """Per-image scores of reward ``fn`` (float32, manifest order) through a cache keyed by image + prompt.
 
-    ``settings`` (:func:`reward_settings`) key the cache: other weights, other directory.
+    ``settings`` (:func:`reward_settings`) key the cache with the identity of the files they name
+    (:func:`reward_cache_settings`): other weights, or new weights at the same path, other directory.
     """
     report = report if report is not None else ExtractionReport()
     cache = FeatureCache(
-        cache_root(image_set, options) / "rewards",
-        str(settings["reward"]),
-        {k: str(v) for k, v in settings.items()},
+        cache_root(image_set, options) / "rewards", str(settings["reward"]), reward_cache_settings(settings)
     )
     prompts = image_set.manifest["prompt"].astype(str).tolist()
 

@@ -22,6 +22,8 @@ Metric names: the catalogue :data:`pcpo_eval.metrics.base.METRICS` (``fid``, ``f
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import platform
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,8 +36,15 @@ import torch
 from pcpo_eval import dist
 from pcpo_eval.errors import UserError
 from pcpo_eval.features import FeatureExtractor, make_extractor
-from pcpo_eval.imageset import ImageSet, check_min_images, check_same_prompts
-from pcpo_eval.io import atomic_write, atomic_write_json, atomic_write_parquet, remove_stale_temps
+from pcpo_eval.imageset import MANIFEST_FILE, ImageSet, check_min_images, check_same_prompts
+from pcpo_eval.io import (
+    atomic_write,
+    atomic_write_json,
+    atomic_write_parquet,
+    exclusive,
+    remove_stale_temps,
+    sha256_file,
+)
 from pcpo_eval.metrics.base import METRICS
 from pcpo_eval.metrics.extract import ExtractionReport, MetricsOptions, cache_root, extract_set, extract_sets
 from pcpo_eval.metrics.frechet import FrechetDistanceMetric
@@ -43,7 +52,7 @@ from pcpo_eval.metrics.inception_score import InceptionScoreMetric
 from pcpo_eval.metrics.lpips_diversity import LpipsDiversityMetric
 from pcpo_eval.metrics.metric import EvalData, Metric, MetricValues
 from pcpo_eval.metrics.reward_score import RewardScoreMetric
-from pcpo_eval.metricsdir import metrics_path, per_image_path, per_prompt_path
+from pcpo_eval.metricsdir import lock_path, metrics_path, per_image_path, per_prompt_path
 
 #: catalogue kind -> Metric class (add a kind: one file with its class, one entry here)
 METRIC_CLASSES: dict[str, type[Metric]] = {
@@ -205,7 +214,50 @@ def _settings(
         "lpips_batch": options.lpips_batch,
     }
     settings["versions"] = {"torch": torch.__version__, "python": platform.python_version()}
+    settings["request_fingerprint"] = request_fingerprint(s.root, names, ref.root if ref is not None else None, options)
     return settings
+
+
+def request_fingerprint(
+    image_set: str | Path, metrics: list[str], reference: str | Path | None, options: MetricsOptions
+) -> str:
+    """sha256 of what a run's values depend on besides the networks' files: the metric names, the bytes of
+    the set's (and the reference's) manifest, and the options that change values (IS splits and shuffle
+    seed, extractor, reward and LPIPS-trunk options). Recorded in metrics.json ``settings``, so a caller
+    that keeps a metrics folder (``study``, ``irg-sweep``) can tell whether it is still this request's
+    (:func:`outputs_current`): a set extended, shrunk or re-rendered since has another manifest."""
+    def manifest(root: str | Path | None) -> str | None:
+        path = None if root is None else Path(root) / MANIFEST_FILE
+        return sha256_file(path) if path is not None and path.is_file() else None
+
+    parts = {
+        "metrics": list(metrics),
+        "image_set": manifest(image_set),
+        "reference": manifest(reference),
+        "is": [options.is_splits, options.is_seed],
+        "extractor_options": options.extractor_options,
+        "reward_options": options.reward_options,
+        "lpips_trunk": options.lpips_trunk,
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def outputs_current(
+    out_dir: str | Path,
+    image_set: str | Path,
+    metrics: list[str],
+    reference: str | Path | None = None,
+    options: MetricsOptions | None = None,
+) -> bool:
+    """Whether ``out_dir`` holds a complete metrics folder (its ``metrics.json``) of exactly this request:
+    its recorded :func:`request_fingerprint` equals the one of the files on disk now. A folder written
+    before fingerprints were recorded, or unreadable, is not current (measured again, from the caches)."""
+    try:
+        recorded = json.loads(metrics_path(out_dir).read_text())["settings"]["request_fingerprint"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    options = options or MetricsOptions()
+    return recorded == request_fingerprint(image_set, parse_metrics(metrics), reference, options)
 
 
 def compute_metrics(
@@ -255,14 +307,18 @@ def compute_metrics(
 def write_outputs(result: MetricsResult, out_dir: str | Path) -> None:
     """Rank 0 writes the Parquet tables, then ``metrics.json`` (each atomically). A ``metrics.json``
     already there is removed first: a folder with one is complete (:mod:`pcpo_eval.metricsdir`), so
-    an interrupted rewrite must not leave new tables beside the old values."""
+    an interrupted rewrite must not leave new tables beside the old values. The three writes hold the
+    folder's lock (:func:`pcpo_eval.io.exclusive`): two runs into one ``--out`` (other sets, other
+    metrics) take turns, so the folder ends as one run's files, never one's tables beside the other's
+    ``metrics.json``."""
     if not dist.is_main():
         return
     out = Path(out_dir)
-    metrics_path(out).unlink(missing_ok=True)
-    atomic_write_parquet(per_prompt_path(out), result.per_prompt)
-    atomic_write_parquet(per_image_path(out), result.per_image)
-    atomic_write_json(metrics_path(out), result.as_json())
+    with exclusive(lock_path(out)):
+        metrics_path(out).unlink(missing_ok=True)
+        atomic_write_parquet(per_prompt_path(out), result.per_prompt)
+        atomic_write_parquet(per_image_path(out), result.per_image)
+        atomic_write_json(metrics_path(out), result.as_json())
 
 
 def check_out_dir(out_dir: str | Path) -> None:

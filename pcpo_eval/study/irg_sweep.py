@@ -21,7 +21,8 @@ extrapolates the learned reward). A sweep spec (YAML, e.g. ``analysis/irg/toy_ir
 
 :func:`run_sweep` renders ``OUT/sets/reference`` (only when a metric needs a reference) and
 ``OUT/sets/point_NN`` for each point (resumable: :func:`~pcpo_eval.generate.runner.generate_set`),
-measures each into ``OUT/metrics/point_NN`` (kept when present), and writes ``OUT/sweep.parquet``
+measures each into ``OUT/metrics/point_NN`` (kept while it is the same request: same metrics, same
+manifests; :func:`~pcpo_eval.metrics.workers.outputs_current`), and writes ``OUT/sweep.parquet``
 (one row per point: the weights and every metric), ``OUT/sweep.json`` (the spec and the rows) and ``OUT/tradeoff.png``.
 """
 
@@ -164,13 +165,12 @@ def _render(spec: IRGSweepSpec, model: str, out: Path) -> None:
 
 def _measure(spec: IRGSweepSpec, images: Path, out: Path, reference: Path | None) -> dict[str, float]:
     from pcpo_eval.metrics.extract import MetricsOptions
-    from pcpo_eval.metrics.workers import run_metrics
+    from pcpo_eval.metrics.workers import outputs_current, run_metrics
 
-    done = metrics_path(out)
-    if not done.is_file() or not set(spec.metrics) <= set(json.loads(done.read_text())["metrics"]):
-        run_metrics(images, list(spec.metrics), out, reference=reference,
-                    options=MetricsOptions(batch_size=spec.batch_size, device=spec.device))
-    return {m: float(v) for m, v in json.loads(done.read_text())["metrics"].items()}
+    options = MetricsOptions(batch_size=spec.batch_size, device=spec.device)
+    if not outputs_current(out, images, list(spec.metrics), reference, options):  # e.g. seeds changed since
+        run_metrics(images, list(spec.metrics), out, reference=reference, options=options)
+    return {m: float(v) for m, v in json.loads(metrics_path(out).read_text())["metrics"].items()}
 
 
 def run_sweep(spec: IRGSweepSpec, out: str | Path, log: Callable[[str], None] = print) -> pd.DataFrame:

@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from pcpo_eval.errors import UserError
-from pcpo_eval.imageset import MANIFEST_FILE, SET_FILE
+from pcpo_eval.imageset import MANIFEST_FILE, SET_FILE, set_status
 from pcpo_eval.io import (
     TEMP_NAME,
     atomic_write_json,
@@ -298,7 +298,7 @@ class Study:
     # -- 4. metrics ----------------------------------------------------------------------------
     def stage_metrics(self) -> None:
         from pcpo_eval.metrics.base import METRICS
-        from pcpo_eval.metrics.workers import MetricsOptions, run_metrics
+        from pcpo_eval.metrics.workers import MetricsOptions, outputs_current, run_metrics
         from pcpo_eval.study.results import preference_sets
 
         sp, lay = self.spec, self.layout
@@ -311,16 +311,12 @@ class Study:
         for label, pref, pname, names in jobs:
             out = lay.metrics_dir(label, pref, pname)
             sdir = lay.set_dir(label, pref, pname)
-            fp = _fingerprint([names, sdir / MANIFEST_FILE, None if pref else base / MANIFEST_FILE,
-                               *_metric_options(names, sp.is_splits)])
-            done = metrics_path(out)
-            if done.is_file() and json.loads(done.read_text()).get("study_fingerprint") == fp:
+            ref = base if any(METRICS[m].needs_reference for m in names) else None
+            if outputs_current(out, sdir, names, ref, opts):  # same metrics, manifests and IS splits
                 self.log(f"  metrics {out.relative_to(self.out)}: done, skipped")
                 continue
             self.log(f"  metrics {out.relative_to(self.out)} ({', '.join(names)})")
-            needs_ref = any(METRICS[m].needs_reference for m in names)
-            result = run_metrics(sdir, names, out, base if needs_ref else None, opts)
-            atomic_write_json(done, {**result, "study_fingerprint": fp})
+            run_metrics(sdir, names, out, ref, opts)
 
     # -- 5. stats ------------------------------------------------------------------------------
     def stage_stats(self) -> None:
@@ -351,14 +347,6 @@ class Study:
             return
         write_report(self.out, self.layout.report_file)
         self._mark("report", fp, 0.0)
-
-
-def _metric_options(names: Sequence[str], is_splits: int) -> list[dict[str, int]]:
-    """The metric options that change a set's values, for its metrics fingerprint: ``is_splits`` when an
-    Inception-Score-kind metric is measured (nothing otherwise, so other metrics are not re-measured)."""
-    from pcpo_eval.metrics.base import METRICS
-
-    return [{"is_splits": int(is_splits)}] if any(m in METRICS and METRICS[m].kind == "is" for m in names) else []
 
 
 #: ``study_state.json`` key of the image sets' fingerprints (:func:`_set_identity`)
@@ -421,9 +409,10 @@ def _same_number(a: Any, b: Any) -> bool:
 
 
 def _set_complete(out: Path, n_expected: int | None) -> bool:
-    """A set is complete when its manifest lists the expected number of images."""
+    """A set is complete when generate finished it (set.json not ``rendering``: a resumed run that was
+    interrupted leaves the previous manifest) and its manifest lists the expected number of images."""
     man = out / MANIFEST_FILE
-    if not man.is_file() or not (out / SET_FILE).is_file():
+    if not man.is_file() or not (out / SET_FILE).is_file() or set_status(out) == "rendering":
         return False
     if n_expected is None:
         return True

@@ -117,6 +117,33 @@ def test_generate_error_keeps_the_set_json_of_a_partial_set(cli, box, monkeypatc
     assert calls and json.loads((out / "set.json").read_text())["status"] == "rendering"
 
 
+def test_metrics_refuse_a_set_whose_resume_was_interrupted(cli, box, monkeypatch):
+    """Extending a complete set keeps its old manifest until the run ends: killed in between, the folder
+    must not pass for a finished set (metrics of the old images, as if they were the extended set)."""
+    import pcpo_eval.generate.runner as runner
+    from pcpo_eval.errors import UserError
+
+    out, m = box / "set", box / "m"
+    more = [*GEN[:-5], "--seeds", "3", *GEN[-3:]]  # the same set, one seed more
+    assert cli("generate", *GEN, "--out", out).returncode == 0
+    assert cli("metrics", out, "--metrics", "lpips_toy", "--out", m).returncode == 0
+
+    def fail(*a, **k):
+        raise UserError("simulated failure in the sampler")
+
+    monkeypatch.setattr(runner, "render_latents", fail)
+    res = cli("generate", *more, "--out", out)
+    assert res.returncode == 2 and "simulated failure" in res.stderr
+    assert json.loads((out / "set.json").read_text())["status"] == "rendering"
+    rejected(cli, box, "metrics", out, "--metrics", "lpips_toy", "--out", m,
+             needles=["unfinished image set", "status 'rendering'", "re-run that generate command"])
+    monkeypatch.undo()
+    assert cli("generate", *more, "--out", out).returncode == 0
+    assert json.loads((out / "set.json").read_text())["status"] == "complete"
+    res = cli("metrics", out, "--metrics", "lpips_toy", "--out", m, "--json")
+    assert res.returncode == 0 and json.loads(res.stdout)["settings"]["n_images"] == 6
+
+
 # ---- 2. import refuses truncated weights, non-finite rewards, corrupt logs, unknown models ----
 
 def _dance_run(root: Path, base: Path) -> Path:

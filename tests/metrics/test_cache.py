@@ -121,3 +121,23 @@ def test_torchrun_two_processes_equal_one(tmp_path, monkeypatch, one_thread) -> 
     # the same batches were computed (dealt to two ranks instead of one)
     chunks = sorted(p.name for p in (tmp_path / "c2").glob("features/toy-*/chunk-*.npz"))
     assert chunks == sorted(p.name for p in (tmp_path / "c1").glob("features/toy-*/chunk-*.npz"))
+
+
+def test_a_damaged_chunk_is_one_error_line_then_recomputed(tmp_path) -> None:
+    """Bytes damaged inside a chunk's array (its keys still read): one UserError naming the chunk, not a
+    traceback; deleting it as the message says recomputes the same features."""
+    from pcpo_eval.errors import UserError
+
+    s = ImageSet.load(make_image_set(tmp_path / "a", TOY_PROMPTS, list(range(4))))
+    opts = MetricsOptions(batch_size=4, cache_dir=tmp_path / "c")
+    ext = make_extractor("toy", classifier=StandInToyClassifier(0))
+    want = extract_set(s, ext, opts)["features"]
+    chunk = sorted((tmp_path / "c").glob("features/toy-*/chunk-*.npz"))[0]
+    data = bytearray(chunk.read_bytes())
+    at = data.index(b"features.npy") + 200  # inside the features member's data
+    data[at:at + 8] = bytes(8)
+    chunk.write_bytes(bytes(data))
+    with pytest.raises(UserError, match=f"feature cache chunk {chunk} is damaged.*delete it"):
+        extract_set(s, ext, opts)
+    chunk.unlink()
+    np.testing.assert_array_equal(extract_set(s, ext, opts)["features"], want)

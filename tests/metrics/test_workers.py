@@ -234,3 +234,69 @@ def test_an_interrupted_rewrite_leaves_no_stale_metrics_json(tmp_path, monkeypat
         workers.write_outputs(result(2.0), tmp_path)
     assert pd.read_parquet(per_prompt_path(tmp_path))["m"].tolist() == [2.0]
     assert not metrics_path(tmp_path).exists()  # incomplete, and says so: no stale values
+
+
+def test_outputs_current_tells_a_kept_folder_from_a_stale_one(sets, tmp_path):
+    """``study`` and ``irg-sweep`` keep a metrics folder only while it is this request's: the same metric
+    names, manifests and value-changing options (here IS splits) as the run that wrote it."""
+    from pcpo_eval.metrics.workers import outputs_current
+
+    a, b = sets
+    out = tmp_path / "out"
+    assert not outputs_current(out, a, ["fd_toy", "is_toy"], b, _opts(tmp_path))  # nothing there yet
+    run_metrics(a, "fd_toy,is_toy", out, reference=b, options=_opts(tmp_path, is_splits=2))
+    assert outputs_current(out, a, ["fd_toy", "is_toy"], b, _opts(tmp_path, is_splits=2))
+    assert not outputs_current(out, a, ["fd_toy", "is_toy"], b, _opts(tmp_path, is_splits=3))
+    assert not outputs_current(out, a, ["fd_toy"], b, _opts(tmp_path, is_splits=2))
+    assert not outputs_current(out, a, ["fd_toy", "is_toy"], a, _opts(tmp_path, is_splits=2))
+    make_image_set(a, TOY_PROMPTS, SEEDS[:6])  # the set re-rendered with fewer seeds: another manifest
+    assert not outputs_current(out, a, ["fd_toy", "is_toy"], b, _opts(tmp_path, is_splits=2))
+
+
+def test_two_runs_writing_one_folder_leave_one_runs_files(tmp_path, monkeypatch):
+    """Two ``metrics`` runs into one ``--out`` (say, two sets): when the second writes while the first is
+    between its tables, the folder must end as one run's three files, not one run's per-prompt table
+    beside the other's metrics.json (each file alone is atomic; the group was not)."""
+    import threading
+
+    import pcpo_eval.metrics.workers as workers
+    from pcpo_eval.metricsdir import metrics_path, per_image_path, per_prompt_path
+
+    def result(v: float) -> workers.MetricsResult:
+        return workers.MetricsResult({"m": v}, {"image_set": str(v)}, pd.DataFrame({"prompt_id": [0], "m": [v]}),
+                                     pd.DataFrame({"prompt_id": [0], "seed": [0], "m": [v]}))
+
+    real, other = workers.atomic_write_parquet, []
+
+    def second_run_writes_meanwhile(path, df):
+        if path == per_image_path(tmp_path) and not other:  # the first run, between its two tables
+            other.append(threading.Thread(target=workers.write_outputs, args=(result(2.0), tmp_path)))
+            other[0].start()
+            other[0].join(timeout=1.0)  # unlocked, the whole second write happens here
+        real(path, df)
+
+    monkeypatch.setattr(workers, "atomic_write_parquet", second_run_writes_meanwhile)
+    workers.write_outputs(result(1.0), tmp_path)
+    other[0].join(timeout=30)
+    assert not other[0].is_alive()
+    values = {json.loads(metrics_path(tmp_path).read_text())["metrics"]["m"],
+              float(pd.read_parquet(per_prompt_path(tmp_path))["m"].iloc[0]),
+              float(pd.read_parquet(per_image_path(tmp_path))["m"].iloc[0])}
+    assert values == {2.0}, values  # the later run's files, all three
+
+
+def test_reward_weights_replaced_at_the_same_path_are_scored_again(sets, tmp_path, monkeypatch):
+    """A preference reward records its weights by path: new weights written over the old file (same path,
+    same options) must not be answered from the scores the old weights cached."""
+    import os
+
+    monkeypatch.setitem(rewards.REGISTRY, "hps", "tests.support.metrics:file_reward")
+    a, _ = sets
+    weights = tmp_path / "weights.txt"
+    weights.write_text("1.0")
+    opts = _opts(tmp_path, reward_options={"hps": {"weights": str(weights)}})
+    assert compute_metrics(a, "hps", options=opts).metrics["hps"] == 1.0
+    weights.write_text("2.5")
+    st = weights.stat()
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # a later write, however coarse the clock
+    assert compute_metrics(a, "hps", options=opts).metrics["hps"] == 2.5

@@ -80,6 +80,23 @@ def test_sweep_interpolates_between_reference_and_checkpoint(checkpoint, tmp_pat
     assert (out / "metrics" / "point_01" / "metrics.json").stat().st_mtime_ns == before
 
 
+def test_a_rerun_with_other_seeds_measures_the_sets_again(tmp_path):
+    """The sets follow the sweep file (generate rewrites a point's manifest to the seeds asked for), so the
+    metrics kept from the last run must follow too: not the old seeds' values beside the new sets."""
+    from pcpo_eval.metrics.workers import compute_metrics
+    from pcpo_eval.study.irg_sweep import load_sweep, run_sweep
+
+    spec_file, out = tmp_path / "sweep.yaml", tmp_path / "out"
+    first = {"name": "t", "reference": "toy", "checkpoints": {"ck": "toy"}, "lambdas": [[1.5]],
+             "metrics": ["fd_toy", "lpips_toy"], **SMALL, "max_prompts": 2, "steps": 2, "seeds": 3}
+    for seeds in (3, 2):
+        spec_file.write_text(yaml.safe_dump({**first, "seeds": seeds}))
+        table = run_sweep(load_sweep(spec_file), out, log=lambda s: None)
+        fresh = compute_metrics(out / "sets" / "point_00", ["fd_toy", "lpips_toy"], out / "sets" / "reference")
+        assert len(pd.read_parquet(out / "sets" / "point_00" / "manifest.parquet")) == 2 * seeds
+        assert table["lpips_toy"].iloc[0] == pytest.approx(fresh.metrics["lpips_toy"], rel=1e-9)
+
+
 def test_shipped_sweep_files_validate():
     from pcpo_eval.study.irg_sweep import load_sweep
 

@@ -138,3 +138,15 @@ def fake_reward(**options: object) -> Callable[[torch.Tensor, list[str]], torch.
         return images.float().mean(dim=(1, 2, 3)) / 255.0 + torch.tensor([len(p) / 100 for p in prompts])
 
     return fn
+
+
+def file_reward(weights: str, **options: object) -> Callable[[torch.Tensor, list[str]], torch.Tensor]:
+    """A reward whose "weights" file holds the score of every image; records the path the way the
+    preference rewards do (``settings["weights"]``), not the file's content."""
+    value = float(Path(weights).read_text())
+
+    def fn(images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+        return torch.full((images.shape[0],), value)
+
+    fn.settings = {"model": "file reward", "weights": str(weights)}  # type: ignore[attr-defined]
+    return fn

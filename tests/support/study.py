@@ -159,7 +159,11 @@ class Fakes:
                 pp[m] = pi.groupby("prompt_id")[m].mean().reindex(pids).to_numpy()
             pi.to_parquet(out / "per_image.parquet", index=False)
             pp.to_parquet(out / "per_prompt.parquet", index=False)
-        res = {"metrics": {m: float(pp[m].mean()) for m in metrics}, "settings": {"metrics": list(metrics)}}
+        from pcpo_eval.metrics.workers import MetricsOptions, request_fingerprint
+
+        fp = request_fingerprint(sdir, list(metrics), reference, options or MetricsOptions())  # as the real one
+        res = {"metrics": {m: float(pp[m].mean()) for m in metrics},
+               "settings": {"metrics": list(metrics), "request_fingerprint": fp}}
         (out / "metrics.json").write_text(json.dumps(res))
         return res
 
