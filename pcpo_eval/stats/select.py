@@ -11,13 +11,18 @@ For each run directory (``RUN/log.parquet`` + ``RUN/checkpoints/epoch_XXXX/check
   every ``validation_every`` epochs by the trainer), smoothed over the trailing ``window``
   validation points; only checkpoints saved at a validation epoch are candidates (Flow-GRPO
   judges its runs on held-out prompts, paper l.1299-1302);
-* matched checkpoint: the first saved checkpoint (in epoch order) whose reward reaches the target;
-  if none does, the checkpoint whose reward is nearest to it (``reached = False``); the gap is
-  ``reward - target``;
+* matched checkpoint: the first saved checkpoint (in epoch order) whose reward reaches the target
+  over a *full* window (``full_window``: from the ``window``-th logged epoch, or validation point,
+  on), the rule :mod:`pcpo_eval.stats.speedup` counts epochs to a target by, so a run's matched
+  checkpoint is where its time to target ends. A checkpoint before a full window carries the
+  average of what is logged so far (shown, as on the curves) but never "reaches": a single noisy
+  first epoch is not a 5-epoch average (an untrained or frozen policy would otherwise be matched at
+  epoch 1 whenever its first epoch's noise crosses the target). If none reaches, the checkpoint
+  whose reward is nearest to it (``reached = False``); the gap is ``reward - target``;
 * bracketing: given a reference checkpoint (PCPO) with reward r*, each other run's ``above`` is
-  its first saved checkpoint with reward >= r* and ``below`` the saved checkpoint just before it
-  (so reward < r*); a run that never reaches r* has ``below`` = its last checkpoint and no
-  ``above``; one that starts above r* has no ``below``.
+  its first saved full-window checkpoint with reward >= r* and ``below`` the saved checkpoint just
+  before it; a run that never reaches r* has ``below`` = its last checkpoint and no ``above``; one
+  whose first full-window checkpoint is its first checkpoint and already reaches r* has no ``below``.
 """
 
 from __future__ import annotations
@@ -48,6 +53,9 @@ class RunCheckpoint:
     path: str
     reward: float
     reward_raw: float
+    #: the smoothed reward averages a full window (may count as reaching a target); False for the
+    #: first ``window - 1`` logged epochs (validation points), whose average is partial
+    full_window: bool = True
 
 
 @dataclass(frozen=True)
@@ -142,11 +150,18 @@ def _eval_checkpoints(run: Path, dirs: list[tuple[int, Path]], window: int) -> t
     epochs = val["epoch"].astype(int).to_numpy()
     sm = dict(zip(epochs, moving_average(val[col].to_numpy(np.float64), window), strict=True))
     rw = dict(zip(epochs, val[col].astype(float), strict=True))
-    out = [RunCheckpoint(str(run), ep, str(d), float(sm[ep]), float(rw[ep])) for ep, d in dirs if ep in sm]
+    full = _full_windows(epochs, window)
+    out = [RunCheckpoint(str(run), ep, str(d), float(sm[ep]), float(rw[ep]), full[ep]) for ep, d in dirs if ep in sm]
     if not out:
         raise UserError(f"run {run}: no checkpoint was saved at a validation epoch ({', '.join(map(str, epochs))}); "
                         "make checkpoint_every divide validation_every")
     return out, f"log.parquet {col} (moving average over {window} validation points)"
+
+
+def _full_windows(epochs: Sequence[int] | np.ndarray, window: int) -> dict[int, bool]:
+    """Epoch -> whether its trailing mean covers a full ``window`` of logged values (the ``window``-th
+    logged value on: :func:`pcpo_eval.stats.speedup.full_window_average`'s rule)."""
+    return {int(ep): i >= window - 1 for i, ep in enumerate(epochs)}
 
 
 def _check_finite_rewards(run: Path, log: pd.DataFrame) -> None:
@@ -193,13 +208,14 @@ def run_checkpoints(run_dir: str | Path, window: int = 5, on: str = "train") -> 
             zip(log["epoch"].astype(int), moving_average(log["reward_mean"].to_numpy(), window), strict=True)
         )
         rw = dict(zip(log["epoch"].astype(int), log["reward_mean"].astype(float), strict=True))
-        source = f"log.parquet (moving average, window {window})"
+        full = _full_windows(log["epoch"].astype(int).to_numpy(), window)
+        source = f"log.parquet (moving average, window {window}; a target is reached over full windows only)"
         for ep, d in dirs:
             if ep not in sm:
                 raise UserError(
                     f"run {run}: checkpoint epoch {ep} is not in log.parquet (epochs {min(sm)}..{max(sm)})"
                 )
-            out.append(RunCheckpoint(str(run), ep, str(d), float(sm[ep]), float(rw[ep])))
+            out.append(RunCheckpoint(str(run), ep, str(d), float(sm[ep]), float(rw[ep]), full[ep]))
     else:
         source = "checkpoint.json reward_mean (unsmoothed: no log.parquet)"
         for ep, d in dirs:
@@ -209,10 +225,15 @@ def run_checkpoints(run_dir: str | Path, window: int = 5, on: str = "train") -> 
     return out, source
 
 
+def _reaching(cks: Sequence[RunCheckpoint], level: float) -> np.ndarray:
+    """Indices of the checkpoints whose full-window reward reaches ``level``."""
+    return np.nonzero([c.full_window and c.reward >= level for c in cks])[0]
+
+
 def match_checkpoint(cks: Sequence[RunCheckpoint], target: float, source: str) -> CheckpointChoice:
-    """First checkpoint reaching ``target``, else the nearest one (pure; see module docstring)."""
+    """First full-window checkpoint reaching ``target``, else the nearest one (pure; see module docstring)."""
     rewards = np.array([c.reward for c in cks])
-    hit = np.nonzero(rewards >= target)[0]
+    hit = _reaching(cks, target)
     i = int(hit[0]) if hit.size else int(np.argmin(np.abs(rewards - target)))
     c = cks[i]
     return CheckpointChoice(
@@ -221,9 +242,8 @@ def match_checkpoint(cks: Sequence[RunCheckpoint], target: float, source: str) -
 
 
 def bracket(cks: Sequence[RunCheckpoint], reference_reward: float) -> Bracket:
-    """Checkpoints just below / above ``reference_reward`` around the first crossing (pure)."""
-    rewards = np.array([c.reward for c in cks])
-    hit = np.nonzero(rewards >= reference_reward)[0]
+    """Checkpoints just below / above ``reference_reward`` around the first full-window crossing (pure)."""
+    hit = _reaching(cks, reference_reward)
     if not hit.size:
         return Bracket(cks[-1].run, reference_reward, cks[-1], None)
     i = int(hit[0])

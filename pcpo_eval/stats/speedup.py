@@ -9,8 +9,10 @@ Epochs_PCPO - 1) x 100%" (e.g. 260 vs 131 epochs -> 98.5%, :func:`speedup_pct`),
    can only be reached once a *full* window exists, i.e. from the ``window``-th logged epoch on
    (``first_eligible``): a single noisy first epoch is not a 5-epoch average, and with the old
    partial-window rule 38-56% of the demo's runs "reached" a target at epoch 1 (an untrained policy
-   looked fast). :func:`moving_average` (partial windows at the start) is kept for drawing curves and
-   for reward-matched checkpoint selection, never for time to target.
+   looked fast). :func:`moving_average` (partial windows at the start) is kept for drawing curves
+   and for the reward shown beside a checkpoint, never for deciding that a target was reached
+   (reward-matched checkpoint selection uses the same full-window rule:
+   :func:`pcpo_eval.stats.select.match_checkpoint`).
 2. Time to target (:func:`epochs_to_target`): the first eligible epoch whose smoothed value reaches
    the target; a run that never does is *right-censored* at its last epoch.
 3. Restricted mean time (:func:`km_restricted_mean`): runs that never reach the target are censored

@@ -4,6 +4,7 @@ Two comparisons, each with one checkpoint per run:
 
 * **matched reward** (paper Sec. 4: quality "at matched reward levels"): a run's first saved
   checkpoint whose smoothed training reward (trailing mean, window 5) reaches ``select_target``
+  over a full window, as the speed-up counts epochs to a target
   (:func:`pcpo_eval.stats.select.match_checkpoint`). A run that never reaches it has **no**
   reward-matched checkpoint: its row says "not reached" with its best smoothed reward, and it is
   left out of the matched-reward metrics, never replaced by its nearest checkpoint (a run whose
@@ -20,9 +21,8 @@ Two comparisons, each with one checkpoint per run:
   E120 vs E180). ``selection.json`` then holds ``epoch`` as a label (``"DanceGRPO E180, PCPO E120"``)
   and ``epochs`` as the mapping; the rows are the ``at_epoch`` rows.
 
-A ``select_target`` that every run's first saved checkpoint already reaches makes the
-matched-reward checkpoint simply each run's first checkpoint; the selection says so
-(``target_uninformative``).
+A ``select_target`` that every run reaches at its first full-window checkpoint makes the
+matched-reward checkpoint simply that checkpoint; the selection says so (``target_uninformative``).
 """
 
 from __future__ import annotations
@@ -122,7 +122,8 @@ def select(sp: StudySpec, layout: StudyLayout) -> dict[str, Any]:
         ck, source = run_checkpoints(layout.run_dir(run), sp.window, sp.select_on)
         cks[run.name] = ck
         rows.append(reward_row(sp, run, ck, source))
-        starts_above.append(ck[0].reward >= sp.select_target)
+        first = next((c for c in ck if c.full_window), None)
+        starts_above.append(first is not None and first.reward >= sp.select_target)
     if not any(r["reached"] for r in rows):
         raise UserError(f"select_target {sp.select_target:g} is reached by no run; lower it or train longer")
     if isinstance(sp.select_epoch, dict):

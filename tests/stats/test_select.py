@@ -98,3 +98,29 @@ def test_cli_select_bad_input(tmp_path, cli):
     pd.DataFrame({"epoch": [1, 2], "reward": [1.0, 2.0]}).to_parquet(run / "log.parquet")
     r = cli("select", run, "--target", "1")
     assert r.returncode == 2 and "lacks column 'reward_mean'" in r.stderr
+
+
+def test_a_target_is_reached_over_full_windows_only_as_the_speedup_counts(tmp_path):
+    """A frozen policy (reward noise around 5.0, every epoch saved) whose first epoch happens to cross
+    the target is not matched there: its first epochs carry partial averages (shown, never "reached"),
+    so with the target 5.1 it is matched at the first full-window epoch that reaches it, or not at all.
+    The same rule as time to target (stats.speedup.first_eligible), over 200 noise draws."""
+    from pcpo_eval.stats.select import bracket, run_checkpoints
+    from pcpo_eval.stats.speedup import epochs_to_target
+
+    early, agree = 0, 0
+    for seed in range(200):
+        rng = np.random.default_rng(seed)
+        rewards = 5.0 + rng.normal(0, 0.1, 30)
+        rewards[0] = 5.3  # a noisy first epoch above the target
+        run = _make_run(tmp_path / str(seed), "frozen", rewards, save_every=1)
+        c = select_checkpoints([run], target=5.1, window=5).choices[0]
+        early += c.reached and c.epoch < 5
+        t = epochs_to_target(rewards, 5.1, window=5, epochs=np.arange(1, 31))
+        agree += (c.epoch if c.reached else None) == (None if t.censored else t.epoch)
+    assert early == 0 and agree == 200
+    cks, source = run_checkpoints(run, 5)
+    assert [c.full_window for c in cks[:5]] == [False] * 4 + [True] and "full windows only" in source
+    assert cks[0].reward == pytest.approx(5.3)  # the partial average is still what is shown
+    b = bracket(cks, 5.25)  # the first epoch's 5.3 does not make epoch 1 the crossing
+    assert b.above is None or b.above.epoch >= 5
