@@ -621,17 +621,22 @@ def targets_family(rows: Sequence[Speedup], alpha: float) -> tuple[tuple[Speedup
 
 
 def unreachable_targets(run_dirs: Sequence[str | Path], targets: Sequence[float], window: int) -> list[str]:
-    """Problems for targets that no run's smoothed reward comes near: a sanity check on the spec (a typo,
-    another reward's scale). It uses the display smoothing (partial windows at the start) because it
-    also covers ``select_target`` (checkpoint selection); the speed-up rows apply the full-window rule
-    themselves and report a target no run reaches as not estimable."""
-    best = float("-inf")
+    """Problems for targets that no run's smoothed reward reaches: a sanity check on the spec (a typo,
+    another reward's scale). Full windows only, the rule of both time to target and checkpoint
+    selection (:func:`pcpo_eval.stats.select.match_checkpoint`), which ``select_target`` must pass."""
+    best, any_log = float("-inf"), False
     for rd in run_dirs:
         try:
             log = load_log(log_path(rd))
         except UserError:
             continue
-        best = max(best, float(moving_average(log["reward_mean"].to_numpy(), window).max()))
+        any_log = True
+        sm = full_window_average(log["reward_mean"].to_numpy(), window)
+        if np.isfinite(sm).any():
+            best = max(best, float(np.nanmax(sm)))
+    if any_log and best == float("-inf"):
+        return [f"no run has logged {window} epochs (the smoothing window), so no target can be reached on a "
+                f"full-window average; train at least {window} epochs, or set a smaller window"]
     out = []
     for t in dict.fromkeys(targets):
         if t == t and not best >= t:  # NaN-safe

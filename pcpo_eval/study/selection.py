@@ -125,6 +125,10 @@ def select(sp: StudySpec, layout: StudyLayout) -> dict[str, Any]:
         first = next((c for c in ck if c.full_window), None)
         starts_above.append(first is not None and first.reward >= sp.select_target)
     if not any(r["reached"] for r in rows):
+        if not any(c.full_window for ck in cks.values() for c in ck):
+            raise UserError(f"no run has logged {sp.window} epochs (the smoothing window) by a saved checkpoint, so none "
+                            f"can reach select_target on a full-window average (the rule the speed-up counts by); "
+                            f"train at least {sp.window} epochs, or set a smaller window")
         raise UserError(f"select_target {sp.select_target:g} is reached by no run; lower it or train longer")
     if isinstance(sp.select_epoch, dict):
         per_run = explicit_epochs(sp, cks, sp.select_epoch)

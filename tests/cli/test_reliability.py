@@ -241,6 +241,16 @@ def _study_spec(box):
                       parallel=2)
 
 
+def _cmdline(proc) -> str:
+    """A child's command line, "" for one that exited while listed (a zombie not yet reaped, or gone)."""
+    import psutil
+
+    try:
+        return " ".join(proc.cmdline())
+    except psutil.Error:
+        return ""
+
+
 def test_sigkill_of_a_parallel_study_kills_its_workers_and_frees_the_lock(cli, box, tmp_path):
     import os
     import signal
@@ -260,8 +270,7 @@ def test_sigkill_of_a_parallel_study_kills_its_workers_and_frees_the_lock(cli, b
         workers: list[psutil.Process] = []
         while time.monotonic() < deadline and len(workers) < 2:
             assert study.poll() is None, study.stderr.read().decode()[-2000:]
-            workers = [c for c in psutil.Process(study.pid).children()
-                       if "pcpo_eval.study.training" in " ".join(c.cmdline())]
+            workers = [c for c in psutil.Process(study.pid).children() if "pcpo_eval.study.training" in _cmdline(c)]
             time.sleep(0.2)
         assert len(workers) == 2, "the study did not start its two workers"
         # a second study process on the same folder is refused while the first holds it

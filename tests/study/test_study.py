@@ -192,6 +192,21 @@ def test_unreachable_target_of_existing_runs(tmp_path):
     assert all(r.run_dir for r in spec.runs)
 
 
+def test_runs_shorter_than_the_smoothing_window_reach_no_target(tmp_path):
+    """Targets and the matched checkpoint are reached over full windows only: 3-epoch runs with window 5
+    reach none, and the message names the window instead of a best reward of -inf."""
+    runs = []
+    for alg in ("DDPO", "PCPO"):
+        for b in ("16", "32"):
+            rd = tmp_path / f"run_{alg}_{b}"
+            write_run(rd, 3, 0.05, 1, rng_key=rd.name)
+            runs.append({"levels": {"algorithm": alg, "batch": b}, "run_dir": str(rd)})
+    with pytest.raises(UserError, match=r"no run has logged 5 epochs \(the smoothing window\).*set a smaller window"):
+        load_spec(write_spec(tmp_path / "s.yaml", runs=runs, targets=[-1.0], select_target=-1.0))
+    spec = load_spec(write_spec(tmp_path / "s.yaml", runs=runs, targets=[-1.0], select_target=-1.0, window=3))
+    assert spec.window == 3
+
+
 # ------------------------------------------------------------------------------------------------
 # stand-ins for the heavy pieces (they write the documented layouts)
 # ------------------------------------------------------------------------------------------------

@@ -309,6 +309,7 @@ def test_toy_aa_study_end_to_end_in_parallel(tmp_path):
     data["eval"].update({"seeds": 2, "max_prompts": 4, "steps": 4})
     data.update(metrics=["fd_toy", "lpips_toy"], overall_only=["fd_toy"])  # IS needs >= 10 images per set
     data.update(targets=[-1e9], select_target=-1e9, grid={"prompts": 2, "seeds": 2})  # plumbing, not the reward
+    data["window"] = 3  # the 3rd epoch is each run's one full-window checkpoint (selection's and the speed-up's rule)
     spec = tmp_path / "aa.yaml"
     spec.write_text(yaml.safe_dump(data, sort_keys=False))
     out = tmp_path / "study"
@@ -319,9 +320,10 @@ def test_toy_aa_study_end_to_end_in_parallel(tmp_path):
         assert r["epochs"] == [1, 2, 3] and len(r["control_reward_mean"]) == 3
         assert r["control_reward_mean"][0] == pytest.approx(r["reward_mean"][0])  # epoch 1: policy == base
         assert (out / "logs" / "train" / f"{r['run']}.log").is_file()  # trained in a worker process
-    assert {v["quantity"] for v in res["verdict"]} == {"paired_gain", "final_reward", "auc"}
+    assert {"paired_gain", "final_reward", "auc"} <= {v["quantity"] for v in res["verdict"]}
     assert all(v["n_baseline_runs"] == 2 and v["n_treatment_runs"] == 2 for v in res["verdict"])
-    assert all(t["status"] == "uninformative" and "fewer than the smoothing window" in t["note"] for t in res["targets"])
+    reward_targets = [t for t in res["targets"] if "untrained control reaches -1e+09" in t["note"]]
+    assert len(reward_targets) == 1 and reward_targets[0]["status"] == "uninformative"
     assert res["selection"]["target_uninformative"]
     assert set(res["lmm"]["fits"]) == {"lpips_toy", "lpips_toy @ epoch 3"}
     html = (out / "report.html").read_text()
