@@ -145,6 +145,29 @@ def test_a_design_made_before_comparison_seeds_is_kept_or_refused_by_name(study,
     assert not (folder / "sets").exists()
 
 
+def test_a_real_design_serves_from_a_bundle_that_names_no_checkpoint(study, human, tmp_path):
+    """`human design` writes designs a bundle can serve (assignment: stratified-keyed); the bundle's
+    files hold no checkpoint label, run, comparison, study path or secret, and serve as the design does."""
+    import pyarrow.parquet as pq
+
+    from pcpo_eval.human import HumanLayout
+    from pcpo_eval.human.bundle import make_bundle
+    from pcpo_eval.human.settings import ASSIGNMENT_KEYED, read_settings
+
+    design = json.loads((human / "design.json").read_text())
+    assert design["assignment"] == ASSIGNMENT_KEYED
+    out = HumanLayout(tmp_path / "serve")
+    make_bundle(human, out.root, log=lambda s: None)
+    assert read_settings(out) == read_settings(HumanLayout(human))
+    pairs = pd.read_parquet(human / "pairs.parquet")
+    hidden = {*pairs["left_method"], *pairs["right_method"], *pairs["comparison"],
+              *(c["run"] for c in design["checkpoints"] if c.get("run")), design["blinding_secret"], study.name}
+    texts = [out.bundle.read_text(), str(pq.read_metadata(out.pairs).metadata),
+             " ".join(pd.read_parquet(out.pairs).astype(str).to_numpy().ravel())]
+    assert not [h for h in hidden for t in texts if h and h in t]
+    assert {p.name for p in out.images.iterdir()} == {f"{t}.png" for t in {*pairs["left_image"], *pairs["right_image"]}}
+
+
 def test_design_is_deterministic_and_refuses_other_settings(study, human, tmp_path):
     from pcpo_eval.errors import UserError
     from pcpo_eval.human.design import make_design, parse_design_spec
