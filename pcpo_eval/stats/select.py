@@ -17,8 +17,9 @@ For each run directory (``RUN/log.parquet`` + ``RUN/checkpoints/epoch_XXXX/check
   checkpoint is where its time to target ends. A checkpoint before a full window carries the
   average of what is logged so far (shown, as on the curves) but never "reaches": a single noisy
   first epoch is not a 5-epoch average (an untrained or frozen policy would otherwise be matched at
-  epoch 1 whenever its first epoch's noise crosses the target). If none reaches, the checkpoint
-  whose reward is nearest to it (``reached = False``); the gap is ``reward - target``;
+  epoch 1 whenever its first epoch's noise crosses the target). If none reaches, the full-window
+  checkpoint whose reward is nearest to it (any checkpoint when the run has no full window;
+  ``reached = False``); the gap is ``reward - target``;
 * bracketing: given a reference checkpoint (PCPO) with reward r*, each other run's ``above`` is
   its first saved full-window checkpoint with reward >= r* and ``below`` the saved checkpoint just
   before it; a run that never reaches r* has ``below`` = its last checkpoint and no ``above``; one
@@ -70,6 +71,9 @@ class CheckpointChoice:
     gap: float
     reached: bool
     reward_source: str
+    #: the chosen checkpoint's reward averages a full window (False: logged before the window-th epoch,
+    #: so it cannot count as reaching the target, whatever its partial average)
+    full_window: bool = True
 
 
 @dataclass(frozen=True)
@@ -115,9 +119,12 @@ class Selection:
             "|---|---:|---:|---:|:---:|",
         ]
         for c in self.choices:
-            lines.append(
-                f"| {c.run} | {c.epoch} | {c.reward:.4g} | {c.gap:+.3g} | {'yes' if c.reached else 'no'} |"
-            )
+            reached = "yes" if c.reached else ("no" if c.full_window else "no (partial window)")
+            lines.append(f"| {c.run} | {c.epoch} | {c.reward:.4g} | {c.gap:+.3g} | {reached} |")
+        if any(not c.full_window for c in self.choices):
+            lines += ["", f"partial window: the run has logged fewer than {self.window} epochs by that checkpoint, so "
+                          "its reward averages what is logged and cannot reach the target (the speed-up's rule); train "
+                          "longer or pass a smaller --window"]
         if self.reference is not None:
             r = self.reference
             lines += [
@@ -234,10 +241,13 @@ def match_checkpoint(cks: Sequence[RunCheckpoint], target: float, source: str) -
     """First full-window checkpoint reaching ``target``, else the nearest one (pure; see module docstring)."""
     rewards = np.array([c.reward for c in cks])
     hit = _reaching(cks, target)
-    i = int(hit[0]) if hit.size else int(np.argmin(np.abs(rewards - target)))
+    full = np.array([c.full_window for c in cks])
+    pool = np.nonzero(full)[0] if full.any() else np.arange(len(cks))  # nearest among full windows if any
+    i = int(hit[0]) if hit.size else int(pool[np.argmin(np.abs(rewards[pool] - target))])
     c = cks[i]
     return CheckpointChoice(
-        c.run, c.epoch, c.path, c.reward, float(target), c.reward - float(target), bool(hit.size), source
+        c.run, c.epoch, c.path, c.reward, float(target), c.reward - float(target), bool(hit.size), source,
+        c.full_window,
     )
 
 

@@ -49,9 +49,11 @@ def reward_row(sp: StudySpec, run: RunSpec, cks: Sequence[RunCheckpoint], source
            "reached": c.reached, "reward": c.reward, "gap": c.gap}
     if c.reached:
         return row | {"epoch": c.epoch, "path": c.path, "status": "reached"}
+    why = (f"best smoothed reward {c.reward:.4g} at epoch {c.epoch} < target {sp.select_target:g}" if c.full_window
+           else f"the run has no checkpoint after {sp.window} logged epochs (the smoothing window), so none can "
+                "reach it")
     return row | {"epoch": None, "path": None, "best_epoch": c.epoch,
-                  "status": f"not reached: best smoothed reward {c.reward:.4g} at epoch {c.epoch} "
-                            f"< target {sp.select_target:g}; no reward-matched checkpoint"}
+                  "status": f"not reached: {why}; no reward-matched checkpoint"}
 
 
 def matched_epoch(select_epoch: int | str, cks: dict[str, Sequence[RunCheckpoint]]) -> int:

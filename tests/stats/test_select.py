@@ -124,3 +124,17 @@ def test_a_target_is_reached_over_full_windows_only_as_the_speedup_counts(tmp_pa
     assert cks[0].reward == pytest.approx(5.3)  # the partial average is still what is shown
     b = bracket(cks, 5.25)  # the first epoch's 5.3 does not make epoch 1 the crossing
     assert b.above is None or b.above.epoch >= 5
+
+
+def test_a_run_shorter_than_the_window_says_why_it_reached_nothing(tmp_path):
+    """4 logged epochs, window 5: the nearest checkpoint's partial average is above the target, yet not
+    reached; the table and JSON say it is a partial window, and what to do."""
+    run = _make_run(tmp_path, "short", np.array([0.70, 0.76, 0.77, 0.78]), save_every=1)
+    sel = select_checkpoints([run], target=0.75, window=5)
+    c = sel.choices[0]
+    assert not c.reached and not c.full_window and c.reward >= 0.75
+    md = sel.to_markdown()
+    assert "| no (partial window) |" in md and "pass a smaller --window" in md
+    assert sel.to_dict()["runs"][0]["full_window"] is False
+    again = select_checkpoints([run], target=0.75, window=3).choices[0]
+    assert again.reached and again.epoch == 4 and again.full_window  # epoch 3: 0.743, epoch 4: 0.770
