@@ -33,6 +33,7 @@ from pcpo_eval.metricsdir import metrics_path
 from pcpo_eval.progress import echo, progress_bar
 from pcpo_eval.rundir import META_FILE, log_path
 from pcpo_eval.stats.speedup import unreachable_targets
+from pcpo_eval.study.comparability import same_value
 from pcpo_eval.study.spec import STAGES, StudySpec, _safe_name, load_spec
 from pcpo_eval.studydir import RUNS_DIR, SPEC_COPY_FILE, STATE_FILE, StudyLayout, write_results
 
@@ -394,18 +395,11 @@ def stale_set_reason(out: Path, sampling: dict[str, Any], recorded: str | None, 
         old = {}
     for key, sk in _SAMPLING_KEYS.items():
         new = sampling.get(key)
-        if sk in old and new is not None and str(old[sk]) != str(new) and not _same_number(old[sk], new):
+        if sk in old and new is not None and not same_value(old[sk], new):
             return f"rendered with {sk}={old[sk]}, the spec gives {new}"
     if recorded is not None and recorded != identity:
         return "rendered from another checkpoint (a retrained run?), prompt set, seeds or sampler settings"
     return ""
-
-
-def _same_number(a: Any, b: Any) -> bool:
-    try:
-        return float(a) == float(b)
-    except (TypeError, ValueError):
-        return False
 
 
 def _set_complete(out: Path, n_expected: int | None) -> bool:
