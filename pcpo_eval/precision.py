@@ -52,6 +52,35 @@ def resolve_precision(name: str | None, device: str | torch.device) -> str:
     return key
 
 
+#: Accepted ``metrics`` / ``features`` ``--precision`` values: the feature networks (Inception, DINOv2,
+#: LPIPS, reward models) keep float32 weights, the reference convention of clean-fid and
+#: torch-fidelity; only whether CUDA may use TF32 tensor cores for their products is a choice.
+EVAL_PRECISIONS = ("fp32", "tf32")
+
+
+def resolve_eval_precision(name: str | None) -> str:
+    """The evaluation precision ``name`` (None / ``auto`` -> ``fp32``: TF32 off, CPU-comparable features).
+
+    Raises:
+        UserError: an unknown name, or a reduced dtype (bf16/fp16), which no FID reference uses.
+    """
+    key = "auto" if name is None else str(name).strip().lower()
+    if key == "auto":
+        return "fp32"
+    if key not in EVAL_PRECISIONS:
+        raise UserError(f"unknown --precision {name!r} for evaluation; choose fp32 (TF32 off, the default) or "
+                        "tf32 (feature networks keep float32 weights, as clean-fid's and torch-fidelity's do)")
+    return key
+
+
+def numerics_key(device: str | torch.device, precision: str) -> str:
+    """What decides an evaluation network's floating-point numbers besides its weights and inputs: the
+    device type and the precision (``cpu-fp32``, ``cuda-fp32``, ``cuda-tf32``). Part of the feature and
+    reward caches' keys, so features computed by other kernels never mix into one statistic (a set
+    resumed on another machine, or measured once on a CPU and once on a GPU, computes afresh)."""
+    return f"{torch.device(device).type}-{precision}"
+
+
 def dtype_precision(dtype: torch.dtype) -> str | None:
     """The precision whose weights have ``dtype`` (float32 -> ``fp32``), None for another dtype."""
     return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype)

@@ -37,6 +37,7 @@ from models import device_info, peak_gib, reset_peak, sync  # noqa: E402
 
 from pcpo_eval.metrics.extract import ExtractionReport, MetricsOptions  # noqa: E402
 from pcpo_eval.metrics.workers import compute_metrics  # noqa: E402
+from pcpo_eval.precision import matmul_precision  # noqa: E402
 
 
 def _png(args: tuple[int, int, int]) -> bytes:
@@ -86,10 +87,11 @@ def random_weights(tmp: Path, tiny: bool) -> dict:
     return {"inception": {"weights_path": str(inc)}, "dinov2": {"weights_path": str(dino)}}
 
 
-def run_ours(s: Path, ref: Path, metrics: str, device: str, weights: dict, batch: int) -> tuple[float, dict, dict]:
+def run_ours(s: Path, ref: Path, metrics: str, device: str, weights: dict, batch: int,
+             precision: str = "fp32") -> tuple[float, dict, dict]:
     """Seconds, metric values and the seconds per phase (:class:`ExtractionReport`) of one cold-cache call."""
     opts = MetricsOptions(device=device, batch_size=batch, extractor_options=weights, lpips_trunk="random",
-                          cache_dir=Path(tempfile.mkdtemp(prefix="bench_cache_")))
+                          cache_dir=Path(tempfile.mkdtemp(prefix="bench_cache_")), precision=precision)
     report = ExtractionReport()
     sync(device)
     t0 = time.perf_counter()
@@ -148,6 +150,8 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=512)
     ap.add_argument("--batch", type=int, default=100)
     ap.add_argument("--metrics", default="fid;fid,fd_dinov2,is,lpips", help="';'-separated metric lists to time")
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "tf32"],
+                    help="ours (metrics --precision) and torchmetrics' run alike (precision.matmul_precision)")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
     device = "cpu" if a.tiny or not torch.cuda.is_available() else "cuda"
@@ -158,18 +162,19 @@ def main() -> None:
     s = write_set(tmp / "set", a.images, a.size, 0)
     ref = write_set(tmp / "ref", a.images, a.size, 10_000)
     weights = random_weights(tmp, a.tiny)
-    res: dict = {"device": device_info(), "images_per_set": a.images, "size": a.size,
+    res: dict = {"device": device_info(), "images_per_set": a.images, "size": a.size, "precision": a.precision,
                  "setup_s": time.perf_counter() - t0}
     n = 2 * a.images
     res["decode_only"] = decode_only(s, a.batch)
     print("decode", json.dumps(res["decode_only"]), flush=True)
     reset_peak(device)
-    t_tm, fid_tm = run_torchmetrics(s, ref, device, weights, a.batch)
+    with matmul_precision(a.precision):  # the same kernels as ours (PyTorch's default would allow TF32 convs)
+        t_tm, fid_tm = run_torchmetrics(s, ref, device, weights, a.batch)
     res["torchmetrics_fid"] = {"seconds": t_tm, "img_s": n / t_tm, "fid": fid_tm, "peak_gib": peak_gib(device)}
     print("torchmetrics", json.dumps(res["torchmetrics_fid"]), flush=True)
     for metrics in a.metrics.split(";"):
         reset_peak(device)
-        t, overall, phases = run_ours(s, ref, metrics, device, weights, a.batch)
+        t, overall, phases = run_ours(s, ref, metrics, device, weights, a.batch, a.precision)
         res[f"ours_{metrics}"] = {"seconds": t, "img_s": n / t, "ratio_vs_torchmetrics_fid": (n / t) / (n / t_tm),
                                   "minutes_for_50k_per_set": t / n * 100_000 / 60, "peak_gib": peak_gib(device),
                                   "values": overall,

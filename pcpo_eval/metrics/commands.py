@@ -12,7 +12,7 @@ from typing import Any
 
 import typer
 
-from pcpo_eval.flags import DEVICE_HELP
+from pcpo_eval.flags import DEVICE_HELP, EVAL_PRECISION_HELP
 from pcpo_eval.io import check_out_path
 from pcpo_eval.metrics.base import IS_DEFAULT_SPLITS, METRICS
 from pcpo_eval.progress import PROGRESS_HELP
@@ -30,9 +30,11 @@ def _options(
     is_splits: int = IS_DEFAULT_SPLITS,
     progress: bool | None = None,
     fid_resize: str = "auto",
+    precision: str = "auto",
 ) -> Any:
     from pcpo_eval.errors import require
     from pcpo_eval.metrics.workers import MetricsOptions
+    from pcpo_eval.precision import resolve_eval_precision
 
     for flag, value in (("--batch-size", batch_size), ("--is-splits", is_splits)):
         require(value >= 1, f"{flag} must be >= 1 (got {value}); pass a positive count")
@@ -54,6 +56,7 @@ def _options(
         extractor_options=ext,
         lpips_trunk=lpips_trunk,
         progress=progress,
+        precision=resolve_eval_precision(precision),
     )
 
 
@@ -109,6 +112,7 @@ def metrics_cmd(
         help="clean-fid's resize for FID / IS: pil (clean-fid's own, CPU), torch (the same kernel on the "
              "device, within 1e-2 grey levels), auto (torch on CUDA)",
     ),
+    precision: str = typer.Option("auto", "--precision", help=EVAL_PRECISION_HELP),
 ) -> None:
     """FID, FD-DINOv2, IS, LPIPS diversity and preference scores, overall and per prompt."""
     from pcpo_eval import dist
@@ -121,7 +125,7 @@ def metrics_cmd(
     device = dist.resolve_device(device)
     dist.init(device)
     opts = _options(batch_size, device, cache_dir, inception_weights, dinov2_path, lpips_trunk, is_splits,
-                    progress, fid_resize)
+                    progress, fid_resize, precision)
     try:
         result = run_metrics(image_set, metrics, out, reference, opts)
         is_main = dist.is_main()
@@ -146,6 +150,7 @@ def features_cmd(
         None, "--cache-dir", help="feature cache root [IMAGE_SET/.pcpo_cache]"
     ),
     weights: Path | None = typer.Option(None, "--weights", help="weights file/dir of the extractor"),
+    precision: str = typer.Option("auto", "--precision", help=EVAL_PRECISION_HELP),
 ) -> None:
     """Export an image set's features in manifest order, for your own analyses."""
     from pcpo_eval import dist
@@ -154,7 +159,7 @@ def features_cmd(
     check_out_path(output, "--output", folder=False)
     device = dist.resolve_device(device)
     dist.init(device)
-    opts = _options(batch_size, device, cache_dir, None, None, None)
+    opts = _options(batch_size, device, cache_dir, None, None, None, precision=precision)
     if weights is not None:
         opts.extractor_options[extractor] = {"weights_path": weights}
     try:

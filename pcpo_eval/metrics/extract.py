@@ -26,6 +26,7 @@ from pcpo_eval.features import FeatureExtractor
 from pcpo_eval.imageset import ImageSet
 from pcpo_eval.metrics.base import IS_DEFAULT_SEED, IS_DEFAULT_SPLITS
 from pcpo_eval.metrics.cache import FeatureCache
+from pcpo_eval.precision import numerics_key
 from pcpo_eval.progress import progress_bar
 
 
@@ -46,6 +47,9 @@ class MetricsOptions:
     #: LPIPS AlexNet trunk: local weights path, None (locate) or "random" (tests only)
     lpips_trunk: str | None = None
     lpips_batch: int = 16
+    #: ``fp32`` (TF32 off) or ``tf32`` for the networks' float32 products on CUDA
+    #: (:func:`pcpo_eval.precision.resolve_eval_precision`); part of the caches' keys
+    precision: str = "fp32"
     #: progress bar of the decode pass (:func:`pcpo_eval.progress.progress_enabled`; None: when stderr is a TTY)
     progress: bool | None = None
 
@@ -147,8 +151,15 @@ class ImageConsumer(Protocol):
         """Images (uint8 (B, 3, H, W)) of ``rows`` (manifest rows, increasing), each row exactly once."""
 
 
+def feature_cache_settings(extractor: FeatureExtractor, options: MetricsOptions) -> dict[str, Any]:
+    """The feature cache's key: the extractor's settings (weights, resize, ...), its cached outputs and
+    the :func:`~pcpo_eval.precision.numerics_key` (device type and precision) the features came from."""
+    outputs = ["features", "logits"] if extractor.has_logits else ["features"]
+    return {**extractor.settings(), "outputs": outputs, "numerics": numerics_key(options.device, options.precision)}
+
+
 def _feature_cache(image_set: ImageSet, extractor: FeatureExtractor, options: MetricsOptions) -> FeatureCache:
-    settings = {**extractor.settings(), "outputs": ["features", "logits"] if extractor.has_logits else ["features"]}
+    settings = feature_cache_settings(extractor, options)
     return FeatureCache(cache_root(image_set, options) / "features", extractor.name, settings)
 
 
@@ -293,9 +304,8 @@ def score_set(
     (:func:`reward_cache_settings`): other weights, or new weights at the same path, other directory.
     """
     report = report if report is not None else ExtractionReport()
-    cache = FeatureCache(
-        cache_root(image_set, options) / "rewards", str(settings["reward"]), reward_cache_settings(settings)
-    )
+    key = {**reward_cache_settings(settings), "numerics": numerics_key(options.device, options.precision)}
+    cache = FeatureCache(cache_root(image_set, options) / "rewards", str(settings["reward"]), key)
     prompts = image_set.manifest["prompt"].astype(str).tolist()
 
     def compute(rows: list[int]) -> dict[str, np.ndarray]:

@@ -47,6 +47,7 @@ from pcpo_eval.metrics.base import MetricInfo
 from pcpo_eval.metrics.cache import settings_digest
 from pcpo_eval.metrics.extract import MetricsOptions, cache_root
 from pcpo_eval.metrics.metric import EvalData, Metric, MetricValues
+from pcpo_eval.precision import numerics_key
 
 EPS = 1e-10  # lpips.normalize_tensor
 
@@ -306,7 +307,8 @@ class LpipsDiversityMetric(Metric):
     def _cache_path(self, data: EvalData, pid: int) -> Path:
         """``CACHE/lpips/<embedder>-<digest>/prompt-<sha256 of its images' hashes>.json``."""
         shas = data.image_set.shas
-        digest = settings_digest(self.embedder_settings)[:16]
+        opts = data.options
+        digest = settings_digest({**self.embedder_settings, "numerics": numerics_key(opts.device, opts.precision)})[:16]
         root = cache_root(data.image_set, data.options) / "lpips" / f"{self.embedder.name}-{digest}"
         key = hashlib.sha256("\n".join(shas[r] for r in data.rows[pid]).encode()).hexdigest()[:24]
         return root / f"prompt-{key}.json"

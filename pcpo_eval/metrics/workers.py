@@ -53,6 +53,7 @@ from pcpo_eval.metrics.lpips_diversity import LpipsDiversityMetric
 from pcpo_eval.metrics.metric import EvalData, Metric, MetricValues
 from pcpo_eval.metrics.reward_score import RewardScoreMetric
 from pcpo_eval.metricsdir import lock_path, metrics_path, per_image_path, per_prompt_path
+from pcpo_eval.precision import matmul_precision, resolve_eval_precision
 
 #: catalogue kind -> Metric class (add a kind: one file with its class, one entry here)
 METRIC_CLASSES: dict[str, type[Metric]] = {
@@ -101,6 +102,7 @@ def validate_request(
         )
     if options.batch_size < 1 or options.lpips_batch < 1:
         raise UserError("batch sizes must be >= 1")
+    resolve_eval_precision(options.precision)
 
 
 # ----------------------------------------------------------------------------- stage 3: metrics
@@ -211,6 +213,7 @@ def _settings(
     settings["options"] = {
         "batch_size": options.batch_size,
         "device": options.device,
+        "precision": options.precision,
         "lpips_batch": options.lpips_batch,
     }
     settings["versions"] = {"torch": torch.__version__, "python": platform.python_version()}
@@ -238,6 +241,7 @@ def request_fingerprint(
         "extractor_options": options.extractor_options,
         "reward_options": options.reward_options,
         "lpips_trunk": options.lpips_trunk,
+        "precision": options.precision,
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -280,6 +284,15 @@ def compute_metrics(
                 one.verify()
     if dist.is_main():
         remove_stale_temps(cache_root(s, options))  # left by a killed run; never ones a live process holds
+    with matmul_precision(options.precision):  # every network of the call: TF32 exactly when asked
+        out, per_prompt, per_image, objects, extractors = _measure(s, ref, names, options, report)
+    return MetricsResult(out, _settings(s, ref, names, extractors, objects, options), per_prompt, per_image)
+
+
+def _measure(
+    s: ImageSet, ref: ImageSet | None, names: list[str], options: MetricsOptions, report: ExtractionReport
+) -> tuple[dict[str, float], pd.DataFrame, pd.DataFrame, list[Metric], dict[str, FeatureExtractor]]:
+    """Stages 2-3 of :func:`compute_metrics` on verified sets: one decode pass per set, then each metric."""
     objects, extractors, wanted = build_metrics(names, options)
     data = EvalData(s, ref, options, report, extractors)
     # one decode pass per set for every extractor and image consumer (LPIPS) of this call
@@ -298,7 +311,7 @@ def compute_metrics(
             metric.sync()
             values = metric.compute()
         _add_values(values, out, per_prompt, per_image)
-    return MetricsResult(out, _settings(s, ref, names, extractors, objects, options), per_prompt, per_image)
+    return out, per_prompt, per_image, objects, extractors
 
 
 # ----------------------------------------------------------------------------- stage 4: outputs
@@ -362,7 +375,8 @@ def export_features(
         remove_stale_temps(cache_root(s, options))
         remove_stale_temps(out.parent, recursive=False)
     ext = make_extractor(extractor, device=options.device, **options.extractor_options.get(extractor, {}))
-    feats = extract_set(s, ext, options)["features"]
+    with matmul_precision(options.precision):
+        feats = extract_set(s, ext, options)["features"]
     if dist.is_main():
         with atomic_write(out, "wb") as fh:
             np.save(fh, feats)

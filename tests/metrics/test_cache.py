@@ -17,7 +17,7 @@ from pcpo_eval import rewards
 from pcpo_eval.features import make_extractor
 from pcpo_eval.imageset import ImageSet
 from pcpo_eval.metrics.cache import FeatureCache
-from pcpo_eval.metrics.extract import ExtractionReport, MetricsOptions, extract_set
+from pcpo_eval.metrics.extract import ExtractionReport, MetricsOptions, extract_set, feature_cache_settings
 from pcpo_eval.metrics.workers import compute_metrics
 from tests.support.metrics import TOY_PROMPTS, StandInToyClassifier, make_image_set
 
@@ -74,7 +74,7 @@ def test_sigkill_then_rerun_resumes(tmp_path) -> None:
 
 def _settings() -> dict:
     ext = make_extractor("toy", classifier=StandInToyClassifier(0))
-    return {**ext.settings(), "outputs": ["features", "logits"]}
+    return feature_cache_settings(ext, MetricsOptions())
 
 
 def test_torchrun_two_processes_equal_one(tmp_path, monkeypatch, one_thread) -> None:

@@ -278,12 +278,48 @@ def metrics_on_cuda(tmp: Path) -> dict:
     return {"metrics": values, "resize_max_abs_diff": diff}
 
 
+def feature_numerics(tmp: Path) -> dict:
+    """The real Inception architecture (random weights, BN stats set) on 512-px noise through PIL's resize:
+    CUDA features at ``--precision fp32`` (TF32 off) within float32 rounding of the CPU's, and ``tf32``
+    measured against them; each numerics keys its own feature cache directory."""
+    from pcpo_eval.features import make_extractor
+    from pcpo_eval.features.inception import TFInceptionTrunk
+    from pcpo_eval.imageset import ImageSet
+    from pcpo_eval.metrics.extract import MetricsOptions, extract_set
+    from pcpo_eval.precision import matmul_precision
+
+    torch.manual_seed(0)
+    trunk = TFInceptionTrunk()
+    with torch.no_grad():
+        for name, buf in trunk.named_buffers():
+            if name.endswith("running_var"):
+                buf.copy_(torch.rand(buf.shape) + 0.5)
+    weights = tmp / "pt_inception-2015-12-05-6726825d.pth"
+    torch.save(trunk.state_dict(), weights)
+    generate_set("toy", "toy", list(range(4)), tmp / "set", batch_size=8, steps=4, max_prompts=4, device="cpu",
+                 progress=False, micro_batch=16)
+    feats, dirs = {}, set()
+    for dev, prec in (("cpu", "fp32"), (DEVICE, "fp32"), (DEVICE, "tf32")):
+        opts = MetricsOptions(device=dev, batch_size=8, cache_dir=tmp / "cache", precision=prec)
+        ext = make_extractor("inception", device=dev, weights_path=weights, resize="pil")
+        with matmul_precision(prec):
+            feats[f"{dev}-{prec}"] = extract_set(ImageSet.load(tmp / "set"), ext, opts)["features"]
+        dirs |= {p.name for p in (tmp / "cache" / "features").iterdir()}
+    ref = feats["cpu-fp32"]
+    scale = float(np.abs(ref).max())
+    rel = {k: float(np.abs(v - ref).max()) / scale for k, v in feats.items() if k != "cpu-fp32"}
+    assert len(dirs) == 3, dirs  # cpu-fp32, cuda-fp32, cuda-tf32: three caches
+    assert rel[f"{DEVICE}-fp32"] <= 1e-4, rel
+    return {"max_abs_diff_over_max_abs_feature_vs_cpu": rel, "n_images": int(len(ref))}
+
+
 #: ``cuda``; a third argument ``cpu`` dry-runs the scenarios' code paths (assertions on GPU facts may fail there).
 DEVICE = sys.argv[3] if len(sys.argv) > 3 else "cuda"
 
 SCENARIOS = {f.__name__: f for f in (generate_precisions, generate_memory_micro_batch, generate_sd1_tiny,
                                      train_resume, train_mixed_precision, step_syncs, dist_group,
-                                     flow_models_bf16, flow_train_bf16, metrics_on_cuda)}
+                                     flow_models_bf16, flow_train_bf16, metrics_on_cuda,
+                                     feature_numerics)}
 
 if __name__ == "__main__":
     name, tmp = sys.argv[1], Path(sys.argv[2])
