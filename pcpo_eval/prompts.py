@@ -667,6 +667,17 @@ def load_dataset_prompts(name: str, path: str | os.PathLike | None = None) -> Pr
     return PromptSet(name, tuple(range(len(prompts))), tuple(prompts))
 
 
+def prompt_file(spec: str | Path) -> Path | None:
+    """The file a prompt set spec names (as given, not resolved), or None for a built-in or dataset name.
+
+    A spec names a file when it is no :data:`REGISTRY` / :data:`DATASETS` name and has a prompt-file
+    suffix or exists; what :func:`load_prompts` then reads with :func:`read_prompt_file`.
+    """
+    if str(spec) in REGISTRY or str(spec) in DATASETS or not str(spec):
+        return None
+    return Path(spec) if Path(spec).suffix.lower() in _FILE_SUFFIXES or Path(spec).exists() else None
+
+
 def _resolve(spec: str | Path | PromptSet) -> tuple[PromptSet, PromptDataset | None]:
     if isinstance(spec, PromptSet):
         return spec, None
@@ -674,7 +685,7 @@ def _resolve(spec: str | Path | PromptSet) -> tuple[PromptSet, PromptDataset | N
         return REGISTRY[str(spec)](), None
     if str(spec) in DATASETS:
         return load_dataset_prompts(str(spec)), DATASETS[str(spec)]
-    if Path(spec).suffix.lower() in _FILE_SUFFIXES or Path(spec).exists():
+    if prompt_file(spec) is not None:
         return read_prompt_file(spec), None
     raise UserError(
         f"unknown prompt set {str(spec)!r}; use one of {', '.join(sorted(REGISTRY) + sorted(DATASETS))} "

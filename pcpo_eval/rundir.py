@@ -3,6 +3,9 @@
 ::
 
     RUN/config.yaml                       the resolved training config (written first)
+    RUN/inputs.json                       what each file-valued setting named when the run started:
+                                          its absolute path and content sha256 (prompts, model, ...)
+    RUN/init_from.json                    runs started from ``init_from``: the source and its weights hash
     RUN/log.parquet                       one row per epoch (reward, PPO health, timings, ...)
     RUN/checkpoints/epoch_NNNN/           one saved checkpoint (weights, then checkpoint.json last)
     RUN/checkpoints/epoch_NNNN/checkpoint.json   epoch, reward, model spec, objective, file hashes
@@ -28,6 +31,10 @@ if TYPE_CHECKING:
 
 #: the run's resolved training config
 CONFIG_FILE = "config.yaml"
+#: the files the run's settings named, as read when it started (:mod:`pcpo_eval.train.inputs`)
+INPUTS_FILE = "inputs.json"
+#: a run started from ``init_from``: its source, resolved checkpoint and weights hash
+INIT_FILE = "init_from.json"
 #: one row per epoch
 LOG_FILE = "log.parquet"
 #: the folder of saved checkpoints
@@ -49,6 +56,16 @@ def epoch_name(epoch: int) -> str:
 
 def config_path(run_dir: str | Path) -> Path:
     return Path(run_dir) / CONFIG_FILE
+
+
+def inputs_path(run_dir: str | Path) -> Path:
+    """``RUN/inputs.json``."""
+    return Path(run_dir) / INPUTS_FILE
+
+
+def init_path(run_dir: str | Path) -> Path:
+    """``RUN/init_from.json``."""
+    return Path(run_dir) / INIT_FILE
 
 
 def log_path(run_dir: str | Path) -> Path:

@@ -1,7 +1,8 @@
 """Import DanceGRPO and Flow-GRPO runs as pcpo-eval run directories (``pcpo-eval import``).
 
-A run trained with a reference codebase becomes ``RUN/{config.yaml, log.parquet,
-checkpoints/epoch_XXXX/}``, the layout of :mod:`pcpo_eval.train.checkpoints`, so ``generate
+A run trained with a reference codebase becomes ``RUN/{config.yaml, inputs.json, log.parquet,
+checkpoints/epoch_XXXX/}`` (``inputs.json``: the base model's resolved folder when ``--model`` names a
+local one, :mod:`pcpo_eval.train.inputs`), the layout of :mod:`pcpo_eval.train.checkpoints`, so ``generate
 --model RUN/checkpoints/epoch_0060``, ``select`` and a study's ``runs:`` list use it like a run
 trained here. Epochs are numbered as here: epoch E is the E-th sampling-and-update round, and a
 checkpoint at epoch E holds the policy after that round's updates.
@@ -41,6 +42,7 @@ from pcpo_eval.io import atomic_dir, atomic_write_parquet, atomic_write_text, re
 from pcpo_eval.registry import optional_module
 from pcpo_eval.rundir import META_FILE, checkpoint_dir, config_path, log_path
 from pcpo_eval.train.checkpoints import FULL_FILE, LORA_FILE, check_weights_file
+from pcpo_eval.train.inputs import input_record, write_inputs
 
 KINDS = ("dancegrpo", "flowgrpo")
 #: run kind -> the --model kinds it can have fine-tuned (Flow-GRPO: SD3.5 / FLUX LoRA, SD-1 UNet LoRA;
@@ -391,5 +393,6 @@ def import_run(kind: str, src: str | Path, out: str | Path, model: str, log: str
     atomic_write_text(config_path(out), json.dumps({"model": model, "objective": objective,
                                                         "imported_from": kind, "source": str(src)}, indent=2) + "\n")
     atomic_write_text(out / "import.json", json.dumps(summary, indent=2) + "\n")
+    write_inputs(out, input_record({"model": model}))  # the one file-valued setting an import knows
     atomic_write_parquet(log_path(out), table)  # last: its presence marks a complete import
     return summary

@@ -161,7 +161,7 @@ class PolicyMixin:
 
     def _init_from(self) -> dict[str, Any]:
         """Load ``init_from``'s weights into the fresh model (LoRA into the adapter, or the full denoiser);
-        returns the record written to :data:`pcpo_eval.train.trainer.INIT_FILE`. The reference policy stays the base model."""
+        returns the record written to :data:`pcpo_eval.rundir.INIT_FILE`. The reference policy stays the base model."""
         cfg = self.cfg
         src = ck.init_source(cfg.init_from)
         ck.check_init_compatible(src, cfg.model, cfg.lora_rank, cfg.lora_alpha)

@@ -59,7 +59,14 @@ from pcpo_eval.io import atomic_write_json, atomic_write_parquet, atomic_write_t
 from pcpo_eval.models.base import ModelAdapter
 from pcpo_eval.precision import deterministic_cuda
 from pcpo_eval.progress import echo, progress_bar
-from pcpo_eval.rundir import LOG_FILE, checkpoint_dir, config_path
+from pcpo_eval.rundir import (  # noqa: F401  (INIT_FILE re-exported: its old home)
+    INIT_FILE,
+    LOG_FILE,
+    checkpoint_dir,
+    config_path,
+    init_path,
+    inputs_path,
+)
 from pcpo_eval.train import checkpoints as ck
 from pcpo_eval.train.advantages import PerPromptStatTracker
 from pcpo_eval.train.config import TrainConfig
@@ -69,6 +76,7 @@ from pcpo_eval.train.diagnostics import (  # noqa: F401  (re-exported: the train
     ppo_health_stats,
     ppo_health_warning,
 )
+from pcpo_eval.train.inputs import changed_inputs, input_record, read_inputs, write_inputs
 from pcpo_eval.train.objectives import get_objective
 from pcpo_eval.train.policy import INIT_REFERENCE, PolicyMixin, guided_detached_uncond  # noqa: F401
 from pcpo_eval.train.rollout import (  # noqa: F401
@@ -83,7 +91,6 @@ from pcpo_eval.train.update import UpdateMixin
 
 #: config keys ``--resume`` lets differ from the run's config.yaml (neither changes what is trained)
 RESUME_MAY_CHANGE = ("epochs", "device", "keep_checkpoints", "deterministic", "compile")
-INIT_FILE = "init_from.json"  #: where a run started from ``init_from`` records its source and weights hash
 
 
 class Trainer(PolicyMixin, RolloutMixin, UpdateMixin):
@@ -132,8 +139,11 @@ class Trainer(PolicyMixin, RolloutMixin, UpdateMixin):
         if self.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
             atomic_write_text(config_path(self.out), yaml.safe_dump(self.cfg.to_dict(), sort_keys=False))
+            if not resume:  # what the files held when the run started (a resumed run keeps its record)
+                init_sha = {"init_from": self.init_record["weights_sha256"]} if self.init_record is not None else None
+                write_inputs(self.out, input_record(self.cfg.to_dict(), init_sha))
             if self.init_record is not None:
-                atomic_write_json(self.out / INIT_FILE, self.init_record)
+                atomic_write_json(init_path(self.out), self.init_record)
         self.tracking: RunTracking = open_tracking(self.out, self.cfg.to_dict(), self.cfg.log_to, self.cfg.log_project,
                                       self.cfg.wandb_mode, self.cfg.log_images_every, self.is_main, resume)
 
@@ -175,6 +185,9 @@ class Trainer(PolicyMixin, RolloutMixin, UpdateMixin):
         if mismatch:
             raise UserError(f"--resume: config differs from the run's config.yaml in {', '.join(mismatch)}; "
                             "resume with the same settings (only epochs and keep_checkpoints may change)")
+        if inputs_path(self.out).is_file() and (changed := changed_inputs(read_inputs(self.out), self.cfg.to_dict())):
+            raise UserError(f"--resume: {'; '.join(changed)}: the resumed epochs would train on other inputs than "
+                            f"the first ones; restore the file(s) the run started with, or start a new run")
         ck.check_resumable_weights(latest)
         state = ck.load_training_state(latest)
         if "peft_state" in state:

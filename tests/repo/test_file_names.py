@@ -25,6 +25,8 @@ HOMES = {
     "checkpoint.json": "rundir.py",
     "config.yaml": "rundir.py",
     "training_state.pt": "rundir.py",
+    "inputs.json": "rundir.py",
+    "init_from.json": "rundir.py",
     "results.json": "studydir.py",
     "selection.json": "studydir.py",
     "spec.resolved.json": "studydir.py",

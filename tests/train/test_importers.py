@@ -137,6 +137,8 @@ def test_dancegrpo_full_weights_and_reward_txt(tmp_path):
         assert torch.equal(a, b), n
     meta = json.loads((out / "checkpoints" / "epoch_0003" / "checkpoint.json").read_text())
     assert meta["reward_mean"] == pytest.approx(0.36) and meta["imported_from"]["kind"] == "dancegrpo"
+    assert json.loads((out / "inputs.json").read_text()) == {"model": {"value": f"sd1:{base}",
+                                                                       "resolved": f"sd1:{base.resolve()}"}}
 
 
 def test_bad_imports_are_one_line(tmp_path, cli):
