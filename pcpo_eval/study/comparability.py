@@ -18,6 +18,12 @@ Only keys present in both configs are compared (an imported run records its mode
 only), and :data:`EXEMPT_KEYS` never are: they do not change what a run learns, or another part of
 the study handles them (``epochs``: every cell is cut to its shortest run, with a note; ``paired_control``:
 the verdict names runs without a control).
+
+File-valued settings (``prompts``, ``validation_prompts``, ``init_from``, a model folder) arrive as
+:class:`~pcpo_eval.train.inputs.FileSetting` (``settings_of`` builds them from the run's
+``inputs.json``): the same input when their content digests agree, else their resolved paths, else
+their texts. So ``prompts: train/prompts/x.txt`` and the same file given as an absolute path agree,
+and one path string that held other prompts when each run was trained does not.
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from pcpo_eval.train.inputs import FileSetting
 
 #: config keys never compared between runs: execution and logging, importer bookkeeping, the seed
 #: (checked on its own) and the keys the verdict already handles (``epochs``, ``paired_control``)
@@ -35,7 +43,10 @@ EXEMPT_KEYS = frozenset({
 
 
 def same_value(a: Any, b: Any) -> bool:
-    """Config values equal as the trainer reads them: numbers by value (YAML may give ``5e-5`` as text)."""
+    """Config values equal as the trainer reads them: numbers by value (YAML may give ``5e-5`` as text),
+    files by what they held (:meth:`FileSetting.same_input`; a plain value counts as its text)."""
+    if isinstance(a, FileSetting) or isinstance(b, FileSetting):
+        return _as_file(a).same_input(_as_file(b))
     if a == b:
         return True
     if isinstance(a, dict) and isinstance(b, dict):
@@ -49,8 +60,20 @@ def same_value(a: Any, b: Any) -> bool:
     return math.isclose(x, y, rel_tol=1e-9, abs_tol=0.0)
 
 
+def _as_file(v: Any) -> FileSetting:
+    return v if isinstance(v, FileSetting) else FileSetting(str(v))
+
+
 def _show(v: Any) -> str:
     return repr(v) if isinstance(v, str) else str(v)
+
+
+def _one_path_text(by_arm: dict[str, list[tuple[str, Any]]]) -> str:
+    """The hint for runs whose file-valued setting reads the same but held other contents (else "")."""
+    vals = [v for items in by_arm.values() for _, v in items]
+    if len({_as_file(v).text for v in vals}) == 1 and any(isinstance(v, FileSetting) for v in vals):
+        return " (one path, other contents: the file changed between the trainings, or they ran on other machines)"
+    return ""
 
 
 def seed_problem(name: str, listed: int, cfg: dict[str, Any]) -> str | None:
@@ -112,18 +135,21 @@ def cell_problems(cell: str, runs: Sequence[tuple[str, str, dict[str, Any], bool
             continue
         diff = _differing(rows, key)
         if diff is not None:
-            out.append(f"in cell {cell}, the runs differ in {key} ({_values_text(diff)}), which no level of {compare} "
+            out.append(f"in cell {cell}, the runs differ in {key} ({_values_text(diff)}){_one_path_text(diff)}, "
+                       f"which no level of {compare} "
                        f"sets: the verdict would credit that difference to {compare}; use runs trained with one "
                        f"{key}, or declare it in design.{compare}.<level> if the arms are meant to differ in it")
     return out
 
 
 def existing_run_problems(runs: Sequence[Any], compare: str, declared: set[str], cell_of: Callable[[Any], str],
-                          settings_of: Callable[[Any], dict[str, Any] | None]) -> list[str]:
+                          settings_of: Callable[[Any], dict[str, Any] | None],
+                          overrides_of: Callable[[Any], dict[str, Any]] = lambda r: r.overrides) -> list[str]:
     """Every problem of :mod:`this module <pcpo_eval.study.comparability>` over the spec's runs.
 
     ``settings_of(run)`` is the run's resolved train config (a trained run) or its ``config.yaml``
-    (an existing run; None when unreadable, reported elsewhere).
+    (an existing run; None when unreadable, reported elsewhere), file-valued settings as
+    :class:`FileSetting`; ``overrides_of(run)``: its design levels' overrides, likewise.
     """
     problems: list[str] = []
     by_cell: dict[str, list[tuple[str, str, dict[str, Any], bool]]] = {}
@@ -134,7 +160,7 @@ def existing_run_problems(runs: Sequence[Any], compare: str, declared: set[str],
         if r.run_dir is not None:
             if (msg := seed_problem(r.name, r.seed, cfg)) is not None:
                 problems.append(msg)
-            problems += override_problems(r.name, r.overrides, cfg)
+            problems += override_problems(r.name, overrides_of(r), cfg)
         by_cell.setdefault(cell_of(r), []).append((r.levels.get(compare, ""), r.name, cfg, r.run_dir is not None))
     for cell, members in by_cell.items():
         problems += cell_problems(cell, members, declared, compare)

@@ -42,6 +42,7 @@ from pcpo_eval.study.comparability import existing_run_problems
 from pcpo_eval.study.retention import epoch_maps, retention_problems
 from pcpo_eval.study.sections import GridSpec, PreferenceSpec, parse_epoch_map, parse_grids, parse_preferences
 from pcpo_eval.train.config import TrainConfig, config_from_dict, read_config_file
+from pcpo_eval.train.inputs import file_settings, read_inputs
 from pcpo_eval.train.preflight import backend_missing, model_missing, prompts_missing
 
 STAGES = ("train", "select", "generate", "metrics", "stats", "report")
@@ -517,16 +518,19 @@ def _check_identical_runs(runs: Sequence[RunSpec], compare: str, problems: list[
 
 
 def _run_settings(run: RunSpec) -> dict[str, Any] | None:
-    """A run's training settings: its resolved train config, or an existing run's ``config.yaml``
-    (None when unreadable: :func:`_run_models` reports it)."""
+    """A run's training settings: its resolved train config (its files as they are now, which the trainer
+    will read), or an existing run's ``config.yaml`` with what its ``inputs.json`` records its files held
+    (None when unreadable: :func:`_run_models` reports it); file-valued ones as
+    :class:`~pcpo_eval.train.inputs.FileSetting`."""
     from pcpo_eval.train.checkpoints import load_run_config
 
     if run.train is not None:
-        return run.train.to_dict()
+        return file_settings(run.train.to_dict(), read_now=True)
     try:
-        return load_run_config(run.run_dir) if run.run_dir is not None else None
+        cfg = load_run_config(run.run_dir) if run.run_dir is not None else None
     except UserError:
         return None
+    return file_settings(cfg, read_inputs(run.run_dir)) if cfg is not None else None
 
 
 def _check_existing_settings(runs: Sequence[RunSpec], factors: Factors, compare: str, problems: list[str]) -> None:
@@ -536,7 +540,8 @@ def _check_existing_settings(runs: Sequence[RunSpec], factors: Factors, compare:
         return
     declared = {k for ov in factors.get(compare, {}).values() for k in ov}
     cell_of = lambda r: ", ".join(f"{f}={v}" for f, v in r.levels.items() if f != compare) or "all"  # noqa: E731
-    problems += existing_run_problems(runs, compare, declared, cell_of, _run_settings)
+    problems += existing_run_problems(runs, compare, declared, cell_of, _run_settings,
+                                      lambda r: file_settings(r.overrides, read_now=True))
 
 
 def _parse_targets(top: dict[str, Any], runs: Sequence[RunSpec], problems: list[str]) -> tuple[list[float], float, int]:

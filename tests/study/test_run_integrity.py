@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from pcpo_eval.errors import UserError
 from pcpo_eval.study.spec import load_spec
@@ -211,3 +212,97 @@ def test_runs_trained_longer_than_the_spec_are_refused(tmp_path, monkeypatch):
     write_spec(tmp_path / "s.yaml", **kw, train={"overrides": {"epochs": 16, "checkpoint_every": 2}})
     run_study(spec, tmp_path / "study", stages=("train",), log=lambda s: None)
     assert len(fakes.train_calls) == n + 4 and all(resume for _, resume in fakes.train_calls[n:])
+
+
+def _prompt_runs(tmp: Path, rel: str, algs: tuple[str, ...] = ("DDPO", "PCPO")) -> list[dict]:
+    """Existing runs of ``algs`` trained with ``prompts: rel`` (a path relative to the working directory)."""
+    return _existing(tmp, {(a, s): _cfg(a, s, prompts=rel) for a in algs for s in (0, 1)})
+
+
+def test_one_prompt_file_named_by_two_path_strings_is_one_setting(tmp_path, monkeypatch):
+    """A run trained by hand records ``prompts: train/prompts/x.txt`` as typed; the study's own runs (or
+    another existing run) name the same file by its absolute path. Refused as "differ in prompts"."""
+    monkeypatch.chdir(tmp_path)
+    prompts = tmp_path / "train" / "prompts" / "x.txt"
+    prompts.parent.mkdir(parents=True)
+    prompts.write_text("red circle\nblue square\n")
+    runs = _prompt_runs(tmp_path, "train/prompts/x.txt", ("DDPO",))  # trained before inputs.json: text only
+    spec = write_spec(tmp_path / "s.yaml", runs=runs, seeds=[0, 1], targets=[0.3], select_target=0.3,
+                      design=ONE_FACTOR, lmm={"formula": "value ~ algorithm + (1|prompt)"},
+                      train={"overrides": {"epochs": 12, "checkpoint_every": 2, "model": "toy", "sample_steps": 8,
+                                           "reward": "toy_aesthetic", "learning_rate": 5e-5,
+                                           "prompts": str(prompts)}})
+    assert len(load_spec(spec, check_weights=False).runs) == 4
+    for rd in ("run_PCPO_0", "run_PCPO_1"):  # existing runs on both sides: ./relative vs absolute
+        cfg = _cfg("PCPO", int(rd[-1]), prompts="./train/prompts/x.txt")
+        write_run(tmp_path / rd, 8, 0.08, 2, config=cfg, rng_key=rd)
+    runs += [{"levels": {"algorithm": "PCPO"}, "seed": s, "run_dir": str(tmp_path / f"run_PCPO_{s}")} for s in (0, 1)]
+    assert len(load_spec(_spec(tmp_path, runs), check_weights=False).runs) == 4
+    # a model folder named two ways is one model too
+    (tmp_path / "models" / "toy1").mkdir(parents=True)
+    for i, r in enumerate(runs):
+        cfg = yaml.safe_load((Path(r["run_dir"]) / "config.yaml").read_text())
+        cfg["model"] = "toy:models/toy1" if i % 2 else f"toy:{tmp_path / 'models' / 'toy1'}"
+        (Path(r["run_dir"]) / "config.yaml").write_text(yaml.safe_dump(cfg))
+    assert len(load_spec(_spec(tmp_path, runs), check_weights=False).runs) == 4
+
+
+def test_one_path_string_that_held_other_prompts_is_refused(tmp_path, monkeypatch):
+    """Both runs' config.yaml say ``prompts: train/prompts/x.txt``, but the file was edited between the two
+    trainings: their inputs.json digests differ, and the verdict would credit other prompts to the algorithm."""
+    import json
+
+    from pcpo_eval.io import sha256_file
+
+    def write_inputs(rd, path: Path, text: str) -> None:  # RUN/inputs.json as the trainer writes it at the start
+        entry = {"value": text, "resolved": str(path.resolve()), "sha256": sha256_file(path)}
+        (Path(rd) / "inputs.json").write_text(json.dumps({"prompts": entry}))
+
+    monkeypatch.chdir(tmp_path)
+    prompts = tmp_path / "train" / "prompts" / "x.txt"
+    prompts.parent.mkdir(parents=True)
+    runs = _prompt_runs(tmp_path, "train/prompts/x.txt")
+    for r in runs:  # as the trainer records it when each run starts; PCPO's were trained after the edit
+        prompts.write_text("red circle\nblue square\n" if "DDPO" in r["run_dir"] else "red circle\nred circle\n")
+        write_inputs(r["run_dir"], prompts, "train/prompts/x.txt")
+    with pytest.raises(UserError) as ei:
+        load_spec(_spec(tmp_path, runs), check_weights=False)
+    msg = str(ei.value)
+    assert ("in cell all, the runs differ in prompts (DDPO 'train/prompts/x.txt' (sha256 " in msg
+            and "(one path, other contents: the file changed between the trainings, or they ran on other machines), "
+                "which no level of algorithm sets" in msg and "has 1 problem(s)" in msg)
+    prompts.write_text("red circle\nblue square\n")  # the same contents under another path (another machine)
+    other = tmp_path / "elsewhere.txt"
+    other.write_text("red circle\nblue square\n")
+    for r in runs:
+        write_inputs(r["run_dir"], prompts, "train/prompts/x.txt")
+    (Path(runs[3]["run_dir"]) / "config.yaml").write_text(yaml.safe_dump(_cfg("PCPO", 1, prompts=str(other))))
+    write_inputs(runs[3]["run_dir"], other, str(other))
+    assert len(load_spec(_spec(tmp_path, runs), check_weights=False).runs) == 4
+    # the study's own runs read the file as it is now: a run recorded with other contents is refused
+    spec = write_spec(tmp_path / "s.yaml", runs=runs[:2], seeds=[0, 1], targets=[0.3], select_target=0.3,
+                      design=ONE_FACTOR, lmm={"formula": "value ~ algorithm + (1|prompt)"},
+                      train={"overrides": {"epochs": 12, "checkpoint_every": 2, "model": "toy", "sample_steps": 8,
+                                           "reward": "toy_aesthetic", "learning_rate": 5e-5,
+                                           "prompts": str(prompts)}})
+    load_spec(spec, check_weights=False)
+    prompts.write_text("a green ring\n")
+    with pytest.raises(UserError, match=r"the runs differ in prompts \(DDPO 'train/prompts/x.txt' \(sha256 \w{12}\); "
+                                        r"PCPO '/.*x.txt' \(sha256 \w{12}\)\)"):
+        load_spec(spec, check_weights=False)
+
+
+def test_init_from_one_run_folder_at_two_epochs_is_refused(tmp_path):
+    """``init_from: RUN`` starts from RUN's latest checkpoint: two runs naming one folder started from other
+    weights when RUN trained on in between. Runs from before inputs.json give the digest in init_from.json."""
+    import json
+
+    runs = _existing(tmp_path, {(a, s): _cfg(a, s, init_from="/runs/pretrained") for a in ("DDPO", "PCPO")
+                                for s in (0, 1)})
+    for r in runs:
+        sha = "a" * 64 if "DDPO" in r["run_dir"] else "b" * 64
+        (Path(r["run_dir"]) / "init_from.json").write_text(json.dumps({"source": "/runs/pretrained",
+                                                                       "weights_sha256": sha}))
+    with pytest.raises(UserError, match=r"the runs differ in init_from \(DDPO '/runs/pretrained' \(sha256 a{12}\); "
+                                        r"PCPO '/runs/pretrained' \(sha256 b{12}\)\) \(one path, other contents"):
+        load_spec(_spec(tmp_path, runs), check_weights=False)
