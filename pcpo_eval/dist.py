@@ -106,13 +106,21 @@ def finalize() -> None:
 
 
 def pick_device(device: str, local_rank: int | None = None) -> torch.device:
-    """``auto`` -> this process's CUDA device (``LOCAL_RANK``) when CUDA is available, else CPU."""
+    """``auto`` -> this process's CUDA device (``LOCAL_RANK``) when CUDA is available, else CPU.
+
+    A bare ``cuda`` under a launcher (``WORLD_SIZE > 1``) is this process's GPU too, as
+    :func:`group_backend` binds it: ``torch.device("cuda")`` means the *current* device, which is cuda:0
+    until :func:`init` runs, and ``generate`` loads its model before that, so every rank rendered on GPU 0.
+    """
     if device == "auto":
         if torch.cuda.is_available():
             lr = int(os.environ.get("LOCAL_RANK", rank() if local_rank is None else local_rank))
             return torch.device("cuda", lr % torch.cuda.device_count())
         return torch.device("cpu")
-    return torch.device(device)
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None and env_world_size() > 1 and torch.cuda.is_available():
+        return group_backend(dev)[1] or dev  # the GPU the group binds (LOCAL_RANK), before and after init
+    return dev
 
 
 def resolve_device(flag: str) -> str:

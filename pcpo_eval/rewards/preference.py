@@ -673,6 +673,8 @@ def imagereward(
     (``PCPO_BERT_TOKENIZER_PATH`` or the HF cache), which BLIP would otherwise fetch from the hub.
     Preprocessing: ImageReward's ``_transform(224)`` (bicubic shortest-edge resize, center crop,
     OpenAI CLIP mean / std). ``model``: an already built model with the same attributes (tests).
+    ``dtype`` is the BLIP towers' (``float16`` / ``bfloat16`` on a GPU); the MLP stays float32, as the
+    reference feeds it float32 [CLS] states (before, any other ``dtype`` failed at the MLP's first layer).
     """
     dev, torch_dtype = _common(device, batch_size, dtype)
     settings: dict[str, Any] = {"model": "ImageReward-v1.0", "score": "(mlp(cls) - 0.16717) / 1.03334", "dtype": dtype}
@@ -686,6 +688,7 @@ def imagereward(
         model = load_imagereward_model(wpath, mpath, tpath, dev)
         settings.update(weights=str(wpath), med_config=str(mpath), tokenizer=str(tpath))
     model = model.to(device=dev, dtype=torch_dtype).eval()
+    model.mlp.float()  # the reference feeds the MLP float32 [CLS] states (``.float()``): float32 at any ``dtype``
     cfg = ImageCfg()  # ImageReward _transform(224): Resize(224, bicubic), CenterCrop(224), CLIP mean/std
     settings["preprocess"] = cfg.to_dict()
 

@@ -243,6 +243,14 @@ class Study:
             self.log(f"  explicit epochs: {selection['epoch']}" if selection.get("epochs")
                      else f"  matched epoch: {selection['epoch']} (every run)")
 
+    def _eval_device(self) -> str:
+        """``eval.device`` as ``--device`` reads it (:func:`pcpo_eval.dist.resolve_device`: ``auto`` -> this
+        process's GPU or cpu; CUDA asked for where there is none is one UserError line). Passed on as
+        written, ``auto`` stopped the sets stage, after training, with torch's device-string error."""
+        from pcpo_eval.dist import resolve_device
+
+        return resolve_device(self.spec.eval.device)
+
     # -- 3. generate ---------------------------------------------------------------------------
     def stage_generate(self) -> None:
         from pcpo_eval.generate.plan import parse_seeds
@@ -275,7 +283,7 @@ class Study:
             else:
                 self.log(f"  set {rel} <- {model}")
                 generate_set(model, prompts, seeds, out, batch_size=ev.batch_size, steps=s["steps"], cfg=s["cfg"],
-                             eta=s["eta"], schedule=s["sigma_schedule"], device=ev.device, max_prompts=maxp,
+                             eta=s["eta"], schedule=s["sigma_schedule"], device=self._eval_device(), max_prompts=maxp,
                              max_prompt_tokens=maxtok, progress=False)
             if made.get(rel) != ident:
                 made[rel] = ident
@@ -303,7 +311,7 @@ class Study:
         from pcpo_eval.study.results import preference_sets
 
         sp, lay = self.spec, self.layout
-        opts = MetricsOptions(batch_size=sp.metric_batch_size, device=sp.eval.device, is_splits=sp.is_splits)
+        opts = MetricsOptions(batch_size=sp.metric_batch_size, device=self._eval_device(), is_splits=sp.is_splits)
         base = lay.set_dir("base")
         sets = lay.eval_sets(sp.base_model)
         jobs = [(label, False, "", list(sp.metrics)) for label, _, _ in sets]

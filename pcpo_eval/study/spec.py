@@ -683,6 +683,8 @@ def _parse_eval(section: Any, base: Path, models: Sequence[str | None], problems
         parse_seeds(spec.seeds)
         check_sampling_options(batch_size=spec.batch_size, steps=spec.steps, cfg=spec.cfg, eta=spec.eta,
                                max_prompts=spec.max_prompts, section="eval")
+        if re.fullmatch(r"auto|cpu|cuda(:\d+)?", str(spec.device).strip().lower()) is None:
+            problems.append(f"eval: device={spec.device!r} (choose auto, cpu, cuda or cuda:N)")
     except (TypeError, UserError) as exc:
         problems.append(f"eval: {exc}")
     sampler = _eval_sampler(models, problems)

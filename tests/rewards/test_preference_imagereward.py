@@ -68,8 +68,7 @@ def tokenizer_dir(tmp_path_factory):
     return d
 
 
-@pytest.fixture(scope="module")
-def stand_in(tokenizer_dir):
+def _stand_in(tokenizer_dir) -> nn.Module:
     torch.manual_seed(0)  # nn init uses the global RNG; tests only
     tokenizer = _blip_tokenizer_from(tokenizer_dir)()
     blip = nn.Module()
@@ -80,6 +79,11 @@ def stand_in(tokenizer_dir):
     model.blip = blip
     model.mlp = AestheticMLP(768)  # ImageReward's MLP(768) has the same layer list
     return model.eval()
+
+
+@pytest.fixture(scope="module")
+def stand_in(tokenizer_dir):
+    return _stand_in(tokenizer_dir)
 
 
 def _reference_score(model, prompt: str, image: torch.Tensor) -> float:
@@ -131,6 +135,20 @@ def test_imagereward_batch_size_invariant(stand_in):
     outs = [make_reward("imagereward", model=stand_in, batch_size=bs)(imgs, prompts) for bs in (1, 3, 7)]
     for o in outs[1:]:
         torch.testing.assert_close(o, outs[0], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_imagereward_reduced_precision_keeps_the_mlp_float32(tokenizer_dir, dtype):
+    """``dtype=float16`` / ``bfloat16`` (the GPU setting) casts the BLIP towers only: the reference feeds the MLP
+    float32 [CLS] states, which a cast MLP refused (``mat1 and mat2 must have the same dtype``)."""
+    imgs, fp32 = random_images(4, 224, seed=1), make_reward("imagereward", model=_stand_in(tokenizer_dir))
+    ref = fp32(imgs, PROMPTS[:4])
+    model = _stand_in(tokenizer_dir)  # a fresh one: the factory casts the model it is given in place
+    got = make_reward("imagereward", model=model, batch_size=2, dtype=dtype)(imgs, PROMPTS[:4])
+    assert model.mlp.layers[0].weight.dtype == torch.float32
+    assert model.blip.visual_encoder.patch.weight.dtype == getattr(torch, dtype)
+    assert got.dtype == torch.float32 and torch.isfinite(got).all()
+    assert (got - ref).abs().max() < 0.1 * ref.std() + 0.05
 
 
 def test_imagereward_missing_files(tmp_path, monkeypatch):

@@ -137,3 +137,25 @@ def test_paper_spec_without_weights_lists_every_missing_item_in_one_error(name):
     for metric in spec.metrics:
         for backend in METRICS[metric].backends:
             assert backend in msg or METRICS[metric].label in msg or metric in msg
+
+
+@pytest.mark.parametrize("device", ["auto", "cuda", "CUDA:1", "cpu"])
+def test_eval_device_auto_reaches_generate_and_metrics_resolved(tmp_path, monkeypatch, device):
+    """``eval.device: auto`` is read as ``--device auto`` (``dist.resolve_device``: this process's GPU, else cpu):
+    passed on as written, ``torch.device('auto')`` stopped the sets stage after training."""
+    import torch
+
+    from pcpo_eval.study.runner import Study
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    spec = load_spec(_flow_spec(tmp_path, device=device))
+    want = {"auto": "cuda:0", "cuda": "cuda", "CUDA:1": "cuda:1", "cpu": "cpu"}[device]
+    assert Study(spec, tmp_path / "out")._eval_device() == want
+
+
+def test_eval_device_typo_is_a_spec_problem(tmp_path):
+    with pytest.raises(UserError, match=r"eval: device='gpu' \(choose auto, cpu, cuda or cuda:N\)"):
+        load_spec(_flow_spec(tmp_path, device="gpu"))

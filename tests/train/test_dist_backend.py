@@ -45,3 +45,19 @@ def test_init_sets_the_device_before_the_group(monkeypatch):
     assert dist.init("auto") == (1, 2)
     cuda1 = torch.device("cuda", 1)
     assert calls == [("set_device", cuda1), ("init", "cpu:gloo,cuda:nccl", cuda1)]
+
+
+@pytest.mark.parametrize(("flag", "world", "want"), [
+    ("cuda", "2", "cuda:3"), ("cuda:1", "2", "cuda:1"), ("auto", "2", "cuda:3"), ("cuda", "1", "cuda"),
+])
+def test_a_bare_cuda_flag_under_a_launcher_is_the_ranks_gpu(monkeypatch, flag, world, want):
+    """``--device cuda`` under torchrun names this rank's GPU (``LOCAL_RANK``), as ``auto`` does and as the
+    group binds it: ``generate`` loads its model before ``init``, when a bare ``cuda`` is still cuda:0, so
+    every rank rendered on GPU 0. One process keeps PyTorch's meaning (the current device)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setenv("WORLD_SIZE", world)
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert dist.resolve_device(flag) == want
+    if world != "1":  # the device the model is loaded on is the one the group binds
+        assert dist.group_backend(flag)[1] == torch.device(want)
