@@ -93,7 +93,8 @@ class GenerationRequest:
         micro_batch: fixed row count of every model call (part of the settings); ``None`` ->
             :func:`auto_micro_batch` of the model's latent shape on CPU, :func:`memory_micro_batch`
             (from free GPU memory; identity within tolerance) on CUDA; ``0`` turns fixed shapes off.
-        device: torch device of the model.
+        device: torch device of the model, read as ``--device`` (:func:`pcpo_eval.dist.resolve_device`:
+            ``auto`` or a bare ``cuda`` under torchrun is this process's GPU).
         precision: ``auto`` / ``fp32`` / ``tf32`` / ``bf16`` / ``fp16`` (:mod:`pcpo_eval.precision`);
             ``auto`` is bf16 on CUDA, fp32 on CPU, or an adapter's own dtype when one is passed.
         attention: the attention backend (:data:`pcpo_eval.precision.ATTENTION_BACKENDS`; ``auto``:
@@ -198,6 +199,7 @@ def generate_set(
         A :class:`GenerateSummary` (this process's share; the manifest covers all shares).
     """
     t_start = time.perf_counter()
+    device = dist.resolve_device(str(device))  # "auto", and a bare "cuda" under torchrun: this rank's GPU
     request = GenerationRequest(
         model_spec, prompts, seeds, out_dir, batch_size=batch_size, steps=steps, cfg=cfg, eta=eta,
         sampler=sampler, schedule=schedule, micro_batch=micro_batch, device=device, precision=precision,

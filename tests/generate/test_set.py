@@ -290,3 +290,16 @@ def test_unrecorded_truncated_image_is_rendered_again(reference_set, tmp_path):
     assert _hashes(pd.read_parquet(out / "manifest.parquet")) == _hashes(
         pd.read_parquet(reference_set / "manifest.parquet")
     )
+
+
+def test_device_is_read_as_the_device_flag(reference_set, tmp_path):
+    """``device`` of the API reads as ``--device``: ``auto`` is this process's GPU or the CPU (the same set
+    as ``cpu`` here: resumed, nothing rendered), a misspelt device one UserError before anything is written."""
+    out = tmp_path / "set"
+    shutil.copytree(reference_set, out)
+    s = generate_set(StandInAdapter(), _prompts(), N_SEEDS, out, steps=STEPS, micro_batch=MICRO, device=" AUTO ",
+                     progress=False)
+    assert s.n_rendered == 0 and s.n_skipped == 40
+    with pytest.raises(UserError, match="unknown --device 'gpu'"):
+        generate_set(StandInAdapter(), _prompts(), N_SEEDS, tmp_path / "new", device="gpu", progress=False)
+    assert not (tmp_path / "new").exists()
