@@ -37,7 +37,8 @@ from pcpo_eval.train.inputs import FileSetting
 #: config keys never compared between runs: execution and logging, importer bookkeeping, the seed
 #: (checked on its own) and the keys the verdict already handles (``epochs``, ``paired_control``)
 EXEMPT_KEYS = frozenset({
-    "seed", "epochs", "paired_control", "device", "keep_checkpoints", "compile", "deterministic", "diagnostics",
+    "seed", "epochs", "paired_control", "device", "keep_checkpoints", "compile", "deterministic", "allow_tf32",
+    "diagnostics",
     "log_to", "log_project", "log_images_every", "wandb_mode", "imported_from", "source",
 })  # fmt: skip
 

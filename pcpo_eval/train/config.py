@@ -110,6 +110,10 @@ class TrainConfig:
     #: fixed cuBLAS workspace), so a resumed run equals an uninterrupted one bit for bit, at 1.43x the
     #: epoch time of setup 2 on an H200 (docs/gpu.md). Process-wide, set before the first CUDA call.
     deterministic: bool = False
+    #: CUDA only: TF32 tensor cores for the float32 matrix products and convolutions of sampling and the
+    #: update (``precision.matmul_precision("tf32")``), as ddpo-pytorch's ``config.allow_tf32 = True``;
+    #: false: true fp32 (TF32 off for cuDNN too, which PyTorch's default would allow). No effect on a CPU
+    allow_tf32: bool = True
     #: torch.compile the denoiser in place (``nn.Module.compile``: same module, state dict and LoRA
     #: switches) for sampling and the update; speed only (other kernels: values agree within tolerance,
     #: not bitwise); the first epoch pays the compilation. CUDA is where it pays (docs/gpu.md)

@@ -43,6 +43,7 @@ are gathered for the advantage statistics, gradients are averaged.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from pathlib import Path
@@ -57,7 +58,7 @@ from pcpo_eval import dist
 from pcpo_eval.errors import UserError
 from pcpo_eval.io import atomic_write_json, atomic_write_parquet, atomic_write_text
 from pcpo_eval.models.base import ModelAdapter
-from pcpo_eval.precision import deterministic_cuda
+from pcpo_eval.precision import deterministic_cuda, matmul_precision
 from pcpo_eval.progress import echo, progress_bar
 from pcpo_eval.rundir import (  # noqa: F401  (INIT_FILE re-exported: its old home)
     INIT_FILE,
@@ -90,7 +91,7 @@ from pcpo_eval.train.tracking import RunTracking, open_tracking
 from pcpo_eval.train.update import UpdateMixin
 
 #: config keys ``--resume`` lets differ from the run's config.yaml (neither changes what is trained)
-RESUME_MAY_CHANGE = ("epochs", "device", "keep_checkpoints", "deterministic", "compile")
+RESUME_MAY_CHANGE = ("epochs", "device", "keep_checkpoints", "deterministic", "compile", "allow_tf32")
 
 
 class Trainer(PolicyMixin, RolloutMixin, UpdateMixin):
@@ -238,9 +239,13 @@ class Trainer(PolicyMixin, RolloutMixin, UpdateMixin):
                   f"{self.world} process(es), epochs {self.start_epoch}..{cfg.epochs}", flush=True)
         bar = progress_bar(cfg.epochs, "train", self.progress if self.is_main else False, unit="epoch",
                            initial=self.start_epoch - 1)
+        # TF32 exactly as the config says on CUDA; a CPU has none, and its kernels stay untouched
+        kernels = (matmul_precision("tf32" if cfg.allow_tf32 else "fp32") if self.device.type == "cuda"
+                   else contextlib.nullcontext())
         try:
-            for epoch in range(self.start_epoch, cfg.epochs + 1):
-                self._run_epoch(epoch, bar)
+            with kernels:
+                for epoch in range(self.start_epoch, cfg.epochs + 1):
+                    self._run_epoch(epoch, bar)
         finally:
             bar.close()
         warning = ppo_health_warning(pd.DataFrame(self.log_rows)) if self.log_rows else None

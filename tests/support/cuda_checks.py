@@ -132,6 +132,33 @@ def train_mixed_precision(tmp: Path) -> dict:
     return {"last_loss": got}
 
 
+def train_tf32(tmp: Path) -> dict:
+    """The trainer's epochs run under ``allow_tf32`` on CUDA (TF32 on for matmuls and cuDNN, or off for
+    both), and the process's settings are restored after."""
+    from pcpo_eval.train.config import load_config
+    from pcpo_eval.train.trainer import Trainer, train
+
+    seen: dict[str, list] = {}
+    real = Trainer._run_epoch
+
+    def spy(self, epoch, bar):
+        seen.setdefault(str(self.cfg.allow_tf32), []).append(
+            (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32))
+        return real(self, epoch, bar)
+
+    Trainer._run_epoch = spy
+    before = (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32)
+    for allow in (True, False):
+        cfg = load_config(None, ["model=toy", "prompts=toy", "reward=jpeg_compressibility", "epochs=1",
+                                 "sample_steps=4", "sample_batch_size=4", "train_batch_size=2", "lora_rank=2",
+                                 "log_to=none", f"allow_tf32={allow}", f"device={DEVICE}"])
+        train(cfg, tmp / f"tf32_{allow}")
+    Trainer._run_epoch = real
+    assert seen == {"True": [("high", True)], "False": [("highest", False)]}, seen
+    assert (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32) == before
+    return {"epoch_settings": seen}
+
+
 def step_syncs(tmp: Path) -> dict:
     """Host-device synchronisations of an epoch do not grow with its steps, so the host queues each network
     call while the GPU runs the last one: sampling (the per-step noise and schedule scalars,
@@ -319,7 +346,7 @@ DEVICE = sys.argv[3] if len(sys.argv) > 3 else "cuda"
 SCENARIOS = {f.__name__: f for f in (generate_precisions, generate_memory_micro_batch, generate_sd1_tiny,
                                      train_resume, train_mixed_precision, step_syncs, dist_group,
                                      flow_models_bf16, flow_train_bf16, metrics_on_cuda,
-                                     feature_numerics)}
+                                     feature_numerics, train_tf32)}
 
 if __name__ == "__main__":
     name, tmp = sys.argv[1], Path(sys.argv[2])

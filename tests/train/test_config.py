@@ -24,3 +24,27 @@ def test_deterministic_key_reads_yaml_booleans_and_may_change_on_resume():
     assert config_from_dict({"deterministic": "no"}).deterministic is False
     assert config_from_dict({"deterministic": False}).deterministic is False
     assert "deterministic" in RESUME_MAY_CHANGE  # a speed setting: a run may resume with the other one
+
+
+def test_allow_tf32_leaves_cpu_kernels_alone(tmp_path, monkeypatch):
+    """``allow_tf32`` (CUDA only) is read from the config and never changes a CPU run's matmul settings;
+    on CUDA the epochs run under it (tests/support/cuda_checks.py train_tf32)."""
+    import torch
+
+    from pcpo_eval.train.config import load_config
+    from pcpo_eval.train.trainer import Trainer, train
+    from tests.support.train import TINY
+
+    assert load_config(None, []).allow_tf32 is True and load_config(None, ["allow_tf32=false"]).allow_tf32 is False
+    seen = []
+    real = Trainer._run_epoch
+
+    def spy(self, epoch, bar):
+        seen.append((torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32))
+        return real(self, epoch, bar)
+
+    monkeypatch.setattr(Trainer, "_run_epoch", spy)
+    before = (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32)
+    cfg = load_config(None, [f"{k}={v}" for k, v in {**TINY, "epochs": 1}.items()] + ["log_to=none", "device=cpu"])
+    train(cfg, tmp_path / "run")
+    assert seen == [before]
