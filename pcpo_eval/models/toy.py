@@ -75,9 +75,11 @@ class ToyAdapter(ModelAdapter):
         out = self.denoiser(x_t, t, encoder_hidden_states=cond.hidden, class_labels=cond.pooled).sample
         if self.raw_prediction == "epsilon":
             return out
-        idx = t.long().cpu()
-        a = self._sqrt_ab[idx].to(out.device, out.dtype).view(-1, 1, 1, 1)
-        s = self._sqrt_1mab[idx].to(out.device, out.dtype).view(-1, 1, 1, 1)
+        if self._sqrt_ab.device != out.device:  # the tables live where the model runs: no host sync per call
+            self._sqrt_ab, self._sqrt_1mab = self._sqrt_ab.to(out.device), self._sqrt_1mab.to(out.device)
+        idx = t.to(out.device).long()
+        a = self._sqrt_ab[idx].to(out.dtype).view(-1, 1, 1, 1)
+        s = self._sqrt_1mab[idx].to(out.dtype).view(-1, 1, 1, 1)
         if self.raw_prediction == "v_prediction":
             # eps = sqrt(ab_t) v + sqrt(1 - ab_t) x_t  (exact inverse of the v target)
             return a * out + s * x_t.to(out.dtype)
