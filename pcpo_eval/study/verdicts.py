@@ -187,7 +187,8 @@ def speedup_blocks(sp: StudySpec, rows: Sequence[dict[str, Any]], status: Sequen
                           "p": row["p"], "p_adjusted": row["p_adjusted"], "significant": row["significant"],
                           "mde": row["mde"], "seeds_for_reference": d["seeds_for_reference"], "tau": d["tau"],
                           "status": row["reason"] or "ok"})
-        out.append({"cell": cell, "baseline": sp.baseline, "pcpo": sp.pcpo, "window": sp.window, "rows": table})
+        out.append({"cell": cell, "baseline": sp.baseline, "pcpo": sp.pcpo, "window": sp.window, "unit": "epochs",
+                    "rows": table})
     return out
 
 
@@ -249,6 +250,11 @@ def _notes(sp: StudySpec, logs: dict[str, pd.DataFrame], table: pd.DataFrame, ru
     """``verdict_notes`` (what limits the comparison) and the headline's caveats (the ones that change
     what the verdict is about: cut runs, a missing control)."""
     notes, caveats = [], []
+    for text in sp.epoch_caveats:  # allowed by unequal_epochs_ok: true, said first
+        said = (f"{text}: every row compares per epoch (unequal_epochs_ok: true), so a difference may be "
+                "the extra samples or compute, not the algorithm")
+        notes.append(said)
+        caveats.append(said[0].upper() + said[1:])
     if CONTROL_COLUMN not in table.columns:
         lacking = [r.name for r in _compared(sp) if not has_control(logs[r.name])]
         text = (f"no paired gain, gain speed-up or sampler offset: {len(lacking)} run(s) lack control_reward_mean "
