@@ -530,3 +530,36 @@ def test_epoch_budget_reads_what_a_config_records():
     [text] = epoch_unit_problems("all", runs, "A", "B", "algorithm")
     assert "optimizer steps per epoch (B 4, A 2" in text
     assert epoch_unit_problems("all", runs[:1] + runs[2:], "A", "B", "algorithm") == []
+
+
+def test_a_log_missing_epochs_is_not_averaged_across_the_gap(tmp_path, monkeypatch):
+    """A log without epochs 3-7 (merged by hand after a crash, or imported from a sampled W&B history) was read
+    as consecutive values: its smoothing windows spanned 10 epochs and its AUC and epochs to target changed
+    without a word (speedup_gain:0.3 moved from the whole log's value). Now the missing epochs are NaN: what
+    needs them is not estimable, and a note names them."""
+    whole = _planted(tmp_path, monkeypatch)
+
+    def gap(logs):
+        logs["algorithm-B__seed-1"] = logs["algorithm-B__seed-1"].drop(index=range(2, 7))
+
+    (tmp_path / "gap").mkdir()
+    res = _planted(tmp_path / "gap", monkeypatch, gap)
+    rows = {v["quantity"]: v for v in res["verdict"]}
+    assert not rows["auc"]["estimable"] and not rows["speedup_gain:0.3"]["estimable"]
+    assert rows["paired_gain"]["p"] == pytest.approx(next(v["p"] for v in whole["verdict"]
+                                                          if v["quantity"] == "paired_gain"))  # its last 5 are there
+    assert any(n.startswith("algorithm-B__seed-1 has no log row for epoch(s) 3, 4, 5, 6, 7") for n in res["verdict_notes"])
+
+
+def test_a_log_numbered_from_zero_is_refused(tmp_path):
+    """Epoch 0 (ddpo-pytorch's and W&B's numbering) put beside runs numbered from 1 reaches every target one
+    epoch early: with identical curves, 5 seeds read as a +7.8% speed-up at the exact sign-flip p 0.0625."""
+    from pcpo_eval.errors import UserError
+    from pcpo_eval.rundir import load_log
+
+    pd.DataFrame({"epoch": np.arange(0, 6), "reward_mean": np.linspace(0, 1, 6)}).to_parquet(tmp_path / "l.parquet")
+    with pytest.raises(UserError, match="starts at epoch 0; epochs are numbered from 1 .*add 1 to its epochs"):
+        load_log(tmp_path / "l.parquet")
+    pd.DataFrame({"epoch": [1, 1.5, 2], "reward_mean": [0.0, 0.1, 0.2]}).to_csv(tmp_path / "h.csv", index=False)
+    with pytest.raises(UserError, match="holds 1.5, not a whole epoch"):
+        load_log(tmp_path / "h.csv")
