@@ -114,6 +114,7 @@ def epoch_dirs(run_dir: str | Path, complete: bool = True) -> list[tuple[int, Pa
 
 def validate_log(df: pd.DataFrame, name: str = "log") -> pd.DataFrame:
     """Check the training-log columns and return it sorted by epoch."""
+    import numpy as np
     import pandas as pd
 
     missing = [c for c in LOG_COLUMNS if c not in df.columns]
@@ -129,6 +130,15 @@ def validate_log(df: pd.DataFrame, name: str = "log") -> pd.DataFrame:
         n_bad = int(df[c].isna().sum())
         if n_bad:
             raise UserError(f"{name} column {c!r} has {n_bad} missing/NaN values")
+    epochs = df["epoch"].to_numpy(dtype=float)
+    if not (epochs == np.round(epochs)).all():
+        bad = epochs[epochs != np.round(epochs)][0]
+        raise UserError(f"{name} column 'epoch' holds {bad:g}, not a whole epoch; one row per epoch, numbered 1, 2, ... "
+                        "(a log per step or per update needs averaging into epochs first)")
+    if epochs.min() < 1:
+        raise UserError(f"{name} starts at epoch {epochs.min():g}; epochs are numbered from 1 (epoch E's reward is "
+                        "sampled by the policy after E - 1 rounds of updates), so a log numbered from 0 would reach "
+                        "every target one epoch early: add 1 to its epochs")
     if df["epoch"].duplicated().any():
         dup = int(df.loc[df["epoch"].duplicated(), "epoch"].iloc[0])
         raise UserError(f"{name} has epoch {dup} more than once (one row per epoch expected)")

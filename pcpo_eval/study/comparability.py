@@ -14,6 +14,13 @@ algorithm's; a run listed under the wrong seed would be paired with the wrong ru
   declare (the arms may differ only in what ``design.<compared factor>.<level>`` sets; a declared key
   must still agree within an arm).
 
+Even a declared difference must not change what one *epoch* is (:func:`epoch_unit_problems`): the
+verdict counts epochs (speed-up = epochs to a target; paired gain, final reward and AUC at equal
+epochs), as the paper does ("Speedup in epochs", both arms at one batch), so a PCPO level that samples
+twice the images per epoch, or takes twice the optimizer steps, would have its extra samples or
+compute credited as speed. Such a design is refused unless the spec says ``unequal_epochs_ok: true``
+(then the headline names the difference).
+
 Only keys present in both configs are compared (an imported run records its model and objective
 only), and :data:`EXEMPT_KEYS` never are: they do not change what a run learns, or another part of
 the study handles them (``epochs``: every cell is cut to its shortest run, with a note; ``paired_control``:
@@ -75,6 +82,49 @@ def _one_path_text(by_arm: dict[str, list[tuple[str, Any]]]) -> str:
     if len({_as_file(v).text for v in vals}) == 1 and any(isinstance(v, FileSetting) for v in vals):
         return " (one path, other contents: the file changed between the trainings, or they ran on other machines)"
     return ""
+
+
+def epoch_budget(cfg: dict[str, Any]) -> dict[str, int | None]:
+    """What one epoch of a run is, from the settings it records: ``images`` sampled per epoch (the stated
+    total ``paper_total_batch`` when > 0, else ``sample_batch_size x sample_batches_per_epoch``, per process:
+    a config does not record how many processes trained it) and ``updates``, the optimizer steps
+    (``gradient_updates x num_inner_epochs``); None where the config does not record the keys (an imported
+    run records its model and objective only)."""
+    def num(key: str) -> int | None:
+        try:
+            return int(float(cfg[key])) if key in cfg and not isinstance(cfg[key], bool) else None
+        except (TypeError, ValueError):
+            return None
+
+    total, per, batches = num("paper_total_batch"), num("sample_batch_size"), num("sample_batches_per_epoch")
+    images = total if total else (per * batches if per is not None and batches is not None else None)
+    steps, inner = num("gradient_updates"), num("num_inner_epochs")
+    return {"images": images, "updates": steps * inner if steps is not None and inner is not None else None}
+
+
+#: how :func:`epoch_unit_problems` names each part of an epoch, and the keys that set it
+EPOCH_PARTS = {"images": ("images sampled per epoch", "sample_batch_size x sample_batches_per_epoch (or "
+                          "paper_total_batch)"),
+               "updates": ("optimizer steps per epoch", "gradient_updates x num_inner_epochs")}
+
+
+def epoch_unit_problems(cell: str, runs: Sequence[tuple[str, str, dict[str, Any]]], baseline: str, pcpo: str,
+                        compare: str) -> list[str]:
+    """Where the compared arms of one cell differ in what one epoch is (:func:`epoch_budget`), one text per
+    part: the verdict's epochs would then be unequal amounts of sampling or compute. ``runs``: (arm, run
+    name, settings) per run; a run that does not record a part is not compared on it."""
+    out = []
+    for part, (what, keys) in EPOCH_PARTS.items():
+        vals = {arm: sorted({b for a, _, cfg in runs if a == arm and (b := epoch_budget(cfg)[part]) is not None})
+                for arm in (baseline, pcpo)}
+        if vals[baseline] and vals[pcpo] and vals[baseline] != vals[pcpo]:
+            shown = {arm: " / ".join(map(str, v)) for arm, v in vals.items()}
+            out.append(f"in cell {cell}, the arms differ in {what} ({pcpo} {shown[pcpo]}, {baseline} {shown[baseline]}; "
+                       f"{keys}): the verdict counts epochs, so a speed-up in epochs (and the gain, final reward and "
+                       f"AUC at equal epochs) would count the extra samples or compute of one arm as an effect of {compare}; give both "
+                       f"levels of {compare} one {keys.split(' (')[0]}, or set unequal_epochs_ok: true to compare "
+                       "per epoch anyway (the headline then says so)")
+    return out
 
 
 def seed_problem(name: str, listed: int, cfg: dict[str, Any]) -> str | None:

@@ -38,7 +38,7 @@ from pcpo_eval.rundir import checkpoints_root, log_path
 from pcpo_eval.stats.formula import parse_lmm_formula
 from pcpo_eval.stats.speedup import unreachable_targets
 from pcpo_eval.stats.verdict import quantity_name
-from pcpo_eval.study.comparability import existing_run_problems
+from pcpo_eval.study.comparability import epoch_unit_problems, existing_run_problems
 from pcpo_eval.study.retention import epoch_maps, retention_problems
 from pcpo_eval.study.sections import GridSpec, PreferenceSpec, parse_epoch_map, parse_grids, parse_preferences
 from pcpo_eval.train.config import TrainConfig, config_from_dict, read_config_file
@@ -152,6 +152,10 @@ class StudySpec:
     preferences: tuple[PreferenceSpec, ...] = ()
     #: every image grid (``grid`` is the first)
     grids: tuple[GridSpec, ...] = ()
+    #: the compared arms differ in what one epoch is (images sampled, optimizer steps), allowed by
+    #: ``unequal_epochs_ok: true``: each difference in words, for the verdict's notes and headline
+    #: (:func:`~pcpo_eval.study.comparability.epoch_unit_problems`)
+    epoch_caveats: tuple[str, ...] = ()
 
     # derived -----------------------------------------------------------------------------
     @property
@@ -213,7 +217,7 @@ _TOP_KEYS = {
     "name", "description", "train", "design", "runs", "compare", "seeds", "parallel", "paired_control",
     "targets", "gain_targets", "primary", "select_target", "select_epoch", "select_on", "window", "eval", "metrics",
     "overall_only",
-    "per_prompt_rank_deficient_ok", "metric_options", "lmm", "preference", "grid",
+    "per_prompt_rank_deficient_ok", "unequal_epochs_ok", "metric_options", "lmm", "preference", "grid",
 }  # fmt: skip
 _TRAIN_KEYS = {"config", "overrides"}
 _COMPARE_KEYS = {"factor", "baseline", "pcpo"}
@@ -542,6 +546,29 @@ def _check_existing_settings(runs: Sequence[RunSpec], factors: Factors, compare:
     cell_of = lambda r: ", ".join(f"{f}={v}" for f, v in r.levels.items() if f != compare) or "all"  # noqa: E731
     problems += existing_run_problems(runs, compare, declared, cell_of, _run_settings,
                                       lambda r: file_settings(r.overrides, read_now=True))
+
+
+def _check_epoch_units(runs: Sequence[RunSpec], compare: _Compare, top: dict[str, Any],
+                       problems: list[str]) -> tuple[str, ...]:
+    """Arms of a cell that differ in images sampled or optimizer steps per epoch (trained and existing runs,
+    :func:`~pcpo_eval.study.comparability.epoch_unit_problems`): spec problems, or with
+    ``unequal_epochs_ok: true`` the caveats the verdict prints."""
+    ok = top.get("unequal_epochs_ok", False)
+    if not isinstance(ok, bool):
+        problems.append(f"unequal_epochs_ok must be true or false, got {ok!r}")
+        ok = False
+    by_cell: dict[str, list[tuple[str, str, dict[str, Any]]]] = {}
+    for r in runs:
+        arm = r.levels.get(compare.factor, "")
+        if arm in (compare.baseline, compare.pcpo) and (cfg := _run_settings(r)) is not None:
+            cell = ", ".join(f"{f}={v}" for f, v in r.levels.items() if f != compare.factor) or "all"
+            by_cell.setdefault(cell, []).append((arm, r.name, cfg))
+    found = [t for cell, members in by_cell.items()
+             for t in epoch_unit_problems(cell, members, compare.baseline, compare.pcpo, compare.factor)]
+    if not ok:
+        problems += found
+        return ()
+    return tuple(t.split("): ", 1)[0] + ")" for t in found)
 
 
 def _parse_targets(top: dict[str, Any], runs: Sequence[RunSpec], problems: list[str]) -> tuple[list[float], float, int]:
@@ -941,6 +968,7 @@ def load_spec(path: str | Path, check_weights: bool = True) -> StudySpec:
     _check_run_names(runs, problems)
     _check_identical_runs(runs, compare.factor, problems)
     _check_existing_settings(runs, factors, compare.factor, problems)
+    epoch_caveats = _check_epoch_units(runs, compare, top, problems)
     targets, select_target, window = _parse_targets(top, runs, problems)
     gain_targets, primary = _parse_endpoints(top, options.paired_control, targets, problems)
     models = _run_models(runs, problems)
@@ -984,6 +1012,6 @@ def load_spec(path: str | Path, check_weights: bool = True) -> StudySpec:
         metrics=metrics, overall_only=overall_only, per_prompt_rank_deficient_ok=rank_ok,
         metric_batch_size=metric_batch_size, is_splits=is_splits, lmm=lmm,
         preference=preferences[0] if preferences else None, grid=grids[0] if grids else GridSpec(),
-        preferences=preferences, grids=grids,
+        preferences=preferences, grids=grids, epoch_caveats=epoch_caveats,
         source=str(path.resolve()), raw=data,
     )

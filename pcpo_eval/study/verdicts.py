@@ -77,6 +77,12 @@ def has_control(log: pd.DataFrame) -> bool:
     return CONTROL_COLUMN in log.columns and bool(np.isfinite(log[CONTROL_COLUMN].to_numpy(np.float64)).any())
 
 
+def epoch_gaps(log: pd.DataFrame, last: int) -> list[int]:
+    """Epochs ``1..last`` for which a run's log has no row (a log merged by hand after a crash, or an import
+    from a sampled history): :func:`runs_table` gives them NaN, so a smoothing window never spans them."""
+    return sorted(set(range(1, int(last) + 1)) - set(log["epoch"].astype(int)))
+
+
 def control_gaps(log: pd.DataFrame) -> list[int]:
     """Epochs at which a run that logged the paired control has none (NaN)."""
     if not has_control(log):
@@ -132,7 +138,8 @@ def epoch_cuts(sp: StudySpec, logs: dict[str, pd.DataFrame]) -> dict[str, dict[s
 def runs_table(sp: StudySpec, logs: dict[str, pd.DataFrame]) -> pd.DataFrame:
     """The tidy (arm, cell, seed, epoch, reward_mean[, control_reward_mean]) table of the compared runs,
     each cell cut to the epochs all its runs logged; the control column if every run logged it (a missing
-    epoch stays NaN there)."""
+    epoch stays NaN there). Every run has one row per epoch ``1..last``: an epoch its log lacks is NaN
+    (:func:`epoch_gaps`), so the rows that need it are not estimable instead of averaging across the gap."""
     runs = _compared(sp)
     with_control = all(has_control(logs[r.name]) for r in runs)
     frames = []
@@ -141,7 +148,7 @@ def runs_table(sp: StudySpec, logs: dict[str, pd.DataFrame]) -> pd.DataFrame:
         last = min((int(logs[r.name]["epoch"].max()) for r in in_cell), default=0)
         for r in in_cell:
             log = logs[r.name]
-            log = log[log["epoch"] <= last]
+            log = log[log["epoch"] <= last].set_index("epoch").reindex(range(1, last + 1)).reset_index()
             df = pd.DataFrame({"arm": sp.arm(r), "cell": cell, "seed": str(r.seed),
                                "epoch": log["epoch"].astype(int).to_numpy(),
                                "reward_mean": log["reward_mean"].astype(float).to_numpy()})
@@ -187,7 +194,8 @@ def speedup_blocks(sp: StudySpec, rows: Sequence[dict[str, Any]], status: Sequen
                           "p": row["p"], "p_adjusted": row["p_adjusted"], "significant": row["significant"],
                           "mde": row["mde"], "seeds_for_reference": d["seeds_for_reference"], "tau": d["tau"],
                           "status": row["reason"] or "ok"})
-        out.append({"cell": cell, "baseline": sp.baseline, "pcpo": sp.pcpo, "window": sp.window, "rows": table})
+        out.append({"cell": cell, "baseline": sp.baseline, "pcpo": sp.pcpo, "window": sp.window, "unit": "epochs",
+                    "rows": table})
     return out
 
 
@@ -249,6 +257,11 @@ def _notes(sp: StudySpec, logs: dict[str, pd.DataFrame], table: pd.DataFrame, ru
     """``verdict_notes`` (what limits the comparison) and the headline's caveats (the ones that change
     what the verdict is about: cut runs, a missing control)."""
     notes, caveats = [], []
+    for text in sp.epoch_caveats:  # allowed by unequal_epochs_ok: true, said first
+        said = (f"{text}: every row compares per epoch (unequal_epochs_ok: true), so a difference may be "
+                "the extra samples or compute, not the algorithm")
+        notes.append(said)
+        caveats.append(said[0].upper() + said[1:])
     if CONTROL_COLUMN not in table.columns:
         lacking = [r.name for r in _compared(sp) if not has_control(logs[r.name])]
         text = (f"no paired gain, gain speed-up or sampler offset: {len(lacking)} run(s) lack control_reward_mean "
@@ -261,6 +274,12 @@ def _notes(sp: StudySpec, logs: dict[str, pd.DataFrame], table: pd.DataFrame, ru
             notes.append(f"{r.name} has no paired control at epoch(s) {', '.join(map(str, gaps[:6]))}"
                          f"{', ...' if len(gaps) > 6 else ''}: rows that need its gain at those epochs are not "
                          "estimable; its sampler offset averages its other epochs")
+    for r in _compared(sp):
+        gaps = epoch_gaps(logs[r.name], int(table.loc[table["cell"] == sp.cell_key(r), "epoch"].max()))
+        if gaps:
+            notes.append(f"{r.name} has no log row for epoch(s) {', '.join(map(str, gaps[:6]))}"
+                         f"{', ...' if len(gaps) > 6 else ''}: rows that need its reward at those epochs (a smoothing "
+                         "window over them, AUC, the last epochs) are not estimable")
     for cell, c in cuts.items():
         who = ", ".join(c["short_runs"][:3]) + (", ..." if len(c["short_runs"]) > 3 else "")
         text = (f"compared over epochs up to {c['last_epoch']} only{' in ' + cell if len(sp.cells()) > 1 else ''}: "

@@ -17,7 +17,9 @@ Formats read (learned from the references' train scripts, not their code):
   reward), per update ``approx_kl``, ``clipfrac``, ``kl``, ``policy_loss``, and every
   ``eval_freq`` epochs ``eval_reward_{key}`` on held-out prompts, logged at the start of epoch k
   (= the policy of our epoch k). The history is read from a W&B export (CSV, JSON lines,
-  Parquet: ``run.history()``) or the offline transaction log ``run-*.wandb``.
+  Parquet: ``pandas.DataFrame(run.scan_history())``, every row) or the offline transaction log
+  ``run-*.wandb``. A history without the reward of some epoch is refused: ``run.history()`` returns a
+  sample of 500 rows, and a log with epochs missing would be smoothed across them.
 * **DanceGRPO** (XueZeyue/DanceGRPO ``fastvideo/train_grpo_sd.py`` / ``train_grpo_flux.py``):
   full weights ``diffusion_pytorch_model.safetensors`` (+ ``config.json``) with diffusers' key
   names, in ``checkpoint_epoch_{E}/`` (SD: saved after its epoch E's updates = our epoch E + 1)
@@ -67,7 +69,7 @@ def wandb_records(path: Path) -> list[dict[str, Any]]:
     pb = optional_module("wandb.proto.wandb_internal_pb2")
     if pb is None:
         raise UserError(f"reading {path} needs the wandb package (pip install 'pcpo-eval[tracking]'), "
-                        "or export the history to CSV with wandb's API (run.history())")
+                        "or export every row of the history to CSV with wandb's API (run.scan_history()))")
     data = path.read_bytes()
     if data[:4] != b":W&B":
         raise UserError(f"{path} is not a W&B transaction log (no ':W&B' header)")
@@ -76,7 +78,7 @@ def wandb_records(path: Path) -> list[dict[str, Any]]:
     except Exception as exc:  # noqa: BLE001 - protobuf / struct / JSON errors of a damaged log
         raise UserError(f"{path} is a corrupt or truncated W&B transaction log ({type(exc).__name__}: "
                         f"{str(exc).splitlines()[0][:100] if str(exc).strip() else 'unreadable record'}); "
-                        "export the run's history with wandb's API (run.history()) to CSV and pass that as --log") from None
+                        "export every row of the run's history with wandb's API (run.scan_history()) to CSV and pass that as --log") from None
 
 
 def _wandb_rows(pb: Any, data: bytes) -> list[dict[str, Any]]:
@@ -126,7 +128,7 @@ def read_history(path: str | Path) -> pd.DataFrame:
     except (ValueError, OSError) as exc:
         raise UserError(f"log {p} is not readable as {suffix} ({str(exc).splitlines()[0][:120]})") from None
     if "_step" not in df.columns:
-        raise UserError(f"log {p} has no _step column; export the W&B history with its _step (run.history())")
+        raise UserError(f"log {p} has no _step column; export the W&B history with its _step (run.scan_history())")
     return df
 
 
@@ -151,6 +153,12 @@ def flowgrpo_epochs(hist: pd.DataFrame, reward_key: str = "avg") -> pd.DataFrame
     out = pd.DataFrame({"epoch": rows["epoch"].astype(float).astype(int).to_numpy() + 1,
                         "reward_mean": rows[col].astype(float)})
     out = out.drop_duplicates("epoch", keep="last").set_index("epoch")
+    missing = sorted(set(range(1, int(out.index.max()) + 1)) - set(out.index))
+    if missing:
+        shown = ", ".join(str(e - 1) for e in missing[:5]) + (", ..." if len(missing) > 5 else "")
+        raise UserError(f"log has no {col} for {len(missing)} Flow-GRPO epoch(s) ({shown}) of 0..{int(out.index.max()) - 1}: "
+                        "a run.history() export samples its rows (500 by default); export every row with "
+                        "run.scan_history(), or pass the run's run-*.wandb file")
     upd = hist[hist["epoch"].notna()]
     for src, dst in UPDATE_KEYS.items():
         if src in upd.columns:

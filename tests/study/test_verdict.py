@@ -494,3 +494,72 @@ def test_a_primary_without_a_row_says_why(tmp_path, fakes):
     assert res["headline"].startswith("No run-level verdict: the primary endpoint speedup_reward:0.15 has no row "
                                       "(uninformative: the untrained control reaches 0.15")
     assert not any(v["significant"] for v in res["verdict"])  # no primary: the secondary family is not tested
+
+
+def test_arms_that_sample_more_per_epoch_are_refused_or_named(tmp_path, fakes):
+    """PCPO sampling 64 images per epoch against DDPO's 32 learns twice as much per epoch at the same rate per
+    image; the verdict counted epochs and called that a +44% speed-up with no word about the samples. Now the
+    spec is refused, and with ``unequal_epochs_ok: true`` the headline names the difference."""
+    from pcpo_eval.errors import UserError
+
+    design = {"algorithm": {"DDPO": {"objective": "ppo_clip", "sample_batch_size": 16},
+                            "PCPO": {"objective": "pcpo", "sample_batch_size": 32}}}
+    spec = dict(design=design, seeds=[0, 1, 2], lmm={"formula": "value ~ algorithm + (1|prompt)"})
+    with pytest.raises(UserError, match=r"the arms differ in images sampled per epoch \(PCPO 64, DDPO 32"):
+        load_spec(write_spec(tmp_path / "s.yaml", **spec))
+    fakes.curves = {"DDPO": rising(0.05, run_sd=0.003), "PCPO": rising(0.10, run_sd=0.003)}
+    res = _study(tmp_path, **spec, unequal_epochs_ok=True, gain_targets=[0.3])
+    said = "In cell all, the arms differ in images sampled per epoch (PCPO 64, DDPO 32"
+    assert said in res["headline"] and "may be the extra samples or compute" in res["headline"]
+    assert any(n.startswith(said[0].lower() + said[1:]) for n in res["verdict_notes"])
+    assert {b["unit"] for b in res["speedup"]} == {"epochs"}
+
+
+def test_epoch_budget_reads_what_a_config_records():
+    """Images and optimizer steps per epoch from a run's settings; an imported run records neither, and the
+    updates part is compared on its own."""
+    from pcpo_eval.study.comparability import epoch_budget, epoch_unit_problems
+
+    assert epoch_budget({"sample_batch_size": 16, "sample_batches_per_epoch": 2, "gradient_updates": 2,
+                         "num_inner_epochs": 1}) == {"images": 32, "updates": 2}
+    assert epoch_budget({"paper_total_batch": 512, "sample_batch_size": 8, "sample_batches_per_epoch": 4}) == \
+        {"images": 512, "updates": None}
+    assert epoch_budget({"model": "sd3:x", "objective": "ppo_clip"}) == {"images": None, "updates": None}
+    runs = [("A", "a0", {"gradient_updates": 2, "num_inner_epochs": 1}),
+            ("B", "b0", {"gradient_updates": 4, "num_inner_epochs": 1}), ("B", "b1", {"model": "x"})]
+    [text] = epoch_unit_problems("all", runs, "A", "B", "algorithm")
+    assert "optimizer steps per epoch (B 4, A 2" in text
+    assert epoch_unit_problems("all", runs[:1] + runs[2:], "A", "B", "algorithm") == []
+
+
+def test_a_log_missing_epochs_is_not_averaged_across_the_gap(tmp_path, monkeypatch):
+    """A log without epochs 3-7 (merged by hand after a crash, or imported from a sampled W&B history) was read
+    as consecutive values: its smoothing windows spanned 10 epochs and its AUC and epochs to target changed
+    without a word (speedup_gain:0.3 moved from the whole log's value). Now the missing epochs are NaN: what
+    needs them is not estimable, and a note names them."""
+    whole = _planted(tmp_path, monkeypatch)
+
+    def gap(logs):
+        logs["algorithm-B__seed-1"] = logs["algorithm-B__seed-1"].drop(index=range(2, 7))
+
+    (tmp_path / "gap").mkdir()
+    res = _planted(tmp_path / "gap", monkeypatch, gap)
+    rows = {v["quantity"]: v for v in res["verdict"]}
+    assert not rows["auc"]["estimable"] and not rows["speedup_gain:0.3"]["estimable"]
+    assert rows["paired_gain"]["p"] == pytest.approx(next(v["p"] for v in whole["verdict"]
+                                                          if v["quantity"] == "paired_gain"))  # its last 5 are there
+    assert any(n.startswith("algorithm-B__seed-1 has no log row for epoch(s) 3, 4, 5, 6, 7") for n in res["verdict_notes"])
+
+
+def test_a_log_numbered_from_zero_is_refused(tmp_path):
+    """Epoch 0 (ddpo-pytorch's and W&B's numbering) put beside runs numbered from 1 reaches every target one
+    epoch early: with identical curves, 5 seeds read as a +7.8% speed-up at the exact sign-flip p 0.0625."""
+    from pcpo_eval.errors import UserError
+    from pcpo_eval.rundir import load_log
+
+    pd.DataFrame({"epoch": np.arange(0, 6), "reward_mean": np.linspace(0, 1, 6)}).to_parquet(tmp_path / "l.parquet")
+    with pytest.raises(UserError, match="starts at epoch 0; epochs are numbered from 1 .*add 1 to its epochs"):
+        load_log(tmp_path / "l.parquet")
+    pd.DataFrame({"epoch": [1, 1.5, 2], "reward_mean": [0.0, 0.1, 0.2]}).to_csv(tmp_path / "h.csv", index=False)
+    with pytest.raises(UserError, match="holds 1.5, not a whole epoch"):
+        load_log(tmp_path / "h.csv")

@@ -156,3 +156,16 @@ def test_bad_imports_are_one_line(tmp_path, cli):
         lines = res.stderr.strip().splitlines()
         assert res.returncode == 2 and len(lines) == 1 and needle in lines[0], (argv, res.stderr)
     assert not (tmp_path / "r" / "log.parquet").exists()
+
+
+def test_flowgrpo_history_missing_epochs_is_refused():
+    """W&B's run.history() returns a sample of the rows (500 by default): an export of a long run lacks the
+    reward of some epochs, and the import numbered what was left as if nothing were missing between."""
+    from pcpo_eval.errors import UserError
+    from pcpo_eval.train.importers import flowgrpo_epochs
+
+    hist = _history()
+    assert flowgrpo_epochs(hist)["epoch"].tolist() == [1, 2, 3]
+    sampled = hist[~((hist["epoch"] == 1) & hist["reward_avg"].notna())]
+    with pytest.raises(UserError, match=r"no reward_avg for 1 Flow-GRPO epoch\(s\) \(1\) of 0..2: .*run.scan_history"):
+        flowgrpo_epochs(sampled)
