@@ -47,6 +47,9 @@ STATE_FILE = "training_state.pt"
 EPOCH_RE = re.compile(r"^epoch_(\d+)$")
 #: the columns every training log needs (``log.parquet``; more are kept)
 LOG_COLUMNS = ("epoch", "reward_mean")
+#: the log column of the images sampled in an epoch over all processes (with ``processes``), which
+#: ``config.yaml`` cannot tell: its batch sizes are per process
+LOGGED_IMAGES = "images"
 
 
 def epoch_name(epoch: int) -> str:
@@ -143,6 +146,18 @@ def validate_log(df: pd.DataFrame, name: str = "log") -> pd.DataFrame:
         dup = int(df.loc[df["epoch"].duplicated(), "epoch"].iloc[0])
         raise UserError(f"{name} has epoch {dup} more than once (one row per epoch expected)")
     return df.sort_values("epoch").reset_index(drop=True)
+
+
+def logged_images_per_epoch(run_dir: str | Path) -> int | None:
+    """Images a run sampled per epoch over all its processes, from its log's :data:`LOGGED_IMAGES` column
+    (None: a log from before that column, an unreadable log, or a count that changed between epochs)."""
+    import pandas as pd
+
+    try:
+        col = pd.read_parquet(log_path(run_dir), columns=[LOGGED_IMAGES])[LOGGED_IMAGES].dropna().unique()
+    except (OSError, ValueError, KeyError, ImportError):
+        return None
+    return int(col[0]) if len(col) == 1 else None
 
 
 def load_log(path: str | Path) -> pd.DataFrame:

@@ -85,9 +85,10 @@ def _one_path_text(by_arm: dict[str, list[tuple[str, Any]]]) -> str:
 
 
 def epoch_budget(cfg: dict[str, Any]) -> dict[str, int | None]:
-    """What one epoch of a run is, from the settings it records: ``images`` sampled per epoch (the stated
-    total ``paper_total_batch`` when > 0, else ``sample_batch_size x sample_batches_per_epoch``, per process:
-    a config does not record how many processes trained it) and ``updates``, the optimizer steps
+    """What one epoch of a run is, from the settings it records: ``images`` sampled per epoch (what its log
+    records over all processes, :data:`IMAGES_LOGGED`; else the stated total ``paper_total_batch`` when > 0,
+    else ``sample_batch_size x sample_batches_per_epoch``, per process: a config does not record how many
+    processes trained it, and a study trains its own runs on one) and ``updates``, the optimizer steps
     (``gradient_updates x num_inner_epochs``); None where the config does not record the keys (an imported
     run records its model and objective only)."""
     def num(key: str) -> int | None:
@@ -98,9 +99,15 @@ def epoch_budget(cfg: dict[str, Any]) -> dict[str, int | None]:
 
     total, per, batches = num("paper_total_batch"), num("sample_batch_size"), num("sample_batches_per_epoch")
     images = total if total else (per * batches if per is not None and batches is not None else None)
+    if (logged := num(IMAGES_LOGGED)) is not None:  # what the run's log says it sampled, all processes
+        images = logged
     steps, inner = num("gradient_updates"), num("num_inner_epochs")
     return {"images": images, "updates": steps * inner if steps is not None and inner is not None else None}
 
+
+#: a run's settings may carry the images per epoch its log records over all processes
+#: (:func:`pcpo_eval.rundir.logged_images_per_epoch`); :func:`epoch_budget` takes it over the config's count
+IMAGES_LOGGED = "images_per_epoch_logged"
 
 #: how :func:`epoch_unit_problems` names each part of an epoch, and the keys that set it
 EPOCH_PARTS = {"images": ("images sampled per epoch", "sample_batch_size x sample_batches_per_epoch (or "

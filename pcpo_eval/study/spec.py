@@ -34,11 +34,11 @@ from pcpo_eval.errors import ProblemList, UserError
 from pcpo_eval.io import read_yaml_mapping, sha256_file
 from pcpo_eval.metrics.base import METRICS, PREFERENCE_METRICS, per_prompt_problem
 from pcpo_eval.rewards import required_backends
-from pcpo_eval.rundir import checkpoints_root, log_path
+from pcpo_eval.rundir import checkpoints_root, log_path, logged_images_per_epoch
 from pcpo_eval.stats.formula import parse_lmm_formula
 from pcpo_eval.stats.speedup import unreachable_targets
 from pcpo_eval.stats.verdict import quantity_name
-from pcpo_eval.study.comparability import epoch_unit_problems, existing_run_problems
+from pcpo_eval.study.comparability import IMAGES_LOGGED, epoch_unit_problems, existing_run_problems
 from pcpo_eval.study.retention import epoch_maps, retention_problems
 from pcpo_eval.study.sections import GridSpec, PreferenceSpec, parse_epoch_map, parse_grids, parse_preferences
 from pcpo_eval.train.config import TrainConfig, config_from_dict, read_config_file
@@ -561,6 +561,8 @@ def _check_epoch_units(runs: Sequence[RunSpec], compare: _Compare, top: dict[str
     for r in runs:
         arm = r.levels.get(compare.factor, "")
         if arm in (compare.baseline, compare.pcpo) and (cfg := _run_settings(r)) is not None:
+            if r.run_dir is not None and (logged := logged_images_per_epoch(r.run_dir)) is not None:
+                cfg = {**cfg, IMAGES_LOGGED: logged}  # over all its processes (a study trains on one)
             cell = ", ".join(f"{f}={v}" for f, v in r.levels.items() if f != compare.factor) or "all"
             by_cell.setdefault(cell, []).append((arm, r.name, cfg))
     found = [t for cell, members in by_cell.items()

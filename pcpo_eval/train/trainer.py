@@ -272,6 +272,7 @@ class Trainer(PolicyMixin, RolloutMixin, UpdateMixin):
         if cfg.validation_every > 0 and (epoch % cfg.validation_every == 0 or epoch == cfg.epochs):
             row.update(self.validation_row())
         row["peak_rss_mb"] = _peak_rss_mb()
+        row["processes"], row["images"] = self.world, self.world * cfg.samples_per_epoch  # rundir.LOGGED_IMAGES
         self.log_epoch(row)
         self.tracking.log_epoch(row, samples.all_rewards, samples.images.cpu().numpy(), samples.prompts)
         if epoch % cfg.checkpoint_every == 0 or epoch == cfg.epochs:

@@ -306,3 +306,28 @@ def test_init_from_one_run_folder_at_two_epochs_is_refused(tmp_path):
     with pytest.raises(UserError, match=r"the runs differ in init_from \(DDPO '/runs/pretrained' \(sha256 a{12}\); "
                                         r"PCPO '/runs/pretrained' \(sha256 b{12}\)\) \(one path, other contents"):
         load_spec(_spec(tmp_path, runs), check_weights=False)
+
+
+def test_runs_trained_on_more_processes_are_refused_by_their_logged_images(tmp_path):
+    """Same config.yaml (batch sizes are per process), but the PCPO runs were launched on 2 processes: their
+    epochs sampled twice the images, which only their logs' ``images`` column says (the trainer writes it)."""
+    import pandas as pd
+
+    from pcpo_eval.study.comparability import IMAGES_LOGGED, epoch_budget
+
+    assert epoch_budget({"sample_batch_size": 8, "sample_batches_per_epoch": 2, IMAGES_LOGGED: 32})["images"] == 32
+    per = {"sample_batch_size": 8, "sample_batches_per_epoch": 2}
+    configs = {(a, s): _cfg(a, s, **per) for a in ("DDPO", "PCPO") for s in (0, 1)}
+    runs = _existing(tmp_path, configs)
+    for r in runs:
+        log_file = Path(r["run_dir"]) / "log.parquet"
+        log = pd.read_parquet(log_file)
+        n = 2 if r["levels"]["algorithm"] == "PCPO" else 1
+        log["processes"], log["images"] = n, 16 * n
+        log.to_parquet(log_file, index=False)
+    with pytest.raises(UserError, match=r"the arms differ in images sampled per epoch \(PCPO 32, DDPO 16"):
+        load_spec(_spec(tmp_path, runs), check_weights=False)
+    for r in runs:  # logs from before the column: the configs agree, as before
+        log_file = Path(r["run_dir"]) / "log.parquet"
+        pd.read_parquet(log_file).drop(columns=["processes", "images"]).to_parquet(log_file, index=False)
+    assert len(load_spec(_spec(tmp_path, runs), check_weights=False).runs) == 4

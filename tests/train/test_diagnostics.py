@@ -111,6 +111,7 @@ def test_trainer_logs_diagnostics_and_delta_matches_log_rho(tmp_path, objective)
 def test_diagnostics_off_adds_no_columns_and_wall_clock_is_cumulative(tmp_path):
     log = Trainer(config_from_dict({**TINY, "epochs": 2, "paired_control": True}), tmp_path / "run").run()
     assert not any(c.startswith(("taylor_", "delta_", "val_")) for c in log.columns)
+    assert (log["processes"] == 1).all() and (log["images"] == TINY["sample_batch_size"] * TINY["sample_batches_per_epoch"]).all()
     expect = (log["wall_time_s"] - log["control_time_s"]).cumsum()
     np.testing.assert_allclose(log["wall_clock_s"], expect, rtol=1e-12)
     resumed = Trainer(config_from_dict({**TINY, "epochs": 3, "paired_control": True}), tmp_path / "run", resume=True).run()

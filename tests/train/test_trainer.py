@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from pcpo_eval.errors import UserError
+from pcpo_eval.rundir import logged_images_per_epoch
 from pcpo_eval.samplers.ddim import DDIMSample, DDIMSampler, ddim_mean
 from pcpo_eval.train import checkpoints as ck
 from pcpo_eval.train.config import TrainConfig, config_from_dict, load_config
@@ -188,6 +189,10 @@ def test_two_processes_gloo(tmp_path):
     log = pd.read_parquet(tmp_path / "run" / "log.parquet")
     assert len(log) == 1 and np.isfinite(log["reward_mean"]).all()
     assert ck.list_checkpoints(tmp_path / "run")
+    # the images of an epoch over both processes: config.yaml's batch sizes are per process
+    per_process = TINY["sample_batch_size"] * TINY["sample_batches_per_epoch"]
+    assert (log["processes"].tolist(), log["images"].tolist()) == ([2], [2 * per_process])
+    assert logged_images_per_epoch(tmp_path / "run") == 2 * per_process
 
 
 def test_sd1_lora_checkpoint_loads_with_diffusers_load_lora_weights(tmp_path):
