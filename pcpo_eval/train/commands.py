@@ -103,6 +103,9 @@ def import_cmd(
                                              "run-*.wandb (Flow-GRPO); reward.txt (DanceGRPO)")] = None,
     reward_key: Annotated[str, typer.Option("--reward-key", help="Flow-GRPO reward column reward_KEY")] = "avg",
     objective: Annotated[str, typer.Option("--objective", help="how the run was trained (ppo_clip, pcpo)")] = "ppo_clip",
+    reward: Annotated[str | None, typer.Option(
+        "--reward", help="the reward the run was trained on, as a train config names it (hps, ocr, "
+                         "'{pickscore: 0.5, clipscore: 0.5}'); recorded so a study compares it")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
 ) -> None:
     """Import a DanceGRPO or Flow-GRPO run (checkpoints + training log) as a pcpo-eval run directory."""
@@ -112,7 +115,7 @@ def import_cmd(
     from pcpo_eval.train.importers import import_run
 
     check_out_path(out, "--out")
-    summary = import_run(kind, src, out, model, log, reward_key, objective)
+    summary = import_run(kind, src, out, model, log, reward_key, objective, reward)
     typer.echo(json.dumps(summary, indent=2) if as_json else
                f"imported {kind} run {src} -> {out}: {len(summary['checkpoints'])} checkpoints "
                f"(epochs {', '.join(map(str, summary['checkpoints']))}), log of {summary['epochs']} epochs")

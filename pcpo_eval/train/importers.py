@@ -42,6 +42,7 @@ import pandas as pd
 from pcpo_eval.errors import UserError
 from pcpo_eval.io import atomic_dir, atomic_write_parquet, atomic_write_text, remove_stale_temps, sha256_file
 from pcpo_eval.registry import optional_module
+from pcpo_eval.rewards import parse_reward
 from pcpo_eval.rundir import META_FILE, checkpoint_dir, config_path, log_path
 from pcpo_eval.train.checkpoints import FULL_FILE, LORA_FILE, check_weights_file
 from pcpo_eval.train.inputs import input_record, write_inputs
@@ -356,12 +357,17 @@ def _write_checkpoint(out: Path, epoch: int, src: Path, kind: str, model: str, r
 
 
 def import_run(kind: str, src: str | Path, out: str | Path, model: str, log: str | Path | None = None,
-               reward_key: str = "avg", objective: str = "ppo_clip") -> dict[str, Any]:
+               reward_key: str = "avg", objective: str = "ppo_clip", reward: Any = None) -> dict[str, Any]:
     """Convert a DanceGRPO / Flow-GRPO run (``src``) into the run directory ``out``; returns the summary.
 
     ``model``: the base model spec the run fine-tuned (e.g. ``sd3:stabilityai/stable-diffusion-3.5-medium``);
     ``log``: the history file (Flow-GRPO: W&B export or ``run-*.wandb``; DanceGRPO: ``reward.txt``,
-    default ``src/reward.txt``); ``objective``: how the run was trained (``pcpo`` for a PCPO port)."""
+    default ``src/reward.txt``); ``objective``: how the run was trained (``pcpo`` for a PCPO port);
+    ``reward``: the reward it was trained on, as a train config names it (``hps``, ``ocr``, or a weighted
+    mapping; :func:`pcpo_eval.rewards.parse_reward`), recorded in ``config.yaml`` so a study compares it
+    with the other runs' (a log holds reward values, not what they measured); None: not recorded."""
+    if reward is not None:
+        reward = parse_reward(reward)
     if kind not in KINDS:
         raise UserError(f"unknown run kind {kind!r}; choose one of: {', '.join(KINDS)}")
     src, out = Path(src), Path(out)
@@ -397,9 +403,11 @@ def import_run(kind: str, src: str | Path, out: str | Path, model: str, log: str
     for epoch, folder in sorted(cks.items()):
         _write_checkpoint(out, epoch, folder, kind, model, rewards.get(epoch))
     summary = {"kind": kind, "source": str(src), "log": str(log), "model": model, "objective": objective,
-               "epochs": int(table["epoch"].max()), "checkpoints": sorted(cks), "reward_key": reward_key}
-    atomic_write_text(config_path(out), json.dumps({"model": model, "objective": objective,
-                                                        "imported_from": kind, "source": str(src)}, indent=2) + "\n")
+               "epochs": int(table["epoch"].max()), "checkpoints": sorted(cks), "reward_key": reward_key,
+               "reward": reward}
+    config = {"model": model, "objective": objective, **({"reward": reward} if reward is not None else {}),
+              "imported_from": kind, "source": str(src)}
+    atomic_write_text(config_path(out), json.dumps(config, indent=2) + "\n")
     atomic_write_text(out / "import.json", json.dumps(summary, indent=2) + "\n")
     write_inputs(out, input_record({"model": model}))  # the one file-valued setting an import knows
     atomic_write_parquet(log_path(out), table)  # last: its presence marks a complete import

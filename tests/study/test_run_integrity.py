@@ -79,6 +79,11 @@ def test_imported_runs_compare_only_what_they_record(tmp_path):
                ("DDPO", 1): {"model": "toy", "objective": "ppo_clip", "imported_from": "dancegrpo", "source": "/b"},
                ("PCPO", 0): _cfg("PCPO", 0, learning_rate="5e-5"), ("PCPO", 1): _cfg("PCPO", 1)}
     assert len(load_spec(_spec(tmp_path, _existing(tmp_path, configs)), check_weights=False).runs) == 4
+    # imported with --reward: the reward it was trained on is compared like a trained run's
+    for s in (0, 1):
+        configs[("DDPO", s)]["reward"] = "hps"
+    with pytest.raises(UserError, match=r"the runs differ in reward \(DDPO 'hps'; PCPO 'toy_aesthetic'\)"):
+        load_spec(_spec(tmp_path, _existing(tmp_path, configs)), check_weights=False)
 
 
 def test_a_run_copied_into_both_arms_is_refused(tmp_path):

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+import yaml
 
 from pcpo_eval.stats.select import select_checkpoints
 from pcpo_eval.train.checkpoints import load_model_from_spec
@@ -129,8 +130,9 @@ def test_dancegrpo_full_weights_and_reward_txt(tmp_path):
     (ck / "config.json").write_text(json.dumps(dict(unet.config), default=str))
     (tmp_path / "dance" / "reward.txt").write_text("0.31\n0.33\n0.36\n0.35\n")
     out = tmp_path / "run"
-    summary = import_run("dancegrpo", tmp_path / "dance", out, f"sd1:{base}")
+    summary = import_run("dancegrpo", tmp_path / "dance", out, f"sd1:{base}", reward=" hps ")
     assert summary["checkpoints"] == [3] and summary["epochs"] == 4
+    assert yaml.safe_load((out / "config.yaml").read_text())["reward"] == "hps"  # a study compares it
     assert pd.read_parquet(out / "log.parquet")["reward_mean"].tolist() == pytest.approx([0.31, 0.33, 0.36, 0.35])
     adapter = load_model_from_spec(str(out / "checkpoints" / "epoch_0003"))
     for (n, a), (_, b) in zip(adapter.denoiser.state_dict().items(), unet.state_dict().items(), strict=True):
@@ -151,6 +153,8 @@ def test_bad_imports_are_one_line(tmp_path, cli):
     (tmp_path / "bad.txt").write_text("0.3\nabc\n")
     cases.append((["import", "dancegrpo", tmp_path / "empty", "--out", tmp_path / "r", "--model", "toy",
                    "--log", tmp_path / "bad.txt"], "line 2: 'abc' is not a number"))
+    cases.append((["import", "dancegrpo", tmp_path / "empty", "--out", tmp_path / "r", "--model", "toy",
+                   "--reward", "{hps: x}"], "reward weight 'hps': 'x' is not a finite number"))
     for argv, needle in cases:
         res = cli(*argv)
         lines = res.stderr.strip().splitlines()
