@@ -26,6 +26,8 @@ def test_gpu_benchmark_tiny_mode(script, tmp_path):
     extra = ["--invariance", "--variants", "attn_math,cudnn_benchmark"] if script == "bench_generate.py" else []
     if script != "bench_metrics.py":  # the profiler tables (one batch / one extra epoch on the tiny models)
         extra += ["--profile", str(tmp_path / "profile.txt")]
+    if script == "bench_train.py":  # one sampling batch per epoch (default 2): the same epoch code, half the images
+        extra += ["--batches", "1"]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu" / script), "--tiny", "--json", str(out), *extra],
                          capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)

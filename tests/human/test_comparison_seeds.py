@@ -84,20 +84,22 @@ def _serve_everyone(tmp: Path, extra: dict) -> tuple[list[dict], pd.DataFrame, H
     _write_images(images, lay.images, secret, log=lambda s: None)
     table.to_parquet(lay.pairs)
     lay.design.write_text(json.dumps({**SETTINGS, **extra, "blinding_secret": secret.hex()}))
-    client = TestClient(create_app(lay.root), follow_redirects=False)
-    tokens = [t for _, t in db.add_raters(lay.database_url, [f"r{i:02d}" for i in range(N_RATERS)])]
-    by_id = table.set_index("pair_id")
-    received = []
-    for rater, token in enumerate(tokens):
-        while (m := KEY_RE.search(html := client.get(f"/r/{token}").text)) is not None:
-            pair_id = shown_pair(client, token)
-            for side, url in zip(("left", "right"), re.findall(r'<img src="([^"]+)"', html), strict=True):
-                body = client.get(url).content
-                received.append({"rater": rater, "pair_id": pair_id, "side": side,
-                                 "sha": hashlib.sha256(body).hexdigest(), "kind": by_id.loc[pair_id, "kind"],
-                                 "comparison": by_id.loc[pair_id, "comparison"],
-                                 "method": by_id.loc[pair_id, f"{side}_method"]})
-            client.post(f"/r/{token}/answer", data={"key": m.group(1), "choice": "tie"})
+    # one client session: one event-loop portal for every request instead of one per request (the app
+    # has no lifespan handlers, so the requests and what they receive are the same)
+    with TestClient(create_app(lay.root), follow_redirects=False) as client:
+        tokens = [t for _, t in db.add_raters(lay.database_url, [f"r{i:02d}" for i in range(N_RATERS)])]
+        by_id = table.set_index("pair_id")
+        received = []
+        for rater, token in enumerate(tokens):
+            while (m := KEY_RE.search(html := client.get(f"/r/{token}").text)) is not None:
+                pair_id = shown_pair(client, token)
+                for side, url in zip(("left", "right"), re.findall(r'<img src="([^"]+)"', html), strict=True):
+                    body = client.get(url).content
+                    received.append({"rater": rater, "pair_id": pair_id, "side": side,
+                                     "sha": hashlib.sha256(body).hexdigest(), "kind": by_id.loc[pair_id, "kind"],
+                                     "comparison": by_id.loc[pair_id, "comparison"],
+                                     "method": by_id.loc[pair_id, f"{side}_method"]})
+                client.post(f"/r/{token}/answer", data={"key": m.group(1), "choice": "tie"})
     db.dispose(lay.database_url)
     return received, table, lay
 
