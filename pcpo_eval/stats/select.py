@@ -171,6 +171,28 @@ def _full_windows(epochs: Sequence[int] | np.ndarray, window: int) -> dict[int, 
     return {int(ep): i >= window - 1 for i, ep in enumerate(epochs)}
 
 
+def trailing_by_epoch(epochs: Sequence[int] | np.ndarray, values: Sequence[float] | np.ndarray,
+                      window: int) -> tuple[dict[int, float], dict[int, bool]]:
+    """Per logged epoch, the mean of the logged values among the trailing ``window`` *epochs*, and whether
+    all of them are logged (a full window: :func:`pcpo_eval.stats.speedup.full_window_average`'s rule).
+
+    Counted in epochs, not log rows: a log missing epochs (merged by hand after a crash) would otherwise
+    average values many epochs apart and call that window full. On a log without gaps it is
+    :func:`~pcpo_eval.stats.speedup.moving_average` to the bit (the same running sums)."""
+    ep = np.asarray(epochs, dtype=np.int64)
+    first = int(ep.min())
+    a = np.full(int(ep.max()) - first + 1, np.nan)
+    a[ep - first] = np.asarray(values, dtype=np.float64)
+    have = np.isfinite(a)
+    c, n = np.cumsum(np.r_[0.0, np.where(have, a, 0.0)]), np.cumsum(np.r_[0, have.astype(np.int64)])
+    idx = ep - first + 1
+    lo = np.maximum(idx - window, 0)
+    counts = n[idx] - n[lo]
+    means = (c[idx] - c[lo]) / counts
+    return ({int(e): float(m) for e, m in zip(ep, means, strict=True)},
+            {int(e): bool(k == window) for e, k in zip(ep, counts, strict=True)})
+
+
 def _check_finite_rewards(run: Path, log: pd.DataFrame) -> None:
     """A log with an infinite ``reward_mean`` (NaN is refused by the log reader) cannot rank checkpoints:
     every trailing mean over that epoch is infinite and "reaches" any target, so it is refused by name."""
@@ -211,11 +233,8 @@ def run_checkpoints(run_dir: str | Path, window: int = 5, on: str = "train") -> 
     if log_file.is_file():
         log = load_log(log_file)
         _check_finite_rewards(run, log)
-        sm = dict(
-            zip(log["epoch"].astype(int), moving_average(log["reward_mean"].to_numpy(), window), strict=True)
-        )
+        sm, full = trailing_by_epoch(log["epoch"].astype(int).to_numpy(), log["reward_mean"].to_numpy(), window)
         rw = dict(zip(log["epoch"].astype(int), log["reward_mean"].astype(float), strict=True))
-        full = _full_windows(log["epoch"].astype(int).to_numpy(), window)
         source = f"log.parquet (moving average, window {window}; a target is reached over full windows only)"
         for ep, d in dirs:
             if ep not in sm:

@@ -138,3 +138,30 @@ def test_a_run_shorter_than_the_window_says_why_it_reached_nothing(tmp_path):
     assert sel.to_dict()["runs"][0]["full_window"] is False
     again = select_checkpoints([run], target=0.75, window=3).choices[0]
     assert again.reached and again.epoch == 4 and again.full_window  # epoch 3: 0.743, epoch 4: 0.770
+
+
+def test_a_log_missing_epochs_is_smoothed_over_epochs_not_rows(tmp_path):
+    """A log merged by hand after a crash lacks epochs 6-9: the trailing window of epoch 10 holds only its own
+    value, so its mean is partial and cannot reach a target (before, it averaged rows 6-10, i.e. epochs 2-10,
+    and counted a full window). Without gaps the means are moving_average's, bit for bit."""
+    from pcpo_eval.stats.select import run_checkpoints, trailing_by_epoch
+
+    values = np.random.default_rng(3).normal(size=40)
+    means, full = trailing_by_epoch(np.arange(1, 41), values, 5)
+    assert np.array_equal(np.array(list(means.values())), moving_average(values, 5))
+    assert [e for e, f in full.items() if not f] == [1, 2, 3, 4]
+    rewards = np.r_[np.full(5, 0.1), np.full(4, np.nan), np.full(3, 1.0)]  # epochs 6-9 missing
+    run = _make_run(tmp_path, "gappy", np.nan_to_num(rewards), save_every=1)
+    log = pd.read_parquet(run / "log.parquet")
+    log[log["epoch"].isin([1, 2, 3, 4, 5, 10, 11, 12])].to_parquet(run / "log.parquet")
+    for d in (run / "checkpoints").iterdir():
+        if int(d.name.split("_")[1]) in (6, 7, 8, 9):
+            for f in d.iterdir():
+                f.unlink()
+            d.rmdir()
+    cks, _ = run_checkpoints(run, window=5)
+    by = {c.epoch: c for c in cks}
+    assert by[10].reward == pytest.approx(1.0) and not by[10].full_window  # epochs 6-10: one logged value
+    assert by[5].full_window and by[5].reward == pytest.approx(0.1)
+    sel = select_checkpoints([run], target=0.9, window=5)
+    assert not sel.choices[0].reached  # no full window ever reaches 0.9: epochs 10-12 follow a gap
