@@ -18,6 +18,11 @@ bit-identity tests are defined. Sampler state (latents, the DDIM / Euler update,
 always stays float32 whatever the model's precision (:mod:`pcpo_eval.samplers`): only the network
 runs in the reduced precision, as accelerate's mixed precision does for training.
 
+Evaluation (``metrics``, ``features``) takes only ``fp32`` and ``tf32`` (:data:`EVAL_PRECISIONS`): the
+feature networks keep float32 weights, and :func:`numerics_key` (device type + precision) keys their
+caches. Training takes ``allow_tf32`` (``pcpo_eval.train.config``), read through
+:func:`matmul_precision` like the rest.
+
 Also here, as the other kernel choice that changes a network's numbers: the *attention backend* of
 ``torch.nn.functional.scaled_dot_product_attention`` (diffusers' default attention processor), see
 :data:`ATTENTION_BACKENDS` and :func:`attention_backend`.
