@@ -243,3 +243,14 @@ def test_report_output_of_the_wrong_kind(cli, box, flag, kind, needle):
     path.mkdir() if kind == "folder" else path.write_text("mine")
     rejected(cli, box, "report", study, flag, path, needles=[needle.format(path=path)])
 
+
+# ---- study --stages that start after a stage never run: refused before the folder is made ----------
+
+@pytest.mark.parametrize("stages, needle", [
+    ("report", "results.json not found (the stats stage writes it)"),
+    ("stats,report", "selection.json not found (the select stage writes it)"),
+    ("generate", "selection.json not found (the select stage writes it)"),
+])
+def test_study_stages_before_their_inputs(cli, box, stages, needle):
+    rejected(cli, box, "study", ROOT / "analysis" / "toy_study.yaml", "--out", box / "new", "--stages", stages,
+             "--no-progress", needles=[needle, "run the earlier stages first"])
