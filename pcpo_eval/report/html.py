@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from pcpo_eval.errors import UserError
-from pcpo_eval.io import atomic_write_text, read_text_file
+from pcpo_eval.io import atomic_write_text, check_out_path, read_text_file
 from pcpo_eval.report.figures import (
     HTML_DPI,
     closeup_figure,
@@ -547,7 +547,10 @@ def write_report(study_dir: str | Path, out_file: str | Path | None = None, figu
     ``figures`` (default) every figure also goes to ``STUDY_DIR/figures/<name>.svg|pdf|png``."""
     study_dir = Path(study_dir)
     results = read_results(study_dir)
-    out = Path(out_file) if out_file is not None else StudyLayout(study_dir).report_file
+    out = check_out_path(out_file if out_file is not None else StudyLayout(study_dir).report_file, "--output",
+                         folder=False)  # before any figure is written
+    if figures:
+        check_out_path(study_dir / "figures", "the figures folder")
     atomic_write_text(out, render_report(results, study_dir, study_dir / "figures" if figures else None))
     return out
 
@@ -557,7 +560,7 @@ def write_figures(study_dir: str | Path, out_dir: str | Path | None = None) -> l
     ``.png`` each, in ``out_dir`` (default ``STUDY_DIR/figures``); returns the files written."""
     study_dir = Path(study_dir)
     results = read_results(study_dir)
-    out = Path(out_dir) if out_dir is not None else study_dir / "figures"
+    out = check_out_path(out_dir if out_dir is not None else study_dir / "figures", "--figures-dir")
     paths: list[Path] = []
     for name, fig in report_figures(results).items():
         paths += save_figure(fig, out, name)

@@ -26,10 +26,15 @@ def find_demo_spec() -> Path:
 
 def report(study_dir: Path, output: Path | None, figures_only: bool, figures_dir: Path | None) -> None:
     """``pcpo-eval report``: the HTML report and the figure files, or (``--figures-only``) the files only."""
+    from pcpo_eval.io import check_out_path
     from pcpo_eval.report.html import write_figures, write_report
 
     if figures_only and output is not None:
         raise UserError("--figures-only writes no HTML; drop --output (or drop --figures-only)")
+    if output is not None:  # both outputs checked before the first figure is written
+        check_out_path(output, "--output", folder=False)
+    if figures_dir is not None:
+        check_out_path(figures_dir, "--figures-dir")
     if figures_only or figures_dir is not None:
         paths = write_figures(study_dir, figures_dir)
         typer.echo(f"wrote {len(paths)} figure files ({len(paths) // 3} figures) to "

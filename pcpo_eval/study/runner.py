@@ -161,9 +161,23 @@ class Study:
                             f"{f' and {len(strangers) - 1} more' if len(strangers) > 1 else ''}); choose a new or "
                             "empty folder")
 
+    def _check_earlier_stages(self, stages: Sequence[str]) -> None:
+        """Refuse, before anything is written, ``--stages`` whose first stage needs a file an earlier,
+        unchosen stage writes and that is not there yet (e.g. ``--stages report`` on a new folder)."""
+        chosen = [s for s in STAGES if s in stages]
+        if not chosen or chosen[0] in ("train", "select"):
+            return
+        first = chosen[0]
+        need, by = ((self.layout.results_file, "stats") if first == "report"
+                    else (self.layout.selection_file, "select"))
+        if not need.is_file():
+            raise UserError(f"--stages {','.join(chosen)}: {need} not found (the {by} stage writes it); run the "
+                            f"earlier stages first: pcpo-eval study SPEC --out {self.out} (finished stages are skipped)")
+
     def run(self, stages: Sequence[str] = STAGES) -> Path:
         """Run ``stages`` in order; returns the report path (or the study dir)."""
         self._check_out_folder()
+        self._check_earlier_stages(stages)
         self.out.mkdir(parents=True, exist_ok=True)
         self._lock()
         try:

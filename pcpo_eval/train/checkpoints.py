@@ -267,6 +267,26 @@ def resolve_checkpoint(spec: str | Path) -> Path | None:
     return None
 
 
+def _unknown_model(spec: str, kinds: list[str]) -> str:
+    """The one line for a --model that names no model, with the fix for what the user likely meant."""
+    specs = f"a spec of kind {', '.join(kinds)} (e.g. toy)"
+    head, sep, tail = spec.rpartition("@")
+    if sep and head and is_run_dir(head):  # export's RUN@EPOCH
+        saved = [e for e, _ in epoch_dirs(head)]
+        ckpt = checkpoint_dir(head, int(tail)) if tail.isdigit() and int(tail) in saved else None
+        fix = f"use {ckpt}" if ckpt else f"use {head}/checkpoints/epoch_NNNN"
+        return (f"unknown model {spec!r}: RUN@EPOCH is not a --model; {fix} (saved epochs: "
+                f"{', '.join(map(str, saved)) or 'none'}), or {head} for its latest checkpoint")
+    p = Path(spec)
+    if p.is_dir():
+        return (f"unknown model {spec!r}: a folder, but not a pcpo-eval run (config.yaml + checkpoints/) or checkpoint "
+                f"(checkpoint.json); give a run or checkpoint folder (pcpo-eval train --out), or {specs}")
+    if "/" in spec or p.suffix:
+        return (f"unknown model {spec!r}: no such file or folder; give a run or checkpoint folder "
+                f"(pcpo-eval train --out), or {specs}")
+    return f"unknown model {spec!r}: not a checkpoint or run directory, nor {specs}"
+
+
 def load_model_from_spec(spec: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
     """A ready ModelAdapter from a registry spec (``toy``, ``sd1:PATH``, ...), a checkpoint or a run dir.
 
@@ -281,10 +301,7 @@ def load_model_from_spec(spec: str, device: str | torch.device = "cpu", dtype: t
                             "embedded toy model), sd1:CompVis/stable-diffusion-v1-4, sd3:..., flux:... (a setup's "
                             "`model:` key; a study's base model is in its spec.resolved.json, base_model)")
         if kind not in REGISTRY:
-            raise UserError(
-                f"unknown model {spec!r}: not a checkpoint or run directory, nor a spec of kind "
-                f"{', '.join(sorted(REGISTRY))}"
-            )
+            raise UserError(_unknown_model(str(spec), sorted(REGISTRY)))
         adapter = load_model(str(spec), device=device, dtype=dtype)
         adapter.spec = str(spec)
         return adapter

@@ -144,6 +144,19 @@ def test_generate_bad_input(cli, box, args, needles):
     rejected(cli, box, "generate", "--model", "toy", "--out", box / "set", *args, needles=needles)
 
 
+@pytest.mark.parametrize("model, needles", [
+    ("run@1", ["RUN@EPOCH is not a --model", "run/checkpoints/epoch_0001", "saved epochs: 1"]),
+    ("run@7", ["RUN@EPOCH is not a --model", "saved epochs: 1"]),
+    ("nö run", ["no such file or folder", "give a run or checkpoint folder"]),
+    ("plain", ["not a pcpo-eval run", "give a run or checkpoint folder"]),
+], ids=["run-at-epoch", "run-at-missing-epoch", "missing-path", "other-folder"])
+def test_generate_model_that_is_no_model_names_the_fix(cli, box, toy_run, model, needles):
+    """What a new user types for --model (export's RUN@EPOCH, a typo, a set folder) gets the fix."""
+    shutil.copytree(toy_run, box / "run")
+    (box / "plain").mkdir()
+    rejected(cli, box, "generate", "--model", box / model, "--out", box / "set", *GEN, needles=needles)
+
+
 @pytest.mark.parametrize("out, needle", [("plain file/set", "is a file, not a folder"),
                                          ("plain file", "is a file, not a folder")])
 def test_generate_out_not_a_folder(cli, box, out, needle):

@@ -221,3 +221,36 @@ def test_irg_sweep_sampling_options(cli, box, key, value, needle):
     sweep[key] = value
     (box / "sweep.yaml").write_text(yaml.safe_dump(sweep))
     rejected(cli, box, "irg-sweep", box / "sweep.yaml", "--out", box / "sweep", needles=["IRG sweep file", needle])
+
+
+# ---- report: an --output that is a folder, a --figures-dir that is a file (before any figure) ------
+
+@pytest.mark.usefixtures("all_figure_formats")
+@pytest.mark.parametrize("flag, kind, needle", [
+    ("--output", "folder", "--output {path} is a folder; give a file name inside it"),
+    ("--figures-dir", "file", "--figures-dir {path} is a file, not a folder"),
+])
+def test_report_output_of_the_wrong_kind(cli, box, flag, kind, needle):
+    import json
+
+    from pcpo_eval.study.results import to_jsonable
+    from tests.support.report import synthetic_results
+
+    study = box / "study"
+    study.mkdir()
+    (study / "results.json").write_text(json.dumps(to_jsonable(synthetic_results(study))))
+    path = box / "target"
+    path.mkdir() if kind == "folder" else path.write_text("mine")
+    rejected(cli, box, "report", study, flag, path, needles=[needle.format(path=path)])
+
+
+# ---- study --stages that start after a stage never run: refused before the folder is made ----------
+
+@pytest.mark.parametrize("stages, needle", [
+    ("report", "results.json not found (the stats stage writes it)"),
+    ("stats,report", "selection.json not found (the select stage writes it)"),
+    ("generate", "selection.json not found (the select stage writes it)"),
+])
+def test_study_stages_before_their_inputs(cli, box, stages, needle):
+    rejected(cli, box, "study", ROOT / "analysis" / "toy_study.yaml", "--out", box / "new", "--stages", stages,
+             "--no-progress", needles=[needle, "run the earlier stages first"])
