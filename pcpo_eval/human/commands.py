@@ -38,17 +38,16 @@ def _database(folder: Path, database_url: str | None) -> str:
 
 
 def _base_url(folder: Path, base_url: str | None) -> str:
-    """``--base-url`` (remembered in HUMAN/server.json), else the remembered one, else a UserError."""
+    """``--base-url`` (checked; :func:`_remember_base_url` stores it once the command has succeeded), else
+    the one remembered in HUMAN/server.json, else a UserError."""
     from pcpo_eval.human import HumanLayout
     from pcpo_eval.human.app import origin_of
-    from pcpo_eval.io import atomic_write_json
 
     lay = HumanLayout(folder)
     if base_url is not None:
         if origin_of(base_url) is None or not base_url.lower().startswith(("http://", "https://")):
             raise UserError(f"--base-url {base_url!r}: give the address raters open, e.g. https://rate.example.org "
                             "or http://HOST:8000/PREFIX")
-        atomic_write_json(lay.server, {"base_url": base_url.rstrip("/")})
         return base_url.rstrip("/")
     if lay.server.is_file():
         try:
@@ -59,6 +58,16 @@ def _base_url(folder: Path, base_url: str | None) -> str:
             return saved
     raise UserError("no address for the rater links yet; pass --base-url with the address raters open "
                     "(e.g. https://rate.example.org, or http://HOST:8000 on your network); it is remembered")
+
+
+def _remember_base_url(folder: Path, base_url: str | None) -> None:
+    """Store a given ``--base-url`` in HUMAN/server.json, after the command's checks and work succeeded (a
+    refused command leaves the remembered address as it was)."""
+    from pcpo_eval.human import HumanLayout
+    from pcpo_eval.io import atomic_write_json
+
+    if base_url is not None:
+        atomic_write_json(HumanLayout(folder).server, {"base_url": base_url.rstrip("/")})
 
 
 @human_app.command("design")
@@ -123,6 +132,7 @@ def raters_cmd(
             rotate_rater(url, name)
         links = rater_links(url, base)
         prog = progress(url, per_rater=settings.per_rater).set_index("rater") if links else None
+    _remember_base_url(folder, base_url)
     rows = [{"rater": name, "link": link, **({k: int(v) for k, v in prog.loc[name].items()
                                                if k not in ("rater_id", "revoked")}
                                               if prog is not None and name in prog.index else {}),
@@ -157,6 +167,7 @@ def serve_cmd(
     if base_url is not None:
         _base_url(folder, base_url)
     _check_port(host, port)
+    _remember_base_url(folder, base_url)
     serve(folder, host=host, port=port, database_url=database_url, root_path=root_path,
           base_url=base_url)  # migrates, loads the pairs and checks the database is writable itself
 

@@ -89,7 +89,8 @@ def validate_request(
     if with_reference:
         if reference is None:
             raise UserError(
-                f"{', '.join(with_reference)} need a reference image set: pass --reference REF_SET"
+                f"{', '.join(with_reference)} {'needs' if len(with_reference) == 1 else 'need'} a reference image "
+                "set: pass --reference REF_SET"
             )
         check_same_prompts(image_set, reference)
         check_min_images(image_set, 2, with_reference[0])

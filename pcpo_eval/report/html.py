@@ -527,6 +527,11 @@ def read_results(study_dir: str | Path) -> dict[str, Any]:
     study_dir = Path(study_dir)
     res = results_path(study_dir)
     if not res.is_file():
+        from pcpo_eval.rundir import is_run_dir
+
+        if is_run_dir(study_dir):
+            raise UserError(f"{study_dir} is a training run, not a study; a report compares runs: list them in a "
+                            "study spec (runs:) and run `pcpo-eval study SPEC --out STUDY`, then report STUDY")
         raise UserError(f"{res} not found; run `pcpo-eval study SPEC --out {study_dir}` first "
                         "(the stats stage writes it)")
     try:

@@ -380,7 +380,12 @@ def config_from_dict(data: dict[str, Any]) -> TrainConfig:
     """Build and validate a TrainConfig; unknown keys raise a UserError listing valid ones."""
     unknown = sorted(set(data) - set(_FIELDS))
     if unknown:
-        raise UserError(f"unknown config key(s) {', '.join(unknown)}; valid keys: {', '.join(_FIELDS)}")
+        import difflib
+
+        close = {k: m[0] for k in unknown if (m := difflib.get_close_matches(k, _FIELDS, n=1, cutoff=0.75))}
+        hint = "; ".join(f"{k}: did you mean {m}?" for k, m in close.items())
+        raise UserError(f"unknown config key(s) {', '.join(unknown)}{f' ({hint})' if hint else ''}; "
+                        f"valid keys: {', '.join(_FIELDS)}")
     return TrainConfig(**{k: _coerce(k, v) for k, v in data.items()}).validate()
 
 

@@ -254,3 +254,10 @@ def test_report_output_of_the_wrong_kind(cli, box, flag, kind, needle):
 def test_study_stages_before_their_inputs(cli, box, stages, needle):
     rejected(cli, box, "study", ROOT / "analysis" / "toy_study.yaml", "--out", box / "new", "--stages", stages,
              "--no-progress", needles=[needle, "run the earlier stages first"])
+
+
+def test_report_on_a_run_folder_says_what_a_report_needs(cli, box):
+    run = box / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.yaml").write_text("model: toy\n")
+    rejected(cli, box, "report", run, needles=["is a training run, not a study", "list them in a study spec"])

@@ -151,6 +151,10 @@ def test_raters_needs_an_address(tmp_path, cli):
     assert res.returncode == 2 and "--base-url 'rate.example.org'" in res.stderr
     res = cli("human", "raters", layout.root, "--add", "ann", "--base-url", "http://10.0.0.5:8000/")
     assert res.returncode == 0 and "ann: http://10.0.0.5:8000/r/" in res.stdout
+    # a refused command (ann exists) keeps the remembered address: nothing is written before the work succeeds
+    res = cli("human", "raters", layout.root, "--add", "ann", "--base-url", "https://other.example.org")
+    assert res.returncode == 2 and res.stderr.startswith("error: ")
+    assert json.loads(layout.server.read_text()) == {"base_url": "http://10.0.0.5:8000"}
     db.dispose(layout.database_url)
 
 

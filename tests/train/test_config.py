@@ -48,3 +48,16 @@ def test_allow_tf32_leaves_cpu_kernels_alone(tmp_path, monkeypatch):
     cfg = load_config(None, [f"{k}={v}" for k, v in {**TINY, "epochs": 1}.items()] + ["log_to=none", "device=cpu"])
     train(cfg, tmp_path / "run")
     assert seen == [before]
+
+
+def test_a_misspelt_key_is_named_with_its_likely_fix():
+    import pytest
+
+    from pcpo_eval.errors import UserError
+    from pcpo_eval.train.config import load_config
+
+    with pytest.raises(UserError, match=r"unknown config key\(s\) epoch \(epoch: did you mean epochs\?\); valid keys"):
+        load_config(None, ["epoch=6"])
+    with pytest.raises(UserError) as ei:
+        load_config(None, ["zzz=1"])
+    assert "did you mean" not in str(ei.value)
