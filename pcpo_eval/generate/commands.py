@@ -78,7 +78,8 @@ def generate_cmd(
         typer.echo(
             f"{summary.n_images} images ({summary.n_prompts} prompts x {summary.n_seeds} seeds{dropped}) in {out}: "
             f"rendered {summary.n_rendered}, skipped {summary.n_skipped} on rank 0 of {summary.world_size} "
-            f"({summary.images_per_second:.2f} img/s, {summary.settings.precision}, micro-batch "
+            f"({summary.images_per_second:.2f} img/s end to end, model loading included; "
+            f"{summary.settings.precision}, micro-batch "
             f"{summary.settings.micro_batch}); manifest {summary.manifest_path}"
         )
 

@@ -59,6 +59,7 @@ from pcpo_eval.precision import (
     resolve_attention,
     resolve_precision,
 )
+from pcpo_eval.progress import progress_bar
 from pcpo_eval.prompts import PromptSet, load_prompts
 from pcpo_eval.samplers import SAMPLERS, SCHEDULES, resolve_sampler
 from pcpo_eval.seeding import sample_generator
@@ -156,6 +157,7 @@ class GenerateSummary:
     n_seeds: int
     n_prompts_dropped: int = 0
     manifest_path: Path | None = None
+    #: rendered images per wall second of the whole call on this rank (loading, resume checks, writing included)
     images_per_second: float = field(default=0.0)
 
 
@@ -416,7 +418,7 @@ def _render_share(job: _Job, opened: _OpenSet) -> _Share:
     todo = [it for it, d in zip(mine, done, strict=True) if not d]
     progress_file = out / ".progress" / f"{uuid.uuid4().hex}-r{job.rank:03d}.parquet"
     writer = _Writer(out, settings)
-    bar = _progress_bar(len(mine), len(mine) - len(todo), req.progress and job.rank == 0)
+    bar = progress_bar(len(mine), "generate", req.progress and job.rank == 0, unit="img", initial=len(mine) - len(todo))
     uncond_row = job.fixed.encode_prompts([""]) if req.cfg != 1.0 else None
     last_flush = time.monotonic()
     try:
@@ -487,12 +489,6 @@ class _Writer:
             self.records.append(f.result())
         self.pending = [f for f in self.pending if f not in done]
         return len(done)
-
-
-def _progress_bar(total: int, initial: int, enabled: bool):
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, initial=initial, disable=not enabled, unit="img", desc="generate", dynamic_ncols=True)
 
 
 # ---- 4. finish the set ------------------------------------------------------------------------
