@@ -226,8 +226,11 @@ class Study:
 
     # -- 1. train ------------------------------------------------------------------------------
     def stage_train(self) -> None:
+        from pcpo_eval.study.spec import recorded_input_problems
         from pcpo_eval.study.training import train_runs
 
+        if problems := recorded_input_problems(self.spec, self.layout.run_dir):  # before training any more
+            raise UserError("; ".join(problems))
         train_runs(self.spec, self.layout, self.log)
         problems = unreachable_targets([self.layout.run_dir(r) for r in self.spec.runs],
                                        [*self.spec.targets, self.spec.select_target], self.spec.window)

@@ -25,7 +25,7 @@ import itertools
 import json
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -537,15 +537,44 @@ def _run_settings(run: RunSpec) -> dict[str, Any] | None:
     return file_settings(cfg, read_inputs(run.run_dir)) if cfg is not None else None
 
 
+def _cell_of(run: RunSpec, compare: str) -> str:
+    """The comparison cell of a run: its levels of the other factors (``all`` for a one-factor design)."""
+    return ", ".join(f"{f}={v}" for f, v in run.levels.items() if f != compare) or "all"
+
+
 def _check_existing_settings(runs: Sequence[RunSpec], factors: Factors, compare: str, problems: list[str]) -> None:
     """Existing run directories (``runs:``) must be trained as listed (seed, level overrides) and differ from
     the other runs of their cell only in what the compared factor's levels declare (:mod:`.comparability`)."""
     if not any(r.run_dir for r in runs):
         return
     declared = {k for ov in factors.get(compare, {}).values() for k in ov}
-    cell_of = lambda r: ", ".join(f"{f}={v}" for f, v in r.levels.items() if f != compare) or "all"  # noqa: E731
-    problems += existing_run_problems(runs, compare, declared, cell_of, _run_settings,
+    problems += existing_run_problems(runs, compare, declared, lambda r: _cell_of(r, compare), _run_settings,
                                       lambda r: file_settings(r.overrides, read_now=True))
+
+
+def recorded_input_problems(spec: StudySpec, run_dir_of: Callable[[RunSpec], Path]) -> list[str]:
+    """Runs this study trained, or began, on files that held other contents than its other runs of one cell
+    read (a prompt file edited between two ``study`` calls): each such run's ``inputs.json`` (what it read)
+    against the others' records, or against the file as it is now for a run still to be trained.
+
+    :func:`load_spec` compares what the spec names; only the runner knows the output folder, where the
+    study's own runs record what they read. A cell none of whose runs has a record yet is not compared.
+    """
+    from pcpo_eval.rundir import inputs_path
+    from pcpo_eval.study.comparability import cell_problems
+
+    factors, _ = _parse_design(spec.raw.get("design"), Path(spec.source).parent, [])
+    compare = spec.compare_factor
+    declared = {k for ov in factors.get(compare, {}).values() for k in ov}
+    by_cell: dict[str, list[tuple[str, str, dict[str, Any], bool]]] = {}
+    for r in spec.runs:
+        recorded = r.train is not None and inputs_path(run_dir_of(r)).is_file()
+        cfg = file_settings(r.train.to_dict(), read_inputs(run_dir_of(r))) if recorded else _run_settings(r)
+        if cfg is not None:
+            by_cell.setdefault(_cell_of(r, compare), []).append((r.levels.get(compare, ""), r.name, cfg, recorded))
+    hint = ("; this study's runs record what they read in their inputs.json under the output folder's runs/: "
+            "restore the file they read, or remove those runs to train them again")
+    return [p + hint for cell, members in by_cell.items() for p in cell_problems(cell, members, declared, compare)]
 
 
 def _check_epoch_units(runs: Sequence[RunSpec], compare: _Compare, top: dict[str, Any],
@@ -563,7 +592,7 @@ def _check_epoch_units(runs: Sequence[RunSpec], compare: _Compare, top: dict[str
         if arm in (compare.baseline, compare.pcpo) and (cfg := _run_settings(r)) is not None:
             if r.run_dir is not None and (logged := logged_images_per_epoch(r.run_dir)) is not None:
                 cfg = {**cfg, IMAGES_LOGGED: logged}  # over all its processes (a study trains on one)
-            cell = ", ".join(f"{f}={v}" for f, v in r.levels.items() if f != compare.factor) or "all"
+            cell = _cell_of(r, compare.factor)
             by_cell.setdefault(cell, []).append((arm, r.name, cfg))
     found = [t for cell, members in by_cell.items()
              for t in epoch_unit_problems(cell, members, compare.baseline, compare.pcpo, compare.factor)]

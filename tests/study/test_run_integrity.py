@@ -336,3 +336,33 @@ def test_runs_trained_on_more_processes_are_refused_by_their_logged_images(tmp_p
         log_file = Path(r["run_dir"]) / "log.parquet"
         pd.read_parquet(log_file).drop(columns=["processes", "images"]).to_parquet(log_file, index=False)
     assert len(load_spec(_spec(tmp_path, runs), check_weights=False).runs) == 4
+
+
+def test_a_prompt_file_edited_between_two_study_calls_is_refused_before_more_training(tmp_path):
+    """The study trained PCPO seed 0, the prompt file was edited, then the study was called again: the runs it
+    still had to train would read other prompts than the one it trained. Its inputs.json says what it read."""
+    import json
+
+    from pcpo_eval.io import sha256_file
+    from pcpo_eval.study.spec import recorded_input_problems
+    from pcpo_eval.studydir import StudyLayout
+
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("red circle\nblue square\n")
+    spec = load_spec(write_spec(tmp_path / "s.yaml", seeds=[0, 1], targets=[0.3], select_target=0.3, design=ONE_FACTOR,
+                                lmm={"formula": "value ~ algorithm + (1|prompt)"},
+                                train={"overrides": {"epochs": 12, "checkpoint_every": 2, "model": "toy",
+                                                     "reward": "toy_aesthetic", "prompts": str(prompts)}}),
+                     check_weights=False)
+    layout = StudyLayout(tmp_path / "out")
+    assert recorded_input_problems(spec, layout.run_dir) == []  # nothing trained yet: nothing recorded
+    first = spec.runs[0]
+    rd = layout.run_dir(first)
+    rd.mkdir(parents=True)
+    entry = {"value": str(prompts), "resolved": str(prompts.resolve()), "sha256": sha256_file(prompts)}
+    (rd / "inputs.json").write_text(json.dumps({"prompts": entry}))
+    assert recorded_input_problems(spec, layout.run_dir) == []  # same contents
+    prompts.write_text("a green ring\n")
+    [msg] = recorded_input_problems(spec, layout.run_dir)
+    assert "the runs differ in prompts" in msg and "one path, other contents" in msg, msg
+    assert msg.endswith("restore the file they read, or remove those runs to train them again")
