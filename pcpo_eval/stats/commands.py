@@ -35,6 +35,39 @@ def _check_targets(targets: list[float]) -> None:
         raise UserError(f"--target {bad[0]} is not a finite number; give a reward level, e.g. --target 0.8")
 
 
+def _check_pairs(baseline: list[str], pcpo: list[str]) -> None:
+    """``--paired`` pairs the i-th baseline with the i-th PCPO run: refuse a pair whose run folders'
+    ``config.yaml`` record other training seeds (the pair would be two seeds' noise, not one seed's). Logs
+    without a recorded seed are paired as given."""
+    from pathlib import Path
+
+    import yaml
+
+    from pcpo_eval.rundir import config_path
+
+    def seed(log: str) -> object:
+        try:
+            cfg = yaml.safe_load(config_path(log).read_text()) if Path(log).is_dir() else None
+        except (OSError, yaml.YAMLError):
+            return None
+        return cfg.get("seed") if isinstance(cfg, dict) else None
+
+    for i, (b, t) in enumerate(zip(baseline, pcpo, strict=True), start=1):
+        sb, st = seed(b), seed(t)
+        if sb is not None and st is not None and sb != st:
+            raise UserError(f"--paired pair {i}: --baseline {b} has seed {sb}, --pcpo {t} seed {st}; give both "
+                            "arms' runs in the same seed order")
+
+
+def _check_runs_once(logs: list[str]) -> None:
+    """A log or run given twice (in one arm, or in both) would count one run's noise twice."""
+    from pathlib import Path
+
+    given = [str(Path(p).resolve()) for p in logs]
+    if dup := next((p for p in given if given.count(p) > 1), None):
+        raise UserError(f"{dup} is given twice; each run enters a comparison once")
+
+
 def _check_finite_logs(logs: list[str], curve: str) -> None:
     """Refuse logs with infinite rewards (NaN is refused by the log reader) before anything is fitted."""
     import numpy as np
@@ -135,6 +168,9 @@ def speedup_cmd(
         raise UserError(f"--curve must be reward or gain, got {curve!r}")
     _check_targets(target)
     _check_finite_logs([*baseline, *pcpo], curve)
+    _check_runs_once([*baseline, *pcpo])
+    if paired and len(baseline) == len(pcpo):
+        _check_pairs(baseline, pcpo)
     tab = speedup_table(baseline, pcpo, target, window, not lower_is_better, paired=paired, curve=curve)
     js = dumps(tab.to_dict())
     _write(output, js)

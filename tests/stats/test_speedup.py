@@ -389,18 +389,38 @@ def test_cli_bad_logs(tmp_path, cli, frame, message):
 
 
 def test_cli_bad_options_are_one_line_errors(tmp_path, cli):
-    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    a, b, c = tmp_path / "a.csv", tmp_path / "b.csv", tmp_path / "c.csv"
     _log(_crossing(100)).to_csv(a, index=False)
     _log(_crossing(90)).to_csv(b, index=False)
+    _log(_crossing(95)).to_csv(c, index=False)
     cases = [
         (["--curve", "foo"], "--curve must be reward or gain, got 'foo'"),
-        (["--paired", "--baseline", a], "--paired needs as many baseline as PCPO logs (got 2 and 1)"),
+        (["--paired", "--baseline", c], "--paired needs as many baseline as PCPO logs (got 2 and 1)"),
+        (["--baseline", a], f"{a} is given twice; each run enters a comparison once"),
         (["--curve", "gain"], "has no finite control_reward_mean; the gain curve needs runs trained"),
     ]
     for extra, message in cases:
         r = cli("speedup", "--baseline", a, "--pcpo", b, "--target", "6.9", *extra)
         assert r.returncode == 2, (extra, r.stdout)
         assert r.stderr.startswith("error: ") and message in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
+def test_cli_paired_runs_of_other_seeds_are_refused(tmp_path, cli):
+    """--paired pairs by position: run folders whose config.yaml record other seeds are two seeds' noise."""
+    runs = {}
+    for arm, crossing, seeds in (("b", 200, (0, 1)), ("p", 100, (1, 0))):
+        for s in seeds:
+            rd = tmp_path / f"{arm}{s}"
+            rd.mkdir()
+            _log(_crossing(crossing + 10 * s)).to_parquet(rd / "log.parquet")
+            (rd / "config.yaml").write_text(f"seed: {s}\n")
+            runs.setdefault(arm, []).append(rd)
+    args = [x for b, p in zip(runs["b"], runs["p"], strict=True) for x in ("--baseline", b, "--pcpo", p)]
+    r = cli("speedup", *args, "--target", "6.9", "--paired")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert f"--paired pair 1: --baseline {runs['b'][0]} has seed 0, --pcpo {runs['p'][0]} seed 1" in r.stderr
+    r = cli("speedup", *args, "--target", "6.9")  # unpaired: the order does not matter
+    assert r.returncode == 0, r.stderr
 
 
 def test_cli_missing_log_and_empty_run(tmp_path, cli):
