@@ -59,14 +59,6 @@ def _check_pairs(baseline: list[str], pcpo: list[str]) -> None:
                             "arms' runs in the same seed order")
 
 
-def _check_runs_once(logs: list[str]) -> None:
-    """A log or run given twice (in one arm, or in both) would count one run's noise twice."""
-    from pathlib import Path
-
-    given = [str(Path(p).resolve()) for p in logs]
-    if dup := next((p for p in given if given.count(p) > 1), None):
-        raise UserError(f"{dup} is given twice; each run enters a comparison once")
-
 
 def _check_finite_logs(logs: list[str], curve: str) -> None:
     """Refuse logs with infinite rewards (NaN is refused by the log reader) before anything is fitted."""
@@ -168,7 +160,6 @@ def speedup_cmd(
         raise UserError(f"--curve must be reward or gain, got {curve!r}")
     _check_targets(target)
     _check_finite_logs([*baseline, *pcpo], curve)
-    _check_runs_once([*baseline, *pcpo])
     if paired and len(baseline) == len(pcpo):
         _check_pairs(baseline, pcpo)
     tab = speedup_table(baseline, pcpo, target, window, not lower_is_better, paired=paired, curve=curve)
