@@ -39,18 +39,17 @@ def _check_pairs(baseline: list[str], pcpo: list[str]) -> None:
     """``--paired`` pairs the i-th baseline with the i-th PCPO run: refuse a pair whose run folders'
     ``config.yaml`` record other training seeds (the pair would be two seeds' noise, not one seed's). Logs
     without a recorded seed are paired as given."""
-    from pathlib import Path
-
-    import yaml
 
     from pcpo_eval.rundir import config_path
+    from pcpo_eval.train.checkpoints import load_run_config
 
     def seed(log: str) -> object:
-        try:
-            cfg = yaml.safe_load(config_path(log).read_text()) if Path(log).is_dir() else None
-        except (OSError, yaml.YAMLError):
+        if not config_path(log).is_file():  # a log file, or a run folder without config.yaml
             return None
-        return cfg.get("seed") if isinstance(cfg, dict) else None
+        try:
+            return load_run_config(log).get("seed")
+        except UserError:  # unreadable: paired as given (the log itself is read and checked elsewhere)
+            return None
 
     for i, (b, t) in enumerate(zip(baseline, pcpo, strict=True), start=1):
         sb, st = seed(b), seed(t)
