@@ -67,10 +67,33 @@ def bundle_record(design: dict[str, Any], pairs: pd.DataFrame, where: Path) -> d
                         "secret itself); serve its folder as it is and keep it private, or make a new design "
                         "(`pcpo-eval human design`) to serve from a bundle")
     design_settings(design, where)  # every serving setting checked as the app checks it
+    _refuse_repeated_images(pairs, where)
     return {"format": FORMAT, "rng_seed": design["rng_seed"], "per_rater": design.get("per_rater"),
             "comparison_seeds": design_comparison_seeds(design, where), "n_pairs": int(len(pairs)),
             "n_images": int(len(set(pairs["left_image"]) | set(pairs["right_image"]))),
             "key_secret": derive_key_secret(secret).hex(), "order_secret": derive_order_secret(secret).hex()}
+
+
+def _refuse_repeated_images(pairs: pd.DataFrame, where: Path) -> None:
+    """UserError when one image is shown in two main pairs (``comparison_seeds: shared``: a shared
+    checkpoint's one image of a prompt and seed is in both of its comparisons).
+
+    Blinding: the bundle's ``pairs.parquet`` names each pair's two images, so the side whose image
+    name (or bytes) recurs in another main pair is the shared checkpoint's, in every such pair: whoever
+    holds the bundle (the serving machine, its operator) would read the side of every main pair. With
+    ``distinct`` seeds no image is in two main pairs; an attention check repeats one side of one main
+    pair, chosen by a coin flip, so it names nothing."""
+    main = pairs[pairs["kind"] == "main"]
+    counts = pd.concat([main["left_image"], main["right_image"]]).value_counts()
+    repeated = int((counts > 1).sum())
+    if repeated:
+        n_pairs = int((main["left_image"].isin(counts.index[counts > 1])
+                       | main["right_image"].isin(counts.index[counts > 1])).sum())
+        raise UserError(f"{where}: {repeated} images are each shown in two main pairs (comparison_seeds: shared), so a "
+                        f"bundle would name the shared checkpoint's side of {n_pairs} of {len(main)} main pairs to "
+                        "whoever holds it (the image that recurs); serve this design folder itself from a machine "
+                        "only the organisers hold, or make a new design with comparison_seeds: distinct to serve "
+                        "from a bundle")
 
 
 def served_pairs(root: str | Path) -> pd.DataFrame:

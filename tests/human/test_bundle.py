@@ -155,3 +155,62 @@ def test_a_damaged_bundle_is_one_error_line(tmp_path):
     bundle.bundle.write_text(json.dumps({k: v for k, v in record.items() if k != "order_secret"}))
     with pytest.raises(UserError, match=r"lacks key_secret or order_secret"):
         read_settings(bundle)
+
+
+def _bracket_design(tmp_path, mode: str) -> HumanLayout:
+    """A bracket design (PCPO@120 against DDPO@180 and DDPO@240, 10 prompts x 4 seeds) as `human design`
+    builds it, on ``comparison_seeds`` ``mode``."""
+    from pcpo_eval.human.design import (
+        Checkpoint,
+        _write_images,
+        build_pairs,
+        checkpoint_seeds,
+        new_secret,
+        parse_design_spec,
+    )
+    from tests.support.human import write_image_sets
+
+    pcpo = Checkpoint("PCPO@120", "pcpo")
+    bracket = [(pcpo, Checkpoint("DDPO@180", "b180")), (pcpo, Checkpoint("DDPO@240", "b240"))]
+    sets = write_image_sets(tmp_path / f"sets-{mode}", checkpoint_seeds(bracket, 4, mode), 10, rng_seed=1)
+    ds = parse_design_spec({"seeds": 4, "max_prompts": 10, "per_rater": 20, "identical": 2, "degraded": 2,
+                            "comparison_seeds": mode})
+    secret = new_secret()
+    pairs, images = build_pairs(bracket, sets, ds, secret)
+    lay = HumanLayout(tmp_path / f"HUMAN-{mode}")
+    lay.images.mkdir(parents=True)
+    _write_images(images, lay.images, secret, log=lambda _: None)
+    pairs.to_parquet(lay.pairs)
+    lay.design.write_text(json.dumps({"rng_seed": 0, "per_rater": 20, "blinding_secret": secret.hex(),
+                                      "comparison_seeds": mode, "assignment": ASSIGNMENT_KEYED}))
+    return lay
+
+
+def _sides_named_by_repeats(served: pd.DataFrame, private: pd.DataFrame) -> tuple[int, int]:
+    """The bundle holder's attack: in each main pair, the side whose image name is in another main pair
+    too is the shared checkpoint. Returns (pairs it names a side of, of which PCPO's)."""
+    main = served[served["kind"] == "main"]
+    counts = pd.concat([main["left_image"], main["right_image"]]).value_counts()
+    truth = private.set_index("pair_id")["left_method"] == "PCPO@120"
+    named = [(counts[r.left_image] > counts[r.right_image]) == truth[r.pair_id]
+             for r in main.itertuples() if counts[r.left_image] != counts[r.right_image]]
+    return len(named), sum(named)
+
+
+def test_a_design_that_shows_an_image_in_two_main_pairs_is_not_bundled(tmp_path, cli):
+    """With shared seeds PCPO's one image of a prompt and seed is in both comparisons, and a bundle's
+    pairs.parquet names every pair's images: the image name that recurs is PCPO's side, in 80 of 80 main
+    pairs (what a bundle of this design held before it was refused). Distinct seeds: nothing recurs."""
+    shared = _bracket_design(tmp_path, "shared")
+    private = pd.read_parquet(shared.pairs)
+    assert _sides_named_by_repeats(private[list(SERVED_COLUMNS)], private) == (80, 80)
+    before = {p: p.read_bytes() for p in shared.root.rglob("*") if p.is_file()}
+    res = cli("human", "bundle", shared.root, "--out", tmp_path / "SERVE")
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and res.stderr.startswith("error: "), res.stderr
+    assert ("40 images are each shown in two main pairs (comparison_seeds: shared), so a bundle would name the "
+            "shared checkpoint's side of 80 of 80 main pairs") in res.stderr
+    assert "comparison_seeds: distinct" in res.stderr and not (tmp_path / "SERVE").exists()
+    assert {p: p.read_bytes() for p in shared.root.rglob("*") if p.is_file()} == before
+    distinct = _bracket_design(tmp_path, "distinct")
+    bundle = _bundle(distinct, tmp_path / "SERVE2")
+    assert _sides_named_by_repeats(pd.read_parquet(bundle.pairs), pd.read_parquet(distinct.pairs)) == (0, 0)
