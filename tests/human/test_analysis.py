@@ -129,14 +129,37 @@ def test_one_family_per_study_holm_over_the_comparisons(pairs2):
 
 
 def test_binomial_verdict_states_its_exact_detectable_rate(pairs2):
-    """One rater: no mixed model; the binomial test's exact MDE at the decisive answers is printed."""
+    """Too few answers for the mixed model (3 raters, 8 and 7 decisive answers): the verdict falls back
+    to the binomial test and prints its exact MDE."""
     from pcpo_eval.stats.pairwise import binomial_mde
 
-    resp = simulate_responses(pairs2, 1, 40, 0.5, rng_seed=5)
-    for c in analyze(pairs2, resp, bootstrap=0)["comparisons"]:
+    resp = simulate_responses(pairs2, 3, 5, 0.5, rng_seed=5, tie_rate=0.0)
+    comps = analyze(pairs2, resp, bootstrap=0)["comparisons"]
+    assert [(c["n_decisive"], c["mixed_model"]["n_raters"]) for c in comps] == [(8, 3), (7, 3)]
+    for c in comps:
         assert c["p_source"] == "binomial" and c["mde_win_rate"] == binomial_mde(c["n_decisive"], 0.025)
         assert f"detectable at 80% power after Holm over the 2 comparisons: a win rate of {c['mde_win_rate']:.2f}" \
             in c["verdict"]
+
+
+def test_one_rater_is_no_evidence_of_a_preference_of_raters(pairs2):
+    """One rater answers every main pair (per_rater: null): their own preference (rater log-odds SD 0.3,
+    the simulator's A/A spread) is no preference of raters. Before, the verdict fell back to the binomial
+    test of that rater's answers and said "Raters preferred" in 30 of 50 such A/A studies (60%); now it
+    gives no p, no verdict and says so, and the report's numbers (counts, binomial p) stay."""
+    preferred = 0
+    for s in range(50):
+        resp = simulate_responses(pairs2, 1, 900, 0.5, rng_seed=7000 + s)
+        comps = analyze(pairs2, resp, bootstrap=0)["comparisons"]
+        preferred += any(c["significant"] for c in comps)
+        for c in comps:
+            assert c["p"] is None and c["p_holm"] is None and c["mde_win_rate"] is None and not c["significant"]
+            assert c["p_source"] == "none: one rater" and c["family_size"] == 0 and 0 <= c["p_binomial"] <= 1
+            assert c["verdict"].startswith(f"No evidence of a preference between {c['a']} and {c['b']}: "), c
+            assert (f"all from one rater (binomial p = {c['p_binomial']:.3g} speaks for that rater only, not for "
+                    "raters; mixed model not estimable: 1 rater(s)") in c["verdict"]
+            assert c["verdict"].endswith("; no win rate is detectable at 80% power with one rater.")
+    assert preferred == 0
 
 
 def aa_rejection_rates(n_studies: int, seed: int, sd: float) -> tuple[float, float, int]:
@@ -291,6 +314,11 @@ def test_mixed_model_not_estimable_falls_back_to_the_binomial_p():
     one_rater = _resp([(0, p, "left") for p in ids[:8]] + [(0, p, "right") for p in ids[8:16]])
     c = analyze(pairs, one_rater, bootstrap=0)["comparisons"][0]
     assert c["mixed_model"]["p"] is None and "1 rater" in c["mixed_model"]["reason"]
+    # one rater: their binomial p is reported, but it is no p of raters (no verdict)
+    assert c["p_source"] == "none: one rater" and c["p"] is None and c["p_binomial"] == 1.0
+    assert "binomial p = 1 speaks for that rater only" in c["verdict"] and "mixed model not estimable" in c["verdict"]
+    two = _resp([(0, p, "left") for p in ids[:4]] + [(1, p, "right") for p in ids[4:8]])
+    c = analyze(pairs, two, bootstrap=0)["comparisons"][0]
     assert c["p_source"] == "binomial" and c["p"] == c["p_binomial"]
     assert "binomial p" in c["verdict"] and "mixed model not estimable" in c["verdict"]
     chose_x = [(r, p, "left" if lm == "x@1" else "right") for r in range(3)
