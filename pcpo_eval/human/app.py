@@ -30,8 +30,9 @@ pairs (PCPO's, in both bracket comparisons of a design on shared seeds; a main p
 an attention check) gets two unrelated URLs, and two raters never share one. Designs on distinct
 seeds (``comparison_seeds``, the default) show no image in two comparisons at all
 (``tests/human/test_comparison_seeds.py``); the app serves both kinds alike. Images are sent with ``Cache-Control: no-store`` and no ``Last-Modified`` or ``ETag`` (file
-times follow the order images were written, which followed the checkpoints). What the app cannot
-hide is the content itself (pixels, and so the PNG's size): ``tests/human/test_blinding.py``.
+times follow the order images were written, which followed the checkpoints). Both images of a pair
+are served with one length (:func:`pad_png`), so ``Content-Length`` does not tell how each compresses.
+What the app cannot hide is the content itself (the pixels): ``tests/human/test_blinding.py``.
 
 **Hardening.** Bodies are read by the guard and refused beyond :data:`MAX_BODY` bytes whatever
 the headers say (chunked too); a POST whose ``Origin`` (or, without one, ``Referer``) is another
@@ -149,7 +150,7 @@ class _State:
     origins: frozenset[str] = frozenset()
     secret: bytes = field(default_factory=lambda: secrets.token_bytes(32))
     _assignments: dict[int, list[str]] = field(default_factory=dict)
-    _keys: dict[int, dict[str, str]] = field(default_factory=dict)
+    _keys: dict[int, dict[str, tuple[str, str]]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def assignment(self, rater_id: int) -> list[str]:
@@ -194,14 +195,15 @@ class _State:
         msg = f"{rater_id}:{pair_id}:{side}".encode()
         return hmac.new(self.secret, msg, hashlib.sha256).hexdigest()[:32]
 
-    def image_of(self, rater_id: int, key: str) -> str | None:
-        """The image token behind ``key`` for this rater (None: not one of their pairs' images)."""
+    def image_of(self, rater_id: int, key: str) -> tuple[str, str] | None:
+        """(the image token behind ``key`` for this rater, the token of the other side of its pair); None:
+        not one of their pairs' images."""
         order = self.assignment(rater_id)
         with self._lock:
             keys = self._keys.get(rater_id)
         if keys is None:
-            keys = {self.image_key(rater_id, p, side): self.pairs[p][f"{side}_image"]
-                    for p in order for side in ("left", "right")}
+            keys = {self.image_key(rater_id, p, side): (self.pairs[p][f"{side}_image"], self.pairs[p][f"{other}_image"])
+                    for p in order for side, other in (("left", "right"), ("right", "left"))}
             with self._lock:
                 self._keys[rater_id] = keys
         return keys.get(key)
@@ -433,11 +435,40 @@ def _rater_routes(app: FastAPI, state: _State) -> None:
     @app.api_route("/r/{token}/img/{key}.png", methods=["GET", "HEAD"])
     def image(token: str, key: str) -> Response:
         rater = db.rater_by_token(state.url, token) if _KEY_RE.match(key) else None
-        image_token = state.image_of(rater.id, key) if rater is not None else None
-        path = state.layout.image(image_token) if image_token and db.TOKEN_RE.match(image_token) else None
-        if path is None or not path.is_file():
+        tokens = state.image_of(rater.id, key) if rater is not None else None
+        paths = [state.layout.image(t) for t in tokens or () if db.TOKEN_RE.match(t)]
+        if len(paths) != 2 or not all(p.is_file() for p in paths):
             return state.message(404)
-        return Response(path.read_bytes(), media_type="image/png", headers={"Cache-Control": "no-store"})
+        return Response(pad_png(paths[0].read_bytes(), max(p.stat().st_size for p in paths)), media_type="image/png",
+                        headers={"Cache-Control": "no-store"})
+
+
+#: The chunk that pads a served PNG: ancillary, private, safe to copy (decoders skip it; PNG 1.2, 3.3).
+PAD_CHUNK = b"paDd"
+
+
+def pad_png(data: bytes, longest: int) -> bytes:
+    """``data`` (a PNG of at most ``longest`` bytes) with a :data:`PAD_CHUNK` of zeros before its IEND,
+    ``longest + 12`` bytes long: both images of a pair are served with one length.
+
+    Blinding: the two images of a pair are PNGs of their pixels, so their sizes follow how well each
+    compresses, which a rater's browser shows (``Content-Length``, the network panel) without any
+    look at the pixels: an arm whose images carry an invisible +-1 grey-level dither was the larger
+    file in 114 of 114 main pairs served. Padded, a pair's two lengths are equal."""
+    import zlib
+
+    pad = b"\0" * (longest - len(data))
+    chunk = len(pad).to_bytes(4, "big") + PAD_CHUNK + pad + zlib.crc32(PAD_CHUNK + pad).to_bytes(4, "big")
+    return data[:-12] + chunk + data[-12:]  # the last 12 bytes are the IEND chunk
+
+
+def strip_padding(data: bytes) -> bytes:
+    """A served PNG without its :data:`PAD_CHUNK` (the image file's bytes)."""
+    i = data.rfind(PAD_CHUNK, 0, len(data) - 12)
+    if i < 4:
+        return data
+    n = int.from_bytes(data[i - 4:i], "big")
+    return data[:i - 4] + data[i + 4 + n + 4:]
 
 
 def _current(state: _State, rater_id: int) -> tuple[str | None, str | None, set[str]]:

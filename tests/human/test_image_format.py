@@ -89,3 +89,75 @@ def test_pairs_whose_images_differ_in_grid_or_format_are_refused(tmp_path, chang
         build_pairs(BRACKET, sets, parse_design_spec(SPEC), SECRET)
     assert "PCPO@120 vs DDPO@240" in str(err.value)
     assert "DDPO@180" not in str(err.value).split(";")[0]  # the other comparison is fine
+
+
+def _dithered_sets(root: Path, n_prompts: int, n_seeds: int) -> dict[str, Path]:
+    """Two checkpoints with one smooth image per prompt and seed; B@1's carries an invisible +-1 grey-level
+    dither (noise no rater sees, but PNG compresses it worse: B's file is the larger one of every pair)."""
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    x = np.linspace(0, 255, 48)
+    ramp = np.stack(np.meshgrid(x, x), -1).mean(-1)[..., None]
+    sets = {}
+    for label in ("A@1", "B@1"):
+        (folder := root / label.replace("@", "_")).mkdir(parents=True)
+        rows = []
+        for p in range(n_prompts):
+            for s in range(n_seeds):
+                px = ramp * np.random.default_rng(p * 100 + s).uniform(0.3, 1.0, 3)
+                if label == "B@1":
+                    px = px + rng.integers(-1, 2, px.shape)
+                Image.fromarray(np.clip(px, 0, 255).astype(np.uint8)).save(folder / f"{p}_{s}.png")
+                rows.append({"prompt_id": p, "prompt": f"thing {p}", "seed": s, "path": f"{p}_{s}.png"})
+        pd.DataFrame(rows).to_parquet(folder / "manifest.parquet")
+        sets[label] = folder
+    return sets
+
+
+def test_both_images_of_a_pair_are_served_with_one_length(tmp_path):
+    """Invisible dither on one arm: its file is the larger of every main pair (what Content-Length told a
+    rater's browser before: 'the larger file' named B@1 in every pair); served, each pair's two images
+    have one length (the larger file + a 12-byte padding chunk) and decode to the files' pixels."""
+    import io
+    import json
+    import re
+
+    import numpy as np
+    from fastapi.testclient import TestClient
+
+    from pcpo_eval.human import HumanLayout, db
+    from pcpo_eval.human.app import create_app, strip_padding
+    from pcpo_eval.human.settings import ASSIGNMENT_KEYED
+    from tests.support.human import KEY_RE, shown_pair
+
+    ds = parse_design_spec({"seeds": 3, "max_prompts": 10, "per_rater": None, "identical": 1, "degraded": 1})
+    pairs, images = build_pairs([(Checkpoint("A@1", "a"), Checkpoint("B@1", "b"))],
+                                _dithered_sets(tmp_path / "sets", 10, 3), ds, SECRET)
+    lay = HumanLayout(tmp_path / "human")
+    lay.images.mkdir(parents=True)
+    _write_images(images, lay.images, SECRET, log=lambda _: None)
+    pairs.to_parquet(lay.pairs)
+    lay.design.write_text(json.dumps({"rng_seed": 0, "per_rater": None, "blinding_secret": SECRET.hex(),
+                                      "comparison_seeds": "distinct", "assignment": ASSIGNMENT_KEYED}))
+    main = pairs[pairs["kind"] == "main"].set_index("pair_id")
+    larger_is_b = [(lay.image(r.left_image).stat().st_size > lay.image(r.right_image).stat().st_size)
+                   == (r.left_method == "B@1") for r in main.itertuples()]
+    assert sum(larger_is_b) == len(main) == 30  # the files tell the arms apart by size in every pair
+    served = []
+    with TestClient(create_app(lay.root), follow_redirects=False) as client:
+        (_, token), = db.add_raters(lay.database_url, ["r"])
+        while (m := KEY_RE.search(html := client.get(f"/r/{token}").text)) is not None:
+            pair_id = shown_pair(client, token)
+            if pair_id in main.index:
+                got = [client.get(u) for u in re.findall(r'<img src="([^"]+)"', html)]
+                files = [lay.image(main.loc[pair_id, f"{side}_image"]) for side in ("left", "right")]
+                for r, f in zip(got, files, strict=True):
+                    assert strip_padding(r.content) == f.read_bytes()
+                    assert np.array_equal(np.asarray(Image.open(io.BytesIO(r.content))), np.asarray(Image.open(f)))
+                served.append([int(r.headers["content-length"]) for r in got]
+                              + [max(f.stat().st_size for f in files) + 12])
+            client.post(f"/r/{token}/answer", data={"key": m.group(1), "choice": "tie"})
+    db.dispose(lay.database_url)
+    assert len(served) == 30 and all(left == right == want for left, right, want in served)
