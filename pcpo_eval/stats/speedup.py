@@ -495,6 +495,8 @@ class SpeedupTable:
     curve: str = "reward"
     #: Holm-adjusted p per row over the table's targets (one family; None where a row has no p)
     p_holm: tuple[float | None, ...] = ()
+    #: what limits a raw-reward table: :data:`NO_CONTROL_NOTE` when some log lacks the paired control
+    note: str = ""
 
     @property
     def family_size(self) -> int:
@@ -505,7 +507,7 @@ class SpeedupTable:
         """JSON shape of ``pcpo-eval speedup --json``."""
         holm = self.p_holm or (None,) * len(self.rows)
         return {"window": self.window, "curve": self.curve, "baseline_runs": list(self.baseline_names),
-                "pcpo_runs": list(self.pcpo_names), "family_size": self.family_size,
+                "pcpo_runs": list(self.pcpo_names), "family_size": self.family_size, "note": self.note,
                 "targets": [r.to_dict() | {"p_holm": h, "significant_holm": h is not None and h < r.alpha}
                             for r, h in zip(self.rows, holm, strict=True)]}
 
@@ -515,7 +517,7 @@ class SpeedupTable:
         lines = [f"Smoothing: trailing mean over a full window of {self.window} epochs; {len(self.baseline_names)} "
                  f"baseline / {len(self.pcpo_names)} PCPO run(s), {paired}; curve: {self.curve}.",
                  "Epochs: Kaplan-Meier restricted mean to the last common epoch (runs that never reach the "
-                 "target count as that epoch).", "",
+                 "target count as that epoch).", *([f"Note: {self.note}."] if self.note else []), "",
                  f"p: each target's own test; Holm p: adjusted over the {self.family_size} targets with a p (one "
                  f"family: a target is a finding only when its Holm p < alpha); detectable: at 80% power at that "
                  "family's level, alpha / targets.", "",
@@ -596,6 +598,12 @@ def speedup_table(
             df = df.assign(reward_mean=df["reward_mean"] - df["control_reward_mean"])
         return name, df
 
+    if curve == "gain":  # the untrained control's gain is 0 by definition: it "reaches" such a target at once
+        bad = [t for t in targets if (t <= 0 if higher_is_better else t >= 0)]
+        if bad:
+            raise UserError(f"--target {bad[0]:g} with --curve gain: a gain target must be "
+                            f"{'> 0' if higher_is_better else '< 0 with --lower-is-better'} (a policy that learns "
+                            "nothing has gain 0 every epoch and would reach it at its first full-window epoch)")
     b, p = [load(x) for x in baseline], [load(x) for x in pcpo]
 
     def ttt(df: pd.DataFrame, t: float) -> TimeToTarget:
@@ -604,8 +612,34 @@ def speedup_table(
 
     rows = tuple(speedup_runs([ttt(d, t) for _, d in b], [ttt(d, t) for _, d in p], target=t, paired=paired,
                               alpha=alpha) for t in targets)
+    note = ""
+    if curve == "reward":  # a target the untrained control reaches is the sampler's, not learning's
+        controls = [control_curve(d) for _, d in (*b, *p)]
+        if all(c is not None for c in controls):
+            rows = tuple(uninformative(r, raw_target_note(controls, r.target, window, higher_is_better))  # type: ignore[arg-type]
+                         for r in rows)
+        else:
+            note = NO_CONTROL_NOTE
     rows, p_holm = targets_family(rows, alpha)
-    return SpeedupTable(rows, window, tuple(n for n, _ in b), tuple(n for n, _ in p), curve, p_holm)
+    return SpeedupTable(rows, window, tuple(n for n, _ in b), tuple(n for n, _ in p), curve, p_holm, note)
+
+
+def control_curve(log: pd.DataFrame) -> np.ndarray | None:
+    """A log's untrained-control curve on its epochs, or None when it logged none (no finite value)."""
+    if "control_reward_mean" not in log.columns:
+        return None
+    c = log["control_reward_mean"].to_numpy(np.float64)
+    return c if np.isfinite(c).any() else None
+
+
+def uninformative(s: Speedup, note: str) -> Speedup:
+    """``s`` as a target that says nothing about learning (``note`` the reason; unchanged when empty): no
+    speed-up, CI, p or power, outside the Holm family; the restricted mean epochs stay for reading."""
+    if not note:
+        return s
+    return replace(s, estimate=None, ci_low=None, ci_high=None, p=None, df=None, mde=None, seeds_for_reference=None,
+                   uninformative=True, estimable=False, reason=note, significant=False, ci_gap_low=None,
+                   ci_gap_high=None, ci_high_clipped=False, ci_low_clipped=False, p_method="")
 
 
 def targets_family(rows: Sequence[Speedup], alpha: float) -> tuple[tuple[Speedup, ...], tuple[float | None, ...]]:
@@ -618,6 +652,35 @@ def targets_family(rows: Sequence[Speedup], alpha: float) -> tuple[tuple[Speedup
     m = sum(a is not None for a in adj)
     out = tuple(at_level(r, family_level(alpha, m)) if m > 1 else r for r in rows)
     return out, tuple(adj)
+
+
+def control_reaches(control: Sequence[float] | np.ndarray, target: float, window: int, *,
+                    higher_is_better: bool = True) -> bool:
+    """Whether an untrained control curve reaches ``target`` in some full window of ``window`` logged values
+    (a window with a missing control epoch decides nothing; the other windows still count, so a control
+    missing one epoch cannot make a target the sampler reaches look informative)."""
+    s = full_window_average(control, window)
+    s = s[np.isfinite(s)]
+    return bool(np.any(s >= target if higher_is_better else s <= target))
+
+
+def raw_target_note(controls: Sequence[np.ndarray], target: float, window: int, higher_is_better: bool = True) -> str:
+    """Why a raw-reward target says nothing about learning ('' when it may): some run's untrained control
+    (``control_reward_mean``: the same prompts and noises, the run's own sampler, no training) reaches it, so
+    a policy that learned nothing reaches it too, sooner with a better sampler (the rule of
+    :func:`pcpo_eval.stats.verdict.target_status`)."""
+    hits = sum(control_reaches(c, target, window, higher_is_better=higher_is_better) for c in controls)
+    if not hits:
+        return ""
+    return (f"uninformative: the untrained control reaches {target:g} in {hits} of {len(controls)} runs, so the "
+            "sampler reaches it without learning (a frozen policy with a better sampler would look fast); choose "
+            "a target no control reaches, or --curve gain")
+
+
+#: why a raw-reward table without the paired control cannot tell learning from the sampler
+NO_CONTROL_NOTE = ("raw reward without a paired untrained control (control_reward_mean) in every log: a speed-up "
+                   "here may be a sampler change, not learning (a frozen policy with a better sampler would look "
+                   "fast); train with paired_control: true and use --curve gain")
 
 
 def unreachable_targets(run_dirs: Sequence[str | Path], targets: Sequence[float], window: int) -> list[str]:

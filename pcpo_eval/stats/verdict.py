@@ -74,10 +74,10 @@ from pcpo_eval.stats.speedup import (
     at_level,
     ci_text,
     epochs_to_target,
-    full_window_average,
     pct,
     speedup_runs,
 )
+from pcpo_eval.stats.speedup import control_reaches as speedup_control_reaches
 
 VERDICT_KEYS = (
     "cell", "quantity", "baseline", "treatment", "estimate", "ci_low", "ci_high", "n_baseline_runs",
@@ -237,10 +237,7 @@ def control_reaches(run: RunCurve, target: float, window: int) -> bool:
     """Whether the run's untrained control reaches ``target`` in some full window of ``window`` logged
     values (a window with a missing control epoch decides nothing; the other windows still count, so a
     control missing one epoch cannot make a target the sampler reaches look informative)."""
-    if run.control is None:
-        return False
-    s = full_window_average(run.control, window)
-    return bool(np.any(s[np.isfinite(s)] >= target))
+    return run.control is not None and speedup_control_reaches(run.control, target, window)
 
 
 def target_status(runs: Sequence[RunCurve], targets: Sequence[float], gain_targets: Sequence[float],

@@ -546,3 +546,76 @@ def test_a_missing_value_decides_only_the_windows_that_hold_it():
     out = epochs_to_target(never, 5.0, 3)
     assert not out.finite and not out.censored
     assert epochs_to_target(y, 5.0, 3).censored  # every window decided, none reaches it
+
+
+def _frozen_sampler_logs(n_seeds: int = 6, epochs: int = 30):
+    """Baseline runs that learn (gain 0.005 per epoch) from an untrained control at 0.75; 'PCPO' runs that
+    learn nothing (reward == control every epoch) with a sampler whose untrained control scores 0.80."""
+    rng = np.random.default_rng(5)
+    e = np.arange(1, epochs + 1)
+    base, frozen = [], []
+    for _ in range(n_seeds):
+        cb = 0.75 + rng.normal(0, 0.004, epochs)
+        base.append(_log(cb + 0.005 * e + rng.normal(0, 0.004, epochs), control=cb))
+        cf = 0.80 + rng.normal(0, 0.004, epochs)
+        frozen.append(_log(cf, control=cf))
+    return base, frozen
+
+
+def test_a_frozen_policy_with_a_better_sampler_is_never_fast_on_a_raw_target(tmp_path, cli):
+    """``pcpo-eval speedup`` on the raw reward: a target some run's untrained control reaches is the sampler's
+    (the study verdict's rule, stats.verdict.target_status). Before, the table called the frozen arm
+    +73% faster to 0.78 (5 vs 8.7 epochs, paired t p = 1.2e-05, Holm p 1.2e-05); now that target is
+    uninformative (no speed-up, outside the Holm family) and 0.86, which no control reaches, is compared
+    as before."""
+    base, frozen = _frozen_sampler_logs()
+    tab = speedup_table(base, frozen, [0.78, 0.86], paired=True)
+    raw, high = tab.rows
+    assert raw.uninformative and not raw.estimable and not raw.significant
+    assert raw.estimate is None and raw.p is None and raw.mde is None and raw.ci_low is None
+    assert raw.reason.startswith("uninformative: the untrained control reaches 0.78 in 6 of 12 runs, so the sampler")
+    assert raw.treatment_epochs == (5.0,) * 6  # the frozen arm's epochs stay for reading
+    assert high.estimable and high.treatment_epochs == (30.0,) * 6 and high.estimate < 0  # never reached: slower
+    assert tab.family_size == 1 and tab.p_holm[0] is None and tab.p_holm[1] == high.p
+    assert tab.note == "" and "Note:" not in tab.to_markdown()
+    assert "| 0.78 | " in tab.to_markdown() and "uninformative: the untrained control reaches 0.78" in tab.to_markdown()
+    # the same logs through the CLI
+    args = []
+    for i, (b, f) in enumerate(zip(base, frozen, strict=True)):
+        b.to_csv(tmp_path / f"b{i}.csv", index=False)
+        f.to_csv(tmp_path / f"f{i}.csv", index=False)
+        args += ["--baseline", tmp_path / f"b{i}.csv", "--pcpo", tmp_path / f"f{i}.csv"]
+    r = cli("speedup", *args, "--target", "0.78", "--paired", "--json")
+    assert r.returncode == 0, r.stderr
+    (row,) = json.loads(r.stdout)["targets"]
+    assert row["uninformative"] and row["estimate"] is None and row["p_holm"] is None and not row["significant_holm"]
+    # without the control column nothing tells the sampler from learning: the table says so
+    tab = speedup_table([b.drop(columns="control_reward_mean") for b in base],
+                        [f.drop(columns="control_reward_mean") for f in frozen], [0.78], paired=True)
+    assert tab.rows[0].estimable and tab.rows[0].estimate > 0  # the frozen arm looks fast ...
+    assert tab.note.startswith("raw reward without a paired untrained control")  # ... and the table says why
+    assert f"Note: {tab.note}." in tab.to_markdown() and tab.to_dict()["note"] == tab.note
+
+
+def test_a_gain_target_a_frozen_policy_reaches_is_refused(tmp_path, cli):
+    """--curve gain --target 0: a policy that learns nothing has gain 0 every epoch and 'reaches' 0 at its
+    first full-window epoch. Before, such a frozen arm was +153% faster (5 vs 12.7 epochs, paired t
+    p = 3.0e-07) than runs whose gain dips to -0.01 for 9 epochs and then learns; now one error line."""
+    rng = np.random.default_rng(5)
+    e = np.arange(1, 31)
+    base, frozen = [], []
+    for _ in range(6):
+        cb = 0.75 + rng.normal(0, 0.004, 30)
+        base.append(_log(cb + np.where(e < 10, -0.01, 0.005 * (e - 10)) + rng.normal(0, 0.004, 30), control=cb))
+        cf = 0.8 + rng.normal(0, 0.004, 30)
+        frozen.append(_log(cf, control=cf))
+    for t in (0.0, -0.01):
+        with pytest.raises(UserError, match=f"--target {t:g} with --curve gain: a gain target must be > 0"):
+            speedup_table(base, frozen, [t], paired=True, curve="gain")
+    with pytest.raises(UserError, match="must be < 0 with --lower-is-better"):
+        speedup_table(base, frozen, [0.01], 5, False, paired=True, curve="gain")
+    assert speedup_table(base, frozen, [0.02], paired=True, curve="gain").rows[0].estimate < 0  # learning: slower
+    base[0].to_csv(tmp_path / "b.csv", index=False)
+    frozen[0].to_csv(tmp_path / "f.csv", index=False)
+    r = cli("speedup", "--baseline", tmp_path / "b.csv", "--pcpo", tmp_path / "f.csv", "--target", "0", "--curve", "gain")
+    assert r.returncode == 2 and r.stderr.startswith("error: --target 0 with --curve gain") and r.stderr.count("\n") == 1
