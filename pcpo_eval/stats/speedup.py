@@ -150,6 +150,17 @@ def check_curve(curve: Sequence[float] | np.ndarray, epochs: Sequence[int] | np.
     return y, e
 
 
+def on_epoch_grid(y: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A curve on every epoch from its first to its last logged one, NaN where the log has no row (a
+    smoothing window counts epochs, and one that holds a missing epoch decides nothing)."""
+    if e.size == 0 or int(e[-1]) - int(e[0]) + 1 == e.size:
+        return y, e
+    grid = np.arange(int(e[0]), int(e[-1]) + 1)
+    out = np.full(grid.size, np.nan)
+    out[np.asarray(e, dtype=np.int64) - int(e[0])] = y
+    return out, grid
+
+
 def epochs_to_target(
     curve: Sequence[float] | np.ndarray,
     target: float,
@@ -164,9 +175,12 @@ def epochs_to_target(
     counts when every window before it was decided (a missing value after the hit does not matter),
     a curve that never reaches it is censored when every window was decided; otherwise the time is
     unknown (``finite=False``). A curve shorter than the window has no eligible epoch and is censored.
+    The window counts epochs, not log rows: an epoch the log lacks (``epochs`` with a gap, e.g. a log
+    merged by hand after a crash or a sampled history) is a missing value there, as in a study's runs
+    table, so no window spans the gap.
     """
     check_window(window)
-    y, e = check_curve(curve, epochs)
+    y, e = on_epoch_grid(*check_curve(curve, epochs))
     first, last = int(e[0]), int(e[-1])
     eligible = int(e[window - 1]) if y.size >= window else None
     if y.size < window:

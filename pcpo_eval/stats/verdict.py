@@ -2,7 +2,8 @@
 
 Input: a tidy table with one row per (arm, cell, seed, epoch) and columns ``arm``, ``cell``,
 ``seed``, ``epoch``, ``reward_mean`` and optionally ``control_reward_mean`` (the untrained model
-on the same prompts and noises that epoch). A *run* is one (arm, cell, seed); runs, not prompts,
+on the same prompts and noises that epoch). An epoch between a run's first and last that has no row
+is NaN (:func:`pcpo_eval.stats.speedup.on_epoch_grid`), so no window, AUC or last-``k`` mean spans it. A *run* is one (arm, cell, seed); runs, not prompts,
 are the replicates (rliable, Agarwal et al. 2021). For every cell and treatment arm,
 :func:`verdict_rows` compares the treatment's runs with the baseline's on
 
@@ -74,6 +75,7 @@ from pcpo_eval.stats.speedup import (
     at_level,
     ci_text,
     epochs_to_target,
+    on_epoch_grid,
     pct,
     speedup_runs,
 )
@@ -163,9 +165,10 @@ def run_curves(table: pd.DataFrame) -> tuple[RunCurve, ...]:
     has_control = CONTROL_COLUMN in table.columns
     out = []
     for (arm, cell, seed), g in table.sort_values("epoch").groupby(["arm", "cell", "seed"], sort=True):
-        ctrl = g[CONTROL_COLUMN].to_numpy(np.float64) if has_control else None
-        out.append(RunCurve(str(arm), str(cell), str(seed), g["epoch"].to_numpy(),
-                            g["reward_mean"].to_numpy(np.float64), ctrl))
+        e = g["epoch"].to_numpy()
+        reward, grid = on_epoch_grid(g["reward_mean"].to_numpy(np.float64), e)  # a missing epoch is NaN
+        ctrl = on_epoch_grid(g[CONTROL_COLUMN].to_numpy(np.float64), e)[0] if has_control else None
+        out.append(RunCurve(str(arm), str(cell), str(seed), grid, reward, ctrl))
     return tuple(out)
 
 

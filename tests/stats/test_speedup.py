@@ -619,3 +619,34 @@ def test_a_gain_target_a_frozen_policy_reaches_is_refused(tmp_path, cli):
     frozen[0].to_csv(tmp_path / "f.csv", index=False)
     r = cli("speedup", "--baseline", tmp_path / "b.csv", "--pcpo", tmp_path / "f.csv", "--target", "0", "--curve", "gain")
     assert r.returncode == 2 and r.stderr.startswith("error: --target 0 with --curve gain") and r.stderr.count("\n") == 1
+
+
+def test_a_window_counts_epochs_not_log_rows():
+    """A log that lacks epochs 3-8 (merged by hand after a crash): its rows 1, 2, 9, 10, 11 are no 5-epoch
+    window. Before, epochs_to_target averaged them (0.81 >= 0.8) and called the target reached at epoch 11,
+    while `pcpo-eval select` (select.trailing_by_epoch) and a study (its runs table holds NaN there) found
+    no full window; now the time is unknown (no window before the first decided one reaches it), and a
+    gap after the hit changes nothing."""
+    from pcpo_eval.stats.select import trailing_by_epoch
+
+    e = np.arange(1, 25)
+    r = np.full(24, 0.75)
+    r[:2] = 0.9
+    keep = ~np.isin(e, range(3, 9))
+    tt = epochs_to_target(r[keep], 0.8, 5, epochs=e[keep])
+    assert tt.epoch is None and not tt.finite and tt.first_eligible == 5
+    assert math.isnan(tt.value)
+    means, full = trailing_by_epoch(e[keep], r[keep], 5)
+    assert not any(full[int(x)] and means[int(x)] >= 0.8 for x in e[keep])  # select's rule agrees
+    # the study's table: the same curve on every epoch with NaN in the gap gives the same answer
+    assert epochs_to_target(np.where(keep, r, np.nan), 0.8, 5) == tt
+    # a gap after the hit does not matter; a log without gaps is unchanged
+    ramp = np.linspace(0.7, 0.9, 24)
+    late = ~np.isin(e, range(20, 23))
+    assert epochs_to_target(ramp[late], 0.8, 5, epochs=e[late]) == epochs_to_target(ramp, 0.8, 5) != tt
+    assert epochs_to_target(ramp, 0.8, 5).epoch == 15
+    # through the table: the gapped run makes the row not estimable, with the reason
+    frames = [_log(ramp + 0.01 * i) for i in range(3)]
+    gapped = _log(r).loc[keep]
+    row = speedup_table([*frames[:2], gapped], frames, [0.8], paired=True).rows[0]
+    assert not row.estimable and row.reason.startswith("1 of 6 runs have a missing (non-finite) reward or control")
