@@ -374,7 +374,8 @@ def test_a_tables_targets_are_one_holm_family():
     [
         (pd.DataFrame({"epoch": [1, 2], "reward": [1.0, 2.0]}), "lacks column 'reward_mean'"),
         (pd.DataFrame({"step": [1, 2], "reward_mean": [1.0, 2.0]}), "lacks column 'epoch'"),
-        (pd.DataFrame({"epoch": [1, 2], "reward_mean": [1.0, np.nan]}), "'reward_mean' has 1 missing"),
+        (pd.DataFrame({"epoch": [1, 2], "reward_mean": [1.0, np.nan]}),
+         "'reward_mean' has 1 missing/NaN values (epoch 2); a diverged or crashed epoch? drop those rows"),
         (pd.DataFrame({"epoch": [1, 1], "reward_mean": [1.0, 2.0]}), "epoch 1 more than once"),
     ],
 )
