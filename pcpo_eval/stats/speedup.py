@@ -509,8 +509,9 @@ class SpeedupTable:
     curve: str = "reward"
     #: Holm-adjusted p per row over the table's targets (one family; None where a row has no p)
     p_holm: tuple[float | None, ...] = ()
-    #: what limits a raw-reward table: :data:`NO_CONTROL_NOTE` when some log lacks the paired control
-    note: str = ""
+    #: what limits the comparison: logs cut to the shortest one (:func:`cut_note`), a raw-reward table
+    #: without the paired control (:data:`NO_CONTROL_NOTE`)
+    notes: tuple[str, ...] = ()
 
     @property
     def family_size(self) -> int:
@@ -521,7 +522,7 @@ class SpeedupTable:
         """JSON shape of ``pcpo-eval speedup --json``."""
         holm = self.p_holm or (None,) * len(self.rows)
         return {"window": self.window, "curve": self.curve, "baseline_runs": list(self.baseline_names),
-                "pcpo_runs": list(self.pcpo_names), "family_size": self.family_size, "note": self.note,
+                "pcpo_runs": list(self.pcpo_names), "family_size": self.family_size, "notes": list(self.notes),
                 "targets": [r.to_dict() | {"p_holm": h, "significant_holm": h is not None and h < r.alpha}
                             for r, h in zip(self.rows, holm, strict=True)]}
 
@@ -531,7 +532,7 @@ class SpeedupTable:
         lines = [f"Smoothing: trailing mean over a full window of {self.window} epochs; {len(self.baseline_names)} "
                  f"baseline / {len(self.pcpo_names)} PCPO run(s), {paired}; curve: {self.curve}.",
                  "Epochs: Kaplan-Meier restricted mean to the last common epoch (runs that never reach the "
-                 "target count as that epoch).", *([f"Note: {self.note}."] if self.note else []), "",
+                 "target count as that epoch).", *(f"Note: {n}." for n in self.notes), "",
                  f"p: each target's own test; Holm p: adjusted over the {self.family_size} targets with a p (one "
                  f"family: a target is a finding only when its Holm p < alpha); detectable: at 80% power at that "
                  "family's level, alpha / targets.", "",
@@ -603,8 +604,8 @@ def speedup_table(
         raise UserError(f"--paired needs as many baseline as PCPO logs (got {len(baseline)} and {len(pcpo)}), "
                         "given in seed order")
 
-    def load(x: pd.DataFrame | str | Path) -> tuple[str, pd.DataFrame]:
-        name, df = ("<frame>", validate_log(x)) if isinstance(x, pd.DataFrame) else (str(x), load_log(x))
+    def load(x: pd.DataFrame | str | Path, label: str) -> tuple[str, pd.DataFrame]:
+        name, df = (label, validate_log(x, label)) if isinstance(x, pd.DataFrame) else (str(x), load_log(x))
         if curve == "gain":
             if "control_reward_mean" not in df.columns or not np.isfinite(df["control_reward_mean"].to_numpy(np.float64)).all():
                 raise UserError(f"log {name} has no finite control_reward_mean; the gain curve needs runs trained "
@@ -618,7 +619,8 @@ def speedup_table(
             raise UserError(f"--target {bad[0]:g} with --curve gain: a gain target must be "
                             f"{'> 0' if higher_is_better else '< 0 with --lower-is-better'} (a policy that learns "
                             "nothing has gain 0 every epoch and would reach it at its first full-window epoch)")
-    b, p = [load(x) for x in baseline], [load(x) for x in pcpo]
+    b = [load(x, f"baseline log {i}") for i, x in enumerate(baseline, start=1)]
+    p = [load(x, f"PCPO log {i}") for i, x in enumerate(pcpo, start=1)]
 
     def ttt(df: pd.DataFrame, t: float) -> TimeToTarget:
         return epochs_to_target(df["reward_mean"].to_numpy(), t, window, epochs=df["epoch"].to_numpy(),
@@ -626,16 +628,28 @@ def speedup_table(
 
     rows = tuple(speedup_runs([ttt(d, t) for _, d in b], [ttt(d, t) for _, d in p], target=t, paired=paired,
                               alpha=alpha) for t in targets)
-    note = ""
+    notes = [cut_note([*b, *p])] if len({int(d["epoch"].max()) for _, d in (*b, *p)}) > 1 else []
     if curve == "reward":  # a target the untrained control reaches is the sampler's, not learning's
         controls = [control_curve(d) for _, d in (*b, *p)]
         if all(c is not None for c in controls):
             rows = tuple(uninformative(r, raw_target_note(controls, r.target, window, higher_is_better))  # type: ignore[arg-type]
                          for r in rows)
         else:
-            note = NO_CONTROL_NOTE
+            notes.append(NO_CONTROL_NOTE)
     rows, p_holm = targets_family(rows, alpha)
-    return SpeedupTable(rows, window, tuple(n for n, _ in b), tuple(n for n, _ in p), curve, p_holm, note)
+    return SpeedupTable(rows, window, tuple(n for n, _ in b), tuple(n for n, _ in p), curve, p_holm, tuple(notes))
+
+
+def cut_note(logs: Sequence[tuple[str, pd.DataFrame]]) -> str:
+    """What cutting every log to the shortest one means (a crashed or shorter run): the restricted mean
+    counts a run that has not reached a target by that epoch as that epoch, so a later hit is not seen."""
+    last = [(n, int(d["epoch"].max())) for n, d in logs]
+    tau, longest = min(e for _, e in last), max(e for _, e in last)
+    short = [n for n, e in last if e == tau]
+    who = ", ".join(short[:3]) + (", ..." if len(short) > 3 else "")
+    return (f"compared over epochs up to {tau} only: {who} {'ends' if len(short) == 1 else 'end'} at epoch {tau} of "
+            f"the longest log's {longest}, and every log is cut there (a hit after epoch {tau} counts as not "
+            "reached); leave a crashed run out, or train it to the end")
 
 
 def control_curve(log: pd.DataFrame) -> np.ndarray | None:
