@@ -587,8 +587,10 @@ def headline(rows: Sequence[dict[str, Any]], offsets: dict[str, dict[str, Any]] 
     if untested:
         names = ", ".join(dict.fromkeys(QUANTITIES.get(r["quantity"], r["quantity"].replace("_", " "))
                                         for r in untested))
-        tail.append(f"Not tested, because {untested[0]['details']['gate']}: {len(untested)} secondary row(s) whose "
-                    f"Holm-adjusted p is below alpha ({names}); a study that needs them names one as its primary endpoint")
+        tail.append(f"Not evidence of a difference: {len(untested)} secondary row(s) ({names}) have a Holm-adjusted p "
+                    f"below alpha but were not tested, because {untested[0]['details']['gate']}; naming one primary "
+                    "after seeing these results would not keep the 5% error rate (test it as the primary endpoint of "
+                    "a new study, with new seeds)")
     prim = [r for r in rows if r.get("family") == "primary"]
     if not prim:
         why = no_primary or "the study has no estimable primary endpoint"

@@ -526,7 +526,13 @@ def test_the_gate_names_the_primary_row_that_closed_it():
         "the study has no primary row"
     h = headline([r.to_dict() for r in adjust_families(
         [_row("a", "paired_gain", 0.4), _row("a", "auc", 0.001)], ("paired_gain",), ALPHA)])
-    assert "Not tested, because the primary endpoint (paired_gain) shows no difference: 1 secondary row(s)" in h
+    # a non-claim, and no advice to switch the primary endpoint after seeing the data (before: "a study that
+    # needs them names one as its primary endpoint"; re-running so turns 1.5-2.5% more of resampled A/A
+    # studies of the real toy pool into findings, docs/statistics.md)
+    assert ("Not evidence of a difference: 1 secondary row(s) (reward AUC) have a Holm-adjusted p below alpha but "
+            "were not tested, because the primary endpoint (paired_gain) shows no difference; naming one primary "
+            "after seeing these results would not keep the 5% error rate") in h
+    assert "names one as its primary endpoint" not in h
 
 
 def test_a_run_missing_epochs_is_not_averaged_across_the_gap_by_verdict_rows():
