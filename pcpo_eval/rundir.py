@@ -132,7 +132,12 @@ def validate_log(df: pd.DataFrame, name: str = "log") -> pd.DataFrame:
             raise UserError(f"{name} column {c!r} is not numeric (dtype {df[c].dtype})")
         n_bad = int(df[c].isna().sum())
         if n_bad:
-            raise UserError(f"{name} column {c!r} has {n_bad} missing/NaN values")
+            where = ""
+            if c != "epoch" and not df["epoch"].isna().any():
+                bad = df.loc[df[c].isna(), "epoch"].astype(int).tolist()
+                where = f" (epoch {', '.join(map(str, bad[:6]))}{', ...' if len(bad) > 6 else ''})"
+            raise UserError(f"{name} column {c!r} has {n_bad} missing/NaN values{where}; a diverged or crashed epoch? "
+                            "drop those rows (no smoothing window spans a missing epoch) or leave the run out")
     epochs = df["epoch"].to_numpy(dtype=float)
     if not (epochs == np.round(epochs)).all():
         bad = epochs[epochs != np.round(epochs)][0]

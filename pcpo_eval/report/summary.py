@@ -41,8 +41,20 @@ def verdict_lines(res: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _speedup_status(res: dict[str, Any], cell: Any, row: dict[str, Any]) -> str:
+    """What a speed-up's point estimate is worth, as its verdict row says: significant (after Holm and the
+    gate), not tested (the secondary family's gate closed), or no evidence; with the Holm-adjusted p."""
+    v = next((x for x in res.get("verdict") or [] if x.get("cell") == cell and x.get("quantity") == row.get("quantity")),
+             None)
+    gated = bool(((v or {}).get("details") or {}).get("gated"))
+    word = "significant" if row.get("significant") else "not tested" if gated else "no evidence of a difference"
+    p = row.get("p_adjusted")
+    return f" (Holm p {_num(p, '.3g')}: {word})" if isinstance(p, int | float) else f" ({word})"
+
+
 def speedup_lines(res: dict[str, Any]) -> list[str]:
-    """The speed-up table: restricted mean epochs to each gain / reward target per arm, in %."""
+    """The speed-up table: restricted mean epochs to each gain / reward target per arm, in %, each with
+    what its verdict row says of it (a bare "+67%" of an A/A study read as a finding)."""
     lines = []
     for block in res.get("speedup") or []:
         for row in block.get("rows", []):
@@ -51,7 +63,8 @@ def speedup_lines(res: dict[str, Any]) -> list[str]:
                 lines.append(head + str(row.get("status")))
                 continue
             sp = row.get("speedup")
-            what = f"{sp:+.0%}" if isinstance(sp, int | float) else (row.get("status") or "n/a")
+            what = (f"{sp:+.0%}{_speedup_status(res, block.get('cell'), row)}" if isinstance(sp, int | float)
+                    else (row.get("status") or "n/a"))
             lines.append(head + f"{block.get('baseline') or 'baseline'} {row.get('baseline_epochs')} vs "
                          f"{block.get('pcpo') or 'PCPO'} {row.get('pcpo_epochs')} epochs -> {what}")
     return lines

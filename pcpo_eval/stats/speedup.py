@@ -150,6 +150,17 @@ def check_curve(curve: Sequence[float] | np.ndarray, epochs: Sequence[int] | np.
     return y, e
 
 
+def on_epoch_grid(y: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A curve on every epoch from its first to its last logged one, NaN where the log has no row (a
+    smoothing window counts epochs, and one that holds a missing epoch decides nothing)."""
+    if e.size == 0 or int(e[-1]) - int(e[0]) + 1 == e.size:
+        return y, e
+    grid = np.arange(int(e[0]), int(e[-1]) + 1)
+    out = np.full(grid.size, np.nan)
+    out[np.asarray(e, dtype=np.int64) - int(e[0])] = y
+    return out, grid
+
+
 def epochs_to_target(
     curve: Sequence[float] | np.ndarray,
     target: float,
@@ -164,9 +175,12 @@ def epochs_to_target(
     counts when every window before it was decided (a missing value after the hit does not matter),
     a curve that never reaches it is censored when every window was decided; otherwise the time is
     unknown (``finite=False``). A curve shorter than the window has no eligible epoch and is censored.
+    The window counts epochs, not log rows: an epoch the log lacks (``epochs`` with a gap, e.g. a log
+    merged by hand after a crash or a sampled history) is a missing value there, as in a study's runs
+    table, so no window spans the gap.
     """
     check_window(window)
-    y, e = check_curve(curve, epochs)
+    y, e = on_epoch_grid(*check_curve(curve, epochs))
     first, last = int(e[0]), int(e[-1])
     eligible = int(e[window - 1]) if y.size >= window else None
     if y.size < window:
@@ -495,6 +509,9 @@ class SpeedupTable:
     curve: str = "reward"
     #: Holm-adjusted p per row over the table's targets (one family; None where a row has no p)
     p_holm: tuple[float | None, ...] = ()
+    #: what limits the comparison: logs cut to the shortest one (:func:`cut_note`), a raw-reward table
+    #: without the paired control (:data:`NO_CONTROL_NOTE`)
+    notes: tuple[str, ...] = ()
 
     @property
     def family_size(self) -> int:
@@ -505,7 +522,7 @@ class SpeedupTable:
         """JSON shape of ``pcpo-eval speedup --json``."""
         holm = self.p_holm or (None,) * len(self.rows)
         return {"window": self.window, "curve": self.curve, "baseline_runs": list(self.baseline_names),
-                "pcpo_runs": list(self.pcpo_names), "family_size": self.family_size,
+                "pcpo_runs": list(self.pcpo_names), "family_size": self.family_size, "notes": list(self.notes),
                 "targets": [r.to_dict() | {"p_holm": h, "significant_holm": h is not None and h < r.alpha}
                             for r, h in zip(self.rows, holm, strict=True)]}
 
@@ -515,7 +532,7 @@ class SpeedupTable:
         lines = [f"Smoothing: trailing mean over a full window of {self.window} epochs; {len(self.baseline_names)} "
                  f"baseline / {len(self.pcpo_names)} PCPO run(s), {paired}; curve: {self.curve}.",
                  "Epochs: Kaplan-Meier restricted mean to the last common epoch (runs that never reach the "
-                 "target count as that epoch).", "",
+                 "target count as that epoch).", *(f"Note: {n}." for n in self.notes), "",
                  f"p: each target's own test; Holm p: adjusted over the {self.family_size} targets with a p (one "
                  f"family: a target is a finding only when its Holm p < alpha); detectable: at 80% power at that "
                  "family's level, alpha / targets.", "",
@@ -587,8 +604,8 @@ def speedup_table(
         raise UserError(f"--paired needs as many baseline as PCPO logs (got {len(baseline)} and {len(pcpo)}), "
                         "given in seed order")
 
-    def load(x: pd.DataFrame | str | Path) -> tuple[str, pd.DataFrame]:
-        name, df = ("<frame>", validate_log(x)) if isinstance(x, pd.DataFrame) else (str(x), load_log(x))
+    def load(x: pd.DataFrame | str | Path, label: str) -> tuple[str, pd.DataFrame]:
+        name, df = (label, validate_log(x, label)) if isinstance(x, pd.DataFrame) else (str(x), load_log(x))
         if curve == "gain":
             if "control_reward_mean" not in df.columns or not np.isfinite(df["control_reward_mean"].to_numpy(np.float64)).all():
                 raise UserError(f"log {name} has no finite control_reward_mean; the gain curve needs runs trained "
@@ -596,7 +613,14 @@ def speedup_table(
             df = df.assign(reward_mean=df["reward_mean"] - df["control_reward_mean"])
         return name, df
 
-    b, p = [load(x) for x in baseline], [load(x) for x in pcpo]
+    if curve == "gain":  # the untrained control's gain is 0 by definition: it "reaches" such a target at once
+        bad = [t for t in targets if (t <= 0 if higher_is_better else t >= 0)]
+        if bad:
+            raise UserError(f"--target {bad[0]:g} with --curve gain: a gain target must be "
+                            f"{'> 0' if higher_is_better else '< 0 with --lower-is-better'} (a policy that learns "
+                            "nothing has gain 0 every epoch and would reach it at its first full-window epoch)")
+    b = [load(x, f"baseline log {i}") for i, x in enumerate(baseline, start=1)]
+    p = [load(x, f"PCPO log {i}") for i, x in enumerate(pcpo, start=1)]
 
     def ttt(df: pd.DataFrame, t: float) -> TimeToTarget:
         return epochs_to_target(df["reward_mean"].to_numpy(), t, window, epochs=df["epoch"].to_numpy(),
@@ -604,8 +628,46 @@ def speedup_table(
 
     rows = tuple(speedup_runs([ttt(d, t) for _, d in b], [ttt(d, t) for _, d in p], target=t, paired=paired,
                               alpha=alpha) for t in targets)
+    notes = [cut_note([*b, *p])] if len({int(d["epoch"].max()) for _, d in (*b, *p)}) > 1 else []
+    if curve == "reward":  # a target the untrained control reaches is the sampler's, not learning's
+        controls = [control_curve(d) for _, d in (*b, *p)]
+        if all(c is not None for c in controls):
+            rows = tuple(uninformative(r, raw_target_note(controls, r.target, window, higher_is_better))  # type: ignore[arg-type]
+                         for r in rows)
+        else:
+            notes.append(NO_CONTROL_NOTE)
     rows, p_holm = targets_family(rows, alpha)
-    return SpeedupTable(rows, window, tuple(n for n, _ in b), tuple(n for n, _ in p), curve, p_holm)
+    return SpeedupTable(rows, window, tuple(n for n, _ in b), tuple(n for n, _ in p), curve, p_holm, tuple(notes))
+
+
+def cut_note(logs: Sequence[tuple[str, pd.DataFrame]]) -> str:
+    """What cutting every log to the shortest one means (a crashed or shorter run): the restricted mean
+    counts a run that has not reached a target by that epoch as that epoch, so a later hit is not seen."""
+    last = [(n, int(d["epoch"].max())) for n, d in logs]
+    tau, longest = min(e for _, e in last), max(e for _, e in last)
+    short = [n for n, e in last if e == tau]
+    who = ", ".join(short[:3]) + (", ..." if len(short) > 3 else "")
+    return (f"compared over epochs up to {tau} only: {who} {'ends' if len(short) == 1 else 'end'} at epoch {tau} of "
+            f"the longest log's {longest}, and every log is cut there (a hit after epoch {tau} counts as not "
+            "reached); leave a crashed run out, or train it to the end")
+
+
+def control_curve(log: pd.DataFrame) -> np.ndarray | None:
+    """A log's untrained-control curve on its epochs, or None when it logged none (no finite value)."""
+    if "control_reward_mean" not in log.columns:
+        return None
+    c = log["control_reward_mean"].to_numpy(np.float64)
+    return c if np.isfinite(c).any() else None
+
+
+def uninformative(s: Speedup, note: str) -> Speedup:
+    """``s`` as a target that says nothing about learning (``note`` the reason; unchanged when empty): no
+    speed-up, CI, p or power, outside the Holm family; the restricted mean epochs stay for reading."""
+    if not note:
+        return s
+    return replace(s, estimate=None, ci_low=None, ci_high=None, p=None, df=None, mde=None, seeds_for_reference=None,
+                   uninformative=True, estimable=False, reason=note, significant=False, ci_gap_low=None,
+                   ci_gap_high=None, ci_high_clipped=False, ci_low_clipped=False, p_method="")
 
 
 def targets_family(rows: Sequence[Speedup], alpha: float) -> tuple[tuple[Speedup, ...], tuple[float | None, ...]]:
@@ -618,6 +680,35 @@ def targets_family(rows: Sequence[Speedup], alpha: float) -> tuple[tuple[Speedup
     m = sum(a is not None for a in adj)
     out = tuple(at_level(r, family_level(alpha, m)) if m > 1 else r for r in rows)
     return out, tuple(adj)
+
+
+def control_reaches(control: Sequence[float] | np.ndarray, target: float, window: int, *,
+                    higher_is_better: bool = True) -> bool:
+    """Whether an untrained control curve reaches ``target`` in some full window of ``window`` logged values
+    (a window with a missing control epoch decides nothing; the other windows still count, so a control
+    missing one epoch cannot make a target the sampler reaches look informative)."""
+    s = full_window_average(control, window)
+    s = s[np.isfinite(s)]
+    return bool(np.any(s >= target if higher_is_better else s <= target))
+
+
+def raw_target_note(controls: Sequence[np.ndarray], target: float, window: int, higher_is_better: bool = True) -> str:
+    """Why a raw-reward target says nothing about learning ('' when it may): some run's untrained control
+    (``control_reward_mean``: the same prompts and noises, the run's own sampler, no training) reaches it, so
+    a policy that learned nothing reaches it too, sooner with a better sampler (the rule of
+    :func:`pcpo_eval.stats.verdict.target_status`)."""
+    hits = sum(control_reaches(c, target, window, higher_is_better=higher_is_better) for c in controls)
+    if not hits:
+        return ""
+    return (f"uninformative: the untrained control reaches {target:g} in {hits} of {len(controls)} runs, so the "
+            "sampler reaches it without learning (a frozen policy with a better sampler would look fast); choose "
+            "a target no control reaches, or --curve gain")
+
+
+#: why a raw-reward table without the paired control cannot tell learning from the sampler
+NO_CONTROL_NOTE = ("raw reward without a paired untrained control (control_reward_mean) in every log: a speed-up "
+                   "here may be a sampler change, not learning (a frozen policy with a better sampler would look "
+                   "fast); train with paired_control: true and use --curve gain")
 
 
 def unreachable_targets(run_dirs: Sequence[str | Path], targets: Sequence[float], window: int) -> list[str]:

@@ -2,7 +2,8 @@
 
 Input: a tidy table with one row per (arm, cell, seed, epoch) and columns ``arm``, ``cell``,
 ``seed``, ``epoch``, ``reward_mean`` and optionally ``control_reward_mean`` (the untrained model
-on the same prompts and noises that epoch). A *run* is one (arm, cell, seed); runs, not prompts,
+on the same prompts and noises that epoch). An epoch between a run's first and last that has no row
+is NaN (:func:`pcpo_eval.stats.speedup.on_epoch_grid`), so no window, AUC or last-``k`` mean spans it. A *run* is one (arm, cell, seed); runs, not prompts,
 are the replicates (rliable, Agarwal et al. 2021). For every cell and treatment arm,
 :func:`verdict_rows` compares the treatment's runs with the baseline's on
 
@@ -74,10 +75,11 @@ from pcpo_eval.stats.speedup import (
     at_level,
     ci_text,
     epochs_to_target,
-    full_window_average,
+    on_epoch_grid,
     pct,
     speedup_runs,
 )
+from pcpo_eval.stats.speedup import control_reaches as speedup_control_reaches
 
 VERDICT_KEYS = (
     "cell", "quantity", "baseline", "treatment", "estimate", "ci_low", "ci_high", "n_baseline_runs",
@@ -163,9 +165,10 @@ def run_curves(table: pd.DataFrame) -> tuple[RunCurve, ...]:
     has_control = CONTROL_COLUMN in table.columns
     out = []
     for (arm, cell, seed), g in table.sort_values("epoch").groupby(["arm", "cell", "seed"], sort=True):
-        ctrl = g[CONTROL_COLUMN].to_numpy(np.float64) if has_control else None
-        out.append(RunCurve(str(arm), str(cell), str(seed), g["epoch"].to_numpy(),
-                            g["reward_mean"].to_numpy(np.float64), ctrl))
+        e = g["epoch"].to_numpy()
+        reward, grid = on_epoch_grid(g["reward_mean"].to_numpy(np.float64), e)  # a missing epoch is NaN
+        ctrl = on_epoch_grid(g[CONTROL_COLUMN].to_numpy(np.float64), e)[0] if has_control else None
+        out.append(RunCurve(str(arm), str(cell), str(seed), grid, reward, ctrl))
     return tuple(out)
 
 
@@ -237,10 +240,7 @@ def control_reaches(run: RunCurve, target: float, window: int) -> bool:
     """Whether the run's untrained control reaches ``target`` in some full window of ``window`` logged
     values (a window with a missing control epoch decides nothing; the other windows still count, so a
     control missing one epoch cannot make a target the sampler reaches look informative)."""
-    if run.control is None:
-        return False
-    s = full_window_average(run.control, window)
-    return bool(np.any(s[np.isfinite(s)] >= target))
+    return run.control is not None and speedup_control_reaches(run.control, target, window)
 
 
 def target_status(runs: Sequence[RunCurve], targets: Sequence[float], gain_targets: Sequence[float],
@@ -587,8 +587,10 @@ def headline(rows: Sequence[dict[str, Any]], offsets: dict[str, dict[str, Any]] 
     if untested:
         names = ", ".join(dict.fromkeys(QUANTITIES.get(r["quantity"], r["quantity"].replace("_", " "))
                                         for r in untested))
-        tail.append(f"Not tested, because {untested[0]['details']['gate']}: {len(untested)} secondary row(s) whose "
-                    f"Holm-adjusted p is below alpha ({names}); a study that needs them names one as its primary endpoint")
+        tail.append(f"Not evidence of a difference: {len(untested)} secondary row(s) ({names}) have a Holm-adjusted p "
+                    f"below alpha but were not tested, because {untested[0]['details']['gate']}; naming one primary "
+                    "after seeing these results would not keep the 5% error rate (test it as the primary endpoint of "
+                    "a new study, with new seeds)")
     prim = [r for r in rows if r.get("family") == "primary"]
     if not prim:
         why = no_primary or "the study has no estimable primary endpoint"

@@ -404,3 +404,26 @@ def test_empty_verdict_and_runs_without_wall_clock():
     assert "The verdict in this results.json is empty" in html and "verdict-table" not in ids
     assert "The runs log no wall-clock time." in html and "health-table" in ids
     assert ONE_RUN_BANNER not in html  # 3 seeds per arm
+
+
+def test_console_speedup_lines_say_what_each_speedup_is_worth():
+    """`pcpo-eval demo`'s console summary printed each speed-up as a bare point estimate ("-> +67%"), so an
+    A/A study's chance speed-up read as a finding; each now carries its verdict row's Holm p and status."""
+    from pcpo_eval.report.summary import speedup_lines
+
+    def row(q, target, sp, p_adj, sig):
+        return {"quantity": q, "curve": q.split(":")[0].removeprefix("speedup_"), "target": target,
+                "uninformative": False, "baseline_epochs": "13.3", "pcpo_epochs": "8.0", "speedup": sp,
+                "p_adjusted": p_adj, "significant": sig}
+
+    res = {"speedup": [{"cell": "all", "baseline": "DDPO", "pcpo": "PCPO", "rows": [
+        row("speedup_gain:0.03", 0.03, 0.67, 0.41, False), row("speedup_gain:0.06", 0.06, 0.5, 0.004, True),
+        row("speedup_reward:0.9", 0.9, 0.3, 0.01, False),
+        {"quantity": "speedup_reward:0.84", "curve": "reward", "target": 0.84, "uninformative": True,
+         "status": "uninformative: the untrained control reaches 0.84 in 4 of 6 runs", "speedup": None}]}],
+        "verdict": [{"cell": "all", "quantity": "speedup_reward:0.9", "details": {"gated": True}}]}
+    assert speedup_lines(res) == [
+        "  speed-up [all] gain 0.03: DDPO 13.3 vs PCPO 8.0 epochs -> +67% (Holm p 0.41: no evidence of a difference)",
+        "  speed-up [all] gain 0.06: DDPO 13.3 vs PCPO 8.0 epochs -> +50% (Holm p 0.004: significant)",
+        "  speed-up [all] reward 0.9: DDPO 13.3 vs PCPO 8.0 epochs -> +30% (Holm p 0.01: not tested)",
+        "  speed-up [all] reward 0.84: uninformative: the untrained control reaches 0.84 in 4 of 6 runs"]

@@ -374,7 +374,8 @@ def test_a_tables_targets_are_one_holm_family():
     [
         (pd.DataFrame({"epoch": [1, 2], "reward": [1.0, 2.0]}), "lacks column 'reward_mean'"),
         (pd.DataFrame({"step": [1, 2], "reward_mean": [1.0, 2.0]}), "lacks column 'epoch'"),
-        (pd.DataFrame({"epoch": [1, 2], "reward_mean": [1.0, np.nan]}), "'reward_mean' has 1 missing"),
+        (pd.DataFrame({"epoch": [1, 2], "reward_mean": [1.0, np.nan]}),
+         "'reward_mean' has 1 missing/NaN values (epoch 2); a diverged or crashed epoch? drop those rows"),
         (pd.DataFrame({"epoch": [1, 1], "reward_mean": [1.0, 2.0]}), "epoch 1 more than once"),
     ],
 )
@@ -546,3 +547,126 @@ def test_a_missing_value_decides_only_the_windows_that_hold_it():
     out = epochs_to_target(never, 5.0, 3)
     assert not out.finite and not out.censored
     assert epochs_to_target(y, 5.0, 3).censored  # every window decided, none reaches it
+
+
+def _frozen_sampler_logs(n_seeds: int = 6, epochs: int = 30):
+    """Baseline runs that learn (gain 0.005 per epoch) from an untrained control at 0.75; 'PCPO' runs that
+    learn nothing (reward == control every epoch) with a sampler whose untrained control scores 0.80."""
+    rng = np.random.default_rng(5)
+    e = np.arange(1, epochs + 1)
+    base, frozen = [], []
+    for _ in range(n_seeds):
+        cb = 0.75 + rng.normal(0, 0.004, epochs)
+        base.append(_log(cb + 0.005 * e + rng.normal(0, 0.004, epochs), control=cb))
+        cf = 0.80 + rng.normal(0, 0.004, epochs)
+        frozen.append(_log(cf, control=cf))
+    return base, frozen
+
+
+def test_a_frozen_policy_with_a_better_sampler_is_never_fast_on_a_raw_target(tmp_path, cli):
+    """``pcpo-eval speedup`` on the raw reward: a target some run's untrained control reaches is the sampler's
+    (the study verdict's rule, stats.verdict.target_status). Before, the table called the frozen arm
+    +73% faster to 0.78 (5 vs 8.7 epochs, paired t p = 1.2e-05, Holm p 1.2e-05); now that target is
+    uninformative (no speed-up, outside the Holm family) and 0.86, which no control reaches, is compared
+    as before."""
+    base, frozen = _frozen_sampler_logs()
+    tab = speedup_table(base, frozen, [0.78, 0.86], paired=True)
+    raw, high = tab.rows
+    assert raw.uninformative and not raw.estimable and not raw.significant
+    assert raw.estimate is None and raw.p is None and raw.mde is None and raw.ci_low is None
+    assert raw.reason.startswith("uninformative: the untrained control reaches 0.78 in 6 of 12 runs, so the sampler")
+    assert raw.treatment_epochs == (5.0,) * 6  # the frozen arm's epochs stay for reading
+    assert high.estimable and high.treatment_epochs == (30.0,) * 6 and high.estimate < 0  # never reached: slower
+    assert tab.family_size == 1 and tab.p_holm[0] is None and tab.p_holm[1] == high.p
+    assert tab.notes == () and "Note:" not in tab.to_markdown()
+    assert "| 0.78 | " in tab.to_markdown() and "uninformative: the untrained control reaches 0.78" in tab.to_markdown()
+    # the same logs through the CLI
+    args = []
+    for i, (b, f) in enumerate(zip(base, frozen, strict=True)):
+        b.to_csv(tmp_path / f"b{i}.csv", index=False)
+        f.to_csv(tmp_path / f"f{i}.csv", index=False)
+        args += ["--baseline", tmp_path / f"b{i}.csv", "--pcpo", tmp_path / f"f{i}.csv"]
+    r = cli("speedup", *args, "--target", "0.78", "--paired", "--json")
+    assert r.returncode == 0, r.stderr
+    (row,) = json.loads(r.stdout)["targets"]
+    assert row["uninformative"] and row["estimate"] is None and row["p_holm"] is None and not row["significant_holm"]
+    # without the control column nothing tells the sampler from learning: the table says so
+    tab = speedup_table([b.drop(columns="control_reward_mean") for b in base],
+                        [f.drop(columns="control_reward_mean") for f in frozen], [0.78], paired=True)
+    assert tab.rows[0].estimable and tab.rows[0].estimate > 0  # the frozen arm looks fast ...
+    (note,) = tab.notes
+    assert note.startswith("raw reward without a paired untrained control")  # ... and the table says why
+    assert f"Note: {note}." in tab.to_markdown() and tab.to_dict()["notes"] == [note]
+
+
+def test_a_gain_target_a_frozen_policy_reaches_is_refused(tmp_path, cli):
+    """--curve gain --target 0: a policy that learns nothing has gain 0 every epoch and 'reaches' 0 at its
+    first full-window epoch. Before, such a frozen arm was +153% faster (5 vs 12.7 epochs, paired t
+    p = 3.0e-07) than runs whose gain dips to -0.01 for 9 epochs and then learns; now one error line."""
+    rng = np.random.default_rng(5)
+    e = np.arange(1, 31)
+    base, frozen = [], []
+    for _ in range(6):
+        cb = 0.75 + rng.normal(0, 0.004, 30)
+        base.append(_log(cb + np.where(e < 10, -0.01, 0.005 * (e - 10)) + rng.normal(0, 0.004, 30), control=cb))
+        cf = 0.8 + rng.normal(0, 0.004, 30)
+        frozen.append(_log(cf, control=cf))
+    for t in (0.0, -0.01):
+        with pytest.raises(UserError, match=f"--target {t:g} with --curve gain: a gain target must be > 0"):
+            speedup_table(base, frozen, [t], paired=True, curve="gain")
+    with pytest.raises(UserError, match="must be < 0 with --lower-is-better"):
+        speedup_table(base, frozen, [0.01], 5, False, paired=True, curve="gain")
+    assert speedup_table(base, frozen, [0.02], paired=True, curve="gain").rows[0].estimate < 0  # learning: slower
+    base[0].to_csv(tmp_path / "b.csv", index=False)
+    frozen[0].to_csv(tmp_path / "f.csv", index=False)
+    r = cli("speedup", "--baseline", tmp_path / "b.csv", "--pcpo", tmp_path / "f.csv", "--target", "0", "--curve", "gain")
+    assert r.returncode == 2 and r.stderr.startswith("error: --target 0 with --curve gain") and r.stderr.count("\n") == 1
+
+
+def test_a_window_counts_epochs_not_log_rows():
+    """A log that lacks epochs 3-8 (merged by hand after a crash): its rows 1, 2, 9, 10, 11 are no 5-epoch
+    window. Before, epochs_to_target averaged them (0.81 >= 0.8) and called the target reached at epoch 11,
+    while `pcpo-eval select` (select.trailing_by_epoch) and a study (its runs table holds NaN there) found
+    no full window; now the time is unknown (no window before the first decided one reaches it), and a
+    gap after the hit changes nothing."""
+    from pcpo_eval.stats.select import trailing_by_epoch
+
+    e = np.arange(1, 25)
+    r = np.full(24, 0.75)
+    r[:2] = 0.9
+    keep = ~np.isin(e, range(3, 9))
+    tt = epochs_to_target(r[keep], 0.8, 5, epochs=e[keep])
+    assert tt.epoch is None and not tt.finite and tt.first_eligible == 5
+    assert math.isnan(tt.value)
+    means, full = trailing_by_epoch(e[keep], r[keep], 5)
+    assert not any(full[int(x)] and means[int(x)] >= 0.8 for x in e[keep])  # select's rule agrees
+    # the study's table: the same curve on every epoch with NaN in the gap gives the same answer
+    assert epochs_to_target(np.where(keep, r, np.nan), 0.8, 5) == tt
+    # a gap after the hit does not matter; a log without gaps is unchanged
+    ramp = np.linspace(0.7, 0.9, 24)
+    late = ~np.isin(e, range(20, 23))
+    assert epochs_to_target(ramp[late], 0.8, 5, epochs=e[late]) == epochs_to_target(ramp, 0.8, 5) != tt
+    assert epochs_to_target(ramp, 0.8, 5).epoch == 15
+    # through the table: the gapped run makes the row not estimable, with the reason
+    frames = [_log(ramp + 0.01 * i) for i in range(3)]
+    gapped = _log(r).loc[keep]
+    row = speedup_table([*frames[:2], gapped], frames, [0.8], paired=True).rows[0]
+    assert not row.estimable and row.reason.startswith("1 of 6 runs have a missing (non-finite) reward or control")
+
+
+def test_a_crashed_log_that_cuts_the_table_is_named():
+    """One PCPO log ends at epoch 25 of 60 (a crash): every log is cut there, and both targets read "3/3 not
+    reached" in both arms. Before, the table gave no reason (it was a +32% speed-up, Holm p 0.0066, on the
+    full logs); now a note names the short log and the epoch."""
+    rng = np.random.default_rng(0)
+    e = np.arange(1, 61)
+    base = [_log(0.5 + 0.01 * (e - c) + rng.normal(0, 0.003, 60)) for c in (40, 42, 44)]
+    pcpo = [_log(0.5 + 0.01 * (e - c) + rng.normal(0, 0.003, 60)) for c in (30, 31, 33)]
+    full = speedup_table(base, pcpo, [0.5, 0.55])
+    assert all(r.significant for r in full.rows) and not any("compared over" in n for n in full.notes)
+    cut = speedup_table(base, [*pcpo[:2], pcpo[2].iloc[:25]], [0.5, 0.55])
+    assert all(r.tau == 25 and not r.estimable for r in cut.rows)
+    assert cut.notes[0] == ("compared over epochs up to 25 only: PCPO log 3 ends at epoch 25 of the longest log's 60, "
+                            "and every log is cut there (a hit after epoch 25 counts as not reached); leave a crashed "
+                            "run out, or train it to the end")
+    assert f"Note: {cut.notes[0]}." in cut.to_markdown() and cut.to_dict()["notes"][0] == cut.notes[0]
