@@ -39,6 +39,7 @@ import json
 import re
 import shutil
 import struct
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -88,9 +89,12 @@ def wandb_records(path: Path) -> list[dict[str, Any]]:
                         "export every row of the run's history with wandb's API (run.scan_history()) to CSV and pass that as --log") from None
 
 
-def _wandb_rows(pb: Any, data: bytes) -> list[dict[str, Any]]:
-    """The history rows of a transaction log's bytes (:func:`wandb_records`); raises on damage."""
-    rows, pos, block, buf = [], 7, 32768, b""
+def wandb_log_records(pb: Any, data: bytes) -> Iterator[Any]:
+    """The protobuf ``Record`` messages of a W&B transaction log's bytes, in order: leveldb-log framing
+    (32 KiB blocks, 7-byte chunk headers crc32c / length / type FULL=1, FIRST=2, MIDDLE=3, LAST=4;
+    a block's tail shorter than a header is padding). ``pb`` is ``wandb.proto.wandb_internal_pb2``.
+    Raises (ValueError, protobuf errors) on a damaged or truncated log."""
+    pos, block, buf = 7, 32768, b""
     while pos + 7 <= len(data):
         left = block - pos % block
         if left < 7:
@@ -108,9 +112,13 @@ def _wandb_rows(pb: Any, data: bytes) -> list[dict[str, Any]]:
         rec = pb.Record()
         rec.ParseFromString(buf + chunk)
         buf = b""
-        if rec.WhichOneof("record_type") == "history":
-            rows.append({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in rec.history.item})
-    return rows
+        yield rec
+
+
+def _wandb_rows(pb: Any, data: bytes) -> list[dict[str, Any]]:
+    """The history rows of a transaction log's bytes (:func:`wandb_records`); raises on damage."""
+    return [{i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in rec.history.item}
+            for rec in wandb_log_records(pb, data) if rec.WhichOneof("record_type") == "history"]
 
 
 def read_history(path: str | Path) -> pd.DataFrame:
