@@ -1,38 +1,31 @@
 """Flow models: PCPO vs DanceGRPO epoch time / peak memory on the toy flow model, and zeta vs the paper.
 
-Each objective runs in its own subprocess (peak RSS is per process), alternating twice so machine
-noise hits both; the figure is the ratio of medians of per-epoch wall time (first epoch of each run
-dropped as warm-up) and the ratio of peak RSS. Both use the same DanceGRPO SDE sampler; PCPO only
-changes the objective (zeta * dt_i reweighting in the hinge). If the shipped toy flow weights are
-absent, a randomly initialized toy flow model is timed (the cost does not depend on the weights).
+Measured as ``objective_timing.py`` describes (each objective in its own subprocess, alternating
+twice); the figure is the ratio of medians of per-epoch wall time and the ratio of peak RSS. Both
+use the same DanceGRPO SDE sampler; PCPO only changes the objective (zeta * dt_i reweighting in the
+hinge). If the shipped toy flow weights are absent, a randomly initialized toy flow model is timed
+(the cost does not depend on the weights).
 """
 
 from __future__ import annotations
 
-import json
-import statistics
-import subprocess
 import sys
-import tempfile
+from pathlib import Path
 
-CHILD = r"""
-import json, resource, sys, torch
-torch.set_num_threads(2)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from objective_timing import compare  # noqa: E402
+
+#: run in each training process first: a random-init toy flow model when the shipped weights are absent
+PREAMBLE = """
 import pcpo_eval.models.registry as registry
 from pcpo_eval.errors import MissingWeightsError
-from pcpo_eval.toy.flow import load_toy_flow
+from pcpo_eval.models.toy_flow import load_toy_flow
 try:
     load_toy_flow()
-    weights = "shipped"
+    extra["weights"] = "shipped"
 except MissingWeightsError:
     registry.REGISTRY["toyflow"] = lambda arg, device, dtype: load_toy_flow(device, random_init=True)
-    weights = "random-init"
-from pcpo_eval.train_config import config_from_dict
-from pcpo_eval.trainer import train
-cfg = config_from_dict(json.loads(sys.argv[1]))
-log = train(cfg, sys.argv[2])
-print(json.dumps({"epoch_s": log["wall_time_s"].tolist()[1:], "weights": weights,
-                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+    extra["weights"] = "random-init"
 """
 
 CONFIG = dict(model="toyflow", prompts="toy", reward="toy_aesthetic", epochs=4, sample_steps=8, sample_eta=0.3,
@@ -40,13 +33,6 @@ CONFIG = dict(model="toyflow", prompts="toy", reward="toy_aesthetic", epochs=4, 
               sample_batch_size=12, sample_batches_per_epoch=2, train_batch_size=6, gradient_updates=2,
               timestep_fraction=0.6, train_last_step=False, learning_rate=3e-4, lora_rank=4, lora_alpha=4.0,
               checkpoint_every=100, device="cpu")
-
-
-def run(objective: str) -> dict:
-    with tempfile.TemporaryDirectory() as d:
-        out = subprocess.run([sys.executable, "-c", CHILD, json.dumps({**CONFIG, "objective": objective}), d + "/run"],
-                             capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def zeta_table() -> list[tuple[str, float, float]]:
@@ -57,12 +43,7 @@ def zeta_table() -> list[tuple[str, float, float]]:
 
 
 def main() -> None:
-    res: dict[str, list[dict]] = {"ppo_clip": [], "pcpo": []}
-    for _ in range(2):
-        for obj in ("ppo_clip", "pcpo"):
-            res[obj].append(run(obj))
-    med = {k: statistics.median([t for r in v for t in r["epoch_s"]]) for k, v in res.items()}
-    rss = {k: max(r["peak_rss_mb"] for r in v) for k, v in res.items()}
+    med, rss, res = compare(CONFIG, preamble=PREAMBLE)
     n = CONFIG["sample_batch_size"] * CONFIG["sample_batches_per_epoch"]
     print("## Flow models: PCPO vs DanceGRPO on the toy flow model\n")
     print(f"Same config ({n} samples/epoch, {CONFIG['sample_steps']} DanceGRPO SDE steps, eta 0.3, shift 3, "

@@ -657,6 +657,46 @@ def load_imagereward_model(
     return model.to(device).eval()
 
 
+def cast_imagereward_model(model: nn.Module, device: str | torch.device, dtype: str = "float32") -> nn.Module:
+    """Cast an ImageReward model **in place** for scoring at ``dtype`` on ``device``; returns ``model``.
+
+    The BLIP towers go to ``dtype``, the MLP stays float32 (the reference feeds it float32 [CLS]
+    states), and the model is put in eval mode. :func:`imagereward` applies this to the model it loads
+    itself; a caller who passes ``model=`` calls it first (on the object, or on ``copy.deepcopy`` of
+    it), since the factory never changes a module it is given.
+    """
+    dev, torch_dtype = _common(device, 1, dtype)
+    model = model.to(device=dev, dtype=torch_dtype).eval()
+    model.mlp.float()
+    return model
+
+
+def _same_device(have: torch.device, want: torch.device) -> bool:
+    """``have`` (a tensor's device) is ``want``; a ``want`` without an index means the current one."""
+    if have.type != want.type:
+        return False
+    if want.index is None:
+        return have.type != "cuda" or have.index == torch.cuda.current_device()
+    return have.index == want.index
+
+
+def imagereward_model_mismatch(model: nn.Module, device: torch.device, dtype: torch.dtype) -> str | None:
+    """Why ``model`` is not ready to score on ``device`` at ``dtype`` as :func:`cast_imagereward_model`
+    leaves it (None when it is): training mode, or a floating tensor on another device / dtype (BLIP
+    towers at ``dtype``, ``mlp.*`` float32)."""
+    if any(m.training for m in model.modules()):
+        return "it is in training mode (dropout would make scores random)"
+    tensors = [(name, t) for name, t in (*model.named_parameters(), *model.named_buffers()) if t.is_floating_point()]
+    wrong = [
+        (name, t) for name, t in tensors
+        if (not _same_device(t.device, device) or t.dtype != (torch.float32 if name.startswith("mlp.") else dtype))
+    ]
+    if not wrong:
+        return None
+    name, t = wrong[0]
+    return f"{name} is {str(t.dtype).removeprefix('torch.')} on {t.device} ({len(wrong)} of {len(tensors)} floating tensors differ)"
+
+
 def imagereward(
     weights: str | None = None,
     med_config: str | None = None,
@@ -672,9 +712,16 @@ def imagereward(
     ``PCPO_IMAGEREWARD_MED_CONFIG``), and the bert-base-uncased tokenizer folder
     (``PCPO_BERT_TOKENIZER_PATH`` or the HF cache), which BLIP would otherwise fetch from the hub.
     Preprocessing: ImageReward's ``_transform(224)`` (bicubic shortest-edge resize, center crop,
-    OpenAI CLIP mean / std). ``model``: an already built model with the same attributes (tests).
-    ``dtype`` is the BLIP towers' (``float16`` / ``bfloat16`` on a GPU); the MLP stays float32, as the
-    reference feeds it float32 [CLS] states (before, any other ``dtype`` failed at the MLP's first layer).
+    OpenAI CLIP mean / std). ``dtype`` is the BLIP towers' (``float16`` / ``bfloat16`` on a GPU); the
+    MLP stays float32, as the reference feeds it float32 [CLS] states (before, any other ``dtype``
+    failed at the MLP's first layer).
+
+    ``model``: an already built model with the same attributes (tests, or a model the caller loaded).
+    It is used as given and never changed: it must already be in eval mode on ``device`` with its
+    towers at ``dtype`` and its MLP float32; otherwise this refuses (``UserError``) and names
+    :func:`cast_imagereward_model`, which prepares it in place on the caller's say-so. (Before, the
+    factory cast and moved the caller's module in place; copying it instead would hold a second
+    full-precision copy of a model that reduced precision is asked for to save memory.)
     """
     dev, torch_dtype = _common(device, batch_size, dtype)
     settings: dict[str, Any] = {"model": "ImageReward-v1.0", "score": "(mlp(cls) - 0.16717) / 1.03334", "dtype": dtype}
@@ -687,8 +734,15 @@ def imagereward(
         tpath = locate("bert_base_uncased", tokenizer_path)
         model = load_imagereward_model(wpath, mpath, tpath, dev)
         settings.update(weights=str(wpath), med_config=str(mpath), tokenizer=str(tpath))
-    model = model.to(device=dev, dtype=torch_dtype).eval()
-    model.mlp.float()  # the reference feeds the MLP float32 [CLS] states (``.float()``): float32 at any ``dtype``
+        model = cast_imagereward_model(model, dev, dtype)  # ours: cast in place
+    elif (problem := imagereward_model_mismatch(model, dev, torch_dtype)) is not None:
+        raise UserError(
+            f"imagereward(model=...): the given module is not ready for device={str(dev)!r}, dtype={dtype!r}: "
+            f"{problem}; the factory does not change a module it is given. Prepare it first with "
+            f"pcpo_eval.rewards.preference.cast_imagereward_model(model, {str(dev)!r}, {dtype!r}) "
+            "(in place: eval mode, BLIP towers at dtype, MLP float32; on copy.deepcopy(model) to keep yours), "
+            "or pass the device / dtype it already has"
+        )
     cfg = ImageCfg()  # ImageReward _transform(224): Resize(224, bicubic), CenterCrop(224), CLIP mean/std
     settings["preprocess"] = cfg.to_dict()
 

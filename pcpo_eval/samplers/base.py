@@ -75,6 +75,43 @@ class Trajectory:
         return dataclasses.replace(first, **{name: join(name) for name in PER_SAMPLE_FIELDS})
 
 
+def per_sample_noise(generators: list[torch.Generator], shape: tuple[int, ...]) -> torch.Tensor:
+    """Unit Gaussian noise, one ``randn(shape)`` per sample from its own generator (float32, CPU):
+    every sampler's x_T and the eps of each stochastic step, so a sample's chain depends on its
+    generator alone (not on the batch it is drawn in)."""
+    return torch.stack([torch.randn(shape, generator=g, dtype=torch.float32) for g in generators])
+
+
+@dataclass
+class Recorder:
+    """What a sampler keeps with ``record=True``, step by step, and how it lands in a :class:`Trajectory`.
+
+    ``states`` starts with x_T; :meth:`step` appends x_next, the guided model output, the step's unit
+    noise and log-prob (zeros for a deterministic step, as :class:`Trajectory` documents);
+    :meth:`fill` stacks them along dim 1.
+    """
+
+    states: list[torch.Tensor]
+    outputs: list[torch.Tensor] = dataclasses.field(default_factory=list)
+    noises: list[torch.Tensor] = dataclasses.field(default_factory=list)
+    log_probs: list[torch.Tensor] = dataclasses.field(default_factory=list)
+
+    def step(self, x_next: torch.Tensor, model_output: torch.Tensor, noise: torch.Tensor | None = None,
+             log_prob: torch.Tensor | None = None) -> None:
+        """Record one step; ``noise`` / ``log_prob`` None: a deterministic step (zeros)."""
+        self.states.append(x_next)
+        self.outputs.append(model_output)
+        self.noises.append(torch.zeros_like(x_next) if noise is None else noise)
+        self.log_probs.append(torch.zeros(x_next.shape[0], device=x_next.device) if log_prob is None else log_prob)
+
+    def fill(self, out: Trajectory) -> None:
+        """Set ``out``'s ``trajectory`` (B, S+1, ...), ``noise``, ``model_outputs`` (B, S, ...) and ``log_probs`` (B, S)."""
+        out.trajectory = torch.stack(self.states, dim=1)
+        out.noise = torch.stack(self.noises, dim=1)
+        out.model_outputs = torch.stack(self.outputs, dim=1)
+        out.log_probs = torch.stack(self.log_probs, dim=1)
+
+
 @runtime_checkable
 class Sampler(Protocol):
     """A sampling algorithm for one model prediction type (module docstring).

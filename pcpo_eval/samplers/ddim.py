@@ -41,7 +41,7 @@ from pcpo_eval.credit.flow import KL_FORMS
 from pcpo_eval.dist import to_device_async
 from pcpo_eval.errors import UserError
 from pcpo_eval.models.base import ModelAdapter, PromptEmbeds
-from pcpo_eval.samplers.base import Trajectory, gaussian_kl_same_std
+from pcpo_eval.samplers.base import Recorder, Trajectory, gaussian_kl_same_std, per_sample_noise
 
 SIGMA_SCHEDULES = ("ddim", "pcpo")
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
@@ -114,11 +114,6 @@ def step_sigmas(
     return credit.pcpo_sigma, credit.credit_scale
 
 
-def initial_noise(generators: list[torch.Generator], shape: tuple[int, ...]) -> torch.Tensor:
-    """x_T: one ``randn(shape)`` per sample from its own generator (float32, CPU)."""
-    return torch.stack([torch.randn(shape, generator=g, dtype=torch.float32) for g in generators])
-
-
 @torch.no_grad()
 def sample_ddim(
     adapter: ModelAdapter,
@@ -149,30 +144,24 @@ def sample_ddim(
     sig, scales = step_sigmas(sched, sigma_schedule, convention, fallback)
     # Sampler state stays float32 whatever the network's precision (pcpo_eval.precision).
     device, dtype = adapter.device, adapter.dtype
-    x = to_device_async(initial_noise(generators, adapter.latent_shape) if x_T is None else x_T.float().cpu(), device)
-    traj, noises, logps, outs = [x], [], [], []
+    x = to_device_async(per_sample_noise(generators, adapter.latent_shape) if x_T is None else x_T.float().cpu(), device)
+    rec = Recorder([x]) if record else None
     for i, t in enumerate(sched.timesteps):
         ab_t, ab_prev, s = float(sched.alpha_bar[i]), float(sched.alpha_bar_prev[i]), float(sig[i])
         tt = torch.full((B,), int(t), device=device, dtype=torch.long)
         eps_hat = adapter.predict(x.to(dtype), tt, cond, uncond, cfg).float()
         mean = ddim_mean(x, eps_hat, ab_t, ab_prev, s)
-        if record:
-            outs.append(eps_hat)
+        z = logp = None
         if s > 0:
-            z = torch.stack([torch.randn(adapter.latent_shape, generator=g, dtype=torch.float32) for g in generators])
-            z = to_device_async(z, device)
+            z = to_device_async(per_sample_noise(generators, adapter.latent_shape), device)
             x_prev = mean + s * z
-            if record:
-                noises.append(z)
-                logps.append(gaussian_log_prob(x_prev.float(), mean.float(), s))
+            if rec is not None:
+                logp = gaussian_log_prob(x_prev.float(), mean.float(), s)
         else:
             x_prev = mean
-            if record:
-                noises.append(torch.zeros_like(x))
-                logps.append(torch.zeros(B, device=device))
+        if rec is not None:
+            rec.step(x_prev, eps_hat, z, logp)
         x = x_prev
-        if record:
-            traj.append(x)
     f64 = lambda a: torch.as_tensor(np.asarray(a), dtype=torch.float64)  # noqa: E731
     out = DDIMSample(
         latents=x,
@@ -182,11 +171,8 @@ def sample_ddim(
         sigmas=f64(sig),
         credit_scales=f64(scales),
     )
-    if record:
-        out.trajectory = torch.stack(traj, dim=1)
-        out.noise = torch.stack(noises, dim=1)
-        out.model_outputs = torch.stack(outs, dim=1)
-        out.log_probs = torch.stack(logps, dim=1)
+    if rec is not None:
+        rec.fill(out)
     return out
 
 

@@ -63,8 +63,8 @@ from pcpo_eval.credit.flow import (
 from pcpo_eval.dist import to_device_async
 from pcpo_eval.errors import UserError
 from pcpo_eval.models.base import ModelAdapter, PromptEmbeds
-from pcpo_eval.samplers.base import Trajectory
-from pcpo_eval.samplers.ddim import _bcast, gaussian_log_prob, initial_noise
+from pcpo_eval.samplers.base import Recorder, Trajectory, per_sample_noise
+from pcpo_eval.samplers.ddim import _bcast, gaussian_log_prob
 
 SDES: tuple[str, ...] = ("dance", "flowgrpo", "ode")
 GRIDS: tuple[str, ...] = ("auto", "shifted", "scheduler")
@@ -260,40 +260,31 @@ def sample_flow(
     std_np = sig * np.sqrt(dt_np)
     # Sampler state stays float32 whatever the network's precision (pcpo_eval.precision).
     device, dtype = adapter.device, adapter.dtype
-    x = to_device_async(initial_noise(generators, adapter.latent_shape) if x_T is None else x_T.float().cpu(), device)
-    traj, noises, logps, outs = [x], [], [], []
+    x = to_device_async(per_sample_noise(generators, adapter.latent_shape) if x_T is None else x_T.float().cpu(), device)
+    rec = Recorder([x]) if record else None
     for i in range(len(t_np)):
         t, dt, s, sd = float(t_np[i]), float(dt_np[i]), float(sig[i]), float(std_np[i])
         tt = torch.full((B,), t, device=device, dtype=torch.float32)
         if quantize_time:
             tt = model_time_of(torch.full((B,), t, device=device, dtype=torch.float64), True)
         u = adapter.predict(x.to(dtype), tt, cond, uncond, cfg).float()
-        if record:
-            outs.append(u)
+        z = logp = None
         if s > 0:
             mean = flow_sde_mean(x.float(), u.float(), t, dt, s)
-            z = torch.stack([torch.randn(adapter.latent_shape, generator=g, dtype=torch.float32) for g in generators])
-            z = to_device_async(z, device)
+            z = to_device_async(per_sample_noise(generators, adapter.latent_shape), device)
             x_next = mean + sd * z
-            if record:
-                noises.append(z)
-                logps.append(gaussian_log_prob(x_next, mean, sd))
+            if rec is not None:
+                logp = gaussian_log_prob(x_next, mean, sd)
         else:
             x_next = flow_ode_step(x, u, dt)
-            if record:
-                noises.append(torch.zeros_like(x))
-                logps.append(torch.zeros(B, device=device))
+        if rec is not None:
+            rec.step(x_next, u, z, logp)
         x = x_next
-        if record:
-            traj.append(x)
     f64 = lambda a: torch.as_tensor(np.asarray(a), dtype=torch.float64)  # noqa: E731
     out = FlowSample(latents=x, times=f64(times), t=f64(t_np), dt=f64(dt_np), sigmas=f64(sig), std=f64(std_np),
                      sde=effective, eta=float(eta))
-    if record:
-        out.trajectory = torch.stack(traj, dim=1)
-        out.noise = torch.stack(noises, dim=1)
-        out.model_outputs = torch.stack(outs, dim=1)
-        out.log_probs = torch.stack(logps, dim=1)
+    if rec is not None:
+        rec.fill(out)
     return out
 
 

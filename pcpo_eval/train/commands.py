@@ -106,6 +106,12 @@ def import_cmd(
     reward: Annotated[str | None, typer.Option(
         "--reward", help="the reward the run was trained on, as a train config names it (hps, ocr, "
                          "'{pickscore: 0.5, clipscore: 0.5}'); recorded so a study compares it")] = None,
+    last_run: Annotated[bool, typer.Option(
+        "--last-run", help="DanceGRPO: import the rewards after the last text or blank line of reward.txt "
+                           "(a marker between appended runs); refused when it has none")] = False,
+    single_run: Annotated[bool, typer.Option(
+        "--single-run", help="DanceGRPO: reward.txt is this run's alone, though it runs on past the last "
+                             "checkpoint (its later checkpoints were left out)")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
 ) -> None:
     """Import a DanceGRPO or Flow-GRPO run (checkpoints + training log) as a pcpo-eval run directory."""
@@ -115,7 +121,7 @@ def import_cmd(
     from pcpo_eval.train.importers import import_run
 
     check_out_path(out, "--out")
-    summary = import_run(kind, src, out, model, log, reward_key, objective, reward)
+    summary = import_run(kind, src, out, model, log, reward_key, objective, reward, last_run, single_run)
     typer.echo(json.dumps(summary, indent=2) if as_json else
                f"imported {kind} run {src} -> {out}: {len(summary['checkpoints'])} checkpoints "
                f"(epochs {', '.join(map(str, summary['checkpoints']))}), log of {summary['epochs']} epochs")

@@ -24,7 +24,13 @@ Formats read (learned from the references' train scripts, not their code):
   full weights ``diffusion_pytorch_model.safetensors`` (+ ``config.json``) with diffusers' key
   names, in ``checkpoint_epoch_{E}/`` (SD: saved after its epoch E's updates = our epoch E + 1)
   or ``checkpoint-{step}-{epoch}/`` (FLUX: saved before step ``step``'s update = our epoch
-  step - 1); ``reward.txt`` has one mean reward per line, line i = our epoch i + 1.
+  step - 1); ``reward.txt`` has one mean reward per line, line i = our epoch i + 1. Both scripts open
+  ``./reward.txt`` in append mode and write nothing but ``f"{mean}\\n"`` (no epoch, no header), so a
+  restarted run, or a second run in the same working directory, leaves its lines after the first
+  run's; the SD script also restarts its epoch count (and so its checkpoint names) at 0 on resume.
+  The file itself marks no run boundary. The importer refuses what betrays one
+  (:func:`dancegrpo_reward_lines`: a text or blank line between rewards; :func:`dancegrpo_append_problem`:
+  more lines past the last checkpoint than one run writes before its next save).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ import json
 import re
 import shutil
 import struct
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -82,9 +89,12 @@ def wandb_records(path: Path) -> list[dict[str, Any]]:
                         "export every row of the run's history with wandb's API (run.scan_history()) to CSV and pass that as --log") from None
 
 
-def _wandb_rows(pb: Any, data: bytes) -> list[dict[str, Any]]:
-    """The history rows of a transaction log's bytes (:func:`wandb_records`); raises on damage."""
-    rows, pos, block, buf = [], 7, 32768, b""
+def wandb_log_records(pb: Any, data: bytes) -> Iterator[Any]:
+    """The protobuf ``Record`` messages of a W&B transaction log's bytes, in order: leveldb-log framing
+    (32 KiB blocks, 7-byte chunk headers crc32c / length / type FULL=1, FIRST=2, MIDDLE=3, LAST=4;
+    a block's tail shorter than a header is padding). ``pb`` is ``wandb.proto.wandb_internal_pb2``.
+    Raises (ValueError, protobuf errors) on a damaged or truncated log."""
+    pos, block, buf = 7, 32768, b""
     while pos + 7 <= len(data):
         left = block - pos % block
         if left < 7:
@@ -102,9 +112,13 @@ def _wandb_rows(pb: Any, data: bytes) -> list[dict[str, Any]]:
         rec = pb.Record()
         rec.ParseFromString(buf + chunk)
         buf = b""
-        if rec.WhichOneof("record_type") == "history":
-            rows.append({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in rec.history.item})
-    return rows
+        yield rec
+
+
+def _wandb_rows(pb: Any, data: bytes) -> list[dict[str, Any]]:
+    """The history rows of a transaction log's bytes (:func:`wandb_records`); raises on damage."""
+    return [{i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in rec.history.item}
+            for rec in wandb_log_records(pb, data) if rec.WhichOneof("record_type") == "history"]
 
 
 def read_history(path: str | Path) -> pd.DataFrame:
@@ -181,21 +195,94 @@ def _step_to_epoch(hist: pd.DataFrame) -> dict[int, int]:
     return {int(s): int(e) for s, e in rows.groupby("_step")["epoch"].min().items()}
 
 
-def dancegrpo_rewards(path: str | Path) -> pd.DataFrame:
-    """``reward.txt``: line i (one float) = mean reward of our epoch i + 1."""
+APPENDED = ("DanceGRPO opens reward.txt in append mode and writes one number per line, so restarts and "
+            "runs in one working directory leave their lines one after the other")
+
+
+def dancegrpo_reward_lines(path: str | Path, last_run: bool = False) -> tuple[pd.DataFrame, tuple[int, int]]:
+    """``reward.txt``: line i (one float) = mean reward of our epoch i + 1; returns the table and the
+    first and last line number (1-based) it was read from.
+
+    DanceGRPO writes nothing but numbers, so a text line (a header or marker) or a blank line between
+    two blocks of rewards is a boundary between appended runs (or damage): refused, unless
+    ``last_run``, which reads the block after the last such line (epochs counted from that block's
+    first line). ``last_run`` without such a line is refused too: the runs of a file DanceGRPO alone
+    appended to cannot be told apart. Leading / trailing blank lines are ignored.
+    """
     p = Path(path)
     if not p.is_file():
         raise UserError(f"{p} does not exist; DanceGRPO writes reward.txt in its working directory (pass --log)")
-    vals = []
+    rows: list[tuple[int, float | None, str]] = []  # (line, value or None, text)
     for i, line in enumerate(p.read_text().splitlines(), 1):
-        if line.strip():
-            try:
-                vals.append(float(line))
-            except ValueError:
-                raise UserError(f"{p} line {i}: {line.strip()[:40]!r} is not a number") from None
+        try:
+            rows.append((i, float(line) if line.strip() else None, line.strip()))
+        except ValueError:
+            rows.append((i, None, line.strip()))
+    numbers = [k for k, (_, v, _) in enumerate(rows) if v is not None]
+    outside = rows[: numbers[0]] + rows[numbers[-1] + 1 :] if numbers else rows
+    for i, _, text in outside:  # text before the first or after the last reward
+        if text:
+            raise UserError(f"{p} line {i}: {text[:40]!r} is not a number")
+    blocks: list[list[tuple[int, float]]] = [[]]
+    separators: list[tuple[int, str]] = []  # the first line of each gap between blocks (a text line if any)
+    for k in range(numbers[0], numbers[-1] + 1) if numbers else ():
+        i, v, text = rows[k]
+        if v is not None:
+            blocks[-1].append((i, v))
+            continue
+        if blocks[-1]:
+            separators.append((i, "blank"))
+            blocks.append([])
+        if text and separators[-1][1] == "blank":
+            separators[-1] = (i, repr(text[:40]))
+    if len(blocks) > 1 and not last_run:
+        line, what = separators[-1]
+        sizes = ", ".join(str(len(b)) for b in blocks)
+        raise UserError(f"{p} line {line} is {'blank' if what == 'blank' else f'not a number ({what})'} and splits the "
+                        f"file into {len(blocks)} blocks of rewards ({sizes} lines): {APPENDED}, and a line like this "
+                        f"marks where another run began; pass --log with this run's lines only, or --last-run to "
+                        f"import the {len(blocks[-1])} rewards after line {line} (or delete the line if it is not a boundary)")
+    if last_run and len(blocks) < 2:
+        raise UserError(f"--last-run: {p} has no text or blank line between its rewards, so where its last run "
+                        f"begins cannot be told ({APPENDED}, without marking where); pass --log with this run's lines only")
+    picked = blocks[-1]
+    vals = [v for _, v in picked]
     if not vals or not np.all(np.isfinite(vals)):
         raise UserError(f"{p} holds no rewards or non-finite ones; check the file")
-    return pd.DataFrame({"epoch": np.arange(1, len(vals) + 1), "reward_mean": vals})
+    table = pd.DataFrame({"epoch": np.arange(1, len(vals) + 1), "reward_mean": vals})
+    return table, (picked[0][0], picked[-1][0])
+
+
+def dancegrpo_rewards(path: str | Path, last_run: bool = False) -> pd.DataFrame:
+    """``reward.txt`` as a table of (epoch, reward_mean): :func:`dancegrpo_reward_lines` without the line numbers."""
+    return dancegrpo_reward_lines(path, last_run)[0]
+
+
+def dancegrpo_append_problem(n_rewards: int, cks: dict[int, Path]) -> str | None:
+    """Why ``n_rewards`` logged epochs cannot be one run with checkpoints ``cks`` (None when they can).
+
+    One run writes one line per round and saves every ``f`` rounds (SD: after rounds f, 2f, ...; FLUX:
+    before steps f, 2f, ...), so it ends at most ``f`` lines after its last checkpoint, however it
+    ended (finished, or killed before the next save). ``f`` is taken as the greatest common divisor
+    of the checkpoints' own numbers (their epoch / step): the save interval when every checkpoint is
+    there, a multiple of it otherwise (a looser bound). More lines than that means the file holds
+    lines another run appended, or this run's later checkpoints were left out of the source folder.
+    """
+    native = {}
+    for epoch, folder in cks.items():
+        if m := re.fullmatch(r"checkpoint_epoch_(\d+)", folder.name):
+            native[epoch] = int(m.group(1))
+        elif m := re.fullmatch(r"checkpoint-(\d+)-(\d+)", folder.name):
+            native[epoch] = int(m.group(1))
+    if not native or min(native.values()) < 1:
+        return None
+    every = int(np.gcd.reduce(list(native.values())))
+    last = max(cks)
+    if n_rewards - last <= every:
+        return None
+    return (f"it has {n_rewards} rewards, {n_rewards - last} past the last checkpoint ({cks[last].name}, our epoch "
+            f"{last}), but with checkpoints every {every} {'epochs' if 'epoch' in cks[last].name else 'steps'} one "
+            f"run writes at most {every} past its last")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -357,7 +444,8 @@ def _write_checkpoint(out: Path, epoch: int, src: Path, kind: str, model: str, r
 
 
 def import_run(kind: str, src: str | Path, out: str | Path, model: str, log: str | Path | None = None,
-               reward_key: str = "avg", objective: str = "ppo_clip", reward: Any = None) -> dict[str, Any]:
+               reward_key: str = "avg", objective: str = "ppo_clip", reward: Any = None,
+               last_run: bool = False, single_run: bool = False) -> dict[str, Any]:
     """Convert a DanceGRPO / Flow-GRPO run (``src``) into the run directory ``out``; returns the summary.
 
     ``model``: the base model spec the run fine-tuned (e.g. ``sd3:stabilityai/stable-diffusion-3.5-medium``);
@@ -365,11 +453,17 @@ def import_run(kind: str, src: str | Path, out: str | Path, model: str, log: str
     default ``src/reward.txt``); ``objective``: how the run was trained (``pcpo`` for a PCPO port);
     ``reward``: the reward it was trained on, as a train config names it (``hps``, ``ocr``, or a weighted
     mapping; :func:`pcpo_eval.rewards.parse_reward`), recorded in ``config.yaml`` so a study compares it
-    with the other runs' (a log holds reward values, not what they measured); None: not recorded."""
+    with the other runs' (a log holds reward values, not what they measured); None: not recorded.
+    DanceGRPO only: ``last_run`` reads the rewards after the last text / blank line of ``reward.txt``
+    (:func:`dancegrpo_reward_lines`); ``single_run`` accepts more lines past the last checkpoint than
+    one run writes (:func:`dancegrpo_append_problem`), for a run whose later checkpoints were left out."""
     if reward is not None:
         reward = parse_reward(reward)
     if kind not in KINDS:
         raise UserError(f"unknown run kind {kind!r}; choose one of: {', '.join(KINDS)}")
+    if kind != "dancegrpo" and (last_run or single_run):
+        raise UserError(f"--{'last-run' if last_run else 'single-run'} is for DanceGRPO's reward.txt; "
+                        "a Flow-GRPO W&B log holds one run")
     src, out = Path(src), Path(out)
     if not src.is_dir():
         raise UserError(f"{src} is not a directory; pass the reference run's output folder")
@@ -384,8 +478,10 @@ def import_run(kind: str, src: str | Path, out: str | Path, model: str, log: str
             log = found[-1]
         hist = read_history(log)
         table, cks = flowgrpo_epochs(hist, reward_key), flowgrpo_checkpoints(src, hist)
+        lines = None
     else:
-        table, cks = dancegrpo_rewards(log or src / "reward.txt"), dancegrpo_checkpoints(src)
+        log = log or src / "reward.txt"
+        (table, lines), cks = dancegrpo_reward_lines(log, last_run), dancegrpo_checkpoints(src)
     if not cks:
         raise UserError(f"no {kind} checkpoints under {src} (expected "
                         + ("checkpoints/checkpoint-STEP/lora/" if kind == "flowgrpo" else
@@ -394,6 +490,10 @@ def import_run(kind: str, src: str | Path, out: str | Path, model: str, log: str
     if beyond:
         raise UserError(f"checkpoints at epochs {beyond[:5]} have no logged reward (log covers epochs "
                         f"{int(table['epoch'].min())}..{int(table['epoch'].max())}); pass the full log")
+    if kind == "dancegrpo" and not single_run and (problem := dancegrpo_append_problem(len(table), cks)):
+        raise UserError(f"{log}: {problem}; {APPENDED}, so it likely holds more than one run (and a rerun in the same "
+                        "folder overwrites checkpoint folders of the same name); pass --log with this run's lines only, "
+                        "or --single-run if it is one run whose later checkpoints were left out of the source folder")
     for folder in cks.values():
         check_weights_file(folder / ("adapter_model.safetensors" if kind == "flowgrpo" else
                                      "diffusion_pytorch_model.safetensors"), FIX_SOURCE)
@@ -404,7 +504,8 @@ def import_run(kind: str, src: str | Path, out: str | Path, model: str, log: str
         _write_checkpoint(out, epoch, folder, kind, model, rewards.get(epoch))
     summary = {"kind": kind, "source": str(src), "log": str(log), "model": model, "objective": objective,
                "epochs": int(table["epoch"].max()), "checkpoints": sorted(cks), "reward_key": reward_key,
-               "reward": reward}
+               "reward": reward, **({"log_lines": list(lines), "last_run": last_run, "single_run": single_run}
+                                    if lines is not None else {})}
     config = {"model": model, "objective": objective, **({"reward": reward} if reward is not None else {}),
               "imported_from": kind, "source": str(src)}
     atomic_write_text(config_path(out), json.dumps(config, indent=2) + "\n")

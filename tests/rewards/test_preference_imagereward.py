@@ -8,6 +8,7 @@ only where it is installed.
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import json
 from types import SimpleNamespace
@@ -25,6 +26,7 @@ from pcpo_eval.rewards.preference import (
     IMAGEREWARD_STD,
     AestheticMLP,
     _blip_tokenizer_from,
+    cast_imagereward_model,
 )
 from tests.support.preference import random_images
 
@@ -143,12 +145,64 @@ def test_imagereward_reduced_precision_keeps_the_mlp_float32(tokenizer_dir, dtyp
     float32 [CLS] states, which a cast MLP refused (``mat1 and mat2 must have the same dtype``)."""
     imgs, fp32 = random_images(4, 224, seed=1), make_reward("imagereward", model=_stand_in(tokenizer_dir))
     ref = fp32(imgs, PROMPTS[:4])
-    model = _stand_in(tokenizer_dir)  # a fresh one: the factory casts the model it is given in place
+    model = cast_imagereward_model(_stand_in(tokenizer_dir), "cpu", dtype)  # as imagereward() casts its own
     got = make_reward("imagereward", model=model, batch_size=2, dtype=dtype)(imgs, PROMPTS[:4])
     assert model.mlp.layers[0].weight.dtype == torch.float32
     assert model.blip.visual_encoder.patch.weight.dtype == getattr(torch, dtype)
     assert got.dtype == torch.float32 and torch.isfinite(got).all()
     assert (got - ref).abs().max() < 0.1 * ref.std() + 0.05
+
+
+def _state(model: nn.Module) -> dict[str, tuple[torch.dtype, torch.device, torch.Tensor]]:
+    return {k: (v.dtype, v.device, v.clone()) for k, v in model.state_dict().items()}
+
+
+def _assert_same_state(before, model: nn.Module) -> None:
+    after = model.state_dict()
+    assert before.keys() == after.keys()
+    for k, (dtype, device, value) in before.items():
+        assert (after[k].dtype, after[k].device) == (dtype, device), k
+        assert torch.equal(after[k], value), k
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_imagereward_refuses_to_cast_a_callers_module(tokenizer_dir, dtype):
+    """A module passed as ``model=`` at another dtype is refused, not cast in place under the caller."""
+    model = _stand_in(tokenizer_dir)
+    before = _state(model)
+    with pytest.raises(UserError, match=rf"not ready for device='cpu', dtype='{dtype}'.*"
+                                        rf"blip\.visual_encoder\.patch\.weight is float32.*cast_imagereward_model"):
+        make_reward("imagereward", model=model, dtype=dtype)
+    _assert_same_state(before, model)
+    assert not model.training
+
+
+def test_imagereward_refuses_a_callers_module_in_training_mode(tokenizer_dir):
+    model = _stand_in(tokenizer_dir).train()
+    with pytest.raises(UserError, match="training mode"):
+        make_reward("imagereward", model=model)
+    assert all(m.training for m in model.modules())  # not switched to eval behind the caller's back
+
+
+def test_imagereward_refuses_a_callers_module_with_a_cast_mlp(tokenizer_dir):
+    """Towers at bfloat16 but the MLP cast too (``model.to(bfloat16)``): named, and left as it was."""
+    model = _stand_in(tokenizer_dir).to(torch.bfloat16)
+    with pytest.raises(UserError, match=r"mlp\.layers\.0\.weight is bfloat16"):
+        make_reward("imagereward", model=model, dtype="bfloat16")
+    assert model.mlp.layers[0].weight.dtype == torch.bfloat16
+
+
+def test_imagereward_uses_a_ready_module_as_given(tokenizer_dir):
+    """A module already on the device at the dtype is used as is (no copy) and left unchanged by scoring;
+    ``cast_imagereward_model`` on a copy leaves the original float32."""
+    original = _stand_in(tokenizer_dir)
+    model = cast_imagereward_model(copy.deepcopy(original), "cpu", "bfloat16")
+    assert model is not original and original.blip.visual_encoder.patch.weight.dtype == torch.float32
+    before = _state(model)
+    fn = make_reward("imagereward", model=model, dtype="bfloat16")
+    assert fn.module is model
+    fn(random_images(2, 224, seed=4), PROMPTS[:2])
+    _assert_same_state(before, model)
 
 
 def test_imagereward_missing_files(tmp_path, monkeypatch):

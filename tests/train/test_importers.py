@@ -5,7 +5,9 @@
   export and the offline ``run-*.wandb`` transaction log): the imported checkpoint, loaded by
   ``generate``'s loader on the base model, predicts exactly what the peft model predicts; epochs,
   rewards, PPO health and the held-out reward land on our epoch numbering.
-* DanceGRPO: a tiny SD-1 UNet's full state dict in ``checkpoint_epoch_{E}/`` and ``reward.txt``.
+* DanceGRPO: a tiny SD-1 UNet's full state dict in ``checkpoint_epoch_{E}/`` and ``reward.txt``; a
+  ``reward.txt`` that two runs appended to (DanceGRPO opens it with ``'a'``) is refused, whether a
+  marker line or only its length (past the last checkpoint) gives it away.
 * Bad input: one line each.
 """
 
@@ -20,9 +22,15 @@ import pytest
 import torch
 import yaml
 
+from pcpo_eval.errors import UserError
 from pcpo_eval.stats.select import select_checkpoints
 from pcpo_eval.train.checkpoints import load_model_from_spec
-from pcpo_eval.train.importers import import_run, read_history
+from pcpo_eval.train.importers import (
+    dancegrpo_append_problem,
+    dancegrpo_reward_lines,
+    import_run,
+    read_history,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
 
@@ -173,3 +181,116 @@ def test_flowgrpo_history_missing_epochs_is_refused():
     sampled = hist[~((hist["epoch"] == 1) & hist["reward_avg"].notna())]
     with pytest.raises(UserError, match=r"no reward_avg for 1 Flow-GRPO epoch\(s\) \(1\) of 0..2: .*run.scan_history"):
         flowgrpo_epochs(sampled)
+
+
+# ---- reward.txt that more than one run appended to ----
+
+
+def _reward_txt(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "reward.txt"
+    path.write_text(text)
+    return path
+
+
+def test_reward_txt_of_one_run_reads_every_line(tmp_path):
+    table, lines = dancegrpo_reward_lines(_reward_txt(tmp_path, "\n0.31\n0.33\n-1.5e-2\n\n\n"))
+    assert table["epoch"].tolist() == [1, 2, 3] and table["reward_mean"].tolist() == pytest.approx([0.31, 0.33, -0.015])
+    assert lines == (2, 4)  # leading / trailing blank lines are not boundaries
+
+
+@pytest.mark.parametrize(("text", "needle"), [
+    ("0.31\n0.33\nreward\n0.30\n", r"line 3 is not a number \('reward'\) and splits the file into 2 blocks of "
+                                      r"rewards \(2, 1 lines\).*--log with this run's lines only.*--last-run to import "
+                                      r"the 1 rewards after line 3"),
+    ("0.31\n0.33\n\n0.30\n0.32\n", r"line 3 is blank and splits the file into 2 blocks of rewards \(2, 2 lines\)"),
+    # a mixture of header lines: one before each appended run, blank lines around them
+    ("0.31\n\n# run 2\n0.30\n0.32\n\nreward\n0.29\n", r"line 7 is not a number \('reward'\).* 3 blocks "
+                                                         r"of rewards \(1, 2, 1 lines\)"),
+])
+def test_reward_txt_with_a_boundary_between_runs_is_refused(tmp_path, text, needle):
+    """DanceGRPO writes one number per line and nothing else: a text or blank line between rewards is where
+    another run's lines were appended (or the file was damaged), not something to skip silently."""
+    with pytest.raises(UserError, match=needle):
+        dancegrpo_reward_lines(_reward_txt(tmp_path, text))
+
+
+def test_reward_txt_last_run_reads_the_block_after_the_last_boundary(tmp_path):
+    table, lines = dancegrpo_reward_lines(_reward_txt(tmp_path, "0.31\n\n# run 2\n0.30\n0.32\n\nreward\n0.29\n0.4\n"),
+                                          last_run=True)
+    assert table["epoch"].tolist() == [1, 2] and table["reward_mean"].tolist() == pytest.approx([0.29, 0.4])
+    assert lines == (8, 9)
+    with pytest.raises(UserError, match="--last-run: .* has no text or blank line between its rewards.*--log"):
+        dancegrpo_reward_lines(_reward_txt(tmp_path, "0.31\n0.33\n0.30\n"), last_run=True)
+
+
+@pytest.mark.parametrize("text", ["reward\n0.31\n", "0.31\n0.32\nabc\n"])
+def test_reward_txt_text_outside_the_rewards_is_not_a_number(tmp_path, text):
+    with pytest.raises(UserError, match=r"line \d: '(reward|abc)' is not a number"):
+        dancegrpo_reward_lines(_reward_txt(tmp_path, text))
+
+
+def test_append_problem_bounds_lines_past_the_last_checkpoint():
+    """One run ends at most one save interval after its last checkpoint (SD: saved after rounds f, 2f, ...
+    = our epochs f + 1, ...; FLUX: before steps f, 2f, ... = our epochs f - 1, ...)."""
+    sd = {e + 1: Path(f"checkpoint_epoch_{e}") for e in (10, 20, 30)}
+    assert dancegrpo_append_problem(31, sd) is None and dancegrpo_append_problem(41, sd) is None
+    problem = dancegrpo_append_problem(42, sd)
+    assert problem == ("it has 42 rewards, 11 past the last checkpoint (checkpoint_epoch_30, our epoch 31), but with "
+                       "checkpoints every 10 epochs one run writes at most 10 past its last")
+    flux = {s - 1: Path(f"checkpoint-{s}-0") for s in (5, 10)}
+    assert dancegrpo_append_problem(14, flux) is None
+    assert "every 5 steps" in dancegrpo_append_problem(15, flux)
+    # checkpoints left out: the interval is a multiple of the save interval, and the bound looser
+    sparse = {21: Path("checkpoint_epoch_20"), 41: Path("checkpoint_epoch_40")}  # every other one copied
+    assert dancegrpo_append_problem(61, sparse) is None and "every 20 epochs" in dancegrpo_append_problem(62, sparse)
+
+
+def _dance_src(tmp_path: Path, reward: str, epochs=(2, 4), state=None) -> Path:
+    from safetensors.torch import save_file
+
+    src = tmp_path / "dance"
+    for e in epochs:
+        ck = src / "my_checkpoints" / f"checkpoint_epoch_{e}"
+        ck.mkdir(parents=True)
+        save_file(state or {"w": torch.zeros(2)}, ck / "diffusion_pytorch_model.safetensors")
+    (src / "reward.txt").write_text(reward)
+    return src
+
+
+def test_import_refuses_an_appended_reward_txt(tmp_path, cli):
+    """Checkpoints every 2 epochs up to our epoch 5: one run writes at most 7 lines; 10 lines are two runs'
+    (or this run's later checkpoints are missing). One ``error:`` line, exit 2, nothing written."""
+    src = _dance_src(tmp_path, "".join(f"0.3{i}\n" for i in range(10)))
+    out = tmp_path / "run"
+    res = cli("import", "dancegrpo", src, "--out", out, "--model", "toy")
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), res.stderr
+    for needle in ["reward.txt: it has 10 rewards, 5 past the last checkpoint (checkpoint_epoch_4, our epoch 5)",
+                   "checkpoints every 2 epochs", "append mode", "--log with this run's lines only", "--single-run"]:
+        assert needle in lines[0], lines[0]
+    (src / "reward.txt").write_text("0.30\n0.31\n0.32\n0.33\n0.34\nreward\n0.35\n")
+    res = cli("import", "dancegrpo", src, "--out", out, "--model", "toy")
+    assert res.returncode == 2 and "line 6 is not a number ('reward')" in res.stderr and "--last-run" in res.stderr
+    res = cli("import", "flowgrpo", src, "--out", out, "--model", "toy", "--last-run")
+    assert res.returncode == 2 and "--last-run is for DanceGRPO's reward.txt" in res.stderr
+    assert not out.exists()
+
+
+def test_import_last_run_and_single_run(tmp_path, cli):
+    from diffusers import UNet2DConditionModel
+
+    from pcpo_eval.testing import save_tiny_sd1
+
+    base = save_tiny_sd1(tmp_path / "sd1", seed=0)
+    state = {k: v.contiguous() for k, v in UNet2DConditionModel.from_pretrained(base / "unet").state_dict().items()}
+    src = _dance_src(tmp_path, "0.1\n0.2\n# resumed\n0.30\n0.31\n0.32\n0.33\n0.34\n0.35\n", state=state)
+    res = cli("import", "dancegrpo", src, "--out", tmp_path / "last", "--model", f"sd1:{base}", "--last-run", "--json")
+    assert res.returncode == 0, res.stderr
+    summary = json.loads(res.stdout)
+    assert summary["log_lines"] == [4, 9] and summary["last_run"] and summary["checkpoints"] == [3, 5]
+    assert pd.read_parquet(tmp_path / "last" / "log.parquet")["reward_mean"].tolist() == pytest.approx(
+        [0.30, 0.31, 0.32, 0.33, 0.34, 0.35])
+    (src / "reward.txt").write_text("".join(f"0.3{i}\n" for i in range(10)))  # a run whose checkpoints stop at 5
+    res = cli("import", "dancegrpo", src, "--out", tmp_path / "one", "--model", f"sd1:{base}", "--single-run", "--json")
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["log_lines"] == [1, 10] and json.loads(res.stdout)["epochs"] == 10

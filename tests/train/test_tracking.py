@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import struct
 from pathlib import Path
 
 import numpy as np
@@ -71,26 +70,14 @@ def test_tensorboard_records_scalars_histogram_images_and_config(tmp_path):
 
 
 def _wandb_records(path: Path):
-    """Records of a W&B transaction log (leveldb-log framing: 32 KiB blocks, 7-byte chunk headers)."""
+    """Records of a W&B transaction log, through the importer's reader of its framing."""
     from wandb.proto import wandb_internal_pb2 as pb
+
+    from pcpo_eval.train.importers import wandb_log_records
 
     data = path.read_bytes()
     assert data[:4] == b":W&B"
-    pos, block, buf = 7, 32768, b""
-    while pos + 7 <= len(data):
-        left = block - pos % block
-        if left < 7:
-            pos += left
-            continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
-        chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
-        if kind in (1, 4):
-            rec = pb.Record()
-            rec.ParseFromString(buf + chunk)
-            buf = b""
-            yield rec
-        elif kind in (2, 3):
-            buf += chunk
+    return wandb_log_records(pb, data)
 
 
 def test_wandb_offline_records_scalars_histogram_images_and_config(tmp_path, monkeypatch):
