@@ -33,7 +33,7 @@ test-full: $(STAMP) browser lmertest postgres
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15 --exhaustive
 
-## Benchmarks: rewrites benchmarks/RESULTS.md.
+## Benchmarks: replaces each script's section of benchmarks/RESULTS.md (hand-written sections are kept).
 bench: $(STAMP) lmertest
 	$(BIN)/python benchmarks/run_all.py
 
