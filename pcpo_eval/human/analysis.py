@@ -10,6 +10,8 @@ Output of :func:`analyze`: one JSON-serialisable dict (``None`` wherever a numbe
   and raters whose median answer came within ``FAST_SECONDS`` of its page as ``fast`` (kept).
   ``identical`` pairs: a side pick is *not* a failure; the share of non-tie answers calibrates how
   often raters pick a side when there is nothing to see.
+* **Revoked raters** (:func:`revocations`): answers stored at or after a rater's revocation (the
+  export's ``revoked_at``) are dropped; with ``exclude_revoked`` every answer of a revoked rater.
 * **Side bias**: the share of ``left`` among decisive ``main`` answers, exact (Clopper-Pearson)
   95% CI and exact two-sided binomial p against 1/2.
 * **Per comparison** ``"A vs B"`` (A = the method named first): A wins, B wins, ties. The win rate
@@ -57,6 +59,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from pcpo_eval.errors import UserError
 from pcpo_eval.human import ALPHA, CHOICES
 from pcpo_eval.human.glmm import MIN_DECISIVE, mixed_model
 from pcpo_eval.human.simulate import simulate_responses
@@ -83,7 +86,7 @@ __all__ = [  # the analysis, and the moved names its callers import from here
     "ALPHA", "MIN_DECISIVE", "NEEDED_PAIR_COLUMNS", "NEEDED_RESPONSE_COLUMNS", "agreement", "analyze",
     "attention_checks", "binomial_p", "bradley_terry", "clopper_pearson", "compare",
     "krippendorff_alpha_nominal", "mixed_model", "parse_comparison", "side_bias", "simulate_responses",
-    "rater_level", "study_family",
+    "rater_level", "revocations", "study_family",
     "verdict_sentence",
 ]
 
@@ -412,6 +415,46 @@ def agreement(main: pd.DataFrame) -> dict[str, Any]:
     }
 
 
+# -- revoked raters -----------------------------------------------------------------------------
+
+
+def revocations(resp: pd.DataFrame, exclude_revoked: bool) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """The responses to analyse and what revocation took out. A rater whose link is revoked (the
+    export's ``revoked_at``, UTC; "" or absent: not revoked, and exports made before the column have
+    none) keeps the answers stored before that time; an answer stored at or after it (a submit in
+    flight while the link was revoked) is always dropped, and with ``exclude_revoked`` every answer of
+    a revoked rater is (a leaked link: who gave the earlier answers?)."""
+    note = ("answers stored at or after a rater's revocation are dropped; those before are kept unless "
+            "exclude_revoked (human analyze --exclude-revoked) drops every answer of a revoked rater")
+    if "revoked_at" not in resp.columns:
+        return resp, {"recorded": False, "exclude_revoked": exclude_revoked, "raters": [], "dropped": 0,
+                      "note": "the responses carry no revoked_at column (an export made before it): "
+                              "revocation is not known here"}
+    raw = resp["revoked_at"].fillna("").astype(str).str.strip()
+    at = pd.to_datetime(raw.where(raw != ""), utc=True, errors="coerce", format="ISO8601")
+    bad = (raw != "") & at.isna()
+    if bad.any():
+        raise UserError(f"revoked_at {raw[bad].iloc[0]!r} of rater {resp.rater_id[bad].iloc[0]} is no ISO 8601 "
+                        "time; export the responses again (pcpo-eval human export)")
+    sub = pd.to_datetime(resp["submitted_at"], utc=True, errors="coerce", format="ISO8601") if (
+        "submitted_at" in resp.columns) else pd.Series(pd.NaT, index=resp.index)
+    revoked = at.notna()
+    after = revoked & sub.notna() & (sub >= at)
+    drop = revoked if exclude_revoked else after
+    raters = []
+    for rid, g in resp[revoked].groupby("rater_id", sort=True):
+        raters.append({"rater_id": rid, "rater": str(g.rater.iloc[0]),
+                       "revoked_at": str(raw[g.index].iloc[0]), "answers": len(g),
+                       "after_revocation": int(after[g.index].sum()), "dropped": int(drop[g.index].sum())})
+    kept = resp[~drop]
+    if len(kept) == 0:
+        raise UserError(f"every one of the {len(resp)} responses is from a revoked rater"
+                        + (" (--exclude-revoked)" if exclude_revoked else " after their revocation")
+                        + "; nothing is left to analyse")
+    return kept, {"recorded": True, "exclude_revoked": exclude_revoked, "raters": raters,
+                  "dropped": int(drop.sum()), "note": note}
+
+
 # -- the whole analysis -------------------------------------------------------------------------
 
 
@@ -421,18 +464,21 @@ def analyze(
     *,
     exclude_failed: bool = True,
     max_degraded_failures: int = 0,
+    exclude_revoked: bool = False,
     bootstrap: int = 1000,
     seed: int = 0,
 ) -> dict[str, Any]:
     """The full analysis of a study (module docstring); a JSON-serialisable dict.
 
-    Keys: ``settings``, ``counts``, ``attention_checks`` (``raters``, ``excluded``, ``unscreened``,
+    Keys: ``settings``, ``counts``, ``revoked`` (:func:`revocations`: revoked raters, answers
+    dropped), ``attention_checks`` (``raters``, ``excluded``, ``unscreened``,
     ``identical_non_tie_rate``), ``side_bias``, ``comparisons`` (one dict per comparison, with
     ``verdict``), ``bradley_terry`` (None with <= 2 methods), ``agreement``.
     Bad input raises :class:`UserError`.
     """
     pairs = validate_pairs(pairs)
-    resp = validate_responses(responses, pairs)
+    resp, revoked = revocations(validate_responses(responses, pairs), exclude_revoked)
+    n_all = len(responses)
     merged = resp.merge(pairs.drop(columns=[c for c in ("rater",) if c in pairs.columns]), on="pair_id")
     raters = attention_checks(merged, max_degraded_failures)
     excluded = [{"rater_id": r["rater_id"], "rater": r["rater"], "reason": r["reason"]}
@@ -446,8 +492,10 @@ def analyze(
     labels = list(dict.fromkeys(pairs.loc[pairs.kind == "main", "comparison"]))
     out = {
         "settings": {"exclude_failed": exclude_failed, "max_degraded_failures": max_degraded_failures,
+                     "exclude_revoked": exclude_revoked,
                      "bootstrap": bootstrap, "seed": seed, "alpha": ALPHA, "min_decisive": MIN_DECISIVE},
-        "counts": {"pairs": len(pairs), "responses": len(resp), "raters": resp.rater_id.nunique(),
+        "counts": {"pairs": len(pairs), "responses": n_all, "responses_dropped_revoked": revoked["dropped"],
+                   "raters": resp.rater_id.nunique(), "raters_revoked": len(revoked["raters"]),
                    "raters_excluded": len(excluded), "raters_unscreened": len(unscreened), "raters_fast": len(fast),
                    "responses_used": len(used),
                    "main_responses_used": len(main)},
@@ -459,6 +507,7 @@ def analyze(
                     "unscreened: raters who answered no degraded check (the checks could not exclude them; kept); "
                     f"fast: raters whose median answer came within {FAST_SECONDS:g} s of the page (kept)",
         },
+        "revoked": revoked,
         "side_bias": side_bias(main),
         "comparisons": study_family([compare(main, c) for c in labels]),
         "bradley_terry": bradley_terry(main, bootstrap, seed),

@@ -99,5 +99,7 @@ def simulate_responses(
     df["first_choice"] = df["choice"]
     df["corrections"] = 0
     df["seconds"] = float("nan")  # no page was served
+    df["revoked"] = False
+    df["revoked_at"] = ""
     df["simulated"] = True  # marks a rehearsal: `human analyze` never lets it reach the study report
     return df[[*RESPONSE_COLUMNS, "simulated"]]

@@ -271,6 +271,8 @@ def _resp(rows: list[tuple[int, str, str]]) -> pd.DataFrame:
     df["first_choice"] = df["choice"]
     df["corrections"] = 0
     df["seconds"] = 5.0
+    df["revoked"] = False
+    df["revoked_at"] = ""
     return df[list(RESPONSE_COLUMNS)]
 
 
