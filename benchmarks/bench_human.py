@@ -10,7 +10,12 @@ those rates, and the studies in which some comparison shows a preference: by eac
 test at 0.05, and by the verdict (Holm over the study's comparisons, one family per study). Also the mean time of one mixed-model fit and, when ``Rscript`` with lme4 is present,
 R's ``glmer`` on the same data in the same run (ratio).
 
-Usage: ``python benchmarks/bench_human.py [N]`` (default 300 studies per setting).
+Unequal and few raters (``--part raters``): one rater who gives most answers (``per_rater: null``),
+two or four raters; each row's A/A rate, power, where the verdict's p came from and the detectable
+win rate it printed. The rater-level test's column reads n/a on code without it.
+
+Usage: ``python benchmarks/bench_human.py [N] [--part paper|raters]`` (default 300 studies per
+setting, both parts).
 """
 
 from __future__ import annotations
@@ -55,15 +60,21 @@ def paper_pairs(seed: int = 0) -> pd.DataFrame:
     return df[list(PAIR_COLUMNS)]
 
 
-def rates(pairs: pd.DataFrame, p_prefer: float | dict, n: int, sd: float) -> dict[str, tuple[int, int]]:
+def rates(pairs: pd.DataFrame, p_prefer: float | dict, n: int, sd: float,
+          counts: list[int] | None = None, rater_sd: float | None = None) -> dict[str, tuple[int, int]]:
     """Significant comparisons / comparisons over ``n`` studies, per test; and studies with a
     preference somewhere / studies, by each comparison's own test at 0.05 (the verdict before the study
-    family) and by the verdict (Holm over the study's comparisons)."""
-    hits = {"binomial": 0, "mixed model": 0, "mixed model, Wald z": 0, "mixed model not estimable": 0}
+    family) and by the verdict (Holm over the study's comparisons). ``counts``: main answers per rater
+    (default 15 x 40); ``rater_sd`` (default ``sd``) the raters' log-odds spread, ``sd`` the prompts'."""
+    counts = [40] * 15 if counts is None else counts
+    rater_sd = sd if rater_sd is None else rater_sd
+    hits = {"binomial": 0, "mixed model": 0, "mixed model, Wald z": 0, "mixed model not estimable": 0,
+            "rater-level": 0}
     study = {"own": 0, "verdict": 0}
-    total, mdes, first = 0, [], 0
+    total, mdes, first, sources = 0, [], 0, {}
     for k in range(n):
-        resp = simulate_responses(pairs, 15, 40, p_prefer, rng_seed=1000 + k, rater_sd=sd, prompt_sd=sd)
+        resp = simulate_responses(pairs, len(counts), counts, p_prefer, rng_seed=1000 + k, rater_sd=rater_sd,
+                                  prompt_sd=sd)
         res = analyze(pairs, resp, bootstrap=0, seed=k)
         for c in res["comparisons"]:
             total += 1
@@ -72,24 +83,35 @@ def rates(pairs: pd.DataFrame, p_prefer: float | dict, n: int, sd: float) -> dic
             hits["mixed model"] += bool(mm["estimable"] and mm["p"] < 0.05)
             hits["mixed model, Wald z"] += bool(mm["estimable"] and mm["p_wald_z"] < 0.05)
             hits["mixed model not estimable"] += not mm["estimable"]
+            rl = c.get("rater_level") or {}  # absent before the rater-level guard
+            hits["rater-level"] += rl.get("p") is not None and rl["p"] < 0.05
+            sources[c["p_source"]] = sources.get(c["p_source"], 0) + 1
             if c["mde_win_rate"] is not None:
                 mdes.append(c["mde_win_rate"])
         study["own"] += any(c["p"] is not None and c["p"] < 0.05 for c in res["comparisons"])
         study["verdict"] += any(c["significant"] for c in res["comparisons"])
         first += res["comparisons"][0]["significant"]
     return ({k: (v, total) for k, v in hits.items()} | {f"study {k}": (v, n) for k, v in study.items()}
-            | {"first verdict": (first, n), "mde": mdes})
+            | {"first verdict": (first, n), "mde": mdes, "sources": sources,
+               "has rater-level": "rater_level" in res["comparisons"][0]})
 
 
-def mde_check(pairs: pd.DataFrame, aa_mdes: list[float], n: int, sd: float) -> str:
+def _cell(r: dict, k: str) -> str:
+    hit, tot = r[k]
+    lo, hi = clopper_pearson(hit, tot)
+    return f"{hit / tot:.3f} [{lo:.3f}, {hi:.3f}]"
+
+
+def mde_check(pairs: pd.DataFrame, aa_mdes: list[float], n: int, sd: float, counts: list[int] | None = None,
+              design: str = "") -> str:
     """Is the detectable win rate the verdict prints right? Plant the median MDE the A/A studies
     reported in ONE comparison (PCPO@120 vs DDPO@180; the other stays A/A) and measure how often the
     verdict (Holm over both) finds it (the claim: 80%)."""
     q = float(np.median(aa_mdes))
-    hit, tot = rates(pairs, {"DDPO@180": 1.0 - q}, n, sd)["first verdict"]
+    hit, tot = rates(pairs, {"DDPO@180": 1.0 - q}, n, sd, counts)["first verdict"]
     lo, hi = clopper_pearson(hit, tot)
     return (f"Detectable win rate printed by the verdict (\"detectable at 80% power after Holm over the 2 "
-            f"comparisons\"), rater / prompt SD {sd}: median {q:.3f} over the A/A studies (range "
+            f"comparisons\"){design}, rater / prompt SD {sd}: median {q:.3f} over the A/A studies (range "
             f"{min(aa_mdes):.3f}-{max(aa_mdes):.3f}); planted at {q:.3f} in one comparison (the other A/A), the "
             f"verdict finds it in {hit / tot:.3f} [{lo:.3f}, {hi:.3f}] of {tot} studies (the claim: 0.80).")
 
@@ -126,37 +148,91 @@ def glmer_ratio(pairs: pd.DataFrame) -> str:
             f"log-odds of PCPO: ours {mm['log_odds_a']:.6f}, glmer {r_b:.6f}")
 
 
-def main(n: int) -> None:
-    pairs = paper_pairs()
-    t0 = time.perf_counter()
+def paper_rows(pairs: pd.DataFrame, n: int) -> list[str]:
+    """The paper's design, 15 raters x 40 answers: A/A and planted preferences, and the printed MDE."""
     lines = ["## Human study analysis: A/A false positives and power (bench_human)", "",
              f"{n} simulated studies per row; each: 2 comparisons x 450 pairs (45 prompts x 10 seeds), 15 raters x "
              "40 answers (~300 per comparison), 5% ties; alpha 0.05; simulation seeds 1000.. ; exact 95% CIs of the "
              "rates.", "",
              "| planted P(PCPO chosen) | rater / prompt SD (logit) | binomial test: significant | mixed model "
-             "(Wald t, df raters - 1; the verdict's test): significant | mixed model with a Wald z test instead | "
-             "mixed model not estimable | studies with a preference, each comparison at 0.05 (before) | studies "
-             "with a preference, the verdict (Holm over the 2) |", "|---|---|---|---|---|---|---|---|"]
+             "(Wald t, df raters - 1): significant | mixed model with a Wald z test instead | "
+             "mixed model not estimable | rater-level t test: significant | studies with a preference, each "
+             "comparison's verdict p at 0.05 (before Holm) | studies with a preference, the verdict (Holm over "
+             "the 2) |", "|---|---|---|---|---|---|---|---|---|"]
     aa_mdes: list[float] = []
     for p, sd in ((0.5, 0.15), (0.5, 0.3), (0.6, 0.3), (0.7, 0.3)):
         r = rates(pairs, p if p == 0.5 else {"PCPO@120": p}, n, sd)
         if p == 0.5 and sd == 0.3:
             aa_mdes = r["mde"]
-
-        def cell(k: str, r=r) -> str:
-            hit, tot = r[k]
-            lo, hi = clopper_pearson(hit, tot)
-            return f"{hit / tot:.3f} [{lo:.3f}, {hi:.3f}]"
-
         label = f"{p} (A/A)" if p == 0.5 else f"{p}"
-        lines.append(f"| {label} | {sd} | {cell('binomial')} | {cell('mixed model')} | "
-                     f"{cell('mixed model, Wald z')} | {cell('mixed model not estimable')} | {cell('study own')} | "
-                     f"{cell('study verdict')} |")
+        rl = _cell(r, "rater-level") if r["has rater-level"] else "n/a"
+        lines.append(f"| {label} | {sd} | {_cell(r, 'binomial')} | {_cell(r, 'mixed model')} | "
+                     f"{_cell(r, 'mixed model, Wald z')} | {_cell(r, 'mixed model not estimable')} | {rl} | "
+                     f"{_cell(r, 'study own')} | {_cell(r, 'study verdict')} |")
     lines += ["", mde_check(pairs, aa_mdes, n, 0.3)]
-    lines += ["", f"Mixed-model fit (one comparison, ~280 decisive answers): {glmer_ratio(pairs)}.", "",
-              f"Command: `python benchmarks/bench_human.py {n}` ({time.perf_counter() - t0:.0f} s)."]
+    lines += ["", f"Mixed-model fit (one comparison, ~280 decisive answers): {glmer_ratio(pairs)}."]
+    return lines
+
+
+#: unequal raters (``per_rater: null`` lets every rater rate every pair): name, main answers per rater,
+#: rater log-odds SD, planted P(PCPO chosen) (0.5: A/A); prompt SD 0.3 throughout
+RATER_MIXES = (
+    ("one rater 600 + 14 x 20", [600] + [20] * 14, 0.3, 0.5),
+    ("one rater 600 + 14 x 20", [600] + [20] * 14, 0.6, 0.5),
+    ("one rater 600 + 14 x 20", [600] + [20] * 14, 0.3, 0.65),
+    ("3 raters 600 + 12 x 20", [600] * 3 + [20] * 12, 0.3, 0.5),
+    ("2 raters x 450", [450, 450], 0.3, 0.5),
+    ("4 raters x 225", [225] * 4, 0.3, 0.5),
+    ("4 raters x 225", [225] * 4, 0.3, 0.7),
+)
+
+
+def rater_mix_rows(pairs: pd.DataFrame, n: int) -> list[str]:
+    """A rater who gives most answers, and few raters: A/A false positives, power, what the verdict
+    says it could detect."""
+    lines = ["## Human study analysis: unequal and few raters (bench_human --part raters)", "",
+             f"{n} simulated studies per row; the paper's pairs (2 comparisons x 450); main answers per rater as "
+             "listed (a rater rates each pair at most once), 5% ties, prompt log-odds SD 0.3; alpha 0.05; simulation "
+             "seeds 1000.. ; exact 95% CIs.", "",
+             "| raters (main answers each) | rater SD (logit) | planted P(PCPO chosen) | mixed model: significant | "
+             "rater-level t test: significant | studies with a preference, the verdict (Holm over the 2) | "
+             "verdict p from (comparisons) | detectable win rate printed (median, range) |",
+             "|---|---|---|---|---|---|---|---|"]
+    dominant_mdes: list[float] = []
+    for name, counts, rsd, p in RATER_MIXES:
+        r = rates(pairs, p if p == 0.5 else {"PCPO@120": p}, n, 0.3, counts, rsd)
+        if name.startswith("one rater") and rsd == 0.3 and p == 0.5:
+            dominant_mdes = r["mde"]
+        rl = _cell(r, "rater-level") if r["has rater-level"] else "n/a"
+        src = ", ".join(f"{k}: {v}" for k, v in sorted(r["sources"].items()))
+        md = (f"{np.median(r['mde']):.3f} ({min(r['mde']):.3f}-{max(r['mde']):.3f}; "
+              f"{len(r['mde'])} of {r['study verdict'][1] * 2})" if r["mde"] else "none")
+        label = f"{p} (A/A)" if p == 0.5 else f"{p}"
+        lines.append(f"| {name} | {rsd} | {label} | {_cell(r, 'mixed model')} | {rl} | {_cell(r, 'study verdict')} | "
+                     f"{src} | {md} |")
+    if dominant_mdes:
+        lines += ["", mde_check(pairs, dominant_mdes, n, 0.3, [600] + [20] * 14, design=", one rater 600 + 14 x 20")]
+    return lines
+
+
+def main(n: int, part: str = "all") -> None:
+    pairs = paper_pairs()
+    t0 = time.perf_counter()
+    lines = []
+    if part in ("all", "paper"):
+        lines += paper_rows(pairs, n) + [""]
+    if part in ("all", "raters"):
+        lines += rater_mix_rows(pairs, n) + [""]
+    cmd = f"python benchmarks/bench_human.py {n}" + ("" if part == "all" else f" --part {part}")
+    lines += [f"Command: `{cmd}` ({time.perf_counter() - t0:.0f} s)."]
     print("\n".join(lines))
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 300)
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("n", nargs="?", type=int, default=300, help="simulated studies per row")
+    ap.add_argument("--part", choices=("all", "paper", "raters"), default="all")
+    a = ap.parse_args()
+    main(a.n, a.part)

@@ -67,7 +67,7 @@ from pathlib import Path
 PAIR_COLUMNS = ("pair_id", "position", "comparison", "kind", "prompt_id", "prompt", "seed", "left_method",
                 "right_method", "left_image", "right_image", "expected")
 RESPONSE_COLUMNS = ("rater", "rater_id", "pair_id", "choice", "reason", "submitted_at", "first_choice", "corrections",
-                    "seconds")
+                    "seconds", "revoked", "revoked_at")
 CHOICES = ("left", "right", "tie")
 KINDS = ("main", "identical", "degraded")
 MAX_REASON = 500

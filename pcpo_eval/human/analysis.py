@@ -10,6 +10,8 @@ Output of :func:`analyze`: one JSON-serialisable dict (``None`` wherever a numbe
   and raters whose median answer came within ``FAST_SECONDS`` of its page as ``fast`` (kept).
   ``identical`` pairs: a side pick is *not* a failure; the share of non-tie answers calibrates how
   often raters pick a side when there is nothing to see.
+* **Revoked raters** (:func:`revocations`): answers stored at or after a rater's revocation (the
+  export's ``revoked_at``) are dropped; with ``exclude_revoked`` every answer of a revoked rater.
 * **Side bias**: the share of ``left`` among decisive ``main`` answers, exact (Clopper-Pearson)
   95% CI and exact two-sided binomial p against 1/2.
 * **Per comparison** ``"A vs B"`` (A = the method named first): A wins, B wins, ties. The win rate
@@ -20,12 +22,17 @@ Output of :func:`analyze`: one JSON-serialisable dict (``None`` wherever a numbe
   = +0.5 if A was shown left, -0.5 if right, so ``exp(intercept)`` is the odds of choosing A at
   no side advantage; its Wald 95% CI and p. It is not estimable (``p = None`` and a reason, never a
   made-up p) with fewer than 2 raters, fewer than :data:`MIN_DECISIVE` decisive answers, every
-  answer one way, or a fit that does not converge. The verdict uses the mixed-model p when
-  estimable, else the binomial p (but no p at all when one rater gave every decisive answer:
-  :data:`ONE_RATER`), says which, and says "no evidence of a preference" unless that
-  p, Holm-adjusted over the study's main comparisons (one family per study, :func:`study_family`),
-  is below :data:`ALPHA`; it also says which win rate that test would detect with 80% power at the
-  family's level ``ALPHA / m`` with the answers it had (``mde_win_rate``, :func:`detectable_win_rate`).
+  answer one way, or a fit that does not converge. A rater-level test (:func:`rater_level`): each
+  rater's own win rate of A (one number per rater), a one-sample t test of those against 1/2. The
+  verdict's p is the larger of the answer-level p (the mixed model's when estimable, else the
+  binomial one) and the rater-level p (an intersection-union test: a rater who gives most answers
+  cannot carry it alone), no p at all when one rater gave every decisive answer
+  (:data:`ONE_RATER`); ``p_source`` says which. It says "no evidence of a preference" unless that p,
+  Holm-adjusted over the study's main comparisons (one family per study, :func:`study_family`), is
+  below :data:`ALPHA`; it also says which win rate the two tests together would detect with 80%
+  power at the family's level ``ALPHA / m`` with the answers it had (``mde_win_rate``,
+  :func:`detectable`), and when fewer than :data:`FEW_RATERS` raters answered, that the preference
+  rests on that few raters.
 * **Bradley-Terry** (more than two methods across main comparisons): maximum-likelihood
   log-strengths by the MM algorithm (Hunter 2004, "MM algorithms for generalized Bradley-Terry
   models", Ann. Stat. 32(1), eq. 3) with ties as half a win to each side (as Chatbot Arena),
@@ -52,6 +59,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from pcpo_eval.errors import UserError
 from pcpo_eval.human import ALPHA, CHOICES
 from pcpo_eval.human.glmm import MIN_DECISIVE, mixed_model
 from pcpo_eval.human.simulate import simulate_responses
@@ -78,7 +86,7 @@ __all__ = [  # the analysis, and the moved names its callers import from here
     "ALPHA", "MIN_DECISIVE", "NEEDED_PAIR_COLUMNS", "NEEDED_RESPONSE_COLUMNS", "agreement", "analyze",
     "attention_checks", "binomial_p", "bradley_terry", "clopper_pearson", "compare",
     "krippendorff_alpha_nominal", "mixed_model", "parse_comparison", "side_bias", "simulate_responses",
-    "study_family",
+    "rater_level", "revocations", "study_family",
     "verdict_sentence",
 ]
 
@@ -90,6 +98,13 @@ __all__ = [  # the analysis, and the moved names its callers import from here
 #: binomial p tests that rater's own preference; with rater-to-rater spread (log-odds SD 0.3, as the
 #: simulator) one rater answering 450 pairs per comparison made "Raters preferred" of 60% of A/A studies
 ONE_RATER = "none: one rater"
+
+#: ``p_source`` when the rater-level test (:func:`rater_level`) gave the verdict's p (the larger one)
+RATER_LEVEL = "rater-level"
+
+#: with fewer raters than this giving decisive answers in a comparison, the verdict says that a
+#: preference of raters rests on that few raters' win rates (a t test with raters - 1 df)
+FEW_RATERS = 5
 
 #: a rater whose median answer came this many seconds or fewer after the page was served is listed as
 #: ``fast`` (a look at two images and a click takes longer; the answers are kept)
@@ -149,31 +164,85 @@ def _fmt_ci(lo: float | None, hi: float | None) -> str:
     return "n/a" if lo is None else f"{lo:.2f}-{hi:.2f}"
 
 
-def detectable_win_rate(c: dict[str, Any], level: float = ALPHA) -> float | None:
-    """The win rate of A (above 1/2; 1 minus it below) that the verdict's test detects with 80% power
-    at test level ``level`` (the study family's ``alpha / m``, :func:`study_family`) with the answers
-    this study has: with the mixed model, the inverse logit of its Wald t MDE on the log-odds
-    (:func:`pcpo_eval.stats.power.mde_from_se` at the fitted SE and df: a typical rater and prompt, no
-    side advantage); with the binomial test, its exact MDE at ``n_decisive``
-    (:func:`pcpo_eval.stats.pairwise.binomial_mde`). None where no rate up to 1 is detectable."""
+def _answers_mde(c: dict[str, Any], level: float) -> float | None:
     from pcpo_eval.stats.power import mde_from_se
 
     mm = c["mixed_model"]
-    if c["p_source"] == ONE_RATER:
-        return None
-    if c["p_source"] == "mixed-model":
+    if mm["estimable"]:
         d = mde_from_se(float(mm["se"]), float(mm["df"]), alpha=level)
         return None if d is None else 1.0 / (1.0 + math.exp(-d))
     return binomial_mde(c["n_decisive"], level)
+
+
+def _rater_mde(c: dict[str, Any], level: float) -> float | None:
+    """The mean rater win rate the rater-level t test detects with 80% power at ``level``: 1/2 + its
+    MDE at the raters' SE and df; None when that reaches 1 (nothing detectable)."""
+    from pcpo_eval.stats.power import mde_from_se
+
+    rl = c["rater_level"]
+    d = mde_from_se(float(rl["se"]), float(rl["df"]), alpha=level)
+    return None if d is None or 0.5 + d >= 1.0 else 0.5 + d
+
+
+def detectable(c: dict[str, Any], level: float = ALPHA) -> tuple[float | None, str | None]:
+    """The win rate of A (above 1/2; 1 minus it below) that the verdict's test detects with 80% power
+    at test level ``level`` (the study family's ``alpha / m``, :func:`study_family`) with the answers
+    this study has, and the test it comes from: the larger of what its two tests detect (the verdict
+    needs both), the answer-level test's and the rater-level test's. Answer level: with the mixed
+    model, the inverse logit of its Wald t MDE on the log-odds
+    (:func:`pcpo_eval.stats.power.mde_from_se` at the fitted SE and df: a typical rater and prompt, no
+    side advantage); with the binomial test, its exact MDE at ``n_decisive``
+    (:func:`pcpo_eval.stats.pairwise.binomial_mde`). Rater level: 1/2 + the t test's MDE at the raters'
+    SE (their win rates' SD / sqrt(raters)) and raters - 1 df (left out when every rater had the same
+    win rate: no spread to plan with). None where no rate up to 1 is detectable."""
+    if c["p_source"] == ONE_RATER:
+        return None, None
+    ans = _answers_mde(c, level)
+    if not c["rater_level"]["se"]:
+        return ans, c["p_answers_source"]
+    rat = _rater_mde(c, level)
+    if rat is None or (ans is not None and rat > ans):
+        return rat, RATER_LEVEL
+    return ans, c["p_answers_source"]
+
+
+def detectable_win_rate(c: dict[str, Any], level: float = ALPHA) -> float | None:
+    """The rate of :func:`detectable` (None where no rate up to 1 is detectable)."""
+    return detectable(c, level)[0]
 
 
 def _power_txt(c: dict[str, Any]) -> str:
     q = c.get("mde_win_rate")
     m = int(c.get("family_size") or 1)
     how = "detectable at 80% power" + (f" after Holm over the {m} comparisons" if m > 1 else "")
+    k = (c.get("rater_level") or {}).get("n_raters")
+    if c.get("p_source") == ONE_RATER:
+        return f"; no win rate is {how} with one rater"
     if q is None:
-        return f"; no win rate is {how} with {'one rater' if c.get('p_source') == ONE_RATER else 'these answers'}"
-    return f"; {how}: a win rate of {q:.2f} (or {1 - q:.2f})"
+        return f"; no win rate is {how} with " + (
+            f"{k} raters (the rater-level test)" if c.get("mde_source") == RATER_LEVEL else "these answers")
+    by = f" (the rater-level test's, {k} raters)" if c.get("mde_source") == RATER_LEVEL else ""
+    return f"; {how}: a win rate of {q:.2f} (or {1 - q:.2f}){by}"
+
+
+def _p_txt(c: dict[str, Any]) -> str:
+    """How the verdict's p was made: the larger of the answer-level and the rater-level p."""
+    rl = c["rater_level"]
+    k = rl["n_raters"]
+    both = (f"{c['p_answers_source']} p = {c['p_answers']:.3g} and rater-level p = {rl['p']:.3g} ({k} raters' own "
+            f"win rates of {c['a']}: mean {rl['mean_win_rate']:.2f}, t test against 0.5)")
+    if not c["directions_agree"]:
+        txt = f"p = 1 (the two tests point different ways: {both})"
+    else:
+        txt = f"p = {c['p']:.3g} (the larger of {both})"
+    if c.get("p_holm") is not None and int(c.get("family_size") or 1) > 1:
+        txt += f", Holm-adjusted over the {c['family_size']} comparisons p = {c['p_holm']:.3g}"
+    if not c["mixed_model"]["estimable"]:
+        txt += f"; mixed model not estimable: {c['mixed_model']['reason']}"
+    if k < FEW_RATERS:
+        txt += (f"; only {k} raters gave decisive answers: a preference of raters rests on {k} win rates "
+                f"(t test with {k - 1} df)")
+    return txt
 
 
 def verdict_sentence(c: dict[str, Any]) -> str:
@@ -189,13 +258,9 @@ def verdict_sentence(c: dict[str, Any]) -> str:
         return (f"No evidence of a preference between {a} and {b}: {rate}, all from one rater (binomial p = "
                 f"{c['p_binomial']:.3g} speaks for that rater only, not for raters; mixed model not estimable: "
                 f"{mm['reason']}){_power_txt(c)}.")
-    p_txt = f"{c['p_source']} p = {c['p']:.3g}"
-    if c.get("p_holm") is not None and int(c.get("family_size") or 1) > 1:
-        p_txt += f", Holm-adjusted over the {c['family_size']} comparisons p = {c['p_holm']:.3g}"
-    if not mm["estimable"]:
-        p_txt += f"; mixed model not estimable: {mm['reason']}"
+    p_txt = _p_txt(c)
     if c["significant"]:
-        a_ahead = mm["odds_ratio_a"] > 1.0 if c["p_source"] == "mixed-model" else c["win_rate_a"] > 0.5
+        a_ahead = mm["odds_ratio_a"] > 1.0 if c["p_answers_source"] == "mixed-model" else c["win_rate_a"] > 0.5
         winner, loser = (a, b) if a_ahead else (b, a)
         return f"Raters preferred {winner} over {loser}: {rate}, {p_txt}{_power_txt(c)}."
     own = f" (p < {ALPHA:g} alone, but not after Holm over the study's comparisons)" if (
@@ -203,31 +268,83 @@ def verdict_sentence(c: dict[str, Any]) -> str:
     return f"No evidence of a preference between {a} and {b}: {rate}, {p_txt}{_power_txt(c)}{own}."
 
 
+def _chose_a(d: pd.DataFrame, a: str) -> pd.Series:
+    return (d.choice == "left") & (d.left_method == a) | (d.choice == "right") & (d.right_method == a)
+
+
+def rater_level(dec: pd.DataFrame, a: str) -> dict[str, Any]:
+    """The rater-level test of one comparison: one number per rater, their own win rate of A among
+    their decisive answers, and a one-sample t test of those numbers against 1/2 (df = raters - 1),
+    each rater counting once however many answers they gave. It asks whether raters, not answers,
+    lean one way: a rater who gives most answers is one of k numbers here, while the mixed model (whose
+    rater SD is estimated near zero when the other raters give few answers) weights them by their
+    answers. Every rater with the same win rate (no spread): t is infinite, p = 0 (1 at exactly 1/2),
+    and there is no planning figure (``se`` 0). Fewer than 2 raters: ``p`` None."""
+    rates = _chose_a(dec, a).astype(float).groupby(dec.rater_id.to_numpy(), sort=True).mean()
+    k = len(rates)
+    out: dict[str, Any] = {"n_raters": k, "test": "one-sample t test of the raters' own win rates of A against "
+                           "0.5 (one number per rater, df raters - 1)"}
+    if k < 2:
+        return out | {"p": None, "mean_win_rate": float(rates.mean()) if k else None, "sd": None, "se": None,
+                      "df": None, "t": None, "reason": f"{k} rater(s) with decisive answers: needs at least 2"}
+    from scipy.stats import t as student_t
+
+    mean, sd = float(rates.mean()), float(rates.std(ddof=1))
+    se = sd / math.sqrt(k)
+    if se > 0:
+        t = (mean - 0.5) / se
+        p = float(2 * student_t.sf(abs(t), k - 1))
+    else:
+        t, p = (0.0, 1.0) if mean == 0.5 else (math.copysign(math.inf, mean - 0.5), 0.0)
+    return out | {"p": p, "mean_win_rate": mean, "sd": sd, "se": se, "df": k - 1, "t": t, "reason": None,
+                  "min_answers": int(dec.groupby("rater_id").size().min()),
+                  "max_answers": int(dec.groupby("rater_id").size().max())}
+
+
 def compare(main: pd.DataFrame, label: str) -> dict[str, Any]:
-    """Counts, exact binomial analysis and mixed model of one comparison ``"A vs B"``; its verdict
-    comes with the study's family (:func:`study_family`)."""
+    """Counts, exact binomial analysis, mixed model and rater-level test of one comparison ``"A vs B"``;
+    its verdict comes with the study's family (:func:`study_family`).
+
+    The verdict's ``p``: the answer-level p (``p_answers``: the mixed model's when estimable, else the
+    binomial one; ``p_answers_source``) and the rater-level p (:func:`rater_level`), the larger of the
+    two (an intersection-union test: "Raters preferred A" needs both, so its level is at most either
+    test's); ``p_source`` names the one that gave it. Should the two point different ways (A ahead in
+    one, B in the other), no direction is supported: ``p`` = 1. One rater: no p (:data:`ONE_RATER`)."""
     a, b = parse_comparison(label)
     d = main[main.comparison == label]
-    chose_a = (d.choice == "left") & (d.left_method == a) | (d.choice == "right") & (d.right_method == a)
+    chose_a = _chose_a(d, a)
     ties = int((d.choice == "tie").sum())
     wa, n = int(chose_a.sum()), len(d)
     wb = n - ties - wa
     nd = wa + wb
     lo, hi = clopper_pearson(wa, nd)
+    dec = d[d.choice != "tie"]
     c = {
         "comparison": label, "a": a, "b": b, "n": n, "a_wins": wa, "b_wins": wb, "ties": ties,
         "n_decisive": nd, "win_rate_a": _rate(wa, nd), "ci95": [lo, hi], "p_binomial": binomial_p(wa, nd),
         "ties_note": f"ties: {ties} of {n}, excluded from the binomial test",
         "win_rate_a_ties_half": _rate(wa + 0.5 * ties, n),
-        "mixed_model": mixed_model(d[d.choice != "tie"], a),
+        "mixed_model": mixed_model(dec, a),
+        "rater_level": rater_level(dec, a),
     }
-    mm = c["mixed_model"]
+    mm, rl = c["mixed_model"], c["rater_level"]
     if mm["estimable"]:
-        c["p"], c["p_source"] = mm["p"], "mixed-model"
-    elif d.loc[d.choice != "tie", "rater_id"].nunique() < 2:
-        c["p"], c["p_source"] = None, ONE_RATER  # one rater's own preference is no preference of raters
+        c["p_answers"], c["p_answers_source"], ahead = mm["p"], "mixed-model", mm["log_odds_a"]
     else:
-        c["p"], c["p_source"] = c["p_binomial"], "binomial"
+        c["p_answers"], c["p_answers_source"] = c["p_binomial"], "binomial"
+        ahead = (c["win_rate_a"] - 0.5) if nd else 0.0
+    c["directions_agree"] = None
+    if rl["p"] is None:  # one rater's own preference is no preference of raters
+        c["p"], c["p_source"] = None, ONE_RATER
+        return c
+    r_ahead = rl["mean_win_rate"] - 0.5
+    c["directions_agree"] = not (ahead * r_ahead < 0)
+    if not c["directions_agree"]:
+        c["p"], c["p_source"] = 1.0, RATER_LEVEL
+    elif rl["p"] > c["p_answers"]:
+        c["p"], c["p_source"] = rl["p"], RATER_LEVEL
+    else:
+        c["p"], c["p_source"] = c["p_answers"], c["p_answers_source"]
     return c
 
 
@@ -236,7 +353,10 @@ def study_family(comps: list[dict[str, Any]]) -> list[dict[str, Any]]:
     has two), Holm-adjusted, so raters who see no difference anywhere give "Raters preferred ..." in
     at most :data:`ALPHA` of studies, not one ALPHA per comparison. Sets ``p_holm``, ``family_size``
     (comparisons with a p), ``significant`` (``p_holm < ALPHA``), ``mde_level`` (``ALPHA / m``,
-    :func:`pcpo_eval.stats.power.family_level`), ``mde_win_rate`` at that level and ``verdict``."""
+    :func:`pcpo_eval.stats.power.family_level`), ``mde_win_rate`` at that level with ``mde_source``
+    (:func:`detectable`; each test's own: ``mde_win_rate_answers``, ``mde_win_rate_raters``) and
+    ``verdict``. Each comparison's p is the larger of its answer-level and
+    rater-level p (:func:`compare`); Holm adjusts those."""
     from pcpo_eval.stats.adjust import holm_present
     from pcpo_eval.stats.power import family_level
 
@@ -247,7 +367,10 @@ def study_family(comps: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for c, a in zip(comps, adj, strict=True):
         c = dict(c, p_holm=a, family_size=m, mde_level=level)
         c["significant"] = c["p_holm"] is not None and c["p_holm"] < ALPHA
-        c["mde_win_rate"] = detectable_win_rate(c, level)
+        c["mde_win_rate"], c["mde_source"] = detectable(c, level)
+        one = c["p_source"] == ONE_RATER
+        c["mde_win_rate_answers"] = None if one else _answers_mde(c, level)
+        c["mde_win_rate_raters"] = None if one or not c["rater_level"]["se"] else _rater_mde(c, level)
         c["verdict"] = verdict_sentence(c)
         out.append(c)
     return out
@@ -292,6 +415,46 @@ def agreement(main: pd.DataFrame) -> dict[str, Any]:
     }
 
 
+# -- revoked raters -----------------------------------------------------------------------------
+
+
+def revocations(resp: pd.DataFrame, exclude_revoked: bool) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """The responses to analyse and what revocation took out. A rater whose link is revoked (the
+    export's ``revoked_at``, UTC; "" or absent: not revoked, and exports made before the column have
+    none) keeps the answers stored before that time; an answer stored at or after it (a submit in
+    flight while the link was revoked) is always dropped, and with ``exclude_revoked`` every answer of
+    a revoked rater is (a leaked link: who gave the earlier answers?)."""
+    note = ("answers stored at or after a rater's revocation are dropped; those before are kept unless "
+            "exclude_revoked (human analyze --exclude-revoked) drops every answer of a revoked rater")
+    if "revoked_at" not in resp.columns:
+        return resp, {"recorded": False, "exclude_revoked": exclude_revoked, "raters": [], "dropped": 0,
+                      "note": "the responses carry no revoked_at column (an export made before it): "
+                              "revocation is not known here"}
+    raw = resp["revoked_at"].fillna("").astype(str).str.strip()
+    at = pd.to_datetime(raw.where(raw != ""), utc=True, errors="coerce", format="ISO8601")
+    bad = (raw != "") & at.isna()
+    if bad.any():
+        raise UserError(f"revoked_at {raw[bad].iloc[0]!r} of rater {resp.rater_id[bad].iloc[0]} is no ISO 8601 "
+                        "time; export the responses again (pcpo-eval human export)")
+    sub = pd.to_datetime(resp["submitted_at"], utc=True, errors="coerce", format="ISO8601") if (
+        "submitted_at" in resp.columns) else pd.Series(pd.NaT, index=resp.index)
+    revoked = at.notna()
+    after = revoked & sub.notna() & (sub >= at)
+    drop = revoked if exclude_revoked else after
+    raters = []
+    for rid, g in resp[revoked].groupby("rater_id", sort=True):
+        raters.append({"rater_id": rid, "rater": str(g.rater.iloc[0]),
+                       "revoked_at": str(raw[g.index].iloc[0]), "answers": len(g),
+                       "after_revocation": int(after[g.index].sum()), "dropped": int(drop[g.index].sum())})
+    kept = resp[~drop]
+    if len(kept) == 0:
+        raise UserError(f"every one of the {len(resp)} responses is from a revoked rater"
+                        + (" (--exclude-revoked)" if exclude_revoked else " after their revocation")
+                        + "; nothing is left to analyse")
+    return kept, {"recorded": True, "exclude_revoked": exclude_revoked, "raters": raters,
+                  "dropped": int(drop.sum()), "note": note}
+
+
 # -- the whole analysis -------------------------------------------------------------------------
 
 
@@ -301,18 +464,21 @@ def analyze(
     *,
     exclude_failed: bool = True,
     max_degraded_failures: int = 0,
+    exclude_revoked: bool = False,
     bootstrap: int = 1000,
     seed: int = 0,
 ) -> dict[str, Any]:
     """The full analysis of a study (module docstring); a JSON-serialisable dict.
 
-    Keys: ``settings``, ``counts``, ``attention_checks`` (``raters``, ``excluded``, ``unscreened``,
+    Keys: ``settings``, ``counts``, ``revoked`` (:func:`revocations`: revoked raters, answers
+    dropped), ``attention_checks`` (``raters``, ``excluded``, ``unscreened``,
     ``identical_non_tie_rate``), ``side_bias``, ``comparisons`` (one dict per comparison, with
     ``verdict``), ``bradley_terry`` (None with <= 2 methods), ``agreement``.
     Bad input raises :class:`UserError`.
     """
     pairs = validate_pairs(pairs)
-    resp = validate_responses(responses, pairs)
+    resp, revoked = revocations(validate_responses(responses, pairs), exclude_revoked)
+    n_all = len(responses)
     merged = resp.merge(pairs.drop(columns=[c for c in ("rater",) if c in pairs.columns]), on="pair_id")
     raters = attention_checks(merged, max_degraded_failures)
     excluded = [{"rater_id": r["rater_id"], "rater": r["rater"], "reason": r["reason"]}
@@ -326,8 +492,10 @@ def analyze(
     labels = list(dict.fromkeys(pairs.loc[pairs.kind == "main", "comparison"]))
     out = {
         "settings": {"exclude_failed": exclude_failed, "max_degraded_failures": max_degraded_failures,
+                     "exclude_revoked": exclude_revoked,
                      "bootstrap": bootstrap, "seed": seed, "alpha": ALPHA, "min_decisive": MIN_DECISIVE},
-        "counts": {"pairs": len(pairs), "responses": len(resp), "raters": resp.rater_id.nunique(),
+        "counts": {"pairs": len(pairs), "responses": n_all, "responses_dropped_revoked": revoked["dropped"],
+                   "raters": resp.rater_id.nunique(), "raters_revoked": len(revoked["raters"]),
                    "raters_excluded": len(excluded), "raters_unscreened": len(unscreened), "raters_fast": len(fast),
                    "responses_used": len(used),
                    "main_responses_used": len(main)},
@@ -339,6 +507,7 @@ def analyze(
                     "unscreened: raters who answered no degraded check (the checks could not exclude them; kept); "
                     f"fast: raters whose median answer came within {FAST_SECONDS:g} s of the page (kept)",
         },
+        "revoked": revoked,
         "side_bias": side_bias(main),
         "comparisons": study_family([compare(main, c) for c in labels]),
         "bradley_terry": bradley_terry(main, bootstrap, seed),

@@ -252,12 +252,14 @@ def analyze_cmd(
     bootstrap: int = typer.Option(1000, "--bootstrap", help="bootstrap resamples of the Bradley-Terry CIs"),
     database_url: str | None = typer.Option(None, "--database-url", help=DB_HELP),
     as_json: bool = typer.Option(False, "--json", help="print the analysis as JSON"),
+    exclude_revoked: bool = typer.Option(False, "--exclude-revoked", help="drop every answer of a rater whose "
+                                         "link is revoked (default: keep those given before the revocation)"),
 ) -> None:
     """Win rates, Bradley-Terry, mixed logistic model, agreement, attention checks; the report section."""
     from pcpo_eval.human.report import analyze_folder
 
     res = analyze_folder(folder, responses=responses, database_url=database_url, bootstrap=bootstrap,
-                         log=(lambda s: None) if as_json else typer.echo)
+                         log=(lambda s: None) if as_json else typer.echo, exclude_revoked=exclude_revoked)
     if as_json:
         typer.echo(json.dumps(res, indent=2))
 

@@ -638,10 +638,13 @@ def export_responses(url: str) -> pd.DataFrame:
     undo, else the first answer); ``first_choice`` is the first answer, never changed, and
     ``corrections`` the number of undo and re-answer rows of that pair. A pair whose answer was
     undone and not yet answered again is left out (the rater withdrew it). ``seconds``: from serving
-    the page to the standing answer (NaN when not recorded).
+    the page to the standing answer (NaN when not recorded). ``revoked``: the rater's link is revoked
+    now (``human raters --revoke``; a rotate reinstates), ``revoked_at`` since when (UTC, ISO 8601; ""
+    when not revoked): ``human analyze`` drops answers stored at or after it, and with
+    ``--exclude-revoked`` every answer of a revoked rater.
     """
     query = (select(Rater.name, Response.rater_id, Response.pair_id, Response.choice, Response.reason,
-                    Response.submitted_at, Response.seconds)
+                    Response.submitted_at, Response.seconds, Rater.revoked_at)
              .join(Rater, Rater.id == Response.rater_id).order_by(Response.id))
     with get_engine(url).connect() as conn:
         rows = conn.execute(query).all()
@@ -655,14 +658,15 @@ def export_responses(url: str) -> pd.DataFrame:
         latest[key] = c  # ordered by seq: the last one stands
         counts[key] = counts.get(key, 0) + 1
     out = []
-    for name, rid, pid, choice, reason, at, secs in rows:
+    for name, rid, pid, choice, reason, at, secs, revoked_at in rows:
         key = (int(rid), str(pid))
         c = latest.get(key)
         if c is not None and c.choice is None:
             continue  # undone, not answered again yet
         now = (c.choice, c.reason, c.submitted_at, c.seconds) if c is not None else (choice, reason, at, secs)
         out.append((str(name), int(rid), str(pid), str(now[0]), str(now[1] or ""), _iso_utc(now[2]), str(choice),
-                    counts.get(key, 0), float("nan") if now[3] is None else float(now[3])))
+                    counts.get(key, 0), float("nan") if now[3] is None else float(now[3]),
+                    "" if revoked_at is None else _iso_utc(revoked_at)))
     df = pd.DataFrame({
         "rater": pd.Series([r[0] for r in out], dtype=str),
         "rater_id": pd.Series([r[1] for r in out], dtype="int64"),
@@ -673,6 +677,8 @@ def export_responses(url: str) -> pd.DataFrame:
         "first_choice": pd.Series([r[6] for r in out], dtype=str),
         "corrections": pd.Series([r[7] for r in out], dtype="int64"),
         "seconds": pd.Series([r[8] for r in out], dtype="float64"),
+        "revoked": pd.Series([r[9] != "" for r in out], dtype=bool),
+        "revoked_at": pd.Series([r[9] for r in out], dtype=str),
     })
     return df[list(RESPONSE_COLUMNS)]
 

@@ -82,7 +82,8 @@ def examples(pairs: pd.DataFrame, responses: pd.DataFrame, root: Path, per: int 
 
 
 def analyze_folder(folder: str | Path, responses: str | Path | None = None, database_url: str | None = None,
-                   bootstrap: int = 1000, log: Callable[[str], None] = print) -> dict[str, Any]:
+                   bootstrap: int = 1000, log: Callable[[str], None] = print,
+                   exclude_revoked: bool = False) -> dict[str, Any]:
     """Analyse a human study folder (see the module docstring); returns the analysis."""
     from pcpo_eval.human.analysis import analyze
     from pcpo_eval.human.design import read_design
@@ -92,7 +93,8 @@ def analyze_folder(folder: str | Path, responses: str | Path | None = None, data
         raise UserError(f"--bootstrap {bootstrap}; use a whole number >= 0 (0: no Bradley-Terry intervals)")
     design, pairs = read_design(folder)
     df, source = read_responses(folder, Path(responses) if responses else None, database_url)
-    res = analyze(pairs, df, bootstrap=bootstrap, seed=int(design.get("rng_seed", 0)))
+    res = analyze(pairs, df, bootstrap=bootstrap, seed=int(design.get("rng_seed", 0)),
+                  exclude_revoked=exclude_revoked)
     res = to_jsonable({**res, "source": source, "design": {k: design.get(k) for k in (
         "study", "comparisons", "checkpoints", "selection", "n_pairs", "n_main", "n_prompts", "rng_seed",
         "per_rater", "seeds", "max_prompts", "identical", "degraded", "created")}
@@ -129,12 +131,19 @@ def _label_simulated(res: dict[str, Any]) -> dict[str, Any]:
 
 def summary_lines(res: dict[str, Any]) -> list[str]:
     """One line per comparison (its verdict sentence) for the console, one naming the raters the
-    attention checks could not screen (no degraded check answered), and one naming the raters who
-    answered implausibly fast, if any."""
+    attention checks could not screen (no degraded check answered), one naming the revoked raters and
+    what was done with their answers, and one naming the raters who answered implausibly fast, if any."""
     lines = [f"  {c.get('verdict') or c.get('comparison')}" for c in res.get("comparisons", [])]
     unscreened = (res.get("attention_checks") or {}).get("unscreened") or []
     if unscreened:
         lines.append(f"  unscreened (no degraded check answered, kept): {', '.join(r['rater'] for r in unscreened)}")
+    rev = res.get("revoked") or {}
+    if rev.get("raters"):
+        how = ("every answer dropped (--exclude-revoked)" if rev.get("exclude_revoked") else
+               "answers before the revocation kept (--exclude-revoked drops them)")
+        lines.append(f"  revoked raters, {how}: " + ", ".join(
+            f"{r['rater']} (revoked {r['revoked_at']}, {r['answers']} answers, {r['dropped']} dropped)"
+            for r in rev["raters"]))
     fast = (res.get("attention_checks") or {}).get("fast") or []
     if fast:
         lines.append("  fast (median answer within 1 s of the page, kept): "

@@ -8,6 +8,7 @@ that ``human analyze`` never lets them reach the study report.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
@@ -42,7 +43,7 @@ def _check_answer(kind: str, expected: str, fail_rate: float, rng: np.random.Gen
 def simulate_responses(
     pairs: pd.DataFrame,
     n_raters: int,
-    responses_per_rater: int,
+    responses_per_rater: int | Sequence[int],
     p_prefer: dict[str, float] | float,
     rng_seed: int,
     fail_rate: float = 0.0,
@@ -54,7 +55,8 @@ def simulate_responses(
     """Simulated responses (columns RESPONSE_COLUMNS and ``simulated``, always true) of ``n_raters`` raters.
 
     Each rater answers ``responses_per_rater`` main pairs drawn without replacement plus every
-    attention-check pair. On a main pair of ``"A vs B"`` the rater ties with ``tie_rate``, else
+    attention-check pair; a sequence gives each rater their own count (``n_raters`` of them: e.g.
+    ``[600] + [20] * 14``, one rater who gives most answers, as ``per_rater: null`` allows). On a main pair of ``"A vs B"`` the rater ties with ``tie_rate``, else
     chooses A with log-odds logit(P(A)) + rater effect + prompt effect (N(0, rater_sd^2) and
     N(0, prompt_sd^2)); P(A) from ``p_prefer``: a float is P(A) for every comparison, a dict maps
     method names to their chance against an unlisted method (e.g. ``{"pcpo@120": 0.7}``;
@@ -66,6 +68,10 @@ def simulate_responses(
     probs = [p_prefer] if not isinstance(p_prefer, dict) else list(p_prefer.values())
     if not all(0.0 <= float(p) <= 1.0 for p in probs):
         raise UserError(f"p_prefer {p_prefer!r}: every probability must lie in [0, 1]")
+    counts = ([int(responses_per_rater)] * n_raters if isinstance(responses_per_rater, int | np.integer)
+              else [int(k) for k in responses_per_rater])
+    if len(counts) != n_raters or min(counts, default=0) < 0:
+        raise UserError(f"responses_per_rater {responses_per_rater!r}: one count >= 0 per rater ({n_raters})")
     rng = np.random.default_rng(rng_seed)
     main, checks = pairs[pairs.kind == "main"], pairs[pairs.kind != "main"]
     prompts = sorted(map(str, pairs.prompt_id.unique()))
@@ -73,9 +79,9 @@ def simulate_responses(
     rows, t0 = [], pd.Timestamp("2026-01-01T00:00:00Z")
     recs = main[["pair_id", "comparison", "prompt_id", "left_method"]].astype(str).to_numpy().tolist()
     checks = checks[["pair_id", "kind", "expected"]].astype(str).to_numpy().tolist()
-    for r in range(n_raters):
+    for r, count in enumerate(counts):
         eff = rng.normal(0.0, rater_sd)
-        take = rng.choice(len(recs), size=min(responses_per_rater, len(recs)), replace=False)
+        take = rng.choice(len(recs), size=min(count, len(recs)), replace=False)
         for pair_id, label, prompt_id, left in (recs[i] for i in take):
             a, b = parse_comparison(label)
             p = _p_first(a, b, p_prefer)
@@ -93,5 +99,7 @@ def simulate_responses(
     df["first_choice"] = df["choice"]
     df["corrections"] = 0
     df["seconds"] = float("nan")  # no page was served
+    df["revoked"] = False
+    df["revoked_at"] = ""
     df["simulated"] = True  # marks a rehearsal: `human analyze` never lets it reach the study report
     return df[[*RESPONSE_COLUMNS, "simulated"]]

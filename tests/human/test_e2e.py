@@ -286,6 +286,18 @@ def test_raters_rate_through_the_app_and_the_analysis_reaches_the_report(study, 
     source = json.loads((study / "spec.resolved.json").read_text())["source"]
     Study(load_spec(source), study, log=lambda s: None).run(("stats",))
     assert json.loads((study / "results.json").read_text())["human"]["comparisons"] == analysis["comparisons"]
+    # a revoked rater: the answers given before the revocation are kept and the console says so;
+    # --exclude-revoked drops them all
+    assert cli("human", "raters", human, "--revoke", "ben").returncode == 0
+    res = cli("human", "analyze", human, "--bootstrap", "0")
+    assert res.returncode == 0, res.stderr
+    assert re.search(r"revoked raters, answers before the revocation kept \(--exclude-revoked drops them\): ben "
+                     r"\(revoked 20\S+, 12 answers, 0 dropped\)", res.stdout), res.stdout
+    res = cli("human", "analyze", human, "--bootstrap", "0", "--exclude-revoked", "--json")
+    assert res.returncode == 0, res.stderr
+    dropped = json.loads(res.stdout)
+    assert dropped["counts"]["responses_dropped_revoked"] == 12 and dropped["counts"]["responses_used"] == 12
+    assert [r["rater"] for r in dropped["attention_checks"]["raters"]] == ["ann"]
 
 
 @pytest.mark.parametrize(("args", "msg"), [

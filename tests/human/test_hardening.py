@@ -142,6 +142,52 @@ def test_revoke_and_rotate_links(study, cli):
     assert res.returncode == 2 and res.stderr.startswith("error: no rater named 'carol'")
 
 
+def test_export_records_revocation_and_analyze_drops_answers_after_it(study):
+    """The export says whose link is revoked and since when; ``human analyze`` drops an answer stored at
+    or after that time (a submit that was in flight when the link was revoked: stored here through
+    :func:`db.submit`, past the app's token check) and keeps the earlier ones, unless
+    ``exclude_revoked``, which drops every answer of a revoked rater. A rotate reinstates."""
+    import time
+
+    from pcpo_eval.human.analysis import analyze
+
+    layout, client, url, token_a, token_b = study
+    pid_a, _, _ = page(client, token_a)
+    assert answer(client, token_a, pid_a, "left").status_code == 303
+    pid_b, _, _ = page(client, token_b)
+    assert answer(client, token_b, pid_b, "right").status_code == 303
+    alice = _rater_id(client, token_a)
+    time.sleep(0.01)
+    db.revoke(url, "alice")
+    pairs = pd.read_parquet(layout.pairs)
+    late = next(p for p in pairs.pair_id if p not in (pid_a, pid_b))
+    db.submit(url, alice, late, "right")  # in flight when the link was revoked
+    df = db.export_responses(url)
+    assert tuple(df.columns) == RESPONSE_COLUMNS
+    rows = df.set_index("pair_id")
+    assert rows.loc[pid_a, "revoked"] and rows.loc[late, "revoked"] and not rows.loc[pid_b, "revoked"]
+    assert rows.loc[pid_b, "revoked_at"] == "" and rows.loc[pid_a, "revoked_at"] == rows.loc[late, "revoked_at"]
+    at = pd.Timestamp(rows.loc[pid_a, "revoked_at"])
+    assert at.tzinfo is not None and pd.Timestamp(rows.loc[pid_a, "submitted_at"]) < at
+    assert pd.Timestamp(rows.loc[late, "submitted_at"]) >= at
+
+    res = analyze(pairs, df, bootstrap=0)
+    assert res["counts"]["responses"] == 3 and res["counts"]["responses_dropped_revoked"] == 1
+    assert res["counts"]["raters_revoked"] == 1 and res["counts"]["responses_used"] == 2
+    (r,) = res["revoked"]["raters"]
+    assert (r["rater"], r["answers"], r["after_revocation"], r["dropped"]) == ("alice", 2, 1, 1)
+    res = analyze(pairs, df, bootstrap=0, exclude_revoked=True)
+    assert res["counts"]["responses_dropped_revoked"] == 2 and res["counts"]["responses_used"] == 1
+    assert res["settings"]["exclude_revoked"] and res["revoked"]["raters"][0]["dropped"] == 2
+    assert [c["rater"] for c in res["attention_checks"]["raters"]] == ["bob"]
+    # an export made before the column: nothing is known about revocation, nothing dropped
+    old = analyze(pairs, df.drop(columns=["revoked", "revoked_at"]), bootstrap=0)
+    assert not old["revoked"]["recorded"] and old["counts"]["responses_used"] == 3
+
+    db.rotate(url, "alice")  # reinstated: no longer revoked
+    assert not db.export_responses(url)["revoked"].any()
+
+
 def test_raters_needs_an_address(tmp_path, cli):
     layout = make_human_dir(tmp_path / "H", n_prompts=2, n_seeds=1, n_checks=0)
     res = cli("human", "raters", layout.root, "--add", "ann")
