@@ -2,7 +2,7 @@
 
 Each script measures ratios against a reference implementation within one run (machines are
 noisy) and prints a markdown section (``## Title`` + table) to stdout. This runner puts each
-script's section into RESULTS.md behind a marker line naming the script, dated and with the machine:
+script's output into RESULTS.md between marker lines naming the script, dated and with the machine:
 
 1. a section marked with a script that ran replaces the old one in place;
 2. a script with no marked section yet is appended at the end;
@@ -29,13 +29,14 @@ from pcpo_eval.io import atomic_write_text  # noqa: E402
 
 RESULTS = HERE / "RESULTS.md"
 HEADER = ("# Benchmark results\n\n"
-          "Sections behind a `<!-- run_all: bench_x -->` line are written by `make bench` "
-          "(benchmarks/run_all.py), which replaces such a section when it reruns that script and keeps every "
+          "Sections between `<!-- run_all: bench_x -->` and `<!-- /run_all: bench_x -->` lines are written "
+          "by `make bench` (benchmarks/run_all.py), which replaces such a block when it reruns that script and keeps every "
           "other one; each names its script, date and machine under its title. The unmarked sections were "
           "written by hand from the commands they name.\n\n"
           "Every figure is measured in the same process as its reference, and reported as a ratio.\n")
-#: the marker line before a section a script wrote (the script's stem)
+#: the marker lines around what a script wrote (its stem): one or more ``## `` sections
 MARKER = re.compile(r"^<!-- run_all: (bench_\w+) -->$")
+END = re.compile(r"^<!-- /run_all: (bench_\w+) -->$")
 
 
 def machine() -> str:
@@ -56,17 +57,28 @@ def machine() -> str:
 
 
 def split_sections(text: str) -> list[tuple[str | None, str]]:
-    """RESULTS.md cut into its header and sections, each as (the script whose marker precedes it, None for
-    the header and unmarked sections; its raw text, the lines up to the next section's). A section starts
-    at a ``## `` line, or at the marker line above one. Joining the texts gives ``text`` back."""
+    """RESULTS.md cut into its header and sections, each as (the script whose markers enclose it, None for
+    the header and hand-written sections; its raw text). A script's block runs from its marker line to its
+    end marker, whatever ``## `` sections it holds; outside blocks a section starts at a ``## `` line.
+    Joining the texts gives ``text`` back."""
     lines = text.splitlines(keepends=True)
-    starts = [i for i, ln in enumerate(lines)
-              if MARKER.match(ln.rstrip("\n")) or (ln.startswith("## ") and not (i and MARKER.match(lines[i - 1].rstrip("\n"))))]
-    cuts = [0, *(i for i in starts if i), len(lines)]
-    out = []
-    for a, b in zip(cuts, cuts[1:], strict=False):
-        m = MARKER.match(lines[a].rstrip("\n")) if a < len(lines) else None
-        out.append((m.group(1) if m else None, "".join(lines[a:b])))
+    out: list[tuple[str | None, str]] = []
+    script, chunk = None, []
+    for ln in lines:
+        bare = ln.rstrip("\n")
+        start = MARKER.match(bare)
+        if script is None and (start or ln.startswith("## ")) and chunk:
+            out.append((None, "".join(chunk)))
+            chunk = []
+        if script is None and start:
+            script = start.group(1)
+        chunk.append(ln)
+        end = END.match(bare)
+        if script is not None and end and end.group(1) == script:
+            out.append((script, "".join(chunk)))
+            script, chunk = None, []
+    if chunk:
+        out.append((script, "".join(chunk)))
     return out
 
 
@@ -93,7 +105,8 @@ def marked(script: str, stdout: str, when: str, where: str) -> str:
     """A script's printed section behind its marker, with the date and machine under its title."""
     lines = stdout.strip().splitlines()
     title, rest = (lines[0], lines[1:]) if lines and lines[0].startswith("## ") else (f"## {script}", lines)
-    return "\n".join([f"<!-- run_all: {script} -->", title, "", f"*{script}.py, {when}; {where}.*", *rest])
+    return "\n".join([f"<!-- run_all: {script} -->", title, "", f"*{script}.py, {when}; {where}.*", *rest,
+                      f"<!-- /run_all: {script} -->"])
 
 
 def main(argv: list[str]) -> int:

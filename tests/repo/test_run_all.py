@@ -25,6 +25,11 @@ Header kept as it is.
 *bench_a.py, 2026-01-01 00:00 UTC; old machine.*
 old a table
 
+## A's second section
+
+more of a's output
+<!-- /run_all: bench_a -->
+
 ## Hand-written GPU section
 
 measured by hand
@@ -33,6 +38,7 @@ measured by hand
 ## B old
 
 old b table
+<!-- /run_all: bench_b -->
 """
 
 
@@ -55,10 +61,10 @@ def test_only_the_sections_of_scripts_that_ran_are_replaced(run_all, tmp_path: P
     assert run_all.main([]) == 1  # bench_b failed
     text = (tmp_path / "RESULTS.md").read_text()
     assert text.startswith("# Benchmark results\n\nHeader kept as it is.\n")
-    assert "A old" not in text and "old a table" not in text
+    assert "A old" not in text and "old a table" not in text and "A's second section" not in text
     assert text.index("## A new") < text.index("## Hand-written GPU section") < text.index("## B old")
     assert "measured by hand" in text and "old b table" in text  # kept: hand-written, and a failed script's
-    assert text.rstrip().endswith("c table") and text.count("<!-- run_all: bench_c -->") == 1
+    assert text.rstrip().endswith("c table\n<!-- /run_all: bench_c -->") and text.count("<!-- run_all: bench_c -->") == 1
     assert "*bench_a.py, " in text and "; test machine.*" in text
     assert "FAILED bench_b.py" in capsys.readouterr().err
 
@@ -71,6 +77,7 @@ def test_a_rerun_is_stable(run_all, tmp_path: Path) -> None:
     strip = [ln for ln in twice.splitlines() if not ln.startswith("*bench_")]
     assert strip == [ln for ln in once.splitlines() if not ln.startswith("*bench_")]
     assert twice.count("## A new") == 1 and twice.count("## C") == 1
+    assert twice.count("<!-- /run_all: bench_c -->") == 1
 
 
 @pytest.mark.parametrize("argv", [["bench_nope"], ["--nope"]])
