@@ -261,6 +261,12 @@ def test_raters_rate_through_the_app_and_the_analysis_reaches_the_report(study, 
     # one multiplicity family per study: Holm over its comparisons, shown in its own column
     tested = [c for c in analysis["comparisons"] if c["p"] is not None]
     assert "Holm p (study)" in html and all(c["family_size"] == len(tested) for c in analysis["comparisons"])
+    # the table shows both tests the verdict's p is the larger of, and that p
+    table = html[html.index('id="human-table"'):html.index("</table>", html.index('id="human-table"'))]
+    assert "rater-level p (raters)" in table and "verdict p" in table
+    for c in tested:
+        rl = c["rater_level"]
+        assert c["p"] >= rl["p"] and f"({rl['n_raters']})" in table
     secret = json.loads((human / "design.json").read_text())["blinding_secret"]
     assert secret not in html and secret not in json.dumps(results)
     # a rehearsal on simulated raters (planted preference for PCPO) never touches the real results
