@@ -59,6 +59,7 @@ def test_fit_path_is_the_anova_rule_and_the_study_p_the_run_means_t(seed):
     if zero:
         assert f.term("algorithm[T.B]").df > 30
         assert "tested on the 6 run means (t, df 4)" in g.remarks[-1] and "lmerTest's p" in g.remarks[-1]
+        assert not any("as lmerTest" in r for r in g.remarks) and any("as lmerTest" in r for r in f.remarks)
 
 
 def test_seeds_above_cover_both_cases():
