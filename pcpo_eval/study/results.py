@@ -18,7 +18,8 @@ report (:mod:`pcpo_eval.report.html`) only formats the JSON written from :func:`
     per-image metrics (preference / reward scores) on one row per (run, image) with the image's
     initial noise as a further random intercept ``(1|image)`` (:func:`per_image_frame`).
     With >= 2 runs per arm in every cell the random intercept ``(1|run)`` is added (crossed with
-    ``(1|prompt)``), so the algorithm effect is tested against the between-run variation; with 1
+    ``(1|prompt)``), so the algorithm effect is tested against the between-run variation (on the
+    run means when the run variance is estimated at 0: :mod:`pcpo_eval.stats.boundary`); with 1
     run per arm the fit is reported but marked not estimable ("1 run per arm: these are
     differences between runs"), p null. Holm (or BH) across metrics per fixed term, one family
     per term over both comparisons (:func:`lmm_study_family`);
@@ -196,6 +197,7 @@ def fit_metric_lmms(frames: dict[str, tuple[pd.DataFrame, LMMSetup]],
     per-image); failures are recorded (message), never hidden or fatal. Holm/BH per term across
     the estimable fits of all metrics (one family); a fit marked not estimable gets p None."""
     from pcpo_eval.stats import adjust_across_metrics, fit_lmm
+    from pcpo_eval.stats.boundary import run_level_at_boundary
 
     fits, out = {}, {}
     for m, (data, setup) in frames.items():
@@ -203,8 +205,10 @@ def fit_metric_lmms(frames: dict[str, tuple[pd.DataFrame, LMMSetup]],
             out[m] = {"error": f"no per-prompt or per-image values of {m}"}
             continue
         try:
-            fits[m] = fit_lmm(data.assign(value=data[m].astype(float)), setup.fixed, setup.groups, coding=coding,
-                              re_formula=setup.re_formula)
+            dm = data.assign(value=data[m].astype(float))
+            fits[m] = fit_lmm(dm, setup.fixed, setup.groups, coding=coding, re_formula=setup.re_formula)
+            if setup.re_formula is None:  # run variance at 0: the runs stay the replicates
+                fits[m] = run_level_at_boundary(fits[m], dm, setup.fixed, setup.groups, coding)
         except Exception as exc:  # recorded and shown in the report, never fatal or hidden
             out[m] = {"error": _error(exc)}
     family = {m: f for m, f in fits.items() if frames[m][1].not_estimable is None}
@@ -220,10 +224,12 @@ def _simple_effect(sp: StudySpec, d: pd.DataFrame, m: str, setup: LMMSetup) -> t
     """One metric's PCPO - baseline effect in one cell: (fit or None, row without p_adj). ``mde``: the
     |effect| its t test detects with 80% power at the fitted SE and df, before any adjustment."""
     from pcpo_eval.stats import fit_lmm
+    from pcpo_eval.stats.boundary import run_level_at_boundary
 
     try:
-        f = fit_lmm(d.assign(value=d[m].astype(float)), setup.fixed, setup.groups, coding="treatment",
-                    diagnostics=False)
+        dm = d.assign(value=d[m].astype(float))
+        lmer = fit_lmm(dm, setup.fixed, setup.groups, coding="treatment", diagnostics=False)
+        f = run_level_at_boundary(lmer, dm, setup.fixed, setup.groups, "treatment")
         fe = f.term(f"{sp.compare_factor}[T.{sp.pcpo}]")
     except Exception as exc:  # recorded, never fatal
         return None, {"error": _error(exc)}
@@ -235,7 +241,8 @@ def _simple_effect(sp: StudySpec, d: pd.DataFrame, m: str, setup: LMMSetup) -> t
         "estimate": fe.estimate, "se": fe.se, "df": fe.df, "ci_low": fe.ci_low if ok else None,
         "mde": mde_from_se(fe.se, fe.df, alpha=sp.lmm.alpha) if ok else None,
         "ci_high": fe.ci_high if ok else None, "p": fe.p if ok else None, "converged": f.converged, "estimable": ok, "reason": "; ".join(reasons) or None,
-        "method": f"LMM {setup.formula} (REML, Satterthwaite df)",
+        "method": f"LMM {setup.formula} (REML, Satterthwaite df)" if f is lmer else
+                  f"LMM {setup.formula} (REML); run variance at 0: t on the run means",
     }  # fmt: skip
 
 
