@@ -419,9 +419,10 @@ def agreement(main: pd.DataFrame) -> dict[str, Any]:
 
 
 def revocations(resp: pd.DataFrame, exclude_revoked: bool) -> tuple[pd.DataFrame, dict[str, Any]]:
-    """The responses to analyse and what revocation took out. A rater whose link is revoked (the
-    export's ``revoked_at``, UTC; "" or absent: not revoked, and exports made before the column have
-    none) keeps the answers stored before that time; an answer stored at or after it (a submit in
+    """The responses to analyse and what revocation took out. An answer given on a link that was
+    revoked (the export's ``revoked_at``, UTC, per answer: a rater's answers on an earlier link keep
+    its revocation after a rotate, those on the new link have none; "" or absent: not revoked, and
+    exports made before the column have none) is kept when stored before that time; an answer stored at or after it (a submit in
     flight while the link was revoked) is always dropped, and with ``exclude_revoked`` every answer of
     a revoked rater is (a leaked link: who gave the earlier answers?)."""
     note = ("answers stored at or after a rater's revocation are dropped; those before are kept unless "
@@ -444,7 +445,7 @@ def revocations(resp: pd.DataFrame, exclude_revoked: bool) -> tuple[pd.DataFrame
     raters = []
     for rid, g in resp[revoked].groupby("rater_id", sort=True):
         raters.append({"rater_id": rid, "rater": str(g.rater.iloc[0]),
-                       "revoked_at": str(raw[g.index].iloc[0]), "answers": len(g),
+                       "revoked_at": ", ".join(sorted(set(raw[g.index]))), "answers": len(g),
                        "after_revocation": int(after[g.index].sum()), "dropped": int(drop[g.index].sum())})
     kept = resp[~drop]
     if len(kept) == 0:
