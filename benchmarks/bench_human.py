@@ -14,8 +14,12 @@ Unequal and few raters (``--part raters``): one rater who gives most answers (``
 two or four raters; each row's A/A rate, power, where the verdict's p came from and the detectable
 win rate it printed. The rater-level test's column reads n/a on code without it.
 
-Usage: ``python benchmarks/bench_human.py [N] [--part paper|raters]`` (default 300 studies per
-setting, both parts).
+The printed detectable win rate alone (``--part mde``): for the paper's design and the one with a
+dominant rater (600 + 14 x 20), N A/A studies give the median rate the verdict prints, and N studies
+with that preference planted in one comparison say how often the verdict finds it (the claim: 80%).
+
+Usage: ``python benchmarks/bench_human.py [N] [--part paper|raters|mde]`` (default 300 studies per
+setting, the paper and raters parts).
 """
 
 from __future__ import annotations
@@ -110,6 +114,8 @@ def mde_check(pairs: pd.DataFrame, aa_mdes: list[float], n: int, sd: float, coun
     q = float(np.median(aa_mdes))
     hit, tot = rates(pairs, {"DDPO@180": 1.0 - q}, n, sd, counts)["first verdict"]
     lo, hi = clopper_pearson(hit, tot)
+    if not design:
+        design = ", 15 raters x 40 answers"
     return (f"Detectable win rate printed by the verdict (\"detectable at 80% power after Holm over the 2 "
             f"comparisons\"){design}, rater / prompt SD {sd}: median {q:.3f} over the A/A studies (range "
             f"{min(aa_mdes):.3f}-{max(aa_mdes):.3f}); planted at {q:.3f} in one comparison (the other A/A), the "
@@ -215,6 +221,14 @@ def rater_mix_rows(pairs: pd.DataFrame, n: int) -> list[str]:
     return lines
 
 
+def mde_rows(pairs: pd.DataFrame, n: int) -> list[str]:
+    """Only the check of the printed detectable win rate, in both designs (A/A studies, then planted)."""
+    lines = ["## Human study analysis: the printed detectable win rate (bench_human --part mde)", ""]
+    for counts, design in (([40] * 15, ""), ([600] + [20] * 14, ", one rater 600 + 14 x 20")):
+        lines += [mde_check(pairs, rates(pairs, 0.5, n, 0.3, counts)["mde"], n, 0.3, counts, design=design), ""]
+    return lines
+
+
 def main(n: int, part: str = "all") -> None:
     pairs = paper_pairs()
     t0 = time.perf_counter()
@@ -223,6 +237,8 @@ def main(n: int, part: str = "all") -> None:
         lines += paper_rows(pairs, n) + [""]
     if part in ("all", "raters"):
         lines += rater_mix_rows(pairs, n) + [""]
+    if part == "mde":
+        lines += mde_rows(pairs, n)
     cmd = f"python benchmarks/bench_human.py {n}" + ("" if part == "all" else f" --part {part}")
     lines += [f"Command: `{cmd}` ({time.perf_counter() - t0:.0f} s)."]
     print("\n".join(lines))
@@ -233,6 +249,6 @@ if __name__ == "__main__":
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("n", nargs="?", type=int, default=300, help="simulated studies per row")
-    ap.add_argument("--part", choices=("all", "paper", "raters"), default="all")
+    ap.add_argument("--part", choices=("all", "paper", "raters", "mde"), default="all")
     a = ap.parse_args()
     main(a.n, a.part)

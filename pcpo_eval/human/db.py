@@ -1,7 +1,7 @@
 """The rating database: SQLAlchemy models, Alembic migrations and the admin helpers.
 
-Tables (the migrations ``0001_initial``, ``0002_revoke_and_corrections`` and ``0003_answer_seconds``
-create them):
+Tables (the migrations ``0001_initial``, ``0002_revoke_and_corrections``, ``0003_answer_seconds`` and
+``0004_revocation_history`` create them):
 
 * ``raters``    -- ``id``, ``name`` (unique), ``token`` (``secrets.token_urlsafe(24)``, unique: the
   secret in a rater's link), ``created_at``;
@@ -14,7 +14,10 @@ create them):
   rater's last answer (``choice`` NULL) and the re-answer after it, numbered by ``seq`` with
   ``UNIQUE(rater_id, pair_id, seq)``; ``responses`` is never updated, so no first answer is lost;
 * ``seconds`` (migration ``0003``, on ``responses`` and ``corrections``) -- seconds from the app
-  serving the pair's page to the answer (NULL when not known).
+  serving the pair's page to the answer (NULL when not known);
+* ``revocations`` (migration ``0004``) -- ``rater_id``, ``revoked_at``, ``reinstated_at``: every
+  revocation of a rater's link and the rotate that ended it (NULL while revoked), so that a rotate
+  keeps the record that answers were given on a revoked link (``raters.revoked_at`` is the state now).
 
 SQLite is the default (``sqlite:///HUMAN/human.db``), in WAL mode with a 60 s busy timeout and
 ``synchronous=FULL``, so concurrent writers wait instead of failing and an answer acknowledged to
@@ -91,6 +94,17 @@ class Rater(Base):
     token: Mapped[str] = mapped_column(String(64), unique=True, nullable=False)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+class Revocation(Base):
+    """One revocation of a rater's link: since ``revoked_at`` until the rotate at ``reinstated_at``
+    (NULL: still revoked)."""
+
+    __tablename__ = "revocations"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    rater_id: Mapped[int] = mapped_column(ForeignKey("raters.id"), nullable=False)
+    revoked_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    reinstated_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 
 
 class Pair(Base):
@@ -476,20 +490,31 @@ def _rater_id(conn: Any, name: str) -> int:
 def rotate(url: str, name: str) -> str:
     """Give rater ``name`` a new secret token (their old link stops working at once); returns it.
 
-    A revoked rater is reinstated with the new token. Their answers stay theirs."""
+    A revoked rater is reinstated with the new token; their revocation stays on record
+    (``revocations.reinstated_at`` closes it), so the export still marks the answers stored while the
+    link was revoked. Their answers stay theirs."""
     token = secrets.token_urlsafe(24)
+    now = datetime.now(UTC)
     with Session(get_engine(url)) as session, session.begin():
         rid = _rater_id(session, name)
+        session.execute(Revocation.__table__.update()
+                        .where(Revocation.rater_id == rid, Revocation.reinstated_at.is_(None))
+                        .values(reinstated_at=now))
         session.execute(Rater.__table__.update().where(Rater.id == rid).values(token=token, revoked_at=None))
     return token
 
 
 def revoke(url: str, name: str) -> None:
-    """Revoke rater ``name``'s link: it is refused from now on (answers already given are kept)."""
+    """Revoke rater ``name``'s link: it is refused from now on (answers already given are kept). The
+    revocation is recorded in ``revocations``; revoking a revoked rater again keeps the first time."""
+    now = datetime.now(UTC)
     with Session(get_engine(url)) as session, session.begin():
         rid = _rater_id(session, name)
+        since = session.execute(select(Rater.revoked_at).where(Rater.id == rid)).scalar()
+        if since is None:
+            session.add(Revocation(rater_id=rid, revoked_at=now))
         session.execute(Rater.__table__.update().where(Rater.id == rid)
-                        .values(token=secrets.token_urlsafe(24), revoked_at=datetime.now(UTC)))
+                        .values(token=secrets.token_urlsafe(24), revoked_at=since or now))
 
 
 def rater_by_token(url: str, token: str) -> RaterInfo | None:
@@ -625,10 +650,14 @@ def submit(url: str, rater_id: int, pair_id: str, choice: str, reason: str = "",
     raise UserError(f"could not store the answer of rater {rater_id} to pair {pair_id}; try again")
 
 
-def _iso_utc(value: datetime) -> str:
+def _utc(value: datetime) -> datetime:
     if value.tzinfo is None:  # SQLite stores naive UTC
         value = value.replace(tzinfo=UTC)
-    return value.astimezone(UTC).isoformat()
+    return value.astimezone(UTC)
+
+
+def _iso_utc(value: datetime) -> str:
+    return _utc(value).isoformat()
 
 
 def export_responses(url: str) -> pd.DataFrame:
@@ -638,19 +667,32 @@ def export_responses(url: str) -> pd.DataFrame:
     undo, else the first answer); ``first_choice`` is the first answer, never changed, and
     ``corrections`` the number of undo and re-answer rows of that pair. A pair whose answer was
     undone and not yet answered again is left out (the rater withdrew it). ``seconds``: from serving
-    the page to the standing answer (NaN when not recorded). ``revoked``: the rater's link is revoked
-    now (``human raters --revoke``; a rotate reinstates), ``revoked_at`` since when (UTC, ISO 8601; ""
-    when not revoked): ``human analyze`` drops answers stored at or after it, and with
-    ``--exclude-revoked`` every answer of a revoked rater.
+    the page to the standing answer (NaN when not recorded). ``revoked_at`` (UTC, ISO 8601): when the
+    link the answer was given on was revoked (``human raters --revoke``), the first revocation of the
+    rater not ended by a rotate before the answer; "" when none (an answer on a link never revoked, or
+    given after the rotate that reinstated the rater). ``revoked``: ``revoked_at`` is set. ``human
+    analyze`` drops answers stored at or after it (on a revoked link), and with ``--exclude-revoked``
+    every answer with it. A rotate keeps the record (:class:`Revocation`).
     """
     query = (select(Rater.name, Response.rater_id, Response.pair_id, Response.choice, Response.reason,
-                    Response.submitted_at, Response.seconds, Rater.revoked_at)
+                    Response.submitted_at, Response.seconds)
              .join(Rater, Rater.id == Response.rater_id).order_by(Response.id))
     with get_engine(url).connect() as conn:
         rows = conn.execute(query).all()
         corr = conn.execute(select(Correction.rater_id, Correction.pair_id, Correction.seq, Correction.choice,
                                    Correction.reason, Correction.submitted_at, Correction.seconds)
                             .order_by(Correction.rater_id, Correction.pair_id, Correction.seq)).all()
+        revs = conn.execute(select(Revocation.rater_id, Revocation.revoked_at, Revocation.reinstated_at)
+                            .order_by(Revocation.revoked_at)).all()
+    spans: dict[int, list[tuple[datetime, datetime | None]]] = {}
+    for rid, start, end in revs:
+        spans.setdefault(int(rid), []).append((_utc(start), None if end is None else _utc(end)))
+
+    def revoked_at(rid: int, at: datetime) -> str:
+        """The first revocation of the rater not ended before ``at`` ("" when none)."""
+        t = _utc(at)
+        return next((_iso_utc(s) for s, e in spans.get(rid, []) if e is None or e > t), "")
+
     latest: dict[tuple[int, str], Any] = {}
     counts: dict[tuple[int, str], int] = {}
     for c in corr:
@@ -658,7 +700,7 @@ def export_responses(url: str) -> pd.DataFrame:
         latest[key] = c  # ordered by seq: the last one stands
         counts[key] = counts.get(key, 0) + 1
     out = []
-    for name, rid, pid, choice, reason, at, secs, revoked_at in rows:
+    for name, rid, pid, choice, reason, at, secs in rows:
         key = (int(rid), str(pid))
         c = latest.get(key)
         if c is not None and c.choice is None:
@@ -666,7 +708,7 @@ def export_responses(url: str) -> pd.DataFrame:
         now = (c.choice, c.reason, c.submitted_at, c.seconds) if c is not None else (choice, reason, at, secs)
         out.append((str(name), int(rid), str(pid), str(now[0]), str(now[1] or ""), _iso_utc(now[2]), str(choice),
                     counts.get(key, 0), float("nan") if now[3] is None else float(now[3]),
-                    "" if revoked_at is None else _iso_utc(revoked_at)))
+                    revoked_at(int(rid), now[2])))
     df = pd.DataFrame({
         "rater": pd.Series([r[0] for r in out], dtype=str),
         "rater_id": pd.Series([r[1] for r in out], dtype="int64"),

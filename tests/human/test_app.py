@@ -266,7 +266,7 @@ def test_migrations_are_idempotent_and_match_the_models(tmp_path):
     db.upgrade(url)
     with db.get_engine(url).connect() as conn:
         assert conn.exec_driver_sql("SELECT name, sql FROM sqlite_master ORDER BY name").all() == schema
-        assert conn.exec_driver_sql("SELECT version_num FROM alembic_version").all() == version == [("0003",)]
+        assert conn.exec_driver_sql("SELECT version_num FROM alembic_version").all() == version == [("0004",)]
         assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
         assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() >= 10000
     assert db.schema_diff(url) == []
@@ -287,6 +287,7 @@ def test_migration_renders_for_postgresql():
     assert "CONSTRAINT uq_responses_rater_id_pair_id UNIQUE (rater_id, pair_id)" in sql
     assert "CONSTRAINT ck_responses_choice CHECK" in sql and "PRAGMA" not in sql
     assert "ALTER TABLE responses ADD COLUMN seconds FLOAT" in sql  # migration 0003
+    assert "CREATE TABLE revocations" in sql and "INSERT INTO revocations" in sql  # migration 0004
 
 
 def test_db_helpers_refuse_bad_input_and_export(study, tmp_path):

@@ -146,7 +146,8 @@ def test_export_records_revocation_and_analyze_drops_answers_after_it(study):
     """The export says whose link is revoked and since when; ``human analyze`` drops an answer stored at
     or after that time (a submit that was in flight when the link was revoked: stored here through
     :func:`db.submit`, past the app's token check) and keeps the earlier ones, unless
-    ``exclude_revoked``, which drops every answer of a revoked rater. A rotate reinstates."""
+    ``exclude_revoked``, which drops every answer of a revoked rater. A rotate reinstates the rater and
+    keeps the record of the revocation."""
     import time
 
     from pcpo_eval.human.analysis import analyze
@@ -184,8 +185,33 @@ def test_export_records_revocation_and_analyze_drops_answers_after_it(study):
     old = analyze(pairs, df.drop(columns=["revoked", "revoked_at"]), bootstrap=0)
     assert not old["revoked"]["recorded"] and old["counts"]["responses_used"] == 3
 
-    db.rotate(url, "alice")  # reinstated: no longer revoked
-    assert not db.export_responses(url)["revoked"].any()
+    # a rotate reinstates alice with a new link, but keeps the record: the answer stored while her link
+    # was revoked is still marked and dropped (before, the rotate cleared revoked_at and it was kept)
+    time.sleep(0.01)
+    db.rotate(url, "alice")
+    assert not db.progress(url).set_index("rater").loc["alice", "revoked"]  # the link works again
+    after = next(p for p in pairs.pair_id if p not in (pid_a, pid_b, late))
+    db.submit(url, alice, after, "left")  # on the new link
+    df = db.export_responses(url)
+    rows = df.set_index("pair_id")
+    assert rows.loc[pid_a, "revoked_at"] == rows.loc[late, "revoked_at"] == str(at.isoformat())
+    assert rows.loc[late, "revoked"] and rows.loc[after, "revoked_at"] == "" and not rows.loc[after, "revoked"]
+    res = analyze(pairs, df, bootstrap=0)
+    assert res["counts"]["responses_dropped_revoked"] == 1 and res["counts"]["responses_used"] == 3
+    (r,) = res["revoked"]["raters"]
+    assert (r["rater"], r["answers"], r["after_revocation"], r["dropped"]) == ("alice", 2, 1, 1)
+    res = analyze(pairs, df, bootstrap=0, exclude_revoked=True)  # the answers on the revoked link, not the new
+    assert res["counts"]["responses_dropped_revoked"] == 2 and res["counts"]["responses_used"] == 2
+    # revoked again: a second revocation on record, the answer on the second link is marked with it;
+    # revoking twice keeps the first time
+    time.sleep(0.01)
+    db.revoke(url, "alice")
+    first = db.export_responses(url).set_index("pair_id").loc[after, "revoked_at"]
+    time.sleep(0.01)
+    db.revoke(url, "alice")
+    rows = db.export_responses(url).set_index("pair_id")
+    assert rows.loc[after, "revoked_at"] == first and pd.Timestamp(first) > at
+    assert rows.loc[late, "revoked_at"] == str(at.isoformat())
 
 
 def test_raters_needs_an_address(tmp_path, cli):
@@ -356,3 +382,26 @@ def test_export_has_the_standing_answers(study):
     df = db.export_responses(url)
     assert df[["first_choice", "corrections"]].values.tolist() == [["left", 0]]
     pd.testing.assert_frame_equal(df, df[list(RESPONSE_COLUMNS)])
+
+
+def test_migration_0004_keeps_a_revocation_made_before_it(tmp_path):
+    """A database revoked under migration 0003 (``raters.revoked_at`` only) gets that revocation into
+    ``revocations``, so a rotate after the upgrade no longer erases it."""
+    from datetime import UTC, datetime
+
+    from alembic import command
+
+    url = f"sqlite:///{tmp_path / 'h.db'}"
+    command.upgrade(db.alembic_config(url), "0003")
+    at = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
+    with db.get_engine(url).begin() as conn:
+        conn.execute(db.Rater.__table__.insert().values(name="ann", token="t" * 32, created_at=at, revoked_at=at))
+    db.upgrade(url)
+    with db.get_engine(url).connect() as conn:
+        rows = conn.execute(db.Revocation.__table__.select()).all()
+    assert [(r.rater_id, r.reinstated_at) for r in rows] == [(1, None)]
+    db.rotate(url, "ann")
+    with db.get_engine(url).connect() as conn:
+        (row,) = conn.execute(db.Revocation.__table__.select()).all()
+    assert row.reinstated_at is not None and row.revoked_at.replace(tzinfo=UTC) == at
+    db.dispose(url)
