@@ -364,9 +364,9 @@ def rater_level(dec: pd.DataFrame, a: str) -> dict[str, Any]:
         p = float(2 * student_t.sf(abs(t), k - 1))
     else:
         t, p = (0.0, 1.0) if mean == 0.5 else (math.copysign(math.inf, mean - 0.5), 0.0)
+    answers = dec.groupby("rater_id").size()
     return out | {"p": p, "mean_win_rate": mean, "sd": sd, "se": se, "df": k - 1, "t": t, "reason": None,
-                  "min_answers": int(dec.groupby("rater_id").size().min()),
-                  "max_answers": int(dec.groupby("rater_id").size().max())}
+                  "min_answers": int(answers.min()), "max_answers": int(answers.max())}
 
 
 def compare(main: pd.DataFrame, label: str) -> dict[str, Any]:

@@ -56,6 +56,7 @@ import re
 import secrets
 import threading
 import time
+import zlib
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -455,8 +456,6 @@ def pad_png(data: bytes, longest: int) -> bytes:
     compresses, which a rater's browser shows (``Content-Length``, the network panel) without any
     look at the pixels: an arm whose images carry an invisible +-1 grey-level dither was the larger
     file in 114 of 114 main pairs served. Padded, a pair's two lengths are equal."""
-    import zlib
-
     pad = b"\0" * (longest - len(data))
     chunk = len(pad).to_bytes(4, "big") + PAD_CHUNK + pad + zlib.crc32(PAD_CHUNK + pad).to_bytes(4, "big")
     return data[:-12] + chunk + data[-12:]  # the last 12 bytes are the IEND chunk
