@@ -18,21 +18,23 @@ stages=${*:-generate train2 metrics train5}  # TRAIN_RUNS: bench_train --runs fo
 for s in $stages; do
   t0=$(date +%s)
   case $s in
-    tests) # each CUDA scenario on its own (90 s at most; none started after 270 s of the stage), in priority
-           # order, one JSON line each in $OUT/cuda_checks.jsonl; CUDA_TESTS overrides the list
+    tests) # each CUDA scenario on its own (90 s at most, and never past TESTS_BUDGET s of the stage, default
+           # 270), in priority order, one JSON line each in $OUT/cuda_checks.jsonl; CUDA_TESTS overrides the list
+           budget=${TESTS_BUDGET:-270}
            for c in ${CUDA_TESTS:-train_resume train_mixed_precision train_tf32 metrics_on_cuda feature_numerics \
                      generate_precisions generate_memory_micro_batch step_syncs dist_group flow_models_bf16 \
                      flow_train_bf16 generate_sd1_tiny}; do
-             if [ $(( $(date +%s) - t0 )) -gt 270 ]; then echo "SKIPPED $c (stage time spent)"; continue; fi
+             left=$(( budget - ($(date +%s) - t0) ))
+             if [ $left -lt 10 ]; then echo "SKIPPED $c (stage time spent)"; continue; fi
              d=$(mktemp -d) c0=$(date +%s)
-             if timeout 90 python3 tests/support/cuda_checks.py "$c" "$d" > "$d/out.txt" 2> "$d/err.txt"; then
+             if timeout $(( left < 90 ? left : 90 )) python3 tests/support/cuda_checks.py "$c" "$d" > "$d/out.txt" 2> "$d/err.txt"; then
                grep '^{' "$d/out.txt" | tail -1 | tee -a "$OUT/cuda_checks.jsonl"; echo "PASSED $c $(( $(date +%s) - c0 )) s"
              else
                echo "FAILED $c (rc $?, $(( $(date +%s) - c0 )) s)"; tail -6 "$d/err.txt"
              fi
              rm -rf "$d"
            done ;;
-    generate) timeout 100 python3 benchmarks/gpu/bench_generate.py --images 48 --batch 16 --repeats 1 \
+    generate) timeout 120 python3 benchmarks/gpu/bench_generate.py --images 48 --batch 16 --repeats 1 \
                 --json "$OUT/generate.json" 2>&1 | grep -v "float32" | tail -40 ;;
     profile) timeout 150 python3 benchmarks/gpu/bench_generate.py --images 16 --batch 16 --repeats 1 \
                 --profile "$OUT/generate_profile.txt" 2>&1 | grep -v "float32" | tail -5 ;;
@@ -50,7 +52,7 @@ for s in $stages; do
     train5) timeout 200 python3 benchmarks/gpu/bench_train.py --setup 5 --batches 1 --runs ppo_clip \
               --json "$OUT/train5.json" 2>&1 | grep -v "Loading\|float32\|Writing" | tail -8 ;;
     metrics) timeout 240 python3 benchmarks/gpu/bench_metrics.py --images 1000 --metrics "fid,fd_dinov2,is,lpips" \
-               --json "$OUT/metrics.json" 2>&1 | grep -v "Warning\|warn" | tail -8 ;;
+               --precision "${METRICS_PRECISION:-fp32}" --json "$OUT/metrics_${METRICS_PRECISION:-fp32}.json" 2>&1 | grep -v "Warning\|warn" | tail -8 ;;
     attention) timeout 200 python3 benchmarks/gpu/bench_generate.py --images 48 --batch 16 --repeats 1 \
                 --variants attn_math,attn_efficient,attn_cudnn,cudnn_benchmark --json "$OUT/generate_attention.json" 2>&1 \
                 | grep -v "float32" | tail -6 ;;
