@@ -8,12 +8,19 @@
 2. One setup-2 epoch of the tiny SD-1.x (``bench_train.py``'s tiny overrides: 8 images, 4 steps) for
    ``ppo_clip`` and ``pcpo``: the FLOPs of sampling and of the update against ``bench_train.floor_s``'s
    formula, so a gap in seconds on the GPU is kernel efficiency, not extra work.
+3. ``--ops``: host-side work of setup 2 with the real SD-1.5 architecture (LoRA r4; 64 px so a CPU runs
+   it: the op sequence does not depend on the resolution) under bf16 autocast on the CPU: top-level aten
+   ops (each one dispatch from Python, on a GPU about one kernel launch) per sampling step and per update
+   micro-step (``train_batch_size`` samples, forward + backward), with ``torch.profiler``. At a few
+   microseconds of host time per op, this says how much of an update micro-step the host alone needs,
+   whatever the GPU. CPU autocast casts the same op classes as CUDA's (linear, conv, matmul), so the
+   count is close to, not equal to, the CUDA one.
 
 Usage::
 
-    python benchmarks/gpu/count_flops.py [--tiny] [--json OUT.json]
+    python benchmarks/gpu/count_flops.py [--tiny] [--ops] [--json OUT.json]
 
-``--tiny``: the tiny UNet for part 1 (CI).
+``--tiny``: the tiny UNet for parts 1 and 3 (CI).
 """
 
 from __future__ import annotations
@@ -78,9 +85,35 @@ def epoch_flops(objective: str, model_dir: Path, flops_row: float) -> dict[str, 
     return {**{f"{p}_G": v for p, v in counted.items()}, **{f"{p}_floor_G": v for p, v in floor.items()}}
 
 
+def host_ops(objective: str, model_dir: Path) -> dict[str, float]:
+    """Top-level aten ops per sampling step and per update micro-step of setup 2 (module docstring, part 3);
+    the epoch is sampled and trained once unprofiled first (lazy initialisations)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    over = [f"model=sd1:{model_dir}", "reward=jpeg_compressibility", "prompts=simple_animals", "epochs=1",
+            "sample_batches_per_epoch=1", "paper_total_batch=0", "checkpoint_every=1000", "log_to=none",
+            "log_images_every=0", f"objective={objective}", "device=cpu", "sample_steps=4", "mixed_precision=bf16"]
+    cfg = load_config(ROOT / "train" / "configs" / bench_train.SETUPS[2], over)
+    trainer = Trainer(cfg, Path(tempfile.mkdtemp(prefix="count_ops_")) / "run", progress=False)
+    samples = trainer.sample_epoch(1)
+    trainer.train_epoch(1, samples)
+
+    def top_level(fn) -> int:
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            fn()
+        return sum(1 for e in prof.events() if e.name.startswith("aten::")
+                   and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::")))
+
+    micro = cfg.sample_batch_size // cfg.train_batch_size * cfg.sample_steps
+    return {"sample_ops_per_step": top_level(lambda: trainer.sample_epoch(2)) / cfg.sample_steps,
+            "update_ops_per_micro_step": top_level(lambda: trainer.train_epoch(2, samples)) / micro,
+            "train_batch_size": cfg.train_batch_size, "micro_steps": micro}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tiny", action="store_true", help="the tiny UNet for the op split (CI)")
+    ap.add_argument("--ops", action="store_true", help="also part 3: host ops per sampling step / update micro-step")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
     ops = unet_flops_by_op(a.tiny)
@@ -92,8 +125,26 @@ def main() -> None:
     for obj, e in epochs.items():
         print(f"tiny setup-2 epoch, {obj}: sampling {e['sample_G']:.2f} GFLOP (floor {e['sample_floor_G']:.2f}), "
               f"update {e['update_G']:.2f} (floor {e['update_floor_G']:.2f})", flush=True)
+    res = {"unet_row_by_op_G": ops, "tiny_setup2_epoch": epochs}
+    if a.ops:
+        ops_dir = model_dir if a.tiny else _sd15_small(Path(tempfile.mkdtemp(prefix="count_ops_sd15_")))
+        res["setup2_host_ops"] = {obj: host_ops(obj, ops_dir) for obj in ("ppo_clip", "pcpo")}
+        for obj, h in res["setup2_host_ops"].items():
+            print(f"setup-2 host ops ({'tiny' if a.tiny else 'SD-1.5 architecture'}), {obj}: "
+                  f"{h['sample_ops_per_step']:.0f} per sampling step, {h['update_ops_per_micro_step']:.0f} per update "
+                  f"micro-step of {h['train_batch_size']} samples", flush=True)
     if a.json:
-        a.json.write_text(json.dumps({"unet_row_by_op_G": ops, "tiny_setup2_epoch": epochs}, indent=1))
+        a.json.write_text(json.dumps(res, indent=1))
+
+
+def _sd15_small(out: Path) -> Path:
+    """The real SD-1.5 pipeline architecture (random weights) at 64 px, saved for ``sd1:DIR``."""
+    from models import sd15_pipeline
+
+    pipe = sd15_pipeline(False, "cpu", torch.float32)
+    pipe.unet.register_to_config(sample_size=8)
+    pipe.save_pretrained(str(out), safe_serialization=True)
+    return out
 
 
 if __name__ == "__main__":

@@ -57,7 +57,7 @@ def test_count_flops_tiny_mode(tmp_path):
     against the floor formula, for both objectives (the numbers docs/gpu.md reads)."""
     out = tmp_path / "f.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu" / "count_flops.py"), "--tiny", "--json",
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu" / "count_flops.py"), "--tiny", "--ops", "--json",
                           str(out)], capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
     res = json.loads(out.read_text())
@@ -66,3 +66,5 @@ def test_count_flops_tiny_mode(tmp_path):
     for e in res["tiny_setup2_epoch"].values():
         assert e["update_G"] > 0 and e["update_floor_G"] > 0 and e["sample_G"] > e["sample_floor_G"] > 0
     assert res["tiny_setup2_epoch"]["ppo_clip"]["update_G"] == res["tiny_setup2_epoch"]["pcpo"]["update_G"]
+    for h in res["setup2_host_ops"].values():  # part 3: a forward + backward is many dispatches
+        assert h["update_ops_per_micro_step"] > h["sample_ops_per_step"] > 50
