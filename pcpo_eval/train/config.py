@@ -28,6 +28,7 @@ from pcpo_eval.train.tracking import WANDB_MODES, parse_log_to
 
 ADVANTAGES = ("per_prompt", "group")
 PRECISIONS = ("no", "fp16", "bf16")
+FROZEN_WEIGHTS = ("fp32", "autocast")  #: where a LoRA run keeps its frozen denoiser weights (``frozen_weights``)
 FLOW_GRIDS = ("auto", "shifted", "scheduler")  # samplers.flow.GRIDS (kept here: no torch import)
 
 
@@ -104,6 +105,12 @@ class TrainConfig:
     #: no | fp16 | bf16 autocast (CUDA; bf16 also on CPU, fp16 ignored there); fp16 adds dynamic loss scaling
     #: (torch.amp.GradScaler), as accelerate's fp16 mixed precision in ddpo-pytorch
     mixed_precision: str = "no"
+    #: fp32 (default): the frozen denoiser weights of a LoRA run stay float32 and autocast casts them at
+    #: every call. autocast: they are stored in the autocast dtype (fp16 / bf16) once, as ddpo-pytorch,
+    #: DanceGRPO and Flow-GRPO keep non-trainable weights in their ``inference_dtype``: no cast per call
+    #: (fewer kernels, half the weight memory); the LoRA weights stay float32. Needs ``lora_rank > 0`` and
+    #: ``mixed_precision`` fp16 / bf16; a no-op where autocast is (fp16 on a CPU)
+    frozen_weights: str = "fp32"
     #: CUDA only. false (default): the fastest kernels, as ddpo-pytorch / DanceGRPO / Flow-GRPO run; a
     #: resumed run then drifts from an uninterrupted one by ~1e-4 in reward after an update. true:
     #: deterministic kernels (cuDNN deterministic algorithms, no autotuning, PyTorch's deterministic ops, a
@@ -172,6 +179,11 @@ class TrainConfig:
         need(self.log_images_every >= 0, f"log_images_every={self.log_images_every} must be >= 0 (0 = never)")
         need(self.advantage in ADVANTAGES, f"advantage={self.advantage!r} (choose {', '.join(ADVANTAGES)})")
         need(self.mixed_precision in PRECISIONS, f"mixed_precision={self.mixed_precision!r} (choose {', '.join(PRECISIONS)})")
+        need(self.frozen_weights in FROZEN_WEIGHTS,
+             f"frozen_weights={self.frozen_weights!r} (choose {', '.join(FROZEN_WEIGHTS)})")
+        need(self.frozen_weights == "fp32" or (self.lora_rank > 0 and self.mixed_precision != "no"),
+             "frozen_weights=autocast needs a LoRA run (lora_rank > 0) with mixed_precision fp16 or bf16; "
+             "set frozen_weights=fp32")
         for key, choices in (("credit_convention", CONVENTIONS), ("credit_fallback", FALLBACKS),
                              ("kl_form", KL_FORMS), ("adv_std", ADV_STDS)):
             need(getattr(self, key) in choices, f"{key}={getattr(self, key)!r} (choose {', '.join(choices)})")

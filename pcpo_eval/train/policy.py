@@ -66,6 +66,7 @@ class PolicyMixin:
                 self.adapter.add_lora(config.lora_rank, config.lora_alpha)
         else:
             self.adapter.denoiser.requires_grad_(True)
+        self._store_frozen_weights()
         self.params = self.adapter.trainable_parameters()
         self.ref_denoiser = None
         if (config.beta_kl > 0 or config.paired_control) and config.lora_rank == 0:
@@ -150,14 +151,30 @@ class PolicyMixin:
         finally:
             self.adapter.denoiser = live
 
+    def _autocast_dtype(self) -> torch.dtype | None:
+        """The dtype ``mixed_precision`` autocasts to on this device, or None where it does not (``no``;
+        fp16 on a CPU)."""
+        mp = self.cfg.mixed_precision
+        if mp == "no" or (self.device.type != "cuda" and mp != "bf16"):
+            return None
+        return torch.float16 if mp == "fp16" else torch.bfloat16
+
+    def _store_frozen_weights(self) -> None:
+        """``frozen_weights: autocast``: the denoiser's frozen parameters stored in the autocast dtype once
+        (ddpo-pytorch's ``inference_dtype``), the trainable LoRA weights left float32. Every call of the
+        denoiser runs under :meth:`_autocast`, which casts its inputs to the same dtype."""
+        dtype = self._autocast_dtype()
+        if self.cfg.frozen_weights != "autocast" or dtype is None:
+            return
+        for p in self.adapter.denoiser.parameters():
+            if not p.requires_grad and p.is_floating_point():
+                p.data = p.data.to(dtype)
+
     def _autocast(self):
         """``mixed_precision`` as autocast: fp16 / bf16 on CUDA, bf16 on CPU too (so CI runs this path);
         fp16 on CPU is ignored (CPU autocast covers few fp16 kernels), as is ``no``."""
-        mp = self.cfg.mixed_precision
-        if mp == "no" or (self.device.type != "cuda" and mp != "bf16"):
-            return nullcontext()
-        dtype = torch.float16 if mp == "fp16" else torch.bfloat16
-        return torch.autocast(self.device.type, dtype=dtype)
+        dtype = self._autocast_dtype()
+        return nullcontext() if dtype is None else torch.autocast(self.device.type, dtype=dtype)
 
     def _init_from(self) -> dict[str, Any]:
         """Load ``init_from``'s weights into the fresh model (LoRA into the adapter, or the full denoiser);
