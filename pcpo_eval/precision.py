@@ -25,13 +25,14 @@ caches. Training takes ``allow_tf32`` (``pcpo_eval.train.config``), read through
 
 Also here, as the other kernel choice that changes a network's numbers: the *attention backend* of
 ``torch.nn.functional.scaled_dot_product_attention`` (diffusers' default attention processor), see
-:data:`ATTENTION_BACKENDS` and :func:`attention_backend`.
+:data:`ATTENTION_BACKENDS`, :func:`attention_backend` and :func:`check_attention_backend`.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import warnings
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -158,7 +159,11 @@ def attention_backend(name: str) -> Iterator[None]:
     """Run ``scaled_dot_product_attention`` with only backend ``name`` (``auto``: PyTorch's choice, unchanged).
 
     A forced backend that cannot take a call's shapes or dtype fails at that call with PyTorch's
-    message (flash attention takes fp16/bf16 on CUDA, head dims up to 256).
+    ``No available kernel`` (on CUDA flash attention takes fp16/bf16 and head dims up to 256; cuDNN takes
+    head dims that are multiples of 8, up to 256 on sm90/sm10x GPUs with a recent cuDNN and 128 on others:
+    PyTorch's ``sdp_utils.cpp``). Generation therefore forces it only around the
+    denoiser's calls (:class:`pcpo_eval.generate.fixed_batch.FixedBatchAdapter`), checked once before
+    any work by :func:`check_attention_backend`; the text encoder and the VAE decoder keep PyTorch's choice.
     """
     if name == "auto":
         yield
@@ -167,6 +172,70 @@ def attention_backend(name: str) -> Iterator[None]:
 
     with sdpa_kernel([getattr(SDPBackend, _SDPA_NAMES[name])]):
         yield
+
+
+class AttentionBackendError(UserError, RuntimeError):
+    """A forced ``--attention`` backend has no kernel for the denoiser's attention on this device.
+
+    A :class:`UserError` (one ``error:`` line, exit 2: the flag is the cause and another value the fix)
+    and a ``RuntimeError``, the class of the error PyTorch raises for it, so code that caught PyTorch's
+    error (a benchmark timing each backend) catches this one too.
+    """
+
+
+#: what PyTorch's SDPA dispatcher raises when no enabled backend can take a call
+_NO_KERNEL = "No available kernel"
+
+#: the warning that heads PyTorch's reasons for not using each backend (``select_sdp_backend``, sdp_utils.cpp)
+_WHY_HEADERS = {"flash": "Flash attention kernel not used because:",
+                "efficient": "Memory efficient kernel not used because:",
+                "cudnn": "cuDNN attention kernel not used because:"}
+
+
+def _no_kernel_reasons(name: str, messages: list[str]) -> str:
+    """PyTorch's reasons for backend ``name`` out of its warnings: those after ``name``'s header (the other,
+    disabled backends' reasons are noise), else every warning but the headers and "runtime disabled" ones."""
+    said = [" ".join(m.split()) for m in messages]
+    mine, current = [], None
+    for m in said:
+        if m.endswith("not used because:"):
+            current = m
+        elif current == _WHY_HEADERS.get(name):
+            mine.append(m)
+    if not mine:
+        mine = [m for m in said if m and not m.endswith("because:") and "disabled" not in m]
+    return " ".join(dict.fromkeys(mine))[:400]
+
+
+def check_attention_backend(name: str, call: Callable[[], object]) -> None:
+    """Run ``call`` (one small forward of the denoiser) under backend ``name``; refuse a backend without a kernel.
+
+    PyTorch decides per call whether a backend can take it, by rules that depend on the head dim, the dtype,
+    the GPU and the cuDNN version (``sdp_utils.cpp``): running the denoiser once under the forced backend
+    asks PyTorch itself instead of copying those rules. ``auto`` and ``math`` (which takes any shape) are
+    not probed. An error other than PyTorch's ``No available kernel`` propagates unchanged.
+
+    Raises:
+        AttentionBackendError: PyTorch found no kernel; the one-line message carries the reasons PyTorch
+            gave in its warnings (e.g. ``head_dim should be no more than 256``).
+    """
+    if name in ("auto", "math"):
+        return
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            with attention_backend(name):
+                call()
+        except RuntimeError as exc:
+            if _NO_KERNEL not in str(exc):
+                raise
+            why = _no_kernel_reasons(name, [str(w.message) for w in caught]) or str(exc).splitlines()[0]
+            raise AttentionBackendError(
+                f"--attention {name}: PyTorch has no {name} kernel for this model's denoiser attention on this "
+                f"device ({why}); use --attention auto (PyTorch's choice per call) or math (takes any shape)"
+            ) from None
+    for w in caught:  # a backend that works: the probe's other warnings, shown as they would have been
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
 
 def deterministic_cuda() -> None:

@@ -14,6 +14,10 @@ micro-batch 16 vs 64 (max / mean pixel difference). ``--variants`` times channel
 ``torch.backends.cudnn.benchmark``, off by default in PyTorch; it picks each convolution shape's
 fastest algorithm by timing, which may differ from run to run) against the default.
 
+The JSON (``--json``) is rewritten after each measurement (the default's block, each variant, each
+invariance block) with ``"complete": false`` until the end, so a run stopped by a time limit keeps what
+it measured; each variant prints one line, ``variant NAME ok {...}`` or ``variant NAME error {...}``.
+
 ``--tiny`` runs everything on the tests' tiny SD-1.x on CPU in seconds (CI runs it so the script
 never rots). Usage::
 
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -149,6 +154,37 @@ def image_invariance(adapter, prompts, device: str, precision: str, steps: int, 
             "repeat_m16_bitwise": bool(np.array_equal(a, a2))}
 
 
+def save(res: dict, path: Path | None) -> None:
+    """Write ``res`` to ``path`` (if given) whole or not at all: a temp file renamed over the old one, so a
+    run killed at its time limit leaves the last complete JSON."""
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".part")
+    tmp.write_text(json.dumps(res, indent=1))
+    os.replace(tmp, path)
+
+
+def run_variant(v: str, adapter, prompts, seeds, a, device: str, n: int, our_ips: float) -> dict:
+    """Time variant ``v`` after one untimed warm-up run (compile / convert / probe outside the timing); any
+    failure is the variant's result (``{"error": ...}``), so the other variants still run."""
+    kw = {"channels_last": v in ("channels_last", "compile+channels_last"), "compile": "compile" in v,
+          "attention": v.removeprefix("attn_") if v.startswith("attn_") else "auto"}
+    torch.backends.cudnn.benchmark = v == "cudnn_benchmark"
+    try:
+        run_ours(adapter, prompts[:1], seeds[:min(len(seeds), a.batch)], a.batch, a.steps, a.cfg, 1.0, device,
+                 a.precision, **kw)
+        t, _ = run_ours(adapter, prompts, seeds, a.batch, a.steps, a.cfg, 1.0, device, a.precision, **kw)
+        return {"img_s": n / t, "ratio_vs_eager": (n / t) / our_ips, "seconds": t}
+    except Exception as exc:  # a backend this GPU / shape lacks (one error line), or anything else: say so
+        first = (str(exc).splitlines() or [""])[0]
+        return {"error": f"{type(exc).__name__}: {first}"[:400]}
+    finally:
+        torch.backends.cudnn.benchmark = False
+        adapter.denoiser = getattr(adapter.denoiser, "_orig_mod", adapter.denoiser)
+        adapter.denoiser.to(memory_format=torch.contiguous_format)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tiny", action="store_true", help="tiny random SD-1.x on CPU (CI)")
@@ -169,7 +205,7 @@ def main() -> None:
         a.images, a.batch, a.steps, a.repeats = min(a.images, 8), min(a.batch, 4), min(a.steps, 4), 1
         a.precision = "fp32"
     dtype = precision_dtype(a.precision)
-    res: dict = {"device": device_info(), "args": {k: str(v) for k, v in vars(a).items()}}
+    res: dict = {"device": device_info(), "args": {k: str(v) for k, v in vars(a).items()}, "complete": False}
     with matmul_precision(a.precision):
         pipe = sd15_pipeline(a.tiny, device, dtype)
         adapter = SD1Adapter(pipe, source="random-weights SD-1.5" if not a.tiny else "tiny")
@@ -224,31 +260,20 @@ def main() -> None:
         if a.profile:
             res["profile"] = profile_ours(adapter, small_prompts, small_seeds, a, device, a.profile)
         print(json.dumps(res["generate"], indent=1), flush=True)
+        save(res, a.json)
         for v in [v for v in a.variants.split(",") if v]:
-            kw = {"channels_last": v in ("channels_last", "compile+channels_last"), "compile": "compile" in v,
-                  "attention": v.removeprefix("attn_") if v.startswith("attn_") else "auto"}
-            torch.backends.cudnn.benchmark = v == "cudnn_benchmark"
-            try:
-                run_ours(adapter, prompts[:1], seeds[:min(len(seeds), a.batch)], a.batch, a.steps, a.cfg, 1.0, device,
-                         a.precision, **kw)  # compile / convert outside the timing
-                t, _ = run_ours(adapter, prompts, seeds, a.batch, a.steps, a.cfg, 1.0, device, a.precision, **kw)
-                res[f"variant_{v}"] = {"img_s": n / t, "ratio_vs_eager": (n / t) / our_ips}
-            except RuntimeError as exc:  # a backend this GPU / shape lacks: say so, time the others
-                res[f"variant_{v}"] = {"error": str(exc).splitlines()[0][:300]}
-            finally:
-                torch.backends.cudnn.benchmark = False
-            print(v, json.dumps(res[f"variant_{v}"]), flush=True)
-            adapter.denoiser = getattr(adapter.denoiser, "_orig_mod", adapter.denoiser)
-            adapter.denoiser.to(memory_format=torch.contiguous_format)
+            res[f"variant_{v}"] = r = run_variant(v, adapter, prompts, seeds, a, device, n, our_ips)
+            print(f"variant {v} {'error' if 'error' in r else 'ok'} {json.dumps(r)}", flush=True)
+            save(res, a.json)
         if a.invariance:
             res["unet_invariance"] = unet_invariance(pipe, device)
             print("unet", json.dumps(res["unet_invariance"]), flush=True)
+            save(res, a.json)
             res["image_invariance"] = image_invariance(adapter, prompts, device, a.precision,
                                                        min(a.steps, 20), a.cfg)
             print("images", json.dumps(res["image_invariance"]), flush=True)
-    if a.json:
-        a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps(res, indent=1))
+    res["complete"] = True
+    save(res, a.json)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One GPU session's checks, in priority order, each stage under its own time limit so a slow stage
-# cannot starve the next. Results land in $OUT (or ./gpu_out).
+# cannot starve the next. Results land in $OUT (or ./gpu_out); each stage prints its last lines, and its
+# whole output (warnings included) is appended to $OUT/stages.log (one file for all stages: at most 8
+# files come back from a device call).
 #   bash benchmarks/gpu/run_device.sh [stage ...]
 # stages: generate train2 metrics train5 (default), tests profile trainprofile trainbatch invariance attention quick compile.
 # Measured stage times (H200): generate 79 s, train2 77 s (one run); metrics and train5 need more than 120 / 100 s.
@@ -8,6 +10,7 @@
 set -u
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
+LOG="$OUT/stages.log"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1
 if [ -d .whl ] && ! python3 -c "import diffusers" 2>/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -17,6 +20,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT
 stages=${*:-generate train2 metrics train5}  # TRAIN_RUNS: bench_train --runs for train2
 for s in $stages; do
   t0=$(date +%s)
+  echo "== stage $s ($(date -u +%FT%TZ))" >> "$LOG"
   case $s in
     tests) # each CUDA scenario on its own (90 s at most, and never past TESTS_BUDGET s of the stage, default
            # 270), in priority order, one JSON line each in $OUT/cuda_checks.jsonl; CUDA_TESTS overrides the list
@@ -25,44 +29,47 @@ for s in $stages; do
                      generate_precisions generate_memory_micro_batch step_syncs dist_group flow_models_bf16 \
                      flow_train_bf16 generate_sd1_tiny}; do
              left=$(( budget - ($(date +%s) - t0) ))
-             if [ $left -lt 10 ]; then echo "SKIPPED $c (stage time spent)"; continue; fi
+             if [ $left -lt 10 ]; then echo "SKIPPED $c (stage time spent)" | tee -a "$LOG"; continue; fi
              d=$(mktemp -d) c0=$(date +%s)
              if timeout $(( left < 90 ? left : 90 )) python3 tests/support/cuda_checks.py "$c" "$d" > "$d/out.txt" 2> "$d/err.txt"; then
-               grep '^{' "$d/out.txt" | tail -1 | tee -a "$OUT/cuda_checks.jsonl"; echo "PASSED $c $(( $(date +%s) - c0 )) s"
+               grep '^{' "$d/out.txt" | tail -1 | tee -a "$OUT/cuda_checks.jsonl"; echo "PASSED $c $(( $(date +%s) - c0 )) s" | tee -a "$LOG"
              else
-               echo "FAILED $c (rc $?, $(( $(date +%s) - c0 )) s)"; tail -6 "$d/err.txt"
+               echo "FAILED $c (rc $?, $(( $(date +%s) - c0 )) s)" | tee -a "$LOG"; tail -6 "$d/err.txt"
+               { echo "-- $c stdout"; cat "$d/out.txt"; echo "-- $c stderr"; cat "$d/err.txt"; } >> "$LOG"
              fi
              rm -rf "$d"
            done ;;
     generate) timeout 120 python3 benchmarks/gpu/bench_generate.py --images 48 --batch 16 --repeats 1 \
-                --json "$OUT/generate.json" 2>&1 | grep -v "float32" | tail -40 ;;
+                --json "$OUT/generate.json" 2>&1 | tee -a "$LOG" | grep -v "float32" | tail -40 ;;
     profile) timeout 150 python3 benchmarks/gpu/bench_generate.py --images 16 --batch 16 --repeats 1 \
-                --profile "$OUT/generate_profile.txt" 2>&1 | grep -v "float32" | tail -5 ;;
+                --profile "$OUT/generate_profile.txt" 2>&1 | tee -a "$LOG" | grep -v "float32" | tail -5 ;;
     invariance) timeout 200 python3 benchmarks/gpu/bench_generate.py --images 48 --batch 16 --repeats 1 \
-                --variants channels_last --invariance --json "$OUT/generate_invariance.json" 2>&1 | grep -v "float32" | tail -40 ;;
+                --variants channels_last --invariance --json "$OUT/generate_invariance.json" 2>&1 | tee -a "$LOG" | grep -v "float32" | tail -40 ;;
     train2) runs=${TRAIN_RUNS:-ppo_clip}; n=$(( $(tr -cd ';' <<< "$runs" | wc -c) + 1 ))
             timeout $(( 110 * n )) python3 benchmarks/gpu/bench_train.py --setup 2 --batches 1 --runs "$runs" \
-              --json "$OUT/train2.json" 2>&1 | grep -v "Loading\|float32\|Writing" | tail -12 ;;
+              --json "$OUT/train2.json" 2>&1 | tee -a "$LOG" | grep -v "Loading\|float32\|Writing" | tail -12 ;;
     trainprofile) timeout 150 python3 benchmarks/gpu/bench_train.py --setup 2 --batches 1 --runs ppo_clip \
               --profile "$OUT/train_profile.txt" --json "$OUT/train2_profiled.json" 2>&1 \
-              | grep -v "Loading\|float32\|Writing" | tail -8 ;;
+              | tee -a "$LOG" | grep -v "Loading\|float32\|Writing" | tail -8 ;;
     trainbatch) timeout 300 python3 benchmarks/gpu/bench_train.py --setup 2 --batches 2 \
               --runs "ppo_clip;ppo_clip:train_batch_size=8" --json "$OUT/train2_batch.json" 2>&1 \
-              | grep -v "Loading\|float32\|Writing" | tail -8 ;;
+              | tee -a "$LOG" | grep -v "Loading\|float32\|Writing" | tail -8 ;;
     train5) timeout 200 python3 benchmarks/gpu/bench_train.py --setup 5 --batches 1 --runs ppo_clip \
-              --json "$OUT/train5.json" 2>&1 | grep -v "Loading\|float32\|Writing" | tail -8 ;;
+              --json "$OUT/train5.json" 2>&1 | tee -a "$LOG" | grep -v "Loading\|float32\|Writing" | tail -8 ;;
     metrics) timeout 240 python3 benchmarks/gpu/bench_metrics.py --images 1000 --metrics "fid,fd_dinov2,is,lpips" \
-               --precision "${METRICS_PRECISION:-fp32}" --json "$OUT/metrics_${METRICS_PRECISION:-fp32}.json" 2>&1 | grep -v "Warning\|warn" | tail -8 ;;
-    attention) timeout 200 python3 benchmarks/gpu/bench_generate.py --images 48 --batch 16 --repeats 1 \
+               --precision "${METRICS_PRECISION:-fp32}" --json "$OUT/metrics_${METRICS_PRECISION:-fp32}.json" 2>&1 | tee -a "$LOG" | grep -v "Warning\|warn" | tail -8 ;;
+    attention) timeout 300 python3 benchmarks/gpu/bench_generate.py --images 48 --batch 16 --repeats 1 \
                 --variants attn_math,attn_efficient,attn_cudnn,cudnn_benchmark --json "$OUT/generate_attention.json" 2>&1 \
-                | grep -v "float32" | tail -6 ;;
+                | tee -a "$LOG" | grep -E "^(variant |diffusers: |ours: )|Error|Traceback" | tail -12 ;;
     quick) timeout 70 python3 benchmarks/gpu/bench_generate.py --images 32 --batch 16 --repeats 1 \
-             --json "$OUT/generate_quick.json" 2>&1 | grep -v "float32" | tail -30
-           timeout 45 python3 -m pytest tests/gpu/test_cuda.py -m cuda -k train_resume -q -s -p no:cacheprovider 2>&1 | tail -4
+             --json "$OUT/generate_quick.json" 2>&1 | tee -a "$LOG" | grep -v "float32" | tail -30
+           timeout 45 python3 -m pytest tests/gpu/test_cuda.py -m cuda -k train_resume -q -s -p no:cacheprovider 2>&1 | tee -a "$LOG" | tail -4
            timeout 40 python3 benchmarks/gpu/bench_metrics.py --images 300 --metrics fid \
-             --json "$OUT/metrics_quick.json" 2>&1 | grep -v "Warning\|warn" | tail -3 ;;
+             --json "$OUT/metrics_quick.json" 2>&1 | tee -a "$LOG" | grep -v "Warning\|warn" | tail -3 ;;
     compile) timeout 300 python3 benchmarks/gpu/bench_generate.py --images 48 --batch 16 --repeats 1 \
-               --variants compile --json "$OUT/generate_compile.json" 2>&1 | grep -v "float32" | tail -12 ;;
+               --variants compile --json "$OUT/generate_compile.json" 2>&1 | tee -a "$LOG" | grep -v "float32" | tail -12 ;;
   esac
-  echo "== stage $s: $(( $(date +%s) - t0 )) s"
+  rc=${PIPESTATUS[0]}  # of the stage's last pipeline: its timeout's 124 when the stage ran past its limit
+  [ "$rc" = 124 ] && echo "TIMED OUT: stage $s's last command ran past its limit" | tee -a "$LOG"
+  echo "== stage $s: $(( $(date +%s) - t0 )) s" | tee -a "$LOG"
 done

@@ -14,6 +14,7 @@ import torch
 
 from pcpo_eval.errors import UserError
 from pcpo_eval.models.base import ModelAdapter, PromptEmbeds
+from pcpo_eval.precision import attention_backend, check_attention_backend
 
 #: Rows x latent elements per model call that ``micro_batch=None`` aims for: 16 rows of SD-1.x
 #: latents (4 x 64 x 64), i.e. batch 8 with CFG, the common GPU setting.
@@ -37,11 +38,45 @@ def auto_micro_batch(latent_shape: Sequence[int]) -> int:
 MAX_MEMORY_MICRO_BATCH = 64
 
 
-def memory_micro_batch(adapter: ModelAdapter, fraction: float = 0.5, cap: int = MAX_MEMORY_MICRO_BATCH) -> int:
+def _denoiser_inputs(adapter: ModelAdapter, rows: int) -> tuple[torch.Tensor, torch.Tensor, PromptEmbeds]:
+    """Zero latents, a mid-schedule timestep and empty-prompt conditioning for ``rows`` rows (the probes)."""
+    x = torch.zeros(rows, *adapter.latent_shape, device=adapter.device, dtype=adapter.dtype)
+    t = torch.full((rows,), 500, device=adapter.device,
+                   dtype=torch.long if adapter.prediction == "eps" else torch.float32)
+    if adapter.prediction != "eps":
+        t = t / 1000.0
+    return x, t, adapter.encode_prompts([""] * rows)
+
+
+def check_denoiser_attention(adapter: ModelAdapter, attention: str) -> None:
+    """Refuse a forced ``--attention`` backend that has no kernel for the denoiser's attention on its device:
+    one forward of 1 row under it (:func:`pcpo_eval.precision.check_attention_backend`), before any work.
+
+    Only the denoiser is asked: it is the only model generation runs under the backend (the text encoder and
+    the VAE decoder keep PyTorch's choice, so e.g. SD's VAE with its one 512-wide head never meets a
+    backend limited to 256). ``auto`` and ``math`` run nothing.
+
+    Raises:
+        pcpo_eval.precision.AttentionBackendError: PyTorch's reasons, on one line.
+    """
+    if attention in ("auto", "math"):
+        return
+    x, t, cond = _denoiser_inputs(adapter, 1)
+
+    def forward() -> None:
+        with torch.inference_mode():
+            adapter.denoise(x, t, cond)
+
+    check_attention_backend(attention, forward)
+
+
+def memory_micro_batch(adapter: ModelAdapter, fraction: float = 0.5, cap: int = MAX_MEMORY_MICRO_BATCH,
+                       attention: str = "auto") -> int:
     """Rows per model call chosen from free GPU memory: the largest power of two whose activations fit.
 
     Measures one ``denoise`` call on 2 rows (peak allocated minus what was allocated before, so the
-    weights are not counted), assumes activations grow linearly with rows, and returns the largest
+    weights are not counted) under the set's attention backend (the math backend holds each attention
+    matrix whole), assumes activations grow linearly with rows, and returns the largest
     power of two in ``[2, cap]`` whose estimate fits ``fraction`` of the memory CUDA reports free.
     Only for CUDA: such a micro-batch depends on the card, so sets that use it are identical across
     micro-batches within a tolerance, not bitwise (``batch_invariance: tolerance``).
@@ -49,15 +84,11 @@ def memory_micro_batch(adapter: ModelAdapter, fraction: float = 0.5, cap: int = 
     device = adapter.device
     if device.type != "cuda":
         raise ValueError("memory_micro_batch needs a CUDA model")
-    x = torch.zeros(2, *adapter.latent_shape, device=device, dtype=adapter.dtype)
-    t = torch.full((2,), 500, device=device, dtype=torch.long if adapter.prediction == "eps" else torch.float32)
-    if adapter.prediction != "eps":
-        t = t / 1000.0
-    cond = adapter.encode_prompts(["", ""])
+    x, t, cond = _denoiser_inputs(adapter, 2)
     torch.cuda.synchronize(device)
     base = torch.cuda.memory_allocated(device)
     torch.cuda.reset_peak_memory_stats(device)
-    with torch.inference_mode():
+    with torch.inference_mode(), attention_backend(attention):
         adapter.denoise(x, t, cond)
     torch.cuda.synchronize(device)
     per_row = max((torch.cuda.max_memory_allocated(device) - base) / 2, 1.0)
@@ -76,7 +107,8 @@ def memory_decode_batch(adapter: ModelAdapter, cap: int, fraction: float = 0.5) 
     The decoder's activations per image exceed a denoiser row's many times over at full resolution
     (SD-1.5 at 512 px: the H200 runs peaked at 18 GiB decoding 32 images vs 10 GiB for the diffusers
     pipeline's 16), so the denoiser's micro-batch is no measure of what a decode can hold; at 1024 px
-    (SD3, FLUX) each image is 4x that. Only for CUDA ``tolerance`` sets (decode chunks unpadded)."""
+    (SD3, FLUX) each image is 4x that. Only for CUDA ``tolerance`` sets (decode chunks unpadded). Runs with
+    PyTorch's attention choice, as the decode itself does (:class:`FixedBatchAdapter`)."""
     device = adapter.device
     if device.type != "cuda":
         raise ValueError("memory_decode_batch needs a CUDA model")
@@ -138,13 +170,19 @@ class FixedBatchAdapter(ModelAdapter):
     differ in the last bits between batch sizes). ``decode_batch`` (``tolerance`` sets on CUDA,
     :func:`memory_decode_batch`): ``decode`` runs unpadded chunks of that many latents instead, so a
     batch's decode costs its own images, not a padded micro-batch of them.
+
+    ``attention`` (``--attention``, :data:`pcpo_eval.precision.ATTENTION_BACKENDS`): the SDPA backend of the
+    ``denoise`` calls only, the 50-step loop it is meant to speed up; ``encode_prompts`` and ``decode`` keep
+    PyTorch's choice, so attention a forced backend cannot run (SD's VAE: one head of 512 channels; cuDNN and
+    flash attention stop at 256) never meets it.
     """
 
     def __init__(self, inner: ModelAdapter, micro_batch: int = DEFAULT_MICRO_BATCH,
-                 decode_batch: int | None = None) -> None:
+                 decode_batch: int | None = None, attention: str = "auto") -> None:
         if micro_batch < 0:
             raise UserError(f"micro_batch={micro_batch}; use a positive number of rows (0 = off)")
         self.inner = inner
+        self.attention = attention
         self.micro_batch = int(micro_batch)
         self.decode_batch = None if decode_batch is None else max(1, int(decode_batch))
         self.name = inner.name
@@ -172,15 +210,16 @@ class FixedBatchAdapter(ModelAdapter):
         return PromptEmbeds.cat(out)
 
     def denoise(self, x_t: torch.Tensor, t: torch.Tensor, cond: PromptEmbeds) -> torch.Tensor:
-        if self.micro_batch == 0:
-            return self.inner.denoise(x_t, t, cond)
-        m, out = self.micro_batch, []
-        for sl in _chunks(x_t.shape[0], m):
-            k = sl.stop - sl.start
-            c = cond.index(sl)
-            c = PromptEmbeds(_pad_rows(c.hidden, m), None if c.pooled is None else _pad_rows(c.pooled, m))
-            out.append(self.inner.denoise(_pad_rows(x_t[sl], m), _pad_rows(t[sl], m), c)[:k])
-        return torch.cat(out)
+        with attention_backend(self.attention):
+            if self.micro_batch == 0:
+                return self.inner.denoise(x_t, t, cond)
+            m, out = self.micro_batch, []
+            for sl in _chunks(x_t.shape[0], m):
+                k = sl.stop - sl.start
+                c = cond.index(sl)
+                c = PromptEmbeds(_pad_rows(c.hidden, m), None if c.pooled is None else _pad_rows(c.pooled, m))
+                out.append(self.inner.denoise(_pad_rows(x_t[sl], m), _pad_rows(t[sl], m), c)[:k])
+            return torch.cat(out)
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         if self.decode_batch is not None:

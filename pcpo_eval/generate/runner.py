@@ -27,6 +27,7 @@ from pcpo_eval.generate.fixed_batch import (
     MAX_MEMORY_MICRO_BATCH,
     FixedBatchAdapter,
     auto_micro_batch,
+    check_denoiser_attention,
     effective_batch_size,
     memory_decode_batch,
     memory_micro_batch,
@@ -52,7 +53,6 @@ from pcpo_eval.imageset import MANIFEST_FILE, SET_FILE
 from pcpo_eval.io import parallel_map
 from pcpo_eval.models.base import ModelAdapter, PromptEmbeds
 from pcpo_eval.precision import (
-    attention_backend,
     dtype_precision,
     matmul_precision,
     precision_dtype,
@@ -98,8 +98,10 @@ class GenerationRequest:
             ``auto`` or a bare ``cuda`` under torchrun is this process's GPU).
         precision: ``auto`` / ``fp32`` / ``tf32`` / ``bf16`` / ``fp16`` (:mod:`pcpo_eval.precision`);
             ``auto`` is bf16 on CUDA, fp32 on CPU, or an adapter's own dtype when one is passed.
-        attention: the attention backend (:data:`pcpo_eval.precision.ATTENTION_BACKENDS`; ``auto``:
-            PyTorch's choice), part of the settings like the precision.
+        attention: the attention backend of the denoiser's calls (:data:`pcpo_eval.precision.ATTENTION_BACKENDS`;
+            ``auto``: PyTorch's choice), part of the settings like the precision. The text encoder and the
+            VAE decoder keep PyTorch's choice; a backend without a kernel for the denoiser on this device is
+            refused before anything is written (:func:`~.fixed_batch.check_denoiser_attention`).
         compile, channels_last: ``torch.compile`` the denoiser / hold it in channels-last memory
             format (speed only; both change kernels, so the set's ``batch_invariance`` is ``tolerance``).
         model_name: the ``model`` column when ``model_spec`` is an adapter (default its name).
@@ -211,7 +213,7 @@ def generate_set(
     job = _check_request(request)  # 1. prompts, seeds, model, precision, settings, out dir: still nothing written
     fresh = (job.out.exists(), (job.out / SET_FILE).exists())
     try:
-        with matmul_precision(job.settings.precision), attention_backend(job.settings.attention):
+        with matmul_precision(job.settings.precision):  # the attention backend: job.fixed's denoiser calls
             opened = _open_set_dir(job)  # 2. plan, known records, set.json ("rendering")
             share = _render_share(job, opened)  # 3. this process's images: loop, PNG writer, record flushes
     except BaseException:
@@ -250,15 +252,16 @@ def _check_request(request: GenerationRequest) -> _Job:
         adapter = load_generation_model(str(request.model_spec), request.device, precision_dtype(precision))
         spec_str = str(request.model_spec)
     attention = resolve_attention(request.attention, request.device)
-    with matmul_precision(precision), attention_backend(attention):  # the memory probes run the real kernels
-        micro_batch, invariance = _micro_batch(request, adapter)
+    with matmul_precision(precision):  # the probes run the real kernels
+        check_denoiser_attention(adapter, attention)  # a forced backend without a kernel: one error line
+        micro_batch, invariance = _micro_batch(request, adapter, attention)
         decode_batch = (memory_decode_batch(adapter, cap=effective_batch_size(request.batch_size, micro_batch, request.cfg))
                         if invariance == "tolerance" and adapter.device.type == "cuda" else None)
     if request.compile or request.channels_last:
         invariance = "tolerance"
     settings = _settings(request, adapter, spec_str, micro_batch, precision, invariance, attention)
     _speed_up(adapter, request)  # after _settings: the model hash is of the plain module
-    fixed = FixedBatchAdapter(adapter, micro_batch, decode_batch)
+    fixed = FixedBatchAdapter(adapter, micro_batch, decode_batch, attention=attention)
     out = Path(request.out_dir)
     check_out_dir(out, settings)
     if request.rank is None or request.world_size is None:
@@ -282,7 +285,7 @@ def _adapter_precision(adapter: ModelAdapter, asked: str | None) -> str:
     return precision
 
 
-def _micro_batch(request: GenerationRequest, adapter: ModelAdapter) -> tuple[int, str]:
+def _micro_batch(request: GenerationRequest, adapter: ModelAdapter, attention: str = "auto") -> tuple[int, str]:
     """(rows per model call, batch_invariance): the request's number, or chosen by device.
 
     A fixed number (given, or :func:`auto_micro_batch` on CPU) is ``bitwise``; on CUDA the default
@@ -293,7 +296,8 @@ def _micro_batch(request: GenerationRequest, adapter: ModelAdapter) -> tuple[int
         return int(request.micro_batch), "bitwise"
     if adapter.device.type == "cuda":  # no larger than one batch's rows: a padded row costs a full one
         rows = request.batch_size * (2 if request.cfg != 1.0 else 1)
-        return memory_micro_batch(adapter, cap=min(MAX_MEMORY_MICRO_BATCH, max(2, rows))), "tolerance"
+        cap = min(MAX_MEMORY_MICRO_BATCH, max(2, rows))
+        return memory_micro_batch(adapter, cap=cap, attention=attention), "tolerance"
     return auto_micro_batch(adapter.latent_shape), "bitwise"
 
 
