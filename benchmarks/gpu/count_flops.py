@@ -85,14 +85,15 @@ def epoch_flops(objective: str, model_dir: Path, flops_row: float) -> dict[str, 
     return {**{f"{p}_G": v for p, v in counted.items()}, **{f"{p}_floor_G": v for p, v in floor.items()}}
 
 
-def host_ops(objective: str, model_dir: Path) -> dict[str, float]:
+def host_ops(objective: str, model_dir: Path, *extra: str) -> dict[str, float]:
     """Top-level aten ops per sampling step and per update micro-step of setup 2 (module docstring, part 3);
     the epoch is sampled and trained once unprofiled first (lazy initialisations)."""
     from torch.profiler import ProfilerActivity, profile
 
     over = [f"model=sd1:{model_dir}", "reward=jpeg_compressibility", "prompts=simple_animals", "epochs=1",
             "sample_batches_per_epoch=1", "paper_total_batch=0", "checkpoint_every=1000", "log_to=none",
-            "log_images_every=0", f"objective={objective}", "device=cpu", "sample_steps=4", "mixed_precision=bf16"]
+            "log_images_every=0", f"objective={objective}", "device=cpu", "sample_steps=4", "mixed_precision=bf16",
+            *extra]
     cfg = load_config(ROOT / "train" / "configs" / bench_train.SETUPS[2], over)
     trainer = Trainer(cfg, Path(tempfile.mkdtemp(prefix="count_ops_")) / "run", progress=False)
     samples = trainer.sample_epoch(1)
@@ -128,7 +129,9 @@ def main() -> None:
     res = {"unet_row_by_op_G": ops, "tiny_setup2_epoch": epochs}
     if a.ops:
         ops_dir = model_dir if a.tiny else _sd15_small(Path(tempfile.mkdtemp(prefix="count_ops_sd15_")))
-        res["setup2_host_ops"] = {obj: host_ops(obj, ops_dir) for obj in ("ppo_clip", "pcpo")}
+        runs = {"ppo_clip": ("ppo_clip",), "pcpo": ("pcpo",),
+                "ppo_clip frozen_weights=autocast": ("ppo_clip", "frozen_weights=autocast")}
+        res["setup2_host_ops"] = {name: host_ops(obj, ops_dir, *extra) for name, (obj, *extra) in runs.items()}
         for obj, h in res["setup2_host_ops"].items():
             print(f"setup-2 host ops ({'tiny' if a.tiny else 'SD-1.5 architecture'}), {obj}: "
                   f"{h['sample_ops_per_step']:.0f} per sampling step, {h['update_ops_per_micro_step']:.0f} per update "
