@@ -6,7 +6,8 @@ real ``sd1:DIR`` path, the reward is the weight-free ``jpeg_compressibility``, t
 ``simple_animals`` (setup 5's HPDv2 needs the dataset), an epoch holds ``--batches`` sampling
 batches instead of the paper's 512 images (its time is scaled to 512 images: sampling and
 training are both linear in images), and nothing is checkpointed or logged beyond log.parquet.
-Epoch 2's ``wall_time_s`` is reported (epoch 1 includes warm-up), for DDPO's ``ppo_clip`` and
+The median ``wall_time_s`` of epochs 2..``--epochs`` is reported (epoch 1 includes warm-up; one
+epoch's time varied by ~10 % per phase between runs on an H200, so a PCPO/DDPO ratio wants several), for DDPO's ``ppo_clip`` and
 for ``pcpo``, with peak GPU memory and the FLOP floor: images x steps x 2 CFG rows x UNet row x
 (1 sampling + 2 LoRA / 3 full fine-tune for forward and backward) at 800 TFLOP/s.
 
@@ -59,14 +60,15 @@ def save_model(tiny: bool, device: str) -> tuple[Path, float]:
 
 
 def run_setup(setup: int, model_dir: Path, objective: str, batches: int, device: str, tiny: bool,
-              extra: tuple[str, ...] = (), profile: Path | None = None) -> dict:
-    """Train two epochs; epoch 2's seconds (sampling and update apart), images, and peak memory.
+              extra: tuple[str, ...] = (), profile: Path | None = None, epochs: int = 2) -> dict:
+    """Train ``epochs`` epochs; the median seconds of epochs 2.. (sampling and update apart, each epoch's
+    in ``epoch_s_each``), images, and peak memory.
 
     ``extra``: more ``KEY=VALUE`` overrides (``deterministic=false``). ``profile``: a third epoch runs its
     update under ``torch.profiler`` and its table goes there (top ops by device and by host time, and the
-    device-busy fraction: kernel time over wall time); epoch 2 stays the timed one.
+    device-busy fraction: kernel time over wall time); epochs 2..``epochs`` stay the timed ones.
     """
-    epochs = 3 if profile is not None else 2
+    timed, epochs = epochs, epochs + (1 if profile is not None else 0)
     over = [f"model=sd1:{model_dir}", "reward=jpeg_compressibility", "prompts=simple_animals", f"epochs={epochs}",
             f"sample_batches_per_epoch={batches}", "paper_total_batch=0", "checkpoint_every=1000",
             "log_to=none", "log_images_every=0", f"objective={objective}", f"device={device}", *extra]
@@ -78,20 +80,25 @@ def run_setup(setup: int, model_dir: Path, objective: str, batches: int, device:
     out = Path(tempfile.mkdtemp(prefix="bench_train_")) / "run"
     reset_peak(device)
     trainer = Trainer(cfg, out, progress=False)
-    prof = _profile_epoch(trainer, 3) if profile is not None else None
+    prof = _profile_epoch(trainer, epochs) if profile is not None else None
     log = trainer.run()
     peak = peak_gib(device)
-    row = log.iloc[1]
+    rows = log.iloc[1:timed]
+    row = rows[["wall_time_s", "sample_time_s"]].median()
     busy = write_profile(prof["prof"], prof["wall_s"], profile,
                          f"setup {setup} {objective} {' '.join(extra)}: update phase of epoch {prof['epoch']} "
                          "(profiled)") if prof else None
     images = cfg.sample_batch_size * cfg.sample_batches_per_epoch
     shutil.rmtree(out.parent, ignore_errors=True)
-    print(f"setup {setup} {objective} {' '.join(extra)}: {images} images, epoch 2 {row['wall_time_s']:.2f} s "
+    print(f"setup {setup} {objective} {' '.join(extra)}: {images} images, epoch (median of "
+          f"{len(rows)}) {row['wall_time_s']:.2f} s "
           f"(sampling {row['sample_time_s']:.2f} s), peak {peak} GiB", flush=True)  # before the table, if cut short
     return {"objective": objective, "options": " ".join(extra), "images": images, "steps": cfg.sample_steps,
             "lora_rank": cfg.lora_rank, "mixed_precision": cfg.mixed_precision, "epoch_s": float(row["wall_time_s"]),
-            "sample_s": float(row["sample_time_s"]), "update_s": float(row["wall_time_s"] - row["sample_time_s"]),
+            "sample_s": float(row["sample_time_s"]),
+            "update_s": float(row["wall_time_s"] - row["sample_time_s"]),  # the medians' difference
+            "epoch_s_each": [float(v) for v in rows["wall_time_s"]],
+            "sample_s_each": [float(v) for v in rows["sample_time_s"]],
             "peak_gib": peak, "timestep_fraction": cfg.timestep_fraction, "train_last_step": cfg.train_last_step,
             "update_device_busy": busy}
 
@@ -135,6 +142,7 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=2, help="sampling batches per epoch (paper: 512 images)")
     ap.add_argument("--runs", default="ppo_clip;pcpo",
                     help="';'-separated runs per setup, each OBJECTIVE[:KEY=VALUE,...] (e.g. ppo_clip:deterministic=false)")
+    ap.add_argument("--epochs", type=int, default=2, help="train this many epochs; report the median of 2..")
     ap.add_argument("--profile", type=Path, default=None, help="torch.profiler tables of each setup's first run here")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
@@ -146,7 +154,7 @@ def main() -> None:
         todo = runs[:1] if a.tiny and setup != 2 else runs  # CI time
         profile = a.profile if not (a.tiny and setup != 2) else None  # CI time: the profiler path runs once
         rows = [run_setup(setup, model_dir, o, a.batches, device, a.tiny, extra,
-                          profile if i == 0 else None) for i, (o, extra) in enumerate(todo)]
+                          profile if i == 0 else None, a.epochs) for i, (o, extra) in enumerate(todo)]
         for r in rows:
             r["epoch_s_at_512"] = r["epoch_s"] * 512 / r["images"]
             r["floor_s_at_512"] = floor_s(r, flops_row, 512)

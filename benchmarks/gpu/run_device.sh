@@ -45,9 +45,10 @@ for s in $stages; do
                 --profile "$OUT/generate_profile.txt" 2>&1 | tee -a "$LOG" | grep -v "float32" | tail -5 ;;
     invariance) timeout 200 python3 benchmarks/gpu/bench_generate.py --images 48 --batch 16 --repeats 1 \
                 --variants channels_last --invariance --json "$OUT/generate_invariance.json" 2>&1 | tee -a "$LOG" | grep -v "float32" | tail -40 ;;
-    train2) runs=${TRAIN_RUNS:-ppo_clip}; n=$(( $(tr -cd ';' <<< "$runs" | wc -c) + 1 ))
-            timeout $(( 110 * n )) python3 benchmarks/gpu/bench_train.py --setup 2 --batches 1 --runs "$runs" \
-              --json "$OUT/train2.json" 2>&1 | tee -a "$LOG" | grep -v "Loading\|float32\|Writing" | tail -12 ;;
+    train2) # TRAIN_EPOCHS (default 4): the median of epochs 2.. per run (one epoch varied ~10 % per phase)
+            runs=${TRAIN_RUNS:-ppo_clip}; n=$(( $(tr -cd ';' <<< "$runs" | wc -c) + 1 )); e=${TRAIN_EPOCHS:-4}
+            timeout $(( (50 + 22 * e) * n )) python3 benchmarks/gpu/bench_train.py --setup 2 --batches 1 --runs "$runs" \
+              --epochs "$e" --json "$OUT/train2.json" 2>&1 | tee -a "$LOG" | grep -v "Loading\|float32\|Writing" | tail -12 ;;
     trainprofile) timeout 150 python3 benchmarks/gpu/bench_train.py --setup 2 --batches 1 --runs ppo_clip \
               --profile "$OUT/train_profile.txt" --json "$OUT/train2_profiled.json" 2>&1 \
               | tee -a "$LOG" | grep -v "Loading\|float32\|Writing" | tail -8 ;;

@@ -27,7 +27,7 @@ def test_gpu_benchmark_tiny_mode(script, tmp_path):
     if script != "bench_metrics.py":  # the profiler tables (one batch / one extra epoch on the tiny models)
         extra += ["--profile", str(tmp_path / "profile.txt")]
     if script == "bench_train.py":  # one sampling batch per epoch (default 2): the same epoch code, half the images
-        extra += ["--batches", "1"]
+        extra += ["--batches", "1", "--epochs", "3"]  # two timed epochs: their median
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu" / script), "--tiny", "--json", str(out), *extra],
                          capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
@@ -40,6 +40,8 @@ def test_gpu_benchmark_tiny_mode(script, tmp_path):
         rows = [r for rows in res["setups"].values() for r in rows]
         assert {r["objective"] for r in res["setups"]["2"]} == {"ppo_clip", "pcpo"} and all(r["epoch_s"] > 0 for r in rows)
         assert all(abs(r["sample_s"] + r["update_s"] - r["epoch_s"]) < 1e-6 for r in rows)
+        assert all(len(r["epoch_s_each"]) == 2 and r["epoch_s"] == pytest.approx(sum(r["epoch_s_each"]) / 2)
+                   for r in rows)
         assert res["setups"]["2"][0]["update_device_busy"]["wall_s"] > 0  # the profiled run
     if script == "bench_metrics.py":
         assert res["decode_only"]["read_decode_img_s"] > 0 and res["decode_only"]["resize_299_img_s"] > 0
