@@ -57,7 +57,7 @@ for s in $stages; do
               | tee -a "$LOG" | grep -v "Loading\|float32\|Writing" | tail -8 ;;
     train5) timeout 200 python3 benchmarks/gpu/bench_train.py --setup 5 --batches 1 --runs ppo_clip \
               --json "$OUT/train5.json" 2>&1 | tee -a "$LOG" | grep -v "Loading\|float32\|Writing" | tail -8 ;;
-    metrics) timeout 240 python3 benchmarks/gpu/bench_metrics.py --images 1000 --metrics "fid,fd_dinov2,is,lpips" \
+    metrics) timeout 270 python3 benchmarks/gpu/bench_metrics.py --images 1000 --metrics "fid;fid,fd_dinov2,is,lpips" \
                --precision "${METRICS_PRECISION:-fp32}" --json "$OUT/metrics_${METRICS_PRECISION:-fp32}.json" 2>&1 | tee -a "$LOG" | grep -v "Warning\|warn" | tail -8 ;;
     attention) timeout 300 python3 benchmarks/gpu/bench_generate.py --images 48 --batch 16 --repeats 1 \
                 --variants attn_math,attn_efficient,attn_cudnn,cudnn_benchmark --json "$OUT/generate_attention.json" 2>&1 \
