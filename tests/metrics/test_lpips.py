@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -161,3 +162,24 @@ def test_toy_moments_equal_the_host_embedding() -> None:
     emb = ToyLpipsEmbedder(lambda im: clf(im)["layers"], {})
     imgs = _images(6, size=32, seed=8)
     assert lpips_diversity(emb, imgs, batch=4) == pytest.approx(_host_reference(emb, imgs, batch=4), rel=1e-6)
+
+
+@pytest.mark.parametrize("metric", ["lpips", "lpips_toy"])
+def test_update_path_equals_the_decode_pass_consumer(tmp_path, monkeypatch, metric) -> None:
+    """``LpipsDiversityMetric.update`` (prompts no consumer computed) gives the consumer's per-prompt values."""
+    from pcpo_eval.metrics.extract import MetricsOptions
+    from pcpo_eval.metrics.lpips_diversity import LpipsDiversityMetric
+    from pcpo_eval.metrics.workers import compute_metrics
+    from tests.support.metrics import TOY_PROMPTS, make_image_set
+
+    a = make_image_set(tmp_path / "a", TOY_PROMPTS, [0, 1, 2, 3, 4])
+
+    def opts(cache: str) -> MetricsOptions:
+        return MetricsOptions(batch_size=4, cache_dir=tmp_path / cache, lpips_batch=3, lpips_trunk="random",
+                              extractor_options={"toy": {"classifier": StandInToyClassifier(0)}})
+
+    consumer = compute_metrics(a, metric, None, opts("c1")).per_prompt[metric]
+    monkeypatch.setattr(LpipsDiversityMetric, "image_consumer", lambda self, data: None)
+    update = compute_metrics(a, metric, None, opts("c2")).per_prompt[metric]
+    assert len(update) == len(TOY_PROMPTS)
+    np.testing.assert_allclose(update, consumer, rtol=1e-6)
