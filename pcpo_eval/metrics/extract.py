@@ -59,9 +59,10 @@ class ExtractionReport:
     """How many unique images this rank computed (the rest came from the cache), and where its seconds went.
 
     ``seconds``: wall seconds per phase of this rank, summed over the call's passes: ``verify`` (hash
-    checks before any cache is trusted), ``read`` (waiting for the next decoded batch: what the
-    background decode did not hide), ``extract:<name>`` (resize + network + copy to the host of each
-    extractor), ``cache`` (feature chunks written), ``consume:<metric>`` (LPIPS embedding of the pass's
+    checks before any cache is trusted), ``read`` (waiting for the next decoded batch and its host-side
+    resizes (:meth:`FeatureExtractor.prepare`, e.g. DINOv2's PIL resize): what the background thread did
+    not hide), ``extract:<name>`` (the rest of each extractor: device resize if any, network, copy to
+    the host), ``cache`` (feature chunks written), ``consume:<metric>`` (LPIPS embedding of the pass's
     images; device work it queues may be counted by the next phase that waits for the device) and
     ``metric:<name>`` (each metric's own update and compute: statistics, Frechet distances, pairs).
     """
