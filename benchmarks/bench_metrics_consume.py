@@ -15,26 +15,32 @@
    ViT-S/14-sized DINOv2, old (resize inside ``extract`` on the main thread) vs new (``prepare`` on the
    prefetch thread, overlapping the forward): features equal bit for bit.
 
-All torch threads of the machine for both sides of each ratio. Usage:
+Single-threaded torch / BLAS for both sides of each ratio (PIL resizes and PNG decodes keep the
+thread pool of :func:`pcpo_eval.io.parallel_map`). Usage:
     .venv/bin/python benchmarks/bench_metrics_consume.py [--size 256] [--prompts 4] [--dino-images 48]
 """
 
 from __future__ import annotations
 
-import argparse
-import math
-import tempfile
-import time
-import warnings
-from pathlib import Path
-from types import SimpleNamespace
+import os
 
-import numpy as np
-import torch
-from PIL import Image
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
 
-from pcpo_eval.io import parallel_map
-from pcpo_eval.metrics import lpips_diversity as L
+import argparse  # noqa: E402
+import math  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+import warnings  # noqa: E402
+from pathlib import Path  # noqa: E402
+from types import SimpleNamespace  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from PIL import Image  # noqa: E402
+
+from pcpo_eval.io import parallel_map  # noqa: E402
+from pcpo_eval.metrics import lpips_diversity as L  # noqa: E402
 
 warnings.filterwarnings("ignore", category=UserWarning)  # torchvision's "pretrained" deprecation in lpips
 
@@ -181,7 +187,20 @@ def bench_lpips_consumer(size: int, n_prompts: int, per_prompt: int = 10, decode
     t_new, (v_new, bytes_new) = _best(run_new)
     fw_new = forwards[0] / 3
     rel = max(abs(v_new[p] - v_old[p]) / abs(v_old[p]) for p in v_old)
-    return {"t_old": t_old, "t_new": t_new, "rel": rel, "n": n, "D": emb_dim[0], "bytes_old": bytes_old,
+    # the work after the trunk alone (what differs): g + host accumulator vs segment_moments, 10 images
+    with torch.no_grad():
+        layers = emb.layers(imgs[:per_prompt])
+        weights = [lin.model[-1].weight.view(-1) for lin in emb.model.lins]
+
+        def post_old() -> None:
+            _OldAccumulator().update(_old_embed_layers(layers, weights).cpu())
+
+        def post_new() -> None:
+            L.segment_moments(layers, emb.lin_columns, [(0, per_prompt)])[0].mean_distance()
+
+        t_post_old, _ = _best(post_old, repeat=5)
+        t_post_new, _ = _best(post_new, repeat=5)
+    return {"t_post_old": t_post_old, "t_post_new": t_post_new, "t_old": t_old, "t_new": t_new, "rel": rel, "n": n, "D": emb_dim[0], "bytes_old": bytes_old,
             "bytes_new": bytes_new, "fw_old": fw_old / n, "fw_new": fw_new / n}
 
 
@@ -247,17 +266,20 @@ def main() -> None:
     p.add_argument("--resize-images", type=int, default=64)
     p.add_argument("--dino-images", type=int, default=48)
     args = p.parse_args()
+    torch.set_num_threads(1)
     lp = bench_lpips_consumer(args.size, args.prompts)
     rs = bench_dino_resize(args.resize_images)
     dp = bench_dino_pass(args.dino_images)
     print("## Metric pass host work (LPIPS consumer, DINOv2 resize)\n")
-    print(f"Measured on this machine, {torch.get_num_threads()} torch threads (torch {torch.__version__}); "
+    print(f"Measured on this machine, {torch.get_num_threads()} torch thread(s) (torch {torch.__version__}); "
           "best of 3 (decode pass: best of 2), old and new in the same process.\n")
     print("| stage | setting | old (s) | new (s) | old / new | values |")
     print("|---|---|---|---|---|---|")
     print(f"| LPIPS consumer | {lp['n']} images, {args.size}px, {args.prompts} prompts x 10, decode batch 25, "
           f"lpips_batch 16 | {lp['t_old']:.2f} | {lp['t_new']:.2f} | {lp['t_old'] / lp['t_new']:.2f}x | "
           f"max rel. diff {lp['rel']:.1e} |")
+    print(f"| LPIPS after the trunk (g + accumulator vs segment_moments) | 10 images, {args.size}px | "
+          f"{lp['t_post_old']:.3f} | {lp['t_post_new']:.3f} | {lp['t_post_old'] / lp['t_post_new']:.2f}x | |")
     print(f"| DINOv2 resize 512 -> 224 (pil_uint8_resize) | {rs['n']} images | {rs['t_old']:.3f} | {rs['t_new']:.3f} | "
           f"{rs['t_old'] / rs['t_new']:.2f}x | {'bit-equal' if rs['equal'] else 'DIFFERENT'} |")
     print(f"| decode pass, DINOv2 ViT-S/14 (random) | {dp['n']} PNGs 512px, batch 16 | {dp['t_old']:.2f} | "
