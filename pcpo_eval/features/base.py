@@ -5,6 +5,11 @@ metric code never touches pixels. Besides ``forward`` (features only) an extract
 ``extract(images) -> {"features": (N, d), "logits": (N, K)?}`` so the Inception Score can reuse the
 same forward pass, and ``settings()`` naming the weights file, its sha256 and the resize, which
 are recorded with every metric value.
+
+An extractor whose preprocessing runs on the host (PIL resizes) splits ``extract`` into
+``prepare(images)`` (host work, run ahead on the decode thread by
+:func:`pcpo_eval.metrics.extract.extract_sets`, so it overlaps the device's forward of the previous
+batch) and ``extract_prepared(prepared)`` (the network); ``extract(x) == extract_prepared(prepare(x))``.
 """
 
 from __future__ import annotations
@@ -35,6 +40,15 @@ class FeatureExtractor(nn.Module):
 
     def extract(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
         """Return ``{"features": (N, d) float32}`` plus ``"logits"`` (N, K) when available."""
+        raise NotImplementedError
+
+    def prepare(self, images: torch.Tensor) -> Any | None:
+        """Host-side preprocessing of ``images`` that may run ahead on another thread, for
+        :meth:`extract_prepared`; ``None`` when the extractor has none (then only :meth:`extract`)."""
+        return None
+
+    def extract_prepared(self, prepared: Any) -> dict[str, torch.Tensor]:
+        """:meth:`extract` from what :meth:`prepare` returned."""
         raise NotImplementedError
 
     @torch.no_grad()
@@ -124,11 +138,14 @@ def pil_uint8_resize(images: torch.Tensor, size: int) -> torch.Tensor:
     Returns uint8 (N, 3, size, size).
     """
     check_uint8_images(images)
-    arr = images.permute(0, 2, 3, 1).cpu().numpy()
+    # channel-last and contiguous in one torch copy (multi-threaded, GIL released): PIL's fromarray of a
+    # strided view calls numpy's tobytes per image, a serial gather of ~1.7-2.3 ms per 512-px image in
+    # the worker threads (tests/features/test_dinov2.py checks the same pixels)
+    arr = images.cpu().permute(0, 2, 3, 1).contiguous().numpy()
     out = np.empty((arr.shape[0], size, size, 3), dtype=np.uint8)
 
     def one(i: int) -> None:
-        out[i] = np.asarray(Image.fromarray(arr[i], mode="RGB").resize((size, size), resample=Image.BICUBIC))
+        out[i] = np.asarray(Image.fromarray(arr[i]).resize((size, size), resample=Image.BICUBIC))
 
     parallel_map(one, list(range(arr.shape[0])))
     return torch.from_numpy(out).permute(0, 3, 1, 2).contiguous()

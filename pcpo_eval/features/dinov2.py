@@ -100,8 +100,18 @@ class DinoV2Extractor(FeatureExtractor):
     @torch.no_grad()
     def extract(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
         """uint8 (N, 3, H, W) -> {"features": (N, hidden_size)} float32."""
+        return self.extract_prepared(self.prepare(images))
+
+    def prepare(self, images: torch.Tensor) -> torch.Tensor:
+        """The host half: dgm-eval's PIL 8-bit bicubic resize to 224 (uint8, pinned for CUDA)."""
         check_uint8_images(images)
-        x = pil_uint8_resize(images, INPUT_SIZE).to(self.device).float() / 255.0
+        x = pil_uint8_resize(images, INPUT_SIZE)
+        return x.pin_memory() if self.device.type == "cuda" else x
+
+    @torch.no_grad()
+    def extract_prepared(self, prepared: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The device half: /255, ImageNet mean/std, the model's final-LayerNorm CLS token."""
+        x = prepared.to(self.device, non_blocking=True).float() / 255.0
         x = (x - self.mean) / self.std
         out = self.model(pixel_values=x)
         return {"features": out.pooler_output.float().cpu()}

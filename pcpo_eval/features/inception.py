@@ -189,10 +189,21 @@ class InceptionExtractor(FeatureExtractor):
         """uint8 (N, 3, H, W) -> {"features": (N, 2048), "logits": (N, 1008)}, float32."""
         check_uint8_images(images)
         if self.resize == "torch":
-            x = torch_clean_resize(images, INPUT_SIZE, self.device)
-        else:
-            x = clean_resize(images, INPUT_SIZE).to(self.device)
-        x = (x - 128) / 128
+            return self.extract_prepared(torch_clean_resize(images, INPUT_SIZE, self.device))
+        return self.extract_prepared(self.prepare(images))
+
+    def prepare(self, images: torch.Tensor) -> torch.Tensor | None:
+        """The host half of the ``pil`` resize (clean-fid's, float32 299 px); ``None`` for ``torch``,
+        which resizes on the device."""
+        if self.resize == "torch":
+            return None
+        check_uint8_images(images)
+        return clean_resize(images, INPUT_SIZE)
+
+    @torch.no_grad()
+    def extract_prepared(self, prepared: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The network on float32 (N, 3, 299, 299) images in [0, 255] (clean-resized)."""
+        x = (prepared.to(self.device) - 128) / 128
         if self.trunk is not None:
             pool, logits = self.trunk(x)
         else:

@@ -59,9 +59,10 @@ class ExtractionReport:
     """How many unique images this rank computed (the rest came from the cache), and where its seconds went.
 
     ``seconds``: wall seconds per phase of this rank, summed over the call's passes: ``verify`` (hash
-    checks before any cache is trusted), ``read`` (waiting for the next decoded batch: what the
-    background decode did not hide), ``extract:<name>`` (resize + network + copy to the host of each
-    extractor), ``cache`` (feature chunks written), ``consume:<metric>`` (LPIPS embedding of the pass's
+    checks before any cache is trusted), ``read`` (waiting for the next decoded batch and its host-side
+    resizes (:meth:`FeatureExtractor.prepare`, e.g. DINOv2's PIL resize): what the background thread did
+    not hide), ``extract:<name>`` (the rest of each extractor: device resize if any, network, copy to
+    the host), ``cache`` (feature chunks written), ``consume:<metric>`` (LPIPS embedding of the pass's
     images; device work it queues may be counted by the next phase that waits for the device) and
     ``metric:<name>`` (each metric's own update and compute: statistics, Frechet distances, pairs).
     """
@@ -122,23 +123,30 @@ def _verify_cached_rows(image_set: ImageSet, decoded: set[int]) -> None:
     image_set.verify([r for r in range(len(image_set)) if r not in decoded])
 
 
-def _prefetched(image_set: ImageSet, batches: list[list[int]],
-                report: ExtractionReport) -> Iterator[tuple[list[int], torch.Tensor]]:
-    """``(rows, images)`` per batch, the next batch read and decoded on a background thread while the
-    caller runs the networks on this one (host decode overlaps device compute; same images, same order).
-    The time spent waiting for a batch goes to the report's ``read`` phase."""
+def _prefetched(image_set: ImageSet, batches: list[list[int]], report: ExtractionReport,
+                prepare: Callable[[list[int], torch.Tensor], Any] | None = None,
+                ) -> Iterator[tuple[list[int], torch.Tensor, Any]]:
+    """``(rows, images, prepare(rows, images))`` per batch, the next batch read, decoded and prepared
+    (the extractors' host-side resizes) on a background thread while the caller runs the networks on
+    this one (host work overlaps device compute; same images, same order). The time spent waiting for
+    a batch goes to the report's ``read`` phase."""
     from concurrent.futures import ThreadPoolExecutor
 
     if not batches:
         return
+
+    def load(rows: list[int]) -> tuple[torch.Tensor, Any]:
+        images = image_set.read_batch(rows)
+        return images, (prepare(rows, images) if prepare is not None else None)
+
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="pcpo-prefetch") as pool:
-        pending = pool.submit(image_set.read_batch, batches[0])
+        pending = pool.submit(load, batches[0])
         for i, rows in enumerate(batches):
             with report.timed("read"):
-                images = pending.result()
+                images, prepared = pending.result()
             if i + 1 < len(batches):
-                pending = pool.submit(image_set.read_batch, batches[i + 1])
-            yield rows, images
+                pending = pool.submit(load, batches[i + 1])
+            yield rows, images, prepared
 
 
 class ImageConsumer(Protocol):
@@ -201,13 +209,26 @@ def extract_sets(
     batches = dealt + [extra[i:i + b] for i in range(0, len(extra), b)]
     bar = progress_bar(sum(map(len, batches)), f"metrics {image_set.root.name}",
                        options.progress if dist.rank() == 0 else False, unit="img")
-    for rows, images in _prefetched(image_set, batches, report):
+
+    def wanted(name: str, rows: list[int]) -> list[int]:
+        return [j for j, r in enumerate(rows) if r in mine and r in missing[name]]
+
+    def prepare(rows: list[int], images: torch.Tensor) -> dict[str, Any]:
+        """The extractors' host-side preprocessing, run ahead on the prefetch thread (FeatureExtractor.prepare)."""
+        out = {}
+        for name, ext in extractors.items():
+            if (prep := getattr(ext, "prepare", None)) is not None and (idx := wanted(name, rows)):
+                out[name] = prep(images[idx])
+        return out
+
+    for rows, images, prepared in _prefetched(image_set, batches, report, prepare):
         bar.update(len(rows))
         for name, ext in extractors.items():
-            idx = [j for j, r in enumerate(rows) if r in mine and r in missing[name]]
+            idx = wanted(name, rows)
             if idx:
                 with report.timed(f"extract:{name}"):
-                    out = {k: v.numpy().astype(np.float32) for k, v in ext.extract(images[idx]).items()}
+                    got = ext.extract(images[idx]) if prepared.get(name) is None else ext.extract_prepared(prepared[name])
+                    out = {k: v.numpy().astype(np.float32) for k, v in got.items()}
                 with report.timed("cache"):
                     caches[name].write_chunk([keys[rows[j]] for j in idx], out)
                 report.computed += len(idx)

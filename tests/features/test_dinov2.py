@@ -71,3 +71,24 @@ def test_env_var_and_absent_weights(tiny_dinov2_dir, tmp_path, monkeypatch) -> N
     (broken / "config.json").write_text("{}")  # a folder that looks right but holds no model
     with pytest.raises(MissingWeightsError, match="DINOv2 weights: .*broken is incomplete: missing weights"):
         make_extractor("dinov2", weights_path=broken)
+
+
+def test_prepare_on_the_prefetch_thread_gives_the_same_features(tiny_dinov2_dir, tmp_path) -> None:
+    """extract_sets runs the PIL resize (``prepare``) on the decode thread: the same features as ``extract``
+    on the decoded images, bit for bit, in manifest order."""
+    from pcpo_eval.imageset import ImageSet
+    from pcpo_eval.metrics.extract import MetricsOptions, extract_sets
+    from tests.support.metrics import TOY_PROMPTS, make_image_set
+
+    ext = make_extractor("dinov2", weights_path=tiny_dinov2_dir)
+    imgs = torch.randint(0, 256, (4, 3, 60, 50), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(ext.extract_prepared(ext.prepare(imgs))["features"], ext.extract(imgs)["features"])
+    s = ImageSet.load(make_image_set(tmp_path / "a", TOY_PROMPTS, [0, 1, 2], size=48))
+    calls = []
+    real = ext.extract_prepared
+    ext.extract_prepared = lambda x: calls.append(x.shape[0]) or real(x)
+    got = extract_sets(s, {"dinov2": ext}, MetricsOptions(batch_size=4, cache_dir=tmp_path / "c"))["dinov2"]["features"]
+    assert sum(calls) == len(s)  # every batch went through the prepared path
+    whole = s.read_batch(list(range(len(s))))
+    ref = torch.cat([ext.extract(whole[i : i + 4])["features"] for i in range(0, len(s), 4)]).numpy()
+    assert (got == ref).all()

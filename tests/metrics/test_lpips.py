@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -109,3 +110,76 @@ def test_real_trunk_loads_from_a_local_torchvision_file(tmp_path) -> None:
     emb = make_lpips_embedder(str(path))
     assert torch.equal(getattr(emb.model.net.slice2, "3").weight, alex.features[3].weight)
     assert emb.info["trunk_sha256"]
+
+
+def _host_reference(embedder, images: torch.Tensor, batch: int) -> float:
+    """The pre-device path: g = embedder(x) on the host, accumulated per chunk of ``batch`` images."""
+    acc = PairwiseAccumulator()
+    for i in range(0, images.shape[0], batch):
+        acc.update(embedder(images[i : i + batch]))
+    return acc.mean_distance()
+
+
+def test_segment_moments_equal_the_host_embedding(embedder) -> None:
+    imgs = _images(11, size=40, seed=5)
+    segments = [(0, 3), (3, 4), (4, 11)]
+    accs = embedder.moments(imgs, segments)
+    g = embedder(imgs)
+    for (a, b), acc in zip(segments, accs, strict=True):
+        ref = PairwiseAccumulator().update(g[a:b])
+        assert acc.n == b - a
+        torch.testing.assert_close(acc.mean, ref.mean, rtol=1e-6, atol=1e-9)
+        assert float(acc.m2) == pytest.approx(float(ref.m2), rel=1e-6, abs=1e-12)
+    assert accs[0].mean_distance() == pytest.approx(naive_lpips_diversity(embedder.model, imgs[:3]), rel=1e-5)
+
+
+def test_consumer_regrouped_batches_equal_per_prompt_lpips(embedder) -> None:
+    """Decode batches that split prompts, trunk batches that span prompts, parked open prompts: every
+    prompt's value equals the host path to 1e-6 and naive per-pair ``lpips`` to 1e-5."""
+    from types import SimpleNamespace
+
+    from pcpo_eval.metrics.lpips_diversity import _LpipsConsumer
+
+    imgs = _images(21, size=36, seed=6)
+    prompt_rows = {0: [0, 3, 6, 9, 12, 15, 18], 1: [1, 4, 7, 10, 13], 2: [2, 5, 8, 11, 14, 16, 17, 19, 20]}
+    done: dict[int, float] = {}
+    metric = SimpleNamespace(name="lpips", embedder=embedder,
+                             _finish=lambda pid, acc, path: done.__setitem__(pid, acc.mean_distance()))
+    data = SimpleNamespace(options=SimpleNamespace(lpips_batch=4), rows=prompt_rows)
+    consumer = _LpipsConsumer(metric, data, {pid: Path(f"p{pid}") for pid in prompt_rows})
+    for i in range(0, 21, 8):
+        rows = list(range(i, min(i + 8, 21)))
+        consumer.consume(rows, imgs[rows])
+        assert all(acc.mean is None or acc.mean.device.type == "cpu" for acc in consumer.acc.values())
+    assert sorted(done) == [0, 1, 2] and not consumer.acc
+    for pid, rows in prompt_rows.items():
+        assert done[pid] == pytest.approx(_host_reference(embedder, imgs[rows], batch=4), rel=1e-6)
+        assert done[pid] == pytest.approx(naive_lpips_diversity(embedder.model, imgs[rows]), rel=1e-5)
+
+
+def test_toy_moments_equal_the_host_embedding() -> None:
+    clf = StandInToyClassifier(seed=7)
+    emb = ToyLpipsEmbedder(lambda im: clf(im)["layers"], {})
+    imgs = _images(6, size=32, seed=8)
+    assert lpips_diversity(emb, imgs, batch=4) == pytest.approx(_host_reference(emb, imgs, batch=4), rel=1e-6)
+
+
+@pytest.mark.parametrize("metric", ["lpips", "lpips_toy"])
+def test_update_path_equals_the_decode_pass_consumer(tmp_path, monkeypatch, metric) -> None:
+    """``LpipsDiversityMetric.update`` (prompts no consumer computed) gives the consumer's per-prompt values."""
+    from pcpo_eval.metrics.extract import MetricsOptions
+    from pcpo_eval.metrics.lpips_diversity import LpipsDiversityMetric
+    from pcpo_eval.metrics.workers import compute_metrics
+    from tests.support.metrics import TOY_PROMPTS, make_image_set
+
+    a = make_image_set(tmp_path / "a", TOY_PROMPTS, [0, 1, 2, 3, 4])
+
+    def opts(cache: str) -> MetricsOptions:
+        return MetricsOptions(batch_size=4, cache_dir=tmp_path / cache, lpips_batch=3, lpips_trunk="random",
+                              extractor_options={"toy": {"classifier": StandInToyClassifier(0)}})
+
+    consumer = compute_metrics(a, metric, None, opts("c1")).per_prompt[metric]
+    monkeypatch.setattr(LpipsDiversityMetric, "image_consumer", lambda self, data: None)
+    update = compute_metrics(a, metric, None, opts("c2")).per_prompt[metric]
+    assert len(update) == len(TOY_PROMPTS)
+    np.testing.assert_allclose(update, consumer, rtol=1e-6)
