@@ -18,11 +18,17 @@ catalogue preference metric; these are its per-image reward scores), fitted with
 study fits preference scores. ``lpips_toy`` is the per-prompt metric, ``fd_toy`` / ``is_toy`` the
 overall-only ones (Welch).
 
-Resampling: ``--studies`` A/A studies of k vs k runs drawn without replacement from the pool; each is
-analysed by :func:`pcpo_eval.study.results.fit_metric_lmms` and
-:func:`pcpo_eval.study.results.overall_effects`'s Welch test, once with lmerTest's Satterthwaite df
-(``old``) and once with the df capped at the run level (``new``: the
-number of runs minus 2, the containment df; a candidate fix, not what the study does). ``--plant D`` adds D residual SDs of each metric to
+Resampling: ``--studies`` A/A studies of k vs k runs drawn without replacement from the pool; each
+LMM row is fitted as :func:`pcpo_eval.study.results._simple_effect` fits it and tested three ways:
+lmerTest's Satterthwaite df (``old``, the study before the boundary rule), the df capped at the run
+level (``new``: runs - 2, the containment df; a candidate, not adopted) and the study's rule now
+(:func:`pcpo_eval.stats.boundary.run_level_at_boundary`: the run means' t when the run variance is
+estimated at 0); the overall-only rows by :func:`pcpo_eval.study.results.overall_effects`'s Welch
+test. "As the study reports now" is one Holm family over every row of both comparisons
+(:func:`pcpo_eval.study.results.arm_family`; in this one-cell study the LMM tables' algorithm terms
+are the same tests as the rows). ``--check N`` (default 2) runs the first N studies through
+``fit_metric_lmms``, ``_simple_effect``, ``same_tests``, ``lmm_study_family`` and ``arm_family``
+themselves and fails on any difference in p or in the decision. ``--plant D`` adds D residual SDs of each metric to
 arm B (power). ``--synthetic N``: N draws from the variance components estimated on the whole pool.
 
 Usage::
@@ -100,16 +106,25 @@ def load_pool(pool: Path) -> dict[str, dict]:
     return out
 
 
-def _fit_p(data: pd.DataFrame, metric: str, groups: list[str]) -> tuple[float, float, float]:
-    """(p with lmerTest's df, p with the df capped at the run level, lmerTest df) of the algorithm term."""
-    from pcpo_eval.stats import fit_lmm
+def _fit_p(data: pd.DataFrame, metric: str, groups: list[str]) -> tuple[float, float, float, float, bool]:
+    """(p with lmerTest's df, p with the df capped at the run level, lmerTest df, p as the study tests
+    it now, whether the study's boundary rule applied) of the algorithm term.
 
-    f = fit_lmm(data.assign(value=data[metric].astype(float)), "value ~ algorithm", groups, diagnostics=False)
+    The study's p: the fit of ``results._simple_effect`` (``fit_lmm(..., coding="treatment",
+    diagnostics=False)``) then :func:`pcpo_eval.stats.boundary.run_level_at_boundary` (the run means'
+    t with runs - 2 df when the run variance is estimated at 0), as ``_simple_effect`` and
+    ``fit_metric_lmms`` call it (``--check`` runs those functions themselves and compares)."""
+    from pcpo_eval.stats import fit_lmm
+    from pcpo_eval.stats.boundary import run_level_at_boundary
+
+    dm = data.assign(value=data[metric].astype(float))
+    f = fit_lmm(dm, "value ~ algorithm", groups, coding="treatment", diagnostics=False)
     fe = f.term("algorithm[T.B]")
     if not f.estimable:
-        return np.nan, np.nan, fe.df
+        return np.nan, np.nan, fe.df, np.nan, False
     cap = data["run"].nunique() - 2  # the between-run (containment) df of the algorithm term
-    return fe.p, float(2 * stats.t.sf(abs(fe.t), min(fe.df, cap))), fe.df
+    g = run_level_at_boundary(f, dm, "value ~ algorithm", groups, "treatment")
+    return fe.p, float(2 * stats.t.sf(abs(fe.t), min(fe.df, cap))), fe.df, g.term("algorithm[T.B]").p, g is not f
 
 
 def holm_any(ps: list[float]) -> bool:
@@ -121,9 +136,11 @@ def holm_any(ps: list[float]) -> bool:
 
 
 def analyse(comp: dict, runs_a: list[str], runs_b: list[str], plant: float = 0.0) -> dict[str, bool]:
-    """One A/A study at one comparison: any significant LMM/bold row (old, new df), any Welch row."""
+    """One A/A study at one comparison: any significant LMM/bold row (old, new df), any Welch row;
+    the LMM rows' ps by lmerTest's rule (``p_all``, before the boundary rule) and by the study's rule
+    now (``p_study``: LMM rows then Welch rows), and how many fits hit the boundary rule."""
     lab = {r: "A" for r in runs_a} | {r: "B" for r in runs_b}
-    p_old, p_new = [], []
+    p_old, p_new, p_st, boundary = [], [], [], 0
     for kind, metrics, groups in (("prompt", PER_PROMPT, ["prompt", "run"]),
                                   ("image", PER_IMAGE, ["prompt", "image", "run"])):
         d = comp[kind][comp[kind]["run"].isin(lab)].copy()
@@ -131,29 +148,87 @@ def analyse(comp: dict, runs_a: list[str], runs_b: list[str], plant: float = 0.0
         for m in metrics:
             if plant:
                 d.loc[d["algorithm"] == "B", m] += plant * comp.get("sd", {}).get(m, 0.0)
-            po, pn, _ = _fit_p(d, m, groups)
+            po, pn, _, ps, hit = _fit_p(d, m, groups)
             p_old.append(po)
             p_new.append(pn)
+            p_st.append(ps)
+            boundary += hit
     welch = []
     for m in OVERALL:
         a = [comp["overall"][r][m] for r in runs_a if m in comp["overall"][r]]
         b = [comp["overall"][r][m] for r in runs_b if m in comp["overall"][r]]
         welch.append(float(stats.ttest_ind(b, a, equal_var=False).pvalue) if len(a) > 1 and len(b) > 1 else np.nan)
-    return {"lmm_old": holm_any(p_old), "lmm_new": holm_any(p_new), "welch": holm_any(welch),
-            "p_all": p_old + welch,
+    return {"lmm_old": holm_any(p_old), "lmm_new": holm_any(p_new), "lmm_study": holm_any(p_st),
+            "welch": holm_any(welch), "p_all": p_old + welch, "p_study": p_st + welch, "boundary": boundary,
             "row_old": [p < ALPHA for p in p_old if np.isfinite(p)], "row_new": [p < ALPHA for p in p_new if np.isfinite(p)],
+            "row_study": [p < ALPHA for p in p_st if np.isfinite(p)],
             "row_welch": [p < ALPHA for p in welch if np.isfinite(p)]}
 
 
-def resample(pool: dict, k: int, n_studies: int, seed: int, plant: float) -> dict[str, list[bool]]:
-    """n_studies A/A studies of k vs k runs; per study: any significant row (both comparisons)."""
+def study_path_check(sp, comp_by_match: dict, runs_a: list[str], runs_b: list[str], per: list[dict]) -> str:
+    """The same A/A study through the study's own functions: ``fit_metric_lmms`` (LMM tables, with the
+    boundary rule), ``_simple_effect`` (raw-score rows), ``same_tests``, ``lmm_study_family`` and
+    ``arm_family`` (one family per study); Welch rows as :func:`analyse` computes them. Raises when a
+    p or the per-study decision differs from :func:`analyse`'s ``p_study`` / one-family decision."""
+    from pcpo_eval.study.results import (
+        _simple_effect,
+        _suffixed,
+        arm_family,
+        fit_metric_lmms,
+        lmm_setup,
+        lmm_study_family,
+        same_tests,
+    )
+
+    lab = {r: "A" for r in runs_a} | {r: "B" for r in runs_b}
+    significance, adjusted, same = {}, {}, {}
+    for match, suffix, pr in (("reward", "", per[0]), ("epoch", " @ epoch 12", per[1])):
+        comp, frames, rows = comp_by_match[match], {}, {}
+        for kind, metrics, groups in (("prompt", PER_PROMPT, ["prompt"]), ("image", PER_IMAGE, ["prompt", "image"])):
+            d = comp[kind][comp[kind]["run"].isin(lab)].copy()
+            d["algorithm"] = d["run"].map(lab)
+            setup = lmm_setup("value ~ algorithm", groups, None, len(runs_a))
+            for m in metrics:
+                frames[m] = (d, setup)
+                rows[m] = _simple_effect(sp, d, m, setup)[1]
+        fits, adj = fit_metric_lmms(frames, "treatment")
+        ours = pr["p_study"][:len(frames)]
+        for i, m in enumerate(frames):
+            for got in (rows[m]["p"], adj[m]["algorithm[T.B]"]["p"]):
+                if not np.isclose(got, ours[i], rtol=1e-6, atol=1e-12):
+                    raise AssertionError(f"{match} {m}: study path p {got} != benchmark p {ours[i]}")
+        for i, m in enumerate(OVERALL):
+            p = pr["p_study"][len(frames) + i]
+            rows[m] = {"p": p, "estimable": bool(np.isfinite(p))}
+        sig = {"": rows}
+        same |= same_tests(sig, adj, fits, "algorithm", suffix)
+        significance |= _suffixed(sig, suffix)
+        adjusted |= _suffixed(adj, suffix)
+    significance, adjusted = arm_family(significance, lmm_study_family(adjusted), "algorithm", same, "holm", ALPHA)
+    any_sig = (any(r.get("significant") for per_c in significance.values() for r in per_c.values())
+               or any(v.get("p_holm") is not None and v["p_holm"] < ALPHA
+                      for terms in adjusted.values() for t, v in terms.items() if t.startswith("algorithm[")))
+    ours = holm_any([q for p in per for q in p["p_study"]])
+    n_family = next(iter(next(iter(significance.values())).values())).get("family_size")
+    if any_sig != ours:
+        raise AssertionError(f"study path decision {any_sig} != benchmark decision {ours}")
+    return f"ok: same ps, same decision ({any_sig}), family size {n_family}, {len(same)} LMM entries counted once"
+
+
+def resample(pool: dict, k: int, n_studies: int, seed: int, plant: float, sp=None,
+             check: int = 0) -> dict[str, list[bool]]:
+    """n_studies A/A studies of k vs k runs; per study: any significant row (both comparisons).
+    The first ``check`` studies are also run through the study's own functions (:func:`study_path_check`)."""
     rng = np.random.default_rng(seed)
     runs = sorted(set(pool["reward"]["prompt"]["run"]) & set(pool["epoch"]["prompt"]["run"]))
     res: dict[str, list] = {"old": [], "new": [], "welch": [], "any_old": [], "any_new": [], "rows_old": [],
-                            "rows_new": [], "rows_welch": [], "one_family": [], "per_comparison": [], "fixed": []}
-    for _ in range(n_studies):
+                            "rows_new": [], "rows_welch": [], "one_family": [], "per_comparison": [], "fixed": [],
+                            "rows_study": [], "fixed_study": [], "now": [], "boundary_fits": [], "flipped": []}
+    for i in range(n_studies):
         pick = rng.choice(runs, size=2 * k, replace=False).tolist()
         per = [analyse(pool[m], pick[:k], pick[k:], plant) for m in ("reward", "epoch")]
+        if i < check:
+            print(f"[check study {i}] {study_path_check(sp, pool, pick[:k], pick[k:], per)}", flush=True)
         res["old"].append(any(p["lmm_old"] for p in per))
         res["new"].append(any(p["lmm_new"] for p in per))
         res["welch"].append(any(p["welch"] for p in per))
@@ -162,12 +237,24 @@ def resample(pool: dict, k: int, n_studies: int, seed: int, plant: float) -> dic
         res["rows_old"] += [r for p in per for r in p["row_old"]]
         res["rows_new"] += [r for p in per for r in p["row_new"]]
         res["rows_welch"] += [r for p in per for r in p["row_welch"]]
+        res["rows_study"] += [r for p in per for r in p["row_study"]]
+        # before the boundary rule (lmerTest's p): one Holm family over the study's rows, which is
+        # what arm_family makes of a one-cell study (its LMM terms are the same tests as the rows)
         res["one_family"].append(holm_any([q for p in per for q in p["p_all"]]))
-        # the study after the fix: bold = one Holm family over both comparisons' rows (LMM + Welch);
-        # LMM tables = one family per term over both comparisons' fits
-        p_lmm = [q for p in per for q in p["p_all"][:len(PER_PROMPT) + len(PER_IMAGE)]]
+        # two families (bold; LMM tables per term over both comparisons), as before arm_family
+        n_lmm = len(PER_PROMPT) + len(PER_IMAGE)
+        p_lmm = [q for p in per for q in p["p_all"][:n_lmm]]
         res["fixed"].append(holm_any([q for p in per for q in p["p_all"]]) or holm_any(p_lmm))
+        p_lmm_st = [q for p in per for q in p["p_study"][:n_lmm]]
+        res["fixed_study"].append(holm_any([q for p in per for q in p["p_study"]]) or holm_any(p_lmm_st))
+        # the study now: one family (arm_family) with the LMM rows tested by the boundary rule
+        res["now"].append(holm_any([q for p in per for q in p["p_study"]]))
+        res["boundary_fits"].append(sum(p["boundary"] for p in per))
+        res["flipped"].append(res["now"][-1] != res["one_family"][-1])
         res["per_comparison"] += [p["lmm_old"] or p["welch"] for p in per]
+        if (i + 1) % 10 == 0:
+            print(f"[progress] {i + 1}/{n_studies} studies; now {sum(res['now'])}, before {sum(res['one_family'])}, "
+                  f"boundary fits {sum(res['boundary_fits'])}", flush=True)
     return res
 
 
@@ -261,6 +348,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=20261127)
     ap.add_argument("--components", action="store_true", help="print the pool's variance components")
     ap.add_argument("--analytic", type=int, default=0, help="draws of the balanced-model mean squares per setting")
+    ap.add_argument("--check", type=int, default=2,
+                    help="the first N studies also through the study's own functions (fit_metric_lmms, "
+                         "_simple_effect, arm_family); fails on any difference")
     a = ap.parse_args()
     if a.analytic:
         for k in (3, 5):
@@ -278,7 +368,10 @@ def main() -> None:
         if a.components:
             print(json.dumps(comps, indent=1))
     if a.studies:
-        r = resample(pool, a.k, a.studies, a.seed, a.plant)
+        from pcpo_eval.study.spec import load_spec
+
+        sp = load_spec(a.pool / "study.yaml", check_weights=False)
+        r = resample(pool, a.k, a.studies, a.seed, a.plant, sp, a.check)
         tag = f"k={a.k} plant={a.plant:g} seed={a.seed}"
         print(f"[real pool {tag}] any LMM/bold row, Satterthwaite (old): {_rate(r['old'])}")
         print(f"[real pool {tag}] any LMM/bold row, df capped at run level (new): {_rate(r['new'])}")
@@ -288,8 +381,15 @@ def main() -> None:
         print(f"[real pool {tag}] per Welch row (unadjusted p<0.05): {_rate(r['rows_welch'])}")
         print(f"[real pool {tag}] any row of one comparison (its LMM + Welch families): {_rate(r['per_comparison'])}")
         print(f"[real pool {tag}] any row, one Holm family over the study's rows: {_rate(r['one_family'])}")
-        print(f"[real pool {tag}] any row as the study reports after the fix (bold family + LMM family per term, "
-              f"both over the two comparisons): {_rate(r['fixed'])}")
+        print(f"[real pool {tag}] any row, bold family + LMM family per term (two families, before arm_family), "
+              f"lmerTest p: {_rate(r['fixed'])}; boundary rule: {_rate(r['fixed_study'])}")
+        print(f"[real pool {tag}] per LMM row (unadjusted p<0.05), study's boundary rule: {_rate(r['rows_study'])}")
+        nb = np.asarray(r["boundary_fits"])
+        print(f"[real pool {tag}] LMM fits at run variance 0 (boundary rule applied): {int(nb.sum())} of "
+              f"{len(r['rows_study'])}; studies with >= 1: {_rate(list(nb > 0))}; decision changed vs lmerTest p: "
+              f"{_rate(r['flipped'])}")
+        print(f"[real pool {tag}] AS THE STUDY REPORTS NOW (one family, arm_family; boundary rule): {_rate(r['now'])}; "
+              f"same family with lmerTest p (before the boundary rule): {_rate(r['one_family'])}")
     if a.synthetic:
         meta = pool["epoch"]
         n_prompts = meta["prompt"]["prompt"].nunique()
