@@ -99,15 +99,19 @@ def host_ops(objective: str, model_dir: Path, *extra: str) -> dict[str, float]:
     samples = trainer.sample_epoch(1)
     trainer.train_epoch(1, samples)
 
-    def top_level(fn) -> int:
+    def counts(fn) -> tuple[int, int]:
+        """Top-level aten ops, and dtype copies (``aten::_to_copy``: autocast's weight casts among them)."""
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             fn()
-        return sum(1 for e in prof.events() if e.name.startswith("aten::")
-                   and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::")))
+        events = [e for e in prof.events() if e.name.startswith("aten::")]
+        top = sum(1 for e in events if e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"))
+        return top, sum(1 for e in events if e.name == "aten::_to_copy")
 
     micro = cfg.sample_batch_size // cfg.train_batch_size * cfg.sample_steps
-    return {"sample_ops_per_step": top_level(lambda: trainer.sample_epoch(2)) / cfg.sample_steps,
-            "update_ops_per_micro_step": top_level(lambda: trainer.train_epoch(2, samples)) / micro,
+    (sample, sample_copies), (update, update_copies) = (counts(lambda: trainer.sample_epoch(2)),
+                                                        counts(lambda: trainer.train_epoch(2, samples)))
+    return {"sample_ops_per_step": sample / cfg.sample_steps, "sample_copies_per_step": sample_copies / cfg.sample_steps,
+            "update_ops_per_micro_step": update / micro, "update_copies_per_micro_step": update_copies / micro,
             "train_batch_size": cfg.train_batch_size, "micro_steps": micro}
 
 
@@ -134,8 +138,9 @@ def main() -> None:
         res["setup2_host_ops"] = {name: host_ops(obj, ops_dir, *extra) for name, (obj, *extra) in runs.items()}
         for obj, h in res["setup2_host_ops"].items():
             print(f"setup-2 host ops ({'tiny' if a.tiny else 'SD-1.5 architecture'}), {obj}: "
-                  f"{h['sample_ops_per_step']:.0f} per sampling step, {h['update_ops_per_micro_step']:.0f} per update "
-                  f"micro-step of {h['train_batch_size']} samples", flush=True)
+                  f"{h['sample_ops_per_step']:.0f} per sampling step ({h['sample_copies_per_step']:.0f} dtype copies), "
+                  f"{h['update_ops_per_micro_step']:.0f} per update micro-step of {h['train_batch_size']} samples "
+                  f"({h['update_copies_per_micro_step']:.0f} dtype copies)", flush=True)
     if a.json:
         a.json.write_text(json.dumps(res, indent=1))
 
