@@ -68,5 +68,9 @@ def test_count_flops_tiny_mode(tmp_path):
     for e in res["tiny_setup2_epoch"].values():
         assert e["update_G"] > 0 and e["update_floor_G"] > 0 and e["sample_G"] > e["sample_floor_G"] > 0
     assert res["tiny_setup2_epoch"]["ppo_clip"]["update_G"] == res["tiny_setup2_epoch"]["pcpo"]["update_G"]
-    for h in res["setup2_host_ops"].values():  # part 3: a forward + backward is many dispatches
+    host = res["setup2_host_ops"]
+    for h in host.values():  # part 3: a forward + backward is many dispatches
         assert h["update_ops_per_micro_step"] > h["sample_ops_per_step"] > 50
+    frozen = host["ppo_clip frozen_weights=autocast"]  # weights stored in the autocast dtype: fewer casts
+    assert frozen["sample_copies_per_step"] < host["ppo_clip"]["sample_copies_per_step"]
+    assert frozen["update_copies_per_micro_step"] < host["ppo_clip"]["update_copies_per_micro_step"]
