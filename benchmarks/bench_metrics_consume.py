@@ -9,9 +9,10 @@
    AlexNet trunk with the wheel's v0.1 linear layers; both run the trunk once per image. On CPU the
    ratio measures the host arithmetic saved (the trunk, identical on both sides, dominates); the
    bytes copied to the host are what a GPU saves on top.
-2. DINOv2's dgm-eval resize (PIL 8-bit bicubic 512 -> 224): old ``pil_uint8_resize`` (PIL reads a
-   strided NHWC view per image: numpy's tobytes gather in the worker thread) vs new (one contiguous
-   torch copy first); pixels equal bit for bit. Plus the decode pass (``extract_sets``) with a random
+2. DINOv2's dgm-eval resize (PIL 8-bit bicubic 512 -> 224): ``pil_uint8_resize`` as kept (PIL reads a
+   strided NHWC view per image: numpy's tobytes gather in each worker thread) against a variant tried
+   and rejected (one contiguous torch copy first: serial unless torch has threads to spare, and slower
+   on 2 cores); pixels equal bit for bit. Plus the decode pass (``extract_sets``) with a random
    ViT-S/14-sized DINOv2, old (resize inside ``extract`` on the main thread) vs new (``prepare`` on the
    prefetch thread, overlapping the forward): features equal bit for bit.
 
@@ -121,7 +122,7 @@ def _old_consumer(emb: L.LpipsEmbedder, rows: dict[int, list[int]], batch: int):
 
 
 def _old_pil_uint8_resize(images: torch.Tensor, size: int) -> torch.Tensor:
-    arr = images.permute(0, 2, 3, 1).cpu().numpy()
+    arr = images.permute(0, 2, 3, 1).cpu().numpy()  # = pil_uint8_resize (the decode pass's "old" side)
     out = np.empty((arr.shape[0], size, size, 3), dtype=np.uint8)
 
     def one(i: int) -> None:
@@ -207,11 +208,23 @@ def bench_lpips_consumer(size: int, n_prompts: int, per_prompt: int = 10, decode
 # ----------------------------------------------------------------------------- 2. DINOv2 resize and decode pass
 
 
+def _contiguous_first_resize(images: torch.Tensor, size: int) -> torch.Tensor:
+    """The rejected variant: channel-last and contiguous in one torch copy, then PIL from contiguous pixels."""
+    arr = images.cpu().permute(0, 2, 3, 1).contiguous().numpy()
+    out = np.empty((arr.shape[0], size, size, 3), dtype=np.uint8)
+
+    def one(i: int) -> None:
+        out[i] = np.asarray(Image.fromarray(arr[i]).resize((size, size), resample=Image.BICUBIC))
+
+    parallel_map(one, list(range(arr.shape[0])))
+    return torch.from_numpy(out).permute(0, 3, 1, 2).contiguous()
+
+
 def bench_dino_resize(n: int) -> dict[str, float]:
     imgs = torch.randint(0, 256, (n, 3, 512, 512), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
     from pcpo_eval.features.base import pil_uint8_resize
 
-    t_old, old = _best(lambda: _old_pil_uint8_resize(imgs, 224))
+    t_old, old = _best(lambda: _contiguous_first_resize(imgs, 224))
     t_new, new = _best(lambda: pil_uint8_resize(imgs, 224))
     arr = imgs.permute(0, 2, 3, 1).numpy()
     arrc = np.ascontiguousarray(arr)
@@ -280,7 +293,8 @@ def main() -> None:
           f"max rel. diff {lp['rel']:.1e} |")
     print(f"| LPIPS after the trunk (g + accumulator vs segment_moments) | 10 images, {args.size}px | "
           f"{lp['t_post_old']:.3f} | {lp['t_post_new']:.3f} | {lp['t_post_old'] / lp['t_post_new']:.2f}x | |")
-    print(f"| DINOv2 resize 512 -> 224 (pil_uint8_resize) | {rs['n']} images | {rs['t_old']:.3f} | {rs['t_new']:.3f} | "
+    print(f"| DINOv2 resize 512 -> 224: contiguous copy first (old column, rejected) vs pil_uint8_resize (new) | "
+          f"{rs['n']} images | {rs['t_old']:.3f} | {rs['t_new']:.3f} | "
           f"{rs['t_old'] / rs['t_new']:.2f}x | {'bit-equal' if rs['equal'] else 'DIFFERENT'} |")
     print(f"| decode pass, DINOv2 ViT-S/14 (random) | {dp['n']} PNGs 512px, batch 16 | {dp['t_old']:.2f} | "
           f"{dp['t_new']:.2f} | {dp['t_old'] / dp['t_new']:.2f}x | {'bit-equal' if dp['equal'] else 'DIFFERENT'} |")

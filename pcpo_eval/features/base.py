@@ -138,10 +138,10 @@ def pil_uint8_resize(images: torch.Tensor, size: int) -> torch.Tensor:
     Returns uint8 (N, 3, size, size).
     """
     check_uint8_images(images)
-    # channel-last and contiguous in one torch copy (multi-threaded, GIL released): PIL's fromarray of a
-    # strided view calls numpy's tobytes per image, a serial gather of ~1.7-2.3 ms per 512-px image in
-    # the worker threads (tests/features/test_dinov2.py checks the same pixels)
-    arr = images.cpu().permute(0, 2, 3, 1).contiguous().numpy()
+    # a strided channel-last view: PIL's fromarray gathers each image in its worker thread (numpy's tobytes,
+    # ~1.4 ms per 512-px image), in parallel; one contiguous torch copy up front instead was slower on
+    # 2 cores (0.18 vs 0.13 s for 64 images, 1 or 2 torch threads; benchmarks/bench_metrics_consume.py)
+    arr = images.cpu().permute(0, 2, 3, 1).numpy()
     out = np.empty((arr.shape[0], size, size, 3), dtype=np.uint8)
 
     def one(i: int) -> None:
