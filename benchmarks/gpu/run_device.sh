@@ -5,7 +5,8 @@
 # files come back from a device call).
 #   bash benchmarks/gpu/run_device.sh [stage ...]
 # stages: generate train2 metrics train5 (default), tests profile trainprofile trainbatch invariance attention quick compile.
-# Measured stage times (H200): generate 79 s, train2 77 s (one run); metrics and train5 need more than 120 / 100 s.
+# Measured stage times (H200, 2026-11-27): generate 80 s, train2 ~58 s per run at 2 epochs, metrics 84-93 s (all four
+# metrics), tests ~20 s per scenario; attention ran past 200 s; train5 past 100 s (2026-11-26).
 # Wheels for packages the machine lacks travel in .whl/ (docs/gpu.md, "Running the GPU checks").
 set -u
 OUT=${OUT:-gpu_out}
