@@ -31,13 +31,13 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import argparse  # noqa: E402
 import math  # noqa: E402
 import tempfile  # noqa: E402
-import time  # noqa: E402
 import warnings  # noqa: E402
 from pathlib import Path  # noqa: E402
 from types import SimpleNamespace  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from bench_metrics import _time  # noqa: E402  (this folder is on sys.path when a script runs)
 from PIL import Image  # noqa: E402
 
 from pcpo_eval.io import parallel_map  # noqa: E402
@@ -47,12 +47,8 @@ warnings.filterwarnings("ignore", category=UserWarning)  # torchvision's "pretra
 
 
 def _best(fn, repeat: int = 3) -> tuple[float, object]:
-    best, out = float("inf"), None
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        out = fn()
-        best = min(best, time.perf_counter() - t0)
-    return best, out
+    """Best of ``repeat`` wall times and the last result (``bench_metrics._time``)."""
+    return _time(fn, repeat)
 
 
 # ----------------------------------------------------------------------------- the old paths, verbatim
