@@ -47,6 +47,8 @@ def test_gpu_benchmark_tiny_mode(script, tmp_path):
         assert res["decode_only"]["read_decode_img_s"] > 0 and res["decode_only"]["resize_299_img_s"] > 0
         phases = res["ours_fid,fd_dinov2,is,lpips"]["phase_seconds"]
         assert {"verify", "read", "extract:inception", "extract:dinov2", "consume:lpips", "metric:fid"} <= set(phases)
+        warm = res["ours_fid,fd_dinov2,is,lpips_cached_reference"]  # a new set against the cached reference
+        assert warm["minutes_for_50k_set"] > 0 and "extract:inception" in warm["phase_seconds"]
     if script != "bench_metrics.py":
         assert "Self CPU time total" in (tmp_path / "profile.txt").read_text()
     if script == "bench_generate.py":
