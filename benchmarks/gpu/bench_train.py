@@ -162,8 +162,10 @@ def main() -> None:
             r["sample_floor_ratio"] = r["sample_s"] * 512 / r["images"] / floor_s(r, flops_row, 512, "sample")
             r["update_floor_ratio"] = r["update_s"] * 512 / r["images"] / floor_s(r, flops_row, 512, "update")
         by = {(r["objective"], r["options"]): r for r in rows}
-        if ("pcpo", "") in by and ("ppo_clip", "") in by:
-            res.setdefault("pcpo_over_ddpo", {})[setup] = by[("pcpo", "")]["epoch_s"] / by[("ppo_clip", "")]["epoch_s"]
+        for opts in dict.fromkeys(r["options"] for r in rows):  # PCPO / DDPO epoch time at equal options
+            if ("pcpo", opts) in by and ("ppo_clip", opts) in by:
+                res.setdefault("pcpo_over_ddpo", {}).setdefault(setup, {})[opts or "default"] = (
+                    by[("pcpo", opts)]["epoch_s"] / by[("ppo_clip", opts)]["epoch_s"])
         res["setups"][setup] = rows
         cols = ["objective", "options", "images", "epoch_s", "sample_s", "update_s", "peak_gib", "ratio_to_floor",
                 "sample_floor_ratio", "update_floor_ratio"]

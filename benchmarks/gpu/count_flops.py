@@ -10,8 +10,10 @@
    formula, so a gap in seconds on the GPU is kernel efficiency, not extra work.
 3. ``--ops``: host-side work of setup 2 with the real SD-1.5 architecture (LoRA r4; 64 px so a CPU runs
    it: the op sequence does not depend on the resolution) under bf16 autocast on the CPU: top-level aten
-   ops (each one dispatch from Python, on a GPU about one kernel launch) per sampling step and per update
-   micro-step (``train_batch_size`` samples, forward + backward), with ``torch.profiler``. At a few
+   ops (each one dispatch from Python, on a GPU about one kernel launch) per sampling step, per update
+   forward (``train_batch_size`` samples x ``train_steps_per_forward`` steps, forward + backward) and per
+   trained (sample, step), with ``torch.profiler``; and the update's unprofiled CPU time per trained
+   (sample, step), where the 64-px network leaves the host's share large, as a GPU does. At a few
    microseconds of host time per op, this says how much of an update micro-step the host alone needs,
    whatever the GPU. CPU autocast casts the same op classes as CUDA's (linear, conv, matmul), so the
    count is close to, not equal to, the CUDA one.
@@ -29,6 +31,7 @@ import argparse
 import json
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -107,12 +110,18 @@ def host_ops(objective: str, model_dir: Path, *extra: str) -> dict[str, float]:
         top = sum(1 for e in events if e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"))
         return top, sum(1 for e in events if e.name == "aten::_to_copy")
 
-    micro = cfg.sample_batch_size // cfg.train_batch_size * cfg.sample_steps
+    per_forward = cfg.train_steps_per_forward
+    micro = cfg.sample_batch_size // cfg.train_batch_size * -(-cfg.sample_steps // per_forward)  # forward calls
+    trained = cfg.sample_batch_size * cfg.sample_steps  # (sample, step) pairs the update trains
     (sample, sample_copies), (update, update_copies) = (counts(lambda: trainer.sample_epoch(2)),
                                                         counts(lambda: trainer.train_epoch(2, samples)))
+    t0 = time.perf_counter()
+    trainer.train_epoch(3, samples)  # unprofiled: the update's CPU seconds
+    update_s = time.perf_counter() - t0
     return {"sample_ops_per_step": sample / cfg.sample_steps, "sample_copies_per_step": sample_copies / cfg.sample_steps,
             "update_ops_per_micro_step": update / micro, "update_copies_per_micro_step": update_copies / micro,
-            "train_batch_size": cfg.train_batch_size, "micro_steps": micro}
+            "update_ops_per_trained_step": update / trained, "update_cpu_s_per_trained_step": update_s / trained,
+            "train_batch_size": cfg.train_batch_size, "steps_per_forward": per_forward, "micro_steps": micro}
 
 
 def main() -> None:
@@ -134,13 +143,17 @@ def main() -> None:
     if a.ops:
         ops_dir = model_dir if a.tiny else _sd15_small(Path(tempfile.mkdtemp(prefix="count_ops_sd15_")))
         runs = {"ppo_clip": ("ppo_clip",), "pcpo": ("pcpo",),
-                "ppo_clip frozen_weights=autocast": ("ppo_clip", "frozen_weights=autocast")}
+                "ppo_clip frozen_weights=autocast": ("ppo_clip", "frozen_weights=autocast"),
+                "ppo_clip train_steps_per_forward=4": ("ppo_clip", "train_steps_per_forward=4"),
+                "pcpo train_steps_per_forward=4": ("pcpo", "train_steps_per_forward=4")}
         res["setup2_host_ops"] = {name: host_ops(obj, ops_dir, *extra) for name, (obj, *extra) in runs.items()}
         for obj, h in res["setup2_host_ops"].items():
             print(f"setup-2 host ops ({'tiny' if a.tiny else 'SD-1.5 architecture'}), {obj}: "
                   f"{h['sample_ops_per_step']:.0f} per sampling step ({h['sample_copies_per_step']:.0f} dtype copies), "
-                  f"{h['update_ops_per_micro_step']:.0f} per update micro-step of {h['train_batch_size']} samples "
-                  f"({h['update_copies_per_micro_step']:.0f} dtype copies)", flush=True)
+                  f"{h['update_ops_per_micro_step']:.0f} per update forward of {h['train_batch_size']} samples x "
+                  f"{h['steps_per_forward']} steps ({h['update_copies_per_micro_step']:.0f} dtype copies), "
+                  f"{h['update_ops_per_trained_step']:.0f} per trained sample-step, update "
+                  f"{1e3 * h['update_cpu_s_per_trained_step']:.1f} ms per trained sample-step here", flush=True)
     if a.json:
         a.json.write_text(json.dumps(res, indent=1))
 

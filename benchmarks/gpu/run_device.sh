@@ -53,8 +53,10 @@ for s in $stages; do
     trainprofile) timeout 150 python3 benchmarks/gpu/bench_train.py --setup 2 --batches 1 --runs ppo_clip \
               --profile "$OUT/train_profile.txt" --json "$OUT/train2_profiled.json" 2>&1 \
               | tee -a "$LOG" | grep -v "Loading\|float32\|Writing" | tail -8 ;;
-    trainbatch) timeout 300 python3 benchmarks/gpu/bench_train.py --setup 2 --batches 2 \
-              --runs "ppo_clip;ppo_clip:train_batch_size=8" --json "$OUT/train2_batch.json" 2>&1 \
+    trainbatch) # larger update forwards (docs/training.md: speed settings), and a one-GPU sampling batch of 32
+                timeout 360 python3 benchmarks/gpu/bench_train.py --setup 2 --batches 1 --epochs 3 \
+              --runs "ppo_clip:train_steps_per_forward=2;ppo_clip:train_steps_per_forward=8;ppo_clip:sample_batch_size=32,train_steps_per_forward=4" \
+              --json "$OUT/train2_batch.json" 2>&1 \
               | tee -a "$LOG" | grep -v "Loading\|float32\|Writing" | tail -8 ;;
     train5) timeout 200 python3 benchmarks/gpu/bench_train.py --setup 5 --batches 1 --runs ppo_clip \
               --json "$OUT/train5.json" 2>&1 | tee -a "$LOG" | grep -v "Loading\|float32\|Writing" | tail -8 ;;

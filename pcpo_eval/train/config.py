@@ -79,6 +79,12 @@ class TrainConfig:
     adv_clip_max: float = 5.0  #: clamp advantages to +-this
     # --- training -------------------------------------------------------------------------
     train_batch_size: int = 8  #: samples per backward micro-batch, per process
+    #: speed only: each update forward evaluates this many of every micro-batch sample's selected steps
+    #: at once (train_batch_size x this rows, x2 with CFG), step-major; the same per-step losses and the
+    #: same accumulated gradient as one forward per step (ddpo-pytorch, DanceGRPO, Flow-GRPO), values
+    #: within float rounding. Fewer, larger calls: less host work per trained step where the update is
+    #: bound by op dispatch (a GPU); activation memory grows with it (docs/gpu.md)
+    train_steps_per_forward: int = 1
     gradient_updates: int = 2  #: optimizer steps per epoch (paper table "Gradient updates")
     num_inner_epochs: int = 1  #: passes over each epoch's samples
     timestep_fraction: float = 1.0  #: fraction of sampled steps trained (per-sample shuffled)
@@ -192,7 +198,7 @@ class TrainConfig:
         need(self.flow_t1 in T1_CONVENTIONS, f"flow_t1={self.flow_t1!r} (choose {', '.join(T1_CONVENTIONS)})")
         need(self.flow_shift > 0, f"flow_shift must be > 0 (got {self.flow_shift})")
         for name in ("epochs", "sample_steps", "sample_batch_size", "sample_batches_per_epoch", "train_batch_size",
-                     "gradient_updates", "num_inner_epochs", "checkpoint_every"):
+                     "train_steps_per_forward", "gradient_updates", "num_inner_epochs", "checkpoint_every"):
             need(int(getattr(self, name)) >= 1, f"{name} must be >= 1 (got {getattr(self, name)})")
         need(self.sample_eta > 0, f"sample_eta must be > 0 for log-probabilities (got {self.sample_eta})")
         need(0 < self.timestep_fraction <= 1, f"timestep_fraction must be in (0, 1] (got {self.timestep_fraction})")

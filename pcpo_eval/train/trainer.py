@@ -91,7 +91,8 @@ from pcpo_eval.train.tracking import RunTracking, open_tracking
 from pcpo_eval.train.update import UpdateMixin
 
 #: config keys ``--resume`` lets differ from the run's config.yaml (neither changes what is trained)
-RESUME_MAY_CHANGE = ("epochs", "device", "keep_checkpoints", "deterministic", "compile", "allow_tf32")
+RESUME_MAY_CHANGE = ("epochs", "device", "keep_checkpoints", "deterministic", "compile", "allow_tf32",
+                     "train_steps_per_forward")
 
 
 class Trainer(PolicyMixin, RolloutMixin, UpdateMixin):

@@ -38,6 +38,12 @@ class _Rows:
         return recorded[self.rows, self.j + shift]
 
 
+def _step_groups(n_train: int, per_forward: int) -> list[list[int]]:
+    """The positions 0..n_train-1 of each sample's selected steps, ``per_forward`` to a forward
+    (``train_steps_per_forward``; the last group may be smaller)."""
+    return [list(range(k, min(k + per_forward, n_train))) for k in range(0, n_train, per_forward)]
+
+
 def _to_lists(values: dict[str, list[torch.Tensor]]) -> dict[str, list[float]]:
     """Each key's device tensors concatenated and copied to the host once, as Python floats (the values
     the per-step ``tolist()`` calls gave)."""
@@ -172,17 +178,22 @@ class UpdateMixin:
                 chunk = micro[u * per_update:(u + 1) * per_update]
                 accum = len(chunk) * n_train
                 for rows in chunk:
-                    adv = to_device_async(adv_all[rows], self.device)
                     stats["rows"].append(len(rows))
-                    for k in range(n_train):
-                        j = tsel[rows, k]
-                        loss, out, kls = self.step_loss(samples, rows, j, adv)
-                        self._scaled(loss.mean() / accum).backward()
-                        dev_stats["loss"].append(loss.detach().mean().reshape(1))
+                    adv_rows = to_device_async(adv_all[rows], self.device)
+                    for ks in _step_groups(n_train, cfg.train_steps_per_forward):
+                        # ``len(ks)`` of each row's selected steps in one forward, step-major (all rows at
+                        # the first step, then at the next): the same per-step losses, summed into the
+                        # same accumulated gradient, as one forward per step
+                        fused, j = rows.repeat(len(ks)), tsel[rows][:, ks].T.reshape(-1)
+                        adv = adv_rows if len(ks) == 1 else adv_rows.repeat(len(ks))
+                        loss, out, kls = self.step_loss(samples, fused, j, adv)
+                        step_sum = loss.mean() if len(ks) == 1 else loss.mean() * len(ks)  # sum of per-step means
+                        self._scaled(step_sum / accum).backward()
+                        dev_stats["loss"].append(loss.detach().view(len(ks), len(rows)).mean(1))
                         dev_stats["clip"].append(out.clipped.detach().float().reshape(-1))
                         dev_stats["log_rho"].append(out.log_rho.detach().float().reshape(-1))
                         stats["step"].extend(j.tolist())
-                        stats["update"].extend([inner * cfg.gradient_updates + u] * len(rows))
+                        stats["update"].extend([inner * cfg.gradient_updates + u] * len(fused))
                         if out.delta is not None:
                             dev_stats["dot"].append(out.delta[0].detach().reshape(-1))
                             dev_stats["sq"].append(out.delta[1].detach().reshape(-1))

@@ -43,6 +43,7 @@ def test_gpu_benchmark_tiny_mode(script, tmp_path):
         assert all(len(r["epoch_s_each"]) == 2 and r["epoch_s"] == pytest.approx(sum(r["epoch_s_each"]) / 2)
                    for r in rows)
         assert res["setups"]["2"][0]["update_device_busy"]["wall_s"] > 0  # the profiled run
+        assert res["pcpo_over_ddpo"]["2"]["default"] > 0  # at equal options
     if script == "bench_metrics.py":
         assert res["decode_only"]["read_decode_img_s"] > 0 and res["decode_only"]["resize_299_img_s"] > 0
         phases = res["ours_fid,fd_dinov2,is,lpips"]["phase_seconds"]
@@ -76,3 +77,7 @@ def test_count_flops_tiny_mode(tmp_path):
     frozen = host["ppo_clip frozen_weights=autocast"]  # weights stored in the autocast dtype: fewer casts
     assert frozen["sample_copies_per_step"] < host["ppo_clip"]["sample_copies_per_step"]
     assert frozen["update_copies_per_micro_step"] < host["ppo_clip"]["update_copies_per_micro_step"]
+    for obj in ("ppo_clip", "pcpo"):  # all 4 steps of a sample in one forward: far fewer dispatches per trained step
+        fused, one = host[f"{obj} train_steps_per_forward=4"], host[obj]
+        assert fused["micro_steps"] * 4 == one["micro_steps"]
+        assert fused["update_ops_per_trained_step"] < 0.5 * one["update_ops_per_trained_step"], (fused, one)
