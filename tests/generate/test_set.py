@@ -303,3 +303,22 @@ def test_device_is_read_as_the_device_flag(reference_set, tmp_path):
     with pytest.raises(UserError, match="unknown --device 'gpu'"):
         generate_set(StandInAdapter(), _prompts(), N_SEEDS, tmp_path / "new", device="gpu", progress=False)
     assert not (tmp_path / "new").exists()
+
+
+def test_module_sha256_is_the_documented_digest_of_the_state_dict():
+    """model_hash = SHA-256 over sorted (name|dtype|shape| + raw bytes) of the state dict, whatever the dtype
+    (the sets on disk carry it: a faster implementation must give the same digests)."""
+    import hashlib
+
+    import torch
+
+    from pcpo_eval.generate.loading import module_sha256
+
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.LayerNorm(5)).to(torch.bfloat16)
+    m.register_buffer("odd", torch.arange(12, dtype=torch.float32).reshape(3, 4).T)  # non-contiguous
+    h = hashlib.sha256()
+    for name, t in sorted(m.state_dict().items()):
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    assert module_sha256(m) == h.hexdigest()
