@@ -153,14 +153,18 @@ def main() -> None:
     for setup in a.setup or sorted(SETUPS):
         todo = runs[:1] if a.tiny and setup != 2 else runs  # CI time
         profile = a.profile if not (a.tiny and setup != 2) else None  # CI time: the profiler path runs once
-        rows = [run_setup(setup, model_dir, o, a.batches, device, a.tiny, extra,
-                          profile if i == 0 else None, a.epochs) for i, (o, extra) in enumerate(todo)]
-        for r in rows:
-            r["epoch_s_at_512"] = r["epoch_s"] * 512 / r["images"]
-            r["floor_s_at_512"] = floor_s(r, flops_row, 512)
-            r["ratio_to_floor"] = r["epoch_s_at_512"] / r["floor_s_at_512"]
-            r["sample_floor_ratio"] = r["sample_s"] * 512 / r["images"] / floor_s(r, flops_row, 512, "sample")
-            r["update_floor_ratio"] = r["update_s"] * 512 / r["images"] / floor_s(r, flops_row, 512, "update")
+        rows, errors = [], []
+        for i, (o, extra) in enumerate(todo):
+            try:  # a run that fails (out of GPU memory at a large forward) leaves the others' rows
+                rows.append(_with_floor(run_setup(setup, model_dir, o, a.batches, device, a.tiny, extra,
+                                                  profile if i == 0 else None, a.epochs), flops_row))
+            except Exception as exc:  # noqa: BLE001 - reported, and the exit status says so
+                print(f"setup {setup} {o} {' '.join(extra)}: error {type(exc).__name__}: {exc}"[:500], flush=True)
+                errors.append({"objective": o, "options": " ".join(extra), "error": f"{type(exc).__name__}: {exc}"[:500]})
+                torch.cuda.empty_cache() if torch.cuda.is_available() else None
+            _write(a.json, {**res, "setups": {**res["setups"], setup: rows}, "complete": False})
+        if errors:
+            res.setdefault("errors", {})[setup] = errors
         by = {(r["objective"], r["options"]): r for r in rows}
         for opts in dict.fromkeys(r["options"] for r in rows):  # PCPO / DDPO epoch time at equal options
             if ("pcpo", opts) in by and ("ppo_clip", opts) in by:
@@ -169,12 +173,30 @@ def main() -> None:
         res["setups"][setup] = rows
         cols = ["objective", "options", "images", "epoch_s", "sample_s", "update_s", "peak_gib", "ratio_to_floor",
                 "sample_floor_ratio", "update_floor_ratio"]
-        print(pd.DataFrame(rows)[cols].to_string(index=False), flush=True)
+        if rows:
+            print(pd.DataFrame(rows)[cols].to_string(index=False), flush=True)
     print(json.dumps({k: v for k, v in res.items() if k != "setups"}), flush=True)
     shutil.rmtree(model_dir.parent, ignore_errors=True)
-    if a.json:
-        a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps(res, indent=1))
+    _write(a.json, {**res, "complete": True})
+    if "errors" in res:
+        raise SystemExit(1)
+
+
+def _with_floor(r: dict, flops_row: float) -> dict:
+    """``r`` with its epoch scaled to 512 images and its ratios to the FLOP floor (whole epoch, sampling, update)."""
+    r["epoch_s_at_512"] = r["epoch_s"] * 512 / r["images"]
+    r["floor_s_at_512"] = floor_s(r, flops_row, 512)
+    r["ratio_to_floor"] = r["epoch_s_at_512"] / r["floor_s_at_512"]
+    r["sample_floor_ratio"] = r["sample_s"] * 512 / r["images"] / floor_s(r, flops_row, 512, "sample")
+    r["update_floor_ratio"] = r["update_s"] * 512 / r["images"] / floor_s(r, flops_row, 512, "update")
+    return r
+
+
+def _write(path: Path | None, res: dict) -> None:
+    """The JSON so far (rewritten after every run, so a stage cut short by its time limit keeps its rows)."""
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(res, indent=1))
 
 
 if __name__ == "__main__":

@@ -81,3 +81,20 @@ def test_count_flops_tiny_mode(tmp_path):
         fused, one = host[f"{obj} train_steps_per_forward=4"], host[obj]
         assert fused["micro_steps"] * 4 == one["micro_steps"]
         assert fused["update_ops_per_trained_step"] < 0.5 * one["update_ops_per_trained_step"], (fused, one)
+
+
+def test_bench_train_keeps_the_other_runs_when_one_fails(tmp_path):
+    """A run that fails (here a refused option; on a GPU, out of memory at a large forward) is reported
+    with its error, the other runs' rows are kept in the JSON, and the exit status is 1."""
+    out = tmp_path / "r.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu" / "bench_train.py"), "--tiny", "--setup", "2",
+                          "--batches", "1", "--epochs", "2", "--runs", "ppo_clip:train_steps_per_forward=0;ppo_clip",
+                          "--json", str(out)], capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert run.returncode == 1, run.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert res["complete"] is True
+    assert [r["options"] for r in res["setups"]["2"]] == [""] and res["setups"]["2"][0]["epoch_s"] > 0
+    (err,) = res["errors"]["2"]
+    assert err["options"] == "train_steps_per_forward=0" and "train_steps_per_forward must be >= 1" in err["error"]
+    assert "error UserError" in run.stdout
