@@ -98,7 +98,8 @@ def run_ours(adapter, prompts: list[str], seeds: list[int], batch: int, steps: i
     sync(device)
     dt = time.perf_counter() - t0
     settings = {"micro_batch": summary.settings.micro_batch, "batch_invariance": summary.settings.batch_invariance,
-                "precision": summary.settings.precision}
+                "precision": summary.settings.precision,
+                "phase_seconds": {k: round(v, 4) for k, v in summary.phase_seconds.items()}}  # the per-set costs
     shutil.rmtree(out.parent, ignore_errors=True)
     return dt, settings
 

@@ -161,6 +161,11 @@ class GenerateSummary:
     manifest_path: Path | None = None
     #: rendered images per wall second of the whole call on this rank (loading, resume checks, writing included)
     images_per_second: float = field(default=0.0)
+    #: where this rank's seconds went: ``load_model`` (0 for an adapter passed in), ``memory_probes`` (the
+    #: attention check and the CUDA micro-batch / decode probes), ``model_hash``, ``open_set_dir``,
+    #: ``first_batch`` and ``other_batches`` (sampling, decode, host copy), ``png_tail`` (waiting for the last
+    #: PNG writes), ``finish`` (barrier, manifest); what a set pays once is all but the batches
+    phase_seconds: dict[str, float] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -214,7 +219,9 @@ def generate_set(
     fresh = (job.out.exists(), (job.out / SET_FILE).exists())
     try:
         with matmul_precision(job.settings.precision):  # the attention backend: job.fixed's denoiser calls
+            t_open = time.perf_counter()
             opened = _open_set_dir(job)  # 2. plan, known records, set.json ("rendering")
+            job.seconds["open_set_dir"] = time.perf_counter() - t_open
             share = _render_share(job, opened)  # 3. this process's images: loop, PNG writer, record flushes
     except BaseException:
         if job.rank == 0 and job.world_size == 1 and not fresh[1]:
@@ -238,12 +245,14 @@ class _Job:
     out: Path
     rank: int
     world_size: int
+    seconds: dict[str, float] = field(default_factory=dict)  #: phase seconds so far (GenerateSummary.phase_seconds)
 
 
 def _check_request(request: GenerationRequest) -> _Job:
     """Parse seeds, load prompts and model, fix the settings, refuse an incompatible ``out_dir``."""
     seed_list = parse_seeds(request.seeds)
     prompt_set = load_prompts(request.prompts, max_tokens=request.max_prompt_tokens, limit=request.max_prompts)
+    clock = _Clock()
     if isinstance(request.model_spec, ModelAdapter):
         adapter, spec_str = request.model_spec, request.model_name or request.model_spec.name
         precision = _adapter_precision(adapter, request.precision)
@@ -251,15 +260,18 @@ def _check_request(request: GenerationRequest) -> _Job:
         precision = resolve_precision(request.precision, request.device)
         adapter = load_generation_model(str(request.model_spec), request.device, precision_dtype(precision))
         spec_str = str(request.model_spec)
+    clock.lap("load_model")
     attention = resolve_attention(request.attention, request.device)
     with matmul_precision(precision):  # the probes run the real kernels
         check_denoiser_attention(adapter, attention)  # a forced backend without a kernel: one error line
         micro_batch, invariance = _micro_batch(request, adapter, attention)
         decode_batch = (memory_decode_batch(adapter, cap=effective_batch_size(request.batch_size, micro_batch, request.cfg))
                         if invariance == "tolerance" and adapter.device.type == "cuda" else None)
+    clock.lap("memory_probes")
     if request.compile or request.channels_last:
         invariance = "tolerance"
     settings = _settings(request, adapter, spec_str, micro_batch, precision, invariance, attention)
+    clock.lap("model_hash")
     _speed_up(adapter, request)  # after _settings: the model hash is of the plain module
     fixed = FixedBatchAdapter(adapter, micro_batch, decode_batch, attention=attention)
     out = Path(request.out_dir)
@@ -268,7 +280,20 @@ def _check_request(request: GenerationRequest) -> _Job:
         rank, world_size = dist.init(request.device)
     else:
         rank, world_size = request.rank, request.world_size
-    return _Job(request, prompt_set, seed_list, fixed, settings, out, rank, world_size)
+    return _Job(request, prompt_set, seed_list, fixed, settings, out, rank, world_size, clock.seconds)
+
+
+class _Clock:
+    """Seconds between successive :meth:`lap` calls, by name (the caller's probes synchronise CUDA)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._t = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name] = self.seconds.get(name, 0.0) + now - self._t
+        self._t = now
 
 
 def _adapter_precision(adapter: ModelAdapter, asked: str | None) -> str:
@@ -411,6 +436,7 @@ class _Share:
 
     n_rendered: int
     n_skipped: int
+    seconds: dict[str, float] = field(default_factory=dict)  #: first_batch, other_batches, png_tail
 
 
 def _render_share(job: _Job, opened: _OpenSet) -> _Share:
@@ -425,6 +451,8 @@ def _render_share(job: _Job, opened: _OpenSet) -> _Share:
     bar = progress_bar(len(mine), "generate", req.progress and job.rank == 0, unit="img", initial=len(mine) - len(todo))
     uncond_row = job.fixed.encode_prompts([""]) if req.cfg != 1.0 else None
     last_flush = time.monotonic()
+    clock = _Clock()
+    clock.seconds.update(first_batch=0.0, other_batches=0.0)
     try:
         with torch.inference_mode():
             step = opened.run_info["effective_batch_size"]
@@ -434,18 +462,21 @@ def _render_share(job: _Job, opened: _OpenSet) -> _Share:
                     job.fixed, batch, uncond_row, settings.sampler, req.cfg, req.steps, req.eta, settings.schedule
                 )
                 images = job.fixed.decode(latents).to("cpu", torch.uint8).numpy()
+                clock.lap("first_batch" if s == 0 else "other_batches")  # the host copy above waited for the GPU
                 for it, img in zip(batch, images, strict=True):
                     writer.submit(it, img)
                 bar.update(writer.collect())
                 if time.monotonic() - last_flush > req.flush_every_s:
                     flush_records(progress_file, writer.records)
                     last_flush = time.monotonic()
+        clock.lap("other_batches")  # the last batch's record flush and PNG hand-off
         bar.update(writer.collect(wait=True))
+        clock.lap("png_tail")
     finally:
         writer.pool.shutdown(wait=True)
         bar.close()
     flush_records(progress_file, writer.records)
-    return _Share(n_rendered=len(writer.records), n_skipped=len(mine) - len(todo))
+    return _Share(n_rendered=len(writer.records), n_skipped=len(mine) - len(todo), seconds=clock.seconds)
 
 
 def render_latents(
@@ -500,6 +531,7 @@ class _Writer:
 
 def _finish_set(job: _Job, opened: _OpenSet, share: _Share, t_start: float) -> GenerateSummary:
     """Wait for every share; rank 0 writes manifest.parquet and the complete set.json; summarize."""
+    t_finish = time.perf_counter()
     dist.barrier()
     if job.rank == 0:
         write_manifest(job.out, opened.items, job.settings, {**opened.run_info, "seconds": time.perf_counter() - t_start})
@@ -519,4 +551,5 @@ def _finish_set(job: _Job, opened: _OpenSet, share: _Share, t_start: float) -> G
         n_prompts_dropped=job.prompt_set.n_dropped,
         manifest_path=job.out / MANIFEST_FILE,
         images_per_second=share.n_rendered / seconds if seconds > 0 else 0.0,
+        phase_seconds={**job.seconds, **share.seconds, "finish": time.perf_counter() - t_finish},
     )

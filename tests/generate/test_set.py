@@ -100,6 +100,12 @@ def test_rerun_skips_and_resume_after_deleting_images(reference_set, tmp_path):
     )
     assert s.n_rendered == 2
     assert sha256_file(out / "images/p00000/s0000000.png") == before
+    # where the call's seconds went: every phase, none negative, together the whole call up to bookkeeping
+    phases = s.phase_seconds
+    assert set(phases) == {"load_model", "memory_probes", "model_hash", "open_set_dir", "first_batch",
+                           "other_batches", "png_tail", "finish"}
+    assert min(phases.values()) >= 0 and phases["first_batch"] > 0
+    assert 0.5 * s.seconds <= sum(phases.values()) <= s.seconds
     assert _hashes(pd.read_parquet(out / "manifest.parquet")) == _hashes(
         pd.read_parquet(reference_set / "manifest.parquet")
     )

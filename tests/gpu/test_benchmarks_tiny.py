@@ -55,6 +55,7 @@ def test_gpu_benchmark_tiny_mode(script, tmp_path):
     if script == "bench_generate.py":
         assert res["unet_invariance"]["repeat_same_shape_bitwise"] is True
         assert res["variant_attn_math"]["img_s"] > 0 and res["variant_cudnn_benchmark"]["img_s"] > 0
+        assert res["generate"]["ours_settings"]["phase_seconds"]["model_hash"] >= 0  # what a set pays once
 
 
 def test_count_flops_tiny_mode(tmp_path):
