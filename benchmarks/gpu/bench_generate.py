@@ -12,7 +12,9 @@ micro-batch 16 vs 64 (max / mean pixel difference). ``--variants`` times channel
 ``torch.compile``, forced attention backends (``attn_math``, ``attn_flash``, ``attn_efficient``,
 ``attn_cudnn``: ``--attention``) and cuDNN's convolution autotuner (``cudnn_benchmark``:
 ``torch.backends.cudnn.benchmark``, off by default in PyTorch; it picks each convolution shape's
-fastest algorithm by timing, which may differ from run to run) against the default.
+fastest algorithm by timing, which may differ from run to run) and larger calls (``batch32``: 32 images,
+up to 64 UNet rows per call, where the default's batch 16 caps the memory-chosen micro-batch at 32)
+against the default; whole-set seconds, per-set costs included (``phase_seconds`` apportions them).
 
 The JSON (``--json``) is rewritten after each measurement (the default's block, each variant, each
 invariance block) with ``"complete": false`` until the end, so a run stopped by a time limit keeps what
@@ -171,12 +173,14 @@ def run_variant(v: str, adapter, prompts, seeds, a, device: str, n: int, our_ips
     failure is the variant's result (``{"error": ...}``), so the other variants still run."""
     kw = {"channels_last": v in ("channels_last", "compile+channels_last"), "compile": "compile" in v,
           "attention": v.removeprefix("attn_") if v.startswith("attn_") else "auto"}
+    batch = int(v.removeprefix("batch")) if v.startswith("batch") else a.batch  # batchN: N images per call
     torch.backends.cudnn.benchmark = v == "cudnn_benchmark"
     try:
-        run_ours(adapter, prompts[:1], seeds[:min(len(seeds), a.batch)], a.batch, a.steps, a.cfg, 1.0, device,
+        run_ours(adapter, prompts[:1], seeds[:min(len(seeds), batch)], batch, a.steps, a.cfg, 1.0, device,
                  a.precision, **kw)
-        t, _ = run_ours(adapter, prompts, seeds, a.batch, a.steps, a.cfg, 1.0, device, a.precision, **kw)
-        return {"img_s": n / t, "ratio_vs_eager": (n / t) / our_ips, "seconds": t}
+        t, settings = run_ours(adapter, prompts, seeds, batch, a.steps, a.cfg, 1.0, device, a.precision, **kw)
+        return {"img_s": n / t, "ratio_vs_eager": (n / t) / our_ips, "seconds": t, "batch": batch,
+                "micro_batch": settings["micro_batch"], "phase_seconds": settings["phase_seconds"]}
     except Exception as exc:  # a backend this GPU / shape lacks (one error line), or anything else: say so
         first = (str(exc).splitlines() or [""])[0]
         return {"error": f"{type(exc).__name__}: {first}"[:400]}
@@ -195,7 +199,8 @@ def main() -> None:
     ap.add_argument("--cfg", type=float, default=5.0)
     ap.add_argument("--precision", default="bf16", choices=["fp32", "tf32", "bf16", "fp16"])
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--variants", default="", help="comma list of channels_last, compile, compile+channels_last, attn_<backend>, cudnn_benchmark "
+    ap.add_argument("--variants", default="", help="comma list of channels_last, compile, compile+channels_last, attn_<backend>, cudnn_benchmark, "
+                    "batch<N> (N images per call: up to 2N rows per denoiser call with CFG) "
                     "(timed after the default)")
     ap.add_argument("--invariance", action="store_true")
     ap.add_argument("--profile", type=Path, default=None, help="torch.profiler tables of one batch of ours here")

@@ -4,7 +4,7 @@
 # whole output (warnings included) is appended to $OUT/stages.log (one file for all stages: at most 8
 # files come back from a device call).
 #   bash benchmarks/gpu/run_device.sh [stage ...]
-# stages: generate train2 metrics train5 (default), tests profile trainprofile trainbatch invariance attention quick compile.
+# stages: generate train2 metrics train5 (default), tests profile trainprofile trainbatch invariance attention bigbatch quick compile.
 # Measured stage times (H200, 2026-11-27): generate 80 s, train2 ~58 s per run at 2 epochs, metrics 84-93 s (all four
 # metrics), tests ~20 s per scenario; attention ran past 200 s; train5 past 100 s (2026-11-26).
 # Wheels for packages the machine lacks travel in .whl/ (docs/gpu.md, "Running the GPU checks").
@@ -71,6 +71,10 @@ for s in $stages; do
            timeout 45 python3 -m pytest tests/gpu/test_cuda.py -m cuda -k train_resume -q -s -p no:cacheprovider 2>&1 | tee -a "$LOG" | tail -4
            timeout 40 python3 benchmarks/gpu/bench_metrics.py --images 300 --metrics fid \
              --json "$OUT/metrics_quick.json" 2>&1 | tee -a "$LOG" | grep -v "Warning\|warn" | tail -3 ;;
+    bigbatch) # the FLOP share at larger denoiser calls: 32 images per call, 64 rows (the micro-batch's cap)
+              timeout 200 python3 benchmarks/gpu/bench_generate.py --images 64 --batch 16 --repeats 1 \
+                --variants batch32 --json "$OUT/generate_bigbatch.json" 2>&1 | tee -a "$LOG" \
+                | grep -E "^(variant |diffusers: |ours: )|Error|Traceback" | tail -12 ;;
     compile) timeout 300 python3 benchmarks/gpu/bench_generate.py --images 48 --batch 16 --repeats 1 \
                --variants compile --json "$OUT/generate_compile.json" 2>&1 | tee -a "$LOG" | grep -v "float32" | tail -12 ;;
   esac

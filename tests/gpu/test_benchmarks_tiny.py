@@ -23,7 +23,7 @@ EXPECT = {
 @pytest.mark.parametrize("script", sorted(EXPECT))
 def test_gpu_benchmark_tiny_mode(script, tmp_path):
     out = tmp_path / "r.json"
-    extra = ["--invariance", "--variants", "attn_math,cudnn_benchmark"] if script == "bench_generate.py" else []
+    extra = ["--invariance", "--variants", "attn_math,cudnn_benchmark,batch8"] if script == "bench_generate.py" else []
     if script != "bench_metrics.py":  # the profiler tables (one batch / one extra epoch on the tiny models)
         extra += ["--profile", str(tmp_path / "profile.txt")]
     if script == "bench_train.py":  # one sampling batch per epoch (default 2): the same epoch code, half the images
@@ -56,6 +56,7 @@ def test_gpu_benchmark_tiny_mode(script, tmp_path):
         assert res["unet_invariance"]["repeat_same_shape_bitwise"] is True
         assert res["variant_attn_math"]["img_s"] > 0 and res["variant_cudnn_benchmark"]["img_s"] > 0
         assert res["generate"]["ours_settings"]["phase_seconds"]["model_hash"] >= 0  # what a set pays once
+        assert res["variant_batch8"]["batch"] == 8 and res["variant_batch8"]["img_s"] > 0  # larger calls
 
 
 def test_count_flops_tiny_mode(tmp_path):
