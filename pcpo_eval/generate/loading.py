@@ -21,8 +21,8 @@ from pcpo_eval.models.base import ModelAdapter
 def module_sha256(module: nn.Module) -> str:
     """SHA-256 over a module's state dict (sorted names, dtype, shape and raw bytes).
 
-    The bytes go to the hash through the buffer protocol, without a ``tobytes`` copy: SD-1.5's bf16 UNet
-    (1.72 GB) hashes in 1.09 s instead of 1.39 s on this workplace's CPU, the same digest."""
+    The bytes go to the hash through the buffer protocol, without a ``tobytes`` copy: the same digest,
+    1.2-1.3x faster on SD-1.5's bf16 UNet (1.72 GB; ``benchmarks/bench_model_hash.py``)."""
     h = hashlib.sha256()
     for name, tensor in sorted(module.state_dict().items()):
         t = tensor.detach().cpu().contiguous()
