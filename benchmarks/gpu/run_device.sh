@@ -50,7 +50,8 @@ for s in $stages; do
             runs=${TRAIN_RUNS:-ppo_clip}; n=$(( $(tr -cd ';' <<< "$runs" | wc -c) + 1 )); e=${TRAIN_EPOCHS:-4}
             timeout $(( (50 + 22 * e) * n )) python3 benchmarks/gpu/bench_train.py --setup 2 --batches 1 --runs "$runs" \
               --epochs "$e" --json "$OUT/train2.json" 2>&1 | tee -a "$LOG" | grep -v "Loading\|float32\|Writing" | tail -12 ;;
-    trainprofile) timeout 150 python3 benchmarks/gpu/bench_train.py --setup 2 --batches 1 --runs ppo_clip \
+    trainprofile) # TRAIN_PROFILE_RUN: the profiled run (default ppo_clip; e.g. ppo_clip:train_steps_per_forward=4)
+                  timeout 150 python3 benchmarks/gpu/bench_train.py --setup 2 --batches 1 --runs "${TRAIN_PROFILE_RUN:-ppo_clip}" \
               --profile "$OUT/train_profile.txt" --json "$OUT/train2_profiled.json" 2>&1 \
               | tee -a "$LOG" | grep -v "Loading\|float32\|Writing" | tail -8 ;;
     trainbatch) # larger update forwards (docs/training.md: speed settings), and a one-GPU sampling batch of 32;
