@@ -267,11 +267,14 @@ def reward_keys(image_set: ImageSet) -> list[str]:
     ]
 
 
-def load_reward(name: str, options: dict[str, Any]) -> Any:
-    """``pcpo_eval.rewards.make_reward`` with a one-line error if the backend is not installed."""
-    from pcpo_eval.rewards import make_reward
+def load_reward(name: str, options: dict[str, Any], device: str | None = None) -> Any:
+    """``pcpo_eval.rewards.make_reward`` with a one-line error if the backend is not installed; with
+    ``device``, built there unless ``options`` name one (:func:`pcpo_eval.rewards.options_on_device`)."""
+    from pcpo_eval.rewards import make_reward, options_on_device
 
     try:
+        if device is not None:  # resolving the factory imports its module: inside the try
+            options = options_on_device(name, options, str(device))
         return make_reward(name, **options)
     except ModuleNotFoundError as exc:
         raise UserError(f"reward {name!r} is unavailable: module {exc.name!r} is not installed") from exc

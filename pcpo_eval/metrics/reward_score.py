@@ -37,7 +37,9 @@ class RewardScoreMetric(Metric):
     ) -> None:
         super().__init__(info)
         reward_options = options.reward_options.get(info.source, {})
-        self.fn = load_reward(info.source, reward_options)
+        # on the pass's device unless the options name one; the cache key records the device type
+        # (numerics_key), so the settings keep the options as given (the same key on every rank's GPU)
+        self.fn = load_reward(info.source, reward_options, device=options.device)
         self.reward_settings = reward_settings(info.source, self.fn, reward_options)
         self.add_state("scores", np.zeros(0, np.float32), "replicated")
         self.rows: dict[int, np.ndarray] = {}

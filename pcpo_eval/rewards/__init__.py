@@ -253,6 +253,26 @@ class WeightedReward:
         return total.float()
 
 
+def options_on_device(name: RewardSpec, options: Mapping[str, Any] | None, device: str) -> dict[str, Any]:
+    """``options`` with ``device`` set for every component whose factory declares a ``device`` parameter
+    and whose options do not name one (flat for a single reward, per component for a weighted sum).
+
+    The trainer builds its reward with this on its own device, as ddpo-pytorch, DanceGRPO and Flow-GRPO
+    score on the accelerator's device: a preference model or captioner left at its factory's ``cpu``
+    default would score every epoch's images on the host of a GPU run. An explicit ``device`` (say
+    ``cpu``, to keep GPU memory for the policy) is kept; factories without the parameter get nothing."""
+    import inspect
+
+    spec = parse_reward(name)
+    parts = reward_parts(spec, options)
+    out: dict[str, Any] = {}
+    for part, _, opts in parts:
+        if "device" not in opts and "device" in inspect.signature(resolve_factory(part)[0]).parameters:
+            opts = {**opts, "device": str(device)}
+        out[part] = opts
+    return out[spec] if isinstance(spec, str) else out
+
+
 def make_reward(name: RewardSpec, **options: Any) -> RewardFn:
     """Build the reward ``name``: a :data:`REGISTRY` name, a plug-in, ``module:function`` or a weighted
     sum (see the module doc); options go to the factory (per component for a weighted sum)."""

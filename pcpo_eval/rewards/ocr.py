@@ -370,6 +370,7 @@ def ocr(
     recogniser: str | Recogniser = "paddleocr",
     batch_size: int = 16,
     no_target: str = "error",
+    device: str = "cpu",
     **options: Any,
 ) -> OcrReward:
     """Factory of reward ``"ocr"`` (Flow-GRPO's OCR reward, paper setup 8).
@@ -387,7 +388,7 @@ def ocr(
     if callable(recogniser):
         fn, settings = recogniser, {"recogniser": getattr(recogniser, "__name__", type(recogniser).__name__)}
     else:
-        fn, settings = make_recogniser(str(recogniser), **options)
+        fn, settings = make_recogniser(str(recogniser), device=device, **options)
     settings = {**settings, "reward": "ocr", "no_target": no_target, "batch_size": int(batch_size),
                 "formula": "1 - min(levenshtein(R, T), len(T)) / len(T); 1 if T in R (spaces removed, lower-cased)"}
     return OcrReward(recognise=fn, batch_size=int(batch_size), no_target=no_target, settings=settings)

@@ -463,10 +463,10 @@ def hpsv21(
     )
 
 
-def hpsv20(**options: Any) -> PreferenceReward:
+def hpsv20(device: str | torch.device = "cpu", **options: Any) -> PreferenceReward:
     """HPSv2 (v2.0 weights, backend ``hps_v20``): :func:`hpsv21` with ``version='v2.0'``; reward / metric
     ``hps_v20`` (the paper's Table dpo-comparison, l.1276)."""
-    return hpsv21(**{**options, "version": "v2.0"})
+    return hpsv21(**{**options, "device": device, "version": "v2.0"})
 
 
 def pickscore(

@@ -112,14 +112,15 @@ class Trainer(PolicyMixin, RolloutMixin, UpdateMixin):
             deterministic_cuda()  # bitwise resume on a GPU too (process-wide setting; docs/gpu.md)
         from pcpo_eval.models.registry import load_model
         from pcpo_eval.prompts import load_prompts
-        from pcpo_eval.rewards import make_reward
+        from pcpo_eval.rewards import make_reward, options_on_device
 
         self.prompt_set = load_prompts(config.prompts)
         self.val_set = self._validation_prompts() if config.validation_every > 0 else None
         self._val_control: np.ndarray | None = None
         self._val_parts: dict[str, float] = {}  # weighted reward: val_reward_<name>_mean of the last validation
         self._val_control_parts: dict[str, float] = {}
-        self.reward_fn = make_reward(config.reward, **config.reward_options)
+        # on the training device unless reward_options names one (rewards.options_on_device)
+        self.reward_fn = make_reward(config.reward, **options_on_device(config.reward, config.reward_options, str(self.device)))
         self.adapter: ModelAdapter = load_model(config.model, device=self.device)
         self.sampler, self.schedule = training_sampler(config, self.adapter.prediction)
         self._init_policy(resume)  # LoRA / full weights, reference copy, init_from, AdamW, loss scaler

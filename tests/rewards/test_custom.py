@@ -18,6 +18,7 @@ from pcpo_eval.rewards import (
     WeightedReward,
     component_column,
     make_reward,
+    options_on_device,
     parse_reward,
     reward_label,
     reward_parts,
@@ -43,6 +44,16 @@ def bad_shape(**_):
 
 def not_numbers(**_):
     return lambda images, prompts: "high"
+
+BUILT_ON = []
+
+def where(device="unset"):
+    """Records the device it was built for."""
+    BUILT_ON.append(str(device))
+    return lambda images, prompts: torch.zeros(images.shape[0])
+
+def no_device():
+    return lambda images, prompts: torch.zeros(images.shape[0])
 '''
 
 
@@ -180,3 +191,31 @@ def test_single_reward_logs_no_component_columns(tmp_path):
         reward="toy_aesthetic", paired_control=True))
     log = Trainer(cfg, tmp_path / "run").run()
     assert not [c for c in log.columns if c.startswith(("reward_toy", "control_reward_toy"))]
+
+
+def test_rewards_are_built_on_the_training_device_unless_options_name_one(plugin, tmp_path):
+    """A factory that declares ``device`` gets the trainer's (ddpo-pytorch scores on the accelerator's
+    device); an explicit ``device`` is kept; a factory without the parameter gets nothing."""
+    assert options_on_device(f"{plugin}:where", {}, "cuda:1") == {"device": "cuda:1"}
+    assert options_on_device(f"{plugin}:where", {"device": "cpu"}, "cuda:1") == {"device": "cpu"}
+    assert options_on_device(f"{plugin}:no_device", None, "cuda:1") == {}
+    mixed = {"aesthetic": 0.5, f"{plugin}:no_device": 0.5}
+    assert options_on_device(mixed, {"aesthetic": {"batch_size": 8}}, "cuda:1") == {
+        "aesthetic": {"batch_size": 8, "device": "cuda:1"}, f"{plugin}:no_device": {}}
+    # every built-in that runs a network declares it (so none is left on the host of a GPU run)
+    for name in ("aesthetic", "hps", "hps_v20", "pickscore", "imagereward", "clipscore", "vlm_bertscore", "ocr",
+                 "toy_alignment"):
+        assert options_on_device(name, {}, "cuda") == {"device": "cuda"}, name
+    for name in ("jpeg_compressibility", "toy_aesthetic", "llava_bertscore"):  # no network of their own here
+        assert options_on_device(name, {}, "cuda") == {}, name
+    import toy_reward_plugin
+
+    cfg = load_config("train/configs/toy_ddpo.yaml", [f"reward={plugin}:where", "epochs=1", "log_to=none"])
+    Trainer(cfg, tmp_path / "run")
+    assert toy_reward_plugin.BUILT_ON[-1] == "cpu"  # the trainer's device, not the factory's "unset"
+    from pcpo_eval.metrics.extract import load_reward  # the metrics' preference scores: the pass's device
+
+    load_reward(f"{plugin}:where", {}, device="cuda:0")
+    assert toy_reward_plugin.BUILT_ON[-1] == "cuda:0"
+    load_reward(f"{plugin}:where", {"device": "cpu"}, device="cuda:0")
+    assert toy_reward_plugin.BUILT_ON[-1] == "cpu"
