@@ -28,7 +28,7 @@ for s in $stages; do
            budget=${TESTS_BUDGET:-270}
            for c in ${CUDA_TESTS:-train_resume train_mixed_precision train_tf32 metrics_on_cuda feature_numerics \
                      generate_precisions generate_memory_micro_batch step_syncs dist_group flow_models_bf16 \
-                     flow_train_bf16 generate_sd1_tiny}; do
+                     flow_train_bf16 generate_sd1_tiny train_reward_on_device}; do
              left=$(( budget - ($(date +%s) - t0) ))
              if [ $left -lt 10 ]; then echo "SKIPPED $c (stage time spent)" | tee -a "$LOG"; continue; fi
              d=$(mktemp -d) c0=$(date +%s)

@@ -37,7 +37,7 @@ def _has_cuda() -> bool:
 @pytest.mark.parametrize("scenario", [
     "generate_precisions", "generate_memory_micro_batch", "generate_sd1_tiny", "train_resume",
     "train_mixed_precision", "step_syncs", "dist_group", "flow_models_bf16", "flow_train_bf16", "metrics_on_cuda",
-    "feature_numerics", "train_tf32",
+    "feature_numerics", "train_tf32", "train_reward_on_device",
 ])
 def test_cuda_scenario(scenario, tmp_path):
     if not _has_cuda():

@@ -159,6 +159,32 @@ def train_tf32(tmp: Path) -> dict:
     return {"epoch_settings": seen}
 
 
+def train_reward_on_device(tmp: Path) -> dict:
+    """A reward that runs a network (the toy classifier of ``toy_alignment``) is built on the trainer's
+    device and scores there (rewards.options_on_device); the epoch's rewards are finite."""
+    import pcpo_eval.toy.classifier as classifier
+    from pcpo_eval.train.config import load_config
+    from pcpo_eval.train.trainer import train
+
+    real, devices = classifier.load_classifier, []
+
+    def spy(weights_dir=None, device="cpu"):
+        devices.append(str(device))
+        return real(weights_dir, device)
+
+    classifier.load_classifier = spy
+    try:
+        cfg = load_config(None, ["model=toy", "prompts=toy", "reward=toy_alignment", "epochs=1", "sample_steps=4",
+                                 "sample_batch_size=4", "train_batch_size=2", "lora_rank=2", "log_to=none",
+                                 f"device={DEVICE}"])
+        log = train(cfg, tmp / "run")
+    finally:
+        classifier.load_classifier = real
+    assert devices and all(torch.device(d).type == torch.device(DEVICE).type for d in devices), devices
+    assert np.isfinite(log["reward_mean"]).all(), log
+    return {"reward_built_on": devices, "reward_mean": [float(v) for v in log["reward_mean"]]}
+
+
 def step_syncs(tmp: Path) -> dict:
     """Host-device synchronisations of an epoch do not grow with its steps, so the host queues each network
     call while the GPU runs the last one: sampling (the per-step noise and schedule scalars,
@@ -353,7 +379,7 @@ DEVICE = sys.argv[3] if len(sys.argv) > 3 else "cuda"
 SCENARIOS = {f.__name__: f for f in (generate_precisions, generate_memory_micro_batch, generate_sd1_tiny,
                                      train_resume, train_mixed_precision, step_syncs, dist_group,
                                      flow_models_bf16, flow_train_bf16, metrics_on_cuda,
-                                     feature_numerics, train_tf32)}
+                                     feature_numerics, train_tf32, train_reward_on_device)}
 
 if __name__ == "__main__":
     name, tmp = sys.argv[1], Path(sys.argv[2])
