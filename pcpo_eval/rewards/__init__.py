@@ -267,7 +267,11 @@ def options_on_device(name: RewardSpec, options: Mapping[str, Any] | None, devic
     parts = reward_parts(spec, options)
     out: dict[str, Any] = {}
     for part, _, opts in parts:
-        if "device" not in opts and "device" in inspect.signature(resolve_factory(part)[0]).parameters:
+        try:
+            takes = "device" in inspect.signature(resolve_factory(part)[0]).parameters
+        except UserError:  # an unknown name: left to make_reward, whose error it is (and which a caller may wrap)
+            takes = False
+        if takes and "device" not in opts:
             opts = {**opts, "device": str(device)}
         out[part] = opts
     return out[spec] if isinstance(spec, str) else out

@@ -199,6 +199,7 @@ def test_rewards_are_built_on_the_training_device_unless_options_name_one(plugin
     assert options_on_device(f"{plugin}:where", {}, "cuda:1") == {"device": "cuda:1"}
     assert options_on_device(f"{plugin}:where", {"device": "cpu"}, "cuda:1") == {"device": "cpu"}
     assert options_on_device(f"{plugin}:no_device", None, "cuda:1") == {}
+    assert options_on_device("no_such_reward", {"a": 1}, "cuda:1") == {"a": 1}  # make_reward's error to give
     mixed = {"aesthetic": 0.5, f"{plugin}:no_device": 0.5}
     assert options_on_device(mixed, {"aesthetic": {"batch_size": 8}}, "cuda:1") == {
         "aesthetic": {"batch_size": 8, "device": "cuda:1"}, f"{plugin}:no_device": {}}
