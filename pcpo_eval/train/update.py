@@ -156,6 +156,7 @@ class UpdateMixin:
         ad.denoiser.train()
         steps = self._trainable_steps(samples)
         n_train = max(1, int(len(steps) * cfg.timestep_fraction))
+        groups = _step_groups(n_train, cfg.train_steps_per_forward)  # each sample's steps, per forward
         N = len(samples.prompts)
         adv_all = torch.as_tensor(samples.advantages, dtype=torch.float32)
         stats: dict[str, list[float]] = {"loss": [], "clip": [], "log_rho": [], "kl": [], "grad_norm": [],
@@ -179,12 +180,12 @@ class UpdateMixin:
                 accum = len(chunk) * n_train
                 for rows in chunk:
                     stats["rows"].append(len(rows))
-                    adv_rows = to_device_async(adv_all[rows], self.device)
-                    for ks in _step_groups(n_train, cfg.train_steps_per_forward):
+                    adv_rows, steps_of_rows = to_device_async(adv_all[rows], self.device), tsel[rows]
+                    for ks in groups:
                         # ``len(ks)`` of each row's selected steps in one forward, step-major (all rows at
                         # the first step, then at the next): the same per-step losses, summed into the
                         # same accumulated gradient, as one forward per step
-                        fused, j = rows.repeat(len(ks)), tsel[rows][:, ks].T.reshape(-1)
+                        fused, j = rows.repeat(len(ks)), steps_of_rows[:, ks].T.reshape(-1)
                         adv = adv_rows if len(ks) == 1 else adv_rows.repeat(len(ks))
                         loss, out, kls = self.step_loss(samples, fused, j, adv)
                         step_sum = loss.mean() if len(ks) == 1 else loss.mean() * len(ks)  # sum of per-step means
