@@ -6,6 +6,9 @@
   32/64 channels on 8x8x4 latents, a 2-block VAE -> 16x16 images, a 2-layer CLIP text encoder
   and a CLIP BPE tokenizer whose character-level vocab is written locally).
 * :func:`save_tiny_sd1` -- ``save_pretrained`` of that pipeline, to exercise ``sd1:DIR`` loading.
+* :func:`qwen25_vl` -- a Qwen2.5-VL captioner (``Qwen2_5_VLForConditionalGeneration`` + its processor
+  with a word-level tokenizer and Qwen's special tokens at their real ids) of any size: tiny for tests
+  (:func:`save_tiny_qwen25_vl`), the published 3B configuration for the GPU benchmarks.
 """
 
 from __future__ import annotations
@@ -121,3 +124,80 @@ def isolate_weight_caches(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(W.tempfile, "gettempdir", lambda: str(tmp_path / "sys_tmp"))
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+#: Qwen2.5-VL's special tokens and their ids in Qwen/Qwen2.5-VL-3B-Instruct's vocabulary (config.json)
+QWEN25_VL_SPECIAL = {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645,
+                     "<|vision_start|>": 151652, "<|vision_end|>": 151653, "<|image_pad|>": 151655,
+                     "<|video_pad|>": 151656}
+#: the chat template's shape (role, image between vision markers, text) without Qwen's system prompt
+QWEN25_VL_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }} {% for c in m['content'] %}{% if c['type'] == 'image' %}"
+    "<|vision_start|><|image_pad|><|vision_end|>{% else %}{{ c['text'] }}{% endif %}{% endfor %}<|im_end|> "
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant {% endif %}")
+
+
+def qwen25_vl(text: dict[str, Any], vision: dict[str, Any], pixels: tuple[int, int], seed: int = 0,
+              device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
+    """A random-weight ``Qwen2_5_VLForConditionalGeneration`` and a processor that drives it.
+
+    ``text`` / ``vision``: the text and vision configs (with Qwen's ``vocab_size`` the special tokens keep
+    their real ids; a small vocabulary puts them first); ``pixels``: the image processor's (min, max) pixels. The tokenizer is
+    word-level, token i the word ``w<i>`` apart from the special tokens, so any generated id decodes and
+    a caption of n tokens is n words: the shapes (image tokens, caption length) are the real model's.
+    Built on ``device`` in ``dtype`` (``torch.device`` context: no CPU copy of a 3B model first).
+    """
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import (
+        PreTrainedTokenizerFast,
+        Qwen2_5_VLConfig,
+        Qwen2_5_VLForConditionalGeneration,
+        Qwen2_5_VLProcessor,
+        Qwen2VLImageProcessor,
+        Qwen2VLVideoProcessor,
+    )
+
+    real = int(text["vocab_size"]) > max(QWEN25_VL_SPECIAL.values())
+    special = QWEN25_VL_SPECIAL if real else {w: i for i, w in enumerate(QWEN25_VL_SPECIAL)}
+    names = {i: w for w, i in special.items()}
+    vocab = {names.get(i, f"w{i}"): i for i in range(int(text["vocab_size"]))}
+    tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<|endoftext|>"))
+    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                  unk_token="<|endoftext|>", model_max_length=32768)
+    tok.add_special_tokens({"additional_special_tokens": [w for w in special if w != "<|endoftext|>"]})
+    geometry = dict(min_pixels=pixels[0], max_pixels=pixels[1], patch_size=vision["patch_size"],
+                    merge_size=vision["spatial_merge_size"], temporal_patch_size=vision["temporal_patch_size"])
+    proc = Qwen2_5_VLProcessor(image_processor=Qwen2VLImageProcessor(**geometry), tokenizer=tok,
+                               video_processor=Qwen2VLVideoProcessor(**geometry), chat_template=QWEN25_VL_TEMPLATE)
+    cfg = Qwen2_5_VLConfig(
+        text_config={**text, "bos_token_id": special["<|endoftext|>"], "eos_token_id": special["<|im_end|>"],
+                     "pad_token_id": special["<|endoftext|>"]},
+        vision_config=vision, image_token_id=special["<|image_pad|>"], video_token_id=special["<|video_pad|>"],
+        vision_start_token_id=special["<|vision_start|>"], vision_end_token_id=special["<|vision_end|>"],
+        tie_word_embeddings=text.get("tie_word_embeddings", True))
+    cfg.generation_config = None
+    with torch.random.fork_rng(devices=[]), torch.device(device):
+        torch.manual_seed(seed)
+        model = Qwen2_5_VLForConditionalGeneration(cfg).to(dtype).eval()
+    return model, proc
+
+
+#: a Qwen2.5-VL small enough for a test (1 text layer of width 32, 1 vision block of width 16)
+TINY_QWEN25_VL_TEXT = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                           num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=4096,
+                           rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]})
+TINY_QWEN25_VL_VISION = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32,
+                             patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=56,
+                             fullatt_block_indexes=[0])
+
+
+def save_tiny_qwen25_vl(directory: str | Path, seed: int = 0) -> Path:
+    """``save_pretrained`` a tiny :func:`qwen25_vl` (images resized to 56x56: 4 image tokens) and its
+    processor into ``directory``, in bfloat16 as Qwen/Qwen2.5-VL-3B-Instruct's weights (and config.json) are."""
+    directory = Path(directory)
+    model, proc = qwen25_vl(TINY_QWEN25_VL_TEXT, TINY_QWEN25_VL_VISION, (56 * 56, 56 * 56), seed,
+                            dtype=torch.bfloat16)
+    model.save_pretrained(str(directory))
+    proc.save_pretrained(str(directory))
+    return directory

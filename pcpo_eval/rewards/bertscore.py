@@ -17,6 +17,12 @@ Reward ``vlm_bertscore`` does the same in this process:
    model folder, ``scorer="deberta"`` (the server's) or ``"roberta"`` (bert-score's own default
    for English, layer 17); ``component`` picks precision / recall / f1 (default recall).
 
+The captioner's weights are held in ``captioner_dtype`` (default ``auto``: the dtype its checkpoint declares,
+``config.json``'s ``torch_dtype`` (Qwen2.5-VL-3B-Instruct: bfloat16; llava-hf: float16, the fp16 LLaVA-server
+runs) on CUDA, where a 3B captioner in float32 would take 15 GB of the policy's card, and float32 on a CPU,
+where half precision is slow); BERTScore runs in float32, as ``bert_score.BERTScorer`` does. The resolved
+name is part of the reward's settings.
+
 Every model loads from local files only (weights backends ``qwen25_vl_3b``, ``llava``,
 ``bertscore_deberta``, ``bertscore_roberta``; ``pcpo-eval weights``); the server client
 ``llava_bertscore`` (:mod:`pcpo_eval.rewards.llava`) stays for a captioner you serve elsewhere.
@@ -31,6 +37,7 @@ import numpy as np
 import torch
 
 from pcpo_eval.errors import MissingWeightsError, UserError
+from pcpo_eval.precision import precision_dtype
 from pcpo_eval.registry import optional_module
 
 #: ddpo-pytorch's query and reference (rewards.py ``llava_bertscore``)
@@ -45,6 +52,45 @@ SCORERS = {"deberta": ("bertscore_deberta", 40), "roberta": ("bertscore_roberta"
 CAPTIONERS = {"qwen25_vl": "qwen25_vl_3b", "llava": "llava"}
 
 Captioner = Callable[[torch.Tensor, str], list[str]]
+#: ``captioner_dtype`` values (``auto`` resolves by device and checkpoint: :func:`captioner_precision`)
+CAPTIONER_DTYPES = ("auto", "fp32", "bf16", "fp16")
+
+
+def captioner_precision(name: str, device: str | torch.device, declared: str | None = None) -> str:
+    """The captioner's weight precision: ``fp32``, ``bf16`` or ``fp16``.
+
+    ``auto``: on CUDA the precision the checkpoint declares (``declared``, from its ``config.json``'s
+    ``torch_dtype``), bf16 when it declares none or float32; elsewhere fp32.
+
+    Raises:
+        UserError: a name outside :data:`CAPTIONER_DTYPES`.
+    """
+    key = str(name).strip().lower()
+    if key not in CAPTIONER_DTYPES:
+        raise UserError(f"unknown captioner_dtype {name!r}; choose {', '.join(CAPTIONER_DTYPES)}")
+    if key != "auto":
+        return key
+    if torch.device(device).type != "cuda":
+        return "fp32"
+    return declared if declared in ("bf16", "fp16") else "bf16"
+
+
+def declared_precision(path: str) -> str | None:
+    """The precision a transformers checkpoint folder declares (``config.json``: ``torch_dtype`` or
+    ``dtype``, top level or its ``text_config``), None when it declares none or the file is unreadable."""
+    import json
+    from pathlib import Path
+
+    try:
+        cfg = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    for where in (cfg, cfg.get("text_config") or {}):
+        for key in ("torch_dtype", "dtype"):
+            name = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(str(where.get(key)))
+            if name:
+                return name
+    return None
 
 
 def references(prompts: Sequence[str]) -> list[str]:
@@ -78,6 +124,7 @@ class VLMCaptioner:
     @classmethod
     def from_pretrained(cls, path: str, device: str = "cpu", dtype: torch.dtype = torch.float32,
                         max_new_tokens: int = MAX_NEW_TOKENS) -> VLMCaptioner:
+        """The model and processor of a local folder, weights in ``dtype`` on ``device``."""
         from transformers import AutoModelForImageTextToText, AutoProcessor
 
         try:
@@ -98,7 +145,7 @@ class VLMCaptioner:
         messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": query}]}]
         text = self.processor.apply_chat_template(messages, add_generation_prompt=True)
         inputs = self.processor(images=pils, text=[text] * len(pils), return_tensors="pt", padding=True)
-        inputs = inputs.to(self.model.device)
+        inputs = inputs.to(device=self.model.device, dtype=self.model.dtype)  # floating inputs only
         out = self.model.generate(**inputs, max_new_tokens=self.max_new_tokens, do_sample=False)
         new = out[:, inputs["input_ids"].shape[1]:]
         return [t.strip() for t in self.processor.batch_decode(new, skip_special_tokens=True)]
@@ -133,8 +180,9 @@ class VLMBertScoreReward:
 def vlm_bertscore(captioner: str | Captioner = "qwen25_vl", captioner_path: str | None = None,
                   scorer: str = "deberta", scorer_path: str | None = None, num_layers: int | None = None,
                   component: str = "recall", batch_size: int = 8, device: str = "cpu",
-                  max_new_tokens: int = MAX_NEW_TOKENS) -> VLMBertScoreReward:
+                  max_new_tokens: int = MAX_NEW_TOKENS, captioner_dtype: str = "auto") -> VLMBertScoreReward:
     """Factory of reward ``vlm_bertscore`` (see the module docstring for the conventions)."""
+    captioner_precision(captioner_dtype, device)  # checked before any model loads
     if component not in COMPONENTS:
         raise UserError(f"unknown BERTScore component {component!r}; choose one of: {', '.join(COMPONENTS)}")
     if scorer not in SCORERS:
@@ -142,10 +190,13 @@ def vlm_bertscore(captioner: str | Captioner = "qwen25_vl", captioner_path: str 
     if int(batch_size) < 1:
         raise UserError(f"batch_size must be >= 1, got {batch_size}")
     backend, layer = SCORERS[scorer]
+    cap_dtype = None  # a callable captioner holds its own weights
     if callable(captioner):
         cap, cap_name = captioner, getattr(captioner, "__name__", type(captioner).__name__)
     elif captioner in CAPTIONERS:
-        cap = VLMCaptioner.from_pretrained(_locate(CAPTIONERS[captioner], captioner_path), device=device,
+        path = _locate(CAPTIONERS[captioner], captioner_path)
+        cap_dtype = captioner_precision(captioner_dtype, device, declared_precision(path))
+        cap = VLMCaptioner.from_pretrained(path, device=device, dtype=precision_dtype(cap_dtype),
                                            max_new_tokens=max_new_tokens)
         cap_name = captioner
     else:
@@ -153,5 +204,6 @@ def vlm_bertscore(captioner: str | Captioner = "qwen25_vl", captioner_path: str 
     score = BertScore(_locate(backend, scorer_path), num_layers or layer, device=device)
     settings = {"reward": "vlm_bertscore", "captioner": cap_name, "query": QUERY, "reference": REFERENCE,
                 "scorer": scorer, "num_layers": num_layers or layer, "component": component, "idf": False,
-                "rescale_with_baseline": False, "max_new_tokens": max_new_tokens}
+                "rescale_with_baseline": False, "max_new_tokens": max_new_tokens,
+                "captioner_dtype": cap_dtype}
     return VLMBertScoreReward(cap, score, component, batch_size, settings)

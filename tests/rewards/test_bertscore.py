@@ -6,6 +6,9 @@ server client's retries.
 * the reward scores the caption against "The image contains {prompt}" and returns the recall;
 * a real LlavaForConditionalGeneration (tiny, random) captions through its processor's chat
   template, found through PCPO_LLAVA_PATH; absent weights are one line naming the variable;
+* so does the default captioner, a real Qwen2_5_VLForConditionalGeneration (tiny, random, saved in
+  bfloat16 as the published checkpoint), found through PCPO_QWEN25_VL_PATH, in the precision
+  ``captioner_dtype`` resolves to (fp32 on a CPU, the checkpoint's own on CUDA);
 * the server client retries with backoff, gives up in one line, and does not retry a 4xx.
 """
 
@@ -23,9 +26,17 @@ from pcpo_eval.errors import MissingWeightsError, UserError
 from pcpo_eval.metrics.base import METRICS, PREFERENCE_METRICS
 from pcpo_eval.rewards import make_reward
 from pcpo_eval.rewards import required_backends as reward_backends
-from pcpo_eval.rewards.bertscore import QUERY, BertScore, VLMBertScoreReward, references
+from pcpo_eval.rewards.bertscore import (
+    QUERY,
+    BertScore,
+    VLMBertScoreReward,
+    VLMCaptioner,
+    captioner_precision,
+    declared_precision,
+    references,
+)
 from pcpo_eval.rewards.llava import llava_bertscore
-from pcpo_eval.testing import isolate_weight_caches
+from pcpo_eval.testing import isolate_weight_caches, save_tiny_qwen25_vl
 from tests.support.vlm import save_tiny_bert, save_tiny_llava
 
 
@@ -98,6 +109,37 @@ def test_tiny_llava_captions_through_the_real_model_and_the_weights_variables(tm
     assert r.shape == (3,) and torch.isfinite(r).all() and ((r >= -1) & (r <= 1)).all()
     assert len(reward.last_captions) == 3 and all(isinstance(c, str) for c in reward.last_captions)
     assert reward.settings["component"] == "recall" and reward.settings["num_layers"] == 2
+
+
+def test_tiny_qwen25_vl_is_the_default_captioner_in_the_precision_it_resolves(tmp_path, monkeypatch, bert_dir):
+    isolate_weight_caches(tmp_path, monkeypatch)
+    qwen = save_tiny_qwen25_vl(tmp_path / "qwen")
+    assert declared_precision(str(qwen)) == "bf16" and declared_precision(str(tmp_path)) is None
+    monkeypatch.setenv("PCPO_QWEN25_VL_PATH", str(qwen))
+    monkeypatch.setenv("PCPO_BERTSCORE_DEBERTA_PATH", str(bert_dir))
+    imgs = torch.randint(0, 256, (3, 3, 40, 64), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    prompts = ["a cat", "a dog", "a red ball"]
+    for option, name, dtype in (("auto", "fp32", torch.float32), ("bf16", "bf16", torch.bfloat16)):
+        reward = make_reward("vlm_bertscore", num_layers=2, max_new_tokens=3, batch_size=2, captioner_dtype=option)
+        assert reward.captioner.model.dtype == dtype and reward.settings["captioner_dtype"] == name
+        r = reward(imgs, prompts)
+        # 3 new tokens each: image tokens, chat template and decoding went through Qwen's own classes
+        assert r.shape == (3,) and torch.isfinite(r).all() and all(len(c.split()) == 3 for c in reward.last_captions)
+    # the captioner's floating inputs (pixel_values) follow its weights' dtype: bf16 captions without a dtype error
+    cap = VLMCaptioner.from_pretrained(str(qwen), dtype=torch.bfloat16, max_new_tokens=2)
+    assert len(cap(imgs[:1], QUERY)) == 1
+
+
+def test_captioner_precision_resolves_by_device_and_checkpoint():
+    assert captioner_precision("auto", "cpu", "bf16") == "fp32"  # half precision is slow on a CPU
+    assert captioner_precision("auto", "cuda:1", "bf16") == "bf16"  # Qwen2.5-VL-3B-Instruct's config.json
+    assert captioner_precision("auto", "cuda", "fp16") == "fp16"  # llava-hf's, the fp16 LLaVA-server runs
+    assert captioner_precision("auto", "cuda", None) == captioner_precision("auto", "cuda", "fp32") == "bf16"
+    assert captioner_precision(" FP16 ", "cpu") == "fp16"
+    with pytest.raises(UserError, match="unknown captioner_dtype 'int8'; choose auto, fp32, bf16, fp16"):
+        captioner_precision("int8", "cpu")
+    with pytest.raises(UserError, match="unknown captioner_dtype 'half'"):  # before any model is looked for
+        make_reward("vlm_bertscore", captioner="qwen25_vl", captioner_dtype="half")
 
 
 def test_options_are_validated_and_the_catalogue_knows_the_metric():
