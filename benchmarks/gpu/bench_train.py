@@ -1,8 +1,12 @@
-"""GPU benchmark: seconds per training epoch of setup 2 (DDPO, SD-1.5 LoRA) and setup 5 (DanceGRPO, SD-1.4 full).
+"""GPU benchmark: seconds per training epoch of setup 2 (DDPO, SD-1.5 LoRA), setup 3 (the same with the
+BERTScore reward) and setup 5 (DanceGRPO, SD-1.4 full).
 
-The setup configs (``train/configs/setup{2,5}_*.yaml``) are trained as written except: the model
+The setup configs (``train/configs/setup{2,3,5}_*.yaml``) are trained as written except: the model
 is a random-weight SD-1.x of the real size saved with ``save_pretrained`` and loaded through the
-real ``sd1:DIR`` path, the reward is the weight-free ``jpeg_compressibility``, the prompts are
+real ``sd1:DIR`` path, the reward is the weight-free ``jpeg_compressibility`` (setup 3: its own
+``vlm_bertscore`` with random weights of the real sizes, ``models.random_vlm_bertscore``: Qwen2.5-VL-3B
+captions of 64 tokens in bf16 and DeBERTa-xlarge's 40 layers, on the training GPU; its share is
+``reward_s``, and setups 3 and 4 differ only in images per epoch), the prompts are
 ``simple_animals`` (setup 5's HPDv2 needs the dataset), an epoch holds ``--batches`` sampling
 batches instead of the paper's 512 images (its time is scaled to 512 images: sampling and
 training are both linear in images), and nothing is checkpointed or logged beyond log.parquet.
@@ -14,6 +18,7 @@ for ``pcpo``, with peak GPU memory and the FLOP floor: images x steps x 2 CFG ro
 ``--tiny``: the tests' tiny SD-1.x on CPU (CI). Usage::
 
     python benchmarks/gpu/bench_train.py --setup 2 --batches 4 --json $OUT/train2.json
+    python benchmarks/gpu/bench_train.py --setup 3 --batches 1 --runs ppo_clip --json $OUT/train3.json
     python benchmarks/gpu/bench_train.py --tiny
 """
 
@@ -45,7 +50,16 @@ from models import (  # noqa: E402
 from pcpo_eval.train.config import load_config  # noqa: E402
 from pcpo_eval.train.trainer import Trainer  # noqa: E402
 
-SETUPS = {2: "setup2_ddpo_aes.yaml", 5: "setup5_dancegrpo_sd14.yaml"}
+SETUPS = {2: "setup2_ddpo_aes.yaml", 3: "setup3_ddpo_bert_half.yaml", 5: "setup5_dancegrpo_sd14.yaml"}
+
+
+def reward_overrides(setup: int, tiny: bool) -> list[str]:
+    """The benchmark's reward: weight-free JPEG compressibility, or for setup 3 its captioner + BERTScore
+    with random weights of the real sizes (tiny configurations with ``tiny``), built on the training device."""
+    if setup != 3:
+        return ["reward=jpeg_compressibility"]
+    return ["reward=models:random_vlm_bertscore",
+            f"reward_options={{captioner: qwen25_vl, scorer: deberta, component: recall, tiny: {str(tiny).lower()}}}"]
 PEAK_TFLOPS = 800.0  # H100/H200 dense bf16 measured on this workplace's machines (KINDS.md)
 
 
@@ -69,7 +83,7 @@ def run_setup(setup: int, model_dir: Path, objective: str, batches: int, device:
     device-busy fraction: kernel time over wall time); epochs 2..``epochs`` stay the timed ones.
     """
     timed, epochs = epochs, epochs + (1 if profile is not None else 0)
-    over = [f"model=sd1:{model_dir}", "reward=jpeg_compressibility", "prompts=simple_animals", f"epochs={epochs}",
+    over = [f"model=sd1:{model_dir}", *reward_overrides(setup, tiny), "prompts=simple_animals", f"epochs={epochs}",
             f"sample_batches_per_epoch={batches}", "paper_total_batch=0", "checkpoint_every=1000",
             "log_to=none", "log_images_every=0", f"objective={objective}", f"device={device}", *extra]
     if tiny:
@@ -84,7 +98,7 @@ def run_setup(setup: int, model_dir: Path, objective: str, batches: int, device:
     log = trainer.run()
     peak = peak_gib(device)
     rows = log.iloc[1:timed]
-    row = rows[["wall_time_s", "sample_time_s"]].median()
+    row = rows[["wall_time_s", "sample_time_s", "reward_time_s"]].median()
     busy = write_profile(prof["prof"], prof["wall_s"], profile,
                          f"setup {setup} {objective} {' '.join(extra)}: update phase of epoch {prof['epoch']} "
                          "(profiled)") if prof else None
@@ -92,10 +106,11 @@ def run_setup(setup: int, model_dir: Path, objective: str, batches: int, device:
     shutil.rmtree(out.parent, ignore_errors=True)
     print(f"setup {setup} {objective} {' '.join(extra)}: {images} images, epoch (median of "
           f"{len(rows)}) {row['wall_time_s']:.2f} s "
-          f"(sampling {row['sample_time_s']:.2f} s), peak {peak} GiB", flush=True)  # before the table, if cut short
+          f"(sampling {row['sample_time_s']:.2f} s, of which reward {row['reward_time_s']:.2f} s), peak {peak} GiB",
+          flush=True)  # before the table, if cut short
     return {"objective": objective, "options": " ".join(extra), "images": images, "steps": cfg.sample_steps,
             "lora_rank": cfg.lora_rank, "mixed_precision": cfg.mixed_precision, "epoch_s": float(row["wall_time_s"]),
-            "sample_s": float(row["sample_time_s"]),
+            "sample_s": float(row["sample_time_s"]), "reward_s": float(row["reward_time_s"]),  # part of sample_s
             "update_s": float(row["wall_time_s"] - row["sample_time_s"]),  # the medians' difference
             "epoch_s_each": [float(v) for v in rows["wall_time_s"]],
             "sample_s_each": [float(v) for v in rows["sample_time_s"]],
@@ -150,7 +165,7 @@ def main() -> None:
     model_dir, flops_row = save_model(a.tiny, device)
     res: dict = {"device": device_info(), "unet_flops_per_row_G": flops_row / 1e9, "setups": {}}
     runs = [(r.split(":")[0], tuple(r.split(":")[1].split(",")) if ":" in r else ()) for r in a.runs.split(";") if r]
-    for setup in a.setup or sorted(SETUPS):
+    for setup in a.setup or (2, 5):
         todo = runs[:1] if a.tiny and setup != 2 else runs  # CI time
         profile = a.profile if not (a.tiny and setup != 2) else None  # CI time: the profiler path runs once
         rows, errors = [], []
@@ -171,7 +186,7 @@ def main() -> None:
                 res.setdefault("pcpo_over_ddpo", {}).setdefault(setup, {})[opts or "default"] = (
                     by[("pcpo", opts)]["epoch_s"] / by[("ppo_clip", opts)]["epoch_s"])
         res["setups"][setup] = rows
-        cols = ["objective", "options", "images", "epoch_s", "sample_s", "update_s", "peak_gib", "ratio_to_floor",
+        cols = ["objective", "options", "images", "epoch_s", "sample_s", "reward_s", "update_s", "peak_gib", "ratio_to_floor",
                 "sample_floor_ratio", "update_floor_ratio"]
         if rows:
             print(pd.DataFrame(rows)[cols].to_string(index=False), flush=True)

@@ -132,3 +132,76 @@ def write_profile(prof: Any, wall_s: float, path: Path, title: str) -> dict[str,
         for key in ("self_device_time_total", "self_cpu_time_total"):
             fh.write(ka.table(sort_by=key, row_limit=18, max_name_column_width=60) + "\n")
     return out
+
+
+#: Qwen/Qwen2.5-VL-3B-Instruct's config.json: the text model (3.09 B parameters with the vision tower:
+#: 3.75 B) ...
+QWEN25_VL_3B_TEXT = dict(
+    vocab_size=151936, hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
+    num_key_value_heads=2, max_position_embeddings=128000, rms_norm_eps=1e-6, tie_word_embeddings=True,
+    rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [16, 24, 24]},
+)  # fmt: skip
+#: ... its vision tower ...
+QWEN25_VL_3B_VISION = dict(
+    depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=2048, patch_size=14,
+    spatial_merge_size=2, temporal_patch_size=2, window_size=112, fullatt_block_indexes=[7, 15, 23, 31],
+    tokens_per_second=2, hidden_act="silu",
+)  # fmt: skip
+#: ... and its preprocessor_config.json's pixel bounds (a 512-px image: 504 x 504, 324 image tokens)
+QWEN25_VL_PIXELS = (3136, 12845056)
+#: microsoft/deberta-xlarge-mnli's config.json (bert-score keeps its first 40 of 48 layers)
+DEBERTA_XLARGE_MNLI = dict(
+    vocab_size=50265, hidden_size=1024, num_hidden_layers=48, num_attention_heads=16, intermediate_size=4096,
+    max_position_embeddings=512, relative_attention=True, max_relative_positions=-1, pos_att_type=["c2p", "p2c"],
+    position_biased_input=False, type_vocab_size=0, layer_norm_eps=1e-7,
+)  # fmt: skip
+
+
+def random_vlm_bertscore(captioner: str = "qwen25_vl", scorer: str = "deberta", component: str = "recall",
+                         batch_size: int = 8, device: str = "cpu", captioner_dtype: str = "auto",
+                         max_new_tokens: int = 64, tiny: bool = False):
+    """Reward ``vlm_bertscore`` (setups 3-4) with random weights of the real sizes, as a ``module:function``
+    reward for ``bench_train.py --reward vlm``: Qwen2.5-VL-3B-Instruct captions through
+    :class:`~pcpo_eval.rewards.bertscore.VLMCaptioner` in the precision ``captioner_dtype`` resolves to (the
+    checkpoint declares bf16), and DeBERTa-xlarge-MNLI's first 40 layers score through ``bert_score``
+    in float32. Random weights rarely emit the end token, so captions run to ``max_new_tokens``: the
+    reference's worst case. ``tiny``: the tests' tiny configurations (CPU, CI)."""
+    from transformers import BertTokenizerFast, DebertaConfig, DebertaModel
+
+    from pcpo_eval.precision import precision_dtype
+    from pcpo_eval.rewards.bertscore import (
+        SCORERS,
+        BertScore,
+        VLMBertScoreReward,
+        VLMCaptioner,
+        captioner_precision,
+    )
+    from pcpo_eval.testing import TINY_QWEN25_VL_TEXT, TINY_QWEN25_VL_VISION, qwen25_vl
+
+    if (captioner, scorer) != ("qwen25_vl", "deberta"):
+        raise ValueError("the benchmark reward builds the paper's captioner (qwen25_vl) and scorer (deberta)")
+    prec = captioner_precision(captioner_dtype, device, "bf16")
+    text, vision, pixels = ((TINY_QWEN25_VL_TEXT, TINY_QWEN25_VL_VISION, (56 * 56, 56 * 56)) if tiny
+                            else (QWEN25_VL_3B_TEXT, QWEN25_VL_3B_VISION, QWEN25_VL_PIXELS))
+    model, proc = qwen25_vl(text, vision, pixels, device=device, dtype=precision_dtype(prec))
+    cap = VLMCaptioner(model, proc, max_new_tokens)
+    folder = Path(tempfile.mkdtemp(prefix="bench_bertscore_"))  # a word-level tokenizer (captions: unknown words)
+    (folder / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "image", "contains"]))
+    BertTokenizerFast(vocab_file=str(folder / "vocab.txt"), model_max_length=512).save_pretrained(folder)
+    deberta = (dict(DEBERTA_XLARGE_MNLI, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                    intermediate_size=64) if tiny else DEBERTA_XLARGE_MNLI)
+    layers = 2 if tiny else SCORERS["deberta"][1]
+    DebertaModel(DebertaConfig(**dict(deberta, num_hidden_layers=layers))).save_pretrained(folder) if tiny else None
+    if not tiny:  # the real size's 3 GB of float32 weights are built on the device, not written and read back
+        DebertaModel(DebertaConfig(**dict(deberta, vocab_size=8, hidden_size=32, num_hidden_layers=1,
+                                          num_attention_heads=2, intermediate_size=64))).save_pretrained(folder)
+    score = BertScore(str(folder), layers, device=device)
+    if not tiny:
+        with torch.device(device):
+            big = DebertaModel(DebertaConfig(**deberta)).eval()
+        big.encoder.layer = big.encoder.layer[:layers]  # as bert_score.utils.get_model truncates
+        score.scorer._model = big
+    settings = {"reward": "vlm_bertscore", "captioner": "qwen25_vl (random weights)", "captioner_dtype": prec,
+                "scorer": "deberta (random weights)", "num_layers": layers, "component": component,
+                "max_new_tokens": max_new_tokens}
+    return VLMBertScoreReward(cap, score, component, batch_size, settings)

@@ -4,7 +4,8 @@
 # whole output (warnings included) is appended to $OUT/stages.log (one file for all stages: at most 8
 # files come back from a device call).
 #   bash benchmarks/gpu/run_device.sh [stage ...]
-# stages: generate train2 metrics train5 (default), tests profile trainprofile trainbatch invariance attention bigbatch quick compile.
+# stages: generate train2 metrics train5 (default), tests profile trainprofile trainbatch train3 invariance attention bigbatch
+# quick compile.
 # Measured stage times (H200, 2026-11-27): generate 80 s, train2 ~58 s per run at 2 epochs, metrics 84-93 s (all four
 # metrics), tests ~20 s per scenario; attention ran past 200 s; train5 past 100 s (2026-11-26).
 # Wheels for packages the machine lacks travel in .whl/ (docs/gpu.md, "Running the GPU checks").
@@ -60,6 +61,10 @@ for s in $stages; do
               --runs "ppo_clip:train_steps_per_forward=2;ppo_clip:sample_batch_size=32,train_steps_per_forward=4;ppo_clip:train_steps_per_forward=8" \
               --json "$OUT/train2_batch.json" 2>&1 \
               | tee -a "$LOG" | grep -v "Loading\|float32\|Writing" | tail -8 ;;
+    train3) # setup 3 (and 4: the same shapes, twice the images): the BERTScore reward of the real sizes
+            # (Qwen2.5-VL-3B bf16 + DeBERTa-xlarge, random weights) on the training GPU: peak memory, reward_s
+            timeout 240 python3 benchmarks/gpu/bench_train.py --setup 3 --batches 1 --epochs 3 --runs "${TRAIN3_RUNS:-ppo_clip}" \
+              --json "$OUT/train3.json" 2>&1 | tee -a "$LOG" | grep -v "Loading\|float32\|Writing" | tail -8 ;;
     train5) timeout 200 python3 benchmarks/gpu/bench_train.py --setup 5 --batches 1 --runs ppo_clip \
               --json "$OUT/train5.json" 2>&1 | tee -a "$LOG" | grep -v "Loading\|float32\|Writing" | tail -8 ;;
     metrics) timeout 270 python3 benchmarks/gpu/bench_metrics.py --images 1000 --metrics "fid;fid,fd_dinov2,is,lpips" \

@@ -110,9 +110,16 @@ class BertScore:
                                             rescale_with_baseline=False, batch_size=batch_size, device=device)
 
     def __call__(self, candidates: Sequence[str], refs: Sequence[str]) -> dict[str, np.ndarray]:
-        p, r, f = self.scorer.score(list(candidates), list(refs))
-        return {"precision": p.numpy().astype(np.float64), "recall": r.numpy().astype(np.float64),
-                "f1": f.numpy().astype(np.float64)}
+        """P, R, F1 per pair; an empty candidate (a captioner that answered nothing) scores 0 on all three,
+        bert-score's own rule ("Empty candidate sentence detected; setting raw BERTscores to 0"), which its
+        tokenizer call for an empty sentence no longer reaches under transformers 5."""
+        out = {k: np.zeros(len(candidates), np.float64) for k in COMPONENTS}
+        keep = [i for i, c in enumerate(candidates) if str(c).strip()]
+        if keep:
+            p, r, f = self.scorer.score([candidates[i] for i in keep], [refs[i] for i in keep])
+            for k, v in zip(COMPONENTS, (p, r, f), strict=True):
+                out[k][keep] = v.numpy().astype(np.float64)
+        return out
 
 
 class VLMCaptioner:

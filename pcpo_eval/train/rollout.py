@@ -55,6 +55,7 @@ class EpochSamples:
     images: torch.Tensor  # (N, 3, H, W) uint8
     control_rewards: np.ndarray | None = None  # untrained model, same prompts and noises (all processes)
     control_time_s: float = 0.0  # seconds spent sampling the paired control
+    reward_time_s: float = 0.0  # seconds this process spent scoring its samples (part of the sampling phase)
     control_cpu_s: float = 0.0  # process CPU seconds of the paired control
     #: a weighted reward's per-component means over all processes (``reward_<name>_mean``)
     reward_parts: dict[str, float] = field(default_factory=dict)
@@ -95,7 +96,9 @@ class RolloutMixin:
         parts = [self._sample_batch(epoch, b * B, prompts[b * B:(b + 1) * B]) for b in range(cfg.sample_batches_per_epoch)]
         cond = PromptEmbeds.cat([p[0] for p in parts])
         images = torch.cat([p[2] for p in parts])
-        rewards = self.reward_fn(images.cpu(), prompts).double().numpy()
+        t_reward = time.perf_counter()
+        rewards = self.reward_fn(images.cpu(), prompts).double().numpy()  # on the host: the reward's work is done
+        reward_time_s = time.perf_counter() - t_reward
         reward_parts = self._reward_part_means()
         all_rewards, adv = self._advantages(epoch, prompts, rewards, pids)
         traj = Trajectory.cat([p[1] for p in parts], dtype=torch.float32)
@@ -106,7 +109,7 @@ class RolloutMixin:
                             advantages=adv, all_rewards=all_rewards, images=images.cpu(), control_rewards=control,
                             control_time_s=time.perf_counter() - t_control if cfg.paired_control else 0.0,
                             control_cpu_s=time.process_time() - c_control if cfg.paired_control else 0.0,
-                            reward_parts=reward_parts, control_parts=control_parts)
+                            reward_time_s=reward_time_s, reward_parts=reward_parts, control_parts=control_parts)
 
     def _reward_part_means(self, prefix: str = "", mine: dict[str, list[float]] | None = None) -> dict[str, float]:
         """Each component's mean score over all processes' samples of the last reward call (or of the

@@ -266,6 +266,7 @@ class Trainer(PolicyMixin, RolloutMixin, UpdateMixin):
         bar.set_postfix_str("training", refresh=True)
         row = self.train_epoch(epoch, samples)
         row["sample_time_s"] = t1 - t0
+        row["reward_time_s"] = samples.reward_time_s
         row["wall_time_s"] = time.perf_counter() - t0
         row["wall_clock_s"] = self._wall_clock() + row["wall_time_s"] - samples.control_time_s
         row["compute_s"] = self._compute() + self._epoch_compute(row, samples, time.process_time() - c0)

@@ -85,6 +85,21 @@ def test_count_flops_tiny_mode(tmp_path):
         assert fused["update_ops_per_trained_step"] < 0.5 * one["update_ops_per_trained_step"], (fused, one)
 
 
+def test_bench_train_setup3_runs_the_bertscore_reward_of_real_classes(tmp_path):
+    """Setup 3's benchmark reward: a Qwen2.5-VL captioner and a DeBERTa scorer (tiny here; the real sizes,
+    random weights, on a GPU) through the library's VLMCaptioner / BertScore as a ``module:function``
+    reward, its seconds reported apart (``reward_s``, part of ``sample_s``)."""
+    out = tmp_path / "r.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu" / "bench_train.py"), "--tiny", "--setup", "3",
+                          "--batches", "1", "--epochs", "2", "--runs", "ppo_clip", "--json", str(out)],
+                         capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    (row,) = json.loads(out.read_text())["setups"]["3"]
+    assert 0 < row["reward_s"] < row["sample_s"] and row["images"] == 4
+    assert "of which reward" in run.stdout
+
+
 def test_bench_train_keeps_the_other_runs_when_one_fails(tmp_path):
     """A run that fails (here a refused option; on a GPU, out of memory at a large forward) is reported
     with its error, the other runs' rows are kept in the JSON, and the exit status is 1."""

@@ -111,6 +111,15 @@ def test_tiny_llava_captions_through_the_real_model_and_the_weights_variables(tm
     assert reward.settings["component"] == "recall" and reward.settings["num_layers"] == 2
 
 
+def test_an_empty_caption_scores_zero_as_bert_score_sets_it(bert_dir):
+    scorer = BertScore(str(bert_dir), num_layers=2)
+    full = scorer(["a cat on the mat", "a red ball"], ["the image contains a cat", "the image contains a ball"])
+    mixed = scorer(["a cat on the mat", "  ", "a red ball"], ["the image contains a cat", "x", "the image contains a ball"])
+    for k in ("precision", "recall", "f1"):
+        assert mixed[k][1] == 0.0 and mixed[k][[0, 2]] == pytest.approx(full[k], abs=1e-6)
+    assert all((v == 0).all() and v.shape == (2,) for v in scorer(["", ""], ["a", "b"]).values())
+
+
 def test_tiny_qwen25_vl_is_the_default_captioner_in_the_precision_it_resolves(tmp_path, monkeypatch, bert_dir):
     isolate_weight_caches(tmp_path, monkeypatch)
     qwen = save_tiny_qwen25_vl(tmp_path / "qwen")

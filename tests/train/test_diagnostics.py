@@ -139,3 +139,21 @@ def test_one_update_per_epoch_logs_nan_ratios_as_floats(tmp_path):
     log = pd.read_parquet(path)
     assert [v.tolist() for v in log["taylor_rel_err_per_update"]] == [[x] for x in log["taylor_rel_err_max"]]
     assert all(v.dtype == np.float64 and len(v) == 1 and np.isnan(v).all() for v in log["delta_ratio_per_update"])
+
+
+def test_reward_time_is_the_scoring_of_the_run_own_samples(tmp_path):
+    import time
+
+    tr = Trainer(config_from_dict({**TINY, "epochs": 2, "paired_control": True}), tmp_path / "run")
+    score = tr.reward_fn
+
+    def slow(images, prompts):  # the paired control scores through the same function
+        time.sleep(0.25)
+        return score(images, prompts)
+
+    tr.reward_fn = slow
+    log = tr.run()
+    # the run's own scoring only: one call per epoch, inside the sampling phase; the control's call is
+    # in control_time_s
+    assert (log["reward_time_s"] >= 0.25).all() and (log["reward_time_s"] < 0.5).all()
+    assert (log["reward_time_s"] < log["sample_time_s"]).all() and (log["control_time_s"] >= 0.25).all()
