@@ -18,6 +18,11 @@
    whatever the GPU. CPU autocast casts the same op classes as CUDA's (linear, conv, matmul), so the
    count is close to, not equal to, the CUDA one.
 
+4. The weights setups 3-4's reward adds to the training GPU: parameters of the published Qwen2.5-VL-3B-Instruct
+   and DeBERTa-xlarge-MNLI configurations (``models.py``), built on PyTorch's meta device (no memory, no
+   time), and their bytes in the dtypes the reward holds them in (captioner bf16 on CUDA, scorer float32
+   with bert-score's 40 of 48 layers).
+
 Usage::
 
     python benchmarks/gpu/count_flops.py [--tiny] [--ops] [--json OUT.json]
@@ -124,6 +129,23 @@ def host_ops(objective: str, model_dir: Path, *extra: str) -> dict[str, float]:
             "train_batch_size": cfg.train_batch_size, "steps_per_forward": per_forward, "micro_steps": micro}
 
 
+def reward_weights() -> dict[str, float]:
+    """Part 4: parameters (billions) and GiB of ``vlm_bertscore``'s captioner and scorer at the real sizes."""
+    from models import DEBERTA_XLARGE_MNLI, QWEN25_VL_3B_TEXT, QWEN25_VL_3B_VISION, QWEN25_VL_PIXELS
+    from transformers import DebertaConfig, DebertaModel
+
+    from pcpo_eval.rewards.bertscore import SCORERS
+    from pcpo_eval.testing import qwen25_vl
+
+    cap, _ = qwen25_vl(QWEN25_VL_3B_TEXT, QWEN25_VL_3B_VISION, QWEN25_VL_PIXELS, device="meta", dtype=torch.bfloat16)
+    with torch.device("meta"):
+        scorer = DebertaModel(DebertaConfig(**DEBERTA_XLARGE_MNLI))
+    scorer.encoder.layer = scorer.encoder.layer[:SCORERS["deberta"][1]]
+    n_cap, n_score = (sum(p.numel() for p in m.parameters()) for m in (cap, scorer))
+    return {"captioner_params_B": n_cap / 1e9, "captioner_bf16_gib": 2 * n_cap / 2**30,
+            "scorer_params_B": n_score / 1e9, "scorer_fp32_gib": 4 * n_score / 2**30}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tiny", action="store_true", help="the tiny UNet for the op split (CI)")
@@ -139,7 +161,10 @@ def main() -> None:
     for obj, e in epochs.items():
         print(f"tiny setup-2 epoch, {obj}: sampling {e['sample_G']:.2f} GFLOP (floor {e['sample_floor_G']:.2f}), "
               f"update {e['update_G']:.2f} (floor {e['update_floor_G']:.2f})", flush=True)
-    res = {"unet_row_by_op_G": ops, "tiny_setup2_epoch": epochs}
+    res = {"unet_row_by_op_G": ops, "tiny_setup2_epoch": epochs, "setup3_reward_weights": reward_weights()}
+    w = res["setup3_reward_weights"]
+    print(f"setup 3-4 reward weights: captioner {w['captioner_params_B']:.3f} B parameters ({w['captioner_bf16_gib']:.2f} "
+          f"GiB bf16), scorer {w['scorer_params_B']:.3f} B ({w['scorer_fp32_gib']:.2f} GiB float32)", flush=True)
     if a.ops:
         ops_dir = model_dir if a.tiny else _sd15_small(Path(tempfile.mkdtemp(prefix="count_ops_sd15_")))
         runs = {"ppo_clip": ("ppo_clip",), "pcpo": ("pcpo",),

@@ -188,17 +188,16 @@ def random_vlm_bertscore(captioner: str = "qwen25_vl", scorer: str = "deberta", 
     folder = Path(tempfile.mkdtemp(prefix="bench_bertscore_"))  # a word-level tokenizer (captions: unknown words)
     (folder / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "image", "contains"]))
     BertTokenizerFast(vocab_file=str(folder / "vocab.txt"), model_max_length=512).save_pretrained(folder)
-    deberta = (dict(DEBERTA_XLARGE_MNLI, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                    intermediate_size=64) if tiny else DEBERTA_XLARGE_MNLI)
+    # bert_score loads the folder: it holds a tiny DeBERTa; at the real size the 3 GB of float32 weights are
+    # built on the device and swapped in rather than written and read back
+    small = dict(DEBERTA_XLARGE_MNLI, vocab_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                 intermediate_size=64)
+    DebertaModel(DebertaConfig(**small)).save_pretrained(folder)
     layers = 2 if tiny else SCORERS["deberta"][1]
-    DebertaModel(DebertaConfig(**dict(deberta, num_hidden_layers=layers))).save_pretrained(folder) if tiny else None
-    if not tiny:  # the real size's 3 GB of float32 weights are built on the device, not written and read back
-        DebertaModel(DebertaConfig(**dict(deberta, vocab_size=8, hidden_size=32, num_hidden_layers=1,
-                                          num_attention_heads=2, intermediate_size=64))).save_pretrained(folder)
     score = BertScore(str(folder), layers, device=device)
     if not tiny:
         with torch.device(device):
-            big = DebertaModel(DebertaConfig(**deberta)).eval()
+            big = DebertaModel(DebertaConfig(**DEBERTA_XLARGE_MNLI)).eval()
         big.encoder.layer = big.encoder.layer[:layers]  # as bert_score.utils.get_model truncates
         score.scorer._model = big
     settings = {"reward": "vlm_bertscore", "captioner": "qwen25_vl (random weights)", "captioner_dtype": prec,

@@ -73,6 +73,8 @@ def test_count_flops_tiny_mode(tmp_path):
     for e in res["tiny_setup2_epoch"].values():
         assert e["update_G"] > 0 and e["update_floor_G"] > 0 and e["sample_G"] > e["sample_floor_G"] > 0
     assert res["tiny_setup2_epoch"]["ppo_clip"]["update_G"] == res["tiny_setup2_epoch"]["pcpo"]["update_G"]
+    w = res["setup3_reward_weights"]  # the published sizes (meta device): Qwen2.5-VL-3B-Instruct's 3.75 B parameters
+    assert 3.75 < w["captioner_params_B"] < 3.76 and 0.63 < w["scorer_params_B"] < 0.65
     host = res["setup2_host_ops"]
     for h in host.values():  # part 3: a forward + backward is many dispatches
         assert h["update_ops_per_micro_step"] > h["sample_ops_per_step"] > 50
