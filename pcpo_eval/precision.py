@@ -60,7 +60,9 @@ def resolve_precision(name: str | None, device: str | torch.device) -> str:
 
 #: Accepted ``metrics`` / ``features`` ``--precision`` values: the feature networks (Inception, DINOv2,
 #: LPIPS, reward models) keep float32 weights, the reference convention of clean-fid and
-#: torch-fidelity; only whether CUDA may use TF32 tensor cores for their products is a choice.
+#: torch-fidelity; only whether CUDA may use TF32 tensor cores for their products is a choice. (A reward
+#: model's own ``dtype`` option, default float32, and ``vlm_bertscore``'s ``captioner_dtype``, default the
+#: checkpoint's dtype on CUDA as LLaVA-server runs its fp16 captioner, are the reward's settings.)
 EVAL_PRECISIONS = ("fp32", "tf32")
 
 

@@ -66,8 +66,10 @@ def captioner_precision(name: str, device: str | torch.device, declared: str | N
         UserError: a name outside :data:`CAPTIONER_DTYPES`.
     """
     key = str(name).strip().lower()
+    key = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(key, key)  # the other rewards' ``dtype`` names
     if key not in CAPTIONER_DTYPES:
-        raise UserError(f"unknown captioner_dtype {name!r}; choose {', '.join(CAPTIONER_DTYPES)}")
+        raise UserError(f"unknown captioner_dtype {name!r}; choose {', '.join(CAPTIONER_DTYPES)} "
+                        "(or float32, bfloat16, float16)")
     if key != "auto":
         return key
     if torch.device(device).type != "cuda":

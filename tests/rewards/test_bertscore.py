@@ -144,7 +144,7 @@ def test_captioner_precision_resolves_by_device_and_checkpoint():
     assert captioner_precision("auto", "cuda:1", "bf16") == "bf16"  # Qwen2.5-VL-3B-Instruct's config.json
     assert captioner_precision("auto", "cuda", "fp16") == "fp16"  # llava-hf's, the fp16 LLaVA-server runs
     assert captioner_precision("auto", "cuda", None) == captioner_precision("auto", "cuda", "fp32") == "bf16"
-    assert captioner_precision(" FP16 ", "cpu") == "fp16"
+    assert captioner_precision(" FP16 ", "cpu") == "fp16" and captioner_precision("bfloat16", "cpu") == "bf16"
     with pytest.raises(UserError, match="unknown captioner_dtype 'int8'; choose auto, fp32, bf16, fp16"):
         captioner_precision("int8", "cpu")
     with pytest.raises(UserError, match="unknown captioner_dtype 'half'"):  # before any model is looked for
