@@ -176,7 +176,6 @@ def qwen25_vl(text: dict[str, Any], vision: dict[str, Any], pixels: tuple[int, i
         vision_config=vision, image_token_id=special["<|image_pad|>"], video_token_id=special["<|video_pad|>"],
         vision_start_token_id=special["<|vision_start|>"], vision_end_token_id=special["<|vision_end|>"],
         tie_word_embeddings=text.get("tie_word_embeddings", True))
-    cfg.generation_config = None
     with torch.random.fork_rng(devices=[]), torch.device(device):
         torch.manual_seed(seed)
         model = Qwen2_5_VLForConditionalGeneration(cfg).to(dtype).eval()
