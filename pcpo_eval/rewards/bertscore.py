@@ -17,6 +17,10 @@ Reward ``vlm_bertscore`` does the same in this process:
    model folder, ``scorer="deberta"`` (the server's) or ``"roberta"`` (bert-score's own default
    for English, layer 17); ``component`` picks precision / recall / f1 (default recall).
 
+The captioner sees each image as the reference's captioner did: ddpo-pytorch's client sends it as a JPEG
+of quality 80 and LLaVA-server decodes it with PIL (``jpeg_quality``, default 80; ``null`` or 0 captions
+the raw image).
+
 The captioner's weights are held in ``captioner_dtype`` (default ``auto``: the dtype its checkpoint declares,
 ``config.json``'s ``torch_dtype`` (Qwen2.5-VL-3B-Instruct: bfloat16; llava-hf: float16, the fp16 LLaVA-server
 runs) on CUDA, where a 3B captioner in float32 would take 15 GB of the policy's card, and float32 on a CPU,
@@ -45,6 +49,8 @@ QUERY = "Answer concisely: what is going on in this image?"
 REFERENCE = "The image contains {prompt}"
 #: LLaVA-server's generation budget (llava_server/llava.py MAX_TOKENS)
 MAX_NEW_TOKENS = 64
+#: ddpo-pytorch's client sends each image as a JPEG of this quality, which the server decodes with PIL
+CLIENT_JPEG_QUALITY = 80
 COMPONENTS = ("precision", "recall", "f1")
 #: scorer name -> (weights backend, bert-score's layer for the model: bert_score.utils.model2layers)
 SCORERS = {"deberta": ("bertscore_deberta", 40), "roberta": ("bertscore_roberta", 17)}
@@ -170,14 +176,20 @@ class VLMBertScoreReward:
     """Reward ``vlm_bertscore``: caption each image, BERTScore ``component`` against the reference."""
 
     def __init__(self, captioner: Captioner, scorer: Callable[[Sequence[str], Sequence[str]], dict[str, np.ndarray]],
-                 component: str = "recall", batch_size: int = 8, settings: dict[str, Any] | None = None) -> None:
+                 component: str = "recall", batch_size: int = 8, settings: dict[str, Any] | None = None,
+                 jpeg_quality: int | None = CLIENT_JPEG_QUALITY) -> None:
         self.captioner, self.scorer, self.component = captioner, scorer, component
         self.batch_size, self.settings = int(batch_size), settings or {}
+        self.jpeg_quality = jpeg_quality or None
         self.last_captions: list[str] = []
 
     def __call__(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+        from pcpo_eval.rewards.jpeg import jpeg_round_trip
+
         if len(images) != len(prompts):
             raise UserError(f"vlm_bertscore: {len(images)} images but {len(prompts)} prompts")
+        if self.jpeg_quality:  # what the reference's captioner saw: the client's JPEG, decoded
+            images = jpeg_round_trip(images, self.jpeg_quality)
         captions: list[str] = []
         for i in range(0, len(images), self.batch_size):
             captions += self.captioner(images[i:i + self.batch_size], QUERY)
@@ -189,9 +201,11 @@ class VLMBertScoreReward:
 def vlm_bertscore(captioner: str | Captioner = "qwen25_vl", captioner_path: str | None = None,
                   scorer: str = "deberta", scorer_path: str | None = None, num_layers: int | None = None,
                   component: str = "recall", batch_size: int = 8, device: str = "cpu",
-                  max_new_tokens: int = MAX_NEW_TOKENS, captioner_dtype: str = "auto") -> VLMBertScoreReward:
+                  max_new_tokens: int = MAX_NEW_TOKENS, captioner_dtype: str = "auto",
+                  jpeg_quality: int | None = CLIENT_JPEG_QUALITY) -> VLMBertScoreReward:
     """Factory of reward ``vlm_bertscore`` (see the module docstring for the conventions)."""
     captioner_precision(captioner_dtype, device)  # checked before any model loads
+    quality = check_jpeg_quality(jpeg_quality)
     if component not in COMPONENTS:
         raise UserError(f"unknown BERTScore component {component!r}; choose one of: {', '.join(COMPONENTS)}")
     if scorer not in SCORERS:
@@ -214,5 +228,15 @@ def vlm_bertscore(captioner: str | Captioner = "qwen25_vl", captioner_path: str 
     settings = {"reward": "vlm_bertscore", "captioner": cap_name, "query": QUERY, "reference": REFERENCE,
                 "scorer": scorer, "num_layers": num_layers or layer, "component": component, "idf": False,
                 "rescale_with_baseline": False, "max_new_tokens": max_new_tokens,
-                "captioner_dtype": cap_dtype}
-    return VLMBertScoreReward(cap, score, component, batch_size, settings)
+                "captioner_dtype": cap_dtype, "jpeg_quality": quality}
+    return VLMBertScoreReward(cap, score, component, batch_size, settings, quality)
+
+
+def check_jpeg_quality(value: Any) -> int | None:
+    """``jpeg_quality`` checked: an integer 1..95 (PIL's useful range), or None / 0 for the raw image."""
+    if value is None or (isinstance(value, int | float) and not isinstance(value, bool) and value == 0):
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value) or not 1 <= value <= 95:
+        raise UserError(f"jpeg_quality must be an integer 1..95 (ddpo-pytorch's client: {CLIENT_JPEG_QUALITY}) "
+                        f"or null for the raw image; got {value!r}")
+    return int(value)

@@ -25,16 +25,27 @@ def _check(images: torch.Tensor) -> None:
         raise UserError(f"rewards take uint8 images (B, 3, H, W); got {got}")
 
 
+def jpeg_bytes(image: np.ndarray, quality: int) -> bytes:
+    """One (H, W, 3) uint8 image saved by PIL as JPEG at ``quality`` (what DDPO's rewards encode)."""
+    buf = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(image)).save(buf, format="JPEG", quality=int(quality))
+    return buf.getvalue()
+
+
 def jpeg_size_kb(images: torch.Tensor, quality: int = JPEG_QUALITY) -> torch.Tensor:
     """JPEG (quality 95) file size in kB of each uint8 (B, 3, H, W) image -> float32 (B,)."""
     _check(images)
     arr = images.detach().cpu().permute(0, 2, 3, 1).numpy()
-    sizes = []
-    for img in arr:
-        buf = io.BytesIO()
-        Image.fromarray(np.ascontiguousarray(img)).save(buf, format="JPEG", quality=quality)
-        sizes.append(buf.tell() / 1000.0)
-    return torch.tensor(sizes, dtype=torch.float32)
+    return torch.tensor([len(jpeg_bytes(img, quality)) / 1000.0 for img in arr], dtype=torch.float32)
+
+
+def jpeg_round_trip(images: torch.Tensor, quality: int) -> torch.Tensor:
+    """uint8 (B, 3, H, W) images as a receiver of their JPEG at ``quality`` sees them: encoded and decoded
+    by PIL (ddpo-pytorch's ``llava_bertscore`` sends quality-80 JPEGs, which LLaVA-server opens with PIL)."""
+    _check(images)
+    arr = images.detach().cpu().permute(0, 2, 3, 1).numpy()
+    out = [np.asarray(Image.open(io.BytesIO(jpeg_bytes(img, quality)), formats=["jpeg"]).convert("RGB")) for img in arr]
+    return torch.from_numpy(np.stack(out)).permute(0, 3, 1, 2).contiguous()
 
 
 def jpeg_incompressibility(**_options):

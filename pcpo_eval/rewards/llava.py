@@ -10,7 +10,6 @@ server you run yourself (``PCPO_LLAVA_URL``, default ``http://127.0.0.1:8085``).
 
 from __future__ import annotations
 
-import io
 import os
 import pickle
 import time
@@ -19,11 +18,10 @@ import urllib.request
 
 import numpy as np
 import torch
-from PIL import Image
 
 from pcpo_eval.errors import MissingWeightsError
-
-QUERY = "Answer concisely: what is going on in this image?"
+from pcpo_eval.rewards.bertscore import CLIENT_JPEG_QUALITY, QUERY, references
+from pcpo_eval.rewards.jpeg import jpeg_bytes
 
 
 def post_with_retries(url: str, body: bytes, timeout: float, retries: int, backoff: float) -> bytes:
@@ -65,14 +63,10 @@ def llava_bertscore(url: str | None = None, batch_size: int = 16, timeout: float
         arr = images.permute(0, 2, 3, 1).cpu().numpy().astype(np.uint8)
         scores: list[float] = []
         for i in range(0, len(arr), batch_size):
-            jpegs = []
-            for im in arr[i:i + batch_size]:
-                buf = io.BytesIO()
-                Image.fromarray(im).save(buf, format="JPEG", quality=80)
-                jpegs.append(buf.getvalue())
+            jpegs = [jpeg_bytes(im, CLIENT_JPEG_QUALITY) for im in arr[i:i + batch_size]]
             chunk = prompts[i:i + batch_size]
             out = _post({"images": jpegs, "queries": [[QUERY]] * len(chunk),
-                         "answers": [[f"The image contains {p}"] for p in chunk]})
+                         "answers": [[ref] for ref in references(chunk)]})
             scores.extend(np.asarray(out["recall"], dtype=np.float64).reshape(-1).tolist())
         return torch.tensor(scores, dtype=torch.float32)
 
