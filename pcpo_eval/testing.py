@@ -178,7 +178,7 @@ def qwen25_vl(text: dict[str, Any], vision: dict[str, Any], pixels: tuple[int, i
         tie_word_embeddings=text.get("tie_word_embeddings", True))
     with torch.random.fork_rng(devices=[]), torch.device(device):
         torch.manual_seed(seed)
-        model = Qwen2_5_VLForConditionalGeneration(cfg).to(dtype).eval()
+        model = Qwen2_5_VLForConditionalGeneration._from_config(cfg, dtype=dtype).eval()  # no float32 copy first
     return model, proc
 
 

@@ -196,10 +196,8 @@ def random_vlm_bertscore(captioner: str = "qwen25_vl", scorer: str = "deberta", 
     layers = 2 if tiny else SCORERS["deberta"][1]
     score = BertScore(str(folder), layers, device=device)
     if not tiny:
-        with torch.device(device):
-            big = DebertaModel(DebertaConfig(**DEBERTA_XLARGE_MNLI)).eval()
-        big.encoder.layer = big.encoder.layer[:layers]  # as bert_score.utils.get_model truncates
-        score.scorer._model = big
+        with torch.device(device):  # the 40 layers bert_score.utils.get_model keeps (no transient 48 on the GPU)
+            score.scorer._model = DebertaModel(DebertaConfig(**dict(DEBERTA_XLARGE_MNLI, num_hidden_layers=layers))).eval()
     settings = {"reward": "vlm_bertscore", "captioner": "qwen25_vl (random weights)", "captioner_dtype": prec,
                 "scorer": "deberta (random weights)", "num_layers": layers, "component": component,
                 "max_new_tokens": max_new_tokens}
