@@ -193,8 +193,8 @@ def random_vlm_bertscore(captioner: str = "qwen25_vl", scorer: str = "deberta", 
     small = dict(DEBERTA_XLARGE_MNLI, vocab_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                  intermediate_size=64)
     DebertaModel(DebertaConfig(**small)).save_pretrained(folder)
-    layers = 2 if tiny else SCORERS["deberta"][1]
-    score = BertScore(str(folder), layers, device=device)
+    score = BertScore(str(folder), small["num_hidden_layers"], device=device)  # bert_score checks <= the folder's
+    layers = small["num_hidden_layers"] if tiny else SCORERS["deberta"][1]
     if not tiny:
         with torch.device(device):  # the 40 layers bert_score.utils.get_model keeps (no transient 48 on the GPU)
             score.scorer._model = DebertaModel(DebertaConfig(**dict(DEBERTA_XLARGE_MNLI, num_hidden_layers=layers))).eval()

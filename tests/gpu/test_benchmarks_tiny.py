@@ -102,6 +102,21 @@ def test_bench_train_setup3_runs_the_bertscore_reward_of_real_classes(tmp_path):
     assert "of which reward" in run.stdout
 
 
+def test_random_vlm_bertscore_builds_the_real_sizes():
+    """The GPU path of setup 3's benchmark reward, built on PyTorch's meta device (no memory, no time): the
+    published captioner and the 40 scorer layers bert-score keeps, swapped in behind bert_score's own loading."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_gpu_models", ROOT / "benchmarks" / "gpu" / "models.py")
+    models = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(models)  # under its own name: no top-level ``models`` left in sys.modules
+    reward = models.random_vlm_bertscore(device="meta")
+    deberta = reward.scorer.scorer._model
+    assert len(deberta.encoder.layer) == 40 and deberta.config.hidden_size == 1024
+    assert sum(p.numel() for p in reward.captioner.model.parameters()) == 3_754_622_976
+    assert reward.settings["num_layers"] == 40 and reward.jpeg_quality == 80
+
+
 def test_bench_train_keeps_the_other_runs_when_one_fails(tmp_path):
     """A run that fails (here a refused option; on a GPU, out of memory at a large forward) is reported
     with its error, the other runs' rows are kept in the JSON, and the exit status is 1."""
