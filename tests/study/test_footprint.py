@@ -44,6 +44,10 @@ def test_sd1_plan_uses_the_measured_figures():
     want = sum(TRAIN_S_PER_IMAGE[("sd1", True, r.objective)] * ((r.paper_total_batch or r.samples_per_epoch) * r.epochs)
                for r in runs) / 3600
     assert f"training: {want:,.1f} GPU-hours" in text, text
+    # measured with the weight-free JPEG reward: the aesthetic scorer's time is named as left out
+    assert "scoring by aesthetic (the figures used a weight-free reward)" in text, text
+    # one machine's pair: the plan's PCPO / DDPO cost ratio is the measured 21.07 / 20.25
+    assert TRAIN_S_PER_IMAGE[("sd1", True, "pcpo")] / TRAIN_S_PER_IMAGE[("sd1", True, "ppo_clip")] == pytest.approx(1.041, abs=1e-3)
     assert "img/s" in text and "GPU-hours (SD-1.5, 512 px, 50 steps, CFG, bf16)" in text
     assert c.lora_rank == 4
 
