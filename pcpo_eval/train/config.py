@@ -51,6 +51,12 @@ class TrainConfig:
     cfg: float = 5.0  #: classifier-free guidance weight, in sampling and training (DDPO)
     sample_batch_size: int = 16  #: images per sampling batch, per process
     sample_batches_per_epoch: int = 2  #: sampling batches per epoch, per process
+    #: score each sampling batch in a background thread while the next one samples (ddpo-pytorch's reward
+    #: executor): a server reward's latency (``llava_bertscore``) or a host reward's CPU time hides behind
+    #: sampling. The reward is then called per sampling batch instead of once per epoch: the same scores
+    #: when an image's score does not depend on the other images of its call (per-image rewards; batched
+    #: networks within float rounding)
+    reward_overlap: bool = False
     credit_convention: str = "residual"  #: weight convention of PCPO's sigma~: residual | unit (credit.ddim.CONVENTIONS)
     credit_fallback: str = DEFAULT_FALLBACK  #: steps sigma~ cannot bring to w*: cap | exclude | nearest | native
     # --- flow-matching models (prediction == "velocity"; samplers/flow.py) -----------------

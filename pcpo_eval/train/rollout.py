@@ -93,13 +93,18 @@ class RolloutMixin:
         prompts = [self.prompt_set.prompts[i] for i in idx]
         pids = np.array([self.prompt_set.prompt_ids[i] for i in idx])
         B = cfg.sample_batch_size
-        parts = [self._sample_batch(epoch, b * B, prompts[b * B:(b + 1) * B]) for b in range(cfg.sample_batches_per_epoch)]
+        if cfg.reward_overlap:
+            parts, rewards, reward_time_s, components = self._sample_and_score(epoch, prompts)
+            reward_parts = self._reward_part_means(mine=components)
+        else:
+            parts = [self._sample_batch(epoch, b * B, prompts[b * B:(b + 1) * B])
+                     for b in range(cfg.sample_batches_per_epoch)]
+            t_reward = time.perf_counter()
+            rewards = self.reward_fn(torch.cat([p[2] for p in parts]).cpu(), prompts).double().numpy()  # work done
+            reward_time_s = time.perf_counter() - t_reward
+            reward_parts = self._reward_part_means()
         cond = PromptEmbeds.cat([p[0] for p in parts])
         images = torch.cat([p[2] for p in parts])
-        t_reward = time.perf_counter()
-        rewards = self.reward_fn(images.cpu(), prompts).double().numpy()  # on the host: the reward's work is done
-        reward_time_s = time.perf_counter() - t_reward
-        reward_parts = self._reward_part_means()
         all_rewards, adv = self._advantages(epoch, prompts, rewards, pids)
         traj = Trajectory.cat([p[1] for p in parts], dtype=torch.float32)
         t_control, c_control = time.perf_counter(), time.process_time()
@@ -110,6 +115,35 @@ class RolloutMixin:
                             control_time_s=time.perf_counter() - t_control if cfg.paired_control else 0.0,
                             control_cpu_s=time.process_time() - c_control if cfg.paired_control else 0.0,
                             reward_time_s=reward_time_s, reward_parts=reward_parts, control_parts=control_parts)
+
+    def _sample_and_score(self, epoch: int, prompts: list[str]) -> tuple[list, np.ndarray, float, dict | None]:
+        """``reward_overlap``: sample batch after batch while a one-thread pool scores each finished batch
+        (ddpo-pytorch's reward executor). Returns the sampled parts, the rewards in sample order, the
+        seconds the pool spent scoring, and a weighted reward's per-component scores (None otherwise)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        from pcpo_eval.rewards import reward_components
+
+        weighted = getattr(self.reward_fn, "last_components", None) is not None
+
+        def score(images: torch.Tensor, batch_prompts: list[str]) -> tuple[np.ndarray, dict, float]:
+            t0 = time.perf_counter()  # the copy to the host waits for this batch's decode, here, not in sampling
+            r = self.reward_fn(images.cpu(), batch_prompts).double().numpy()
+            parts = {k: v.tolist() for k, v in reward_components(self.reward_fn).items()} if weighted else {}
+            return r, parts, time.perf_counter() - t0
+
+        B, parts, futures = self.cfg.sample_batch_size, [], []
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="reward") as pool:
+            for b in range(self.cfg.sample_batches_per_epoch):
+                parts.append(self._sample_batch(epoch, b * B, prompts[b * B:(b + 1) * B]))
+                futures.append(pool.submit(score, parts[-1][2], prompts[b * B:(b + 1) * B]))
+            scored = [f.result() for f in futures]  # in sample order; a reward's error is raised here
+        components: dict[str, list[float]] = {}
+        for _, c, _ in scored:
+            for k, v in c.items():
+                components.setdefault(k, []).extend(v)
+        return (parts, np.concatenate([r for r, _, _ in scored]), float(sum(t for _, _, t in scored)),
+                components if weighted else None)
 
     def _reward_part_means(self, prefix: str = "", mine: dict[str, list[float]] | None = None) -> dict[str, float]:
         """Each component's mean score over all processes' samples of the last reward call (or of the
