@@ -127,6 +127,8 @@ class RolloutMixin:
         weighted = getattr(self.reward_fn, "last_components", None) is not None
 
         def score(images: torch.Tensor, batch_prompts: list[str]) -> tuple[np.ndarray, dict, float]:
+            if self.device.type == "cuda":  # a new thread's current GPU is cuda:0; this process's is cuda:<rank>
+                torch.cuda.set_device(self.device)
             t0 = time.perf_counter()  # the copy to the host waits for this batch's decode, here, not in sampling
             r = self.reward_fn(images.cpu(), batch_prompts).double().numpy()
             parts = {k: v.tolist() for k, v in reward_components(self.reward_fn).items()} if weighted else {}

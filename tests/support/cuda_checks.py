@@ -161,28 +161,51 @@ def train_tf32(tmp: Path) -> dict:
 
 def train_reward_on_device(tmp: Path) -> dict:
     """A reward that runs a network (the toy classifier of ``toy_alignment``) is built on the trainer's
-    device and scores there (rewards.options_on_device); the epoch's rewards are finite."""
+    device and scores there (rewards.options_on_device); the epoch's rewards are finite. With
+    ``reward_overlap`` it scores in the ``reward`` thread, whose current GPU is the trainer's, and the
+    rewards agree with scoring the epoch at once (per-image scores; other batch shapes: float rounding)."""
+    import threading
+
     import pcpo_eval.toy.classifier as classifier
     from pcpo_eval.train.config import load_config
     from pcpo_eval.train.trainer import train
 
-    real, devices = classifier.load_classifier, []
+    real, devices, calls = classifier.load_classifier, [], []
 
     def spy(weights_dir=None, device="cpu"):
         devices.append(str(device))
-        return real(weights_dir, device)
+        model = real(weights_dir, device)
+        forward = model.forward
+
+        def recorded(*args, **kwargs):
+            gpu = torch.cuda.current_device() if torch.cuda.is_available() else None
+            calls.append((threading.current_thread().name, gpu))
+            return forward(*args, **kwargs)
+
+        model.forward = recorded
+        return model
 
     classifier.load_classifier = spy
+    logs = {}
     try:
-        cfg = load_config(None, ["model=toy", "prompts=toy", "reward=toy_alignment", "epochs=1", "sample_steps=4",
-                                 "sample_batch_size=4", "train_batch_size=2", "lora_rank=2", "log_to=none",
-                                 f"device={DEVICE}"])
-        log = train(cfg, tmp / "run")
+        for overlap in (False, True):
+            cfg = load_config(None, ["model=toy", "prompts=toy", "reward=toy_alignment", "epochs=1", "sample_steps=4",
+                                     "sample_batch_size=4", "sample_batches_per_epoch=2", "train_batch_size=2",
+                                     "gradient_updates=2", "lora_rank=2", "log_to=none", f"device={DEVICE}",
+                                     f"reward_overlap={str(overlap).lower()}"])
+            calls.clear()
+            logs[overlap] = train(cfg, tmp / f"run_{overlap}")
+            threads = {name.split("_")[0] for name, _ in calls}
+            assert threads == ({"reward"} if overlap else {"MainThread"}), calls
     finally:
         classifier.load_classifier = real
     assert devices and all(torch.device(d).type == torch.device(DEVICE).type for d in devices), devices
-    assert np.isfinite(log["reward_mean"]).all(), log
-    return {"reward_built_on": devices, "reward_mean": [float(v) for v in log["reward_mean"]]}
+    want = torch.device(DEVICE).index or 0 if torch.device(DEVICE).type == "cuda" else None
+    assert all(gpu == want for _, gpu in calls), calls
+    serial, overlapped = (float(logs[k]["reward_mean"].iloc[0]) for k in (False, True))
+    assert np.isfinite(serial) and abs(serial - overlapped) < 1e-5, (serial, overlapped)
+    return {"reward_built_on": devices, "reward_mean": serial, "reward_mean_overlap": overlapped,
+            "overlap_thread_gpu": sorted({gpu for _, gpu in calls}, key=str)}
 
 
 def step_syncs(tmp: Path) -> dict:
