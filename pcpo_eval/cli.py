@@ -42,6 +42,7 @@ app = typer.Typer(
 COMMAND_MODULES = [
     "pcpo_eval.weights.commands",
     "pcpo_eval.credit.commands",
+    "pcpo_eval.rewards.commands",
     "pcpo_eval.train.commands",
     "pcpo_eval.generate.commands",
     "pcpo_eval.metrics.commands",
