@@ -277,17 +277,38 @@ def options_on_device(name: RewardSpec, options: Mapping[str, Any] | None, devic
     return out[spec] if isinstance(spec, str) else out
 
 
+def check_options(name: str, factory: Callable[..., RewardFn], options: Mapping[str, Any]) -> None:
+    """Refuse options the factory of ``name`` does not take (one line naming the ones it does), before any
+    model loads; a factory with ``**kwargs`` takes any."""
+    import inspect
+
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # a builtin or C callable: its own error, if any
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    known = [k for k, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise UserError(f"reward {name!r} has no option {', '.join(map(repr, unknown))}; "
+                        f"its options: {', '.join(known) or 'none'}")
+
+
 def make_reward(name: RewardSpec, **options: Any) -> RewardFn:
     """Build the reward ``name``: a :data:`REGISTRY` name, a plug-in, ``module:function`` or a weighted
-    sum (see the module doc); options go to the factory (per component for a weighted sum)."""
+    sum (see the module doc); options go to the factory (per component for a weighted sum) and are
+    checked against its parameters first (:func:`check_options`)."""
     spec = parse_reward(name)
     if isinstance(spec, str):
         factory, builtin = resolve_factory(spec)
+        check_options(spec, factory, options)
         fn = factory(**options)
         return fn if builtin else checked_reward(spec, fn)
     built = []
     for part, w, opts in reward_parts(spec, options):
         factory, _ = resolve_factory(part)
+        check_options(part, factory, opts)
         built.append((part, w, checked_reward(part, factory(**opts))))
     return WeightedReward(built)
 

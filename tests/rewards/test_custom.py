@@ -220,3 +220,13 @@ def test_rewards_are_built_on_the_training_device_unless_options_name_one(plugin
     assert toy_reward_plugin.BUILT_ON[-1] == "cuda:0"
     load_reward(f"{plugin}:where", {"device": "cpu"}, device="cuda:0")
     assert toy_reward_plugin.BUILT_ON[-1] == "cpu"
+
+
+def test_an_option_the_factory_does_not_take_is_one_line_before_anything_loads():
+    from pcpo_eval.rewards import make_reward
+
+    with pytest.raises(UserError, match=r"reward 'vlm_bertscore' has no option 'foo'; its options: captioner, "):
+        make_reward("vlm_bertscore", foo=1)
+    with pytest.raises(UserError, match=r"reward 'vlm_bertscore' has no option 'q'"):  # per component
+        make_reward({"jpeg_compressibility": 0.5, "vlm_bertscore": 0.5}, vlm_bertscore={"q": 1})
+    assert make_reward("jpeg_compressibility", anything=1) is not None  # a factory taking **options takes any
