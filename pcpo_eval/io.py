@@ -334,6 +334,23 @@ def read_text_file(path: str | os.PathLike, what: str, hint: str) -> str:
         raise UserError(f"{what} {p} is not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
 
 
+def parse_overrides(items: list[str], what: str = "override", example: str = "epochs=2") -> dict[str, Any]:
+    """``["epochs=2", "objective=pcpo"]`` -> dict (values parsed as YAML scalars; text that is not YAML,
+    ``model=@x``, stays text); an item without ``=`` is one error line naming ``what`` it is."""
+    import yaml
+
+    out: dict[str, Any] = {}
+    for item in items:
+        k, sep, v = item.partition("=")
+        if not sep or not k.strip():
+            raise UserError(f"{what} {item!r} is not KEY=VALUE (e.g. {example})")
+        try:
+            out[k.strip()] = yaml_safe_load(v) if v.strip() else ""
+        except yaml.YAMLError:  # not a YAML scalar (model=@x, prompts=%p): the text itself
+            out[k.strip()] = v.strip()
+    return out
+
+
 _UNIQUE_KEY_LOADER: Any = None
 
 

@@ -94,6 +94,13 @@ def dtype_precision(dtype: torch.dtype) -> str | None:
     return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype)
 
 
+def dtype_name_precision(name: str) -> str | None:
+    """The precision of a dtype written as torch spells it (``"bfloat16"`` -> ``bf16``; a checkpoint's
+    ``torch_dtype``, a reward's ``dtype`` option), None for any other text."""
+    dtype = getattr(torch, str(name), None)  # canonical names only: torch.half is float16, but not "half"
+    return dtype_precision(dtype) if isinstance(dtype, torch.dtype) and str(dtype) == f"torch.{name}" else None
+
+
 def precision_dtype(name: str) -> torch.dtype:
     """The weights' dtype of a precision (``tf32`` -> float32)."""
     return _DTYPES[name]

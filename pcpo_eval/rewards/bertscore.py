@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from pcpo_eval.errors import MissingWeightsError, UserError
-from pcpo_eval.precision import precision_dtype
+from pcpo_eval.precision import dtype_name_precision, precision_dtype
 from pcpo_eval.registry import optional_module
 
 #: ddpo-pytorch's query and reference (rewards.py ``llava_bertscore``)
@@ -72,7 +72,7 @@ def captioner_precision(name: str, device: str | torch.device, declared: str | N
         UserError: a name outside :data:`CAPTIONER_DTYPES`.
     """
     key = str(name).strip().lower()
-    key = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(key, key)  # the other rewards' ``dtype`` names
+    key = dtype_name_precision(key) or key  # the other rewards' ``dtype`` names (float32, bfloat16, float16)
     if key not in CAPTIONER_DTYPES:
         raise UserError(f"unknown captioner_dtype {name!r}; choose {', '.join(CAPTIONER_DTYPES)} "
                         "(or float32, bfloat16, float16)")
@@ -95,7 +95,7 @@ def declared_precision(path: str) -> str | None:
         return None
     for where in (cfg, cfg.get("text_config") or {}):
         for key in ("torch_dtype", "dtype"):
-            name = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(str(where.get(key)))
+            name = dtype_name_precision(str(where.get(key)))
             if name:
                 return name
     return None
@@ -183,6 +183,13 @@ class VLMBertScoreReward:
         self.jpeg_quality = jpeg_quality or None
         self.last_captions: list[str] = []
 
+    def caption(self, images: torch.Tensor, query: str) -> list[str]:
+        """The captioner's answers to ``query`` for uint8 (B, 3, H, W) images, ``batch_size`` per call."""
+        captions: list[str] = []
+        for i in range(0, len(images), self.batch_size):
+            captions += self.captioner(images[i:i + self.batch_size], query)
+        return captions
+
     def __call__(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
         from pcpo_eval.rewards.jpeg import jpeg_round_trip
 
@@ -190,9 +197,7 @@ class VLMBertScoreReward:
             raise UserError(f"vlm_bertscore: {len(images)} images but {len(prompts)} prompts")
         if self.jpeg_quality:  # what the reference's captioner saw: the client's JPEG, decoded
             images = jpeg_round_trip(images, self.jpeg_quality)
-        captions: list[str] = []
-        for i in range(0, len(images), self.batch_size):
-            captions += self.captioner(images[i:i + self.batch_size], QUERY)
+        captions = self.caption(images, QUERY)
         self.last_captions = captions
         scores = self.scorer(captions, references(prompts))[self.component]
         return torch.as_tensor(scores, dtype=torch.float32)

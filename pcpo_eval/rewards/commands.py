@@ -17,19 +17,13 @@ def bertscore_server_cmd(
 ) -> None:
     """Caption and BERTScore images for every training process's `reward: llava_bertscore`, with the models of
     `reward: vlm_bertscore` loaded once, on a GPU of their own (the paper's setups 3-4); until interrupted."""
-    import yaml
-
     from pcpo_eval.dist import resolve_device
     from pcpo_eval.errors import UserError
+    from pcpo_eval.io import parse_overrides
     from pcpo_eval.rewards import make_reward
     from pcpo_eval.rewards.server import make_server
 
-    opts = {}
-    for item in options or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise UserError(f"option {item!r} is not KEY=VALUE; e.g. captioner=llava")
-        opts[key.strip()] = yaml.safe_load(value)
+    opts = parse_overrides(options or [], "option", "captioner=llava")
     if "jpeg_quality" in opts or "device" in opts:
         raise UserError("jpeg_quality and device are the server's own (the client sends JPEGs; use --device)")
     reward = make_reward("vlm_bertscore", **opts, device=resolve_device(device), jpeg_quality=None)

@@ -44,8 +44,13 @@ def jpeg_round_trip(images: torch.Tensor, quality: int) -> torch.Tensor:
     by PIL (ddpo-pytorch's ``llava_bertscore`` sends quality-80 JPEGs, which LLaVA-server opens with PIL)."""
     _check(images)
     arr = images.detach().cpu().permute(0, 2, 3, 1).numpy()
-    out = [np.asarray(Image.open(io.BytesIO(jpeg_bytes(img, quality)), formats=["jpeg"]).convert("RGB")) for img in arr]
+    out = [jpeg_decode(jpeg_bytes(img, quality)) for img in arr]
     return torch.from_numpy(np.stack(out)).permute(0, 3, 1, 2).contiguous()
+
+
+def jpeg_decode(data: bytes) -> np.ndarray:
+    """JPEG bytes as PIL decodes them (LLaVA-server: ``Image.open(BytesIO(d), formats=["jpeg"])``), (H, W, 3) uint8."""
+    return np.asarray(Image.open(io.BytesIO(data), formats=["jpeg"]).convert("RGB"))
 
 
 def jpeg_incompressibility(**_options):

@@ -33,6 +33,7 @@ import torch
 
 from pcpo_eval.errors import UserError
 from pcpo_eval.rewards.bertscore import COMPONENTS, VLMBertScoreReward
+from pcpo_eval.rewards.jpeg import jpeg_decode
 
 #: the largest request body read (bytes): 512 JPEGs of 512 px at quality 80 take about 25 MB
 MAX_BODY = 1 << 30
@@ -48,13 +49,6 @@ class _PlainUnpickler(pickle.Unpickler):
 def loads_plain(data: bytes) -> Any:
     """``pickle.loads`` restricted to dicts, lists, tuples, strings, bytes, numbers, bools and None."""
     return _PlainUnpickler(io.BytesIO(data)).load()
-
-
-def _decode(jpeg: bytes) -> np.ndarray:
-    """One request image (LLaVA-server: ``Image.open(BytesIO(d), formats=["jpeg"])``) as (H, W, 3) uint8."""
-    from PIL import Image
-
-    return np.asarray(Image.open(io.BytesIO(jpeg), formats=["jpeg"]).convert("RGB"))
 
 
 def check_request(payload: Any) -> tuple[list[bytes], list[str], list[str] | None]:
@@ -81,19 +75,17 @@ def check_request(payload: Any) -> tuple[list[bytes], list[str], list[str] | Non
 def answer(reward: VLMBertScoreReward, payload: Any) -> dict[str, list]:
     """LLaVA-server's response to one request: each image's caption and, with answers, its BERTScore.
 
-    Images of one query and size are captioned together, ``reward.batch_size`` per captioner call."""
+    Images of one query and size are captioned together (:meth:`VLMBertScoreReward.caption`)."""
     jpegs, queries, answers = check_request(payload)
-    pixels = [_decode(j) for j in jpegs]
+    pixels = [jpeg_decode(j) for j in jpegs]
     captions: list[str] = [""] * len(pixels)
     groups: dict[tuple[str, tuple[int, ...]], list[int]] = {}
     for i, (q, px) in enumerate(zip(queries, pixels, strict=True)):
         groups.setdefault((q, px.shape), []).append(i)
     for (query, _), rows in groups.items():
-        for start in range(0, len(rows), reward.batch_size):
-            chunk = rows[start:start + reward.batch_size]
-            images = torch.from_numpy(np.stack([pixels[i] for i in chunk])).permute(0, 3, 1, 2).contiguous()
-            for i, text in zip(chunk, reward.captioner(images, query), strict=True):
-                captions[i] = text
+        images = torch.from_numpy(np.stack([pixels[i] for i in rows])).permute(0, 3, 1, 2).contiguous()
+        for i, text in zip(rows, reward.caption(images, query), strict=True):
+            captions[i] = text
     out: dict[str, list] = {"outputs": [[c] for c in captions]}
     if answers is not None:
         scores = reward.scorer(captions, answers) if captions else {k: np.zeros(0) for k in COMPONENTS}

@@ -20,7 +20,7 @@ import yaml
 from pcpo_eval.credit.ddim import CONVENTIONS, DEFAULT_FALLBACK, FALLBACKS
 from pcpo_eval.credit.flow import FLOW_SDES, KL_FORMS, STEP_WEIGHTINGS, T1_CONVENTIONS
 from pcpo_eval.errors import UserError
-from pcpo_eval.io import check_finite, read_yaml_mapping, yaml_safe_load
+from pcpo_eval.io import check_finite, parse_overrides, read_yaml_mapping, yaml_safe_load
 from pcpo_eval.rewards import parse_reward, reward_parts
 from pcpo_eval.train.advantages import ADV_STDS
 from pcpo_eval.train.objectives import OBJECTIVES
@@ -411,20 +411,6 @@ def config_from_dict(data: dict[str, Any]) -> TrainConfig:
         raise UserError(f"unknown config key(s) {', '.join(unknown)}{f' ({hint})' if hint else ''}; "
                         f"valid keys: {', '.join(_FIELDS)}")
     return TrainConfig(**{k: _coerce(k, v) for k, v in data.items()}).validate()
-
-
-def parse_overrides(items: list[str]) -> dict[str, Any]:
-    """``["epochs=2", "objective=pcpo"]`` -> dict (values parsed as YAML scalars)."""
-    out: dict[str, Any] = {}
-    for item in items:
-        if "=" not in item:
-            raise UserError(f"override {item!r} is not KEY=VALUE (e.g. epochs=2)")
-        k, v = item.split("=", 1)
-        try:
-            out[k.strip()] = yaml_safe_load(v) if v.strip() else ""
-        except yaml.YAMLError:  # not a YAML scalar (model=@x, prompts=%p): the text itself
-            out[k.strip()] = v.strip()
-    return out
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:

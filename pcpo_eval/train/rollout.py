@@ -94,45 +94,45 @@ class RolloutMixin:
         pids = np.array([self.prompt_set.prompt_ids[i] for i in idx])
         B = cfg.sample_batch_size
         if cfg.reward_overlap:
-            parts, rewards, reward_time_s, components = self._sample_and_score(epoch, prompts)
+            parts, images, rewards, reward_time_s, components = self._sample_and_score(epoch, prompts)
             reward_parts = self._reward_part_means(mine=components)
         else:
             parts = [self._sample_batch(epoch, b * B, prompts[b * B:(b + 1) * B])
                      for b in range(cfg.sample_batches_per_epoch)]
+            images = torch.cat([p[2] for p in parts]).cpu()  # the one host copy (it waits for the last decode)
             t_reward = time.perf_counter()
-            rewards = self.reward_fn(torch.cat([p[2] for p in parts]).cpu(), prompts).double().numpy()  # work done
+            rewards = self.reward_fn(images, prompts).double().numpy()
             reward_time_s = time.perf_counter() - t_reward
             reward_parts = self._reward_part_means()
         cond = PromptEmbeds.cat([p[0] for p in parts])
-        images = torch.cat([p[2] for p in parts])
         all_rewards, adv = self._advantages(epoch, prompts, rewards, pids)
         traj = Trajectory.cat([p[1] for p in parts], dtype=torch.float32)
         t_control, c_control = time.perf_counter(), time.process_time()
         control = self._control_rewards(epoch, prompts) if cfg.paired_control else None
         control_parts = self._reward_part_means("control_") if cfg.paired_control else {}
         return EpochSamples(prompts=prompts, prompt_ids=pids, cond=cond, traj=traj, rewards=rewards,
-                            advantages=adv, all_rewards=all_rewards, images=images.cpu(), control_rewards=control,
+                            advantages=adv, all_rewards=all_rewards, images=images, control_rewards=control,
                             control_time_s=time.perf_counter() - t_control if cfg.paired_control else 0.0,
                             control_cpu_s=time.process_time() - c_control if cfg.paired_control else 0.0,
                             reward_time_s=reward_time_s, reward_parts=reward_parts, control_parts=control_parts)
 
-    def _sample_and_score(self, epoch: int, prompts: list[str]) -> tuple[list, np.ndarray, float, dict | None]:
+    def _sample_and_score(self, epoch: int, prompts: list[str]) -> tuple[list, torch.Tensor, np.ndarray, float, dict]:
         """``reward_overlap``: sample batch after batch while a one-thread pool scores each finished batch
-        (ddpo-pytorch's reward executor). Returns the sampled parts, the rewards in sample order, the
-        seconds the pool spent scoring, and a weighted reward's per-component scores (None otherwise)."""
+        (ddpo-pytorch's reward executor). Returns the sampled parts, the images on the host and their
+        rewards in sample order, the seconds the pool spent scoring, and a weighted reward's per-component
+        scores (empty otherwise)."""
         from concurrent.futures import ThreadPoolExecutor
 
         from pcpo_eval.rewards import reward_components
 
-        weighted = getattr(self.reward_fn, "last_components", None) is not None
-
-        def score(images: torch.Tensor, batch_prompts: list[str]) -> tuple[np.ndarray, dict, float]:
+        def score(images: torch.Tensor, batch_prompts: list[str]) -> tuple[torch.Tensor, np.ndarray, dict, float]:
             if self.device.type == "cuda":  # a new thread's current GPU is cuda:0; this process's is cuda:<rank>
                 torch.cuda.set_device(self.device)
-            t0 = time.perf_counter()  # the copy to the host waits for this batch's decode, here, not in sampling
-            r = self.reward_fn(images.cpu(), batch_prompts).double().numpy()
-            parts = {k: v.tolist() for k, v in reward_components(self.reward_fn).items()} if weighted else {}
-            return r, parts, time.perf_counter() - t0
+            host = images.cpu()  # waits for this batch's decode here, not in the sampling thread
+            t0 = time.perf_counter()
+            r = self.reward_fn(host, batch_prompts).double().numpy()
+            parts = {k: v.tolist() for k, v in reward_components(self.reward_fn).items()}
+            return host, r, parts, time.perf_counter() - t0
 
         B, parts, futures = self.cfg.sample_batch_size, [], []
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="reward") as pool:
@@ -141,11 +141,11 @@ class RolloutMixin:
                 futures.append(pool.submit(score, parts[-1][2], prompts[b * B:(b + 1) * B]))
             scored = [f.result() for f in futures]  # in sample order; a reward's error is raised here
         components: dict[str, list[float]] = {}
-        for _, c, _ in scored:
+        for *_, c, _ in scored:
             for k, v in c.items():
                 components.setdefault(k, []).extend(v)
-        return (parts, np.concatenate([r for r, _, _ in scored]), float(sum(t for _, _, t in scored)),
-                components if weighted else None)
+        return (parts, torch.cat([h for h, *_ in scored]), np.concatenate([r for _, r, *_ in scored]),
+                float(sum(t for *_, t in scored)), components)
 
     def _reward_part_means(self, prefix: str = "", mine: dict[str, list[float]] | None = None) -> dict[str, float]:
         """Each component's mean score over all processes' samples of the last reward call (or of the
