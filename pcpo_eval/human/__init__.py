@@ -61,8 +61,11 @@ the re-answer is stored as a correction and becomes the standing ``choice``.
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 PAIR_COLUMNS = ("pair_id", "position", "comparison", "kind", "prompt_id", "prompt", "seed", "left_method",
                 "right_method", "left_image", "right_image", "expected")
@@ -93,6 +96,26 @@ ANALYSIS_FILE = "analysis.json"
 SERVER_FILE = "server.json"
 #: a serving bundle's settings (``pcpo-eval human bundle``: the derived secrets, no blinding secret)
 BUNDLE_FILE = "bundle.json"
+
+
+def shown_png(pixels: np.ndarray) -> bytes:
+    """The bytes of a shown image: an uncompressed PNG (zlib level 0) of uint8 RGB ``pixels`` (H, W, 3),
+    no metadata chunk.
+
+    Blinding: a compressed PNG's size, and the lengths of its chunks that any PNG viewer shows, follow
+    how well its pixels compress, so one arm's images (smoother, or carrying an invisible +-1 dither)
+    would be the smaller or the larger file of every pair. Stored (level-0) deflate blocks make every
+    length a function of the width and height alone: the two images of a pair (same grid, checked by the
+    design) have the same length and the same chunk layout, byte for byte apart from the pixels
+    (``tests/human/test_image_format.py``). The design writes its images so and the app serves them so."""
+    from PIL import Image
+
+    arr = np.ascontiguousarray(pixels, dtype=np.uint8)
+    if arr.ndim != 3 or arr.shape[2] != 3:
+        raise ValueError(f"expected uint8 (H, W, 3) pixels, got shape {arr.shape}")
+    buf = io.BytesIO()
+    Image.fromarray(arr, "RGB").save(buf, format="PNG", compress_level=0)
+    return buf.getvalue()
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import hmac
-import io
 import json
 import os
 import re
@@ -60,6 +59,7 @@ from pcpo_eval.human import (
     PAIR_COLUMNS,
     HumanLayout,
     design_comparison_seeds,
+    shown_png,
 )
 from pcpo_eval.human.settings import ASSIGNMENT_KEYED
 from pcpo_eval.io import atomic_dir, atomic_write_json, atomic_write_parquet, check_finite, check_out_path
@@ -498,12 +498,33 @@ def main_layout(n_keys: int, n_comparisons: int, rng: np.random.Generator) -> li
     """(key index, comparison index) of every main pair in ``position`` order.
 
     Keys (prompt x seed) come in a random order ``k_0 .. k_{G-1}``; slot ``j*G + i`` holds key
-    ``k_i`` in comparison ``(i + j) mod C``. So each stretch of slots mixes the comparisons, and the
-    C pairs of one key lie exactly G apart (cyclically too): any run of at most G consecutive
+    ``k_i`` in comparison ``(j + o_i) mod C``, where the secret offsets ``o_i`` of each aligned run of C
+    keys are a random permutation of ``0 .. C-1``. So each stretch of slots mixes the comparisons, and
+    the C pairs of one key lie exactly G apart (cyclically too): any run of at most G consecutive
     slots, which is what :func:`pcpo_eval.human.db.assignment` gives one rater, holds each key at most once.
+
+    Blinding: ``position`` is in the serving bundle and the app's database, where ``(i + j) mod C``
+    (the layout before the offsets) told every pair's comparison from its position alone (96 of 96 in a
+    toy bundle); with secret offsets a slot's comparison is uniform over the C given its position.
     """
     order = rng.permutation(n_keys)
-    return [(int(order[i]), (i + j) % n_comparisons) for j in range(n_comparisons) for i in range(n_keys)]
+    offsets = np.concatenate([rng.permutation(n_comparisons) for _ in range(-(-n_keys // n_comparisons))])
+    return [(int(order[i]), int((j + offsets[i]) % n_comparisons)) for j in range(n_comparisons)
+            for i in range(n_keys)]
+
+
+def balanced_sides(n: int, rng: np.random.Generator) -> np.ndarray:
+    """Whether the first checkpoint of each of a comparison's ``n`` main pairs is shown on the left: half of
+    them (a coin flip decides an odd one out), in a random order.
+
+    Independent coin flips left one comparison of a toy design 18 / 30 and one rater 3 / 15 on the left;
+    a fixed margin balances a comparison's position bias against its methods exactly, while any two pairs'
+    sides stay almost independent (correlation ``-1/(n-1)``), so one recognised image tells a rater next
+    to nothing of another pair's side."""
+    left = np.arange(n) < n // 2
+    if n % 2:
+        left[-1] = bool(rng.integers(2))
+    return rng.permutation(left)
 
 
 def build_pairs(pairs: Sequence[tuple[Checkpoint, Checkpoint]], sets: dict[str, Path], ds: HumanDesignSpec,
@@ -538,9 +559,13 @@ def build_pairs(pairs: Sequence[tuple[Checkpoint, Checkpoint]], sets: dict[str, 
     _check_pair_grids(pairs, comp_keys, manifests, sets)
     n_keys = len(comp_keys[0])
     check_per_rater(pairs, ds.per_rater, n_keys, (ds.identical, ds.degraded), ds.comparison_seeds)
-    rows = []
-    for k, c in main_layout(n_keys, len(pairs), blind.rng):
-        rows.append(_main_row(pairs[c], comp_keys[c][k], manifests, sets, images, blind))
+    layout = main_layout(n_keys, len(pairs), blind.rng)
+    comps = np.array([c for _, c in layout])
+    left_first = np.zeros(len(layout), dtype=bool)
+    for c in range(len(pairs)):
+        left_first[comps == c] = balanced_sides(int((comps == c).sum()), blind.rng)
+    rows = [_main_row(pairs[c], comp_keys[c][k], manifests, sets, images, blind, bool(left_a))
+            for (k, c), left_a in zip(layout, left_first, strict=True)]
     checks = _attention_rows(blind, images, manifests, sets, ds, _check_images(ds, list(manifests), list(first.index),
                                                                                list(rows)))
     rows += [checks[i] for i in blind.rng.permutation(len(checks))]
@@ -672,14 +697,14 @@ def generate_command(folder: Path | None, model: str, seeds: Sequence[int], ds: 
 
 
 def _main_row(pair: tuple[Checkpoint, Checkpoint], key: tuple[int, int], manifests: dict[str, pd.DataFrame],
-              sets: dict[str, Path], images: _Images, blind: Blinding) -> dict[str, Any]:
-    """One main pair: the two checkpoints' images of one prompt and seed, sides drawn at random."""
+              sets: dict[str, Path], images: _Images, blind: Blinding, left_a: bool) -> dict[str, Any]:
+    """One main pair: the two checkpoints' images of one prompt and seed; ``left_a``: the first on the left
+    (:func:`balanced_sides`)."""
     a, b = pair
     pid, seed = key
     ra, rb = manifests[a.label].loc[(pid, seed)], manifests[b.label].loc[(pid, seed)]
     ta = images.token(blind, a.label, pid, seed, sets[a.label] / ra["path"])
     tb = images.token(blind, b.label, pid, seed, sets[b.label] / rb["path"])
-    left_a = bool(blind.rng.integers(2))
     left, right = ((a.label, ta), (b.label, tb)) if left_a else ((b.label, tb), (a.label, ta))
     return _row(f"{a.label} vs {b.label}", "main", pid, ra["prompt"], seed, left, right, "")
 
@@ -725,9 +750,10 @@ FILE_TIME = 946_684_800
 
 
 def _write_images(images: _Images, folder: Path, secret: bytes, log: Callable[[str], None] = print) -> None:
-    """Every shown image as a PNG without metadata (pixels only) under its token.
+    """Every shown image as :func:`pcpo_eval.human.shown_png` (uncompressed, no metadata) under its token.
 
-    Blinding: written in a random order (drawn from the design's secret, apart from the pairs' draws) and all
+    Blinding: every file of one grid has one length (compressed, PCPO's were the smaller file of 123 of
+    143 toy pairs, a length any PNG viewer shows); written in a random order (drawn from the design's secret, apart from the pairs' draws) and all
     stamped with :data:`FILE_TIME`, so neither file order nor file times follow the checkpoints
     (before, every PCPO image was older than its baseline partner). Logs progress every ~10%.
     """
@@ -745,10 +771,8 @@ def _write_images(images: _Images, folder: Path, secret: bytes, log: Callable[[s
                 pixels = np.asarray(im.convert("RGB"))
         else:
             pixels = src
-        buf = io.BytesIO()
-        Image.fromarray(pixels).save(buf, format="PNG")  # no text chunks: nothing but pixels
         path = folder / f"{tok}.png"
-        path.write_bytes(buf.getvalue())
+        path.write_bytes(shown_png(pixels))  # nothing but pixels, and a length set by the grid alone
         os.utime(path, (FILE_TIME, FILE_TIME))
         if i % step == 0 or i == len(tokens):
             log(f"[human] images: {i} of {len(tokens)} written ({time.perf_counter() - t0:.0f} s)")

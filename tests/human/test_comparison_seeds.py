@@ -33,7 +33,7 @@ from fastapi.testclient import TestClient
 
 from pcpo_eval.errors import UserError
 from pcpo_eval.human import HumanLayout, db, design_comparison_seeds
-from pcpo_eval.human.app import create_app, read_settings, strip_padding
+from pcpo_eval.human.app import create_app, read_settings
 from pcpo_eval.human.design import (
     Checkpoint,
     _write_images,
@@ -96,7 +96,7 @@ def _serve_everyone(tmp: Path, extra: dict) -> tuple[list[dict], pd.DataFrame, H
                 for side, url in zip(("left", "right"), re.findall(r'<img src="([^"]+)"', html), strict=True):
                     body = client.get(url).content
                     received.append({"rater": rater, "pair_id": pair_id, "side": side,
-                                     "sha": hashlib.sha256(strip_padding(body)).hexdigest(), "kind": by_id.loc[pair_id, "kind"],
+                                     "sha": hashlib.sha256(body).hexdigest(), "kind": by_id.loc[pair_id, "kind"],
                                      "comparison": by_id.loc[pair_id, "comparison"],
                                      "method": by_id.loc[pair_id, f"{side}_method"]})
                 client.post(f"/r/{token}/answer", data={"key": m.group(1), "choice": "tie"})
@@ -294,7 +294,7 @@ def test_every_rater_sees_every_pair_with_distinct_seeds(tmp_path):
             pair_id = shown_pair(client, token)
             kind = table.set_index("pair_id").loc[pair_id, "kind"]
             if kind == "main":
-                seen += [hashlib.sha256(strip_padding(client.get(u).content)).hexdigest() for u in re.findall(r'<img src="([^"]+)"', html)]
+                seen += [hashlib.sha256(client.get(u).content).hexdigest() for u in re.findall(r'<img src="([^"]+)"', html)]
             kinds.append(kind)
             client.post(f"/r/{token}/answer", data={"key": m.group(1), "choice": "tie"})
         assert len(kinds) == len(table) and len(seen) == 2 * 2 * 3 * 2

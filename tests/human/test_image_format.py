@@ -14,6 +14,7 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from PIL import Image, PngImagePlugin
 
@@ -116,10 +117,22 @@ def _dithered_sets(root: Path, n_prompts: int, n_seeds: int) -> dict[str, Path]:
     return sets
 
 
-def test_both_images_of_a_pair_are_served_with_one_length(tmp_path):
-    """Invisible dither on one arm: its file is the larger of every main pair (what Content-Length told a
-    rater's browser before: 'the larger file' named B@1 in every pair); served, each pair's two images
-    have one length (the larger file + a 12-byte padding chunk) and decode to the files' pixels."""
+def _layout(data: bytes) -> list[tuple[str, int]]:
+    """A PNG's chunks as (type, length), in order: what a PNG viewer shows of a file besides its pixels."""
+    out, i = [], 8
+    while i < len(data):
+        (n,) = struct.unpack(">I", data[i:i + 4])
+        out.append((data[i + 4:i + 8].decode(), n))
+        i += 12 + n
+    return out
+
+
+def test_both_images_of_a_pair_are_served_with_one_length_and_layout(tmp_path):
+    """Invisible dither on one arm: compressed, its file is the larger of every main pair (what
+    Content-Length, or the IDAT chunk's length in any PNG viewer, would tell a rater). The design writes,
+    and the app serves, uncompressed PNGs: every image of the grid has one length and one chunk layout,
+    served bytes are the written file's, and they decode to the set's pixels. (Before, the app padded a
+    pair to one Content-Length with a private chunk whose own length named the dithered arm in 30 of 30.)"""
     import io
     import json
     import re
@@ -128,13 +141,13 @@ def test_both_images_of_a_pair_are_served_with_one_length(tmp_path):
     from fastapi.testclient import TestClient
 
     from pcpo_eval.human import HumanLayout, db
-    from pcpo_eval.human.app import create_app, strip_padding
+    from pcpo_eval.human.app import create_app
     from pcpo_eval.human.settings import ASSIGNMENT_KEYED
     from tests.support.human import KEY_RE, shown_pair
 
     ds = parse_design_spec({"seeds": 3, "max_prompts": 10, "per_rater": None, "identical": 1, "degraded": 1})
-    pairs, images = build_pairs([(Checkpoint("A@1", "a"), Checkpoint("B@1", "b"))],
-                                _dithered_sets(tmp_path / "sets", 10, 3), ds, SECRET)
+    sets = _dithered_sets(tmp_path / "sets", 10, 3)
+    pairs, images = build_pairs([(Checkpoint("A@1", "a"), Checkpoint("B@1", "b"))], sets, ds, SECRET)
     lay = HumanLayout(tmp_path / "human")
     lay.images.mkdir(parents=True)
     _write_images(images, lay.images, SECRET, log=lambda _: None)
@@ -142,22 +155,49 @@ def test_both_images_of_a_pair_are_served_with_one_length(tmp_path):
     lay.design.write_text(json.dumps({"rng_seed": 0, "per_rater": None, "blinding_secret": SECRET.hex(),
                                       "comparison_seeds": "distinct", "assignment": ASSIGNMENT_KEYED}))
     main = pairs[pairs["kind"] == "main"].set_index("pair_id")
-    larger_is_b = [(lay.image(r.left_image).stat().st_size > lay.image(r.right_image).stat().st_size)
-                   == (r.left_method == "B@1") for r in main.itertuples()]
-    assert sum(larger_is_b) == len(main) == 30  # the files tell the arms apart by size in every pair
+    source = {lab: {(r.prompt_id, r.seed): f / r.path for r in pd.read_parquet(f / "manifest.parquet").itertuples()}
+              for lab, f in zip(("A@1", "B@1"), sets.values(), strict=True)}
+    larger_is_b = [(source["B@1"][r.prompt_id, r.seed].stat().st_size > source["A@1"][r.prompt_id, r.seed].stat().st_size)
+                   for r in main.itertuples()]
+    assert sum(larger_is_b) == len(main) == 30  # compressed, the sets tell the arms apart by size in every pair
+    written = {tuple(_layout(f.read_bytes())) for f in lay.images.glob("*.png")}
+    assert len(written) == 1  # every written file: one chunk layout (so one length), whatever its pixels
     served = []
     with TestClient(create_app(lay.root), follow_redirects=False) as client:
         (_, token), = db.add_raters(lay.database_url, ["r"])
         while (m := KEY_RE.search(html := client.get(f"/r/{token}").text)) is not None:
             pair_id = shown_pair(client, token)
             if pair_id in main.index:
+                row = main.loc[pair_id]
                 got = [client.get(u) for u in re.findall(r'<img src="([^"]+)"', html)]
-                files = [lay.image(main.loc[pair_id, f"{side}_image"]) for side in ("left", "right")]
-                for r, f in zip(got, files, strict=True):
-                    assert strip_padding(r.content) == f.read_bytes()
-                    assert np.array_equal(np.asarray(Image.open(io.BytesIO(r.content))), np.asarray(Image.open(f)))
-                served.append([int(r.headers["content-length"]) for r in got]
-                              + [max(f.stat().st_size for f in files) + 12])
+                for r, side in zip(got, ("left", "right"), strict=True):
+                    assert r.content == lay.image(row[f"{side}_image"]).read_bytes()
+                    with Image.open(source[row[f"{side}_method"]][row.prompt_id, row.seed]) as im:
+                        assert np.array_equal(np.asarray(Image.open(io.BytesIO(r.content))), np.asarray(im))
+                served.append([(int(r.headers["content-length"]), tuple(_layout(r.content))) for r in got])
             client.post(f"/r/{token}/answer", data={"key": m.group(1), "choice": "tie"})
     db.dispose(lay.database_url)
-    assert len(served) == 30 and all(left == right == want for left, right, want in served)
+    assert len(served) == 30 and len({x for pair in served for x in pair}) == 1  # one length, one layout
+
+
+def test_a_compressed_image_file_is_served_uncompressed(tmp_path):
+    """A design written before images were stored uncompressed (or a file edited since): the app re-encodes
+    it, so a pair's two images still have one length and layout, and the same pixels."""
+    import io
+
+    import numpy as np
+
+    from pcpo_eval.human import shown_png
+    from pcpo_eval.human.app import served_png
+
+    sets = _dithered_sets(tmp_path / "sets", 2, 1)
+    files = [next(f.glob("0_0.png")) for f in sets.values()]
+    assert files[0].stat().st_size != files[1].stat().st_size  # compressed: the lengths differ
+    served = [served_png(f) for f in files]
+    assert len({len(b) for b in served}) == 1 and _layout(served[0]) == _layout(served[1])
+    for b, f in zip(served, files, strict=True):
+        with Image.open(f) as im:
+            pixels = np.asarray(im.convert("RGB"))
+        assert np.array_equal(np.asarray(Image.open(io.BytesIO(b))), pixels) and b == shown_png(pixels)
+        (tmp_path / "again.png").write_bytes(b)
+        assert served_png(tmp_path / "again.png") == b  # the written form is served as it is

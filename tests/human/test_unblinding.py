@@ -9,7 +9,9 @@
   raters who saw no degraded check as unscreened;
 * F2: no rater's block holds both comparisons of one prompt and seed (with ``comparison_seeds:
   shared`` a bracket's PCPO image would appear twice), and ``per_rater: null`` with a shared
-  checkpoint on shared seeds is refused (distinct seeds, the default: tests/human/test_comparison_seeds.py).
+  checkpoint on shared seeds is refused (distinct seeds, the default: tests/human/test_comparison_seeds.py);
+* F5 (the second review): ``position`` (in the serving bundle and the app's database) does not tell a pair's
+  comparison, and each comparison shows its first checkpoint on the left in exactly half of its pairs.
 """
 
 from __future__ import annotations
@@ -280,3 +282,28 @@ def test_legacy_designs_keep_their_assignment(tmp_path):
     pairs = list(db.pairs_frame(layout.database_url)["pair_id"])
     assert state.assignment(1) == db.assignment(pairs, 7, 1, 10)
     db.dispose(layout.database_url)
+
+
+def test_f5_position_does_not_tell_the_comparison(bracket):
+    """Before, slot ``j*G + i`` held comparison ``(i + j) mod C``: a bundle's ``position`` column named every
+    main pair's comparison (96 of 96 in a toy bundle). With secret offsets per key, the layout's rule (under
+    its better labelling) names it at chance; the keys' spacing that the app's blocks rely on is kept."""
+    _, table = bracket
+    main = table[table["kind"] == "main"].sort_values("position")
+    n_keys = len(main) // len(BRACKET)
+    slot = main["position"].to_numpy()
+    rule = (slot % n_keys + slot // n_keys) % len(BRACKET)
+    comp = pd.factorize(main["comparison"], sort=True)[0]
+    agree = max((rule == comp).mean(), (rule != comp).mean())
+    assert agree < 0.62, agree  # chance 0.5 (sd 0.024 over 225 runs of 2 keys); the old layout: 1.0
+    keys = list(zip(main["prompt_id"], main["seed"] % 10, strict=True))  # a key: prompt x seed index
+    assert all(keys[i] == keys[i + n_keys] for i in range(n_keys))  # a key's two comparisons: G apart
+
+
+def test_f5_each_comparison_shows_each_side_on_the_left_half_the_time(bracket):
+    """Independent coin flips left a toy comparison 18 / 30 on one side; now a fixed margin per comparison."""
+    _, table = bracket
+    main = table[table["kind"] == "main"]
+    for comparison, rows in main.groupby("comparison"):
+        first = comparison.split(" vs ")[0]
+        assert (rows["left_method"] == first).sum() == len(rows) // 2, comparison

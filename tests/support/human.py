@@ -10,7 +10,6 @@ never see; :func:`shown_pair` is the design pair id behind a rater's current pag
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import re
@@ -27,7 +26,7 @@ import numpy as np
 import pandas as pd
 from PIL import Image
 
-from pcpo_eval.human import KINDS, PAIR_COLUMNS, HumanLayout
+from pcpo_eval.human import KINDS, PAIR_COLUMNS, HumanLayout, shown_png
 
 COMPARISONS = ("pcpo@120 vs ddpo@180", "pcpo@120 vs ddpo@240")
 #: The answer key of a served page (no design pair id is served: ``pcpo_eval.human.app``).
@@ -66,9 +65,8 @@ def write_image_sets(root: Path, seeds: Mapping[str, Iterable[int]], n_prompts: 
 
 
 def _png(rng: np.random.Generator) -> bytes:
-    buf = io.BytesIO()
-    Image.fromarray(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(buf, format="PNG")
-    return buf.getvalue()
+    """A shown image as a design writes it (:func:`pcpo_eval.human.shown_png`)."""
+    return shown_png(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8))
 
 
 def _hex(rng: np.random.Generator, used: set[str]) -> str:
