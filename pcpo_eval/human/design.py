@@ -71,6 +71,12 @@ _CKPT_RE = re.compile(r"^(?P<run>.+)@(?P<epoch>\d+)$")
 #: by kind, main pairs laid out by :func:`main_layout` (:func:`pcpo_eval.human.db.assignment`), each
 #: rater's order keyed by a secret derived from the blinding secret (:mod:`pcpo_eval.human.settings`).
 ASSIGNMENT = ASSIGNMENT_KEYED
+#: How :func:`build_pairs` draws sides and lays main pairs out (design.json ``layout``): ``cyclic`` (designs
+#: that record none: sides by independent coin flips, comparison ``(i + j) mod C`` per slot) or
+#: ``offset-balanced`` (every design made now: :func:`balanced_sides`, secret offsets in :func:`main_layout`).
+#: The secret regenerates a design's table only under its own layout.
+LAYOUTS = ("cyclic", "offset-balanced")
+LAYOUT = "offset-balanced"
 
 
 @dataclass(frozen=True)
@@ -494,7 +500,8 @@ def max_safe_per_rater(n_main: int, n_checks: tuple[int, int], n_keys: int) -> i
     return max(ok, default=0)
 
 
-def main_layout(n_keys: int, n_comparisons: int, rng: np.random.Generator) -> list[tuple[int, int]]:
+def main_layout(n_keys: int, n_comparisons: int, rng: np.random.Generator,
+                layout: str = LAYOUT) -> list[tuple[int, int]]:
     """(key index, comparison index) of every main pair in ``position`` order.
 
     Keys (prompt x seed) come in a random order ``k_0 .. k_{G-1}``; slot ``j*G + i`` holds key
@@ -506,8 +513,11 @@ def main_layout(n_keys: int, n_comparisons: int, rng: np.random.Generator) -> li
     Blinding: ``position`` is in the serving bundle and the app's database, where ``(i + j) mod C``
     (the layout before the offsets) told every pair's comparison from its position alone (96 of 96 in a
     toy bundle); with secret offsets a slot's comparison is uniform over the C given its position.
+    ``layout="cyclic"`` (designs made before, :data:`LAYOUTS`): ``o_i = i``.
     """
     order = rng.permutation(n_keys)
+    if layout == "cyclic":
+        return [(int(order[i]), (i + j) % n_comparisons) for j in range(n_comparisons) for i in range(n_keys)]
     offsets = np.concatenate([rng.permutation(n_comparisons) for _ in range(-(-n_keys // n_comparisons))])
     return [(int(order[i]), int((j + offsets[i]) % n_comparisons)) for j in range(n_comparisons)
             for i in range(n_keys)]
@@ -528,7 +538,7 @@ def balanced_sides(n: int, rng: np.random.Generator) -> np.ndarray:
 
 
 def build_pairs(pairs: Sequence[tuple[Checkpoint, Checkpoint]], sets: dict[str, Path], ds: HumanDesignSpec,
-                secret: bytes | None = None) -> tuple[pd.DataFrame, _Images]:
+                secret: bytes | None = None, layout: str = LAYOUT) -> tuple[pd.DataFrame, _Images]:
     """The pairs table (PAIR_COLUMNS) and the images it shows.
 
     Every blinding draw comes from ``secret`` (default: a fresh one, :func:`new_secret`), never from
@@ -559,13 +569,16 @@ def build_pairs(pairs: Sequence[tuple[Checkpoint, Checkpoint]], sets: dict[str, 
     _check_pair_grids(pairs, comp_keys, manifests, sets)
     n_keys = len(comp_keys[0])
     check_per_rater(pairs, ds.per_rater, n_keys, (ds.identical, ds.degraded), ds.comparison_seeds)
-    layout = main_layout(n_keys, len(pairs), blind.rng)
-    comps = np.array([c for _, c in layout])
-    left_first = np.zeros(len(layout), dtype=bool)
-    for c in range(len(pairs)):
-        left_first[comps == c] = balanced_sides(int((comps == c).sum()), blind.rng)
-    rows = [_main_row(pairs[c], comp_keys[c][k], manifests, sets, images, blind, bool(left_a))
-            for (k, c), left_a in zip(layout, left_first, strict=True)]
+    slots = main_layout(n_keys, len(pairs), blind.rng, layout)
+    if layout == "cyclic":  # a coin flip per pair, drawn after its image tokens
+        rows = [_main_row(pairs[c], comp_keys[c][k], manifests, sets, images, blind, None) for k, c in slots]
+    else:
+        comps = np.array([c for _, c in slots])
+        left_first = np.zeros(len(slots), dtype=bool)
+        for c in range(len(pairs)):
+            left_first[comps == c] = balanced_sides(int((comps == c).sum()), blind.rng)
+        rows = [_main_row(pairs[c], comp_keys[c][k], manifests, sets, images, blind, bool(left_a))
+                for (k, c), left_a in zip(slots, left_first, strict=True)]
     checks = _attention_rows(blind, images, manifests, sets, ds, _check_images(ds, list(manifests), list(first.index),
                                                                                list(rows)))
     rows += [checks[i] for i in blind.rng.permutation(len(checks))]
@@ -697,14 +710,16 @@ def generate_command(folder: Path | None, model: str, seeds: Sequence[int], ds: 
 
 
 def _main_row(pair: tuple[Checkpoint, Checkpoint], key: tuple[int, int], manifests: dict[str, pd.DataFrame],
-              sets: dict[str, Path], images: _Images, blind: Blinding, left_a: bool) -> dict[str, Any]:
+              sets: dict[str, Path], images: _Images, blind: Blinding, left_a: bool | None) -> dict[str, Any]:
     """One main pair: the two checkpoints' images of one prompt and seed; ``left_a``: the first on the left
-    (:func:`balanced_sides`)."""
+    (:func:`balanced_sides`; None: a coin flip, the ``cyclic`` layout)."""
     a, b = pair
     pid, seed = key
     ra, rb = manifests[a.label].loc[(pid, seed)], manifests[b.label].loc[(pid, seed)]
     ta = images.token(blind, a.label, pid, seed, sets[a.label] / ra["path"])
     tb = images.token(blind, b.label, pid, seed, sets[b.label] / rb["path"])
+    if left_a is None:
+        left_a = bool(blind.rng.integers(2))
     left, right = ((a.label, ta), (b.label, tb)) if left_a else ((b.label, tb), (a.label, ta))
     return _row(f"{a.label} vs {b.label}", "main", pid, ra["prompt"], seed, left, right, "")
 
@@ -873,7 +888,7 @@ def make_design(study: str | Path, out: str | Path, ds: HumanDesignSpec,
               "n_pairs": int(len(table)), "n_main": int((table["kind"] == "main").sum()),
               "n_prompts": int(table["prompt_id"].nunique()), "n_images": len(images.files),
               "render_seconds": round(time.perf_counter() - t0, 1),
-              "blinding_secret": secret.hex(), "assignment": ASSIGNMENT}
+              "blinding_secret": secret.hex(), "assignment": ASSIGNMENT, "layout": LAYOUT}
     design = _relative_paths(design, lay.root)
     atomic_write_json(lay.design, design)
     return design
