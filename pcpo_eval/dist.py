@@ -42,6 +42,15 @@ def init(device: str | torch.device = "cpu") -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
+def gpu_index(device: torch.device) -> int | None:
+    """The index of the GPU that ``device`` means in this thread (``cuda`` alone: the current one), or None
+    off CUDA: what a worker thread passes to ``torch.cuda.set_device`` (a new thread's current GPU is
+    cuda:0, and ``set_device`` refuses a ``cuda`` device without an index)."""
+    if device.type != "cuda":
+        return None
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def group_backend(device: str | torch.device) -> tuple[str, torch.device | None]:
     """The process group's backend for a process on ``device`` (``auto`` as :func:`pick_device` reads it),
     and the CUDA device it binds (or None).

@@ -74,15 +74,16 @@ def save_model(tiny: bool, device: str) -> tuple[Path, float]:
 
 
 def run_setup(setup: int, model_dir: Path, objective: str, batches: int, device: str, tiny: bool,
-              extra: tuple[str, ...] = (), profile: Path | None = None, epochs: int = 2) -> dict:
+              extra: tuple[str, ...] = (), profile: bool = False, epochs: int = 2) -> tuple[dict, dict | None]:
     """Train ``epochs`` epochs; the median seconds of epochs 2.. (sampling and update apart, each epoch's
-    in ``epoch_s_each``), images, and peak memory.
+    in ``epoch_s_each``), images, and peak memory; and the profiler's record (else None).
 
-    ``extra``: more ``KEY=VALUE`` overrides (``deterministic=false``). ``profile``: a third epoch runs its
-    update under ``torch.profiler`` and its table goes there (top ops by device and by host time, and the
-    device-busy fraction: kernel time over wall time); epochs 2..``epochs`` stay the timed ones.
+    ``extra``: more ``KEY=VALUE`` overrides (``deterministic=false``). ``profile``: one more epoch runs its
+    update under ``torch.profiler`` (tables: :func:`models.write_profile`, which the caller runs after it has
+    saved this row: building them from an SD-1.5 update's ~1 M events takes about a minute); epochs
+    2..``epochs`` stay the timed ones.
     """
-    timed, epochs = epochs, epochs + (1 if profile is not None else 0)
+    timed, epochs = epochs, epochs + (1 if profile else 0)
     over = [f"model=sd1:{model_dir}", *reward_overrides(setup, tiny), "prompts=simple_animals", f"epochs={epochs}",
             f"sample_batches_per_epoch={batches}", "paper_total_batch=0", "checkpoint_every=1000",
             "log_to=none", "log_images_every=0", f"objective={objective}", f"device={device}", *extra]
@@ -94,14 +95,14 @@ def run_setup(setup: int, model_dir: Path, objective: str, batches: int, device:
     out = Path(tempfile.mkdtemp(prefix="bench_train_")) / "run"
     reset_peak(device)
     trainer = Trainer(cfg, out, progress=False)
-    prof = _profile_epoch(trainer, epochs) if profile is not None else None
+    trainer.save_checkpoint = lambda epoch, row: None  # untimed, but setup 5's last one is ~10 GB of disk writes
+    prof = _profile_epoch(trainer, epochs) if profile else None
     log = trainer.run()
     peak = peak_gib(device)
     rows = log.iloc[1:timed]
     row = rows[["wall_time_s", "sample_time_s", "reward_time_s"]].median()
-    busy = write_profile(prof["prof"], prof["wall_s"], profile,
-                         f"setup {setup} {objective} {' '.join(extra)}: update phase of epoch {prof['epoch']} "
-                         "(profiled)") if prof else None
+    if prof:
+        prof["title"] = f"setup {setup} {objective} {' '.join(extra)}: update phase of epoch {prof['epoch']} (profiled)"
     images = cfg.sample_batch_size * cfg.sample_batches_per_epoch
     shutil.rmtree(out.parent, ignore_errors=True)
     print(f"setup {setup} {objective} {' '.join(extra)}: {images} images, epoch (median of "
@@ -115,7 +116,7 @@ def run_setup(setup: int, model_dir: Path, objective: str, batches: int, device:
             "epoch_s_each": [float(v) for v in rows["wall_time_s"]],
             "sample_s_each": [float(v) for v in rows["sample_time_s"]],
             "peak_gib": peak, "timestep_fraction": cfg.timestep_fraction, "train_last_step": cfg.train_last_step,
-            "update_device_busy": busy}
+            "update_device_busy": None}, prof
 
 
 def _profile_epoch(trainer: Trainer, epoch: int) -> dict:
@@ -171,8 +172,12 @@ def main() -> None:
         rows, errors = [], []
         for i, (o, extra) in enumerate(todo):
             try:  # a run that fails (out of GPU memory at a large forward) leaves the others' rows
-                rows.append(_with_floor(run_setup(setup, model_dir, o, a.batches, device, a.tiny, extra,
-                                                  profile if i == 0 else None, a.epochs), flops_row))
+                row, prof = run_setup(setup, model_dir, o, a.batches, device, a.tiny, extra,
+                                      profile is not None and i == 0, a.epochs)
+                rows.append(_with_floor(row, flops_row))
+                if prof:  # the row is saved first: the tables take a minute at SD-1.5's size
+                    _write(a.json, {**res, "setups": {**res["setups"], setup: rows}, "complete": False})
+                    row["update_device_busy"] = write_profile(prof["prof"], prof["wall_s"], profile, prof["title"])
             except Exception as exc:  # noqa: BLE001 - reported, and the exit status says so
                 print(f"setup {setup} {o} {' '.join(extra)}: error {type(exc).__name__}: {exc}"[:500], flush=True)
                 errors.append({"objective": o, "options": " ".join(extra), "error": f"{type(exc).__name__}: {exc}"[:500]})

@@ -47,12 +47,14 @@ for s in $stages; do
                 --profile "$OUT/generate_profile.txt" 2>&1 | tee -a "$LOG" | grep -v "float32" | tail -5 ;;
     invariance) timeout 200 python3 benchmarks/gpu/bench_generate.py --images 48 --batch 16 --repeats 1 \
                 --variants channels_last --invariance --json "$OUT/generate_invariance.json" 2>&1 | tee -a "$LOG" | grep -v "float32" | tail -40 ;;
-    train2) # TRAIN_EPOCHS (default 4): the median of epochs 2.. per run (one epoch varied ~10 % per phase)
+    train2) # TRAIN_EPOCHS (default 4): the median of epochs 2.. per run (one epoch varied ~10 % per phase);
+            # TRAIN2_LIMIT overrides the time limit (a compile=true run compiles the UNet first: give it its own call)
             runs=${TRAIN_RUNS:-ppo_clip}; n=$(( $(tr -cd ';' <<< "$runs" | wc -c) + 1 )); e=${TRAIN_EPOCHS:-4}
-            timeout $(( (50 + 22 * e) * n )) python3 benchmarks/gpu/bench_train.py --setup 2 --batches 1 --runs "$runs" \
+            timeout ${TRAIN2_LIMIT:-$(( (50 + 22 * e) * n ))} python3 benchmarks/gpu/bench_train.py --setup 2 --batches 1 --runs "$runs" \
               --epochs "$e" --json "$OUT/train2.json" 2>&1 | tee -a "$LOG" | grep -v "Loading\|float32\|Writing" | tail -12 ;;
     trainprofile) # TRAIN_PROFILE_RUN: the profiled run (default ppo_clip; e.g. ppo_clip:train_steps_per_forward=4)
-                  timeout 150 python3 benchmarks/gpu/bench_train.py --setup 2 --batches 1 --runs "${TRAIN_PROFILE_RUN:-ppo_clip}" \
+                  # (the row is saved before the profiler's tables, which take about a minute at SD-1.5's size)
+                  timeout 240 python3 benchmarks/gpu/bench_train.py --setup 2 --batches 1 --runs "${TRAIN_PROFILE_RUN:-ppo_clip}" \
               --profile "$OUT/train_profile.txt" --json "$OUT/train2_profiled.json" 2>&1 \
               | tee -a "$LOG" | grep -v "Loading\|float32\|Writing" | tail -8 ;;
     trainbatch) # larger update forwards (docs/training.md: speed settings), and a one-GPU sampling batch of 32;
@@ -64,6 +66,9 @@ for s in $stages; do
     train3) # setup 3 (and 4: the same shapes, twice the images): the BERTScore reward of the real sizes
             # (Qwen2.5-VL-3B bf16 + DeBERTa-xlarge, random weights) on the training GPU: peak memory, reward_s
             # and whether scoring beside sampling (reward_overlap) hides the captioner's host-bound decoding
+            if ! python3 -c "import bert_score" 2>/dev/null; then
+              echo "SKIPPED train3: bert_score is not installed (bert-score==0.3.13 in .whl/: docs/gpu.md)" | tee -a "$LOG"; continue
+            fi
             timeout 400 python3 benchmarks/gpu/bench_train.py --setup 3 --batches 2 --epochs 3 \
               --runs "${TRAIN3_RUNS:-ppo_clip;ppo_clip:reward_overlap=true}" \
               --json "$OUT/train3.json" 2>&1 | tee -a "$LOG" | grep -v "Loading\|float32\|Writing" | tail -8 ;;

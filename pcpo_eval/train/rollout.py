@@ -125,9 +125,11 @@ class RolloutMixin:
 
         from pcpo_eval.rewards import reward_components
 
+        gpu = dist.gpu_index(self.device)  # read here: a new thread's current GPU is cuda:0, this process's cuda:<rank>
+
         def score(images: torch.Tensor, batch_prompts: list[str]) -> tuple[torch.Tensor, np.ndarray, dict, float]:
-            if self.device.type == "cuda":  # a new thread's current GPU is cuda:0; this process's is cuda:<rank>
-                torch.cuda.set_device(self.device)
+            if gpu is not None:
+                torch.cuda.set_device(gpu)
             host = images.cpu()  # waits for this batch's decode here, not in the sampling thread
             t0 = time.perf_counter()
             r = self.reward_fn(host, batch_prompts).double().numpy()

@@ -77,3 +77,21 @@ def test_a_reward_error_stops_the_epoch(tmp_path):
     with pytest.raises(RuntimeError, match="scoring server went away"):
         tr.run()
     assert not list((tmp_path / "run").glob("checkpoint*"))
+
+
+def test_the_scoring_thread_binds_the_process_gpu_read_before_it_starts(tmp_path, monkeypatch):
+    """A bare ``cuda`` device (one process) has no index, which ``torch.cuda.set_device`` refuses (a
+    ValueError in the reward thread: the first GPU run of ``reward_overlap`` would have crashed). The index
+    is read in the trainer's thread (``dist.gpu_index``: the current GPU) and the scoring thread binds it."""
+    from pcpo_eval import dist
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 2)
+    assert dist.gpu_index(torch.device("cuda")) == 2 and dist.gpu_index(torch.device("cuda:1")) == 1
+    assert dist.gpu_index(torch.device("cpu")) is None
+    tr = Trainer(config_from_dict({**TINY, "epochs": 1, "reward_overlap": True}), tmp_path / "run")
+    monkeypatch.setattr(dist, "gpu_index", lambda device: 3)  # as on a GPU whose current device is cuda:3
+    bound: list[tuple[str, object]] = []
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: bound.append((threading.current_thread().name, d)))
+    tr.run()
+    assert len(bound) == TINY["sample_batches_per_epoch"]
+    assert all(name.startswith("reward") and d == 3 for name, d in bound)
