@@ -25,8 +25,11 @@ mean, ``scipy.stats.trim_mean(x, 0.25)``; with 3 runs nothing is trimmed, so IQM
   trimmed-mean interval (IQM; ``scipy.stats.ttest_ind(..., equal_var=False, trim=0.25)``);
 * ``p`` is the two-sided p of the same t statistic, so ``significant`` (p < alpha) and "the CI
   excludes 0" agree; ``p_permutation`` is a distribution-free check (exact sign flips when paired,
-  2^n patterns, floor ``p_min`` = 2/8 at 3 pairs; relabellings when not, 2/20 at 3 vs 3), never
-  used for ``significant``; ``mde`` the smallest |difference| detectable at 80% power at the
+  2^n patterns, floor ``p_min`` = 2/8 at 3 pairs; relabellings when not, 2/20 at 3 vs 3), not
+  used for ``significant`` except where the t test is not robust (:func:`t_not_robust`: fewer than
+  :data:`MIN_T_RUNS` runs in an arm, or an arm without spread), where ``p`` is the larger of the two
+  (``p_floor``: the permutation test's floor; an effect is then detectable only if that floor is
+  below the level); ``mde`` the smallest |difference| detectable at 80% power at the
   measured spread (:mod:`pcpo_eval.stats.power`) *by the test used*: for IQM the winsorised SE and
   ``h - 1`` df of the trimmed test (:func:`trimmed_mde`), not the plain t's.
 * no spread but a consistent nonzero difference (every per-seed difference equal and not 0, or each
@@ -76,6 +79,28 @@ EXACT_PERMUTATION_LIMIT = 10_000
 MC_PERMUTATIONS = 9_999
 
 ONE_RUN_PER_ARM = "1 run per arm: these are differences between runs; no CI/p-value"
+#: Fewest runs per arm (paired: seeds) at which a t test's p decides a comparison alone. In 1000 simulated
+#: A/A studies whose runs learn or collapse with probability 1/2 each (the second verdict review's
+#: ``e06b_aa_bimodal_2seeds.py``; ``tests/stats/test_verdict.py``), the paired t on 2 seeds (1 df) called
+#: 9.8% of them significant at alpha 0.05, on 3 seeds 3.3%.
+MIN_T_RUNS = 3
+
+
+def t_not_robust(baseline: np.ndarray, treatment: np.ndarray, paired: bool) -> str:
+    """Why a t test's p should not decide alone ('' when it may): fewer than :data:`MIN_T_RUNS` runs in an
+    arm (paired: seeds), or (unpaired) one arm without spread, which makes Welch's t a one-sample t of the
+    other arm against a pile-up (e.g. a baseline that never reached a target: every run at the last epoch).
+    Where it says why, ``p`` is the larger of the t test's and the exact permutation test's, so it is never
+    below the smallest p that a test of exchangeable runs can give."""
+    b, t = np.asarray(baseline, dtype=np.float64), np.asarray(treatment, dtype=np.float64)
+    n = min(b.size, t.size)
+    if n < MIN_T_RUNS:
+        unit = "seed" if paired else "run"
+        return (f"{n} {unit}{'s' if n != 1 else ''}{'' if paired else ' in an arm'}: a t test needs at least "
+                f"{MIN_T_RUNS} to be trusted alone")
+    if not paired and (np.ptp(b) == 0) != (np.ptp(t) == 0):
+        return f"every {'baseline' if np.ptp(b) == 0 else 'treatment'} run has the same value, so Welch's t is a one-sample t"
+    return ""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -397,7 +422,8 @@ class Comparison:
     ``paired``, else Welch / Yuen), so ``significant`` (p < alpha) and "the CI excludes 0" agree;
     ``p_permutation`` is the distribution-free check (sign flips when paired, relabellings else) with
     its floor ``p_min``; ``mde`` the smallest |difference| detectable at 80% power at the measured
-    run-to-run spread.
+    run-to-run spread. ``p_floor``: where the exact permutation test bounds ``p`` (:func:`t_not_robust`, or
+    no spread), its smallest possible p: with a floor at or above the level no effect is detectable.
     """
 
     stat: str
@@ -423,6 +449,7 @@ class Comparison:
     df: float | None = None
     p_permutation: float | None = None
     mde: float | None = None
+    p_floor: float | None = None
 
 
 def _runs(x: Sequence[float] | np.ndarray, name: str) -> np.ndarray:
@@ -508,9 +535,12 @@ def comparison_at_level(c: Comparison, baseline: Sequence[float] | np.ndarray,
                         treatment: Sequence[float] | np.ndarray, level: float) -> Comparison:
     """``c`` (from :func:`compare_runs` on these runs) with its MDE at test level ``level`` (e.g. its
     family's :func:`pcpo_eval.stats.power.family_level`); estimate, CI and p unchanged. A comparison
-    without an MDE (not estimable, or no spread) stays as it is."""
+    without an MDE (not estimable, or no spread) stays as it is; one whose exact test cannot reach
+    ``level`` (``p_floor``) has none."""
     if c.mde is None:
         return c
+    if c.p_floor is not None and c.p_floor >= level:
+        return replace(c, mde=None)
     b, t = _runs(baseline, "baseline"), _runs(treatment, "treatment")
     return replace(c, mde=trimmed_mde(b, t, paired=c.paired, trim=_trim(c.stat), alpha=level))
 
@@ -566,16 +596,22 @@ def compare_runs(
         return Comparison(stat, b.size, t.size, bv, tv, diff, None, None, "none (no spread)", alpha, perm.p,
                           f"{how} (no spread for the t test)", perm.p_min, poi, None, None, True,
                           f"CI not estimable ({why}: no spread); p is the {how}", bool(perm.p < alpha), paired,
-                          None, perm.p, None)  # fmt: skip
+                          None, perm.p, None, perm.p_min)  # fmt: skip
     mde = trimmed_mde(b, t, paired=paired, trim=trim, alpha=alpha)
     p = _t_p(ci)
     p_method = (f"{ci_method} (permutation check: {'exact' if perm.exact else 'Monte Carlo'} {kind} "
                 f"over {perm.n_relabellings})")
+    fragile, floor = t_not_robust(b, t, paired), None
+    if fragile:  # the t test alone is not trusted: never below the exchangeable runs' own test
+        p, floor = max(p, perm.p), perm.p_min
+        p_method = f"the larger of the {ci_method}'s p and the {how}'s ({fragile})"
+        mde = None if floor >= alpha else mde
     poi = float(probability_of_improvement(b, t))
     poi_lo, poi_hi = stratified_bootstrap_ci(
         b, t, probability_of_improvement, n_boot=n_boot, rng=rng, alpha=alpha
     )
     return Comparison(
         stat, b.size, t.size, bv, tv, ci.estimate, ci.low, ci.high, ci_method, alpha, p, p_method,
-        perm.p_min, poi, poi_lo, poi_hi, True, "", bool(p < alpha), paired, ci.df, perm.p, mde,
+        perm.p_min, poi, poi_lo, poi_hi, True, f"p is the larger of the t test's and the {how}'s: {fragile}"
+        if fragile else "", bool(p < alpha), paired, ci.df, perm.p, mde, floor,
     )  # fmt: skip

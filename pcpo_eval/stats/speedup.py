@@ -286,7 +286,11 @@ class Speedup:
     * ``p_method``: ``paired t`` / ``Welch t``, or, when the runs have no spread but every per-seed
       difference (paired) or the two arms' constant values (unpaired) differ, the exact permutation
       test (``exact sign-flip permutation`` / ``exact relabelling permutation``): then ``p`` is
-      its p, there is no CI, and ``reason`` says so.
+      its p, there is no CI, and ``reason`` says so. Where the t test is not robust
+      (:func:`pcpo_eval.stats.runlevel.t_not_robust`: fewer than 3 runs in an arm, or one arm without
+      spread, e.g. a baseline whose runs never reach the target), ``p`` is the larger of the t test's and
+      the permutation test's of the epochs, ``reason`` says why, and ``p_floor`` is that test's smallest p
+      (at or above the level: no speed-up is detectable, and there is no MDE).
     """
 
     target: float
@@ -319,6 +323,7 @@ class Speedup:
     max_speedup: float | None = None
     reference_feasible: bool = True
     p_method: str = ""
+    p_floor: float | None = None
 
     @property
     def n_baseline(self) -> int:
@@ -432,6 +437,8 @@ def at_level(s: Speedup, level: float) -> Speedup:
     Rows without a t test (not estimable, or the exact permutation p) have neither and stay as they are."""
     if not s.estimable or s.ci_low is None or s.baseline_mean is None or s.earliest is None:
         return s
+    if s.p_floor is not None and s.p_floor >= level:
+        return replace(s, mde=None, seeds_for_reference=None)
     vb, vt = np.asarray(s.baseline_epochs), np.asarray(s.treatment_epochs)
     mde, need = _power(vb, vt, s.paired, s.baseline_mean, s.earliest, s.reference_effect, s.reference_feasible, level)
     return replace(s, mde=mde, seeds_for_reference=need)
@@ -481,7 +488,7 @@ def speedup_runs(
         why = (f"every per-seed difference is {float(vb[0] - vt[0]):+g} epochs" if paired else
                f"every baseline run takes {float(vb[0]):g} epochs, every treatment run {float(vt[0]):g}")
         return Speedup(**base, ci_low=None, ci_high=None, p=p, df=None, mde=None, seeds_for_reference=None,
-                       estimable=True, significant=bool(p < alpha), **feas,
+                       estimable=True, significant=bool(p < alpha), **feas, p_floor=p,
                        p_method=f"exact {how} permutation",
                        reason=f"CI not estimable ({why}: no spread); p is the exact {how} permutation test's")
     p, df, q, _, _ = _t_test(vb, vt, paired, alpha)
@@ -492,10 +499,33 @@ def speedup_runs(
     kept = clip_pieces(pieces, upper, lower)
     gap = (kept[0][1] - 1, kept[1][0] - 1) if len(kept) == 2 else (None, None)
     mde, need = _power(vb, vt, paired, mb, earliest, reference_effect, feas["reference_feasible"], alpha)
+    p, p_floor, p_method, why = _robust_p(vb, vt, paired, p)
+    if p_floor is not None and p_floor >= alpha:
+        mde, need = None, None
     return Speedup(**base, ci_low=kept[0][0] - 1, ci_high=kept[-1][1] - 1, p=p, df=df,
-                   mde=mde, seeds_for_reference=need, estimable=True, reason="",
+                   mde=mde, seeds_for_reference=need, estimable=True, reason=why,
                    significant=bool(p < alpha), ci_gap_low=gap[0], ci_gap_high=gap[1],
-                   ci_high_clipped=pieces[-1][1] > upper, ci_low_clipped=pieces[0][0] < lower, **feas, p_method="paired t" if paired else "Welch t")
+                   ci_high_clipped=pieces[-1][1] > upper, ci_low_clipped=pieces[0][0] < lower, **feas,
+                   p_method=p_method, p_floor=p_floor)
+
+
+def _robust_p(vb: np.ndarray, vt: np.ndarray, paired: bool, p_t: float) -> tuple[float, float | None, str, str]:
+    """(p, floor, method, reason) of a speed-up's test: the t test's p, or where it is not robust
+    (:func:`pcpo_eval.stats.runlevel.t_not_robust`) the larger of it and the exact (else Monte Carlo, seeded)
+    permutation test's of the epochs, with that test's floor. Before, a baseline that never reached the
+    target (3 runs at tau) against treatment runs at 20, 21, 22 epochs gave Welch's p = 0.0009, where the
+    same treatment runs all at 20 (stronger evidence) gave the exact test's 0.1."""
+    from pcpo_eval.stats.runlevel import permutation_test, sign_flip_test, t_not_robust
+
+    t_method = "paired t" if paired else "Welch t"
+    why = t_not_robust(vb, vt, paired)
+    if not why:
+        return p_t, None, t_method, ""
+    rng = np.random.default_rng(0)  # used only beyond the exact enumeration's limit
+    perm = sign_flip_test(vt - vb, rng=rng) if paired else permutation_test(vb, vt, rng=rng)
+    how = f"{'exact' if perm.exact else 'Monte Carlo'} {'sign-flip' if paired else 'relabelling'} permutation"
+    return (max(p_t, perm.p), perm.p_min, f"the larger of the {t_method}'s p and the {how} test's",
+            f"p is the larger of the {t_method}'s and the {how} test's: {why}")
 
 
 @dataclass(frozen=True)

@@ -347,7 +347,9 @@ def comparison_sentence(v: Verdict, c: Comparison, label: str) -> str:
     else:
         d = _ci_decimals(c.estimate, c.ci_low, c.ci_high)
         ci = f"{what}{c.estimate:+.{d}f}, {_level(c.alpha)} CI {c.ci_low:+.{d}f} to {c.ci_high:+.{d}f}, {design}"
-    power = f"; {detectable(v)}: ±{c.mde:.{d}f}" if c.mde is not None else ""
+        ci += f"; {c.reason}" if c.reason else ""  # the t test not trusted alone (runlevel.t_not_robust)
+    power = (f"; {detectable(v)}: ±{c.mde:.{d}f}" if c.mde is not None else
+             _undetectable(v, c.p_floor, "effect", c.alpha) if c.p_floor is not None or c.ci_low is None else "")
     if not v.significant:
         return (f"no evidence of a difference in {label} between {t} and {b} ({ci}{_p_text(v)}{power})"
                 f"{_why_not(v, c.significant, c.ci_low is not None)}")
@@ -363,6 +365,22 @@ def _epochs(x: float | None) -> str:
     return "?" if x is None else f"{x:.1f}"
 
 
+def _undetectable(v: Verdict, floor: float | None, what: str, alpha: float) -> str:
+    """The power clause of a row without an MDE: the exact test's floor when it cannot reach the family's
+    level (``mde_level``, else ``alpha``; :attr:`pcpo_eval.stats.runlevel.Comparison.p_floor`), else that
+    no spread was measured."""
+    level = float(v.details.get("mde_level") or alpha)
+    if floor is not None and floor >= level:
+        return (f"; no {what} is detectable with {_seeds(v)}: the exact permutation test's smallest p is "
+                f"{floor:.2g}, not below {level:.3g}")
+    return f"; no spread measured, so no detectable {what}"
+
+
+def _seeds(v: Verdict) -> str:
+    n = min(v.n_baseline_runs, v.n_treatment_runs)
+    return f"{n} seed{'s' if n != 1 else ''} per arm"
+
+
 def detectable(v: Verdict) -> str:
     """"detectable at 80% power", naming the Holm family when the MDE is at its level ``alpha / m``."""
     m = int(v.details.get("family_size") or 1)
@@ -374,6 +392,8 @@ def _speedup_power(v: Verdict, s: Speedup) -> tuple[str, str]:
     the MDE exceeds the largest possible speed-up (:attr:`Speedup.max_speedup`: no run reaches a target
     before its first full-window epoch); the seeds a 25% speed-up needs, or that it is not possible.
     With the exact permutation p there is no spread to plan with, and neither is given."""
+    if s.p_floor is not None and s.p_floor >= float(v.details.get("mde_level") or s.alpha):
+        return _undetectable(v, s.p_floor, "speed-up", s.alpha), ""
     if s.ci_low is None:  # estimable without a CI: the exact permutation p (Speedup.p_method)
         return "; no spread measured, so no detectable effect or seed count", ""
     limit = f" (at most {pct(s.max_speedup)} is possible with this window and baseline)" if s.max_speedup is not None else ""
@@ -397,7 +417,7 @@ def speedup_sentence(v: Verdict, s: Speedup, kind: str) -> str:
             ((s.n_censored_treatment, s.n_treatment, t), (s.n_censored_baseline, s.n_baseline, b)) if n]
     epochs = (f"{t} {_epochs(s.treatment_mean)} vs {b} {_epochs(s.baseline_mean)} epochs (restricted mean to epoch {s.tau}"
               + (f"; {', '.join(cens)}" if cens else "") + ")")
-    ci = f"speed-up {pct(s.estimate)}, {ci_text(s)}"
+    ci = f"speed-up {pct(s.estimate)}, {ci_text(s)}" + (f"; {s.reason}" if s.reason and s.ci_low is not None else "")
     power, need = _speedup_power(v, s)
     tail = f"{ci}, {_design(s.paired, s.n_treatment, s.n_baseline)}{_p_text(v)}{power}{need}"
     if not v.significant:
@@ -422,7 +442,7 @@ def _speedup(cell: str, b: Sequence[RunCurve], t: Sequence[RunCurve], paired: bo
                "reference_speedup": REFERENCE_SPEEDUP, "seeds_for_reference": s.seeds_for_reference,
                "reference_feasible": s.reference_feasible, "max_speedup": s.max_speedup, "p_method": s.p_method,
                "ci_gap": [s.ci_gap_low, s.ci_gap_high], "ci_high_clipped": s.ci_high_clipped,
-               "ci_low_clipped": s.ci_low_clipped}
+               "ci_low_clipped": s.ci_low_clipped, "p_floor": s.p_floor}
     v = Verdict(cell, quantity_name(kind, target), *names, s.estimate, s.ci_low, s.ci_high, s.n_baseline, s.n_treatment,
                 s.p, s.estimable, s.reason, s.significant, "", s.paired, s.mde, "secondary", None,
                 s.p if s.p_method.startswith("exact") else None,
@@ -432,7 +452,7 @@ def _speedup(cell: str, b: Sequence[RunCurve], t: Sequence[RunCurve], paired: bo
 
 def _comparison(cell: str, q: str, c: Comparison, names: tuple[str, str]) -> Verdict:
     details = {"df": c.df, "ci_method": c.ci_method, "p_method": c.p_method, "p_min_permutation": c.p_min,
-               "poi": c.poi, "poi_ci": [c.poi_ci_low, c.poi_ci_high], "stat": c.stat}
+               "poi": c.poi, "poi_ci": [c.poi_ci_low, c.poi_ci_high], "stat": c.stat, "p_floor": c.p_floor}
     return Verdict(cell, q, *names, c.estimate, c.ci_low, c.ci_high, c.n_baseline, c.n_treatment, c.p, c.estimable,
                    c.reason, c.significant, "", c.paired, c.mde, "secondary", None, c.p_permutation,
                    c.baseline_value, c.treatment_value, details)  # fmt: skip
