@@ -204,12 +204,20 @@ def _control_means(runs: Sequence[RunCurve]) -> np.ndarray:
     return np.asarray([float(np.nanmean(r.control)) for r in runs], dtype=np.float64)
 
 
+#: The verdict rows measured on the raw reward, which an untrained sampler's offset moves without any learning.
+RAW_REWARD_ROWS = ("final_reward", "auc")
+
+
 def _raw_speedup_explained(sp: StudySpec, cell: str, diff: float, significant: bool,
                            rows: Sequence[dict[str, Any]]) -> str:
-    """A sentence when a significant raw-reward speed-up goes the sampler offset's way and learning does not
-    (a raw-reward speed-up without evidence needs no explanation)."""
-    raw = [r for r in rows if r["cell"] == cell and r["quantity"].startswith("speedup_reward:") and r["significant"]
-           and r["estimate"] is not None and r["estimate"] * diff > 0]
+    """A sentence when a significant raw-reward row (a raw-reward speed-up, the final reward, the reward
+    AUC) goes the sampler offset's way and learning does not (a raw-reward row without evidence needs no
+    explanation). Before, only speed-ups were explained: a frozen PCPO whose sampler scored 0.15 higher
+    untrained, against a learning DDPO (8 paired seeds), had a "higher final reward" and "higher reward AUC"
+    (p = 3.5e-05) with nothing pointing at the sampler."""
+    raw = [r for r in rows if r["cell"] == cell and r["significant"] and r["estimate"] is not None
+           and (r["quantity"].startswith("speedup_reward:") or r["quantity"] in RAW_REWARD_ROWS)
+           and r["estimate"] * diff > 0]
     if not raw or not significant:
         return ""
     gain = [r for r in rows if r["cell"] == cell and r["quantity"].startswith("speedup_gain:") and r["significant"]
@@ -217,9 +225,12 @@ def _raw_speedup_explained(sp: StudySpec, cell: str, diff: float, significant: b
     learned = next((r for r in rows if r["cell"] == cell and r["quantity"] == "paired_gain"), None)
     if gain or (learned is not None and learned["significant"] and (learned["estimate"] or 0) * diff > 0):
         return ""
-    speeds = ", ".join(f"{r['quantity'].split(':')[1]}: {pct(r['estimate'])}" for r in raw)
+    names = {"final_reward": "final reward", "auc": "reward AUC"}
+    what = ", ".join(f"speed-up to {r['quantity'].split(':')[1]}: {pct(r['estimate'])}" if r["quantity"] not in names
+                     else f"{names[r['quantity']]}: {r['estimate']:+.3g}" for r in raw)
+    head = "raw-reward speed-up" if all(r["quantity"] not in names for r in raw) else "raw-reward difference"
     who = sp.pcpo if diff > 0 else sp.baseline
-    return (f"The raw-reward speed-up ({speeds}) is the sampler's, not learning: untrained, {who}'s sampler "
+    return (f"The {head} ({what}) is the sampler's, not learning: untrained, {who}'s sampler "
             f"already scores {abs(diff):.3g} higher (paired by seed), and no learning measure (paired gain, gain "
             "speed-up) shows a difference in that direction.")
 

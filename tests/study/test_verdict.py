@@ -272,7 +272,8 @@ def test_sampler_offset_is_named_not_passed_for_a_speedup(tmp_path, fakes):
     assert not by_q["speedup_gain:0.3"]["significant"]  # ... and so is the learning speed
     off = res["sampler_offset"]["all"]
     assert off["difference"] == pytest.approx(0.2, abs=0.01) and off["significant"] and not off["paired"]
-    assert off["explains_raw_speedup"].startswith("The raw-reward speed-up (0.5: +")
+    assert off["explains_raw_speedup"].startswith("The raw-reward difference (")  # final reward and AUC too
+    assert "speed-up to 0.5: +" in off["explains_raw_speedup"]
     assert "is the sampler's, not learning" in res["headline"]
 
 
@@ -297,6 +298,32 @@ def test_frozen_arm_is_never_called_fast(tmp_path, fakes):
             assert v["estimate"] < 0 and v["details"]["n_censored_treatment"] == 3  # never reaches it
     assert by_q["paired_gain"]["significant"] and by_q["paired_gain"]["estimate"] < 0
     assert "Frozen's paired gain is lower than DDPO's" in res["headline"]
+
+
+def test_a_frozen_arm_with_a_better_sampler_is_not_called_better(tmp_path, fakes):
+    """A frozen policy whose untrained sampler scores 0.15 higher than the learning baseline's: its raw
+    final reward and reward AUC are higher (the sampler's offset), its paired gain lower. The raw rows must
+    be explained as the sampler's, in the offset block and the headline (before, only raw speed-ups were:
+    'Frozen's reward AUC is higher than DDPO's' stood with nothing pointing at the sampler)."""
+    def frozen(epochs: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        ctrl = 0.40 + rng.normal(0, 0.005, epochs)
+        return ctrl.copy(), ctrl
+
+    fakes.curves = {"DDPO": rising(0.01, run_sd=0.002, control=0.25), "Frozen": frozen}
+    res = _study(tmp_path, **{**AA, "design": {"algorithm": {"DDPO": {"objective": "ppo_clip"},
+                                                             "Frozen": {"objective": "ppo_clip", "learning_rate": 1e-12}}},
+                              "compare": {"factor": "algorithm", "baseline": "DDPO", "pcpo": "Frozen"}},
+                 seeds=[0, 1, 2], targets=[0.38], gain_targets=[0.05], select_target=0.3)
+    by_q = {v["quantity"]: v for v in res["verdict"]}
+    assert by_q["paired_gain"]["significant"] and by_q["paired_gain"]["estimate"] < 0  # it learns nothing
+    raw = [q for q in ("final_reward", "auc") if by_q[q]["significant"] and by_q[q]["estimate"] > 0]
+    assert raw, by_q  # the raw reward reads higher: the sampler's offset
+    off = res["sampler_offset"]["all"]
+    assert off["significant"] and off["difference"] == pytest.approx(0.15, abs=0.01)
+    assert off["explains_raw_speedup"].startswith("The raw-reward difference (")
+    for q in raw:
+        assert {"final_reward": "final reward: +", "auc": "reward AUC: +"}[q] in off["explains_raw_speedup"]
+    assert "is the sampler's, not learning" in res["headline"]
 
 
 # ------------------------------------------------------------------------------------------------
