@@ -516,6 +516,24 @@ def gate_reason(prim: Sequence[Verdict]) -> str:
     return f"the primary endpoint ({r.quantity}){where} {what}"
 
 
+def _check_common_last_epoch(runs: Sequence[RunCurve], baseline: str, arms: Sequence[str]) -> None:
+    """UserError when the compared runs of a cell end at different epochs: the final reward, AUC and paired
+    gain would compare different stages of training (an A/A table whose PCPO logs stop at epoch 8 and DDPO's
+    run to 40 read 'PCPO's paired gain is lower', p = 0.0005). ``pcpo-eval study`` cuts its runs to a
+    common last epoch first and says so (``study.verdicts.runs_table``)."""
+    for cell in sorted({r.cell for r in runs}):
+        last = {}
+        for r in runs:
+            if r.cell == cell and r.arm in (baseline, *arms):
+                last.setdefault(r.arm, set()).add(int(r.epochs[-1]))
+        ends = sorted({e for v in last.values() for e in v})
+        if len(ends) > 1:
+            which = ", ".join(f"{a}: {'/'.join(map(str, sorted(v)))}" for a, v in last.items())
+            raise UserError(f"cell {cell!r}: the compared runs end at different epochs ({which}); cut the table to "
+                            f"a common last epoch first (e.g. table[table['epoch'] <= {ends[0]}]), as `pcpo-eval "
+                            "study` does, so every run is compared at the same stage of training")
+
+
 def verdict_rows(
     table: pd.DataFrame,
     baseline: str,
@@ -533,11 +551,13 @@ def verdict_rows(
     n_boot: int = 2000,
 ) -> tuple[Verdict, ...]:
     """Verdicts for every cell x treatment arm: the quantities, then the informative gain and reward
-    targets (:func:`target_status`); families adjusted, sentences written (module docstring)."""
+    targets (:func:`target_status`); families adjusted, sentences written (module docstring). The compared
+    runs of a cell must end at one epoch (a UserError names them otherwise)."""
     runs = run_curves(table)
     has_control = runs[0].control is not None
     qs = _quantities(quantities, has_control)
     arms = _arms(runs, baseline, treatments)
+    _check_common_last_epoch(runs, baseline, arms)
     status = target_status(runs, targets, gain_targets, window)
     speed = [(s["curve"], s["target"]) for s in status if s["headline"]]
     speed = [x for x in speed if x[0] == "gain"] + [x for x in speed if x[0] == "reward"]

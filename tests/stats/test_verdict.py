@@ -579,3 +579,15 @@ def test_a_run_missing_epochs_is_not_averaged_across_the_gap_by_verdict_rows():
     assert rows["paired_gain"].estimable and rows["final_reward"].estimable  # the last 5 epochs are all logged
     (curve,) = [r for r in run_curves(gapped) if r.arm == "PCPO" and r.seed == "0"]
     assert curve.epochs.tolist() == list(range(1, N_EPOCHS + 1)) and np.isnan(curve.reward[8:12]).all()
+
+
+def test_runs_of_unequal_length_are_refused_not_compared():
+    """An A/A table whose PCPO logs stop at epoch 8 while DDPO's run to 40 read "PCPO's paired gain is lower"
+    (p = 0.0005) before: the compared runs of a cell must end at one epoch; cut, the same table is A/A again."""
+    tab = _study(5, gain_t=1.0)
+    short = tab[(tab["arm"] == "DDPO") | (tab["epoch"] <= 8)]
+    with pytest.raises(UserError, match=r"cell 'hps': the compared runs end at different epochs \(DDPO: 40, PCPO: 8\)"
+                                        r".*table\['epoch'\] <= 8"):
+        verdict_rows(short, "DDPO", rng=np.random.default_rng(0), n_boot=10)
+    rows = verdict_rows(short[short["epoch"] <= 8], "DDPO", rng=np.random.default_rng(0), n_boot=10)
+    assert rows and all(r.estimable for r in rows)
