@@ -287,7 +287,7 @@ class Speedup:
       difference (paired) or the two arms' constant values (unpaired) differ, the exact permutation
       test (``exact sign-flip permutation`` / ``exact relabelling permutation``): then ``p`` is
       its p, there is no CI, and ``reason`` says so. Where the t test is not robust
-      (:func:`pcpo_eval.stats.runlevel.t_not_robust`: fewer than 3 runs in an arm, or one arm without
+      (:func:`pcpo_eval.stats.permutation.t_not_robust`: fewer than 3 runs in an arm, or one arm without
       spread, e.g. a baseline whose runs never reach the target), ``p`` is the larger of the t test's and
       the permutation test's of the epochs, ``reason`` says why, and ``p_floor`` is that test's smallest p
       (at or above the level: no speed-up is detectable, and there is no MDE).
@@ -511,11 +511,11 @@ def speedup_runs(
 
 def _robust_p(vb: np.ndarray, vt: np.ndarray, paired: bool, p_t: float) -> tuple[float, float | None, str, str]:
     """(p, floor, method, reason) of a speed-up's test: the t test's p, or where it is not robust
-    (:func:`pcpo_eval.stats.runlevel.t_not_robust`) the larger of it and the exact (else Monte Carlo, seeded)
+    (:func:`pcpo_eval.stats.permutation.t_not_robust`) the larger of it and the exact (else Monte Carlo, seeded)
     permutation test's of the epochs, with that test's floor. Before, a baseline that never reached the
     target (3 runs at tau) against treatment runs at 20, 21, 22 epochs gave Welch's p = 0.0009, where the
     same treatment runs all at 20 (stronger evidence) gave the exact test's 0.1."""
-    from pcpo_eval.stats.runlevel import permutation_test, sign_flip_test, t_not_robust
+    from pcpo_eval.stats.permutation import permutation_test, sign_flip_test, t_not_robust
 
     t_method = "paired t" if paired else "Welch t"
     why = t_not_robust(vb, vt, paired)

@@ -347,7 +347,7 @@ def comparison_sentence(v: Verdict, c: Comparison, label: str) -> str:
     else:
         d = _ci_decimals(c.estimate, c.ci_low, c.ci_high)
         ci = f"{what}{c.estimate:+.{d}f}, {_level(c.alpha)} CI {c.ci_low:+.{d}f} to {c.ci_high:+.{d}f}, {design}"
-        ci += f"; {c.reason}" if c.reason else ""  # the t test not trusted alone (runlevel.t_not_robust)
+        ci += f"; {c.reason}" if c.reason else ""  # the t test not trusted alone (permutation.t_not_robust)
     power = (f"; {detectable(v)}: ±{c.mde:.{d}f}" if c.mde is not None else
              _undetectable(v, c.p_floor, "effect", c.alpha) if c.p_floor is not None or c.ci_low is None else "")
     if not v.significant:

@@ -81,7 +81,7 @@ def test_iqm_poi_and_welch_yuen_intervals_match_scipy(nb, nt):
         ci = ref.confidence_interval(0.95)
         np.testing.assert_allclose([ours.low, ours.high, ours.df], [ci.low, ci.high, ref.df], rtol=1e-10)
         c = compare_runs(b, t, "iqm" if trim else "mean", n_boot=50, rng=rng)
-        # 2 runs in an arm: the t test is not trusted alone (runlevel.t_not_robust), p is never below the
+        # 2 runs in an arm: the t test is not trusted alone (permutation.t_not_robust), p is never below the
         # exact relabelling test's
         want = ref.pvalue if min(nb, nt) >= 3 else max(ref.pvalue, c.p_permutation)
         assert not c.paired and c.p == pytest.approx(want, rel=1e-10)
@@ -173,7 +173,7 @@ def test_paired_compare_is_the_paired_t_test(n):
     ci = rel.confidence_interval(0.95)
     assert c.paired and c.estimable and c.ci_method == "paired t" and c.df == n - 1
     assert rel.pvalue == pytest.approx(one.pvalue, rel=1e-10)
-    # 2 seeds: the t test is not trusted alone (runlevel.t_not_robust), p is never below the sign-flip test's
+    # 2 seeds: the t test is not trusted alone (permutation.t_not_robust), p is never below the sign-flip test's
     assert c.p == pytest.approx(rel.pvalue if n >= 3 else max(rel.pvalue, c.p_permutation), rel=1e-10)
     np.testing.assert_allclose([c.ci_low, c.ci_high], [ci.low, ci.high], rtol=1e-10)
     assert c.estimate == pytest.approx(np.mean(t - b))

@@ -221,7 +221,7 @@ def test_ci_excludes_zero_exactly_when_p_below_alpha():
             vb, vt = np.array(s.baseline_epochs), np.array(s.treatment_epochs)
             ref = scipy.stats.ttest_rel(vb, vt) if paired else scipy.stats.ttest_ind(vb, vt, equal_var=False)
             if s.p_floor is not None:  # an arm without spread (every run censored, say): the t test is not
-                # trusted alone, p is never below the exact relabelling test's (runlevel.t_not_robust)
+                # trusted alone, p is never below the exact relabelling test's (permutation.t_not_robust)
                 assert not paired and "the same value" in s.reason and s.p >= max(ref.pvalue, s.p_floor) - 1e-12
                 assert not s.significant or not any(lo <= 0 <= hi for lo, hi in [(s.ci_low, s.ci_high)])
                 n_robust += 1

@@ -415,7 +415,7 @@ def _learn_or_collapse(rng: np.random.Generator, n: int, paired: bool, n_epochs:
 @pytest.mark.parametrize("paired", [True, False])
 def test_aa_learn_or_collapse_runs_keep_alpha_at_2_and_3_seeds(paired):
     """300 A/A studies per seed count (seed 20261127), default primary and a speed-up as the primary. Before
-    the t test was bounded by the exact permutation test below 3 runs per arm (``runlevel.t_not_robust``),
+    the t test was bounded by the exact permutation test below 3 runs per arm (``permutation.t_not_robust``),
     the paired t on 2 seeds called 9.8% of 1000 such studies significant (unpaired: 10.8%). Measured now,
     300 studies each: 0% at 2 seeds (the exact floor, 1/2 paired and 1/3 unpaired, is above alpha); at 3
     seeds paired 3.7% (default primary) and 5.0% (speed-up primary), unpaired 2.3% and 0.3%."""
