@@ -25,7 +25,7 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -106,14 +106,17 @@ def check_name_lengths(p: Path, what: str, folder: bool = True) -> None:
                         f"{path_max - 1} here); choose a shorter path")
 
 
-def check_out_path(path: str | os.PathLike, what: str = "--out", folder: bool = True) -> Path:
+def check_out_path(path: str | os.PathLike, what: str = "--out", folder: bool = True,
+                   inputs: Iterable[str | os.PathLike] = ()) -> Path:
     """Check, without writing anything, that output ``path`` (a folder, or a file) can be written.
 
     Raises a one-line UserError when a folder is expected and ``path`` is a file (or the other
-    way round), when a parent is a plain file, or when the nearest existing folder is not writable
-    -- so a command fails before it computes or writes anything. Returns ``Path(path)``.
+    way round), when a parent is a plain file, when the nearest existing folder is not writable, or when
+    the output would overwrite one of the command's ``inputs`` (:func:`check_not_an_input`) -- so a
+    command fails before it computes or writes anything. Returns ``Path(path)``.
     """
     p = Path(path)
+    check_not_an_input(p, what, inputs)
     check_name_lengths(p, what, folder)
     if p.exists() and folder and not p.is_dir():
         raise UserError(f"{what} {p} is a file, not a folder; choose a folder path")
@@ -126,6 +129,19 @@ def check_out_path(path: str | os.PathLike, what: str = "--out", folder: bool = 
     if not os.access(anc, os.W_OK | os.X_OK):
         raise UserError(f"{what} {p}: permission denied in {anc}; choose a folder you can write")
     return p
+
+
+def check_not_an_input(out: Path, what: str, inputs: Iterable[str | os.PathLike]) -> None:
+    """UserError when output ``out`` is one of ``inputs`` (a file or a folder), lies inside an input folder
+    where something already exists (it would replace that file, or write into that folder: a run's
+    ``log.parquet``, a study's ``results.json``, an image set's ``images/``). Before, ``speedup --output RUN/log.parquet`` replaced a
+    training log with JSON and ``human simulate --output HUMAN/pairs.parquet`` a design's pairs, exit 0."""
+    o = out.resolve()
+    for i in inputs:
+        src = Path(i).resolve()
+        if o == src or (src.is_dir() and o.is_relative_to(src) and o.exists()):
+            raise UserError(f"{what} {out} would overwrite {i}, an input of this command; choose an output "
+                            "path outside the inputs")
 
 
 @contextlib.contextmanager
@@ -153,6 +169,36 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb") -> Iterator[Any]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def atomic_write_files(files: Sequence[tuple[str | os.PathLike, Callable[[Any], None]]],
+                       before_commit: Callable[[], None] | None = None) -> None:
+    """Write a group of files that must change together: each ``(path, write)`` is written (``write(fh)``)
+    to its temporary name first; only when all are written does ``before_commit`` run (e.g. removing a
+    completion marker) and every temporary file get renamed over its path, in order (renames need no
+    space). A failure while writing (a full disk, an interrupt) leaves every old file as it was. Before, a
+    full disk in ``metrics`` removed the old ``metrics.json``, replaced one table and kept the other."""
+    staged: list[tuple[str, Path]] = []
+    try:
+        for path, write in files:
+            path = Path(path)
+            ensure_dir(path.parent, "folder")
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+            staged.append((tmp, path))
+            os.chmod(tmp, file_mode())
+            with os.fdopen(fd, "wb") as fh:
+                write(fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+    except BaseException:
+        for tmp, _ in staged:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        raise
+    if before_commit is not None:
+        before_commit()
+    for tmp, path in staged:
+        os.replace(tmp, path)
 
 
 @contextlib.contextmanager
@@ -289,9 +335,14 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def json_text(obj: Any) -> str:
+    """``obj`` as the indented JSON every file of ours holds (numpy scalars and paths converted)."""
+    return json.dumps(obj, indent=2, sort_keys=False, default=_json_default) + "\n"
+
+
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
     """Write ``obj`` as indented JSON to ``path`` atomically."""
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=_json_default) + "\n")
+    atomic_write_text(path, json_text(obj))
 
 
 def atomic_write_parquet(path: str | os.PathLike, df: Any) -> None:

@@ -61,6 +61,15 @@ def results_path(study_dir: str | Path) -> Path:
     return Path(study_dir) / RESULTS_FILE
 
 
+def study_data_paths(study_dir: str | Path) -> list[Path]:
+    """What a study folder holds that its outputs (the report, figures) must never overwrite: the spec,
+    its state, selection, results and human sections, and the folders of runs, sets, metrics and logs
+    (:func:`pcpo_eval.io.check_not_an_input`)."""
+    d = Path(study_dir)
+    return [d / name for name in (RESULTS_FILE, SPEC_FILE, SPEC_COPY_FILE, SELECTION_FILE, HUMAN_FILE, STATE_FILE,
+                                  RUNS_DIR, "sets", "metrics", "pref_sets", "pref_metrics", "grid_sets", "logs")]
+
+
 def write_results(study_dir: str | Path, results: dict[str, Any]) -> Path:
     """The one writer of ``STUDY/results.json`` (the study's stats stage; ``human analyze`` adds its
     section); atomic."""

@@ -170,6 +170,13 @@ class HumanLayout:
         """Where the analysis of simulated responses goes (never the study's report)."""
         return self.root / "rehearsal"
 
+    def data_paths(self, responses: bool = True) -> list[Path]:
+        """What an output of ``human simulate`` / ``export`` must never overwrite (:func:`pcpo_eval.io.check_not_an_input`):
+        the design or bundle, the pairs, the images, the database, the analysis, the address, and (unless
+        ``responses`` is False: ``export`` rewrites its own default) the exported responses."""
+        return [self.design, self.bundle, self.pairs, self.images, self.database, self.analysis, self.server,
+                self.root / "sets", *([self.responses] if responses else [])]
+
 
 def design_comparison_seeds(design: dict, where: Path | str) -> str:
     """``comparison_seeds`` of a ``design.json`` mapping (absent: a design written before the setting,

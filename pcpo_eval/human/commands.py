@@ -195,7 +195,8 @@ def export_cmd(
     from pcpo_eval.human.db import database_errors, export_parquet
     from pcpo_eval.io import check_out_path
 
-    path = check_out_path(output or HumanLayout(folder).responses, "--output", folder=False)
+    path = check_out_path(output or HumanLayout(folder).responses, "--output", folder=False,
+                          inputs=HumanLayout(folder).data_paths(responses=False))
     url = _database(folder, database_url)
     with database_errors(url):
         written = export_parquet(url, path)
@@ -215,13 +216,14 @@ def simulate_cmd(
 
     The file is marked simulated (a ``simulated`` column): `human analyze --responses` on it writes
     to HUMAN/rehearsal/ and labels everything SIMULATED, never the study's report."""
+    from pcpo_eval.human import HumanLayout
     from pcpo_eval.human.design import read_design
     from pcpo_eval.human.simulate import simulate_responses
     from pcpo_eval.io import atomic_write_parquet, check_out_path
 
     _, pairs = read_design(folder)
     p = _parse_prefer(prefer, set(pairs["left_method"]) | set(pairs["right_method"]))
-    check_out_path(output, "--output", folder=False)
+    check_out_path(output, "--output", folder=False, inputs=HumanLayout(folder).data_paths())
     if raters < 1 or per_rater < 1:
         raise UserError("--raters and --per-rater must be >= 1")
     df = simulate_responses(pairs, raters, per_rater, p or 0.5, rng_seed)

@@ -62,6 +62,7 @@ from pcpo_eval.human import (
     shown_png,
 )
 from pcpo_eval.human.settings import ASSIGNMENT_KEYED
+from pcpo_eval.human.tables import validate_pairs
 from pcpo_eval.io import atomic_dir, atomic_write_json, atomic_write_parquet, check_finite, check_out_path
 from pcpo_eval.rundir import checkpoint_dir
 from pcpo_eval.studydir import StudyLayout, StudyView
@@ -904,9 +905,14 @@ def read_design(root: str | Path) -> tuple[dict[str, Any], pd.DataFrame]:
     if not lay.design.is_file() or not lay.pairs.is_file():
         raise UserError(f"{lay.root} holds no finished human design (design.json / pairs.parquet missing); "
                         f"run `pcpo-eval human design STUDY --out {lay.root}` first")
-    design = json.loads(lay.design.read_text())
+    try:
+        design = json.loads(lay.design.read_text())
+        pairs = pd.read_parquet(lay.pairs)
+    except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+        raise UserError(f"cannot read the design in {lay.root} ({type(exc).__name__}: {first}); restore design.json "
+                        "and pairs.parquet from a copy, or re-run `pcpo-eval human design`") from None
     design_comparison_seeds(design, lay.design)
-    pairs = pd.read_parquet(lay.pairs)
     if pairs.empty:
         raise UserError(f"{lay.pairs} holds no pairs; re-run `pcpo-eval human design`")
-    return design, pairs
+    return design, validate_pairs(pairs)

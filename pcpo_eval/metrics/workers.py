@@ -38,10 +38,12 @@ from pcpo_eval.errors import UserError
 from pcpo_eval.features import FeatureExtractor, make_extractor
 from pcpo_eval.imageset import MANIFEST_FILE, ImageSet, check_min_images, check_same_prompts
 from pcpo_eval.io import (
+    TEMP_NAME,
     atomic_write,
-    atomic_write_json,
-    atomic_write_parquet,
+    atomic_write_files,
+    check_not_an_input,
     exclusive,
+    json_text,
     remove_stale_temps,
     sha256_file,
 )
@@ -52,7 +54,16 @@ from pcpo_eval.metrics.inception_score import InceptionScoreMetric
 from pcpo_eval.metrics.lpips_diversity import LpipsDiversityMetric
 from pcpo_eval.metrics.metric import EvalData, Metric, MetricValues
 from pcpo_eval.metrics.reward_score import RewardScoreMetric
-from pcpo_eval.metricsdir import lock_path, metrics_path, per_image_path, per_prompt_path
+from pcpo_eval.metricsdir import (
+    LOCK_FILE,
+    METRICS_FILE,
+    PER_IMAGE_FILE,
+    PER_PROMPT_FILE,
+    lock_path,
+    metrics_path,
+    per_image_path,
+    per_prompt_path,
+)
 from pcpo_eval.precision import matmul_precision, resolve_eval_precision
 
 #: catalogue kind -> Metric class (add a kind: one file with its class, one entry here)
@@ -319,27 +330,57 @@ def _measure(
 
 
 def write_outputs(result: MetricsResult, out_dir: str | Path) -> None:
-    """Rank 0 writes the Parquet tables, then ``metrics.json`` (each atomically). A ``metrics.json``
-    already there is removed first: a folder with one is complete (:mod:`pcpo_eval.metricsdir`), so
-    an interrupted rewrite must not leave new tables beside the old values. The three writes hold the
-    folder's lock (:func:`pcpo_eval.io.exclusive`): two runs into one ``--out`` (other sets, other
-    metrics) take turns, so the folder ends as one run's files, never one's tables beside the other's
-    ``metrics.json``."""
+    """Rank 0 writes the Parquet tables and ``metrics.json`` as one group (:func:`pcpo_eval.io.atomic_write_files`):
+    all three are written to temporary names first, then a ``metrics.json`` already there is removed and
+    the tables and, last, ``metrics.json`` are renamed into place. A folder with ``metrics.json`` is complete
+    (:mod:`pcpo_eval.metricsdir`): an interrupted or failed rewrite (a full disk) leaves the old three, or
+    new tables without a ``metrics.json``, never new tables beside old values. The writes hold the
+    folder's lock (:func:`pcpo_eval.io.exclusive`): two runs into one ``--out`` take turns."""
     if not dist.is_main():
         return
     out = Path(out_dir)
+    text = json_text(result.as_json()).encode()
     with exclusive(lock_path(out)):
-        metrics_path(out).unlink(missing_ok=True)
-        atomic_write_parquet(per_prompt_path(out), result.per_prompt)
-        atomic_write_parquet(per_image_path(out), result.per_image)
-        atomic_write_json(metrics_path(out), result.as_json())
+        atomic_write_files([(per_prompt_path(out), lambda fh: result.per_prompt.to_parquet(fh, index=False)),
+                            (per_image_path(out), lambda fh: result.per_image.to_parquet(fh, index=False)),
+                            (metrics_path(out), lambda fh: fh.write(text))],
+                           before_commit=lambda: metrics_path(out).unlink(missing_ok=True))
 
 
-def check_out_dir(out_dir: str | Path) -> None:
-    """UserError if ``out_dir`` cannot hold the outputs (checked before any work)."""
+#: What a metrics folder may hold besides temporary files: its outputs and lock.
+_METRICS_FOLDER_FILES = frozenset({METRICS_FILE, PER_PROMPT_FILE, PER_IMAGE_FILE, LOCK_FILE})
+
+
+def check_out_dir(out_dir: str | Path, image_set: str | Path | None = None,
+                  reference: str | Path | None = None) -> None:
+    """UserError if ``out_dir`` cannot hold the outputs (checked before any work): a file; a folder with
+    other content than a metrics folder's (a user's folder, an image set's ``images/``); a metrics folder
+    whose ``metrics.json`` belongs to another image set that still exists (its results would be replaced:
+    pass another ``--out``); an existing folder inside the image set or the reference. Before, each of these
+    was written into (or replaced) with exit 0."""
     out = Path(out_dir)
+    check_not_an_input(out, "--out", [p for p in (image_set, reference) if p is not None])
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} exists and is not a directory; choose a directory")
+    if not out.is_dir():
+        return
+    other = sorted(p.name for p in out.iterdir() if p.name not in _METRICS_FOLDER_FILES and not TEMP_NAME.match(p.name))
+    if other:
+        raise UserError(f"--out {out} holds other files ({', '.join(other[:3])}{', ...' if len(other) > 3 else ''}), "
+                        "not a metrics folder; choose an empty or new folder")
+    recorded = _recorded_image_set(out)  # a set moved or deleted since: nothing left to mix up
+    if (image_set is not None and recorded is not None and Path(recorded).is_dir()
+            and Path(recorded).resolve() != Path(image_set).resolve()):
+        raise UserError(f"--out {out} holds the metrics of another image set ({recorded}); choose another --out "
+                        "(or delete that folder to replace them)")
+
+
+def _recorded_image_set(out: Path) -> str | None:
+    """The image set a metrics folder's ``metrics.json`` was computed on (None: none, or unreadable)."""
+    try:
+        return str(json.loads(metrics_path(out).read_text())["settings"]["image_set"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def run_metrics(
@@ -351,7 +392,7 @@ def run_metrics(
 ) -> dict[str, Any]:
     """Compute ``metrics`` for ``image_set`` and (if ``out_dir``) write the three outputs."""
     if out_dir is not None:
-        check_out_dir(out_dir)
+        check_out_dir(out_dir, image_set, reference)
         if dist.is_main():
             remove_stale_temps(out_dir, recursive=False)
     result = compute_metrics(image_set, metrics, reference, options)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -21,11 +23,12 @@ def dumps(obj: Any) -> str:
     return json.dumps(to_jsonable(obj), indent=2, allow_nan=False)
 
 
-def _check_outputs(**files: str | None) -> None:
-    """Refuse unwritable output files (``--output``, ``--qq``) before anything is fitted or written."""
+def _check_outputs(inputs: Sequence[str | Path], **files: str | None) -> None:
+    """Refuse unwritable output files (``--output``, ``--qq``), and any that would overwrite an input (a
+    run's log, the data table), before anything is fitted or written."""
     for flag, path in files.items():
         if path:
-            check_out_path(path, f"--{flag}", folder=False)
+            check_out_path(path, f"--{flag}", folder=False, inputs=inputs)
 
 
 def _check_targets(targets: list[float]) -> None:
@@ -111,7 +114,9 @@ def lmm_cmd(
     from pcpo_eval.stats.design import read_table
     from pcpo_eval.stats.lmm import fit_lmm, fit_lmm_many, many_summary, qq_plot
 
-    _check_outputs(output=output, qq=qq)
+    if qq and Path(qq).suffix.lower() != ".png":
+        raise UserError(f"--qq {qq}: the Q-Q plot is written as PNG; give a file name ending in .png")
+    _check_outputs([data], output=output, qq=qq)
     df = read_table(data)
     if response:
         if "~" not in formula:
@@ -154,7 +159,7 @@ def speedup_cmd(
     """Epochs to reach each target and PCPO's speed-up (E_base / E_pcpo - 1) with a 95% CI, p and power."""
     from pcpo_eval.stats.speedup import speedup_table
 
-    _check_outputs(output=output)
+    _check_outputs([*baseline, *pcpo], output=output)
     if curve not in ("reward", "gain"):
         raise UserError(f"--curve must be reward or gain, got {curve!r}")
     _check_targets(target)
@@ -186,7 +191,7 @@ def select_cmd(
     """Reward-matched checkpoint per run (first to reach the target, else nearest), with the gap."""
     from pcpo_eval.stats.select import select_checkpoints
 
-    _check_outputs(output=output)
+    _check_outputs(run_dirs, output=output)
     _check_targets([target])
     sel = select_checkpoints(run_dirs, target, window, matched_to, on)
     js = dumps(sel.to_dict())

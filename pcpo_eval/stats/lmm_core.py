@@ -21,16 +21,31 @@ Deviances (lme4 eqs. 34, 41 and lmerTest ``devfun_vp``)::
     Cov(beta_hat)      =  sigma^2 (R_X' R_X)^{-1}
 
 Sparse Cholesky by block elimination. Z'Z, Z'X, X'X, Z'y, X'y and y'y are formed once; nothing
-per theta touches the n rows. The term with the most columns (the prompts, say) is ordered first:
+per theta touches the n rows. The term with the most columns (the images, say) is ordered first:
 its part of M is block diagonal (one k x k block per level, since each row has one level), so its
 Cholesky factor L11 is a batch of k x k factors. The off-diagonal block L21 = M21 L11^{-T} has the
-sparsity of M21, and the remaining terms (seeds, runs) see only the Schur complement
-S = M22 - L21 L21', factored densely. This is the factorization a sparse Cholesky finds for such
-designs with a good ordering, in numpy/scipy alone: per theta it costs 0.3 ms (32k rows) and
-~2 ms (1M rows) on the crossed design of ``benchmarks/bench_lmm_scale.py``, where CHOLMOD
-(scikit-sparse 0.4.16, which needs Debian's libsuitesparse-dev and a compile) took 0.08 / 6 ms
-simplicial and 0.6 / 95 ms supernodal, a small part of a fit either way. Its limit is the dense
-Schur complement: the columns outside the first term must stay below :data:`MAX_SCHUR`.
+sparsity of M21, and the remaining terms see only the Schur complement S = M22 - L21 L21'.
+
+A second elimination handles a term nested in the first (prompts, when each image has one
+prompt): detected exactly from the level codes (:func:`_nested_parent`: every level of the first
+term occurs with a single level of it), not by a numerical tolerance. Its part of Z'Z is block
+diagonal, and each column of L21 (a first-term level) touches only the rows of its one enclosing
+level, so its part of L21 L21' is block diagonal too (one k_p x k_p block per level): the nested
+term's part D of S is a batch of small blocks. With the dense remainder C (runs, crossed seeds)
+and B the nested x remainder part of S::
+
+    S = [[D, B], [B', C]],   L_S = [[chol(D), 0], [B' chol(D)^{-T}, chol(C - B' D^{-1} B)]]
+
+chol(D) is a batch of k_p x k_p factors and only C - B'D^{-1}B is factored densely, so a theta
+step costs O(first-term levels + nested levels x remainder columns + remainder columns^3)
+instead of O((nested + remainder columns)^3). Without a nested term (crossed designs) S is
+factored densely as a whole. This is the factorization a sparse Cholesky finds for such designs
+with a good ordering, in numpy/scipy alone: per theta it costs 0.3 ms (32k rows) and ~2 ms (1M
+rows) on the crossed design of ``benchmarks/bench_lmm_scale.py``, where CHOLMOD (scikit-sparse
+0.4.16, which needs Debian's libsuitesparse-dev and a compile) took 0.08 / 6 ms simplicial and
+0.6 / 95 ms supernodal, a small part of a fit either way. Its limit is the dense Schur
+complement: the columns outside the first term and the nested term must stay below
+:data:`MAX_SCHUR`. :data:`NESTED_ELIMINATION` switches the second elimination off (tests).
 """
 
 from __future__ import annotations
@@ -50,8 +65,14 @@ PWRSS_CANCEL_TOL = 1e-6
 #: diag(X'V^-1X) / diag(X'X) below which the blocked Cholesky solve is redone by QR.
 XTVX_CANCEL_TOL = 1e-8
 MAX_QR_CELLS = 5e7  # (n + q) x (q + p + 1) doubles for the QR fallback (400 MB)
-MAX_SCHUR = 6000  # random-effect columns outside the first term (dense Schur complement, 288 MB)
-DENSE_L21_CELLS = 1e7  # q2 x q1 cells up to which the off-diagonal block is kept dense (80 MB)
+#: Random-effect columns factored densely: outside the first term and the term nested in it
+#: (dense Schur complement, 288 MB).
+MAX_SCHUR = 6000
+#: q2 x q1 cells (q2: all columns outside the first term) up to which the rows of L21 outside
+#: the nested term are kept dense (80 MB); the nested term's rows are always sparse.
+DENSE_L21_CELLS = 1e7
+#: Eliminate a term nested in the first one blockwise (module docstring); False: dense Schur.
+NESTED_ELIMINATION = True
 _CACHE = 16  # PLS solutions kept per core (the Satterthwaite derivatives revisit thetas)
 BOUNDARY_TOL = 1e-5  # lme4: lmerControl(boundary.tol) and restart_edge's btol
 SINGULAR_TOL = 1e-4  # lme4: check.conv.singular tol (isSingular) on the diagonals of T
@@ -142,15 +163,25 @@ class PLSState:
 
 
 @dataclass(frozen=True)
+class _NestedFactor:
+    """The nested term's rows of L (module docstring); q_p = its columns, q_c = the dense rest's."""
+
+    l21: sp.csr_matrix  # (q_p, q1): one k_p x k1 block per first-term level, in its parent's rows
+    ld_inv: np.ndarray  # (m_p, k_p, k_p) inverses of the per-level factors of D
+    lcd_t: np.ndarray  # (q_p, q_c): (B' chol(D)^{-T})', the remainder's rows of L below chol(D)
+
+
+@dataclass(frozen=True)
 class _Factor:
     """Cholesky factor of M at one theta, in the block-elimination layout (module docstring)."""
 
     t1: np.ndarray  # T of the first term (k1, k1)
     t2: tuple[np.ndarray, ...]  # T of each other term, in ``_CrossProducts.rest`` order
     l11_inv: np.ndarray  # (m1, k1, k1) inverses of the per-level factors
-    l21: np.ndarray | sp.csr_matrix  # (q2, q1)
-    l22: np.ndarray  # (q2, q2)
+    l21: np.ndarray | sp.csr_matrix  # (q_c, q1): rows of the densely factored terms
+    l22: np.ndarray  # (q_c, q_c)
     logdet: float  # log|L|^2
+    nested: _NestedFactor | None  # the nested term's rows, None on the dense path
 
 
 def _zt_w(b: REBlock, w: np.ndarray) -> np.ndarray:
@@ -188,41 +219,108 @@ def _zt_z(bi: REBlock, bj: REBlock, dense: bool) -> np.ndarray | sp.csr_matrix:
     return sp.coo_matrix((vals.ravel(), (rows.ravel(), cols.ravel())), shape=(bi.q, bj.q)).tocsr()
 
 
+def _nested_parent(b1: REBlock, b: REBlock) -> np.ndarray | None:
+    """Level of ``b`` enclosing each level of ``b1`` (m1,), or None when ``b`` is not nested in it.
+
+    Exact, from the codes: nested when every row of a ``b1`` level has the same ``b`` level. Levels
+    of ``b1`` with no rows get parent 0 (their columns of Z'Z are zero).
+    """
+    parent = np.zeros(b1.n_levels, dtype=np.int64)
+    parent[b1.codes] = b.codes  # one of each level's rows wins; the check below compares them all
+    return parent if np.array_equal(parent[b1.codes], b.codes) else None
+
+
+def _find_nested(blocks: list[REBlock], first: int, rest: list[int]) -> tuple[int, np.ndarray] | None:
+    """(index, parent map) of the largest term nested in the first one (:func:`_nested_parent`)."""
+    if not NESTED_ELIMINATION:
+        return None
+    for i in sorted(rest, key=lambda i: -blocks[i].q):
+        parent = _nested_parent(blocks[first], blocks[i])
+        if parent is not None:
+            return i, parent
+    return None
+
+
+def _zt_z_by_first(b1: REBlock, b: REBlock) -> np.ndarray:
+    """Z_b'Z_1 of a term nested in the first, kept per first-term level (m1, k_b, k1): the only
+    nonzero block of column block l sits in the row block of l's parent."""
+    out = np.empty((b1.n_levels, b.k, b1.k))
+    for a, c in np.ndindex(b.k, b1.k):
+        out[:, a, c] = np.bincount(b1.codes, weights=b.design[:, a] * b1.design[:, c], minlength=b1.n_levels)
+    return out
+
+
+def _zt_z_dense(terms: list[REBlock]) -> np.ndarray:
+    """Z'Z (q, q) of the stacked terms, dense (the densely factored part of M22)."""
+    ro = np.cumsum([0] + [b.q for b in terms])
+    out = np.zeros((ro[-1], ro[-1]))
+    for i, bi in enumerate(terms):
+        out[ro[i] : ro[i + 1], ro[i] : ro[i + 1]] = _block_diag_sparse(_zt_z_diag(bi)).toarray()
+        for j in range(i):
+            cross = _zt_z(bi, terms[j], True)
+            out[ro[i] : ro[i + 1], ro[j] : ro[j + 1]] = cross
+            out[ro[j] : ro[j + 1], ro[i] : ro[i + 1]] = cross.T
+    return out
+
+
+@dataclass(frozen=True)
+class _NestedCross:
+    """Cross-products of the term nested in the first one (module docstring)."""
+
+    parent: np.ndarray  # (m1,) its level enclosing each first-term level
+    m: int  # its levels
+    k: int  # its coefficients per level
+    a_pp: np.ndarray  # (m, k, k) diagonal blocks of Z_p'Z_p
+    a_p1: np.ndarray  # (m1, k, k1) Z_p'Z_1 per first-term level (:func:`_zt_z_by_first`)
+    a_pc: np.ndarray  # (m k, q_c) Z_p'Z_c with the densely factored terms
+
+    @property
+    def q(self) -> int:
+        return self.m * self.k
+
+
+def _nested_cross(b1: REBlock, bp: REBlock, parent: np.ndarray, dense: list[REBlock]) -> _NestedCross:
+    a_pc = np.hstack([_zt_z(bp, b, True) for b in dense] + [np.zeros((bp.q, 0))])
+    return _NestedCross(parent, bp.n_levels, bp.k, _zt_z_diag(bp), _zt_z_by_first(b1, bp), a_pc)
+
+
 class _CrossProducts:
     """Z'Z, Z'X|y, X'X, X'y, y'y split as (first term, rest): everything a theta step needs.
 
-    Formed once from the level codes (bincounts over the n rows); Z itself is never built here.
+    ``rest`` puts the term nested in the first one (if any, ``nested``) first; ``a21`` and ``a22``
+    cover only the densely factored terms after it. Formed once from the level codes (bincounts
+    over the n rows); Z itself is never built here.
     """
 
     def __init__(self, y: np.ndarray, X: np.ndarray, blocks: list[REBlock]):
         self.first = int(np.argmax([b.q for b in blocks]))
         self.rest = [i for i in range(len(blocks)) if i != self.first]
+        found = _find_nested(blocks, self.first, self.rest)
+        if found is not None:
+            self.rest = [found[0]] + [i for i in self.rest if i != found[0]]
         offs = np.cumsum([0] + [b.q for b in blocks])
         self.idx1 = np.arange(offs[self.first], offs[self.first + 1])
         self.idx2 = np.concatenate([np.arange(offs[i], offs[i + 1]) for i in self.rest] + [np.zeros(0, int)])
         q1, q2 = self.idx1.size, self.idx2.size
-        if q2 > MAX_SCHUR:
+        b1, rest = blocks[self.first], [blocks[i] for i in self.rest]
+        dense_terms = rest[1:] if found is not None else rest
+        q_dense = sum(b.q for b in dense_terms)
+        if q_dense > MAX_SCHUR:
             raise UserError(
-                f"{q2} random-effect columns outside the largest grouping exceed {MAX_SCHUR}; "
+                f"{q_dense} random-effect columns outside the largest grouping"
+                f"{' and the grouping nested in it' if found is not None else ''} exceed {MAX_SCHUR}; "
                 "fit this design with R's lme4 (sparse CHOLMOD) or drop a grouping"
             )
-        b1, rest = blocks[self.first], [blocks[i] for i in self.rest]
         self.m1, self.k1 = b1.n_levels, b1.k
         self.a11 = _zt_z_diag(b1)
+        self.nested = None if found is None else _nested_cross(b1, rest[0], found[1], dense_terms)
         dense = q1 * q2 <= DENSE_L21_CELLS
-        parts = [_zt_z(b, b1, dense) for b in rest]
-        self.a21 = (
-            (np.vstack(parts) if dense else sp.vstack(parts, format="csr")) if parts else np.zeros((0, q1))
-        )
-        self.a22 = np.zeros((q2, q2))
-        ro = np.cumsum([0] + [b.q for b in rest])
-        for i, bi in enumerate(rest):
-            diag = _zt_z_diag(bi)
-            self.a22[ro[i] : ro[i + 1], ro[i] : ro[i + 1]] = _block_diag_sparse(diag).toarray()
-            for j in range(i):
-                cross = _zt_z(bi, rest[j], True)
-                self.a22[ro[i] : ro[i + 1], ro[j] : ro[j + 1]] = cross
-                self.a22[ro[j] : ro[j + 1], ro[i] : ro[i + 1]] = cross.T
+        parts = [_zt_z(b, b1, dense) for b in dense_terms]
+        if parts:
+            self.a21 = np.vstack(parts) if dense else sp.vstack(parts, format="csr")
+        else:
+            self.a21 = np.zeros((0, q1)) if dense else sp.csr_matrix((0, q1))
+        self.a22 = _zt_z_dense(dense_terms)
         xy = np.column_stack([X, y])
         self.w1 = _zt_w(b1, xy).reshape(self.m1, self.k1, -1)
         self.w2 = np.vstack([_zt_w(b, xy) for b in rest] + [np.zeros((0, xy.shape[1]))])
@@ -237,10 +335,29 @@ def _lam_t_rest(ts: tuple[np.ndarray, ...], levels: list[int], x: np.ndarray) ->
     off = 0
     for t, m in zip(ts, levels, strict=True):
         k = t.shape[0]
-        seg = x[off : off + m * k].reshape(m, k, -1)
-        out[off : off + m * k] = np.einsum("ba,lbr->lar", t, seg).reshape(m * k, -1)
+        seg = x[off : off + m * k].reshape(m, k, x.shape[1])
+        out[off : off + m * k] = np.einsum("ba,lbr->lar", t, seg).reshape(m * k, x.shape[1])
         off += m * k
     return out
+
+
+def _sum_by_parent(x: np.ndarray, parent: np.ndarray, m: int) -> np.ndarray:
+    """Per-parent sums (m, ...) of a per-first-term-level stack x (m1, ...), one bincount per entry."""
+    flat = x.reshape(x.shape[0], -1)
+    sums = [np.bincount(parent, weights=flat[:, j], minlength=m) for j in range(flat.shape[1])]
+    return np.stack(sums, axis=1).reshape(m, *x.shape[1:])
+
+
+def _blocks_at_parent(blocks: np.ndarray, parent: np.ndarray, m: int) -> sp.csr_matrix:
+    """Sparse (m k_p, m1 k1) matrix with block l of ``blocks`` (m1, k_p, k1) at (parent[l], l)."""
+    m1, kp, k1 = blocks.shape
+    rows = np.broadcast_to((parent * kp)[:, None, None] + np.arange(kp)[None, :, None], blocks.shape)
+    cols = np.broadcast_to((np.arange(m1) * k1)[:, None, None] + np.arange(k1)[None, None, :], blocks.shape)
+    return sp.csr_matrix((blocks.ravel(), (rows.ravel(), cols.ravel())), shape=(m * kp, m1 * k1))
+
+
+def _as_dense(x: np.ndarray | sp.spmatrix) -> np.ndarray:
+    return x.toarray() if sp.issparse(x) else np.asarray(x)
 
 
 def _block_diag_sparse(blocks: np.ndarray) -> sp.csr_matrix:
@@ -317,7 +434,8 @@ class LMMCore:
 
     # -- the factorization ----------------------------------------------------------------
     def _factor(self, theta: np.ndarray) -> _Factor:
-        """L of M = Lambda'Z'Z Lambda + I by block elimination (module docstring): L11, L21, L22."""
+        """L of M = Lambda'Z'Z Lambda + I by block elimination (module docstring): L11, L21, L22,
+        and the nested term's rows when there is one."""
         cp = self._cp
         ts = self._t_factors(theta)
         t1, t2 = ts[cp.first], tuple(ts[i] for i in cp.rest)
@@ -325,26 +443,64 @@ class LMMCore:
         m11 = np.einsum("ba,lbc,cd->lad", t1, cp.a11, t1) + np.eye(cp.k1)
         l11 = np.linalg.cholesky(m11)
         l11_inv = np.linalg.inv(l11)
-        q1, q2 = cp.idx1.size, cp.idx2.size
-        if isinstance(cp.a21, np.ndarray):
-            m21 = np.einsum("rlb,bd->rld", _lam_t_rest(t2, levels, cp.a21).reshape(q2, cp.m1, cp.k1), t1)
-            l21 = np.einsum("rla,lba->rlb", m21, l11_inv).reshape(q2, q1)
-            gram = l21 @ l21.T
-        else:
-            lam1 = _block_diag_sparse(np.broadcast_to(t1, (cp.m1, cp.k1, cp.k1)))
-            lam2 = sp.block_diag(
-                [
-                    _block_diag_sparse(np.broadcast_to(t, (m, *t.shape)))
-                    for t, m in zip(t2, levels, strict=True)
-                ]
-            )
-            l21 = (lam2.T @ cp.a21 @ lam1 @ _block_diag_sparse(l11_inv.transpose(0, 2, 1))).tocsr()
-            gram = (l21 @ l21.T).toarray()
-        m22 = _lam_t_rest(t2, levels, _lam_t_rest(t2, levels, cp.a22).T).T
-        l22 = np.linalg.cholesky(m22 + np.eye(q2) - gram)
+        n_nested = 0 if cp.nested is None else 1
+        tc, levels_c = t2[n_nested:], levels[n_nested:]
+        l21, gram = self._l21(t1, tc, levels_c, l11_inv)
+        m22 = _lam_t_rest(tc, levels_c, _lam_t_rest(tc, levels_c, cp.a22).T).T
+        s22 = m22 + np.eye(m22.shape[0]) - gram
+        nested, logdet_d = None, 0.0
+        if cp.nested is not None:
+            nested, update, logdet_d = self._nested_factor(t1, t2[0], tc, levels_c, l11_inv, l21)
+            s22 -= update
+        l22 = np.linalg.cholesky(s22)
         diag11 = np.diagonal(l11, axis1=1, axis2=2)
-        logdet = 2.0 * float(np.sum(np.log(diag11)) + np.sum(np.log(np.diag(l22))))
-        return _Factor(t1, t2, l11_inv, l21, l22, logdet)
+        logdet = 2.0 * float(np.sum(np.log(diag11)) + np.sum(np.log(np.diag(l22))) + logdet_d)
+        return _Factor(t1, t2, l11_inv, l21, l22, logdet, nested)
+
+    def _l21(
+        self, t1: np.ndarray, tc: tuple[np.ndarray, ...], levels_c: list[int], l11_inv: np.ndarray
+    ) -> tuple[np.ndarray | sp.csr_matrix, np.ndarray]:
+        """L21 = M21 L11^{-T} for the rows of the densely factored terms, and L21 L21' (dense)."""
+        cp = self._cp
+        q1, qc = cp.idx1.size, cp.a21.shape[0]
+        if isinstance(cp.a21, np.ndarray):
+            m21 = np.einsum("rlb,bd->rld", _lam_t_rest(tc, levels_c, cp.a21).reshape(qc, cp.m1, cp.k1), t1)
+            l21 = np.einsum("rla,lba->rlb", m21, l11_inv).reshape(qc, q1)
+            return l21, l21 @ l21.T
+        if qc == 0:
+            return cp.a21, np.zeros((0, 0))
+        lam1 = _block_diag_sparse(np.broadcast_to(t1, (cp.m1, cp.k1, cp.k1)))
+        lam2 = sp.block_diag(
+            [_block_diag_sparse(np.broadcast_to(t, (m, *t.shape))) for t, m in zip(tc, levels_c, strict=True)]
+        )
+        l21 = (lam2.T @ cp.a21 @ lam1 @ _block_diag_sparse(l11_inv.transpose(0, 2, 1))).tocsr()
+        return l21, (l21 @ l21.T).toarray()
+
+    def _nested_factor(
+        self,
+        t1: np.ndarray,
+        tp: np.ndarray,
+        tc: tuple[np.ndarray, ...],
+        levels_c: list[int],
+        l11_inv: np.ndarray,
+        l21c: np.ndarray | sp.csr_matrix,
+    ) -> tuple[_NestedFactor, np.ndarray, float]:
+        """The nested term's rows of L (module docstring): its L21 rows (one block per first-term
+        level), chol(D) per level, B' chol(D)^{-T}; with the update B'D^{-1}B of the dense block and
+        log|chol(D)|."""
+        nc = self._cp.nested
+        m21 = np.einsum("ba,lbc,cd->lad", tp, nc.a_p1, t1)  # (m1, k_p, k1)
+        l21 = np.einsum("lac,lbc->lab", m21, l11_inv)
+        gram = _sum_by_parent(np.einsum("lab,lcb->lac", l21, l21), nc.parent, nc.m)
+        d = np.einsum("ba,jbc,cd->jad", tp, nc.a_pp, tp) + np.eye(nc.k) - gram
+        ld = np.linalg.cholesky(d)
+        ld_inv = np.linalg.inv(ld)
+        l21_sp = _blocks_at_parent(l21, nc.parent, nc.m)
+        qc = l21c.shape[0]
+        b = _lam_t_rest((tp,), [nc.m], _lam_t_rest(tc, levels_c, nc.a_pc.T).T) - _as_dense(l21_sp @ l21c.T)
+        lcd_t = np.einsum("jab,jbr->jar", ld_inv, b.reshape(nc.m, nc.k, qc)).reshape(nc.q, qc)
+        logdet_d = float(np.sum(np.log(np.diagonal(ld, axis1=1, axis2=2))))
+        return _NestedFactor(l21_sp, ld_inv, lcd_t), lcd_t.T @ lcd_t, logdet_d
 
     def _forward(self, f: _Factor) -> np.ndarray:
         """[R_ZX, c_u] = L^{-1} Lambda' [Z'X, Z'y], rows in (first term, rest) order, shape (q, p + 1)."""
@@ -352,17 +508,31 @@ class LMMCore:
         levels = [self.blocks[i].n_levels for i in cp.rest]
         r1 = np.einsum("lab,lbr->lar", f.l11_inv, np.einsum("ba,lbr->lar", f.t1, cp.w1))
         r1 = r1.reshape(cp.idx1.size, -1)
-        rhs2 = _lam_t_rest(f.t2, levels, cp.w2) - f.l21 @ r1
-        r2 = sla.solve_triangular(f.l22, rhs2, lower=True, check_finite=False)
-        return np.vstack([r1, r2])
+        rhs2 = _lam_t_rest(f.t2, levels, cp.w2)
+        if f.nested is None:
+            r2 = sla.solve_triangular(f.l22, rhs2 - f.l21 @ r1, lower=True, check_finite=False)
+            return np.vstack([r1, r2])
+        nf, nc = f.nested, cp.nested
+        rp = (rhs2[: nc.q] - nf.l21 @ r1).reshape(nc.m, nc.k, -1)
+        rp = np.einsum("jab,jbr->jar", nf.ld_inv, rp).reshape(nc.q, -1)
+        rhs_c = rhs2[nc.q :] - f.l21 @ r1 - nf.lcd_t.T @ rp
+        rc = sla.solve_triangular(f.l22, rhs_c, lower=True, check_finite=False)
+        return np.vstack([r1, rp, rc])
 
     def _backward(self, f: _Factor, v: np.ndarray) -> np.ndarray:
         """u = L'^{-1} v for v in (first term, rest) order; returned in Z's column order."""
         cp = self._cp
         q1 = cp.idx1.size
-        u2 = sla.solve_triangular(f.l22, v[q1:], lower=True, trans="T", check_finite=False)
-        w1 = (v[:q1] - f.l21.T @ u2).reshape(cp.m1, cp.k1)
-        u1 = np.einsum("lba,lb->la", f.l11_inv, w1).ravel()
+        qp = 0 if cp.nested is None else cp.nested.q
+        u2 = sla.solve_triangular(f.l22, v[q1 + qp :], lower=True, trans="T", check_finite=False)
+        w1 = v[:q1] - f.l21.T @ u2
+        if f.nested is not None:
+            nf, nc = f.nested, cp.nested
+            up = (v[q1 : q1 + qp] - nf.lcd_t @ u2).reshape(nc.m, nc.k)
+            up = np.einsum("jba,jb->ja", nf.ld_inv, up).ravel()
+            w1 = w1 - nf.l21.T @ up
+            u2 = np.concatenate([up, u2])
+        u1 = np.einsum("lba,lb->la", f.l11_inv, w1.reshape(cp.m1, cp.k1)).ravel()
         u = np.empty(self.q)
         u[cp.idx1], u[cp.idx2] = u1, u2
         return u

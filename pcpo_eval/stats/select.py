@@ -39,7 +39,7 @@ import pandas as pd
 
 from pcpo_eval.errors import UserError
 from pcpo_eval.rundir import checkpoints_root, epoch_dirs, load_log, log_path, meta_path
-from pcpo_eval.stats.speedup import moving_average
+from pcpo_eval.stats.speedup import check_window, moving_average
 
 #: what a checkpoint is matched on -> the log.parquet column holding it
 MATCH_ON = {"train": "reward_mean", "eval": "val_reward_mean"}
@@ -148,7 +148,7 @@ def _eval_checkpoints(run: Path, dirs: list[tuple[int, Path]], window: int) -> t
     log_file = log_path(run)
     if not log_file.is_file():
         raise UserError(f"run {run} has no log.parquet; matching on the eval reward needs its val_reward_mean column")
-    log = pd.read_parquet(log_file)
+    log = load_log(log_file)
     col = MATCH_ON["eval"]
     if col not in log.columns or not np.isfinite(log[col].to_numpy(np.float64)).any():
         raise UserError(f"run {run} logged no held-out validation reward ({col}); train with validation_every=N "
@@ -287,6 +287,7 @@ def select_checkpoints(
     ``on``: match on the training reward (``train``) or the held-out validation reward (``eval``)."""
     if not run_dirs:
         raise UserError("give at least one run directory")
+    check_window(window)
     choices = []
     per_run = []
     for rd in run_dirs:

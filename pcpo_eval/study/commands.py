@@ -28,13 +28,15 @@ def report(study_dir: Path, output: Path | None, figures_only: bool, figures_dir
     """``pcpo-eval report``: the HTML report and the figure files, or (``--figures-only``) the files only."""
     from pcpo_eval.io import check_out_path
     from pcpo_eval.report.html import write_figures, write_report
+    from pcpo_eval.studydir import study_data_paths
 
     if figures_only and output is not None:
         raise UserError("--figures-only writes no HTML; drop --output (or drop --figures-only)")
+    data = study_data_paths(study_dir)
     if output is not None:  # both outputs checked before the first figure is written
-        check_out_path(output, "--output", folder=False)
+        check_out_path(output, "--output", folder=False, inputs=data)
     if figures_dir is not None:
-        check_out_path(figures_dir, "--figures-dir")
+        check_out_path(figures_dir, "--figures-dir", inputs=data)
     if figures_only or figures_dir is not None:
         paths = write_figures(study_dir, figures_dir)
         typer.echo(f"wrote {len(paths)} figure files ({len(paths) // 3} figures) to "

@@ -17,6 +17,7 @@ checkpoints older than the newest N after each save (:func:`apply_retention`).
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -98,8 +99,10 @@ def save_checkpoint(
             (tmp / FULL_FILE).write_bytes(safetensors_bytes(sd))
             weights = FULL_FILE
         meta = {**meta, "weights_file": weights, "weights_sha256": sha256_file(tmp / weights)}
-        if training_state is not None:
-            torch.save(training_state, tmp / STATE_FILE)
+        if training_state is not None:  # serialised in memory first: torch.save reports a full disk as a
+            buf = io.BytesIO()           # RuntimeError, which the CLI's disk-full handler does not match
+            torch.save(training_state, buf)
+            (tmp / STATE_FILE).write_bytes(buf.getbuffer())
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2, default=str) + "\n")
     return ckpt
 
@@ -221,7 +224,8 @@ def load_training_state(ckpt: str | Path) -> dict[str, Any]:
                         "delete the checkpoint folder to resume from the one before it")
     try:
         state = torch.load(path, map_location="cpu", weights_only=False)
-    except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, OSError) as exc:
+    except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, OSError, ValueError, TypeError,
+            AttributeError, KeyError, IndexError) as exc:  # what torch.load raises on garbage varies by content
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise UserError(f"{path} is truncated or corrupt ({first[:160]}); "
                         "delete that checkpoint folder to resume from the one before it") from None

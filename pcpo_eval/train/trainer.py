@@ -67,6 +67,7 @@ from pcpo_eval.rundir import (  # noqa: F401  (INIT_FILE re-exported: its old ho
     config_path,
     init_path,
     inputs_path,
+    load_log,
 )
 from pcpo_eval.train import checkpoints as ck
 from pcpo_eval.train.advantages import PerPromptStatTracker
@@ -205,7 +206,11 @@ class Trainer(PolicyMixin, RolloutMixin, UpdateMixin):
             self.scaler.load_state_dict(state["scaler"])
         self.start_epoch = int(state["epoch"]) + 1
         if (self.out / LOG_FILE).exists():
-            log = pd.read_parquet(self.out / LOG_FILE)
+            try:  # one error line for an unreadable log, not a pyarrow traceback
+                log = load_log(self.out / LOG_FILE)
+            except UserError as exc:
+                raise UserError(f"{exc}; restore {LOG_FILE} from a copy, or move it away to resume without the "
+                                "earlier epochs' log rows") from None
             self.log_rows = log[log["epoch"] <= state["epoch"]].to_dict("records")
 
     def _wall_clock(self) -> float:

@@ -259,9 +259,10 @@ def test_other_commands_remove_stale_temps(cli, box, image_set, command):
     from tests.support.cli import TOY_CFG
 
     folder = {"train": box / "run", "import": box / "run", "metrics": box / "m"}[command]
-    (folder / "checkpoints").mkdir(parents=True)
+    (folder / "checkpoints").mkdir(parents=True)  # (a metrics folder holds only its files: removed below)
     stale = [folder / ".log.parquet.k3j4h5g6.tmp", folder / "checkpoints" / ".epoch_0001.a1b2c3d4.tmp"]
     if command == "metrics":  # its --out folder (not below it) and the set's feature cache (all of it)
+        (folder / "checkpoints").rmdir()
         stale[1] = image_set / ".pcpo_cache" / "lpips" / "toy-0123" / ".prompt-1.json.a1b2c3d4.tmp"
         stale[1].parent.mkdir(parents=True)
     stale[0].write_bytes(b"x")

@@ -136,9 +136,9 @@ def test_grayscale_and_rgba_are_converted_and_reported(sets, tmp_path) -> None:
 def test_bad_images_fail_in_one_line_and_keep_old_outputs(sets, tmp_path, damage, message) -> None:
     a, b = sets
     out = tmp_path / "out"
-    run_metrics(a, "fd_toy", out, b, _opts(tmp_path))
-    before = {p.name: p.read_bytes() for p in out.iterdir()}
     c = make_image_set(tmp_path / "c", TOY_PROMPTS, [200 + s for s in SEEDS])
+    run_metrics(c, "fd_toy", out, b, _opts(tmp_path))  # the set's metrics, then it is damaged and measured again
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
     path = c / pd.read_parquet(c / "manifest.parquet").loc[5, "path"]
     if damage == "truncated":
         rewrite_image(c, 5, path.read_bytes()[:60])
@@ -210,9 +210,11 @@ def test_features_command_exports_manifest_order(sets, tmp_path, cli) -> None:
     assert r.returncode == 2 and "choose one of" in r.stderr
 
 
-def test_an_interrupted_rewrite_leaves_no_stale_metrics_json(tmp_path, monkeypatch):
-    """A folder with metrics.json is complete: rewriting into it and failing after the first table
-    must not leave the old metrics.json beside the new per-prompt table."""
+def test_a_failed_rewrite_keeps_the_old_three_files(tmp_path, monkeypatch):
+    """A folder with metrics.json is complete: a rewrite that fails while writing its files (a full disk)
+    must leave the old three as they were, and no temporary file. Before, metrics.json was removed first
+    and the tables replaced one by one: a full disk left a new per-prompt table, the old per-image one
+    and no metrics.json, while the error said finished work was kept."""
     import pcpo_eval.metrics.workers as workers
     from pcpo_eval.metricsdir import metrics_path, per_image_path, per_prompt_path
 
@@ -221,19 +223,20 @@ def test_an_interrupted_rewrite_leaves_no_stale_metrics_json(tmp_path, monkeypat
                                      pd.DataFrame({"prompt_id": [0], "seed": [0]}))
 
     workers.write_outputs(result(1.0), tmp_path)
-    assert metrics_path(tmp_path).exists() and per_image_path(tmp_path).exists()
-    real = workers.atomic_write_parquet
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    real = pd.DataFrame.to_parquet
 
-    def fail_on_per_image(path, df):
-        if path == per_image_path(tmp_path):
+    def disk_full_on_the_second_table(self, *a, **k):
+        if "seed" in self.columns:
             raise OSError(28, "No space left on device")
-        real(path, df)
+        return real(self, *a, **k)
 
-    monkeypatch.setattr(workers, "atomic_write_parquet", fail_on_per_image)
+    monkeypatch.setattr(pd.DataFrame, "to_parquet", disk_full_on_the_second_table)
     with pytest.raises(OSError):
         workers.write_outputs(result(2.0), tmp_path)
-    assert pd.read_parquet(per_prompt_path(tmp_path))["m"].tolist() == [2.0]
-    assert not metrics_path(tmp_path).exists()  # incomplete, and says so: no stale values
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # old three, no temporary file
+    assert pd.read_parquet(per_prompt_path(tmp_path))["m"].tolist() == [1.0]
+    assert json.loads(metrics_path(tmp_path).read_text())["metrics"]["m"] == 1.0 and per_image_path(tmp_path).exists()
 
 
 def test_outputs_current_tells_a_kept_folder_from_a_stale_one(sets, tmp_path):
@@ -266,16 +269,16 @@ def test_two_runs_writing_one_folder_leave_one_runs_files(tmp_path, monkeypatch)
         return workers.MetricsResult({"m": v}, {"image_set": str(v)}, pd.DataFrame({"prompt_id": [0], "m": [v]}),
                                      pd.DataFrame({"prompt_id": [0], "seed": [0], "m": [v]}))
 
-    real, other = workers.atomic_write_parquet, []
+    real, other = pd.DataFrame.to_parquet, []
 
-    def second_run_writes_meanwhile(path, df):
-        if path == per_image_path(tmp_path) and not other:  # the first run, between its two tables
+    def second_run_writes_meanwhile(self, *a, **k):
+        if "seed" in self.columns and not other:  # the first run, between its two tables
             other.append(threading.Thread(target=workers.write_outputs, args=(result(2.0), tmp_path)))
             other[0].start()
             other[0].join(timeout=1.0)  # unlocked, the whole second write happens here
-        real(path, df)
+        return real(self, *a, **k)
 
-    monkeypatch.setattr(workers, "atomic_write_parquet", second_run_writes_meanwhile)
+    monkeypatch.setattr(pd.DataFrame, "to_parquet", second_run_writes_meanwhile)
     workers.write_outputs(result(1.0), tmp_path)
     other[0].join(timeout=30)
     assert not other[0].is_alive()
