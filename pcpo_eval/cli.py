@@ -26,7 +26,7 @@ import typer
 from typer._click.exceptions import NoArgsIsHelpError  # typer pinned in pyproject.toml
 
 from pcpo_eval import __version__
-from pcpo_eval.errors import ProblemList, UserError
+from pcpo_eval.errors import UserError
 
 PROG = "pcpo-eval"
 
@@ -133,11 +133,8 @@ def _fail(line: str, code: int = 2) -> NoReturn:
 
 
 def error_text(exc: UserError) -> str:
-    """The error's text: one line, or for a :class:`ProblemList` of several items its head and one
-    indented line per item (a list of missing weights reads better than a 1,500-character line)."""
-    items = getattr(exc, "items", None)
-    if isinstance(exc, ProblemList) and items and len(items) > 1:
-        return one_line(exc.head) + ":\n" + "\n".join(f"  ({i}) {one_line(p)}" for i, p in enumerate(items, 1))
+    """The error's text on one line; a :class:`ProblemList` lists its items there as ``(1) ...; (2) ...``
+    (the contract: one ``error:`` line, however many problems; a script reads the first line)."""
     return one_line(str(exc))
 
 

@@ -21,8 +21,8 @@ class MissingWeightsError(UserError, FileNotFoundError):
 class ProblemList(UserError):
     """Several problems found at once (e.g. every missing weight of a study or a training run).
 
-    ``str()`` is one line (``head: (1) ...; (2) ...``) for library users and logs; the CLI prints
-    ``error: head`` and then each item on its own line -- the one exception to one-line errors.
+    ``str()`` is one line (``head: (1) ...; (2) ...``), which the CLI prints after ``error:`` like any
+    other error (it printed one item per line before, against the one-line contract).
     """
 
     def __init__(self, head: str, items: list[str]) -> None:

@@ -395,6 +395,9 @@ def parse_overrides(items: list[str], what: str = "override", example: str = "ep
         k, sep, v = item.partition("=")
         if not sep or not k.strip():
             raise UserError(f"{what} {item!r} is not KEY=VALUE (e.g. {example})")
+        if k.strip() in out:  # as a YAML file naming a key twice is refused (yaml_safe_load)
+            raise UserError(f"{what} {k.strip()} is given twice ({k.strip()}={out[k.strip()]!r} and {item!r}); "
+                            "give each key once")
         try:
             out[k.strip()] = yaml_safe_load(v) if v.strip() else ""
         except yaml.YAMLError:  # not a YAML scalar (model=@x, prompts=%p): the text itself

@@ -240,7 +240,8 @@ def ddim_schedule(
         )
     sched = DDIMScheduler.from_config(cfg)
     if steps > sched.config.num_train_timesteps:
-        raise UserError(f"--steps {steps} exceeds num_train_timesteps {sched.config.num_train_timesteps}")
+        raise UserError(f"--steps {steps} exceeds the model's num_train_timesteps "
+                        f"{sched.config.num_train_timesteps}; use --steps <= {sched.config.num_train_timesteps}")
     sched.set_timesteps(steps)
     ts = sched.timesteps.numpy().astype(np.int64)
     step_ratio = sched.config.num_train_timesteps // steps

@@ -114,9 +114,9 @@ def lmm_cmd(
     from pcpo_eval.stats.design import read_table
     from pcpo_eval.stats.lmm import fit_lmm, fit_lmm_many, many_summary, qq_plot
 
+    _check_outputs([data], output=output, qq=qq)
     if qq and Path(qq).suffix.lower() != ".png":
         raise UserError(f"--qq {qq}: the Q-Q plot is written as PNG; give a file name ending in .png")
-    _check_outputs([data], output=output, qq=qq)
     df = read_table(data)
     if response:
         if "~" not in formula:

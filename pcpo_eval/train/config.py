@@ -414,8 +414,13 @@ def config_from_dict(data: dict[str, Any]) -> TrainConfig:
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
-    """The raw key -> value mapping of a YAML train config (validated by :func:`config_from_dict`)."""
-    return read_yaml_mapping(path, "config file", "see train/configs/ for examples")
+    """The raw key -> value mapping of a YAML train config (validated by :func:`config_from_dict`); an empty
+    file is refused (it trained 10 epochs of the library defaults with exit 0: surely not what was meant)."""
+    data = read_yaml_mapping(path, "config file", "see train/configs/ for examples")
+    if not data:
+        raise UserError(f"config file {path} is empty; write the settings to train (e.g. copy "
+                        "train/configs/toy_ddpo.yaml)")
+    return data
 
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> TrainConfig:

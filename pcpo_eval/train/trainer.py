@@ -192,25 +192,32 @@ class Trainer(PolicyMixin, RolloutMixin, UpdateMixin):
         if inputs_path(self.out).is_file() and (changed := changed_inputs(read_inputs(self.out), self.cfg.to_dict())):
             raise UserError(f"--resume: {'; '.join(changed)}: the resumed epochs would train on other inputs than "
                             f"the first ones; restore the file(s) the run started with, or start a new run")
-        ck.check_resumable_weights(latest)
-        state = ck.load_training_state(latest)
-        if "peft_state" in state:
-            from peft.utils import set_peft_model_state_dict
-
-            set_peft_model_state_dict(self.adapter.denoiser, state["peft_state"])
-        else:
-            ck.load_weights_into(self.adapter, latest)
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.tracker.load_state_dict(state["tracker"])
-        if self.scaler is not None and "scaler" in state:
-            self.scaler.load_state_dict(state["scaler"])
-        self.start_epoch = int(state["epoch"]) + 1
-        if (self.out / LOG_FILE).exists():
+        log = None
+        if (self.out / LOG_FILE).exists():  # read first: a bad log fails before any weights load
             try:  # one error line for an unreadable log, not a pyarrow traceback
                 log = load_log(self.out / LOG_FILE)
             except UserError as exc:
                 raise UserError(f"{exc}; restore {LOG_FILE} from a copy, or move it away to resume without the "
                                 "earlier epochs' log rows") from None
+        ck.check_resumable_weights(latest)
+        state = ck.load_training_state(latest)
+        try:
+            if "peft_state" in state:
+                from peft.utils import set_peft_model_state_dict
+
+                set_peft_model_state_dict(self.adapter.denoiser, state["peft_state"])
+            else:
+                ck.load_weights_into(self.adapter, latest)
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.tracker.load_state_dict(state["tracker"])
+            if self.scaler is not None and "scaler" in state:
+                self.scaler.load_state_dict(state["scaler"])
+        except (KeyError, ValueError, TypeError, IndexError) as exc:  # a state saved by another run or version
+            raise UserError(f"{latest / ck.STATE_FILE} does not fit this run ({type(exc).__name__}: "
+                            f"{str(exc).splitlines()[0][:120] if str(exc) else ''}); delete that checkpoint folder to "
+                            "resume from the one before it, or start a new run") from None
+        self.start_epoch = int(state["epoch"]) + 1
+        if log is not None:
             self.log_rows = log[log["epoch"] <= state["epoch"]].to_dict("records")
 
     def _wall_clock(self) -> float:
