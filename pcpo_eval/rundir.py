@@ -177,7 +177,7 @@ def load_log(path: str | Path) -> pd.DataFrame:
             raise UserError(f"run directory {p} has no log.parquet")
         p = found[0]
     if not p.is_file():
-        raise UserError(f"log {p} does not exist")
+        raise UserError(f"log {p} does not exist; give a run folder or its log.parquet / .csv")
     try:
         if p.suffix.lower() == ".csv":
             df = pd.read_csv(p)

@@ -110,7 +110,8 @@ def validate_request(
         check_min_images(image_set, 2, "LPIPS diversity")
     if any(i.kind == "is" for i in infos) and len(image_set) < options.is_splits:
         raise UserError(
-            f"IS with {options.is_splits} splits needs at least {options.is_splits} images, have {len(image_set)}"
+            f"IS with {options.is_splits} splits needs at least {options.is_splits} images, have {len(image_set)}; "
+            "lower --is-splits or render more seeds"
         )
     if options.batch_size < 1 or options.lpips_batch < 1:
         raise UserError("batch sizes must be >= 1")

@@ -228,7 +228,7 @@ def build_design(
     import patsy
 
     if not isinstance(data, pd.DataFrame) or len(data) == 0:
-        raise UserError("the data table is empty")
+        raise UserError("the data table is empty; give a table with one row per observation (a header and rows)")
     columns = [str(c) for c in data.columns]
     desc, response, rhs_used = parse_formula(formula, columns)
     desc = _apply_coding(desc, data, coding)
@@ -238,7 +238,7 @@ def build_design(
         if g not in data.columns:
             raise UserError(f"grouping column {g!r} is not in the data (columns: {', '.join(columns)})")
     if len(set(groups)) != len(groups):
-        raise UserError(f"grouping columns repeated: {groups}")
+        raise UserError(f"grouping columns repeated: {groups}; name each --group column once")
     re_used: list[str] = []
     if re_formula is not None:
         if len(groups) != 1:
@@ -251,10 +251,10 @@ def build_design(
 
     yv = data[response]
     if not pd.api.types.is_numeric_dtype(yv) or pd.api.types.is_bool_dtype(yv):
-        raise UserError(f"response column {response!r} is not numeric (dtype {yv.dtype})")
+        raise UserError(f"response column {response!r} is not numeric (dtype {yv.dtype}); choose a numeric column as the response, or fix its values")
     y = yv.to_numpy(dtype=np.float64)
     if not np.all(np.isfinite(y)):
-        raise UserError(f"response column {response!r} has infinite values")
+        raise UserError(f"response column {response!r} has infinite values; drop or fix those rows")
     if np.ptp(y) == 0.0:
         raise UserError(f"response column {response!r} is constant ({float(y[0]):g}); nothing to model: "
                         "choose a response that varies")
@@ -312,7 +312,7 @@ def read_table(path: str) -> pd.DataFrame:
 
     p = Path(path)
     if not p.is_file():
-        raise UserError(f"data file {path} does not exist")
+        raise UserError(f"data file {path} does not exist; check the path (a .csv or .parquet table)")
     suffix = p.suffix.lower()
     try:
         if suffix == ".csv":
@@ -320,5 +320,5 @@ def read_table(path: str) -> pd.DataFrame:
         if suffix in (".parquet", ".pq"):
             return pd.read_parquet(p)
     except Exception as exc:  # malformed file: one line, no traceback
-        raise UserError(f"cannot read {path}: {type(exc).__name__}: {str(exc).splitlines()[0]}") from None
+        raise UserError(f"cannot read {path}: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}; give a readable .csv or .parquet table") from None
     raise UserError(f"data file {path} must be .csv or .parquet")

@@ -211,7 +211,9 @@ def run_checkpoints(run_dir: str | Path, window: int = 5, on: str = "train") -> 
         raise UserError(f"unknown match on {on!r}; choose one of: {', '.join(MATCH_ON)}")
     run = Path(run_dir)
     if not run.is_dir():
-        raise UserError(f"run directory {run} does not exist")
+        state = "is a file, not a run folder" if run.exists() else "does not exist"
+        raise UserError(f"run directory {run} {state}; give a run folder written by `pcpo-eval train` "
+                        "(RUN/log.parquet, RUN/checkpoints/)")
     ck_root = checkpoints_root(run)
     dirs = epoch_dirs(run, complete=False)
     if not dirs:
