@@ -395,14 +395,24 @@ def parse_overrides(items: list[str], what: str = "override", example: str = "ep
         k, sep, v = item.partition("=")
         if not sep or not k.strip():
             raise UserError(f"{what} {item!r} is not KEY=VALUE (e.g. {example})")
-        if k.strip() in out:  # as a YAML file naming a key twice is refused (yaml_safe_load)
-            raise UserError(f"{what} {k.strip()} is given twice ({k.strip()}={out[k.strip()]!r} and {item!r}); "
-                            "give each key once")
         try:
             out[k.strip()] = yaml_safe_load(v) if v.strip() else ""
         except yaml.YAMLError:  # not a YAML scalar (model=@x, prompts=%p): the text itself
             out[k.strip()] = v.strip()
     return out
+
+
+def check_keys_once(items: list[str], what: str = "override") -> None:
+    """UserError when a command line's KEY=VALUE items name a key twice (``epochs=2 epochs=3`` trained 3
+    epochs without a word, as a YAML file naming a key twice did: :func:`yaml_safe_load`). For what a user
+    typed; code composing overrides may append to a base list, where the later item wins
+    (:func:`parse_overrides`)."""
+    seen: dict[str, str] = {}
+    for item in items:
+        k = item.partition("=")[0].strip()
+        if k in seen:
+            raise UserError(f"{what} {k} is given twice ({seen[k]!r} and {item!r}); give each key once")
+        seen[k] = item
 
 
 _UNIQUE_KEY_LOADER: Any = None

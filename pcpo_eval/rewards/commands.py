@@ -19,10 +19,11 @@ def bertscore_server_cmd(
     `reward: vlm_bertscore` loaded once, on a GPU of their own (the paper's setups 3-4); until interrupted."""
     from pcpo_eval.dist import resolve_device
     from pcpo_eval.errors import UserError
-    from pcpo_eval.io import parse_overrides
+    from pcpo_eval.io import check_keys_once, parse_overrides
     from pcpo_eval.rewards import make_reward
     from pcpo_eval.rewards.server import make_server
 
+    check_keys_once(options or [], "option")
     opts = parse_overrides(options or [], "option", "captioner=llava")
     if "jpeg_quality" in opts or "device" in opts:
         raise UserError("jpeg_quality and device are the server's own (the client sends JPEGs; use --device)")

@@ -57,7 +57,7 @@ def train_cmd(
     progress: Annotated[bool | None, typer.Option("--progress/--no-progress", help=PROGRESS_HELP)] = None,
 ) -> None:
     """Train a DDPO / DanceGRPO / PCPO run (one process, or under torchrun / accelerate launch)."""
-    from pcpo_eval.io import check_out_path, remove_stale_temps
+    from pcpo_eval.io import check_keys_once, check_out_path, remove_stale_temps
     from pcpo_eval.train.config import load_config
     from pcpo_eval.train.tracking import check_trackers
     from pcpo_eval.train.trainer import train
@@ -71,6 +71,7 @@ def train_cmd(
         extra = [f"device={device.strip().lower()}"]
     if log_to is not None:
         extra.append(f"log_to={log_to.strip() or 'none'}")
+    check_keys_once(overrides or [])  # what the user typed; --device / --log-to come after and win
     cfg = load_config(config, [*(overrides or []), *extra])
     if device is None and cfg.device.startswith("cuda"):  # the config's device: CUDA must be here
         from pcpo_eval.dist import resolve_device

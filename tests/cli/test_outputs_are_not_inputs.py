@@ -124,7 +124,7 @@ def test_resume_from_a_corrupt_state_or_log_is_one_error_line(cli, box, toy_run,
 def test_a_key_given_twice_and_an_empty_config_are_refused(cli, box):
     from tests.support.cli import TOY_CFG
 
-    _refused(cli("train", TOY_CFG, "--out", box / "r", "epochs=2", "epochs=3"), "epochs is given twice")
+    _refused(cli("train", TOY_CFG, "--out", box / "r", "epochs=2", "epochs=3"), "override epochs is given twice")
     (box / "empty.yaml").write_text("")
     _refused(cli("train", box / "empty.yaml", "--out", box / "r"), "is empty", "train/configs/toy_ddpo.yaml")
     assert not (box / "r").exists()
