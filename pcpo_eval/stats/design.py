@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -262,15 +263,19 @@ def build_design(
     env = patsy.EvalEnvironment([_FORMULA_ENV])
     data = as_patsy_categoricals(data, [c for c in used if c not in groups])
     try:
-        Xdf = patsy.dmatrix(
-            patsy.ModelDesc([], desc.rhs_termlist),
-            data,
-            eval_env=env,
-            return_type="dataframe",
-            NA_action="raise",
-        )
+        with np.errstate(all="ignore"), warnings.catch_warnings():  # a transform's NaN is refused below, in one line
+            warnings.simplefilter("ignore", RuntimeWarning)
+            Xdf = patsy.dmatrix(
+                patsy.ModelDesc([], desc.rhs_termlist),
+                data,
+                eval_env=env,
+                return_type="dataframe",
+                NA_action="raise",
+            )
     except patsy.PatsyError as exc:
-        raise UserError(f"cannot build the design of {formula!r}: {str(exc).splitlines()[0]}") from None
+        raise UserError(f"cannot build the design of {formula!r}: {str(exc).splitlines()[0]}; check that every "
+                        "column it names has no missing values and every transform (log, sqrt) is defined on "
+                        "them") from None
     X = Xdf.to_numpy(dtype=np.float64)
     if X.shape[1] == 0:
         raise UserError(f"formula {formula!r} has no fixed effects")
