@@ -252,7 +252,8 @@ def test_prompt_fetch_commands_name_hf_not_huggingface_cli():
 # -- missing weights: one error, one item per line, printed once -----------------------------------------
 
 
-def test_train_lists_every_missing_item_once_one_per_line(cli, tmp_path, monkeypatch):
+def test_train_lists_every_missing_item_once_on_one_line(cli, tmp_path, monkeypatch):
+    """Every missing item in the one error line (``(1) ...; (2) ...``: one item per line broke the contract)."""
     from pcpo_eval.testing import isolate_weight_caches
 
     isolate_weight_caches(tmp_path, monkeypatch)
@@ -260,10 +261,10 @@ def test_train_lists_every_missing_item_once_one_per_line(cli, tmp_path, monkeyp
     res = cli("train", ROOT / "train" / "configs" / "setup5_dancegrpo_sd14.yaml", "--out", tmp_path / "r")
     assert res.returncode == 2 and not (tmp_path / "r").exists()
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
-    assert lines[0].startswith("error: training config") and "item(s) not found" in lines[0]
-    items = lines[1:]
-    assert len(items) >= 3 and all(re.match(r"  \(\d+\) ", ln) for ln in items)  # prompts, HPS weights, SD-1.4
-    assert any("hpdv2" in ln for ln in items) and any("hps" in ln.lower() for ln in items)
+    assert len(lines) == 1 and lines[0].startswith("error: training config") and "item(s) not found" in lines[0]
+    items = re.split(r"; \(\d+\) |: \(1\) ", lines[0])[1:]
+    assert len(items) >= 3  # prompts, HPS weights, SD-1.4
+    assert any("hpdv2" in it for it in items) and any("hps" in it.lower() for it in items)
     assert len(set(items)) == len(items)
 
 
