@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from pcpo_eval import dist
-from pcpo_eval.credit.ddim import check_ddim_eta
+from pcpo_eval.credit.ddim import check_ddim_eta, ddim_schedule
 from pcpo_eval.errors import UserError
 from pcpo_eval.generate.fixed_batch import (
     MAX_MEMORY_MICRO_BATCH,
@@ -356,6 +356,7 @@ def _settings(request: GenerationRequest, adapter: ModelAdapter, spec_str: str, 
     sampler_name = resolve_sampler(request.sampler, adapter.prediction)
     if sampler_name == "ddim":
         check_ddim_eta(float(request.eta), "eta")  # before the set folder or a progress bar exists
+        ddim_schedule(adapter.scheduler_config, int(request.steps), float(request.eta), stochastic=False)  # --steps
     schedule = SCHEDULES[sampler_name][0] if request.schedule is None else request.schedule
     if schedule not in SCHEDULES[sampler_name]:
         raise UserError(

@@ -134,3 +134,12 @@ def test_several_problems_are_still_one_error_line(cli, box):
     (box / "two.yaml").write_text("epochs: 0\nbogus_key: 1\nlearning_rate: -1\n")
     res = cli("train", box / "two.yaml", "--out", box / "r")
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1 and res.stderr.startswith("error:")
+
+
+def test_generate_steps_beyond_the_model_is_refused_before_rendering(cli, box):
+    """--steps past the model's 1000 training timesteps was found while rendering: progress lines, then an
+    error that named no fix. Now before any folder or progress bar."""
+    res = cli("generate", "--model", "toy", "--prompts", "toy", "--seeds", "1", "--steps", "100000",
+              "--out", box / "s")
+    _refused(res, "--steps 100000", "use --steps <= 1000")
+    assert not (box / "s").exists()
