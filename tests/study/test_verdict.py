@@ -277,18 +277,27 @@ def test_sampler_offset_is_named_not_passed_for_a_speedup(tmp_path, fakes):
     assert "is the sampler's, not learning" in res["headline"]
 
 
+#: A learning DDPO arm against a frozen one (learning rate 1e-12; its curves: :func:`_frozen`).
+FROZEN_VS_DDPO = {**AA, "design": {"algorithm": {"DDPO": {"objective": "ppo_clip"},
+                                                 "Frozen": {"objective": "ppo_clip", "learning_rate": 1e-12}}},
+                  "compare": {"factor": "algorithm", "baseline": "DDPO", "pcpo": "Frozen"}}
+
+
+def _frozen(control: float):
+    """A curve model whose reward IS its untrained control every epoch (flat at ``control``, noise 0.005)."""
+    def frozen(epochs: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        ctrl = control + rng.normal(0, 0.005, epochs)
+        return ctrl.copy(), ctrl
+
+    return frozen
+
+
 def test_frozen_arm_is_never_called_fast(tmp_path, fakes):
     """A frozen policy (reward == its untrained control every epoch) against one that learns, same seeds:
     no speed-up row says it is faster, its paired gain is lower, and a target the controls reach has no row."""
-    def frozen(epochs: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-        ctrl = 0.25 + rng.normal(0, 0.005, epochs)
-        return ctrl.copy(), ctrl
-
-    fakes.curves = {"DDPO": rising(0.05, run_sd=0.003, control=0.25), "Frozen": frozen}
-    res = _study(tmp_path, **{**AA, "design": {"algorithm": {"DDPO": {"objective": "ppo_clip"},
-                                                             "Frozen": {"objective": "ppo_clip", "learning_rate": 1e-12}}},
-                              "compare": {"factor": "algorithm", "baseline": "DDPO", "pcpo": "Frozen"}},
-                 seeds=[0, 1, 2], targets=[0.2, 0.5], gain_targets=[0.1, 0.2], select_target=0.5)
+    fakes.curves = {"DDPO": rising(0.05, run_sd=0.003, control=0.25), "Frozen": _frozen(0.25)}
+    res = _study(tmp_path, **FROZEN_VS_DDPO, seeds=[0, 1, 2], targets=[0.2, 0.5], gain_targets=[0.1, 0.2],
+                 select_target=0.5)
     by_q = {v["quantity"]: v for v in res["verdict"]}
     assert "speedup_reward:0.2" not in by_q  # the untrained controls start above 0.2
     for q, v in by_q.items():
@@ -305,15 +314,8 @@ def test_a_frozen_arm_with_a_better_sampler_is_not_called_better(tmp_path, fakes
     final reward and reward AUC are higher (the sampler's offset), its paired gain lower. The raw rows must
     be explained as the sampler's, in the offset block and the headline (before, only raw speed-ups were:
     'Frozen's reward AUC is higher than DDPO's' stood with nothing pointing at the sampler)."""
-    def frozen(epochs: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-        ctrl = 0.40 + rng.normal(0, 0.005, epochs)
-        return ctrl.copy(), ctrl
-
-    fakes.curves = {"DDPO": rising(0.01, run_sd=0.002, control=0.25), "Frozen": frozen}
-    res = _study(tmp_path, **{**AA, "design": {"algorithm": {"DDPO": {"objective": "ppo_clip"},
-                                                             "Frozen": {"objective": "ppo_clip", "learning_rate": 1e-12}}},
-                              "compare": {"factor": "algorithm", "baseline": "DDPO", "pcpo": "Frozen"}},
-                 seeds=[0, 1, 2], targets=[0.38], gain_targets=[0.05], select_target=0.3)
+    fakes.curves = {"DDPO": rising(0.01, run_sd=0.002, control=0.25), "Frozen": _frozen(0.40)}
+    res = _study(tmp_path, **FROZEN_VS_DDPO, seeds=[0, 1, 2], targets=[0.38], gain_targets=[0.05], select_target=0.3)
     by_q = {v["quantity"]: v for v in res["verdict"]}
     assert by_q["paired_gain"]["significant"] and by_q["paired_gain"]["estimate"] < 0  # it learns nothing
     raw = [q for q in ("final_reward", "auc") if by_q[q]["significant"] and by_q[q]["estimate"] > 0]
