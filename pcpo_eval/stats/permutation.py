@@ -27,6 +27,7 @@ EXACT_PERMUTATION_LIMIT = 10_000
 #: Random relabellings of the Monte Carlo permutation test.
 MC_PERMUTATIONS = 9_999
 
+
 def iqm(x: np.ndarray, axis: int | None = None) -> np.ndarray | float:
     """Interquartile mean (rliable ``aggregate_iqm``): ``scipy.stats.trim_mean(x, 0.25)``."""
     import scipy.stats

@@ -77,6 +77,13 @@ from pcpo_eval.stats.power import mde as _mde
 from pcpo_eval.stats.speedup import check_curve, moving_average
 
 ONE_RUN_PER_ARM = "1 run per arm: these are differences between runs; no CI/p-value"
+
+
+# ---------------------------------------------------------------------------------------------
+# per-run quantities
+# ---------------------------------------------------------------------------------------------
+
+
 def reward_at_epochs(
     curve: Sequence[float] | np.ndarray,
     at: Sequence[int] | np.ndarray,
