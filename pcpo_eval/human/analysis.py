@@ -313,6 +313,21 @@ def _p_txt(c: dict[str, Any]) -> str:
     return txt
 
 
+def winner_is_a(c: dict[str, Any]) -> bool:
+    """The direction a significant verdict states: the answer-level test's (the mixed model's odds ratio,
+    else the pooled win rate), which :func:`compare` requires the rater-level test to share."""
+    mm = c["mixed_model"]
+    return mm["odds_ratio_a"] > 1.0 if c["p_answers_source"] == "mixed-model" else c["win_rate_a"] > 0.5
+
+
+def pooled_agrees(c: dict[str, Any]) -> bool:
+    """Whether the pooled win rate of A (every decisive answer counted once) leans the verdict's way. It need
+    not: 20 raters at 75% A and one rater with 1,000 answers at 20% give a pooled 0.35 beside a significant
+    "Raters preferred A" (mixed model and rater-level test); the sentence then says so, and the report does
+    not bold that rate."""
+    return not c.get("significant") or (c["win_rate_a"] > 0.5) == winner_is_a(c)
+
+
 def verdict_sentence(c: dict[str, Any]) -> str:
     """One line: a preference only when the chosen p, Holm-adjusted over the study's comparisons
     (``p_holm``, :func:`study_family`), is below :data:`ALPHA`, else "no evidence"."""
@@ -328,8 +343,12 @@ def verdict_sentence(c: dict[str, Any]) -> str:
                 f"{mm['reason']}){_power_txt(c)}.")
     p_txt = _p_txt(c)
     if c["significant"]:
-        a_ahead = mm["odds_ratio_a"] > 1.0 if c["p_answers_source"] == "mixed-model" else c["win_rate_a"] > 0.5
+        a_ahead = winner_is_a(c)
         winner, loser = (a, b) if a_ahead else (b, a)
+        if not pooled_agrees(c):  # one heavy rater can pull the pooled rate the other way
+            return (f"Raters preferred {winner} over {loser} (the mixed model and the raters' own win rates, each "
+                    f"rater one number; pooled over answers the {rate} points the other way: a few raters gave "
+                    f"most of the answers), {p_txt}{_power_txt(c)}.")
         return f"Raters preferred {winner} over {loser}: {rate}, {p_txt}{_power_txt(c)}."
     own = f" (p < {ALPHA:g} alone, but not after Holm over the study's comparisons)" if (
         c["p"] is not None and c["p"] < ALPHA) else ""

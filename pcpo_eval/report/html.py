@@ -59,6 +59,7 @@ from pcpo_eval.report.figures import (
     validation_figure,
 )
 from pcpo_eval.report.kl_ref import kl_ref_figure
+from pcpo_eval.stats.fmt import p_value, pct, pct_interval
 from pcpo_eval.studydir import StudyLayout, results_path
 
 #: Figures the report embeds and writes (``figures/<name>.svg|pdf|png``), in report order; plus one
@@ -107,13 +108,14 @@ def fmt_num(x: Any, digits: int = 4) -> str:
     return f"{x:.{digits}g}" if abs(x) >= 1 else f"{x:.{digits}f}".rstrip("0").rstrip(".") or "0"
 
 
-def fmt_p(p: Any) -> str:
+def fmt_p(p: Any, alpha: float = 0.05) -> str:
     """p-values as in the paper (3 decimals) from 0.1 up, three significant digits below (0.0496 and 0.0504
-    must not both read 0.050 beside alpha = 0.05), tiny ones with the exponent."""
+    must not both read 0.050 beside alpha = 0.05), more where rounding would carry p across alpha
+    (:func:`pcpo_eval.stats.fmt.p_value`: 0.04997 reads 0.04997, not 0.05), tiny ones with the exponent."""
     if _missing(p):
         return "–"
     p = float(p)
-    return f"{p:.3f}" if p >= 0.1 else f"{p:.3g}" if p >= 0.001 else f"{p:.1e}"
+    return f"{p:.3f}" if p >= max(0.1, 2 * alpha) else p_value(p, alpha) if p >= 0.001 else f"{p:.1e}"
 
 
 def fmt_ci(lo: Any, hi: Any) -> str:
@@ -170,21 +172,16 @@ def _is_speedup(quantity: Any) -> bool:
 
 
 def fmt_pct(x: Any) -> str:
-    """A fraction as a signed percentage (0.254 -> +25%); None/NaN -> an en dash."""
-    if _missing(x) or isinstance(x, bool):
-        return "–"
-    x = float(x)
-    return f"{x:+.1%}" if abs(x) < 0.1 else f"{x:+.0%}"
+    """A fraction as a signed percentage (0.254 -> +25%; :func:`pcpo_eval.stats.fmt.pct`); None/NaN -> an en dash."""
+    return pct(None if _missing(x) else x, "–")
 
 
 def _speedup_ci(v: dict[str, Any]) -> str:
-    """A speed-up row's CI in %: 'lo to hi', or its two Fieller pieces 'lo to a or b to hi' when
-    ``details["ci_gap"]`` holds the hole (as the sentence prints it)."""
-    hi = fmt_pct(v.get("ci_high")) if v.get("ci_high") is not None else "unbounded"
-    gap = (v.get("details") or {}).get("ci_gap") or [None, None]
-    if len(gap) == 2 and gap[0] is not None and gap[1] is not None:
-        return f"{fmt_pct(v.get('ci_low'))} to {fmt_pct(gap[0])} or {fmt_pct(gap[1])} to {hi}"
-    return f"{fmt_pct(v.get('ci_low'))} to {hi}"
+    """A speed-up row's CI in %: 'lo to hi', or its two Fieller pieces 'lo to a or b to hi' when ``ci_gap``
+    (a speed-up table row) or ``details["ci_gap"]`` (a verdict row) holds the hole, as the sentence prints it
+    (:func:`pcpo_eval.stats.fmt.pct_interval`: a non-zero end keeps its sign)."""
+    gap = v.get("ci_gap") or (v.get("details") or {}).get("ci_gap")
+    return pct_interval(v.get("ci_low"), v.get("ci_high"), tuple(gap) if gap else None)
 
 
 def verdict_row(v: dict[str, Any]) -> dict[str, Any]:
@@ -437,7 +434,10 @@ def progression_view(progression: list[dict[str, Any]] | None, root: Path | None
 def _human_comparison_row(c: dict[str, Any]) -> dict[str, Any]:
     mm = c.get("mixed_model") or {}
     lo, hi = (mm.get("ci95") or [None, None])[:2]
-    return {**c, "or": mm.get("odds_ratio_a"), "or_ci": fmt_ci(lo, hi), "mm_p": mm.get("p"),
+    from pcpo_eval.human.analysis import pooled_agrees
+
+    bold = bool(c.get("significant")) and c.get("win_rate_a") is not None and pooled_agrees(c)
+    return {**c, "bold_rate": bold, "or": mm.get("odds_ratio_a"), "or_ci": fmt_ci(lo, hi), "mm_p": mm.get("p"),
             "mm_estimable": bool(mm.get("estimable")), "mm_reason": mm.get("reason"),
             "ci": fmt_ci(*(c.get("ci95") or [None, None])[:2])}
 
@@ -517,6 +517,7 @@ def render_report(results: dict[str, Any], root: str | Path | None = None,
     )
     env.filters["num"] = fmt_num
     env.filters["pct"] = fmt_pct
+    env.filters["speedup_ci"] = _speedup_ci
     env.filters["pval"] = fmt_p
     env.filters["term"] = pretty_term
     return env.get_template("report.html.j2").render(**view_model(results, Path(root) if root else None, uris))

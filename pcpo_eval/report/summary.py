@@ -13,6 +13,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from pcpo_eval.stats.fmt import p_value, pct
 from pcpo_eval.studydir import results_path
 
 ONE_RUN_WARNING = "  1 run per arm: these are differences between runs, not algorithms (no CI, no p-value)"
@@ -23,6 +24,11 @@ def _num(x: Any, fmt: str = ".4g") -> str:
     if isinstance(x, bool) or not isinstance(x, int | float) or (isinstance(x, float) and not math.isfinite(x)):
         return "n/a"
     return format(x, fmt)
+
+
+def _p(x: Any) -> str:
+    """A p-value as the verdict prints it (:func:`pcpo_eval.stats.fmt.p_value`), or ``n/a``."""
+    return p_value(float(x)) if _num(x) != "n/a" else "n/a"
 
 
 def verdict_lines(res: dict[str, Any]) -> list[str]:
@@ -49,7 +55,7 @@ def _speedup_status(res: dict[str, Any], cell: Any, row: dict[str, Any]) -> str:
     gated = bool(((v or {}).get("details") or {}).get("gated"))
     word = "significant" if row.get("significant") else "not tested" if gated else "no evidence of a difference"
     p = row.get("p_adjusted")
-    return f" (Holm p {_num(p, '.3g')}: {word})" if isinstance(p, int | float) else f" ({word})"
+    return f" (Holm p {_p(p)}: {word})" if isinstance(p, int | float) else f" ({word})"
 
 
 def speedup_lines(res: dict[str, Any]) -> list[str]:
@@ -63,7 +69,7 @@ def speedup_lines(res: dict[str, Any]) -> list[str]:
                 lines.append(head + str(row.get("status")))
                 continue
             sp = row.get("speedup")
-            what = (f"{sp:+.0%}{_speedup_status(res, block.get('cell'), row)}" if isinstance(sp, int | float)
+            what = (f"{pct(sp)}{_speedup_status(res, block.get('cell'), row)}" if isinstance(sp, int | float)
                     else (row.get("status") or "n/a"))
             lines.append(head + f"{block.get('baseline') or 'baseline'} {row.get('baseline_epochs')} vs "
                          f"{block.get('pcpo') or 'PCPO'} {row.get('pcpo_epochs')} epochs -> {what}")
@@ -77,6 +83,8 @@ def balance_lines(res: dict[str, Any]) -> list[str]:
 
 def lmm_lines(res: dict[str, Any]) -> list[str]:
     """The compared factor's main effect per metric: estimate, p, adjusted p, or why there is none."""
+    from pcpo_eval.stats.design import term_factors
+
     lmm = res.get("lmm") or {}
     factor = (res.get("study") or {}).get("compare", {}).get("factor", "")
     key = "p_bh" if lmm.get("adjust") == "bh" else "p_holm"
@@ -86,14 +94,14 @@ def lmm_lines(res: dict[str, Any]) -> list[str]:
             lines.append(f"  LMM {m}: fit failed ({fit['error']})")
             continue
         for fe in fit.get("fixed", []):
-            if not (fe["term"].startswith(f"{factor}[") and ":" not in fe["term"]):
+            if term_factors(fe["term"]) != (factor,):  # the factor's main effect, either coding
                 continue
             if fit.get("estimable", True) is False:
                 lines.append(f"  LMM {m}: {fe['term']} = {_num(fe.get('estimate'))} (not estimable: {fit.get('reason')})")
                 continue
             p_adj = (lmm.get("adjusted") or {}).get(m, {}).get(fe["term"], {}).get(key)
-            lines.append(f"  LMM {m}: {fe['term']} = {_num(fe.get('estimate'))} (p = {_num(fe.get('p'), '.3g')}, "
-                         f"adj. p = {_num(p_adj, '.3g')})")
+            lines.append(f"  LMM {m}: {fe['term']} = {_num(fe.get('estimate'))} (p = {_p(fe.get('p'))}, "
+                         f"adj. p = {_p(p_adj)})")
     return lines
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import re
 import warnings
 from dataclasses import dataclass
 
@@ -43,6 +44,24 @@ class Design:
     blocks: tuple[REBlock, ...]
     reference_levels: dict[str, str]
     used_columns: tuple[str, ...]
+
+
+#: one coded factor of a fixed-effect term's name: ``algorithm[T.PCPO]``, ``C(algorithm)[T.PCPO]``,
+#: ``C(algorithm, Sum)[S.DDPO]`` (treatment or sum coding, :func:`_apply_coding`); group 1 or 2 is the column
+_TERM_FACTOR = re.compile(r"^(?:(\w+)|C\(\s*(\w+)\s*(?:,[^\[]*)?\))\[[TS]\.")
+
+
+def term_factors(term: str) -> tuple[str, ...]:
+    """The data columns whose coded levels make up a fixed-effect term, in order: ``algorithm[T.PCPO]`` and
+    ``C(algorithm, Sum)[S.DDPO]`` -> ``("algorithm",)``; ``algorithm[T.PCPO]:batch[T.16]`` -> ``("algorithm",
+    "batch")``; a numeric covariate or the intercept -> ``()``. The one reading of term names by factor, so
+    sum coding's names are not missed where only ``algorithm[`` was looked for."""
+    out = []
+    for part in term.split(":"):
+        m = _TERM_FACTOR.match(part.strip())
+        if m:
+            out.append(m.group(1) or m.group(2))
+    return tuple(out)
 
 
 def _is_categorical(s: pd.Series) -> bool:

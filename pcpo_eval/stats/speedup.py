@@ -70,6 +70,7 @@ import pandas as pd
 
 from pcpo_eval.errors import UserError, require
 from pcpo_eval.rundir import load_log, log_path, validate_log
+from pcpo_eval.stats.fmt import p_value, pct, pct_interval
 
 
 def check_window(window: int) -> None:
@@ -572,16 +573,9 @@ class SpeedupTable:
         for r, h in zip(self.rows, holm, strict=True):
             lines.append(f"| {r.target:g} | {speedup_cell_epochs(r.baseline_mean, r.n_censored_baseline, r.n_baseline)} | "
                          f"{speedup_cell_epochs(r.treatment_mean, r.n_censored_treatment, r.n_treatment)} | "
-                         f"{speedup_text(r)} | {'' if r.p is None else f'{r.p:.3g}'} | {'' if h is None else f'{h:.3g}'} | "
+                         f"{speedup_text(r)} | {'' if r.p is None else p_value(r.p, r.alpha)} | {'' if h is None else p_value(h, r.alpha)} | "
                          f"{pct(r.mde, 'none')} |")
         return "\n".join(lines)
-
-
-def pct(x: float | None, missing: str = "?") -> str:
-    """A speed-up fraction as a percentage (0.254 -> '+25%')."""
-    if x is None or not math.isfinite(x):
-        return missing
-    return f"{x:+.1%}" if abs(x) < 0.1 else f"{x:+.0%}"
 
 
 def speedup_cell_epochs(mean: float | None, censored: int, n: int) -> str:
@@ -593,13 +587,9 @@ def speedup_cell_epochs(mean: float | None, censored: int, n: int) -> str:
 def ci_text(s: Speedup) -> str:
     """The CI as printed: '95% CI +3% to +60%', its two pieces '95% CI -100% to -40% or +20% to +300%'
     (:func:`fieller_set`), or, with the exact permutation p and no CI, the reason there is none."""
-    level = f"{100 * (1 - s.alpha):g}% CI"
     if s.ci_low is None:
         return s.reason
-    hi = pct(s.ci_high, "unbounded")
-    if s.ci_gap_low is not None and s.ci_gap_high is not None:
-        return f"{level} {pct(s.ci_low)} to {pct(s.ci_gap_low)} or {pct(s.ci_gap_high)} to {hi}"
-    return f"{level} {pct(s.ci_low)} to {hi}"
+    return f"{100 * (1 - s.alpha):g}% CI {pct_interval(s.ci_low, s.ci_high, (s.ci_gap_low, s.ci_gap_high))}"
 
 
 def speedup_text(s: Speedup) -> str:

@@ -59,6 +59,7 @@ import pandas as pd
 
 from pcpo_eval.errors import UserError, require
 from pcpo_eval.stats.adjust import holm
+from pcpo_eval.stats.fmt import ci_decimals, decimals, p_value
 from pcpo_eval.stats.power import family_level
 from pcpo_eval.stats.runlevel import (
     ONE_RUN_PER_ARM,
@@ -284,22 +285,6 @@ def target_status(runs: Sequence[RunCurve], targets: Sequence[float], gain_targe
 # ---------------------------------------------------------------------------------------------
 
 
-def _decimals(scale: float) -> int:
-    """Decimals that show a quantity of size ``scale`` with about two significant digits."""
-    if not np.isfinite(scale) or scale <= 0:
-        return 3
-    return int(np.clip(1 - np.floor(np.log10(scale)), 0, 6))
-
-
-def _ci_decimals(estimate: float, lo: float, hi: float) -> int:
-    """Decimals for an estimate and its CI: about two significant digits of the CI's width, more until every
-    non-zero end keeps its sign when printed (a significant CI never reads ``+0.00 to +0.11``)."""
-    d = _decimals(hi - lo)
-    while d < 8 and any(x != 0 and round(x, d) == 0 for x in (estimate, lo, hi)):
-        d += 1
-    return d
-
-
 def _level(alpha: float) -> str:
     return f"{100 * (1 - alpha):g}%"
 
@@ -308,18 +293,19 @@ def _design(paired: bool, n_t: int, n_b: int) -> str:
     return f"{n_b} seeds per arm, paired by seed" if paired else f"{n_t} vs {n_b} runs, unpaired"
 
 
-def _p_text(v: Verdict) -> str:
+def _p_text(v: Verdict, alpha: float) -> str:
+    """'; p = ..., Holm-adjusted p = ... (family)', each with the digits that keep its side of ``alpha``."""
     if v.p is None:
         return ""
-    adj = f", Holm-adjusted p = {v.p_adjusted:.3g} ({v.family})" if v.p_adjusted is not None else ""
-    return f"; p = {v.p:.3g}{adj}"
+    adj = f", Holm-adjusted p = {p_value(v.p_adjusted, alpha)} ({v.family})" if v.p_adjusted is not None else ""
+    return f"; p = {p_value(v.p, alpha)}{adj}"
 
 
 def _why_not(v: Verdict, own_test_significant: bool, has_ci: bool = True) -> str:
     """Why a row is not significant when its own test is (Holm, or the closed gate of the secondary family)."""
     own = ("the CI excludes 0, but " if has_ci else "p < alpha, but ") if own_test_significant else ""
     if v.details.get("gated"):
-        return f" ({own}{GATED}: {v.details.get('gate', 'the primary endpoint shows no difference')})"
+        return f" ({own}{GATED}: {v.details.get('gate', 'the primary endpoint is not significant')})"
     return f" ({own}not after the family's Holm adjustment)" if own_test_significant else ""
 
 
@@ -334,7 +320,7 @@ def comparison_sentence(v: Verdict, c: Comparison, label: str) -> str:
     b, t = v.baseline, v.treatment
     if not c.estimable:
         if c.reason == ONE_RUN_PER_ARM and c.estimate is not None:
-            d = _decimals(abs(c.estimate))
+            d = decimals(abs(c.estimate))
             return f"1 run per arm: differences between runs, not algorithms ({t} - {b} {label}: {c.estimate:+.{d}f})"
         return f"{label} of {t} vs {b} is not estimable: {c.reason}"
     assert c.estimate is not None
@@ -342,23 +328,23 @@ def comparison_sentence(v: Verdict, c: Comparison, label: str) -> str:
     what = "IQM of the per-seed differences " if by_seed else ""
     design = _design(c.paired, c.n_treatment, c.n_baseline)
     if c.ci_low is None or c.ci_high is None:  # no spread: the permutation p, no CI
-        d = _decimals(abs(c.estimate))
+        d = decimals(abs(c.estimate))
         ci = f"{what}{c.estimate:+.{d}f}, {c.reason}, {design}"
     else:
-        d = _ci_decimals(c.estimate, c.ci_low, c.ci_high)
+        d = ci_decimals(c.estimate, c.ci_low, c.ci_high)
         ci = f"{what}{c.estimate:+.{d}f}, {_level(c.alpha)} CI {c.ci_low:+.{d}f} to {c.ci_high:+.{d}f}, {design}"
         ci += f"; {c.reason}" if c.reason else ""  # the t test not trusted alone (permutation.t_not_robust)
     power = (f"; {detectable(v)}: ±{c.mde:.{d}f}" if c.mde is not None else
              _undetectable(v, c.p_floor, "effect", c.alpha) if c.p_floor is not None or c.ci_low is None else "")
     if not v.significant:
-        return (f"no evidence of a difference in {label} between {t} and {b} ({ci}{_p_text(v)}{power})"
+        return (f"no evidence of a difference in {label} between {t} and {b} ({ci}{_p_text(v, c.alpha)}{power})"
                 f"{_why_not(v, c.significant, c.ci_low is not None)}")
     way = "higher" if c.estimate > 0 else "lower"
     if by_seed:
         name = label.removeprefix("IQM ")
-        return f"{t}'s {name} is {way} than {b}'s, seed for seed ({ci}{_p_text(v)}{power})"
+        return f"{t}'s {name} is {way} than {b}'s, seed for seed ({ci}{_p_text(v, c.alpha)}{power})"
     assert c.baseline_value is not None and c.treatment_value is not None
-    return f"{t}'s {label} is {way} than {b}'s: {c.treatment_value:.{d}f} vs {c.baseline_value:.{d}f} ({ci}{_p_text(v)}{power})"
+    return f"{t}'s {label} is {way} than {b}'s: {c.treatment_value:.{d}f} vs {c.baseline_value:.{d}f} ({ci}{_p_text(v, c.alpha)}{power})"
 
 
 def _epochs(x: float | None) -> str:
@@ -396,7 +382,8 @@ def _speedup_power(v: Verdict, s: Speedup) -> tuple[str, str]:
         return _undetectable(v, s.p_floor, "speed-up", s.alpha), ""
     if s.ci_low is None:  # estimable without a CI: the exact permutation p (Speedup.p_method)
         return "; no spread measured, so no detectable effect or seed count", ""
-    limit = f" (at most {pct(s.max_speedup)} is possible with this window and baseline)" if s.max_speedup is not None else ""
+    limit = (f" (at most {pct(s.max_speedup)} is possible against the baseline's measured mean with this window; "
+             "the CI also covers a baseline slower than measured)" if s.max_speedup is not None else "")
     power = f"; {detectable(v)}: {pct(s.mde)}" if s.mde is not None else f"; no speed-up is {detectable(v)}{limit}"
     if not s.reference_feasible:
         return power, f"; a {REFERENCE_SPEEDUP:.0%} speed-up is not possible with this window and baseline"
@@ -419,7 +406,7 @@ def speedup_sentence(v: Verdict, s: Speedup, kind: str) -> str:
               + (f"; {', '.join(cens)}" if cens else "") + ")")
     ci = f"speed-up {pct(s.estimate)}, {ci_text(s)}" + (f"; {s.reason}" if s.reason and s.ci_low is not None else "")
     power, need = _speedup_power(v, s)
-    tail = f"{ci}, {_design(s.paired, s.n_treatment, s.n_baseline)}{_p_text(v)}{power}{need}"
+    tail = f"{ci}, {_design(s.paired, s.n_treatment, s.n_baseline)}{_p_text(v, s.alpha)}{power}{need}"
     if not v.significant:
         return f"no evidence of a difference in epochs to reach {what}: {epochs}; {tail}{_why_not(v, s.significant, s.ci_low is not None)}"
     way = "sooner" if (s.estimate or 0) > 0 else "later"
@@ -498,21 +485,24 @@ def adjust_families(rows: Sequence[Verdict], primary: Sequence[str], alpha: floa
         for i, pa in zip(idx, adj, strict=True):
             out[i] = replace(out[i], p_adjusted=float(pa), significant=gate and bool(pa < alpha))
         if not gate:
-            why = gate_reason(prim)
+            why = gate_reason(prim, alpha)
             out = [replace(r, details={**r.details, "gated": True, "gate": why, "holm_below_alpha":
                                        r.p_adjusted is not None and r.p_adjusted < alpha})
                    if r.family == name else r for r in out]
     return out
 
 
-def gate_reason(prim: Sequence[Verdict]) -> str:
+def gate_reason(prim: Sequence[Verdict], alpha: float = 0.05) -> str:
     """Why the secondary family was not tested: no primary row, or the (first) primary row that is not
-    estimable or shows no difference, with its cell when the primary rows span several cells."""
+    estimable or not significant (with its Holm-adjusted p: its CI may exclude 0 before Holm, so "shows no
+    difference" would misstate it), with its cell when the primary rows span several cells."""
     if not prim:
         return "the study has no primary row"
     r = next(x for x in prim if not x.significant)
     where = f" in {r.cell}" if len({x.cell for x in prim}) > 1 else ""
-    what = "is not estimable" if not r.estimable or r.p is None else "shows no difference"
+    what = ("is not estimable" if not r.estimable or r.p is None else
+            f"is not significant (Holm-adjusted p = {p_value(r.p_adjusted, alpha)})" if r.p_adjusted is not None else
+            "is not significant")
     return f"the primary endpoint ({r.quantity}){where} {what}"
 
 

@@ -298,9 +298,8 @@ def overall_effects(sp: StudySpec, rows: list[dict[str, Any]], values: dict[str,
     """Per cell, for each ``overall_only`` metric: PCPO - baseline of the runs' overall values, Welch t
     interval and Welch t-test p over runs (:func:`pcpo_eval.stats.runlevel.compare_runs`, whose MDE at
     the runs' spread is ``mde``), Holm (or BH) across the overall-only metrics; 1 run per arm: not
-    estimable."""
-    import scipy.stats
-
+    estimable. Where the t test is not trusted alone (:func:`pcpo_eval.stats.permutation.t_not_robust`) p is
+    the larger of Welch's and the exact permutation test's, as in every run-level row."""
     from pcpo_eval.stats.adjust import benjamini_hochberg, holm
     from pcpo_eval.stats.runlevel import compare_runs
 
@@ -311,9 +310,9 @@ def overall_effects(sp: StudySpec, rows: list[dict[str, Any]], values: dict[str,
             b, t = ([values[c["name"]][m] for c in rows if c["cell"] == cell and c["role"] == role
                      and m in values.get(c["name"], {})] for role in ("baseline", "pcpo"))
             c = compare_runs(b, t, rng=np.random.default_rng(0), alpha=sp.lmm.alpha)
-            # the Welch p of the CI; without spread (no CI) the exact relabelling p compare_runs gives
-            p = (float(scipy.stats.ttest_ind(t, b, equal_var=False).pvalue) if c.ci_low is not None else c.p) \
-                if c.estimable else None
+            # compare_runs' p: the Welch p of the CI, bounded below by the exact relabelling test where a t
+            # test is not trusted alone (2 runs in an arm, one arm without spread); that test's p without spread
+            p = c.p if c.estimable else None
             per[m] = {"estimate": c.estimate, "se": None, "df": c.df, "ci_low": c.ci_low, "ci_high": c.ci_high,
                       "mde": c.mde, "run_values": {"baseline": b, "treatment": t},
                       "p": p, "estimable": c.estimable, "reason": c.reason or None, "converged": True,
@@ -402,8 +401,11 @@ def lmm_study_family(adjusted: dict[str, dict[str, dict[str, Any]]]) -> dict[str
 
 def involves(term: str, factor: str) -> bool:
     """Whether a fixed-effect term (``algorithm[T.PCPO]``, ``algorithm[T.PCPO]:batch[T.b]``) is or
-    contains the compared factor: the terms that compare the arms."""
-    return any(part.startswith(f"{factor}[") for part in term.split(":"))
+    contains the compared factor: the terms that compare the arms, in treatment or sum coding
+    (``C(algorithm, Sum)[S.DDPO]``; :func:`pcpo_eval.stats.design.term_factors`)."""
+    from pcpo_eval.stats.design import term_factors
+
+    return factor in term_factors(term)
 
 
 def same_tests(significance: dict[str, dict[str, Any]], adjusted: dict[str, dict[str, Any]],
@@ -766,13 +768,19 @@ def reward_balance(sp: StudySpec, runs: Sequence[dict[str, Any]], alpha: float =
                      "family_size": len(tested), "paired": c.paired, "n_baseline": c.n_baseline, "n_pcpo": c.n_treatment,
                      "n_left_out": left_out, "estimable": c.estimable, "reason": c.reason or None, "mde": c.mde,
                      "mde_level": level, "imbalanced": imbalanced,
-                     "sentence": _balance_sentence(sp, cell, c, alpha, imbalanced, adj.get(cell), len(tested), left_out)}
+                     "sentence": _balance_sentence(sp, cell, c, alpha, imbalanced, adj.get(cell), len(tested), left_out,
+                                                   level)}
     return out
 
 
 def _balance_sentence(sp: StudySpec, cell: str, c: Any, alpha: float, imbalanced: bool, p_holm: float | None, m: int,
-                      left_out: dict[str, int]) -> str:
-    """The balance of one cell in words (:func:`reward_balance`)."""
+                      left_out: dict[str, int], level: float | None = None) -> str:
+    """The balance of one cell in words (:func:`reward_balance`): decimals that keep every CI end's sign
+    (:func:`pcpo_eval.stats.fmt.ci_decimals`), p with the digits that keep its side of alpha, why the t test
+    is not trusted alone (few seeds), and what could be detected: an MDE, or that the exact test's smallest p
+    cannot reach the family's ``level`` (then no imbalance is detectable, whatever the CI says)."""
+    from pcpo_eval.stats.fmt import ci_decimals, decimals, p_value
+
     where = f" ({cell})" if len(sp.cells()) > 1 else ""
     gone = [f"{n} {sp.pcpo if role == 'pcpo' else sp.baseline} run(s) never reached the target or had no shared seed"
             for role, n in left_out.items() if n]
@@ -780,17 +788,27 @@ def _balance_sentence(sp: StudySpec, cell: str, c: Any, alpha: float, imbalanced
     if not c.estimable or c.estimate is None:
         return f"Matched-reward balance{where}: not estimable ({c.reason}{gone_txt})."
     design = f"{c.n_baseline} seeds per arm, paired by seed" if c.paired else f"{c.n_treatment} vs {c.n_baseline} runs"
-    ci = f", {1 - alpha:.0%} CI {c.ci_low:+.3f} to {c.ci_high:+.3f}" if c.ci_low is not None else f", {c.reason}"
-    p = (f", p = {c.p:.3g}" if c.p is not None else "") + \
-        (f", Holm-adjusted over the {m} cells p = {p_holm:.3g}" if p_holm is not None and m > 1 else "")
+    if c.ci_low is not None:
+        d = max(3, ci_decimals(c.estimate, c.ci_low, c.ci_high))
+        ci = f", {1 - alpha:.0%} CI {c.ci_low:+.{d}f} to {c.ci_high:+.{d}f}" + (f"; {c.reason}" if c.reason else "")
+    else:
+        d = max(3, decimals(abs(c.estimate)))
+        ci = f", {c.reason}"
+    p = (f", p = {p_value(c.p, alpha)}" if c.p is not None else "") + \
+        (f", Holm-adjusted over the {m} cells p = {p_value(p_holm, alpha)}" if p_holm is not None and m > 1 else "")
     head = (f"Matched-reward balance{where}: {sp.pcpo}'s reward-matched checkpoints sit at a smoothed reward of "
-            f"{c.treatment_value:.3f}, {sp.baseline}'s at {c.baseline_value:.3f} ({sp.pcpo} - {sp.baseline} "
-            f"{c.estimate:+.3f}{ci}{p}; {design}{gone_txt})")
+            f"{c.treatment_value:.{d}f}, {sp.baseline}'s at {c.baseline_value:.{d}f} ({sp.pcpo} - {sp.baseline} "
+            f"{c.estimate:+.{d}f}{ci}{p}; {design}{gone_txt})")
     if imbalanced:
         return (head + ": the arms' matched checkpoints differ in reward, so a matched-reward image-metric difference "
                        "may partly be this reward difference; read the matched-epoch comparison beside it.")
     how = "detectable at 80% power" + (f" after Holm over the {m} cells" if m > 1 else "")
-    power = (f" ({how}: ±{c.mde:.3f})" if c.mde is not None
+    lvl = alpha if level is None else level
+    n = min(c.n_baseline, c.n_treatment)
+    power = (f" ({how}: ±{c.mde:.{d}f})" if c.mde is not None
+             else f" (no imbalance is detectable with {n} seed{'s' if n != 1 else ''} per arm: the exact permutation "
+                  f"test's smallest p is {c.p_floor:.2g}, not below {lvl:.3g})"
+             if c.p_floor is not None and c.p_floor >= lvl
              else " (no spread measured, so no detectable effect)" if c.ci_low is None else "")
     return head + f": no evidence that one arm's matched checkpoints carry more reward{power}."
 

@@ -31,8 +31,9 @@ import numpy as np
 import pandas as pd
 
 from pcpo_eval.rundir import load_log, log_path
+from pcpo_eval.stats.fmt import p_value, pct
 from pcpo_eval.stats.runlevel import compare_runs
-from pcpo_eval.stats.speedup import pct, speedup_cell_epochs
+from pcpo_eval.stats.speedup import speedup_cell_epochs
 from pcpo_eval.stats.verdict import (
     CONTROL_COLUMN,
     RunCurve,
@@ -191,6 +192,7 @@ def speedup_blocks(sp: StudySpec, rows: Sequence[dict[str, Any]], status: Sequen
                           "pcpo_epochs": speedup_cell_epochs(row["treatment_value"], d["n_censored_treatment"],
                                                              len(d["treatment_epochs"])),
                           "speedup": row["estimate"], "ci_low": row["ci_low"], "ci_high": row["ci_high"],
+                          "ci_gap": d.get("ci_gap"),
                           "p": row["p"], "p_adjusted": row["p_adjusted"], "significant": row["significant"],
                           "mde": row["mde"], "seeds_for_reference": d["seeds_for_reference"], "tau": d["tau"],
                           "status": row["reason"] or "ok"})
@@ -251,8 +253,11 @@ def sampler_offset(sp: StudySpec, table: pd.DataFrame, rows: Sequence[dict[str, 
         c = compare_runs(mb, mt, rng=np.random.default_rng(VERDICT_SEED), paired=paired)
         diff = float(mt.mean() - mb.mean())
         design = f"{len(b)} seeds, paired by seed" if paired else f"{len(t)} vs {len(b)} runs, unpaired"
-        ci = (f", 95% CI {c.ci_low:+.3g} to {c.ci_high:+.3g}, {design}" if c.ci_low is not None and c.ci_high is not None
-              else f"; {c.reason}, p = {c.p:.3g}, {design}" if c.estimable and c.p is not None else f"; {c.reason}")
+        sig = "" if not c.estimable or c.p is None else "; significant" if c.significant else "; not significant"
+        ci = (f", 95% CI {c.ci_low:+.3g} to {c.ci_high:+.3g}{f'; {c.reason}' if c.reason else ''}, "
+              f"p = {p_value(c.p)}{sig}, {design}" if c.ci_low is not None and c.ci_high is not None
+              else f"; {c.reason}, p = {p_value(c.p)}{sig}, {design}" if c.estimable and c.p is not None
+              else f"; {c.reason}")
         head = (f"untrained controls (same prompts and noises, each arm's sampler): {sp.pcpo} {mt.mean():.4g} vs "
                 f"{sp.baseline} {mb.mean():.4g} (difference {diff:+.3g}{ci})")
         explained = _raw_speedup_explained(sp, cell, diff, c.significant, rows)

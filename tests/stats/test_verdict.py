@@ -482,7 +482,8 @@ def _speedup_sentence(bt, tt, *, n_epochs, paired=True):
 
 def test_speedup_sentence_says_what_the_window_makes_impossible():
     s, text = _speedup_sentence((5, 6, 7, 6, 6), (5, 7, 6, 5, 7), n_epochs=20)
-    assert "no speed-up is detectable at 80% power (at most +20% is possible with this window and baseline)" in text
+    assert ("no speed-up is detectable at 80% power (at most +20% is possible against the baseline's measured mean "
+            "with this window; the CI also covers a baseline slower than measured)") in text
     assert text.endswith("a 25% speed-up is not possible with this window and baseline")
 
 
@@ -551,7 +552,7 @@ def test_the_gate_names_the_primary_row_that_closed_it():
                            ("paired_gain",), ALPHA)
     auc = rows[2]
     assert not auc.significant and auc.details["gated"] and auc.details["holm_below_alpha"]
-    assert auc.details["gate"] == "the primary endpoint (paired_gain) in b shows no difference"
+    assert auc.details["gate"] == "the primary endpoint (paired_gain) in b is not significant (Holm-adjusted p = 0.4)"
     rows = adjust_families([_row("a", "paired_gain", None), _row("a", "auc", 0.3)], ("paired_gain",), ALPHA)
     assert rows[1].details["gate"] == "the primary endpoint (paired_gain) is not estimable"
     assert not rows[1].details["holm_below_alpha"]
@@ -563,7 +564,8 @@ def test_the_gate_names_the_primary_row_that_closed_it():
     # needs them names one as its primary endpoint"; re-running so turns 1.5-2.5% more of resampled A/A
     # studies of the real toy pool into findings, docs/statistics.md)
     assert ("Not evidence of a difference: 1 secondary row(s) (reward AUC) have a Holm-adjusted p below alpha but "
-            "were not tested, because the primary endpoint (paired_gain) shows no difference; naming one primary "
+            "were not tested, because the primary endpoint (paired_gain) is not significant (Holm-adjusted p = 0.4); naming "
+            "one primary "
             "after seeing these results would not keep the 5% error rate") in h
     assert "names one as its primary endpoint" not in h
 

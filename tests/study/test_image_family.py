@@ -132,3 +132,52 @@ def test_overall_only_rows_state_their_welch_mde():
             power = t_power(row["mde"], float(np.std(b, ddof=1)), len(b), sd_t=float(np.std(t, ddof=1)),
                             n_t=len(t), paired=False)
             assert power == pytest.approx(0.8, abs=1e-6)
+
+
+def test_overall_only_rows_keep_the_permutation_bound_of_few_runs():
+    """2 runs per arm: the overall-only row's p is compare_runs' (never below the exact relabelling test's
+    1/3), not scipy's plain Welch p (0.013 here, which made the row significant, bold in the raw-score table);
+    with 3 runs per arm and spread it is exactly Welch's."""
+    from types import SimpleNamespace
+
+    sp = SimpleNamespace(cells=lambda: ["c"], overall_only=["fd_toy"], lmm=SimpleNamespace(alpha=0.05, adjust="holm"))
+    rows = [{"name": n, "cell": "c", "role": "baseline" if n[0] == "b" else "pcpo"} for n in ("b0", "b1", "t0", "t1")]
+    values = {"b0": {"fd_toy": 10.0}, "b1": {"fd_toy": 10.3}, "t0": {"fd_toy": 12.0}, "t1": {"fd_toy": 12.2}}
+    assert stats.ttest_ind([12.0, 12.2], [10.0, 10.3], equal_var=False).pvalue < 0.05
+    row = overall_effects(sp, rows, values)["c"]["fd_toy"]
+    assert row["p"] >= 1 / 3 and not row["significant"] and "2 runs in an arm" in row["reason"]
+    sig, _ = arm_family(overall_effects(sp, rows, values), {}, "algorithm", {}, "holm", 0.05)
+    assert not sig["c"]["fd_toy"]["significant"]
+
+    rows3 = rows + [{"name": "b2", "cell": "c", "role": "baseline"}, {"name": "t2", "cell": "c", "role": "pcpo"}]
+    values3 = values | {"b2": {"fd_toy": 10.1}, "t2": {"fd_toy": 11.5}}
+    row3 = overall_effects(sp, rows3, values3)["c"]["fd_toy"]
+    welch = stats.ttest_ind([12.0, 12.2, 11.5], [10.0, 10.3, 10.1], equal_var=False).pvalue
+    assert row3["p"] == pytest.approx(welch, rel=1e-9) and row3["significant"]
+
+
+def test_sum_coded_terms_of_the_compared_factor_join_the_family_and_the_console():
+    """``lmm.coding: sum`` names the factor's term ``C(algorithm, Sum)[S.DDPO]``; looking for ``algorithm[``
+    left it out of the study's one family of arm comparisons (its own Holm family: two families again) and
+    out of the console's LMM lines."""
+    from pcpo_eval.report.summary import lmm_lines
+    from pcpo_eval.stats.design import term_factors
+
+    assert term_factors("C(algorithm, Sum)[S.DDPO]") == ("algorithm",) == term_factors("C(algorithm)[T.PCPO]")
+    assert term_factors("C(algorithm, Sum)[S.DDPO]:C(batch, Sum)[S.8]") == ("algorithm", "batch")
+    assert term_factors("(Intercept)") == () == term_factors("log_reward")
+    assert results.involves("C(algorithm, Sum)[S.DDPO]", "algorithm")
+    assert not results.involves("C(algorithmic, Sum)[S.x]", "algorithm")
+    term = "C(algorithm, Sum)[S.DDPO]"
+    adjusted = {"fid": {term: {"p": 0.03, "p_holm": 0.03, "p_bh": 0.03},
+                        "(Intercept)": {"p": 0.5, "p_holm": 0.5, "p_bh": 0.5}}}
+    sig = {"c": {"clip": _row(0.01, se=1.0)}}
+    s, a = arm_family(sig, adjusted, "algorithm", {}, "holm", 0.05)
+    # one family of two tests: 0.01 * 2 and max(0.03, 0.02)
+    assert a["fid"][term]["p_holm"] == pytest.approx(0.03) and s["c"]["clip"]["p_adj"] == pytest.approx(0.02)
+    assert a["fid"]["(Intercept)"]["p_holm"] == 0.5
+    res = {"study": {"compare": {"factor": "algorithm"}},
+           "lmm": {"fits": {"fid": {"fixed": [{"term": term, "estimate": -0.06, "p": 0.03},
+                                              {"term": "(Intercept)", "estimate": 1.0, "p": 0.5}]}},
+                   "adjusted": a, "adjust": "holm"}}
+    assert lmm_lines(res) == [f"  LMM fid: {term} = -0.06 (p = 0.03, adj. p = 0.03)"]
