@@ -583,6 +583,7 @@ def analyze(
                      "exclude_revoked": exclude_revoked,
                      "bootstrap": bootstrap, "seed": seed, "alpha": ALPHA, "min_decisive": MIN_DECISIVE},
         "counts": {"pairs": len(pairs), "responses": n_all, "responses_dropped_revoked": revoked["dropped"],
+                   "responses_kept": len(resp), "raters_all": int(responses.rater_id.nunique()),
                    "raters": resp.rater_id.nunique(), "raters_revoked": len(revoked["raters"]),
                    "raters_excluded": len(excluded), "raters_unscreened": len(unscreened), "raters_fast": len(fast),
                    "responses_used": len(used),

@@ -4,7 +4,8 @@
 over the decisive answers of ``"A vs B"``, fitted by :func:`pcpo_eval.stats.glmer.fit_glmm`;
 ``side`` = +0.5 if A was shown left, -0.5 if right, so ``exp(intercept)`` is the odds of choosing
 A at no side advantage. Wald t tests with between-within df
-(:func:`pcpo_eval.stats.glmer.between_within_df`); what that test detects at the study family's
+(:func:`pcpo_eval.stats.glmer.between_within_df`), or by likelihood ratio beyond
+:data:`WALD_LOG_ODDS_LIMIT` (Hauck-Donner); what that test detects at the study family's
 level is the analysis' (:func:`pcpo_eval.human.analysis.detectable_win_rate`, from ``se`` and ``df``).
 Not estimable (``p = None`` and a reason, never a made-up p) with fewer than 2 raters, fewer than :data:`MIN_DECISIVE` decisive answers, every answer
 one way, or a fit that does not converge.
@@ -27,6 +28,32 @@ MIN_DECISIVE = 10  # decisive answers below which the mixed model is not fitted
 def _not_estimable(reason: str, **extra: Any) -> dict[str, Any]:
     return {"estimable": False, "odds_ratio_a": None, "ci95": [None, None], "p": None, "reason": reason,
             **extra}
+
+
+#: |log-odds of choosing A| above which the intercept is tested by likelihood ratio instead of Wald: far from
+#: 0 the Wald SE grows faster than the estimate (Hauck & Donner 1977), so near-unanimous answers tested
+#: weaker than unanimous ones: 285 of 285 answers for A gave "Raters preferred A", 283 of 285 (the other 2
+#: from one rater, whose fitted SD went to 7.2) Wald p 0.028 and "No evidence" after Holm (the human-study
+#: review's ``repro_hauck_donner.py``; R's glmer gives the same estimate and SE). 3 is a win rate of 0.95.
+WALD_LOG_ODDS_LIMIT = 3.0
+
+
+def _lrt_p(fit: Any, terms: list[str], data: pd.DataFrame) -> float | None:
+    """p of the likelihood-ratio test of the intercept (deviance of ``chosen ~ 0 + side + ...`` minus the
+    full model's, chi-square 1 df); None where the null model has no fixed effect or does not fit."""
+    from scipy.stats import chi2
+
+    from pcpo_eval.stats.glmer import fit_glmm
+
+    if "side" not in terms:
+        return None
+    try:
+        null = fit_glmm("chosen ~ 0 + " + " + ".join(t for t in terms if t != "1"), data)
+    except UserError:
+        return None
+    if not null.estimable:
+        return None
+    return float(chi2.sf(max(null.fit.deviance - fit.fit.deviance, 0.0), 1))
 
 
 def mixed_model(dec: pd.DataFrame, a: str) -> dict[str, Any]:
@@ -72,11 +99,16 @@ def mixed_model(dec: pd.DataFrame, a: str) -> dict[str, Any]:
     df = between_within_df({g: data[g].to_numpy() for g in fit.groups})
     tq = float(student_t.ppf(1 - ALPHA / 2, df))
     has_side = "side" in fit.names
+    p = float(2 * student_t.sf(abs(b / se), df))
+    test = f"Wald t with between-within df = {df} (levels of the smallest grouping factor - 1)"
+    p_lrt = _lrt_p(fit, terms, data) if abs(b) > WALD_LOG_ODDS_LIMIT else None
+    if p_lrt is not None:
+        p, test = p_lrt, (f"likelihood ratio (chi-square, 1 df) against the model without the intercept: |log-odds| "
+                          f"{abs(b):.1f} > {WALD_LOG_ODDS_LIMIT:g}, where the Wald test loses power (Hauck-Donner)")
     return {
         "estimable": True, "odds_ratio_a": math.exp(b),
         "ci95": [math.exp(b - tq * se), math.exp(b + tq * se)],
-        "p": float(2 * student_t.sf(abs(b / se), df)), "p_wald_z": float(fit.p[0]), "df": df,
-        "test": f"Wald t with between-within df = {df} (levels of the smallest grouping factor - 1)",
+        "p": p, "p_wald_z": float(fit.p[0]), "p_lrt": p_lrt, "df": df, "test": test,
         "log_odds_a": b, "se": se, "reason": None, **sizes,
         "side_log_odds": float(fit.beta[1]) if has_side else None,
         "side_p": float(2 * student_t.sf(abs(fit.z[1]), df)) if has_side else None,

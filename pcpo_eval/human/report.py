@@ -81,6 +81,18 @@ def examples(pairs: pd.DataFrame, responses: pd.DataFrame, root: Path, per: int 
     return out
 
 
+def analyzed_responses(pairs: pd.DataFrame, responses: pd.DataFrame, res: dict[str, Any],
+                       exclude_revoked: bool) -> pd.DataFrame:
+    """The responses the analysis kept: without answers dropped for a revocation and without raters the
+    attention checks excluded. The report's example pairs count these votes (before: every response,
+    so an excluded rater's votes were shown beside a verdict that left them out)."""
+    from pcpo_eval.human.analysis import revocations, validate_responses
+
+    kept, _ = revocations(validate_responses(responses, pairs), exclude_revoked)
+    gone = {e["rater_id"] for e in res["attention_checks"]["excluded"]}
+    return kept[~kept.rater_id.isin(gone)]
+
+
 def analyze_folder(folder: str | Path, responses: str | Path | None = None, database_url: str | None = None,
                    bootstrap: int = 1000, log: Callable[[str], None] = print,
                    exclude_revoked: bool = False) -> dict[str, Any]:
@@ -95,13 +107,14 @@ def analyze_folder(folder: str | Path, responses: str | Path | None = None, data
     df, source = read_responses(folder, Path(responses) if responses else None, database_url)
     res = analyze(pairs, df, bootstrap=bootstrap, seed=int(design.get("rng_seed", 0)),
                   exclude_revoked=exclude_revoked)
+    used = analyzed_responses(pairs, df, res, exclude_revoked)
     res = to_jsonable({**res, "source": source, "design": {k: design.get(k) for k in (
         "study", "comparisons", "checkpoints", "selection", "n_pairs", "n_main", "n_prompts", "rng_seed",
         "per_rater", "seeds", "max_prompts", "identical", "degraded", "created")}
         # how sides and order were drawn (the secret itself stays in design.json), and the seed layout
         | {"blinding": "secret" if design.get("blinding_secret") else "rng_seed",
            "comparison_seeds": design_comparison_seeds(design, HumanLayout(folder).design)},
-        "examples": examples(pairs, df, folder)})
+        "examples": examples(pairs, used, folder)})
     lay = HumanLayout(folder)
     if is_simulated(df):
         res = _label_simulated(res)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -620,3 +622,73 @@ def test_a_preference_at_the_printed_detectable_rate_is_found_in_80_percent_of_s
     assert bar == 44
     print(f"printed detectable win rate {q:.3f}: found in {found} of 60 studies")
     assert 0.6 < q < 0.66 and found >= bar, (q, found)
+
+
+def test_near_unanimous_answers_are_tested_by_likelihood_ratio_not_wald():
+    """All but 2 of 285 answers for A, the 2 from one rater (the human-study review's design, 15 raters x 19):
+    the rater SD fits near 7 and the log-odds near 10.7, where the Wald SE (4.35, as R's glmer) made p = 0.028
+    and the study said "No evidence" (after Holm) while 285 of 285 said "Raters preferred". Beyond |log-odds|
+    3 the intercept is tested by likelihood ratio."""
+    from pcpo_eval.human.glmm import WALD_LOG_ODDS_LIMIT, mixed_model
+
+    prompts = [int(x) for x in _HD_PROMPTS.split(",")]
+    rows = [{"rater_id": f"r{i // 19}", "prompt_id": f"p{prompts[i]}", "left_method": "A" if a == "1" else "B",
+             "choice": ("left" if a == "1" else "right") if i >= 2 else ("right" if a == "1" else "left")}
+            for i, a in enumerate(_HD_A_LEFT)]
+    mm = mixed_model(pd.DataFrame(rows), "A")
+    assert mm["estimable"] and mm["log_odds_a"] > WALD_LOG_ODDS_LIMIT, mm
+    assert mm["p_wald_z"] > 1e-3 and mm["p"] == mm["p_lrt"] < 1e-6, mm
+    assert mm["test"].startswith("likelihood ratio")
+
+
+_HD_PROMPTS = (
+    "4,28,40,9,17,0,28,14,8,5,5,24,34,43,3,28,26,1,41,29,0,12,4,27,20,22,28,10,39,17,43,0,6,0,6,26,36,21,10,38,"
+    "8,34,19,32,27,34,13,25,8,17,31,43,10,44,11,41,36,22,6,33,38,2,37,11,31,15,19,42,26,6,15,6,25,11,3,1,24,20,16,16,"
+    "7,16,35,28,15,23,11,44,10,33,7,35,3,25,7,19,13,11,22,2,33,10,20,34,4,18,1,0,33,5,12,17,18,44,2,36,4,15,21,38,"
+    "35,19,37,14,22,43,44,31,40,38,26,41,37,30,23,12,0,37,43,15,17,16,9,24,29,0,21,21,24,38,25,19,8,13,6,8,8,31,36,2,"
+    "7,22,39,14,27,27,29,27,40,22,6,27,42,39,18,2,1,14,36,33,34,43,17,32,5,37,42,9,23,11,29,30,10,20,36,1,5,26,8,24,"
+    "33,40,20,23,31,12,13,13,15,13,12,14,19,32,28,32,35,29,3,26,28,42,21,42,14,40,15,22,7,5,15,5,20,12,40,41,34,15,36,19,"
+    "9,41,18,14,9,20,14,30,43,23,23,39,9,43,39,3,39,31,16,24,35,21,25,7,34,11,14,42,5,7,25,34,35,8,20,38,6,22,29,32,"
+    "22,31,23,37,25"
+)
+_HD_A_LEFT = (
+    "101001111100010001101001011101000001100011001011111001011010001001010010000000110000001110101001"
+    "100011011100011100111111010111010111000101000101100001011110001111101100011110011000011100100000"
+    "111011001001010001101000111100100100111001100111100001100101101100110001101011010011110001101"
+)
+
+
+def test_examples_count_only_the_answers_the_analysis_kept_and_the_report_names_revocations():
+    """The report's example pairs counted every vote, an excluded rater's too; and a re-analysis with
+    --exclude-revoked (revocations can be made after the answers are in) was visible only in analysis.json,
+    while the page read "600 responses of 12 raters" (responses before the drop, raters after)."""
+    from pcpo_eval.human.report import analyzed_responses, examples
+    from pcpo_eval.report.html import render_report
+
+    pairs = make_pairs(["x@1 vs y@1"], n_prompts=10, n_seeds=2, n_checks=2)
+    deg = pairs[pairs.kind == "degraded"]
+    good = dict(zip(deg.pair_id, deg.expected, strict=True))
+    bad = {p: {"left": "right", "right": "left"}[e] for p, e in good.items()}
+    main = pairs[pairs.kind == "main"].pair_id.tolist()
+    rows = []
+    for r in range(4):
+        rows += [(r, p, c) for p, c in (bad if r == 0 else good).items()]
+        rows += [(r, p, "right" if r == 0 else ("left", "right")[(r + i) % 2]) for i, p in enumerate(main)]
+    resp = _resp(rows)
+    resp.loc[resp.rater_id == 3, "revoked_at"] = "2026-02-01T00:00:00+00:00"  # after the answers
+    n3 = int((resp.rater_id == 3).sum())
+    for drop in (False, True):
+        out = analyze(pairs, resp, bootstrap=0, exclude_revoked=drop)
+        used = analyzed_responses(pairs, resp, out, drop)
+        assert set(used.rater_id) == ({1, 2} if drop else {1, 2, 3})  # rater 0 failed the checks
+        for e in examples(pairs, used, Path("/tmp")):
+            pid = pairs[(pairs.kind == "main") & (pairs.prompt == e["prompt"]) & (pairs.seed == e["seed"])].pair_id
+            assert sum(e["votes"].values()) == int(used.pair_id.isin(pid).sum()) == (2 if drop else 3)
+        assert out["counts"]["raters_all"] == 4 and out["counts"]["responses"] == len(resp)
+        page = render_report({"study": {"name": "h"}, "metrics": [], "human": {**out, "source": "test", "design": {},
+                                                                                 "examples": []}})
+        text = re.sub(r"<[^>]+>", "", page)
+        assert f"{len(resp)} responses of 4 raters" in text
+        assert (f"1 rater(s) revoked (r3): {n3} answer(s) dropped, every answer of a revoked rater (--exclude-revoked"
+                in text) == drop
+        assert ("1 rater(s) revoked (r3): 0 answer(s) dropped, those given after the revocation" in text) == (not drop)

@@ -72,24 +72,6 @@ def _study(n=3, *, gain_t=1.0, seeds_t=None, seed=0, cells=("hps",)):
                           {"DDPO": 1.0, "PCPO": gain_t}, cells=cells)  # fmt: skip
 
 
-@pytest.fixture
-def fast_loop(monkeypatch):
-    """For loops over hundreds of simulated studies: skip the power figures (root searches over
-    scipy's noncentral t; they enter no estimate, CI, p or verdict) and freeze the objects alive now
-    out of the garbage collector (statsmodels' Holm runs gc.collect() on every call, ~0.1-0.3 s
-    with torch loaded by conftest)."""
-    import pcpo_eval.stats.power as power
-    import pcpo_eval.stats.runlevel as runlevel
-
-    monkeypatch.setattr(power, "mde", lambda *a, **k: None)
-    monkeypatch.setattr(power, "seeds_needed", lambda *a, **k: None)
-    monkeypatch.setattr(runlevel, "_mde", lambda *a, **k: None)
-    gc.collect()
-    gc.freeze()
-    yield
-    gc.unfreeze()
-
-
 def _rates(seed: int, n_seeds: int, n_studies: int, gains: dict[str, float | None]) -> dict[str, float]:
     """Share of studies with a significant row: per quantity, for the primary row, for any row."""
     rng = np.random.default_rng(seed)

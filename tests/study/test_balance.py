@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from pcpo_eval.report.html import render_report
+from pcpo_eval.stats.fmt import ci_decimals
 from pcpo_eval.study.results import reward_balance
 
 SP = SimpleNamespace(cells=lambda: ["all"], pcpo="PCPO", baseline="DDPO")
@@ -33,8 +34,9 @@ def test_an_arm_that_overshoots_is_flagged_and_said():
     assert b["paired"] and (b["n_baseline"], b["n_pcpo"]) == (5, 5)
     assert b["estimate"] == pytest.approx(0.03, abs=0.005) and b["ci_low"] > 0 and b["p"] < 0.05
     assert b["imbalanced"]
+    d = max(3, ci_decimals(b["estimate"], b["ci_low"], b["ci_high"]))  # every CI end keeps its sign
     assert b["sentence"].startswith("Matched-reward balance: PCPO's reward-matched checkpoints sit at a smoothed "
-                                    f"reward of {b['pcpo_mean']:.3f}, DDPO's at {b['baseline_mean']:.3f}")
+                                    f"reward of {b['pcpo_mean']:.{d}f}, DDPO's at {b['baseline_mean']:.{d}f}")
     assert "5 seeds per arm, paired by seed" in b["sentence"]
     assert "may partly be this reward difference; read the matched-epoch comparison beside it" in b["sentence"]
 
@@ -91,7 +93,9 @@ def test_ci_level_follows_alpha_and_no_spread_says_so():
     assert ", 90% CI " in b["sentence"] and "95% CI" not in b["sentence"]
     flat = reward_balance(SP, _runs([0.81, 0.83, 0.80], [0.815, 0.835, 0.805]))["all"]  # every difference +0.005
     assert flat["ci_low"] is None and flat["p"] == pytest.approx(0.25) and not flat["imbalanced"]
-    assert flat["sentence"].endswith("(no spread measured, so no detectable effect).")
+    # 3 seeds: the exact sign-flip test's smallest p is 2/8, so nothing is detectable (before: "no spread measured")
+    assert flat["sentence"].endswith("(no imbalance is detectable with 3 seeds per arm: the exact permutation "
+                                     "test's smallest p is 0.25, not below 0.05).")
     assert "exact sign-flip permutation" in flat["sentence"]
 
 
