@@ -71,6 +71,7 @@ from pcpo_eval.human.tables import (
     validate_responses,
 )
 from pcpo_eval.io import to_jsonable
+from pcpo_eval.stats.fmt import p_value
 from pcpo_eval.stats.pairwise import (
     binomial_mde,
     binomial_p,
@@ -297,14 +298,15 @@ def _p_txt(c: dict[str, Any]) -> str:
     """How the verdict's p was made: the larger of the answer-level and the rater-level p."""
     rl = c["rater_level"]
     k = rl["n_raters"]
-    both = (f"{c['p_answers_source']} p = {c['p_answers']:.3g} and rater-level p = {rl['p']:.3g} ({k} raters' own "
-            f"win rates of {c['a']}: mean {rl['mean_win_rate']:.2f}, t test against 0.5)")
+    both = (f"{c['p_answers_source']} p = {p_value(c['p_answers'], ALPHA)} and rater-level p = "
+            f"{p_value(rl['p'], ALPHA)} ({k} raters' own win rates of {c['a']}: mean {rl['mean_win_rate']:.2f}, "
+            "t test against 0.5)")
     if not c["directions_agree"]:
         txt = f"p = 1 (the two tests point different ways: {both})"
     else:
-        txt = f"p = {c['p']:.3g} (the larger of {both})"
+        txt = f"p = {p_value(c['p'], ALPHA)} (the larger of {both})"
     if c.get("p_holm") is not None and int(c.get("family_size") or 1) > 1:
-        txt += f", Holm-adjusted over the {c['family_size']} comparisons p = {c['p_holm']:.3g}"
+        txt += f", Holm-adjusted over the {c['family_size']} comparisons p = {p_value(c['p_holm'], ALPHA)}"
     if not c["mixed_model"]["estimable"]:
         txt += f"; mixed model not estimable: {c['mixed_model']['reason']}"
     if k < FEW_RATERS:
@@ -339,7 +341,7 @@ def verdict_sentence(c: dict[str, Any]) -> str:
     mm = c["mixed_model"]
     if c["p"] is None:
         return (f"No evidence of a preference between {a} and {b}: {rate}, all from one rater (binomial p = "
-                f"{c['p_binomial']:.3g} speaks for that rater only, not for raters; mixed model not estimable: "
+                f"{p_value(c['p_binomial'], ALPHA)} speaks for that rater only, not for raters; mixed model not estimable: "
                 f"{mm['reason']}){_power_txt(c)}.")
     p_txt = _p_txt(c)
     if c["significant"]:

@@ -50,8 +50,13 @@ Epochs_PCPO - 1) x 100%" (e.g. 260 vs 131 epochs -> 98.5%, :func:`speedup_pct`),
    degenerate, so there is no CI, and ``p`` is the exact permutation test's (sign flips:
    ``2 / 2^n``; relabellings: ``2 / C(2n, n)``, :func:`constant_difference_p`), used for
    ``significant``. A target every run reaches at its first eligible
-   epoch is *uninformative*; a target the untrained controls reach is judged uninformative by the
-   verdict (:mod:`pcpo_eval.stats.verdict`), because then the sampler, not learning, reaches it.
+   epoch is *uninformative*; so is a raw target an untrained control reaches (the sampler, not learning,
+   reaches it: :func:`raw_target_note` here, ``target_status`` in :mod:`pcpo_eval.stats.verdict`), and a
+   raw target without a control in every log gets no p (:func:`without_test`).
+6. Faster means learning faster: "sooner" also needs the same test on each run's midpoint crossing
+   (:func:`bound_by_midpoint`: a noisier curve's first crossing is early by chance) and, with controls,
+   the faster arm to have learned at all (:func:`bound_by_learning`); ``p`` is the largest of the three.
+   Logs must start at one epoch.
 
 Measured calibration (A/A false positives, power, CI coverage on 40 real toy runs per arm):
 ``benchmarks/bench_verdict_calibration.py``, docs/statistics.md.
@@ -725,6 +730,13 @@ def speedup_table(
                             "nothing has gain 0 every epoch and would reach it at its first full-window epoch)")
     b = [load(x, f"baseline log {i}") for i, x in enumerate(baseline, start=1)]
     p = [load(x, f"PCPO log {i}") for i, x in enumerate(pcpo, start=1)]
+    starts = {n: int(d["epoch"].min()) for n, d in (*b, *p)}
+    if len(set(starts.values())) > 1:  # a late log's first full window ends later: it would read slower
+        late = max(starts.values())
+        who = ", ".join(f"{n} at {e}" for n, e in starts.items() if e != min(starts.values()))
+        raise UserError(f"the logs start at different epochs ({who}; the others at {min(starts.values())}): a log's "
+                        f"first full window would end later and its arm read slower; give every log the same first "
+                        f"epoch (cut them to epoch >= {late})")
 
     def ttt(df: pd.DataFrame, t: float, crossing: str) -> TimeToTarget:
         return epochs_to_target(df["reward_mean"].to_numpy(), t, window, epochs=df["epoch"].to_numpy(),

@@ -445,7 +445,8 @@ def _speedup(cell: str, b: Sequence[RunCurve], t: Sequence[RunCurve], paired: bo
         return speedup_runs(times(b, crossing), times(t, crossing), target=target, paired=paired, alpha=alpha,
                             reference_effect=REFERENCE_SPEEDUP)
 
-    s = bound_by_midpoint(test("first"), test("midpoint"))
+    first = test("first")
+    s = bound_by_midpoint(first, test("midpoint"))
     if all(r.control is not None for r in (*b, *t)):
         s = bound_by_learning(s, [r.curve("gain") for r in b], [r.curve("gain") for r in t], names)
     details = {"curve": kind, "target": target, "tau": s.tau, "baseline_epochs": list(s.baseline_epochs),
@@ -454,7 +455,7 @@ def _speedup(cell: str, b: Sequence[RunCurve], t: Sequence[RunCurve], paired: bo
                "reference_speedup": REFERENCE_SPEEDUP, "seeds_for_reference": s.seeds_for_reference,
                "reference_feasible": s.reference_feasible, "max_speedup": s.max_speedup, "p_method": s.p_method,
                "ci_gap": [s.ci_gap_low, s.ci_gap_high], "ci_high_clipped": s.ci_high_clipped,
-               "ci_low_clipped": s.ci_low_clipped, "p_floor": s.p_floor, "p_learned": s.p_learned,
+               "ci_low_clipped": s.ci_low_clipped, "p_floor": s.p_floor, "p_learned": s.p_learned, "p_first_crossing": first.p,
                "p_midpoint": s.p_midpoint, "midpoint_speedup": s.midpoint.estimate if s.midpoint else None}
     v = Verdict(cell, quantity_name(kind, target), *names, s.estimate, s.ci_low, s.ci_high, s.n_baseline, s.n_treatment,
                 s.p, s.estimable, s.reason, s.significant, "", s.paired, s.mde, "secondary", None,

@@ -211,7 +211,7 @@ RAW_REWARD_ROWS = ("final_reward", "auc")
 
 
 def _raw_speedup_explained(sp: StudySpec, cell: str, diff: float, significant: bool,
-                           rows: Sequence[dict[str, Any]]) -> str:
+                           rows: Sequence[dict[str, Any]], paired: bool = True) -> str:
     """A sentence when a significant raw-reward row (a raw-reward speed-up, the final reward, the reward
     AUC) goes the sampler offset's way and learning does not (a raw-reward row without evidence needs no
     explanation). Before, only speed-ups were explained: a frozen PCPO whose sampler scored 0.15 higher
@@ -233,8 +233,8 @@ def _raw_speedup_explained(sp: StudySpec, cell: str, diff: float, significant: b
     head = "raw-reward speed-up" if all(r["quantity"] not in names for r in raw) else "raw-reward difference"
     who = sp.pcpo if diff > 0 else sp.baseline
     return (f"The {head} ({what}) is the sampler's, not learning: untrained, {who}'s sampler "
-            f"already scores {abs(diff):.3g} higher (paired by seed), and no learning measure (paired gain, gain "
-            "speed-up) shows a difference in that direction.")
+            f"already scores {abs(diff):.3g} higher ({'paired by seed' if paired else 'unpaired'}), and no learning "
+            "measure (paired gain, gain speed-up) shows a difference in that direction.")
 
 
 def _one_way_untested(mb: np.ndarray, mt: np.ndarray, paired: bool, c: Any) -> bool:
@@ -272,7 +272,8 @@ def sampler_offset(sp: StudySpec, table: pd.DataFrame, rows: Sequence[dict[str, 
               else f"; {c.reason}")
         head = (f"untrained controls (same prompts and noises, each arm's sampler): {sp.pcpo} {mt.mean():.4g} vs "
                 f"{sp.baseline} {mb.mean():.4g} (difference {diff:+.3g}{ci})")
-        explained = _raw_speedup_explained(sp, cell, diff, c.significant or _one_way_untested(mb, mt, paired, c), rows)
+        explained = _raw_speedup_explained(sp, cell, diff, c.significant or _one_way_untested(mb, mt, paired, c), rows,
+                                           paired)
         out[cell] = {"baseline_control_mean": float(mb.mean()), "treatment_control_mean": float(mt.mean()),
                      "difference": diff, "ci_low": c.ci_low, "ci_high": c.ci_high, "p": c.p, "paired": paired,
                      "significant": c.significant, "explains_raw_speedup": explained,

@@ -185,3 +185,21 @@ def test_a_constant_sampler_offset_explains_raw_rows_even_when_its_test_cannot_d
     off = sv.sampler_offset(sp, tab, rows)["all"]
     assert not off["significant"] and off["p"] == pytest.approx(2 / 32)
     assert off["explains_raw_speedup"].startswith("The raw-reward difference (final reward")
+
+
+def test_the_speedup_table_refuses_logs_that_start_at_different_epochs(tmp_path, cli):
+    """The same curves, the PCPO logs from epoch 6: before, `pcpo-eval speedup` read PCPO -33% (p 0.333)."""
+    e = np.arange(1, 41)
+    curve = 0.3 + 0.06 * (1 - np.exp(-0.08 * e))
+    base = [pd.DataFrame({"epoch": e, "reward_mean": curve + 0.001 * i}) for i in range(3)]
+    late = [d[d.epoch >= 6] for d in base]
+    with pytest.raises(UserError, match=r"logs start at different epochs \(PCPO log 1 at 6.*epoch >= 6"):
+        speedup_table(base, late, [0.33])
+    args = []
+    for i, (b, p) in enumerate(zip(base, late, strict=True)):
+        b.to_csv(tmp_path / f"b{i}.csv", index=False)
+        p.to_csv(tmp_path / f"p{i}.csv", index=False)
+        args += ["--baseline", tmp_path / f"b{i}.csv", "--pcpo", tmp_path / f"p{i}.csv"]
+    r = cli("speedup", *args, "--target", "0.33")
+    assert r.returncode == 2 and r.stderr.startswith("error: the logs start at different epochs"), r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
