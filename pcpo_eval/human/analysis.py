@@ -460,6 +460,7 @@ def study_family(comps: list[dict[str, Any]]) -> list[dict[str, Any]]:
         one = c["p_source"] == ONE_RATER
         c["mde_win_rate_answers"] = None if one else _answers_mde(c, level)
         c["mde_win_rate_raters"] = None if one or not c["rater_level"]["se"] else _rater_mde(c, level)
+        c["pooled_agrees"] = pooled_agrees(c)
         c["verdict"] = verdict_sentence(c)
         out.append(c)
     return out

@@ -434,9 +434,9 @@ def progression_view(progression: list[dict[str, Any]] | None, root: Path | None
 def _human_comparison_row(c: dict[str, Any]) -> dict[str, Any]:
     mm = c.get("mixed_model") or {}
     lo, hi = (mm.get("ci95") or [None, None])[:2]
-    from pcpo_eval.human.analysis import pooled_agrees
-
-    bold = bool(c.get("significant")) and c.get("win_rate_a") is not None and pooled_agrees(c)
+    # the pooled rate is bold only when it leans the verdict's way (``human.analysis.pooled_agrees``; older
+    # analysis files lack the key: as before, bold when significant)
+    bold = bool(c.get("significant")) and c.get("win_rate_a") is not None and c.get("pooled_agrees", True) is not False
     return {**c, "bold_rate": bold, "or": mm.get("odds_ratio_a"), "or_ci": fmt_ci(lo, hi), "mm_p": mm.get("p"),
             "mm_estimable": bool(mm.get("estimable")), "mm_reason": mm.get("reason"),
             "ci": fmt_ci(*(c.get("ci95") or [None, None])[:2])}

@@ -730,13 +730,7 @@ def speedup_table(
                             "nothing has gain 0 every epoch and would reach it at its first full-window epoch)")
     b = [load(x, f"baseline log {i}") for i, x in enumerate(baseline, start=1)]
     p = [load(x, f"PCPO log {i}") for i, x in enumerate(pcpo, start=1)]
-    starts = {n: int(d["epoch"].min()) for n, d in (*b, *p)}
-    if len(set(starts.values())) > 1:  # a late log's first full window ends later: it would read slower
-        late = max(starts.values())
-        who = ", ".join(f"{n} at {e}" for n, e in starts.items() if e != min(starts.values()))
-        raise UserError(f"the logs start at different epochs ({who}; the others at {min(starts.values())}): a log's "
-                        f"first full window would end later and its arm read slower; give every log the same first "
-                        f"epoch (cut them to epoch >= {late})")
+    check_common_start([*b, *p])
 
     def ttt(df: pd.DataFrame, t: float, crossing: str) -> TimeToTarget:
         return epochs_to_target(df["reward_mean"].to_numpy(), t, window, epochs=df["epoch"].to_numpy(),
@@ -770,6 +764,18 @@ def speedup_table(
             notes.append(note)
     rows, p_holm = targets_family(rows, alpha)
     return SpeedupTable(rows, window, tuple(n for n, _ in b), tuple(n for n, _ in p), curve, p_holm, tuple(notes))
+
+
+def check_common_start(logs: Sequence[tuple[str, pd.DataFrame]]) -> None:
+    """UserError when the logs start at different epochs: a late log's first full window ends later, so its arm
+    would read slower (a study verdict refuses the same, ``stats.verdict``)."""
+    starts = {n: int(d["epoch"].min()) for n, d in logs}
+    first = min(starts.values())
+    if len(set(starts.values())) > 1:
+        who = ", ".join(f"{n} at {e}" for n, e in starts.items() if e != first)
+        raise UserError(f"the logs start at different epochs ({who}; the others at {first}): a log's first full "
+                        "window would end later and its arm read slower; give every log the same first epoch (cut "
+                        f"them to epoch >= {max(starts.values())})")
 
 
 def cut_note(logs: Sequence[tuple[str, pd.DataFrame]]) -> str:
