@@ -1,7 +1,7 @@
 """How often a speed-up is called "faster" without learning faster: the first crossing alone vs the shipped rule.
 
 Simulated studies (paired runs, a control shared per seed, saturating gain curves with seed-to-seed spread
-and per-epoch evaluation noise: :func:`study`), each through the shipped :func:`pcpo_eval.stats.verdict.verdict_rows` with
+and per-epoch evaluation noise: :func:`tests.support.curves.learning_study`), each through the shipped :func:`pcpo_eval.stats.verdict.verdict_rows` with
 a gain speed-up as the primary endpoint (so no gate hides it; the non-learner scenario keeps the default,
 the paired gain, which its lower gain opens). Per scenario, the share of studies in which some speed-up
 row says PCPO is faster:
@@ -29,7 +29,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import scipy.stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -38,6 +37,7 @@ import pcpo_eval.stats.power as power  # noqa: E402
 import pcpo_eval.stats.runlevel as runlevel  # noqa: E402
 from pcpo_eval.stats.adjust import holm  # noqa: E402
 from pcpo_eval.stats.verdict import verdict_rows  # noqa: E402
+from tests.support.curves import learning_study  # noqa: E402
 
 SEED = 20261127
 #: name: (seeds per arm, arms, gain targets, primary endpoint (None: the default, the paired gain), rate of the
@@ -53,26 +53,6 @@ SCENARIOS = {
     "PCPO 2x gain, same noise (power)": (10, {"DDPO": {"noise": 0.01}, "PCPO": {"noise": 0.01, "gain": 2.0}},
                                          (0.02, 0.03), ("speedup_gain",), 0.08),
 }
-
-
-def study(rng: np.random.Generator, n: int, arms: dict[str, dict], k_rate: float, n_epochs: int = 40) -> pd.DataFrame:
-    """Paired runs: a control shared per seed; per run gain = plateau (1 - exp(-k t)) + noise, plateau =
-    0.06 m (1 + u_seed) + N(0, 0.035), k = k_rate exp(N(0, 0.2)); ``gain: None``: no learning, noise only."""
-    e = np.arange(1, n_epochs + 1)
-    parts = []
-    for s in range(n):
-        control = 0.3 + rng.normal(0, 0.02) + rng.normal(0, 0.02, n_epochs)
-        u = rng.normal(0, 0.25)
-        for arm, o in arms.items():
-            noise = rng.normal(0, o["noise"], n_epochs)
-            if o.get("gain", 1.0) is None:
-                gain = np.zeros(n_epochs)
-            else:
-                k = k_rate * np.exp(rng.normal(0, 0.2))
-                gain = (0.06 * o.get("gain", 1.0) * (1 + u) + rng.normal(0, 0.035)) * (1 - np.exp(-k * e))
-            parts.append(pd.DataFrame({"arm": arm, "cell": "all", "seed": s, "epoch": e, "control_reward_mean": control,
-                                       "reward_mean": control + gain + noise}))
-    return pd.concat(parts, ignore_index=True)
 
 
 def first_crossing_faster(rows: list) -> bool:
@@ -115,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, (n, arms, targets, primary, k_rate) in SCENARIOS.items():
         before = after = 0
         for _ in range(a.studies):
-            rows = list(verdict_rows(study(rng, n, arms, k_rate), "DDPO", rng=rng, gain_targets=targets, primary=primary,
+            rows = list(verdict_rows(learning_study(rng, n, arms, k_rate), "DDPO", rng=rng, gain_targets=targets, primary=primary,
                                      n_boot=10))
             before += first_crossing_faster(rows)
             after += any(r.significant and r.quantity.startswith("speedup") and (r.estimate or 0) > 0 for r in rows)

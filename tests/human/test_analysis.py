@@ -289,13 +289,18 @@ def _resp(rows: list[tuple[int, str, str]]) -> pd.DataFrame:
     return df[list(RESPONSE_COLUMNS)]
 
 
-def test_attention_checks_exclude_failing_raters():
+def _check_pairs() -> tuple[pd.DataFrame, dict[str, str], dict[str, str], list[str]]:
+    """A small one-comparison design: (pairs, right answers of its degraded checks, wrong answers, main pair ids)."""
     pairs = make_pairs(["x@1 vs y@1"], n_prompts=10, n_seeds=2, n_checks=2)
-    ide = pairs[pairs.kind == "identical"].pair_id.tolist()
     deg = pairs[pairs.kind == "degraded"]
     good = dict(zip(deg.pair_id, deg.expected, strict=True))
     bad = {p: {"left": "right", "right": "left"}[e] for p, e in good.items()}
-    main = pairs[pairs.kind == "main"].pair_id.tolist()
+    return pairs, good, bad, pairs[pairs.kind == "main"].pair_id.tolist()
+
+
+def test_attention_checks_exclude_failing_raters():
+    pairs, good, bad, main = _check_pairs()
+    ide = pairs[pairs.kind == "identical"].pair_id.tolist()
     rows = []
     for r in range(4):
         answers = {0: bad, 1: dict.fromkeys(good, "tie"), 2: good, 3: good}[r]
@@ -665,11 +670,7 @@ def test_examples_count_only_the_answers_the_analysis_kept_and_the_report_names_
     from pcpo_eval.human.report import analyzed_responses, examples
     from pcpo_eval.report.html import render_report
 
-    pairs = make_pairs(["x@1 vs y@1"], n_prompts=10, n_seeds=2, n_checks=2)
-    deg = pairs[pairs.kind == "degraded"]
-    good = dict(zip(deg.pair_id, deg.expected, strict=True))
-    bad = {p: {"left": "right", "right": "left"}[e] for p, e in good.items()}
-    main = pairs[pairs.kind == "main"].pair_id.tolist()
+    pairs, good, bad, main = _check_pairs()
     rows = []
     for r in range(4):
         rows += [(r, p, c) for p, c in (bad if r == 0 else good).items()]
