@@ -242,7 +242,7 @@ def _one_way_untested(mb: np.ndarray, mt: np.ndarray, paired: bool, c: Any) -> b
     where their t test could not decide (no spread, or a t test not trusted alone): the offset then still
     explains a raw-reward row. Before, a frozen arm whose sampler scored exactly +0.10 in each of 5 seeds had
     a "higher reward AUC" (p = 0.002) and no explanation: the offset's exact p, 2/2^5 = 0.0625, is not below
-    alpha (the fourth verdict review's ``e4c``)."""
+    alpha (tests/stats/test_speedup_guards.py)."""
     if c.ci_low is not None and c.p_floor is None:
         return False
     d = mt - mb if paired else None

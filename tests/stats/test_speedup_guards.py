@@ -70,7 +70,7 @@ def test_an_arm_that_does_not_learn_is_never_faster_however_noisy():
 def test_a_faster_learner_with_proportionally_more_noise_is_still_found():
     """The price of the bounds: PCPO learns 2x with 2x the gain noise (10 seeds): found in 41.5% [34.6, 48.7]
     of 200 studies, 44.5% with the first crossing alone (benchmarks/bench_speedup_guards.py); a guard on the
-    noise ratio (tried first) found it in 0 of 150. Here 40 studies."""
+    noise ratio (tried first) withheld such a learner's speed-ups outright. Here 40 studies."""
     rng = np.random.default_rng(20261130)
     hits = sum(_faster(verdict_rows(learning_study(rng, 10, {"DDPO": {"noise": 0.01}, "PCPO": {"noise": 0.02, "gain": 2.0}}),
                                     "DDPO", rng=rng, gain_targets=GAIN_TARGETS, primary=("speedup_gain",), n_boot=10))
@@ -150,7 +150,7 @@ def test_raw_speedups_from_logs_without_controls_have_no_test():
 def test_a_constant_sampler_offset_explains_raw_rows_even_when_its_test_cannot_decide():
     """5 seeds, a frozen arm whose sampler scores exactly 0.10 more in every seed: the offset's exact p is
     2/2^5 = 0.0625, so it was "not significant" and the frozen arm's significant "higher reward AUC" went
-    unexplained (the review's e4c); it goes one way in every seed, so it now explains."""
+    unexplained; it goes one way in every seed, so it now explains."""
     from types import SimpleNamespace
 
     from pcpo_eval.study import verdicts as sv
