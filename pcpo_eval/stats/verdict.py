@@ -445,8 +445,8 @@ def _speedup(cell: str, b: Sequence[RunCurve], t: Sequence[RunCurve], paired: bo
         return speedup_runs(times(b, crossing), times(t, crossing), target=target, paired=paired, alpha=alpha,
                             reference_effect=REFERENCE_SPEEDUP)
 
-    first = test("first")
-    s = bound_by_midpoint(first, test("midpoint"))
+    first, mid = test("first"), test("midpoint")
+    s = bound_by_midpoint(first, mid)
     if all(r.control is not None for r in (*b, *t)):
         s = bound_by_learning(s, [r.curve("gain") for r in b], [r.curve("gain") for r in t], names)
     details = {"curve": kind, "target": target, "tau": s.tau, "baseline_epochs": list(s.baseline_epochs),
@@ -456,6 +456,7 @@ def _speedup(cell: str, b: Sequence[RunCurve], t: Sequence[RunCurve], paired: bo
                "reference_feasible": s.reference_feasible, "max_speedup": s.max_speedup, "p_method": s.p_method,
                "ci_gap": [s.ci_gap_low, s.ci_gap_high], "ci_high_clipped": s.ci_high_clipped,
                "ci_low_clipped": s.ci_low_clipped, "p_floor": s.p_floor, "p_learned": s.p_learned, "p_first_crossing": first.p,
+               "midpoint_baseline_epochs": list(mid.baseline_epochs), "midpoint_treatment_epochs": list(mid.treatment_epochs),
                "p_midpoint": s.p_midpoint, "midpoint_speedup": s.midpoint.estimate if s.midpoint else None}
     v = Verdict(cell, quantity_name(kind, target), *names, s.estimate, s.ci_low, s.ci_high, s.n_baseline, s.n_treatment,
                 s.p, s.estimable, s.reason, s.significant, "", s.paired, s.mde, "secondary", None,

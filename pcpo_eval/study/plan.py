@@ -70,10 +70,11 @@ def _row_sd(row: dict[str, Any]) -> float | None:
     return se * math.sqrt(n) if row.get("paired") else se * math.sqrt(n / 2)
 
 
-def _speedup_sd(row: dict[str, Any]) -> tuple[float, float] | None:
-    """(baseline restricted-mean epochs, SD of the per-seed difference in epochs) of a speed-up row."""
+def _speedup_sd(row: dict[str, Any], crossing: str = "") -> tuple[float, float] | None:
+    """(baseline restricted-mean epochs, SD of the per-seed difference in epochs) of a speed-up row, from its
+    first crossings or (``crossing="midpoint_"``) its midpoint crossings (``stats.speedup.bound_by_midpoint``)."""
     d = row.get("details") or {}
-    b, t = np.asarray(d.get("baseline_epochs") or []), np.asarray(d.get("treatment_epochs") or [])
+    b, t = np.asarray(d.get(f"{crossing}baseline_epochs") or []), np.asarray(d.get(f"{crossing}treatment_epochs") or [])
     if b.size < 2 or t.size < 2:
         return None
     sd = float(np.std(b - t, ddof=1)) if row.get("paired") and b.size == t.size else \
@@ -111,13 +112,18 @@ def plan_rows(sp: StudySpec, pilot: dict[str, Any] | None, cv: float | None, eff
         for row in pilot["verdict"]:
             q = row["quantity"]
             if q.startswith("speedup"):
-                got = _speedup_sd(row)
-                if got is None:
-                    continue
-                base, sd = got
-                delta = base - base / (1 + effect)
-                n = need(q, delta, sd, True, row) if row.get("paired") else need(q, delta, sd / math.sqrt(2), False, row)
-                out.append({"endpoint": q, "baseline": base, "sd": sd, "effect": f"{effect:+.0%} speed-up", **n})
+                # "sooner" needs the first-crossing and the midpoint test: plan for the one that needs more seeds
+                plans = []
+                for crossing in ("", "midpoint_"):
+                    got = _speedup_sd(row, crossing)
+                    if got is None:
+                        continue
+                    base, sd = got
+                    delta = base - base / (1 + effect)
+                    n = need(q, delta, sd, True, row) if row.get("paired") else need(q, delta, sd / math.sqrt(2), False, row)
+                    plans.append({"endpoint": q, "baseline": base, "sd": sd, "effect": f"{effect:+.0%} speed-up", **n})
+                if plans:
+                    out.append(max(plans, key=lambda x: math.inf if x["seeds"] is None else x["seeds"]))
             else:
                 sd = _row_sd(row)
                 base = row.get("baseline_value")

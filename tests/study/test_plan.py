@@ -128,3 +128,24 @@ def test_plan_bad_input_is_one_line(tmp_path, cli, args, message):
     assert res.returncode == 2, res.stderr
     assert res.stderr.startswith("error: ") and message in res.stderr and res.stderr.count("\n") == 1
     assert not (tmp_path / "nope").exists() and not any(tmp_path.iterdir())
+
+
+def test_a_speedup_plan_covers_the_midpoint_test_too(tmp_path):
+    """"Sooner" needs the first-crossing test and the midpoint-crossing test (stats.speedup.bound_by_midpoint):
+    the plan asks for the seeds of whichever needs more, so a pilot whose midpoints spread more (noisy
+    curves crossing back and forth) is not planned from its first crossings alone."""
+    sp = load_spec(SPEC, check_weights=False)
+    pilot = json.loads((_pilot(tmp_path, _table(np.random.default_rng(3), 5, 0.10, 0.10, 0.01))
+                        / "results.json").read_text())
+    row = next(r for r in pilot["verdict"] if r["quantity"] == "speedup_gain:0.03")
+    d = row["details"]
+    assert len(d["midpoint_baseline_epochs"]) == len(d["baseline_epochs"]) == 5
+
+    def seeds(details):
+        pl = {**pilot, "verdict": [{**row, "details": details}]}
+        return next(r for r in plan_rows(sp, pl, None, 0.25) if r["endpoint"] == "speedup_gain:0.03")["seeds"]
+
+    same = {**d, "midpoint_baseline_epochs": d["baseline_epochs"], "midpoint_treatment_epochs": d["treatment_epochs"]}
+    spread = np.asarray(d["treatment_epochs"], dtype=float) + np.array([-4.0, 3.0, -2.0, 4.0, -1.0])
+    noisy = {**d, "midpoint_baseline_epochs": d["baseline_epochs"], "midpoint_treatment_epochs": spread.tolist()}
+    assert seeds(noisy) is None or seeds(noisy) > seeds(same)
