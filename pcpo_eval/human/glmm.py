@@ -102,12 +102,15 @@ def mixed_model(dec: pd.DataFrame, a: str) -> dict[str, Any]:
     p = float(2 * student_t.sf(abs(b / se), df))
     test = f"Wald t with between-within df = {df} (levels of the smallest grouping factor - 1)"
     p_lrt = _lrt_p(fit, terms, data) if abs(b) > WALD_LOG_ODDS_LIMIT else None
-    if p_lrt is not None:
+    ci95: list[float | None] = [math.exp(b - tq * se), math.exp(b + tq * se)]
+    if p_lrt is not None:  # the Wald interval is as unreliable there as the Wald p: not printed beside the LR p
         p, test = p_lrt, (f"likelihood ratio (chi-square, 1 df) against the model without the intercept: |log-odds| "
-                          f"{abs(b):.1f} > {WALD_LOG_ODDS_LIMIT:g}, where the Wald test loses power (Hauck-Donner)")
+                          f"{abs(b):.1f} > {WALD_LOG_ODDS_LIMIT:g}, where the Wald test loses power (Hauck-Donner); "
+                          "no Wald CI")
+        ci95 = [None, None]
     return {
         "estimable": True, "odds_ratio_a": math.exp(b),
-        "ci95": [math.exp(b - tq * se), math.exp(b + tq * se)],
+        "ci95": ci95,
         "p": p, "p_wald_z": float(fit.p[0]), "p_lrt": p_lrt, "df": df, "test": test,
         "log_odds_a": b, "se": se, "reason": None, **sizes,
         "side_log_odds": float(fit.beta[1]) if has_side else None,

@@ -644,6 +644,7 @@ def test_near_unanimous_answers_are_tested_by_likelihood_ratio_not_wald():
     assert mm["estimable"] and mm["log_odds_a"] > WALD_LOG_ODDS_LIMIT, mm
     assert mm["p_wald_z"] > 1e-3 and mm["p"] == mm["p_lrt"] < 1e-6, mm
     assert mm["test"].startswith("likelihood ratio")
+    assert mm["ci95"] == [None, None]  # the Wald interval (reaching past 1 here) is not printed beside the LR p
 
 
 _HD_PROMPTS = (
