@@ -742,19 +742,15 @@ def speedup_table(
 
     rows = tuple(bound_by_midpoint(test(t, "first"), test(t, "midpoint")) for t in targets)
 
-    def gain(d: pd.DataFrame) -> np.ndarray | None:  # on the gain curve reward_mean already is the gain
-        c = None if curve == "gain" else control_curve(d)
-        return d["reward_mean"].to_numpy(np.float64) - (0.0 if curve == "gain" else c) \
-            if curve == "gain" or c is not None else None
-
-    gb, gp = [gain(d) for _, d in b], [gain(d) for _, d in p]
-    if all(g is not None for g in (*gb, *gp)):  # "faster" needs the faster arm to have learned at all
-        rows = tuple(bound_by_learning(r, gb, gp) for r in rows)  # type: ignore[arg-type]
+    controls = [None if curve == "gain" else control_curve(d) for _, d in (*b, *p)]
+    if curve == "gain" or all(c is not None for c in controls):  # "faster" needs the faster arm to have learned
+        sign = 1.0 if higher_is_better else -1.0  # learning lowers a lower-is-better curve
+        gains = [sign * (d["reward_mean"].to_numpy(np.float64) - (0.0 if c is None else c))  # gain curve: already
+                 for (_, d), c in zip((*b, *p), controls, strict=True)]
+        rows = tuple(bound_by_learning(r, gains[:len(b)], gains[len(b):]) for r in rows)
     notes = [cut_note([*b, *p])] if len({int(d["epoch"].max()) for _, d in (*b, *p)}) > 1 else []
     if curve == "reward":  # a target the untrained control reaches is the sampler's, not learning's
-        controls = [control_curve(d) for _, d in (*b, *p)]
-        blind = [n for (n, _), c in zip((*b, *p), controls, strict=True)
-                 if c is None or not np.isfinite(full_window_average(c, window)).any()]
+        blind = [n for (n, _), c in zip((*b, *p), controls, strict=True) if not control_has_window(c, window)]
         if not blind:
             rows = tuple(uninformative(r, raw_target_note(controls, r.target, window, higher_is_better))  # type: ignore[arg-type]
                          for r in rows)
@@ -818,6 +814,12 @@ def targets_family(rows: Sequence[Speedup], alpha: float) -> tuple[tuple[Speedup
     m = sum(a is not None for a in adj)
     out = tuple(at_level(r, family_level(alpha, m)) if m > 1 else r for r in rows)
     return out, tuple(adj)
+
+
+def control_has_window(control: Sequence[float] | np.ndarray | None, window: int) -> bool:
+    """Whether an untrained control curve has a full window of ``window`` finite values, so that
+    :func:`control_reaches` can say no (a control missing, or logged every other epoch, decides nothing)."""
+    return control is not None and bool(np.isfinite(full_window_average(control, window)).any())
 
 
 def control_reaches(control: Sequence[float] | np.ndarray, target: float, window: int, *,

@@ -78,8 +78,8 @@ from pcpo_eval.stats.speedup import (
     bound_by_learning,
     bound_by_midpoint,
     ci_text,
+    control_has_window,
     epochs_to_target,
-    full_window_average,
     on_epoch_grid,
     pct,
     speedup_runs,
@@ -253,7 +253,7 @@ def control_decides(run: RunCurve, window: int) -> bool:
     :func:`control_reaches` can say no. Before, a frozen arm whose controls were all missing (or logged every
     other epoch) "did not reach" a raw target its better sampler reaches, so that target got a speed-up
     row, which called the frozen arm faster (tests/stats/test_speedup_guards.py)."""
-    return run.control is not None and bool(np.isfinite(full_window_average(run.control, window)).any())
+    return control_has_window(run.control, window)
 
 
 def target_status(runs: Sequence[RunCurve], targets: Sequence[float], gain_targets: Sequence[float],
@@ -534,35 +534,41 @@ def gate_reason(prim: Sequence[Verdict], alpha: float = 0.05) -> str:
     return f"the primary endpoint ({r.quantity}){where} {what}"
 
 
-def _check_common_last_epoch(runs: Sequence[RunCurve], baseline: str, arms: Sequence[str]) -> None:
-    """UserError when the compared runs of a cell start or end at different epochs. A log starting at epoch 6
-    beside others from 1 reaches its first full window 5 epochs later, so its arm read slower (A/A at 10 seeds,
-    speed-up primary: 9% of 200 studies "faster", with no note). Ending at different epochs: the final reward, AUC and paired
-    gain would compare different stages of training (an A/A table whose PCPO logs stop at epoch 8 and DDPO's
-    run to 40 read 'PCPO's paired gain is lower', p = 0.0005). ``pcpo-eval study`` cuts its runs to a
-    common last epoch first and says so (``study.verdicts.runs_table``)."""
+def _epochs_by_arm(runs: Sequence[RunCurve], cell: str, arms: Sequence[str], at: int) -> dict[str, set[int]]:
+    """Arm -> the first (``at=0``) or last (``at=-1``) logged epochs of its runs in ``cell``."""
+    out: dict[str, set[int]] = {}
+    for r in runs:
+        if r.cell == cell and r.arm in arms:
+            out.setdefault(r.arm, set()).add(int(r.epochs[at]))
+    return out
+
+
+def _which(by_arm: dict[str, set[int]]) -> str:
+    return ", ".join(f"{a}: {'/'.join(map(str, sorted(v)))}" for a, v in by_arm.items())
+
+
+def _check_common_epochs(runs: Sequence[RunCurve], baseline: str, arms: Sequence[str]) -> None:
+    """UserError when the compared runs of a cell end or start at different epochs. Ending at different
+    epochs: the final reward, AUC and paired gain would compare different stages of training (an A/A table
+    whose PCPO logs stop at epoch 8 and DDPO's run to 40 read 'PCPO's paired gain is lower', p = 0.0005);
+    ``pcpo-eval study`` cuts its runs to a common last epoch first and says so (``study.verdicts.runs_table``).
+    Starting at different epochs: a log from epoch 6 beside others from 1 reaches its first full window 5
+    epochs later, so its arm reads slower (tests/stats/test_speedup_guards.py)."""
+    compared = (baseline, *arms)
     for cell in sorted({r.cell for r in runs}):
-        last = {}
-        for r in runs:
-            if r.cell == cell and r.arm in (baseline, *arms):
-                last.setdefault(r.arm, set()).add(int(r.epochs[-1]))
-        ends = sorted({e for v in last.values() for e in v})
+        last = _epochs_by_arm(runs, cell, compared, -1)
+        ends = sorted(set().union(*last.values()))
         if len(ends) > 1:
-            which = ", ".join(f"{a}: {'/'.join(map(str, sorted(v)))}" for a, v in last.items())
-            raise UserError(f"cell {cell!r}: the compared runs end at different epochs ({which}); cut the table to "
-                            f"a common last epoch first (e.g. table[table['epoch'] <= {ends[0]}]), as `pcpo-eval "
-                            "study` does, so every run is compared at the same stage of training")
-        firsts = {}
-        for r in runs:
-            if r.cell == cell and r.arm in (baseline, *arms):
-                firsts.setdefault(r.arm, set()).add(int(r.epochs[0]))
-        starts = sorted({e for v in firsts.values() for e in v})
-        if len(starts) > 1:  # a late-starting log's first window ends later: it would look slower
-            which = ", ".join(f"{a}: {'/'.join(map(str, sorted(v)))}" for a, v in firsts.items())
-            raise UserError(f"cell {cell!r}: the compared runs' logs start at different epochs ({which}); a run's "
-                            "first full window would end later and its speed-ups read slower; give every run its "
-                            "epochs from the first (a missing epoch as an empty reward) or cut the table to a common "
-                            f"first epoch (table[table['epoch'] >= {starts[-1]}])")
+            raise UserError(f"cell {cell!r}: the compared runs end at different epochs ({_which(last)}); cut the "
+                            f"table to a common last epoch first (e.g. table[table['epoch'] <= {ends[0]}]), as "
+                            "`pcpo-eval study` does, so every run is compared at the same stage of training")
+        first = _epochs_by_arm(runs, cell, compared, 0)
+        starts = sorted(set().union(*first.values()))
+        if len(starts) > 1:
+            raise UserError(f"cell {cell!r}: the compared runs' logs start at different epochs ({_which(first)}); a "
+                            "run's first full window would end later and its speed-ups read slower; give every run "
+                            "its epochs from the first (a missing epoch as an empty reward) or cut the table to a "
+                            f"common first epoch (table[table['epoch'] >= {starts[-1]}])")
 
 
 def verdict_rows(
@@ -588,7 +594,7 @@ def verdict_rows(
     has_control = runs[0].control is not None
     qs = _quantities(quantities, has_control)
     arms = _arms(runs, baseline, treatments)
-    _check_common_last_epoch(runs, baseline, arms)
+    _check_common_epochs(runs, baseline, arms)
     status = target_status(runs, targets, gain_targets, window)
     speed = [(s["curve"], s["target"]) for s in status if s["headline"]]
     speed = [x for x in speed if x[0] == "gain"] + [x for x in speed if x[0] == "reward"]

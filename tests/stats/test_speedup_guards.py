@@ -191,3 +191,22 @@ def test_the_speedup_table_refuses_logs_that_start_at_different_epochs(tmp_path,
     r = cli("speedup", *args, "--target", "0.33")
     assert r.returncode == 2 and r.stderr.startswith("error: the logs start at different epochs"), r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_the_learning_bound_follows_a_lower_is_better_curve():
+    """With --lower-is-better, learning lowers the gain: the faster arm's gain is below 0, and the learning
+    bound must read that as learning (it read a learner's negative gain as "not above 0": p = 1)."""
+    rng = np.random.default_rng(5)
+    e = np.arange(1, 41)
+    logs = {}
+    for arm, rate in (("DDPO", 0.06), ("PCPO", 0.15)):
+        logs[arm] = []
+        for _ in range(6):
+            ctrl = 1.0 + rng.normal(0, 0.01, 40)
+            drop = 0.1 * (1 - np.exp(-rate * np.exp(rng.normal(0, 0.1)) * e))
+            logs[arm].append(pd.DataFrame({"epoch": e, "reward_mean": ctrl - drop + rng.normal(0, 0.002, 40),
+                                           "control_reward_mean": ctrl}))
+    tab = speedup_table(logs["DDPO"], logs["PCPO"], [-0.05], higher_is_better=False, paired=True, curve="gain")
+    (row,) = tab.rows
+    assert row.estimate > 0 and row.p_learned is not None and row.p_learned < 1e-3
+    assert row.significant and row.p < 0.05, row.reason
