@@ -144,12 +144,17 @@ def check_not_an_input(out: Path, what: str, inputs: Iterable[str | os.PathLike]
                             "path outside the inputs")
 
 
+#: Mode of a file that holds a secret (a blinding secret, raters' credentials, the unblinding table): the
+#: owner's only, whatever the umask
+PRIVATE_MODE = 0o600
+
+
 @contextlib.contextmanager
-def atomic_write(path: str | os.PathLike, mode: str = "wb") -> Iterator[Any]:
+def atomic_write(path: str | os.PathLike, mode: str = "wb", private: bool = False) -> Iterator[Any]:
     """Open a temporary file next to ``path``; on success rename it over ``path``.
 
-    The file ends with mode ``0666 & ~umask`` (``mkstemp`` creates ``0600``). A folder the user
-    may not write is a UserError raised before anything is written.
+    The file ends with mode ``0666 & ~umask`` (``mkstemp`` creates ``0600``), or :data:`PRIVATE_MODE`
+    when ``private``. A folder the user may not write is a UserError raised before anything is written.
     """
     path = Path(path)
     ensure_dir(path.parent, "folder")
@@ -158,7 +163,7 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb") -> Iterator[Any]:
     except PermissionError:
         raise UserError(f"cannot write {path}: permission denied in {path.parent}; "
                         "choose a folder you can write") from None
-    os.chmod(tmp, file_mode())
+    os.chmod(tmp, PRIVATE_MODE if private else file_mode())
     try:
         with os.fdopen(fd, mode) as fh:
             yield fh
@@ -324,15 +329,15 @@ def remove_stale_temps(root: str | os.PathLike, recursive: bool = True) -> list[
     return removed
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically."""
-    with atomic_write(path, "wb") as fh:
+def atomic_write_bytes(path: str | os.PathLike, data: bytes, private: bool = False) -> None:
+    """Write ``data`` to ``path`` atomically (``private``: mode 0600, :func:`atomic_write`)."""
+    with atomic_write(path, "wb", private) as fh:
         fh.write(data)
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` (UTF-8) to ``path`` atomically."""
-    atomic_write_bytes(path, text.encode("utf-8"))
+def atomic_write_text(path: str | os.PathLike, text: str, private: bool = False) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically (``private``: mode 0600)."""
+    atomic_write_bytes(path, text.encode("utf-8"), private)
 
 
 def json_text(obj: Any) -> str:
@@ -340,14 +345,14 @@ def json_text(obj: Any) -> str:
     return json.dumps(obj, indent=2, sort_keys=False, default=_json_default) + "\n"
 
 
-def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
-    """Write ``obj`` as indented JSON to ``path`` atomically."""
-    atomic_write_text(path, json_text(obj))
+def atomic_write_json(path: str | os.PathLike, obj: Any, private: bool = False) -> None:
+    """Write ``obj`` as indented JSON to ``path`` atomically (``private``: mode 0600)."""
+    atomic_write_text(path, json_text(obj), private)
 
 
-def atomic_write_parquet(path: str | os.PathLike, df: Any) -> None:
-    """Write a pandas DataFrame to Parquet atomically."""
-    with atomic_write(path, "wb") as fh:
+def atomic_write_parquet(path: str | os.PathLike, df: Any, private: bool = False) -> None:
+    """Write a pandas DataFrame to Parquet atomically (``private``: mode 0600)."""
+    with atomic_write(path, "wb", private) as fh:
         df.to_parquet(fh, index=False)
 
 

@@ -22,7 +22,7 @@ def generate_cmd(
         ..., "--prompts",
         help="simple_animals | nouns_activities | toy | a dataset (`pcpo-eval prompts`) | a .txt/.csv/.parquet file",
     ),
-    seeds: str = typer.Option(..., "--seeds", help="N (seeds 0..N-1) or A-B (inclusive)"),
+    seeds: str = typer.Option(..., "--seeds", help="N (seeds 0..N-1), A-B (inclusive) or a list A,B-C (those seeds)"),
     out: Path = typer.Option(..., "--out", help="set directory (resumed if it holds the same settings)"),
     batch_size: int = typer.Option(
         8, "--batch-size", help="images sampled together, rounded up to whole micro-batches (speed only)"

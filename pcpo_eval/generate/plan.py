@@ -26,7 +26,8 @@ _SEED_RANGE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
 
 
 def parse_seeds(spec: str | int | Sequence[int]) -> list[int]:
-    """``"N"`` -> seeds 0..N-1; ``"A-B"`` -> A..B inclusive; a list of ints is taken as is.
+    """``"N"`` -> seeds 0..N-1; ``"A-B"`` -> A..B inclusive; ``"A,B-C,..."`` (a comma between parts) -> those
+    seeds and ranges literally (``"7,9"`` is seeds 7 and 9, ``"7"`` alone is a count); a list of ints as is.
 
     Raises :class:`UserError` for anything else (negative, empty, reversed, > 9,999,999, repeats).
     """
@@ -50,8 +51,11 @@ def parse_seeds(spec: str | int | Sequence[int]) -> list[int]:
             if b > MAX_SEED:
                 raise UserError(too_large.format(b))
             seeds = list(range(a, b + 1))
+        elif "," in s:
+            seeds = _seed_list(spec, s)
         else:
-            raise UserError(f"--seeds {spec!r} is malformed; use N (seeds 0..N-1) or A-B (inclusive)")
+            raise UserError(f"--seeds {spec!r} is malformed; use N (seeds 0..N-1), A-B (inclusive) or a list "
+                            "A,B-C (those seeds)")
     else:
         seeds = [int(v) for v in spec]
         if not seeds:
@@ -62,6 +66,42 @@ def parse_seeds(spec: str | int | Sequence[int]) -> list[int]:
         raise UserError(f"seed {max(seeds)} too large; seeds must be <= {MAX_SEED} (file names use 7 digits)")
     return seeds
 
+
+
+def _seed_list(spec: str, s: str) -> list[int]:
+    """The seeds of a comma list ``"A,B-C"`` (each part a seed or an inclusive range), in the order given."""
+    out: list[int] = []
+    for part in s.split(","):
+        part = part.strip()
+        if part.isascii() and part.isdigit():
+            lo = hi = int(part)
+        elif (m := _SEED_RANGE.match(part)) and part.isascii():
+            lo, hi = int(m.group(1)), int(m.group(2))
+        else:
+            raise UserError(f"--seeds {spec!r}: part {part!r} is not a seed or a range A-B; write e.g. 7,9,20-29")
+        if lo > hi:
+            raise UserError(f"--seeds {spec!r}: range {part!r} starts after its end; write A-B with A <= B")
+        if hi > MAX_SEED:
+            raise UserError(f"--seeds {spec!r}: seed {hi} too large; seeds must be <= {MAX_SEED} (file names use 7 digits)")
+        out.extend(range(lo, hi + 1))
+    if len(set(out)) != len(out):
+        raise UserError(f"--seeds {spec!r} names a seed twice; list each seed once")
+    return out
+
+
+def seed_arg(seeds: Sequence[int]) -> str:
+    """``seeds`` as one ``--seeds`` value that :func:`parse_seeds` reads back as exactly these seeds: the sorted
+    seeds as a comma list of runs (``"0-9"``, ``"7,20-29"``; a lone seed ``k`` is ``"k-k"``, since a bare
+    number alone is a count)."""
+    s = sorted(int(x) for x in seeds)
+    runs: list[list[int]] = []
+    for x in s:
+        if runs and x == runs[-1][1] + 1:
+            runs[-1][1] = x
+        else:
+            runs.append([x, x])
+    parts = [f"{a}-{b}" if a != b or len(runs) == 1 else f"{a}" for a, b in runs]
+    return ",".join(parts)
 
 
 def is_count(value: Any, least: int) -> bool:

@@ -81,7 +81,7 @@ class GenerationRequest:
         model_spec: ``base`` / ``toy`` / ``sd1:PATH`` / ``RUN/checkpoints/epoch_NNNN`` /
             ``irg:...`` (:func:`load_generation_model`), or an already built adapter.
         prompts: a built-in set name, a prompt file, or a PromptSet (:func:`load_prompts`).
-        seeds: ``N``, ``"A-B"`` or a list (:func:`parse_seeds`).
+        seeds: ``N``, ``"A-B"``, ``"A,B-C"`` or a list (:func:`parse_seeds`).
         out_dir: the set directory (created; resumed if it holds a compatible set).
         batch_size: images sampled together, rounded up to fill whole micro-batches
             (:func:`effective_batch_size`); speed only, images do not depend on it.

@@ -96,6 +96,9 @@ ANALYSIS_FILE = "analysis.json"
 SERVER_FILE = "server.json"
 #: a serving bundle's settings (``pcpo-eval human bundle``: the derived secrets, no blinding secret)
 BUNDLE_FILE = "bundle.json"
+#: the blinding secret of a design being rendered (private, mode 0600; removed once ``design.json`` holds
+#: it): an interrupted ``human design`` resumes on the same secret seeds
+PENDING_SECRET_FILE = ".design_secret"
 
 
 def shown_png(pixels: np.ndarray) -> bytes:
@@ -143,6 +146,11 @@ class HumanLayout:
 
     def image(self, token: str) -> Path:
         return self.images / f"{token}.png"
+
+    @property
+    def pending_secret(self) -> Path:
+        """The secret of a design still rendering (:data:`PENDING_SECRET_FILE`)."""
+        return self.root / PENDING_SECRET_FILE
 
     @property
     def database(self) -> Path:

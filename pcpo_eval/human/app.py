@@ -56,6 +56,7 @@ import io
 import logging
 import re
 import secrets
+import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
@@ -527,8 +528,28 @@ def serve(root: Path, host: str = "127.0.0.1", port: int = 8000, database_url: s
     import uvicorn
 
     app = create_app(Path(root), database_url, root_path, base_url)
+    for line in readable_secrets(HumanLayout(Path(root)), database_url):
+        print(line, file=sys.stderr, flush=True)
     rp = normalize_root_path(root_path)
     print(f"Rating app of {root} at http://{host}:{port}{rp}/ (rater links: `pcpo-eval human raters {root}`); "
           "Ctrl-C stops it", flush=True)
     uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False, server_header=False,
                 date_header=False)
+
+
+def readable_secrets(layout: HumanLayout, database_url: str | None = None) -> list[str]:
+    """One warning per file of ``layout`` that holds a secret and that other users may read (group or world
+    bits): the design (blinding secret), the pairs (the unblinding), a bundle's derived secrets, the SQLite
+    database (raters' tokens, their credentials). Files written now are mode 0600; older ones are not."""
+    files = [layout.design, layout.pairs if layout.design.is_file() else None, layout.bundle]
+    if layout.design.is_file():  # a design folder: its sets/ are named after the checkpoints
+        files.append(layout.root)
+    if database_url is None:
+        files.append(layout.database)
+    out = []
+    for f in (f for f in files if f is not None and f.exists()):
+        mode = f.stat().st_mode & 0o777
+        if mode & 0o077:
+            out.append(f"warning: {f} holds secrets and other users of this machine may read it (mode {mode:04o}); "
+                       f"run `chmod {'700' if f.is_dir() else '600'} {f}`")
+    return out

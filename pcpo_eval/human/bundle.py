@@ -138,7 +138,7 @@ def make_bundle(design_root: str | Path, out: str | Path, log: Callable[[str], N
             shutil.copy2(src.image(token), lay.image(token))  # bytes and the design's one file time
         pairs[list(SERVED_COLUMNS)].sort_values(["position", "pair_id"]).reset_index(drop=True).to_parquet(
             lay.pairs, index=False)
-        atomic_write_json(lay.bundle, {**record, "created": time.strftime("%Y-%m-%d %H:%M:%S")})
+        atomic_write_json(lay.bundle, {**record, "created": time.strftime("%Y-%m-%d %H:%M:%S")}, private=True)
     log(f"[human] bundle of {record['n_pairs']} pairs and {len(tokens)} images in {dst.root} "
         f"({time.perf_counter() - t0:.1f} s); serve it with `pcpo-eval human serve {dst.root}`")
     return record

@@ -256,12 +256,15 @@ def analyze_cmd(
     as_json: bool = typer.Option(False, "--json", help="print the analysis as JSON"),
     exclude_revoked: bool = typer.Option(False, "--exclude-revoked", help="drop every answer of a rater whose "
                                          "link is revoked (default: keep those given before the revocation)"),
+    final: bool = typer.Option(False, "--final", help="the study is closed (no rater will be shown more pairs): "
+                               "add example pairs, the shown images labelled by checkpoint, to the report"),
 ) -> None:
     """Win rates, Bradley-Terry, mixed logistic model, agreement, attention checks; the report section."""
     from pcpo_eval.human.report import analyze_folder
 
     res = analyze_folder(folder, responses=responses, database_url=database_url, bootstrap=bootstrap,
-                         log=(lambda s: None) if as_json else typer.echo, exclude_revoked=exclude_revoked)
+                         log=(lambda s: None) if as_json else typer.echo, exclude_revoked=exclude_revoked,
+                         final=final)
     if as_json:
         typer.echo(json.dumps(res, indent=2))
 

@@ -28,8 +28,10 @@ works too (with its driver installed). The migrations run programmatically (:fun
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
+import os
 import re
 import secrets
 import threading
@@ -255,6 +257,16 @@ def check_writable(url: str) -> None:
             trans.rollback()
 
 
+def _create_private(db: str | None) -> None:
+    """Create a new SQLite file ``db`` with mode 0600 before SQLite opens it: it holds every rater's token
+    (their credential), and SQLite gives its ``-wal`` and ``-shm`` files the database file's mode. An existing
+    file keeps its mode (``human serve`` warns when others may read it: :func:`pcpo_eval.human.app.serve`)."""
+    if db in (None, "", ":memory:") or db.startswith("file:"):
+        return
+    with contextlib.suppress(FileExistsError, OSError):  # OSError: the folder check (_check_url) says it
+        os.close(os.open(db, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+
+
 def get_engine(url: str) -> Engine:
     """The process-wide engine of ``url`` (SQLite: WAL, busy timeout, foreign keys on)."""
     with _ENGINES_LOCK:
@@ -262,6 +274,7 @@ def get_engine(url: str) -> Engine:
             return _ENGINES[url]
         _check_url(url)
         if make_url(url).get_backend_name() == "sqlite":
+            _create_private(make_url(url).database)
             engine = create_engine(url, connect_args={"timeout": 60, "check_same_thread": False},
                                    pool_size=8, max_overflow=16, hide_parameters=True)
             event.listen(engine, "connect", _sqlite_pragmas)
@@ -728,7 +741,7 @@ def export_responses(url: str) -> pd.DataFrame:
 def export_parquet(url: str, path: str | Path) -> pd.DataFrame:
     """Write :func:`export_responses` to ``path`` atomically; returns the frame written."""
     df = export_responses(url)
-    atomic_write_parquet(path, df)
+    atomic_write_parquet(path, df, private=True)  # raters' names
     return df
 
 

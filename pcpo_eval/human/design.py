@@ -61,9 +61,17 @@ from pcpo_eval.human import (
     design_comparison_seeds,
     shown_png,
 )
-from pcpo_eval.human.settings import ASSIGNMENT_KEYED
+from pcpo_eval.human.settings import ASSIGNMENT_KEYED, parse_secret
 from pcpo_eval.human.tables import validate_pairs
-from pcpo_eval.io import atomic_dir, atomic_write_json, atomic_write_parquet, check_finite, check_out_path
+from pcpo_eval.io import (
+    atomic_dir,
+    atomic_write_json,
+    atomic_write_parquet,
+    atomic_write_text,
+    check_finite,
+    check_out_path,
+    ensure_dir,
+)
 from pcpo_eval.rundir import checkpoint_dir
 from pcpo_eval.studydir import StudyLayout, StudyView
 
@@ -78,6 +86,9 @@ ASSIGNMENT = ASSIGNMENT_KEYED
 #: The secret regenerates a design's table only under its own layout.
 LAYOUTS = ("cyclic", "offset-balanced")
 LAYOUT = "offset-balanced"
+#: How a design made now draws its seeds (design.json ``seed_draw``): from its blinding secret
+#: (:func:`comparison_seeds` with a key); designs that record none used the public ``k*S ..`` layout.
+SEED_DRAW = "secret"
 
 
 @dataclass(frozen=True)
@@ -258,21 +269,46 @@ def _unique_labels(pairs: list[tuple[Checkpoint, Checkpoint]]) -> list[tuple[Che
 # ---- seeds ------------------------------------------------------------------------------------
 
 
-def comparison_seeds(n_comparisons: int, seeds: int, mode: str) -> list[list[int]]:
-    """The seeds of each comparison: ``distinct``: comparison k on ``k*seeds .. k*seeds + seeds - 1``;
-    ``shared``: every comparison on ``0 .. seeds - 1``. Within a comparison both checkpoints render the
-    same seeds, so the two images of a pair share their initial noise."""
+#: The smallest seed a design draws from its secret (:func:`comparison_seeds`): far above the seeds a
+#: study's eval sets, grids and figures use (0 .. N-1), so no shown image is also in the study's folder.
+SECRET_SEED_FLOOR = 1_000_000
+
+
+def comparison_seeds(n_comparisons: int, seeds: int, mode: str, key: bytes | None = None) -> list[list[int]]:
+    """The seeds of each comparison. Within a comparison both checkpoints render the same seeds, so the
+    two images of a pair share their initial noise. ``distinct``: no seed in two comparisons; ``shared``:
+    every comparison on the same seeds.
+
+    With ``key`` (the design's blinding secret; every design made now) the seeds are drawn from it,
+    without repeats, in ``SECRET_SEED_FLOOR .. MAX_SEED`` (9 million values), sorted per comparison.
+    Blinding: an image's noise is a public function of (prompt id, seed) (:mod:`pcpo_eval.seeding`), so
+    with public seeds anyone could re-render the public base model at them and match a shown image
+    pixel for pixel (every ``base`` side named, 32 of 32 pairs), find each pair's comparison, or find the
+    shown images, with their method, in the study's own eval sets and report grid (same sampler, prompts
+    and seeds 0 ..). Without ``key`` (designs made before): ``distinct``: comparison k on ``k*seeds ..
+    k*seeds + seeds - 1``; ``shared``: ``0 .. seeds - 1``."""
     if mode not in COMPARISON_SEEDS:
         raise UserError(f"comparison_seeds {mode!r}: use distinct or shared")
-    starts = [k * seeds if mode == "distinct" else 0 for k in range(n_comparisons)]
-    return [list(range(a, a + seeds)) for a in starts]
+    groups = n_comparisons if mode == "distinct" else 1
+    if key is None:
+        drawn = list(range(groups * seeds))
+    else:
+        from pcpo_eval.generate.plan import MAX_SEED
+
+        digest = hmac.new(key, b"pcpo-eval/human/seeds", hashlib.sha256).digest()
+        rng = np.random.default_rng(int.from_bytes(digest, "little"))
+        drawn = (SECRET_SEED_FLOOR + rng.choice(MAX_SEED - SECRET_SEED_FLOOR + 1, groups * seeds, replace=False)).tolist()
+    per = [sorted(drawn[g * seeds:(g + 1) * seeds]) for g in range(groups)]
+    return per if mode == "distinct" else per * n_comparisons
 
 
-def checkpoint_seeds(pairs: Sequence[tuple[Checkpoint, Checkpoint]], seeds: int, mode: str) -> dict[str, list[int]]:
+def checkpoint_seeds(pairs: Sequence[tuple[Checkpoint, Checkpoint]], seeds: int, mode: str,
+                     key: bytes | None = None) -> dict[str, list[int]]:
     """label -> the sorted seeds its image set must hold: the union over the comparisons it is in
-    (with ``distinct`` seeds a bracket's shared checkpoint renders two ranges, one per comparison)."""
+    (with ``distinct`` seeds a bracket's shared checkpoint renders two groups, one per comparison);
+    ``key``: :func:`comparison_seeds`'."""
     out: dict[str, set[int]] = {}
-    for pair, ss in zip(pairs, comparison_seeds(len(pairs), seeds, mode), strict=True):
+    for pair, ss in zip(pairs, comparison_seeds(len(pairs), seeds, mode, key), strict=True):
         for c in pair:
             out.setdefault(c.label, set()).update(ss)
     return {label: sorted(v) for label, v in out.items()}
@@ -287,16 +323,6 @@ def seed_text(seeds: Sequence[int]) -> str:
         else:
             runs.append([s, s])
     return ", ".join(f"{a}-{b}" if a != b else f"{a}" for a, b in runs)
-
-
-def _seed_spec(seeds: Sequence[int]) -> int | str | list[int]:
-    """``seeds`` as ``generate`` takes them: ``N`` for 0..N-1, ``A-B`` for a run, else the list."""
-    seeds = sorted(seeds)
-    if seeds == list(range(len(seeds))):
-        return len(seeds)
-    if seeds == list(range(seeds[0], seeds[-1] + 1)):
-        return f"{seeds[0]}-{seeds[-1]}"
-    return list(seeds)
 
 
 # ---- rendering --------------------------------------------------------------------------------
@@ -325,6 +351,7 @@ def render_sets(view: StudyView, ds: HumanDesignSpec, checkpoints: Sequence[Chec
     ``seeds``: label -> the seeds its set holds (:func:`checkpoint_seeds`; default: ``0 .. ds.seeds - 1``
     for every checkpoint). Logs one line per checkpoint (k of m, how many images) and its time;
     ``progress``: generate's per-batch bar too."""
+    from pcpo_eval.generate.plan import seed_arg
     from pcpo_eval.generate.runner import generate_set
 
     ev = view.spec["eval"]
@@ -337,7 +364,7 @@ def render_sets(view: StudyView, ds: HumanDesignSpec, checkpoints: Sequence[Chec
         log(f"[human] rendering checkpoint {i} of {len(checkpoints)}: {c.label} ({n} x {len(mine)} seeds "
             f"[{seed_text(mine)}], {sampling['steps']} steps) -> {folder}")
         t0 = time.perf_counter()
-        generate_set(c.model, ds.prompts or ev["prompts"], _seed_spec(mine), folder, batch_size=ds.batch_size,
+        generate_set(c.model, ds.prompts or ev["prompts"], seed_arg(mine), folder, batch_size=ds.batch_size,
                      steps=sampling["steps"], cfg=sampling["cfg"], eta=sampling["eta"],
                      schedule=sampling["sigma_schedule"], device=ds.device, max_prompts=ds.max_prompts,
                      progress=progress)
@@ -539,7 +566,8 @@ def balanced_sides(n: int, rng: np.random.Generator) -> np.ndarray:
 
 
 def build_pairs(pairs: Sequence[tuple[Checkpoint, Checkpoint]], sets: dict[str, Path], ds: HumanDesignSpec,
-                secret: bytes | None = None, layout: str = LAYOUT) -> tuple[pd.DataFrame, _Images]:
+                secret: bytes | None = None, layout: str = LAYOUT,
+                seeds: Sequence[Sequence[int]] | None = None) -> tuple[pd.DataFrame, _Images]:
     """The pairs table (PAIR_COLUMNS) and the images it shows.
 
     Every blinding draw comes from ``secret`` (default: a fresh one, :func:`new_secret`), never from
@@ -549,7 +577,9 @@ def build_pairs(pairs: Sequence[tuple[Checkpoint, Checkpoint]], sets: dict[str, 
     renders them), and pairs whose two images differ in size, file format or colour depth
     (:func:`_check_pair_grids`).
 
-    ``ds.comparison_seeds``: ``distinct``: comparison k shows seeds ``k*S .. k*S+S-1`` of every prompt
+    ``seeds``: each comparison's seeds (:func:`comparison_seeds`; :func:`make_design` passes the ones drawn
+    from the secret; default: the public ones of designs made before, ``k*S .. k*S+S-1``).
+    ``ds.comparison_seeds``: ``distinct``: comparison k shows its own seeds of every prompt
     (S = ``ds.seeds``), so no image is in two comparisons, and the attention checks reuse the image of
     one side (at random) of one main pair (at random), so a check repeats the bytes of exactly one
     comparison's pair and, pooled with it, tells its side with probability 1/2; ``shared``: every
@@ -565,7 +595,7 @@ def build_pairs(pairs: Sequence[tuple[Checkpoint, Checkpoint]], sets: dict[str, 
     else:
         pids = sorted({int(p) for p in first.index.get_level_values("prompt_id")})
         comp_keys = [[(pid, s) for pid in pids for s in ss]
-                     for ss in comparison_seeds(len(pairs), ds.seeds, ds.comparison_seeds)]
+                     for ss in seeds or comparison_seeds(len(pairs), ds.seeds, ds.comparison_seeds)]
     _check_sets_cover(pairs, comp_keys, manifests, sets, ds)
     _check_pair_grids(pairs, comp_keys, manifests, sets)
     n_keys = len(comp_keys[0])
@@ -677,11 +707,12 @@ def _check_pair_grids(pairs: Sequence[tuple[Checkpoint, Checkpoint]], comp_keys:
 
 
 def generate_command(folder: Path | None, model: str, seeds: Sequence[int], ds: HumanDesignSpec) -> str:
-    """The ``pcpo-eval generate`` command that renders ``seeds`` (as one range ``min-max``: a set's
-    manifest lists the seeds of its last run) into the set ``folder`` with the settings its
+    """The ``pcpo-eval generate`` command that renders ``seeds`` (all the set needs: a set's manifest lists
+    the seeds of its last run) into the set ``folder`` with the settings its
     ``set.json`` records (else the checkpoint's model and the design's prompts)."""
     import shlex
 
+    from pcpo_eval.generate.plan import seed_arg
     from pcpo_eval.imageset import SET_FILE
 
     info: dict[str, Any] = {}
@@ -693,7 +724,7 @@ def generate_command(folder: Path | None, model: str, seeds: Sequence[int], ds: 
     st, run = info.get("settings") or {}, info.get("run") or {}
     parts = ["pcpo-eval generate", "--model", shlex.quote(str(st.get("model", model))),
              "--prompts", shlex.quote(str(run.get("prompts") or ds.prompts or "PROMPTS")),
-             "--seeds", f"{min(seeds)}-{max(seeds)}", "--out", shlex.quote(str(folder or "SET"))]
+             "--seeds", seed_arg(seeds), "--out", shlex.quote(str(folder or "SET"))]
     for key, flag in (("sampler", "--sampler"), ("steps", "--steps"), ("cfg", "--cfg"), ("eta", "--eta"),
                       ("schedule", "--schedule"), ("precision", "--precision"), ("attention", "--attention")):
         if key in st:
@@ -868,31 +899,52 @@ def make_design(study: str | Path, out: str | Path, ds: HumanDesignSpec,
     check_per_rater(pairs, ds.per_rater, _n_keys(view, ds), (ds.identical, ds.degraded),
                     ds.comparison_seeds)  # before rendering
     checkpoints = list({c.label: c for p in pairs for c in p}.values())
-    seeds = checkpoint_seeds(pairs, ds.seeds, ds.comparison_seeds)
+    ensure_dir(lay.root, "--out")
+    os.chmod(lay.root, 0o700)  # its sets/ are named after the checkpoints: the organisers' only
+    secret = _design_secret(lay)
+    by_comparison = comparison_seeds(len(pairs), ds.seeds, ds.comparison_seeds, secret)
+    seeds = checkpoint_seeds(pairs, ds.seeds, ds.comparison_seeds, secret)
     t0 = time.perf_counter()
     n_img = sum(map(len, seeds.values())) * (ds.max_prompts or 0)
-    log(f"[human] {len(pairs)} comparison(s) of {len(checkpoints)} checkpoints, {ds.comparison_seeds} seeds"
+    log(f"[human] {len(pairs)} comparison(s) of {len(checkpoints)} checkpoints, {ds.comparison_seeds} secret seeds"
         + (f", {n_img} images to render (resumable)" if n_img else ""))
     sets = render_sets(view, ds, checkpoints, lay.root / "sets", log, progress, seeds)
-    secret = new_secret()
-    table, images = build_pairs(pairs, sets, ds, secret)
+    table, images = build_pairs(pairs, sets, ds, secret, seeds=by_comparison)
     with atomic_dir(lay.images) as tmp:
         _write_images(images, tmp, secret, log)
-    atomic_write_parquet(lay.pairs, table)
+    atomic_write_parquet(lay.pairs, table, private=True)
     design = {**settings, "settings_hash": _settings_hash(settings), "created": time.strftime("%Y-%m-%d %H:%M:%S"),
               "selection": note, "checkpoints": [dataclasses.asdict(c) for c in checkpoints],
               "comparisons": [f"{a.label} vs {b.label}" for a, b in pairs],
               "comparison_seed_ranges": {f"{a.label} vs {b.label}": seed_text(ss) for (a, b), ss in
-                                         zip(pairs, comparison_seeds(len(pairs), ds.seeds, ds.comparison_seeds),
-                                             strict=True)},
+                                         zip(pairs, by_comparison, strict=True)},
+              "seed_draw": SEED_DRAW,
               "checkpoint_seed_ranges": {label: seed_text(ss) for label, ss in seeds.items()}, "sampling": sampling,
               "n_pairs": int(len(table)), "n_main": int((table["kind"] == "main").sum()),
               "n_prompts": int(table["prompt_id"].nunique()), "n_images": len(images.files),
               "render_seconds": round(time.perf_counter() - t0, 1),
               "blinding_secret": secret.hex(), "assignment": ASSIGNMENT, "layout": LAYOUT}
     design = _relative_paths(design, lay.root)
-    atomic_write_json(lay.design, design)
+    atomic_write_json(lay.design, design, private=True)
+    lay.pending_secret.unlink(missing_ok=True)  # design.json holds it now
     return design
+
+
+def _design_secret(lay: HumanLayout) -> bytes:
+    """The blinding secret of the design being made in ``lay``: the one an interrupted run left in
+    :attr:`HumanLayout.pending_secret` (its sets hold images of that secret's seeds), else a fresh one,
+    written there (mode 0600) before anything renders. Sets without that file were rendered on public
+    seeds by an earlier version: refused, since the new seeds would not match them."""
+    if lay.pending_secret.is_file():
+        return parse_secret(lay.pending_secret.read_text().strip(), lay.pending_secret, "the pending secret",
+                            f"remove {lay.pending_secret} and {lay.root / 'sets'} to start the design again")
+    sets = lay.root / "sets"
+    if sets.is_dir() and any(sets.iterdir()):
+        raise UserError(f"{sets} holds image sets of an interrupted design without its secret ({lay.pending_secret}), "
+                        f"rendered on public seeds; remove {sets} (or choose a new --out) to render the design again")
+    secret = new_secret()
+    atomic_write_text(lay.pending_secret, secret.hex(), private=True)
+    return secret
 
 
 def read_design(root: str | Path) -> tuple[dict[str, Any], pd.DataFrame]:

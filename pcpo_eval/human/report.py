@@ -93,10 +93,21 @@ def analyzed_responses(pairs: pd.DataFrame, responses: pd.DataFrame, res: dict[s
     return kept[~kept.rater_id.isin(gone)]
 
 
+#: What the analysis says in place of its example pairs before the study is closed (``--final``).
+EXAMPLES_WITHHELD = ("example pairs (the shown images, labelled by checkpoint) are added with `human analyze --final` "
+                     "once no rater will be shown more pairs: a report shared before then would unblind the pairs "
+                     "still to be rated")
+
+
 def analyze_folder(folder: str | Path, responses: str | Path | None = None, database_url: str | None = None,
                    bootstrap: int = 1000, log: Callable[[str], None] = print,
-                   exclude_revoked: bool = False) -> dict[str, Any]:
-    """Analyse a human study folder (see the module docstring); returns the analysis."""
+                   exclude_revoked: bool = False, final: bool = False) -> dict[str, Any]:
+    """Analyse a human study folder (see the module docstring); returns the analysis.
+
+    ``final``: the study is closed, so the analysis (and the study report) may show example pairs: the
+    shown images with the checkpoint of each side. Before, an interim analysis put them into the study's
+    ``report.html`` while raters were still being shown those images (12 labelled, 2 still due to a rater
+    who had not started)."""
     from pcpo_eval.human.analysis import analyze
     from pcpo_eval.human.design import read_design
 
@@ -114,7 +125,8 @@ def analyze_folder(folder: str | Path, responses: str | Path | None = None, data
         # how sides and order were drawn (the secret itself stays in design.json), and the seed layout
         | {"blinding": "secret" if design.get("blinding_secret") else "rng_seed",
            "comparison_seeds": design_comparison_seeds(design, HumanLayout(folder).design)},
-        "examples": examples(pairs, used, folder)})
+        **({"examples": examples(pairs, used, folder)} if final else
+           {"examples": [], "examples_withheld": EXAMPLES_WITHHELD})})
     lay = HumanLayout(folder)
     if is_simulated(df):
         res = _label_simulated(res)
@@ -127,7 +139,7 @@ def analyze_folder(folder: str | Path, responses: str | Path | None = None, data
             log(line)
         return res
     atomic_write_json(lay.analysis, res)
-    log(f"wrote {lay.analysis}")
+    log(f"wrote {lay.analysis}" + ("" if final else f" ({EXAMPLES_WITHHELD})"))
     for line in summary_lines(res):
         log(line)
     _into_study(design, res, log, folder)

@@ -37,7 +37,8 @@ def test_parse_seeds(spec, expected):
     assert parse_seeds(spec) == expected
 
 
-@pytest.mark.parametrize("spec", ["0", "7-3", "-3", "1-", "a-b", "1,2", "", "3.5", "1-10000000"])
+@pytest.mark.parametrize("spec", ["0", "7-3", "-3", "1-", "a-b", "1,,2", "2,2", "3-1,5", "", "3.5", "1-10000000",
+                                  "1,10000000"])
 def test_malformed_seeds_are_user_errors(spec):
     with pytest.raises(UserError) as info:
         parse_seeds(spec)

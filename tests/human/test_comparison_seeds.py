@@ -202,6 +202,29 @@ def test_each_comparison_renders_its_own_seeds(distinct, tmp_path):
     assert checkpoint_seeds(BRACKET, 10, "shared") == {k: list(range(10)) for k in ("PCPO@120", "DDPO@180", "DDPO@240")}
 
 
+def test_a_designs_seeds_are_drawn_from_its_secret():
+    """Designs made now draw each comparison's seeds from the blinding secret (the image noise is a public
+    function of prompt and seed, so public seeds let anyone re-render the base model and match): the same
+    key gives the same seeds, another key others; distinct across comparisons, above the seeds a study uses,
+    within the 7-digit file names; ``generate`` reads them back from one --seeds value."""
+    from pcpo_eval.generate.plan import MAX_SEED, parse_seeds, seed_arg
+    from pcpo_eval.human.design import SECRET_SEED_FLOOR
+
+    k1, k2 = b"\x01" * 16, b"\x02" * 16
+    a = comparison_seeds(3, 10, "distinct", k1)
+    assert a == comparison_seeds(3, 10, "distinct", k1) and a != comparison_seeds(3, 10, "distinct", k2)
+    flat = [s for ss in a for s in ss]
+    assert len(set(flat)) == 30 and min(flat) >= SECRET_SEED_FLOOR and max(flat) <= MAX_SEED
+    assert all(ss == sorted(ss) for ss in a)
+    shared = comparison_seeds(2, 10, "shared", k1)
+    assert shared[0] == shared[1] and len(set(shared[0])) == 10 and min(shared[0]) >= SECRET_SEED_FLOOR
+    two = comparison_seeds(2, 10, "distinct", k1)  # BRACKET: PCPO@120 in both comparisons
+    assert checkpoint_seeds(BRACKET, 10, "distinct", k1) == {"PCPO@120": sorted(two[0] + two[1]),
+                                                            "DDPO@180": two[0], "DDPO@240": two[1]}
+    assert parse_seeds(seed_arg(flat)) == sorted(flat) and parse_seeds(seed_arg([5])) == [5]
+    assert parse_seeds(seed_arg(range(4))) == [0, 1, 2, 3]
+
+
 def test_shared_seeds_still_leak_to_pooled_raters(shared):
     """What distinct seeds remove: with shared seeds the pooled bytes name PCPO in every pooled pair."""
     received, table, lay = shared

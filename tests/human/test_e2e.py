@@ -89,26 +89,29 @@ def test_design_brackets_the_matched_reward_and_hides_the_methods(study, human):
 
 
 def test_design_renders_each_comparison_on_its_own_seeds(study, human):
-    """The default design (comparison_seeds: distinct): comparison k on seeds 3k .. 3k+2 for both its
-    checkpoints, PCPO's set holds every range, and no image file of a main pair is in two comparisons
-    (by token and by bytes)."""
+    """The default design (comparison_seeds: distinct): comparison k on 3 seeds of its own, drawn from the
+    blinding secret above every seed the study uses, for both its checkpoints; PCPO's set holds every
+    comparison's seeds, and no image file of a main pair is in two comparisons (by token and by bytes)."""
     import hashlib
 
+    from pcpo_eval.human.design import SECRET_SEED_FLOOR, comparison_seeds, seed_text
     from pcpo_eval.imageset import MANIFEST_FILE
 
     design = json.loads((human / "design.json").read_text())
     pairs = pd.read_parquet(human / "pairs.parquet")
     main = pairs[pairs["kind"] == "main"]
-    assert design["comparison_seeds"] == "distinct"
+    assert design["comparison_seeds"] == "distinct" and design["seed_draw"] == "secret"
+    drawn = comparison_seeds(len(design["comparisons"]), 3, "distinct", bytes.fromhex(design["blinding_secret"]))
     for k, comp in enumerate(design["comparisons"]):
-        assert design["comparison_seed_ranges"][comp] == f"{3 * k}-{3 * k + 2}"
-        assert set(main.loc[main["comparison"] == comp, "seed"]) == {3 * k, 3 * k + 1, 3 * k + 2}
+        assert design["comparison_seed_ranges"][comp] == seed_text(drawn[k])
+        assert set(main.loc[main["comparison"] == comp, "seed"]) == set(drawn[k])
+        assert min(drawn[k]) >= SECRET_SEED_FLOOR
+    assert len({s for ss in drawn for s in ss}) == 3 * len(drawn)
     for c in design["checkpoints"]:  # a set holds the seeds of the comparisons its checkpoint is in
         seeds = sorted(set(pd.read_parquet(human / "sets" / c["label"].replace("@", "_") / MANIFEST_FILE)["seed"]))
         ks = [k for k, comp in enumerate(design["comparisons"]) if c["label"] in comp.split(" vs ")]
-        assert seeds == [s for k in ks for s in range(3 * k, 3 * k + 3)], (c["label"], seeds)
-        if c["label"].startswith("PCPO"):
-            assert design["checkpoint_seed_ranges"][c["label"]] == f"0-{3 * len(ks) - 1}"
+        assert seeds == sorted(s for k in ks for s in drawn[k]), (c["label"], seeds)
+        assert design["checkpoint_seed_ranges"][c["label"]] == seed_text(seeds)
     assert pd.concat([main["left_image"], main["right_image"]]).is_unique
     comps: dict[str, set] = {}
     for side in ("left", "right"):
@@ -116,6 +119,105 @@ def test_design_renders_each_comparison_on_its_own_seeds(study, human):
             digest = hashlib.sha256(HumanLayout(human).image(tok).read_bytes()).hexdigest()
             comps.setdefault(digest, set()).add(comp)
     assert all(len(v) == 1 for v in comps.values())
+
+
+def _pixel_digests_of_pngs(data: list[bytes]) -> set[str]:
+    import hashlib
+    import io
+
+    return {hashlib.sha256(np.asarray(Image.open(io.BytesIO(b)).convert("RGB")).tobytes()).hexdigest() for b in data}
+
+
+def test_no_shown_image_is_in_the_study_folder_or_its_report(study, human):
+    """Blinding: the shown images are rendered on secret seeds, so none of them (by pixels) is one of the
+    study's own images, which sit under their run's name in its eval sets and under "PCPO seed 0 (E10)"
+    in the report's grid (the same sampler, prompts and seeds 0 ..: before, 36 shown images were in the
+    report and 80 of 160 in the eval sets), and nothing in the design's public settings gives the seeds."""
+    import base64
+    import re as _re
+
+    from pcpo_eval.human.design import SECRET_SEED_FLOOR
+
+    pairs = pd.read_parquet(human / "pairs.parquet")
+    shown = _pixel_digests_of_pngs([HumanLayout(human).image(t).read_bytes()
+                                    for t in {*pairs["left_image"], *pairs["right_image"]}])
+    study_pngs = [p.read_bytes() for p in study.rglob("*.png")]
+    report = (study / "report.html").read_text()
+    embedded = [base64.b64decode(m) for m in _re.findall(r"data:image/png;base64,([A-Za-z0-9+/=]+)", report)]
+    assert len(study_pngs) > 20 and embedded  # the eval sets and the grid are there to compare with
+    assert not shown & _pixel_digests_of_pngs(study_pngs + embedded)
+    assert pairs["seed"].min() >= SECRET_SEED_FLOOR
+
+
+def test_a_designs_secrets_are_the_organisers_only(study, human, tmp_path):
+    """design.json (the blinding secret), pairs.parquet (the unblinding) and the folder (sets/ named after
+    the checkpoints) are the owner's only, whatever the umask; so are a bundle's derived secrets, a new
+    SQLite database (raters' tokens) and an export (raters' names). `human serve` warns about older files."""
+    import os
+    import stat
+
+    from pcpo_eval.human.app import readable_secrets
+    from pcpo_eval.human.bundle import make_bundle
+    from pcpo_eval.human.db import export_parquet, get_engine, upgrade
+
+    def mode(p: Path) -> int:
+        return stat.S_IMODE(p.stat().st_mode)
+
+    lay = HumanLayout(human)
+    assert mode(lay.design) == mode(lay.pairs) == 0o600 and mode(lay.root) == 0o700
+    assert not lay.pending_secret.exists()
+    old = os.umask(0o022)
+    try:
+        make_bundle(human, tmp_path / "serve", log=lambda s: None)
+        url = f"sqlite:///{tmp_path / 'new.db'}"
+        get_engine(url)
+        upgrade(url)
+        export_parquet(url, tmp_path / "responses.parquet")
+    finally:
+        os.umask(old)
+    assert mode(HumanLayout(tmp_path / "serve").bundle) == 0o600
+    assert mode(tmp_path / "new.db") == 0o600 and mode(tmp_path / "responses.parquet") == 0o600
+    assert readable_secrets(lay) == []
+    lay.design.chmod(0o644)
+    try:
+        (warning,) = readable_secrets(lay)
+        assert warning.startswith("warning: ") and f"chmod 600 {lay.design}" in warning
+    finally:
+        lay.design.chmod(0o600)
+
+
+def test_an_interrupted_design_resumes_on_its_secret_seeds(study, tmp_path, monkeypatch):
+    """The secret is written (0600) before anything renders, so a design interrupted after rendering resumes
+    on the same seeds and keeps its images; sets left without that secret (an earlier version's, on public
+    seeds) are refused by name."""
+    import pcpo_eval.human.design as design_mod
+    from pcpo_eval.errors import UserError
+
+    out = tmp_path / "h"
+    spec = design_mod.parse_design_spec(DESIGN | {"max_prompts": 2, "seeds": 2})
+    real = design_mod.build_pairs
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(design_mod, "build_pairs", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        design_mod.make_design(study, out, spec, log=lambda s: None)
+    lay = HumanLayout(out)
+    secret = bytes.fromhex(lay.pending_secret.read_text())
+    assert lay.pending_secret.stat().st_mode & 0o777 == 0o600 and not lay.design.exists()
+    rendered = {p: p.stat().st_mtime_ns for p in (out / "sets").rglob("*.png")}
+    assert rendered
+    monkeypatch.setattr(design_mod, "build_pairs", real)
+    design = design_mod.make_design(study, out, spec, log=lambda s: None)
+    assert design["blinding_secret"] == secret.hex() and not lay.pending_secret.exists()
+    assert {p: p.stat().st_mtime_ns for p in (out / "sets").rglob("*.png")} == rendered  # nothing re-rendered
+    drawn = design_mod.comparison_seeds(len(design["comparisons"]), 2, "distinct", secret)
+    assert set(pd.read_parquet(lay.pairs).query("kind == 'main'")["seed"]) == {s for ss in drawn for s in ss}
+    other = tmp_path / "old"
+    (other / "sets" / "PCPO_1").mkdir(parents=True)
+    with pytest.raises(UserError, match="without its secret"):
+        design_mod.make_design(study, other, spec, log=lambda s: None)
 
 
 def test_a_design_made_before_comparison_seeds_is_kept_or_refused_by_name(study, human, tmp_path):
@@ -177,14 +279,15 @@ def test_design_is_deterministic_and_refuses_other_settings(study, human, tmp_pa
     # progress: a line per rendered checkpoint (k of m) and the image writing
     assert any(line.startswith("[human] rendering checkpoint 1 of ") for line in lines), lines
     assert any(re.match(r"\[human\] images: (\d+) of \1 written", line) for line in lines), lines
-    # the same settings in a new folder: a new blinding secret, so other sides, ids and image names
-    # (the design cannot be rebuilt from its settings); the same pairs of checkpoints, prompts and seeds
+    # the same settings in a new folder: a new blinding secret, so other seeds, sides, ids and image names
+    # (the design cannot be rebuilt from its settings); the same comparisons, prompts and seed counts
     first, second = pd.read_parquet(human / "pairs.parquet"), pd.read_parquet(again / "pairs.parquet")
     assert not set(first["pair_id"]) & set(second["pair_id"])
     assert not (set(first["left_image"]) | set(first["right_image"])) & (set(second["left_image"]) | set(second["right_image"]))
-    key = ["comparison", "prompt_id", "seed"]
-    main1, main2 = (t[t["kind"] == "main"].set_index(key).sort_index() for t in (first, second))
-    assert main1.index.equals(main2.index) and (main1["left_method"] != main2["left_method"]).any()
+    main1, main2 = (t[t["kind"] == "main"] for t in (first, second))
+    count = ["comparison", "prompt_id"]
+    assert main1.groupby(count).size().equals(main2.groupby(count).size())
+    assert not set(main1["seed"]) & set(main2["seed"])
     secret = json.loads((again / "design.json").read_text())["blinding_secret"]
     assert len(secret) == 32 and secret != json.loads((human / "design.json").read_text())["blinding_secret"]
     before = (again / "pairs.parquet").read_bytes()
@@ -241,8 +344,14 @@ def test_raters_rate_through_the_app_and_the_analysis_reaches_the_report(study, 
             assert "Thank you" in client.get(path).text
     res = cli("human", "export", human)
     assert res.returncode == 0 and "wrote 24 responses" in res.stdout
+    # an interim analysis (no --final) shows no labelled image in the study report: raters may still be shown them
+    res = cli("human", "analyze", human, "--bootstrap", "0")
+    assert res.returncode == 0 and "--final" in res.stdout, res.stderr
+    html = (study / "report.html").read_text()
+    assert 'id="human-examples-withheld"' in html and 'id="human-examples"' not in html
+    assert json.loads((study / "human.json").read_text())["examples"] == []
     # the analysis of the raters' answers goes into the study's report
-    res = cli("human", "analyze", human, "--bootstrap", "50", "--json")
+    res = cli("human", "analyze", human, "--bootstrap", "50", "--json", "--final")
     assert res.returncode == 0, res.stderr
     analysis = json.loads(res.stdout)
     assert analysis["comparisons"] and analysis["source"] == "database" and "simulated" not in analysis
@@ -254,7 +363,8 @@ def test_raters_rate_through_the_app_and_the_analysis_reaches_the_report(study, 
     # the human verdict sentences are in the report's first section too
     assert html.index('id="human-verdict"') < html.index('id="spec"')
     assert all(c["verdict"].split(":")[0] in html for c in analysis["comparisons"])
-    assert html.count('src="data:image/png;base64,') >= 2 * len(analysis["examples"])
+    assert analysis["examples"] and html.count('src="data:image/png;base64,') >= 2 * len(analysis["examples"])
+    assert 'id="human-examples-withheld"' not in html
     # each comparison states the win rate it could have detected; the blinding secret is not in the report
     assert "detectable win rate (80% power)" in html and "randomised from the design's private secret" in html
     assert all("detectable at 80% power" in c["verdict"] for c in analysis["comparisons"])

@@ -44,6 +44,7 @@ HOMES = {
     "analysis.json": "human/__init__.py",
     "server.json": "human/__init__.py",
     "bundle.json": "human/__init__.py",
+    ".design_secret": "human/__init__.py",
     "sweep.json": "study/irg_sweep.py",
     "sweep.parquet": "study/irg_sweep.py",
     "tradeoff.png": "study/irg_sweep.py",
