@@ -194,7 +194,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--studies", type=int, default=500)
     ap.add_argument("--sizes", default="3,5,10")
+    ap.add_argument("--scenarios", default="", help="only these scenarios (names separated by ';'); then the "
+                    "planning rule's seed count is not added to --sizes")
+    ap.add_argument("--seed", type=int, default=SEED, help="numpy seed of the draws (a re-check of one cell on "
+                    "fresh draws)")
     a = ap.parse_args(argv)
+    only = [x.strip() for x in a.scenarios.split(";") if x.strip()]
     runs = pd.read_parquet(DATA)
     ddpo, pcpo = pool(runs, "DDPO"), pool(runs, "PCPO")
     sp = load_spec(SPEC, check_weights=False)
@@ -204,14 +209,18 @@ def main(argv: list[str] | None = None) -> int:
     truth = truth_speedups(ddpo, list(sp.gain_targets), sp.window)
     n_need, plan = planning_seeds(ddpo, settings, min(5, len(ddpo) // 2))
     sizes = [int(x) for x in a.sizes.split(",")]
-    if n_need is not None and n_need not in sizes and 2 * n_need <= len(ddpo):
+    if n_need is not None and n_need not in sizes and 2 * n_need <= len(ddpo) and not only:
         sizes.append(n_need)
-    rng = np.random.default_rng(SEED)
+    all_scenarios = scenarios(ddpo, pcpo)
+    unknown = [x for x in only if x not in {sc.name for sc in all_scenarios}]
+    if unknown:
+        ap.error(f"unknown scenario {unknown[0]!r}; choose from: {'; '.join(sc.name for sc in all_scenarios)}")
+    rng = np.random.default_rng(a.seed)
     t0 = time.perf_counter()
     print("## Verdict calibration on real toy runs\n")
     print(f"{len(ddpo)} DDPO and {len(pcpo)} PCPO seeds of the demo regime (`benchmarks/calibration_runs.py`, "
           f"`benchmarks/data/toy_demo_runs.parquet`); `benchmarks/bench_verdict_calibration.py --studies {a.studies}`.\n")
-    print(f"{a.studies} resampled studies per row (seeds drawn without replacement, numpy seed {SEED}); targets "
+    print(f"{a.studies} resampled studies per row (seeds drawn without replacement, numpy seed {a.seed}); targets "
           f"{settings['targets']}, gain targets {settings['gain_targets']}, window {sp.window}; primary endpoint: "
           f"{settings['primary'] or 'paired_gain (default)'}. Rates with 95% Clopper-Pearson intervals.")
     print(f"`study --plan` on a {min(5, len(ddpo) // 2)}-vs-{min(5, len(ddpo) // 2)}-seed pilot of the planted scenario (baseline paired gain {plan['baseline']:.4f}, "
@@ -221,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| scenario | seeds/arm | primary significant | any row significant | called faster (any speed-up) | "
           "per-row significant | CI coverage (gain speed-ups) |")
     print("|---|---:|---|---|---|---|---|")
-    for sc in scenarios(ddpo, pcpo):
+    for sc in (sc for sc in all_scenarios if not only or sc.name in only):
         for n in sizes:
             need = 2 * n if sc.name.startswith(("A/A", "2x")) else n
             pool_size = len(pcpo) if "PCPO, unpaired" in sc.name else len(ddpo)
