@@ -85,10 +85,11 @@ def design_cmd(
 
     ds = dataclasses.replace(load_design_spec(config), device=resolve_device(device))
     d = make_design(study, out, ds, log=typer.echo, progress=True)
-    seeds = d.get("comparison_seed_ranges") or {}
+    secret = d.get("seed_draw") == "secret"  # their seeds stay in design.json, off the console and its logs
+    seeds = {} if secret else d.get("comparison_seed_ranges") or {}
     typer.echo(f"design: {d['n_pairs']} pairs ({d['n_main']} compared, {d['n_pairs'] - d['n_main']} attention "
-               f"checks) over {', '.join(f'{c} (seeds {seeds[c]})' if c in seeds else c for c in d['comparisons'])}; "
-               f"{d['n_images']} images in {out}")
+               f"checks) over {', '.join(f'{c} (seeds {seeds[c]})' if c in seeds else c for c in d['comparisons'])}"
+               f"{' (secret seeds: design.json)' if secret else ''}; {d['n_images']} images in {out}")
 
 
 @human_app.command("bundle")

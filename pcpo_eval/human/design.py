@@ -361,8 +361,9 @@ def render_sets(view: StudyView, ds: HumanDesignSpec, checkpoints: Sequence[Chec
         folder = sets_root / _safe(c.label)
         mine = list(range(ds.seeds)) if seeds is None else seeds[c.label]
         n = f"{ds.max_prompts} prompts" if ds.max_prompts else "every prompt"
+        shown = "secret" if seeds is not None and min(mine) >= SECRET_SEED_FLOOR else seed_text(mine)  # off the logs
         log(f"[human] rendering checkpoint {i} of {len(checkpoints)}: {c.label} ({n} x {len(mine)} seeds "
-            f"[{seed_text(mine)}], {sampling['steps']} steps) -> {folder}")
+            f"[{shown}], {sampling['steps']} steps) -> {folder}")
         t0 = time.perf_counter()
         generate_set(c.model, ds.prompts or ev["prompts"], seed_arg(mine), folder, batch_size=ds.batch_size,
                      steps=sampling["steps"], cfg=sampling["cfg"], eta=sampling["eta"],

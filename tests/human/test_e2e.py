@@ -288,6 +288,7 @@ def test_design_is_deterministic_and_refuses_other_settings(study, human, tmp_pa
     count = ["comparison", "prompt_id"]
     assert main1.groupby(count).size().equals(main2.groupby(count).size())
     assert not set(main1["seed"]) & set(main2["seed"])
+    assert not [s for s in set(main2["seed"]) if str(s) in "\n".join(lines)]  # secret seeds stay off the console
     secret = json.loads((again / "design.json").read_text())["blinding_secret"]
     assert len(secret) == 32 and secret != json.loads((human / "design.json").read_text())["blinding_secret"]
     before = (again / "pairs.parquet").read_bytes()
