@@ -901,7 +901,11 @@ def make_design(study: str | Path, out: str | Path, ds: HumanDesignSpec,
                     ds.comparison_seeds)  # before rendering
     checkpoints = list({c.label: c for p in pairs for c in p}.values())
     ensure_dir(lay.root, "--out")
-    os.chmod(lay.root, 0o700)  # its sets/ are named after the checkpoints: the organisers' only
+    try:
+        os.chmod(lay.root, 0o700)  # its sets/ are named after the checkpoints: the organisers' only
+    except OSError as exc:  # a folder of another owner
+        log(f"warning: cannot make {lay.root} private ({exc.strerror}); other users may read its sets/, which "
+            "name the checkpoints")
     secret = _design_secret(lay)
     by_comparison = comparison_seeds(len(pairs), ds.seeds, ds.comparison_seeds, secret)
     seeds = checkpoint_seeds(pairs, ds.seeds, ds.comparison_seeds, secret)
