@@ -79,7 +79,13 @@ class PolicyMixin:
         self.scaler = self._grad_scaler()
 
     def _predict(self, x: torch.Tensor, t: torch.Tensor, cond: PromptEmbeds, n: int) -> torch.Tensor:
-        """The guided model output in training; the unconditional branch detached if ``cfg_detach_uncond``."""
+        """The guided model output in training; the unconditional branch detached if ``cfg_detach_uncond``.
+
+        ``x`` goes in at the network's dtype, as the samplers give it (``samplers.ddim`` / ``flow``): the same
+        forward, so rho = 1 at theta = theta_old. Before, a float32 ``x`` beside bf16 frozen weights
+        (``frozen_weights: autocast``) took another path through the toy UNet (its class embedding is cast to
+        the input's dtype): |log rho| 2e-3 and 92% of the first micro-batch clipped before any update."""
+        x = x.to(self.adapter.dtype)
         if self.cfg.cfg_detach_uncond:
             return guided_detached_uncond(self.adapter, x, t, cond, self.null.repeat(n), self.cfg.cfg)
         return self.adapter.predict(x, t, cond, self.null.repeat(n), self.cfg.cfg)

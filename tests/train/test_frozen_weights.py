@@ -59,3 +59,24 @@ def test_frozen_weights_autocast_is_a_no_op_where_autocast_is(tmp_path):
     cfg = load_config(SETUP, _over(model, "frozen_weights=autocast", "mixed_precision=fp16"))
     den = Trainer(cfg, tmp_path / "run").adapter.denoiser
     assert {p.dtype for p in den.parameters()} == {torch.float32}
+
+
+@pytest.mark.parametrize("config", ["train/configs/toy_ddpo.yaml", "train/configs/toy_pcpo.yaml"])
+def test_the_first_update_is_on_policy_with_frozen_weights_in_bf16(tmp_path, config):
+    """Sampling and the update run one forward, so at theta = theta_old rho is 1 and nothing is clipped. The
+    update fed a float32 x beside the bf16 frozen weights, where the samplers feed x in the weights' dtype: on
+    the toy UNet (its class embedding is cast to the input's dtype) |log rho| reached 2e-3 and 92% of the
+    first micro-batch was clipped before any update (fails before the fix)."""
+    cfg = load_config(config, ["mixed_precision=bf16", "lora_rank=4", "frozen_weights=autocast", "epochs=1",
+                               "log_to=none", "sample_batches_per_epoch=1", "device=cpu"])
+    trainer = Trainer(cfg, tmp_path / "run")
+    assert trainer.adapter.dtype == torch.bfloat16
+    samples = trainer.sample_epoch(1)
+    trainer.adapter.denoiser.train()
+    rows = torch.arange(cfg.train_batch_size)
+    adv = torch.as_tensor(samples.advantages, dtype=torch.float32)[rows]
+    with torch.no_grad():
+        for j in trainer._trainable_steps(samples):
+            _, out, _ = trainer.step_loss(samples, rows, torch.full((len(rows),), j), adv)
+            assert float(out.log_rho.abs().max()) < 1e-6, j
+            assert not bool(out.clipped[adv != 0].any()), j
