@@ -69,10 +69,13 @@ def log_hinge_loss(log_rho: torch.Tensor, adv: torch.Tensor, clip_range: float) 
     """PCPO-base hinge max(0, xi |A| - A log rho) (Eq. ``eq:log-hinge-loss``).
 
     A sample is "clipped" when the hinge is inactive (its gradient is zero), the analogue of
-    PPO's clipping: A log rho >= xi |A|.
+    PPO's clipping: A log rho >= xi |A|, for A != 0. A sample with A = 0 (a GRPO group of equal rewards)
+    has no gradient under any objective and is not clipped, as under PPO's |rho - 1| > xi at rho = 1:
+    before, every such sample counted as clipped here and not under ``ppo_clip``, so the arms' clipfracs
+    were not comparable.
     """
     margin = clip_range * adv.abs() - adv * log_rho
-    return StepLoss(torch.clamp(margin, min=0.0), log_rho, margin <= 0)
+    return StepLoss(torch.clamp(margin, min=0.0), log_rho, (margin <= 0) & (adv != 0))
 
 
 def eps_matching_log_rho(

@@ -74,6 +74,13 @@ def test_objectives_small_cases():
     np.testing.assert_allclose(ppo.loss.numpy(), [-1.0, -1.05, 0.95], rtol=1e-6)  # A=-1: max(0.905, 0.95)
     h = log_hinge_loss(lr, adv, 0.05)
     np.testing.assert_allclose(h.loss.numpy(), [0.05, 0.0, 0.0], atol=1e-7)
+    assert h.clipped.tolist() == [False, True, True]
+    # a sample with A = 0 (a GRPO group of equal rewards) has no gradient and is clipped under no objective,
+    # so the arms' clipfracs compare (the hinge counted it as clipped even on-policy)
+    zero = torch.zeros(3)
+    assert not ppo_clip_loss(torch.zeros(3), zero, 0.05).clipped.any()
+    assert not log_hinge_loss(torch.zeros(3), zero, 0.05).clipped.any()
+    assert not log_hinge_loss(lr, zero, 0.05).clipped.any()
     # decomposition: zero difference -> zero log rho
     e = torch.randn(2, 3, 4, 4)
     assert eps_matching_log_rho(e, e, torch.randn_like(e), 2.0).abs().max() == 0
