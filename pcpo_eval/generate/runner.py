@@ -62,6 +62,7 @@ from pcpo_eval.precision import (
 from pcpo_eval.progress import progress_bar
 from pcpo_eval.prompts import PromptSet, load_prompts
 from pcpo_eval.samplers import SAMPLERS, SCHEDULES, resolve_sampler
+from pcpo_eval.samplers.flow import FINAL_LATENT
 from pcpo_eval.seeding import sample_generator
 
 # ---------------------------------------------------------------------------------------------
@@ -377,6 +378,7 @@ def _settings(request: GenerationRequest, adapter: ModelAdapter, spec_str: str, 
         precision=precision,
         batch_invariance=invariance,
         attention=attention,
+        final_latent=FINAL_LATENT["ode" if float(request.eta) == 0 else schedule] if sampler_name == "flow" else "sample",
     )
 
 

@@ -62,6 +62,10 @@ class GenerationSettings:
     batch_invariance: str = "bitwise"
     attention: str = "auto"  #: the SDPA backend (pcpo_eval.precision.ATTENTION_BACKENDS)
     seed_derivation: str = SEED_DERIVATION
+    #: what an image decodes: ``sample`` (the last sampled latent) or ``x0_prediction`` (DanceGRPO's flow SDE:
+    #: the last step's prediction of x_0, :data:`pcpo_eval.samplers.flow.FINAL_LATENT`); sets written before the
+    #: setting decoded the sample, so a DanceGRPO-SDE set of theirs is not resumed with the other convention
+    final_latent: str = "sample"
 
     def compat_key(self) -> dict[str, Any]:
         """The settings a resumed set must share: all but ``model`` (and ``micro_batch`` under ``tolerance``).

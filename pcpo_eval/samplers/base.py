@@ -46,7 +46,8 @@ T = TypeVar("T", bound="Trajectory")
 class Trajectory:
     """A batch of sampled chains (B samples, S steps): the record every sampler returns.
 
-    ``latents`` (B, C, H, W) is the final x_0 and ``sigmas`` (S,) float64 the per-step SDE noise
+    ``latents`` (B, C, H, W) is the final x_0 (the image; DanceGRPO's flow SDE: the last step's prediction of
+    x_0, :data:`pcpo_eval.samplers.flow.FINAL_LATENT`) and ``sigmas`` (S,) float64 the per-step SDE noise
     scale (0 for deterministic steps). With ``record=True`` also ``trajectory`` (B, S+1, C, H, W)
     from x_T to x_0, ``noise`` (B, S, C, H, W) the unit noise of each step (zeros when
     deterministic), ``model_outputs`` (B, S, C, H, W) the guided outputs of the sampling policy

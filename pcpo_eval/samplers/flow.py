@@ -92,6 +92,20 @@ def flow_log_prob(x: torch.Tensor, u: torch.Tensor, x_next: torch.Tensor, t, dt,
     return gaussian_log_prob(x_next, flow_sde_mean(x, u, t, dt, sigma), std)
 
 
+#: What a sampled image decodes, per SDE (the value of a set's ``final_latent`` setting). DanceGRPO's sampler
+#: (``run_sample_step`` in ``train_grpo_flux.py``) decodes the last step's prediction of x_0, ``pred_original``
+#: = x_{N-1} - t_{N-1} u (:func:`x0_prediction`), not the last SDE sample, which still holds that step's noise
+#: and the score term (toy flow, 8 steps, eta 0.3: rms 0.171 from x_0-hat against a latent SD of 0.49, and a
+#: toy reward 6% higher on it); Flow-GRPO's ``pipeline_with_logprob`` decodes the last sample. The ODE's last
+#: Euler step lands on x_0-hat itself.
+FINAL_LATENT = {"ode": "sample", "dance": "x0_prediction", "flowgrpo": "sample"}
+
+
+def x0_prediction(x: torch.Tensor, u: torch.Tensor, t: float) -> torch.Tensor:
+    """The prediction of x_0 at time ``t`` from velocity ``u``: ``x - t u`` (x_t = (1 - t) x_0 + t noise, u = noise - x_0)."""
+    return x.float() - float(t) * u.float()
+
+
 def flow_ode_step(x: torch.Tensor, u: torch.Tensor, dt) -> torch.Tensor:
     """Deterministic Euler step ``x + (t_{i+1} - t_i) u`` (diffusers ``FlowMatchEulerDiscreteScheduler.step``)."""
     return x - u * _bcast(dt, x)
@@ -262,6 +276,7 @@ def sample_flow(
     device, dtype = adapter.device, adapter.dtype
     x = to_device_async(per_sample_noise(generators, adapter.latent_shape) if x_T is None else x_T.float().cpu(), device)
     rec = Recorder([x]) if record else None
+    x0_hat = x
     for i in range(len(t_np)):
         t, dt, s, sd = float(t_np[i]), float(dt_np[i]), float(sig[i]), float(std_np[i])
         tt = torch.full((B,), t, device=device, dtype=torch.float32)
@@ -279,9 +294,12 @@ def sample_flow(
             x_next = flow_ode_step(x, u, dt)
         if rec is not None:
             rec.step(x_next, u, z, logp)
+        if i == len(t_np) - 1:
+            x0_hat = x0_prediction(x, u, t)
         x = x_next
     f64 = lambda a: torch.as_tensor(np.asarray(a), dtype=torch.float64)  # noqa: E731
-    out = FlowSample(latents=x, times=f64(times), t=f64(t_np), dt=f64(dt_np), sigmas=f64(sig), std=f64(std_np),
+    final = x0_hat if FINAL_LATENT[effective] == "x0_prediction" else x  # what the image decodes
+    out = FlowSample(latents=final, times=f64(times), t=f64(t_np), dt=f64(dt_np), sigmas=f64(sig), std=f64(std_np),
                      sde=effective, eta=float(eta))
     if rec is not None:
         rec.fill(out)

@@ -328,3 +328,20 @@ def test_module_sha256_is_the_documented_digest_of_the_state_dict():
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
         h.update(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     assert module_sha256(m) == h.hexdigest()
+
+
+def test_a_dancegrpo_sde_set_records_what_its_images_decode(tmp_path):
+    """A set on DanceGRPO's flow SDE decodes the last step's prediction of x_0 (``final_latent: x0_prediction``,
+    its reference's convention); a set of that SDE written before the setting decoded the last sample, so it
+    is not resumed with the other convention (the old set.json has no ``final_latent``)."""
+    out = tmp_path / "dance"
+    kw = dict(steps=2, eta=0.3, schedule="dance", progress=False, max_prompts=1)
+    generate_set("toyflow", "toy", 1, out, **kw)
+    info = json.loads((out / "set.json").read_text())
+    assert info["settings"]["final_latent"] == "x0_prediction"
+    generate_set("toyflow", "toy", 1, tmp_path / "ode", steps=2, eta=0.3, schedule="ode", progress=False, max_prompts=1)
+    assert json.loads((tmp_path / "ode" / "set.json").read_text())["settings"]["final_latent"] == "sample"
+    info["settings"].pop("final_latent")
+    (out / "set.json").write_text(json.dumps(info))
+    with pytest.raises(UserError, match="final_latent"):
+        generate_set("toyflow", "toy", 2, out, **kw)

@@ -80,6 +80,24 @@ def test_recorded_logprob_matches_reference_step_and_gaussian_density(sde, eta):
         np.testing.assert_allclose(lp.numpy(), s.log_probs[:, i].numpy(), atol=1e-4)
 
 
+@pytest.mark.parametrize("sde,eta,decoded", [("dance", 0.3, "x0"), ("flowgrpo", 0.7, "sample"), ("dance", 0.0, "sample")])
+def test_the_image_is_the_references_final_latent(sde, eta, decoded):
+    """DanceGRPO (``run_sample_step``: ``latents = pred_original``) decodes the last step's prediction of x_0,
+    x_{N-1} - t_{N-1} u_{N-1}; Flow-GRPO and the ODE decode the last sample (on the ODE they coincide). Before,
+    DanceGRPO's images were the last SDE sample, with that step's noise in them."""
+    from pcpo_eval.samplers.flow import FINAL_LATENT
+
+    ad = LinearVelocityAdapter()
+    s = sample_flow(ad, ad.encode_prompts(PROMPTS), ad.encode_prompts([""] * 3), cfg=2.0, steps=6, eta=eta,
+                    generators=_gens([1, 2, 3]), sde=sde, grid="shifted", shift=3.0, record=True)
+    x0_hat = s.trajectory[:, -2].double() - float(s.t[-1]) * s.model_outputs[:, -1].double()
+    want = x0_hat if decoded == "x0" else s.trajectory[:, -1].double()
+    np.testing.assert_allclose(s.latents.double().numpy(), want.numpy(), atol=1e-6)
+    assert FINAL_LATENT[s.sde] == ("x0_prediction" if decoded == "x0" else "sample")
+    if decoded == "x0":  # the two differ (the last step's noise), and the chain the update trains on stays the SDE's
+        assert not torch.allclose(s.trajectory[:, -1].double(), x0_hat, atol=1e-3)
+
+
 def test_flowgrpo_sigma_at_t1_uses_next_time():
     grid = shifted_sigmas(10, 3.0)
     sig = step_sigmas(grid, "flowgrpo", 0.7)
