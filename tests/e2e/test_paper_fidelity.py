@@ -272,3 +272,11 @@ def test_errors_print_once_under_a_launcher(cli, tmp_path, monkeypatch):
     monkeypatch.setenv("RANK", "1")
     res = cli("generate", "--model", "base", "--prompts", "toy", "--seeds", "1", "--out", tmp_path / "s")
     assert res.returncode == 2 and res.stderr.strip() == ""  # rank 1 exits 2 silently; rank 0 prints
+
+
+@pytest.mark.parametrize("setup", sorted((ROOT / "train" / "configs").glob("setup*dancegrpo*.yaml")), ids=lambda p: p.stem)
+def test_dancegrpo_setups_never_train_the_last_step(setup):
+    """DanceGRPO trains the steps before the last (train_grpo_sd.py: ``timesteps[:, :-1]``, 49 of 50; its FLUX
+    trainer likewise): setups 5 and 7 trained all 50, where PCPO's residual weight of the extra step (sigma
+    0.02) is 48.6 against a mean of 3.56 over the others."""
+    assert load_config(setup).train_last_step is False
