@@ -9,9 +9,13 @@ dgm-eval's ``DINOv2Encoder`` (default ``clean_resize=False``):
    ``Dinov2Model`` ``pooler_output``), 1024-d for ViT-L/14, no L2 normalization.
 
 Weights come from a local Hugging Face directory (``facebook/dinov2-large`` layout) loaded with
-``local_files_only=True``; nothing is downloaded. Known difference we cannot remove offline: the
-hub model and transformers interpolate the 518px position embeddings to 224 with slightly
-different bicubic calls; both are recorded as "transformers Dinov2Model".
+``local_files_only=True``; nothing is downloaded. The position embeddings (a 37 x 37 grid for 518 px)
+are interpolated to the 16 x 16 patches of 224 px as dgm-eval's torch-hub model does
+(:func:`hub_pos_encoding`: ``dinov2/models/vision_transformer.py``, ``interpolate_offset`` 0.1 given as a
+scale factor, bicubic, no antialiasing), not as transformers' ``Dinov2Model`` does (``size=(16, 16)``):
+the two map output patch 15 to source positions 35.34 and 35.12, a 4.2% difference of the interpolated
+grid on a smooth stand-in and 0.44% of the CLS features of a tiny model (a review's script), so FD-DINOv2
+values were not comparable with dgm-eval's.
 """
 
 from __future__ import annotations
@@ -61,6 +65,40 @@ def weights_digest(model_dir: Path) -> str:
     return h.hexdigest()
 
 
+#: dinov2's hub backbones' ``interpolate_offset`` (``dinov2/hub/backbones.py``), what dgm-eval loads
+HUB_INTERPOLATE_OFFSET = 0.1
+
+
+def hub_pos_encoding(position_embeddings: torch.Tensor, patch_size: int, height: int, width: int,
+                     dtype: torch.dtype) -> torch.Tensor:
+    """The position embeddings (1, 1 + M*M, dim) for a ``height`` x ``width`` input, as the torch-hub DINOv2
+    interpolates them (``interpolate_pos_encoding``: in float32, ``scale_factor = ((h0 + 0.1) / M, (w0 + 0.1) / M)``
+    with h0, w0 the patch counts, bicubic, ``antialias=False``; unchanged at M x M patches of a square input)."""
+    n = position_embeddings.shape[1] - 1
+    h0, w0 = height // patch_size, width // patch_size
+    if h0 * w0 == n and height == width:
+        return position_embeddings
+    m = int(round(n**0.5))
+    pos = position_embeddings.float()
+    grid = pos[:, 1:].reshape(1, m, m, -1).permute(0, 3, 1, 2)
+    scale = ((h0 + HUB_INTERPOLATE_OFFSET) / m, (w0 + HUB_INTERPOLATE_OFFSET) / m)
+    grid = torch.nn.functional.interpolate(grid, scale_factor=scale, mode="bicubic", antialias=False)
+    if grid.shape[-2:] != (h0, w0):
+        raise ValueError(f"position grid {tuple(grid.shape[-2:])} for {h0}x{w0} patches")
+    return torch.cat((pos[:, :1], grid.permute(0, 2, 3, 1).reshape(1, h0 * w0, -1)), dim=1).to(dtype)
+
+
+def use_hub_pos_encoding(model: Any) -> None:
+    """Make a transformers ``Dinov2Model`` interpolate its position embeddings as the hub model does."""
+    emb = model.embeddings
+    patch = int(model.config.patch_size)
+
+    def interpolate(embeddings: torch.Tensor, height: int, width: int) -> torch.Tensor:
+        return hub_pos_encoding(emb.position_embeddings, patch, height, width, embeddings.dtype)
+
+    emb.interpolate_pos_encoding = interpolate
+
+
 class DinoV2Extractor(FeatureExtractor):
     """dgm-eval DINOv2 features: PIL bicubic 224, ImageNet mean/std, final-LayerNorm CLS token."""
 
@@ -82,6 +120,7 @@ class DinoV2Extractor(FeatureExtractor):
             raise MissingWeightsError(
                 f"cannot load DINOv2 from {path} ({type(exc).__name__}); {HOW_TO_GET}"
             ) from exc
+        use_hub_pos_encoding(model)
         self.device = torch.device(device)
         self.model = model.eval().requires_grad_(False).to(self.device)
         self.dim = int(model.config.hidden_size)
@@ -91,7 +130,7 @@ class DinoV2Extractor(FeatureExtractor):
         self.info = {
             "weights_path": str(path),
             "weights_sha256": weights_digest(path),
-            "model": "transformers Dinov2Model",
+            "model": "transformers Dinov2Model, position embeddings interpolated as the torch-hub model",
             "resize": f"dgm-eval: torchvision Resize(({INPUT_SIZE}, {INPUT_SIZE}), BICUBIC) on PIL RGB (uint8)",
             "normalize": "ToTensor (/255) then ImageNet mean/std",
             "features": "CLS token after final LayerNorm (pooler_output), no L2 normalization",

@@ -29,6 +29,32 @@ def tiny_dinov2_dir(tmp_path_factory):
     return path
 
 
+def _hub_interpolate_pos_encoding(model):
+    """dinov2's hub ``interpolate_pos_encoding`` (vision_transformer.py; hub defaults interpolate_offset=0.1,
+    interpolate_antialias=False), written in its own variables, patched onto a transformers model."""
+    import math
+
+    emb = model.embeddings
+
+    def interpolate(x, w, h):  # the hub's (x, w, h): w is the second-to-last image axis
+        previous_dtype = x.dtype
+        pos_embed = emb.position_embeddings.float()
+        N = pos_embed.shape[1] - 1
+        class_pos_embed, patch_pos_embed = pos_embed[:, 0], pos_embed[:, 1:]
+        dim = x.shape[-1]
+        w0, h0 = w // 14, h // 14
+        M = int(math.sqrt(N))
+        sx, sy = float(w0 + 0.1) / M, float(h0 + 0.1) / M
+        patch_pos_embed = torch.nn.functional.interpolate(
+            patch_pos_embed.reshape(1, M, M, dim).permute(0, 3, 1, 2), mode="bicubic", antialias=False,
+            scale_factor=(sx, sy))
+        patch_pos_embed = patch_pos_embed.permute(0, 2, 3, 1).view(1, -1, dim)
+        return torch.cat((class_pos_embed.unsqueeze(0), patch_pos_embed), dim=1).to(previous_dtype)
+
+    emb.interpolate_pos_encoding = interpolate
+    return model
+
+
 def _dgm_eval_reference(model, images: torch.Tensor) -> torch.Tensor:
     """dgm-eval DINOv2Encoder.transform (clean_resize=False) + hub-style CLS-after-norm, by hand."""
     import torchvision.transforms as TF
@@ -49,9 +75,13 @@ def test_matches_dgm_eval_path(tiny_dinov2_dir) -> None:
         0, 256, (3, 3, 100, 80), dtype=torch.uint8, generator=torch.Generator().manual_seed(0)
     )
     ours = ext(imgs)
-    ref = _dgm_eval_reference(Dinov2Model.from_pretrained(tiny_dinov2_dir).eval(), imgs)
+    ref = _dgm_eval_reference(_hub_interpolate_pos_encoding(Dinov2Model.from_pretrained(tiny_dinov2_dir).eval()), imgs)
     assert ours.shape == (3, 32) and ext.dim == 32
     torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-5)
+    # transformers' own interpolation (size=(16, 16)) is another grid, outside the tolerance above: the hub's
+    # is what dgm-eval runs (a 4x4 grid here: 2e-4 apart; the real 37x37 one, 0.44% on a tiny stand-in)
+    plain = _dgm_eval_reference(Dinov2Model.from_pretrained(tiny_dinov2_dir).eval(), imgs)
+    assert not torch.allclose(plain, ref, rtol=1e-4, atol=1e-5)
     assert ext.settings()["weights_sha256"] and "BICUBIC" in ext.settings()["resize"]
 
 
