@@ -31,6 +31,7 @@ docs/preference.md, "Preprocessing", for measured differences); images already a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import warnings
 from collections.abc import Callable, Sequence
@@ -72,7 +73,9 @@ class ImageCfg:
     (torchvision ``Resize(n)`` / HF ``{"shortest_edge": n}``), ``("squash", (h, w))`` resizes to
     exactly (h, w), ``None`` skips resizing. ``crop`` is the center-crop size (None: no crop).
     ``crop_rounding``: torchvision rounds the crop offset (``int(round((H - h) / 2))``), transformers
-    truncates it (``int((H - h) / 2)``); they differ only for odd margins.
+    truncates it (``int((H - h) / 2)``); they differ only for odd margins. ``float_resize``: rescale first
+    and resize the float image (``ToTensor()`` before ``Resize``, as HPSv2's ``preprocess_val``: no rounding to
+    uint8, bicubic overshoot kept); else resize the uint8 image (PIL's and transformers' order).
     """
 
     resize: tuple[str, Any] | None = ("shortest", 224)
@@ -82,6 +85,7 @@ class ImageCfg:
     interpolation: str = "bicubic"
     crop_rounding: Literal["torchvision", "hf"] = "torchvision"
     rescale: float = 1.0 / 255.0
+    float_resize: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
@@ -105,12 +109,13 @@ def preprocess_images(images: torch.Tensor, cfg: ImageCfg) -> torch.Tensor:
     """uint8 (B, 3, H, W) -> normalised float32 (B, 3, h, w) per ``cfg`` (resize, crop, rescale, normalise).
 
     The resize runs on the uint8 tensor with antialiasing, so its output is rounded to uint8 like
-    PIL's and like transformers' torchvision backend (``tvF.resize(uint8, antialias=True)``).
+    PIL's and like transformers' torchvision backend (``tvF.resize(uint8, antialias=True)``); with
+    ``cfg.float_resize`` on the rescaled float image (HPSv2).
     """
     from torchvision.transforms.v2 import InterpolationMode
     from torchvision.transforms.v2 import functional as tvF
 
-    x = images
+    x = images.to(torch.float32) * cfg.rescale if cfg.float_resize else images
     if cfg.resize is not None:
         mode, size = cfg.resize
         h, w = x.shape[-2:]
@@ -130,7 +135,8 @@ def preprocess_images(images: torch.Tensor, cfg: ImageCfg) -> torch.Tensor:
         else:
             top, left = center_crop_offsets(h, w, ch, cw, cfg.crop_rounding)
             x = x[..., top : top + ch, left : left + cw]
-    x = x.to(torch.float32) * cfg.rescale
+    if not cfg.float_resize:
+        x = x.to(torch.float32) * cfg.rescale
     mean = torch.tensor(cfg.mean, dtype=torch.float32, device=x.device).view(1, -1, 1, 1)
     std = torch.tensor(cfg.std, dtype=torch.float32, device=x.device).view(1, -1, 1, 1)
     return (x - mean) / std
@@ -329,9 +335,12 @@ class OpenClipTower(nn.Module):
     Built with ``open_clip.create_model(model_name, pretrained=<local file>)`` (strict load; a
     ``{"state_dict": ...}`` checkpoint with or without ``module.`` prefixes is accepted, as
     open_clip's ``load_checkpoint`` does) and never a pretrained tag, so nothing is downloaded.
+    ``float_resize``: HPSv2's validation transform (``ToTensor`` before ``Resize``, :class:`ImageCfg`), not
+    mainline open_clip's (the PIL image resized).
     """
 
-    def __init__(self, model_name: str, weights: Path, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(self, model_name: str, weights: Path, device: torch.device, dtype: torch.dtype,
+                 float_resize: bool = False) -> None:
         super().__init__()
         import open_clip
 
@@ -345,7 +354,8 @@ class OpenClipTower(nn.Module):
             raise UserError(f"{weights} does not match open_clip {model_name}: {str(exc).splitlines()[0][:200]}") from exc
         self.model = self.model.to(device=device, dtype=dtype).eval()
         self.tokenizer = open_clip.get_tokenizer(model_name)
-        self.image_cfg = image_cfg_from_open_clip(dict(self.model.visual.preprocess_cfg))
+        self.image_cfg = dataclasses.replace(image_cfg_from_open_clip(dict(self.model.visual.preprocess_cfg)),
+                                             float_resize=float_resize)
         self.device, self.dtype = device, dtype
 
     def image_features(self, images: torch.Tensor) -> torch.Tensor:
@@ -451,7 +461,7 @@ def hpsv21(
         raise UserError(f"unknown HPS version {version!r}; choose one of: v2.1, v2.0")
     dev, torch_dtype = _common(device, batch_size, dtype)
     path = locate(backend, weights)
-    tower = OpenClipTower(model_name, path, dev, torch_dtype)
+    tower = OpenClipTower(model_name, path, dev, torch_dtype, float_resize=True)  # HPSv2's preprocess_val
     return PreferenceReward(
         name="hps",
         score_batch=_cosine_batch(tower),
