@@ -9,6 +9,10 @@
    ``exp(mean_x sum_y p (log p - log q))`` with ``q`` the chunk's mean p;
 4. mean and population std (``np.std``, ddof=0) over chunks.
 
+The logits are those of the FID pass (clean-fid's antialiased 299-px resize), not of torch-fidelity's
+TF1 bilinear resize without antialiasing: on images above 299 px IS here is not torch-fidelity's
+``calculate_metrics(isc=True)`` on the same files (docs/metrics.md).
+
 ``is_toy`` uses the same function on the toy classifier's logits. Per prompt, the prompt's images
 are split into min(splits, n) chunks (see :func:`pcpo_eval.metrics.base.per_prompt_problem`).
 """
@@ -131,6 +135,8 @@ class InceptionScoreMetric(Metric):
         return {
             "inception_score": {
                 "convention": "torch-fidelity isc_features_to_metric",
+                "inputs": "the Inception logits of the FID pass (clean-fid's 299-px resize, not torch-fidelity's "
+                          "TF1 bilinear one)",
                 "splits": self.splits,
                 "shuffle_seed": self.seed,
                 "shuffle": "np.random.RandomState(seed).permutation(N)",

@@ -135,9 +135,9 @@ def test_hps_preprocessing_is_hpsv2s_preprocess_val(files, size):
     CenterCrop(224), normalize) resizes the float image: no rounding to uint8 and bicubic overshoot kept.
     Ours matched mainline open_clip's PIL transform instead (a review measured 0.27 grey levels on average,
     up to 41 on a checkerboard)."""
-    import torchvision.transforms as T
-
     import dataclasses
+
+    import torchvision.transforms as T
 
     fn = make_reward("hps", weights=str(files["hps"]), model_name=TINY_OPEN_CLIP, batch_size=2)
     cfg = fn.module.image_cfg
