@@ -145,8 +145,13 @@ def resolve_device(flag: str) -> str:
         device = pick_device(flag.strip().lower())
     except (RuntimeError, ValueError):
         raise UserError(f"unknown --device {flag!r}; use auto, cpu, cuda or cuda:N") from None
+    if device.type not in ("cpu", "cuda"):  # mps, xpu, meta...: paths this suite has never run
+        raise UserError(f"--device {flag}: device type {device.type!r} is not supported; use auto, cpu, cuda or cuda:N")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UserError(f"--device {flag} but CUDA is not available here; use --device auto or cpu")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise UserError(f"--device {flag}: this machine has {torch.cuda.device_count()} GPU(s); use cuda:0 .. "
+                        f"cuda:{torch.cuda.device_count() - 1} or auto")
     return str(device)
 
 

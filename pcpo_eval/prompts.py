@@ -201,9 +201,10 @@ def read_prompt_file(path: str | Path) -> PromptSet:
             )
         if len(df) == 0:
             raise UserError(f"prompt file {str(path)!r} contains no prompts; add at least one")
-        if df["prompt"].isna().any():
-            row = int(df.index[df["prompt"].isna()][0])
-            raise UserError(f"prompt file {str(path)!r}: row {row} has an empty prompt; fill or remove it")
+        empty = df["prompt"].isna() | (df["prompt"].astype(str).str.strip() == "")
+        if empty.any():
+            row = int(empty.to_numpy().argmax()) + 1  # 1-based, as a reader counts the file's data rows
+            raise UserError(f"prompt file {str(path)!r}: data row {row} has an empty prompt; fill or remove it")
         prompts = [str(p) for p in df["prompt"]]
         ids = _read_ids(df, path) if "prompt_id" in df.columns else list(range(len(df)))
     else:

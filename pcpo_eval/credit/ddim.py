@@ -244,6 +244,10 @@ def ddim_schedule(
                         f"{sched.config.num_train_timesteps}; use --steps <= {sched.config.num_train_timesteps}")
     sched.set_timesteps(steps)
     ts = sched.timesteps.numpy().astype(np.int64)
+    if ts.max() >= sched.config.num_train_timesteps or ts.min() < 0:
+        raise UserError(f"the schedule's timesteps reach {int(ts.max())}, beyond num_train_timesteps "
+                        f"{sched.config.num_train_timesteps} (steps_offset {sched.config.steps_offset}); lower --offset "
+                        "or use more train timesteps")
     step_ratio = sched.config.num_train_timesteps // steps
     prev = ts - step_ratio
     acp = sched.alphas_cumprod.numpy().astype(np.float64)

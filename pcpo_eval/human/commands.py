@@ -196,8 +196,10 @@ def export_cmd(
     from pcpo_eval.human.db import database_errors, export_parquet
     from pcpo_eval.io import check_out_path
 
+    url = _url(folder, database_url)
+    url_file = url.removeprefix("sqlite:///") if url.startswith("sqlite:///") else None  # the database itself
     path = check_out_path(output or HumanLayout(folder).responses, "--output", folder=False,
-                          inputs=HumanLayout(folder).data_paths(responses=False))
+                          inputs=[*HumanLayout(folder).data_paths(responses=False), *([url_file] if url_file else [])])
     url = _database(folder, database_url)
     with database_errors(url):
         written = export_parquet(url, path)

@@ -900,6 +900,8 @@ def make_design(study: str | Path, out: str | Path, ds: HumanDesignSpec,
     check_per_rater(pairs, ds.per_rater, _n_keys(view, ds), (ds.identical, ds.degraded),
                     ds.comparison_seeds)  # before rendering
     checkpoints = list({c.label: c for p in pairs for c in p}.values())
+    _check_seed_room(len(pairs), ds)
+    _check_design_folder(lay)
     ensure_dir(lay.root, "--out")
     try:
         os.chmod(lay.root, 0o700)  # its sets/ are named after the checkpoints: the organisers' only
@@ -933,6 +935,32 @@ def make_design(study: str | Path, out: str | Path, ds: HumanDesignSpec,
     atomic_write_json(lay.design, design, private=True)
     lay.pending_secret.unlink(missing_ok=True)  # design.json holds it now
     return design
+
+
+def _check_design_folder(lay: HumanLayout) -> None:
+    """UserError (before anything is written or its mode changed) when ``--out`` holds anything but a design's
+    own files: a study folder, an image set or a user's folder would be made private and written into."""
+    if not lay.root.is_dir():
+        return
+    own = {lay.design, lay.pairs, lay.images, lay.root / "sets", lay.pending_secret, lay.database, lay.responses,
+           lay.analysis, lay.server, lay.rehearsal}
+    names = {p.name for p in own} | {f"{lay.database.name}-wal", f"{lay.database.name}-shm"}
+    foreign = sorted(p.name for p in lay.root.iterdir() if p.name not in names)
+    if foreign:
+        raise UserError(f"--out {lay.root} holds files that are not a human design's (e.g. {foreign[0]}); choose a "
+                        "new or empty folder for the design")
+
+
+def _check_seed_room(n_comparisons: int, ds: HumanDesignSpec) -> None:
+    """UserError when the secret seeds cannot be drawn: ``seeds`` per comparison (distinct) or in all (shared),
+    without repeats, from the 9 million values of :func:`comparison_seeds`."""
+    from pcpo_eval.generate.plan import MAX_SEED
+
+    need = ds.seeds * (n_comparisons if ds.comparison_seeds == "distinct" else 1)
+    room = MAX_SEED - SECRET_SEED_FLOOR + 1
+    if need > room:
+        raise UserError(f"seeds: {ds.seeds} per comparison x {n_comparisons} comparisons needs {need:,} distinct secret "
+                        f"seeds, more than the {room:,} there are; lower seeds")
 
 
 def _design_secret(lay: HumanLayout) -> bytes:

@@ -115,6 +115,8 @@ def lmm_cmd(
     from pcpo_eval.stats.lmm import fit_lmm, fit_lmm_many, many_summary, qq_plot
 
     _check_outputs([data], output=output, qq=qq)
+    if output and qq and Path(output).resolve() == Path(qq).resolve():
+        raise UserError(f"--output and --qq are one file ({output}); give the JSON and the Q-Q plot different names")
     if qq and Path(qq).suffix.lower() != ".png":
         raise UserError(f"--qq {qq}: the Q-Q plot is written as PNG; give a file name ending in .png")
     df = read_table(data)
@@ -191,7 +193,7 @@ def select_cmd(
     """Reward-matched checkpoint per run (first to reach the target, else nearest), with the gap."""
     from pcpo_eval.stats.select import select_checkpoints
 
-    _check_outputs(run_dirs, output=output)
+    _check_outputs([*run_dirs, *([matched_to] if matched_to else [])], output=output)
     _check_targets([target])
     sel = select_checkpoints(run_dirs, target, window, matched_to, on)
     js = dumps(sel.to_dict())

@@ -278,6 +278,12 @@ def build_design(
     if np.ptp(y) == 0.0:
         raise UserError(f"response column {response!r} is constant ({float(y[0]):g}); nothing to model: "
                         "choose a response that varies")
+    for g in groups:  # lme4's check: a random intercept per observation is confounded with the residual
+        n_levels = int(data[g].nunique(dropna=False))
+        if n_levels >= len(data):
+            raise UserError(f"grouping column {g!r} has {n_levels} levels for {len(data)} rows: each group needs more "
+                            "than one observation (its variance is not told apart from the residual's); group by a "
+                            "column with repeated values, e.g. the prompt")
 
     env = patsy.EvalEnvironment([_FORMULA_ENV])
     data = as_patsy_categoricals(data, [c for c in used if c not in groups])

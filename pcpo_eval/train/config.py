@@ -249,7 +249,7 @@ class TrainConfig:
                 out.append(msg)
 
         need(int(self.seed) >= 0, f"seed must be >= 0 (got {self.seed})")
-        need(re.fullmatch(r"auto|(cpu|cuda|mps|xpu)(:\d+)?", str(self.device)) is not None,
+        need(re.fullmatch(r"auto|(cpu|cuda)(:\d+)?", str(self.device)) is not None,
              f"device={self.device!r} (choose auto, cpu, cuda or cuda:N)")
         for name in ("adam_beta1", "adam_beta2"):
             need(0 <= getattr(self, name) < 1, f"{name} must be in [0, 1) (got {getattr(self, name)})")

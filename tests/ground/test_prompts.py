@@ -80,6 +80,7 @@ def test_csv_and_parquet_with_ids(tmp_path):
         ("prompt_id,prompt\n1.5,a\n", "whole numbers"),
         ("prompt_id,prompt\n-1,a\n", "out of range"),
         ("prompt_id,prompt\n1,\n", "empty prompt"),
+        ('prompt_id,prompt\n1,a\n2,"   "\n', "data row 2 has an empty prompt"),  # blank: was rendered as a prompt
     ],
 )
 def test_bad_csv_files_are_one_line_user_errors(tmp_path, content, match):
