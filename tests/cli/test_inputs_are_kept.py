@@ -1,0 +1,79 @@
+"""Outputs never overwrite the inputs they name, and more bad input is one error line (a CLI review's cases).
+
+Each case failed before its fix: it exited 0 having replaced the input, or gave a traceback."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from pcpo_eval.errors import UserError
+from tests.support.human import make_human_dir
+from tests.support.study import write_run
+
+
+def _unchanged(path):
+    before = path.read_bytes()
+    return lambda: path.read_bytes() == before
+
+
+def test_select_output_is_not_the_matched_to_runs_log(cli, tmp_path):
+    write_run(tmp_path / "a", 6, 0.1, 2)
+    write_run(tmp_path / "b", 6, 0.2, 2)
+    log = tmp_path / "b" / "log.parquet"
+    same = _unchanged(log)
+    res = cli("select", tmp_path / "a", "--target", "0.3", "--matched-to", tmp_path / "b", "--output", log)
+    assert res.returncode == 2 and res.stderr.startswith("error: --output") and same()
+
+
+def test_human_export_is_not_written_over_its_database(cli, tmp_path):
+    layout = make_human_dir(tmp_path / "h", n_prompts=3, n_seeds=2, n_checks=2)
+    db = tmp_path / "elsewhere.db"
+    url = f"sqlite:///{db}"
+    assert cli("human", "raters", layout.root, "--add", "ann", "--database-url", url,
+               "--base-url", "http://127.0.0.1:8000").returncode == 0
+    same = _unchanged(db)
+    res = cli("human", "export", layout.root, "--database-url", url, "-o", db)
+    assert res.returncode == 2 and "an input of this command" in res.stderr and same()
+
+
+def test_lmm_output_and_qq_must_differ_and_groups_need_repeats(cli, tmp_path):
+    d = tmp_path / "d.csv"
+    pd.DataFrame({"fid": [1.0, 2.0, 3.5, 4.0, 1.5, 2.5], "algorithm": list("ababab"), "prompt": [0, 0, 1, 1, 2, 2],
+                  "obs": range(6)}).to_csv(d, index=False)
+    res = cli("lmm", d, "--formula", "fid ~ algorithm", "--group", "prompt", "--output", tmp_path / "x.png",
+              "--qq", tmp_path / "x.png")
+    assert res.returncode == 2 and "different names" in res.stderr and not (tmp_path / "x.png").exists()
+    res = cli("lmm", d, "--formula", "fid ~ algorithm", "--group", "obs")
+    assert res.returncode == 2 and "more than one observation" in res.stderr and res.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("device", ["mps", "xpu", "meta"])
+def test_unsupported_device_types_are_one_line(device):
+    from pcpo_eval.dist import resolve_device
+
+    with pytest.raises(UserError, match=f"device type '{device}' is not supported"):
+        resolve_device(device)
+
+
+def test_ddim_timesteps_beyond_the_training_range_are_refused():
+    from pcpo_eval.credit.ddim import SD1_DDIM_CONFIG, ddim_schedule
+
+    with pytest.raises(UserError, match="beyond num_train_timesteps"):
+        ddim_schedule({**SD1_DDIM_CONFIG, "steps_offset": 5000}, 20, 1.0)
+
+
+def test_a_human_design_out_with_foreign_files_is_refused_untouched(tmp_path):
+    from pcpo_eval.human import HumanLayout
+    from pcpo_eval.human.design import HumanDesignSpec, _check_design_folder, _check_seed_room
+
+    out = tmp_path / "notes"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    mode = out.stat().st_mode
+    with pytest.raises(UserError, match="not a human design's"):
+        _check_design_folder(HumanLayout(out))
+    assert out.stat().st_mode == mode
+    with pytest.raises(UserError, match="lower seeds"):
+        _check_seed_room(2, HumanDesignSpec(seeds=100_000_000))
+    _check_seed_room(2, HumanDesignSpec(seeds=10))
