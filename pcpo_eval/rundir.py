@@ -43,6 +43,8 @@ CHECKPOINTS_DIR = "checkpoints"
 META_FILE = "checkpoint.json"
 #: a checkpoint's resumable training state
 STATE_FILE = "training_state.pt"
+#: What a run folder holds at its top level (the trackers' folders aside: train.tracking.TRACKER_DIRS).
+RUN_ENTRIES = (CONFIG_FILE, INPUTS_FILE, INIT_FILE, LOG_FILE, CHECKPOINTS_DIR)
 #: a checkpoint folder's name, ``epoch_NNNN``
 EPOCH_RE = re.compile(r"^epoch_(\d+)$")
 #: the columns every training log needs (``log.parquet``; more are kept)

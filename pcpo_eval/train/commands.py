@@ -63,6 +63,11 @@ def train_cmd(
     from pcpo_eval.train.trainer import train
 
     check_out_path(out, "--out")
+    from pcpo_eval.rundir import config_path
+
+    if not resume and Path(config).resolve() == config_path(out).resolve():  # a resume may read the run's own
+        raise UserError(f"the config {config} is the run's own config.yaml in --out {out}, which the run rewrites; "
+                        "keep the config outside the run folder or choose another --out")
     extra = []
     if device is not None:
         from pcpo_eval.dist import resolve_device

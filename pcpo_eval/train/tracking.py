@@ -34,6 +34,9 @@ WANDB_MODES = ("offline", "online", "disabled")
 #: images in a sample grid
 GRID_IMAGES = 16
 
+#: The folders the trackers write inside a run (TensorBoard, trackio, W&B), which a run folder may hold.
+TRACKER_DIRS = ("tb", "trackio", "wandb")
+
 
 def parse_log_to(value: str) -> tuple[str, ...]:
     """``"tensorboard,wandb"`` -> ("tensorboard", "wandb"); ``""`` or ``"none"`` -> (); unknown names
@@ -124,7 +127,7 @@ class TensorBoardTracker:
         import yaml
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(str(out / "tb"))
+        self.writer = SummaryWriter(str(out / TRACKER_DIRS[0]))
         self.writer.add_text("config", "```yaml\n" + yaml.safe_dump(config, sort_keys=False) + "```", 0)
 
     def log_epoch(self, step, scalars, rewards, grid, caption) -> None:
@@ -165,9 +168,9 @@ class TrackioTracker:
     """A trackio run whose SQLite database lives in ``RUN/trackio`` (no dashboard is started)."""
 
     def __init__(self, out: Path, config: dict[str, Any], project: str, name: str, resume: bool) -> None:
-        os.environ["TRACKIO_DIR"] = str(out / "trackio")  # read when trackio is first imported
+        os.environ["TRACKIO_DIR"] = str(out / TRACKER_DIRS[1])  # read when trackio is first imported
         self.trackio = _require("trackio")
-        self._point_storage_at(out / "trackio")
+        self._point_storage_at(out / TRACKER_DIRS[1])
         self.trackio.init(project=project, name=name, config=config, resume="allow" if resume else "never",
                           embed=False, auto_log_gpu=False, auto_log_cpu=False)
 

@@ -63,6 +63,7 @@ from pcpo_eval.progress import echo, progress_bar
 from pcpo_eval.rundir import (  # noqa: F401  (INIT_FILE re-exported: its old home)
     INIT_FILE,
     LOG_FILE,
+    RUN_ENTRIES,
     checkpoint_dir,
     config_path,
     init_path,
@@ -88,7 +89,7 @@ from pcpo_eval.train.rollout import (  # noqa: F401
     keyed_generator,
     training_sampler,
 )
-from pcpo_eval.train.tracking import RunTracking, open_tracking
+from pcpo_eval.train.tracking import TRACKER_DIRS, RunTracking, open_tracking
 from pcpo_eval.train.update import UpdateMixin
 
 #: config keys ``--resume`` lets differ from the run's config.yaml (neither changes what is trained)
@@ -140,6 +141,8 @@ class Trainer(PolicyMixin, RolloutMixin, UpdateMixin):
             self._resume()
         elif self.is_main and (self.out / LOG_FILE).exists():
             raise UserError(f"{self.out} already holds a run; pass --resume to continue it or choose another --out")
+        elif self.is_main:
+            _check_run_folder(self.out)
         if self.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
             atomic_write_text(config_path(self.out), yaml.safe_dump(self.cfg.to_dict(), sort_keys=False))
@@ -331,3 +334,16 @@ def train(config: TrainConfig, out_dir: str | Path, resume: bool = False, progre
     """Library entry point: train a run into ``out_dir`` (see module docstring); ``progress``: an epoch bar
     with ETA on stderr (rank 0; None = when stderr is a terminal)."""
     return Trainer(config, out_dir, resume=resume, progress=progress).run()
+
+
+def _check_run_folder(out: Path) -> None:
+    """UserError when a new run's ``out`` holds anything but a run's own files (an image set, a study, a user's
+    folder): the run would write its config.yaml and checkpoints in among them (it replaced a user's
+    config.yaml there). Files of a run interrupted before its first log are a run's, so it may start again."""
+    if not out.is_dir():
+        return
+    foreign = sorted(p.name for p in out.iterdir() if p.name not in (*RUN_ENTRIES, *TRACKER_DIRS)
+                     and not (p.name.startswith(".") and p.name.endswith(".tmp")))  # an interrupted write's
+    if foreign:
+        raise UserError(f"--out {out} holds files that are not a run's (e.g. {foreign[0]}); choose a new or empty "
+                        "folder for the run")

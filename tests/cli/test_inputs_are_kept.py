@@ -77,3 +77,22 @@ def test_a_human_design_out_with_foreign_files_is_refused_untouched(tmp_path):
     with pytest.raises(UserError, match="lower seeds"):
         _check_seed_room(2, HumanDesignSpec(seeds=100_000_000))
     _check_seed_room(2, HumanDesignSpec(seeds=10))
+
+
+def test_a_new_run_never_writes_among_other_files(cli, tmp_path):
+    """train --out wrote a run into any folder without log.parquet: an image set, a user's folder (its own
+    config.yaml replaced, comments gone). Now refused; a run folder interrupted before its first log restarts."""
+    from tests.support.cli import TOY_CFG
+
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "notes.txt").write_text("mine")
+    res = cli("train", TOY_CFG, "--out", user, "epochs=1")
+    assert res.returncode == 2 and "not a run's (e.g. notes.txt)" in res.stderr
+    assert sorted(p.name for p in user.iterdir()) == ["notes.txt"]
+    mine = tmp_path / "own"
+    mine.mkdir()
+    (mine / "config.yaml").write_text(TOY_CFG.read_text() + "# my comments\n")
+    same = _unchanged(mine / "config.yaml")
+    res = cli("train", mine / "config.yaml", "--out", mine, "epochs=1")
+    assert res.returncode == 2 and "the run's own config.yaml" in res.stderr and same()
