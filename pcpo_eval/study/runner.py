@@ -26,6 +26,7 @@ from pcpo_eval.io import (
     atomic_write_json,
     atomic_write_text,
     check_out_path,
+    json_text,
     remove_stale_temps,
     sha256_file,
 )
@@ -187,9 +188,26 @@ class Study:
         finally:
             self._unlock()
 
-    def _run(self, stages: Sequence[str]) -> Path:
+    def _record_spec(self) -> None:
+        """Write the spec as given (``study.yaml``) and resolved (``spec.resolved.json``)."""
         atomic_write_text(self.layout.spec_copy_file, yaml.safe_dump(self.spec.raw, sort_keys=False))
         atomic_write_json(self.layout.spec_file, self.spec.to_dict())
+
+    def _spec_changed(self) -> bool:
+        """Whether the folder records another spec than this one (a re-run with changed settings)."""
+        try:
+            return json.loads(self.layout.spec_file.read_text(encoding="utf-8")) != json.loads(
+                json_text(self.spec.to_dict()))
+        except (OSError, ValueError):
+            return False
+
+    def _run(self, stages: Sequence[str]) -> Path:
+        # A changed spec is recorded once a stage has run on it: a re-run that a stage refuses (changed training
+        # settings beside trained runs) keeps the record of the spec behind the folder's results (it was
+        # replaced before the refusal).
+        deferred = self._spec_changed()
+        if not deferred:
+            self._record_spec()
         bar = progress_bar(len(stages), f"study {self.spec.name}", self.progress, unit="stage")
         log = self.log
         if not bar.disable:  # log lines above the live bar
@@ -198,6 +216,9 @@ class Study:
             for stage in stages:
                 bar.set_postfix_str(stage)
                 self._run_stage(stage)
+                if deferred:
+                    self._record_spec()
+                    deferred = False
                 bar.update(1)
         finally:
             self.log = log
@@ -216,8 +237,10 @@ class Study:
             msg = str(exc).splitlines()[0] if str(exc).strip() else type(exc).__name__
             if not isinstance(exc, UserError):
                 msg = f"{type(exc).__name__}: {msg} (traceback in {tb})"
+            # a refusal (UserError) names its own fix; re-running unchanged continues only after other failures
+            after = "" if isinstance(exc, UserError) else ", re-run the same command to continue"
             raise StageError(f"study stage '{stage}' failed: {msg}; outputs of earlier stages are kept in "
-                             f"{self.out}, re-run the same command to continue",
+                             f"{self.out}{after}",
                              exc.exit_code if isinstance(exc, UserError) else 1) from exc
         dt = time.perf_counter() - t0
         self.timings[stage] = round(dt, 2)

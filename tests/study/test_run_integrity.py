@@ -366,3 +366,33 @@ def test_a_prompt_file_edited_between_two_study_calls_is_refused_before_more_tra
     [msg] = recorded_input_problems(spec, layout.run_dir)
     assert "the runs differ in prompts" in msg and "one path, other contents" in msg, msg
     assert msg.endswith("restore the file they read, or remove those runs to train them again")
+
+
+def test_a_refused_rerun_keeps_the_record_of_the_spec_behind_the_results(tmp_path, monkeypatch):
+    """A study re-run with changed settings that a stage refuses (changed training settings beside trained
+    runs) had already replaced study.yaml and spec.resolved.json, so the folder no longer said which spec its
+    results came from; and the message said to re-run the same command, which fails the same way. The changed
+    spec is now recorded once a stage has run on it."""
+    from pcpo_eval.study.runner import Study
+    from pcpo_eval.studydir import StudyLayout
+
+    old = load_spec(write_spec(tmp_path / "a.yaml", seeds=[0], targets=[0.3], design=ONE_FACTOR,
+                               lmm={"formula": "value ~ algorithm + (1|prompt)"}), check_weights=False)
+    new = load_spec(write_spec(tmp_path / "b.yaml", seeds=[0], targets=[0.4], design=ONE_FACTOR,
+                               lmm={"formula": "value ~ algorithm + (1|prompt)"}), check_weights=False)
+    layout = StudyLayout(tmp_path / "out")
+    monkeypatch.setattr(Study, "stage_train", lambda self: None)
+    Study(old, layout.out, log=lambda s: None).run(("train",))
+    recorded = (layout.spec_file.read_bytes(), layout.spec_copy_file.read_bytes())
+
+    def refuse(self):
+        raise UserError("the runs were trained with other settings; restore them or choose another --out")
+
+    monkeypatch.setattr(Study, "stage_train", refuse)
+    with pytest.raises(UserError) as info:
+        Study(new, layout.out, log=lambda s: None).run(("train",))
+    assert "re-run the same command" not in str(info.value)
+    assert (layout.spec_file.read_bytes(), layout.spec_copy_file.read_bytes()) == recorded
+    monkeypatch.setattr(Study, "stage_train", lambda self: None)  # a stage that runs: the new spec is the record
+    Study(new, layout.out, log=lambda s: None).run(("train",))
+    assert layout.spec_file.read_bytes() != recorded[0]
