@@ -115,7 +115,8 @@ def interrupted_line() -> str:
     """What Ctrl-C prints: the work is resumable (results are written atomically, finished work is
     skipped on a re-run); ``train`` continues with ``--resume``."""
     cmd = next((a for a in sys.argv[1:] if not a.startswith("-")), "")
-    how = ("re-run the same command with --resume to continue from the latest checkpoint" if cmd == "train"
+    how = ("re-run the same command with --resume to continue from the latest checkpoint (a run stopped before its "
+           "first checkpoint: without --resume, to start it again)" if cmd == "train"
            else "re-run the same command to continue (finished work is skipped)")
     return f"interrupted (Ctrl-C); what was written is complete and the state is resumable: {how}"
 

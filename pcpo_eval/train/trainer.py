@@ -139,7 +139,8 @@ class Trainer(PolicyMixin, RolloutMixin, UpdateMixin):
         self.start_epoch = 1
         if resume:
             self._resume()
-        elif self.is_main and (self.out / LOG_FILE).exists():
+        elif self.is_main and (self.out / LOG_FILE).exists() and ck.latest_checkpoint(self.out) is not None:
+            # (a log without a checkpoint: a run stopped before its first checkpoint, which starts again)
             raise UserError(f"{self.out} already holds a run; pass --resume to continue it or choose another --out")
         elif self.is_main:
             _check_run_folder(self.out)

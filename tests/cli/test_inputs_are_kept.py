@@ -96,3 +96,28 @@ def test_a_new_run_never_writes_among_other_files(cli, tmp_path):
     same = _unchanged(mine / "config.yaml")
     res = cli("train", mine / "config.yaml", "--out", mine, "epochs=1")
     assert res.returncode == 2 and "the run's own config.yaml" in res.stderr and same()
+
+
+def test_a_run_stopped_before_its_first_checkpoint_starts_again(tmp_path):
+    """Stopped after its first logged epoch, before any checkpoint: --resume said "no complete checkpoint;
+    start without --resume", and starting without it said "already holds a run; pass --resume". It now starts
+    again without --resume (its partial log replaced); a run with a checkpoint still needs --resume."""
+    from pcpo_eval.train.config import load_config
+    from pcpo_eval.train.trainer import Trainer
+    from tests.support.cli import TOY_CFG
+
+    cfg = load_config(TOY_CFG, ["epochs=1", "checkpoint_every=5", "log_to=none", "sample_batches_per_epoch=1"])
+    out = tmp_path / "run"
+    Trainer(cfg, out).run()
+    ckpts = out / "checkpoints"
+    for d in sorted(ckpts.iterdir()) if ckpts.exists() else []:  # as if stopped before the checkpoint
+        import shutil
+
+        shutil.rmtree(d)
+    assert (out / "log.parquet").exists()
+    with pytest.raises(UserError, match="no complete checkpoint"):
+        Trainer(cfg, out, resume=True)
+    log = Trainer(cfg, out).run()  # starts again
+    assert list(log["epoch"]) == [1]
+    with pytest.raises(UserError, match="already holds a run"):
+        Trainer(cfg, out)
