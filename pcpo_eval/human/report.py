@@ -28,6 +28,8 @@ from pcpo_eval.human import ANALYSIS_FILE, HumanLayout, design_comparison_seeds
 from pcpo_eval.io import atomic_write_json, to_jsonable
 
 EXAMPLES_PER_COMPARISON = 3
+#: The most Bradley-Terry bootstrap resamples ``human analyze`` takes (a billion ran out of memory).
+MAX_BOOTSTRAP = 100_000
 
 
 SIMULATED = "SIMULATED"
@@ -112,8 +114,9 @@ def analyze_folder(folder: str | Path, responses: str | Path | None = None, data
     from pcpo_eval.human.design import read_design
 
     folder = Path(folder)
-    if bootstrap < 0:
-        raise UserError(f"--bootstrap {bootstrap}; use a whole number >= 0 (0: no Bradley-Terry intervals)")
+    if not 0 <= bootstrap <= MAX_BOOTSTRAP:
+        raise UserError(f"--bootstrap {bootstrap}; use a whole number from 0 (no Bradley-Terry intervals) to "
+                        f"{MAX_BOOTSTRAP:,} (1,000 gives intervals to about a hundredth)")
     design, pairs = read_design(folder)
     df, source = read_responses(folder, Path(responses) if responses else None, database_url)
     res = analyze(pairs, df, bootstrap=bootstrap, seed=int(design.get("rng_seed", 0)),

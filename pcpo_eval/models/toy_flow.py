@@ -66,7 +66,14 @@ class ToyFlowAdapter(ToyAdapter):
             from pcpo_eval.errors import MissingWeightsError
 
             raise MissingWeightsError(f"toy flow weights not found in {wd}; {FIX}")
-        unet = toy_model.load_unet(wd).to(device=device, dtype=dtype)
+        from diffusers.utils import logging as diffusers_logging
+
+        level = diffusers_logging.get_verbosity()
+        diffusers_logging.set_verbosity_error()  # its "modules ... kept in float32: []" note: a second stderr line
+        try:
+            unet = toy_model.load_unet(wd).to(device=device, dtype=dtype)
+        finally:
+            diffusers_logging.set_verbosity(level)
         enc = toy_model.load_text_encoder(wd).to(device=device, dtype=dtype)
         sched = toy_model.load_json(wd / "scheduler_config.json")
         meta = toy_model.load_json(wd / "meta.json") if (wd / "meta.json").is_file() else {}
