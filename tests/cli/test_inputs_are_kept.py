@@ -121,3 +121,10 @@ def test_a_run_stopped_before_its_first_checkpoint_starts_again(tmp_path):
     assert list(log["epoch"]) == [1]
     with pytest.raises(UserError, match="already holds a run"):
         Trainer(cfg, out)
+
+
+def test_a_micro_batch_that_cannot_fit_is_refused_before_the_set_exists(cli, tmp_path):
+    res = cli("generate", "--model", "toy", "--prompts", "toy", "--seeds", "1", "--max-prompts", "2",
+              "--micro-batch", "1000000000", "--out", tmp_path / "set", "--no-progress")
+    assert res.returncode == 2 and "--micro-batch 1000000000 cannot fit" in res.stderr
+    assert not (tmp_path / "set").exists()
