@@ -53,7 +53,7 @@ def jpeg_decode(data: bytes) -> np.ndarray:
     return np.asarray(Image.open(io.BytesIO(data), formats=["jpeg"]).convert("RGB"))
 
 
-def jpeg_incompressibility(**_options):
+def jpeg_incompressibility():
     """Reward factory: JPEG size in kB (larger = less compressible)."""
 
     def fn(images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
@@ -62,7 +62,7 @@ def jpeg_incompressibility(**_options):
     return fn
 
 
-def jpeg_compressibility(**_options):
+def jpeg_compressibility():
     """Reward factory: minus the JPEG size in kB (larger = more compressible)."""
 
     def fn(images: torch.Tensor, prompts: list[str]) -> torch.Tensor:

@@ -37,7 +37,7 @@ def colorfulness(images: torch.Tensor) -> torch.Tensor:
     return (std + 0.3 * mean).float()
 
 
-def toy_aesthetic(**_options):
+def toy_aesthetic():
     """Reward factory: colorfulness / 100 (see module doc)."""
 
     def fn(images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
@@ -46,7 +46,7 @@ def toy_aesthetic(**_options):
     return fn
 
 
-def toy_alignment(device: str | torch.device = "cpu", weights_dir: str | None = None, classifier=None, **_options):
+def toy_alignment(device: str | torch.device = "cpu", weights_dir: str | None = None, classifier=None):
     """Reward factory: toy classifier probability of each prompt's class.
 
     ``classifier`` (an ``nn.Module`` with the toy classifier's dict output) overrides the shipped

@@ -229,4 +229,9 @@ def test_an_option_the_factory_does_not_take_is_one_line_before_anything_loads()
         make_reward("vlm_bertscore", foo=1)
     with pytest.raises(UserError, match=r"reward 'vlm_bertscore' has no option 'q'"):  # per component
         make_reward({"jpeg_compressibility": 0.5, "vlm_bertscore": 0.5}, vlm_bertscore={"q": 1})
-    assert make_reward("jpeg_compressibility", anything=1) is not None  # a factory taking **options takes any
+    # the built-in factories name their options, so a misspelt one is refused (they took **options: a typo
+    # in reward_options trained on the defaults); a plug-in factory with **options still takes any
+    with pytest.raises(UserError, match=r"reward 'jpeg_compressibility' has no option 'anything'; its options: none"):
+        make_reward("jpeg_compressibility", anything=1)
+    with pytest.raises(UserError, match=r"reward 'toy_aesthetic' has no option 'nope'"):
+        make_reward("toy_aesthetic", nope=1)
