@@ -140,11 +140,15 @@ T1_CONVENTIONS: dict[str, str] = {
 }
 
 
+#: The largest noise scale eta taken (the paper: 0.3-0.7; --eta 1e300 printed a table of inf and NaN, exit 0).
+MAX_ETA = 100.0
+
+
 def _validate_flow(steps: int, eta: float, shift: float) -> None:
     if not isinstance(steps, (int, np.integer)) or steps < 1:
         raise UserError(f"--steps must be an integer >= 1 (got {steps}); pass a positive step count")
-    if not (eta > 0 and math.isfinite(eta)):
-        raise UserError(f"--eta must be a finite number > 0 (got {eta}); pass e.g. --eta 0.3")
+    if not (0 < eta <= MAX_ETA and math.isfinite(eta)):
+        raise UserError(f"--eta must be a number in (0, {MAX_ETA:g}] (got {eta}); pass e.g. --eta 0.3")
     if not (shift > 0 and math.isfinite(shift)):
         raise UserError(f"--shift must be a finite number > 0 (got {shift}); pass e.g. --shift 3")
 

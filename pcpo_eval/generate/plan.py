@@ -14,12 +14,16 @@ from typing import Any
 
 import numpy as np
 
+from pcpo_eval.credit.flow import MAX_ETA
 from pcpo_eval.errors import UserError
 from pcpo_eval.imageset import image_rel_path
 from pcpo_eval.prompts import PromptSet
 
 #: Largest seed / prompt id that fits the fixed-width file names.
 MAX_SEED = 9_999_999
+#: Largest |guidance weight| taken: far beyond any use (3.5-7.5 in the paper), below where the images overflow
+#: (``--cfg -1e308`` rendered black images, exit 0); the noise scale's bound is the flow SDE's (credit.flow.MAX_ETA)
+MAX_CFG = 1000.0
 
 
 _SEED_RANGE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
@@ -130,10 +134,12 @@ def check_sampling_options(*, batch_size: Any = None, steps: Any = None, cfg: An
         raise UserError(f"{name('batch_size')} {batch_size}; use a whole number >= 1")
     if steps is not None and not is_count(steps, 1):
         raise UserError(f"{name('steps')} {steps}; use a whole number of sampler steps >= 1")
-    if cfg is not None and not is_finite(cfg):
-        raise UserError(f"{name('cfg')} {cfg}; use a finite guidance weight (1 = no guidance)")
-    if eta is not None and (not is_finite(eta) or eta < 0):
-        raise UserError(f"{name('eta')} {eta}; use a finite eta >= 0 (0 = deterministic)")
+    if cfg is not None and (not is_finite(cfg) or abs(cfg) > MAX_CFG):
+        raise UserError(f"{name('cfg')} {cfg}; use a finite guidance weight within +-{MAX_CFG:g} (1 = no guidance; "
+                        "the paper's setups use 3.5-7.5)")
+    if eta is not None and (not is_finite(eta) or not 0 <= eta <= MAX_ETA):
+        raise UserError(f"{name('eta')} {eta}; use a finite eta from 0 (deterministic) to {MAX_ETA:g} (DDIM: at most 1; "
+                        "flow SDEs: 0.3-0.7 in the paper)")
     if micro_batch is not None and not is_count(micro_batch, 0):
         raise UserError(f"{name('micro_batch')} {micro_batch}; use a whole number of rows >= 0 (0 = off)")
     if max_prompts is not None and not is_count(max_prompts, 1):

@@ -128,3 +128,15 @@ def test_a_micro_batch_that_cannot_fit_is_refused_before_the_set_exists(cli, tmp
               "--micro-batch", "1000000000", "--out", tmp_path / "set", "--no-progress")
     assert res.returncode == 2 and "--micro-batch 1000000000 cannot fit" in res.stderr
     assert not (tmp_path / "set").exists()
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["generate", "--model", "toy", "--prompts", "toy", "--seeds", "1", "--cfg", "-1e308", "--out", "{tmp}/s"],
+     "--cfg -1e+308; use a finite guidance weight within"),
+    (["credit", "flow", "--eta", "1e300"], "--eta must be a number in (0, 100]"),
+])
+def test_huge_but_finite_numbers_are_refused(cli, tmp_path, args, msg):
+    """A guidance weight of -1e308 rendered black images and an eta of 1e300 printed inf / NaN, both exit 0."""
+    res = cli(*[a.replace("{tmp}", str(tmp_path)) for a in args])
+    assert res.returncode == 2 and msg in res.stderr and res.stderr.count("\n") == 1
+    assert not (tmp_path / "s").exists()

@@ -298,7 +298,7 @@ def test_ddim_scheduler_config_defaults_and_flags(tmp_path):
 def test_cli_subprocess_entry_point():
     out = subprocess.run([sys.executable, "-m", "pcpo_eval", "credit", "flow", "--eta", "0"], capture_output=True,
                          text=True)
-    assert out.returncode == 2 and out.stderr.strip() == "error: --eta must be a finite number > 0 (got 0.0); pass e.g. --eta 0.3"
+    assert out.returncode == 2 and out.stderr.strip() == "error: --eta must be a number in (0, 100] (got 0.0); pass e.g. --eta 0.3"
 
 
 def test_cli_credit_json_and_plot(tmp_path, cli):
