@@ -254,6 +254,15 @@ def check_finished(root: Path) -> None:
     old manifest lists fewer (or other) images than the run was asked for, and metrics on it would be
     numbers of a set nobody asked for.
     """
+    f = root / SET_FILE
+    if f.is_file() and set_status(root) is None:
+        try:
+            ok = isinstance(json.loads(f.read_text()), dict)
+        except (OSError, ValueError):
+            ok = False
+        if not ok:  # written atomically by generate: damaged since, so nothing says whether the set is finished
+            raise UserError(f"{f} is not readable JSON; re-run the `pcpo-eval generate` command that made {root} (it "
+                            "resumes), or remove the file if the set was assembled by hand (its manifest suffices)")
     if set_status(root) == "rendering":
         raise UserError(
             f"{root} is an unfinished image set ({root / SET_FILE} says status 'rendering': a `pcpo-eval generate` "

@@ -71,6 +71,8 @@ def study_cmd(
         raise UserError("--pilot and --cv go with --plan (pcpo-eval study SPEC --plan --pilot DIR)")
 
     chosen = STAGES if stages == "all" else tuple(s.strip() for s in stages.split(",") if s.strip())
+    if not chosen:
+        raise UserError(f"--stages {stages!r} names no stage; give some of {','.join(STAGES)} (or all)")
     path = run_study(spec, out, chosen, log=lambda s: typer.echo(s), progress=progress)
     typer.echo(f"study done: {path}")
     results = results_path(path.parent if path.suffix == ".html" else path)

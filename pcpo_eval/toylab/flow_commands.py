@@ -31,6 +31,7 @@ def register(app: typer.Typer) -> None:
 
         for flag, value in (("--train-steps", train_steps), ("--threads", threads)):
             require(value >= 1, f"{flag} must be >= 1 (got {value}); pass a positive count")
+        require(seed >= 0, f"--seed must be >= 0 (got {seed}); torch's generators take non-negative seeds")
         if out is not None:
             check_out_path(out, "--out")
         torch.set_num_threads(threads)

@@ -140,3 +140,17 @@ def test_huge_but_finite_numbers_are_refused(cli, tmp_path, args, msg):
     res = cli(*[a.replace("{tmp}", str(tmp_path)) for a in args])
     assert res.returncode == 2 and msg in res.stderr and res.stderr.count("\n") == 1
     assert not (tmp_path / "s").exists()
+
+
+def test_small_bad_inputs(cli, tmp_path):
+    """`study --stages ,` ran nothing with exit 0; `toy-flow pretrain --seed -1` was taken; a corrupt set.json
+    was read as a hand-made set's absence of one."""
+    res = cli("study", "analysis/toy_study.yaml", "--out", tmp_path / "st", "--stages", ",")
+    assert res.returncode == 2 and "names no stage" in res.stderr and not (tmp_path / "st").exists()
+    res = cli("toy-flow", "pretrain", "--seed", "-1", "--out", tmp_path / "w")
+    assert res.returncode == 2 and "--seed must be >= 0" in res.stderr
+    assert cli("generate", "--model", "toy", "--prompts", "toy", "--seeds", "1", "--max-prompts", "2", "--steps", "2",
+               "--out", tmp_path / "set", "--no-progress").returncode == 0
+    (tmp_path / "set" / "set.json").write_text("{not json")
+    res = cli("metrics", tmp_path / "set", "--metrics", "is_toy", "--is-splits", "1", "--out", tmp_path / "m")
+    assert res.returncode == 2 and "set.json is not readable JSON" in res.stderr
