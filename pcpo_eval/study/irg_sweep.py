@@ -56,6 +56,21 @@ SWEEP_FILE = "sweep.json"
 FIGURE_FILE = "tradeoff.png"
 
 
+#: What a sweep folder holds: its files, and its image sets and metrics (one folder per point)
+SWEEP_ENTRIES = (TABLE_FILE, SWEEP_FILE, FIGURE_FILE, "sets", "metrics")
+
+
+def _check_sweep_folder(out: Path) -> None:
+    """UserError when ``out`` holds anything but a sweep's own entries (a run, a study, a user's folder): the
+    sweep would write its sets and tables in among them."""
+    if not out.is_dir():
+        return
+    foreign = sorted(p.name for p in out.iterdir() if p.name not in SWEEP_ENTRIES and not p.name.startswith("."))
+    if foreign:
+        raise UserError(f"--out {out} holds files that are not an IRG sweep's (e.g. {foreign[0]}); choose a new or "
+                        "empty folder")
+
+
 def table_path(out: str | Path) -> Path:
     """``OUT/sweep.parquet``."""
     return Path(out) / TABLE_FILE
@@ -179,6 +194,7 @@ def run_sweep(spec: IRGSweepSpec, out: str | Path, log: Callable[[str], None] = 
     from pcpo_eval.metrics.base import METRICS
 
     out = check_out_path(out)
+    _check_sweep_folder(out)
     remove_stale_temps(out)  # temp files of a killed run (not ones a live process holds)
     ref_dir = None
     if any(METRICS[m].needs_reference for m in spec.metrics):  # 1.

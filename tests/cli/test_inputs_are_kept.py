@@ -154,3 +154,14 @@ def test_small_bad_inputs(cli, tmp_path):
     (tmp_path / "set" / "set.json").write_text("{not json")
     res = cli("metrics", tmp_path / "set", "--metrics", "is_toy", "--is-splits", "1", "--out", tmp_path / "m")
     assert res.returncode == 2 and "set.json is not readable JSON" in res.stderr
+
+
+def test_an_irg_sweep_never_writes_among_other_files(tmp_path):
+    from pcpo_eval.study.irg_sweep import _check_sweep_folder
+
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "log.parquet").write_bytes(b"a run's log")
+    with pytest.raises(UserError, match="not an IRG sweep's"):
+        _check_sweep_folder(tmp_path / "run")
+    (tmp_path / "sweep" / "sets").mkdir(parents=True)
+    _check_sweep_folder(tmp_path / "sweep")  # its own (a resumed sweep)
