@@ -27,7 +27,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 @pytest.mark.parametrize(
     "args, needles",
     [
-        (["flow", "--eta", "inf"], ["--eta must be a finite number > 0 (got inf)"]),  # printed a table of NaN, exit 0
+        (["flow", "--eta", "inf"], ["--eta must be a number in (0, 100] (got inf)"]),  # printed a table of NaN, exit 0
         (["flow", "--shift", "inf"], ["--shift must be a finite number > 0 (got inf)"]),  # the same
         (["ddim", "--w-target", "inf"], ["--w-target must be a finite number > 0 (got inf)"]),  # inf / NaN weights
         (["ddim", "--eta", "inf"], ["--eta must be a finite number > 0"]),  # blamed --w-target, which was not given
@@ -212,7 +212,7 @@ def test_study_out_of_another_kind(cli, box, files, needle):
 # ---- irg-sweep: the sampling options of a sweep file are generate's, checked on load ---------------
 
 @pytest.mark.parametrize("key, value, needle", [
-    ("eta", -1, "eta -1; use a finite eta >= 0"),
+    ("eta", -1, "eta -1; use a finite eta from 0"),
     ("cfg", "high", "cfg high; use a finite guidance weight"),
     ("max_prompts", 0, "max_prompts 0; use a whole number of prompts >= 1"),
     ("seeds", "abc", "--seeds 'abc' is malformed"),

@@ -192,7 +192,8 @@ def test_ctrl_c_train_names_resume(cli, monkeypatch, tmp_path):
     assert res.returncode == 130, res.stderr[-2000:]
     assert res.stderr.strip().splitlines() == [
         "error: interrupted (Ctrl-C); what was written is complete and the state is resumable: "
-        "re-run the same command with --resume to continue from the latest checkpoint"]
+        "re-run the same command with --resume to continue from the latest checkpoint (a run stopped before its "
+        "first checkpoint: without --resume, to start it again)"]
 
 
 def test_real_sigint_exits_130(tmp_path):

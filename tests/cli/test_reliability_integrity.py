@@ -304,7 +304,9 @@ def test_study_stage_failure_from_input_exits_2(cli, box, monkeypatch):
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 2, (res.returncode, res.stderr[-2000:])
     assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in res.stderr
-    assert "study stage 'select' failed: checkpoint epoch_0004" in lines[0] and "re-run the same command" in lines[0]
+    # a refusal names its own fix (re-train it); re-running the same command would fail the same way
+    assert "study stage 'select' failed: checkpoint epoch_0004" in lines[0] and "re-train it" in lines[0]
+    assert "re-run the same command" not in lines[0]
     after = snapshot(box)
     assert {k: v for k, v in after.items() if k in before} == before  # only the study folder was added
     assert all(k.startswith("study") for k in set(after) - set(before))
