@@ -260,6 +260,23 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
 #: the name of a temporary file or folder of :func:`atomic_write` / :func:`atomic_dir` /
 #: ``write_image_file``: ``.{name}.`` + mkstemp's 8 random characters + ``.tmp``
 TEMP_NAME = re.compile(r"^\..+\.[A-Za-z0-9_]{8}\.tmp$")
+def foreign_entries(folder: Path, own: Iterable[str]) -> list[str]:
+    """Sorted names in ``folder`` that are neither in ``own`` nor a temporary file of an atomic write
+    (:data:`TEMP_NAME`); ``[]`` when the folder does not exist."""
+    if not folder.is_dir():
+        return []
+    keep = set(own)
+    return sorted(p.name for p in folder.iterdir() if p.name not in keep and not TEMP_NAME.match(p.name))
+
+
+def check_own_folder(folder: Path, own: Iterable[str], what: str) -> None:
+    """One UserError line when ``--out`` ``folder`` holds entries that are not ``what``'s own (``own``), before
+    anything is written into it: a run, a design or a sweep written among a user's, a set's or a study's files."""
+    if foreign := foreign_entries(folder, own):
+        raise UserError(f"--out {folder} holds files that are not {what} (e.g. {foreign[0]}); choose a new or empty "
+                        "folder")
+
+
 #: without /proc (not Linux) a temporary entry counts as stale only after this many seconds untouched
 STALE_TEMP_AGE_S = 3600.0
 

@@ -70,6 +70,7 @@ from pcpo_eval.io import (
     atomic_write_text,
     check_finite,
     check_out_path,
+    check_own_folder,
     ensure_dir,
 )
 from pcpo_eval.rundir import checkpoint_dir
@@ -901,7 +902,7 @@ def make_design(study: str | Path, out: str | Path, ds: HumanDesignSpec,
                     ds.comparison_seeds)  # before rendering
     checkpoints = list({c.label: c for p in pairs for c in p}.values())
     _check_seed_room(len(pairs), ds)
-    _check_design_folder(lay)
+    _check_design_folder(lay)  # first: a study or image set given as --out is neither written into nor made private
     ensure_dir(lay.root, "--out")
     try:
         os.chmod(lay.root, 0o700)  # its sets/ are named after the checkpoints: the organisers' only
@@ -938,17 +939,10 @@ def make_design(study: str | Path, out: str | Path, ds: HumanDesignSpec,
 
 
 def _check_design_folder(lay: HumanLayout) -> None:
-    """UserError (before anything is written or its mode changed) when ``--out`` holds anything but a design's
-    own files: a study folder, an image set or a user's folder would be made private and written into."""
-    if not lay.root.is_dir():
-        return
-    own = {lay.design, lay.pairs, lay.images, lay.root / "sets", lay.pending_secret, lay.database, lay.responses,
-           lay.analysis, lay.server, lay.rehearsal}
-    names = {p.name for p in own} | {f"{lay.database.name}-wal", f"{lay.database.name}-shm"}
-    foreign = sorted(p.name for p in lay.root.iterdir() if p.name not in names)
-    if foreign:
-        raise UserError(f"--out {lay.root} holds files that are not a human design's (e.g. {foreign[0]}); choose a "
-                        "new or empty folder for the design")
+    """UserError when ``--out`` holds anything but a design folder's own files (:meth:`HumanLayout.data_paths`,
+    the pending secret, rehearsals, SQLite's journal files)."""
+    own = [p.name for p in (*lay.data_paths(), lay.pending_secret, lay.rehearsal)]
+    check_own_folder(lay.root, [*own, f"{lay.database.name}-wal", f"{lay.database.name}-shm"], "a human design's")
 
 
 def _check_seed_room(n_comparisons: int, ds: HumanDesignSpec) -> None:

@@ -276,7 +276,6 @@ def sample_flow(
     device, dtype = adapter.device, adapter.dtype
     x = to_device_async(per_sample_noise(generators, adapter.latent_shape) if x_T is None else x_T.float().cpu(), device)
     rec = Recorder([x]) if record else None
-    x0_hat = x
     for i in range(len(t_np)):
         t, dt, s, sd = float(t_np[i]), float(dt_np[i]), float(sig[i]), float(std_np[i])
         tt = torch.full((B,), t, device=device, dtype=torch.float32)
@@ -294,12 +293,10 @@ def sample_flow(
             x_next = flow_ode_step(x, u, dt)
         if rec is not None:
             rec.step(x_next, u, z, logp)
-        if i == len(t_np) - 1:
-            x0_hat = x0_prediction(x, u, t)
-        x = x_next
+        last = i == len(t_np) - 1 and FINAL_LATENT[effective] == "x0_prediction"  # the image: x_0-hat; the
+        x = x0_prediction(x, u, t) if last else x_next  # recorded chain above keeps the SDE's last sample
     f64 = lambda a: torch.as_tensor(np.asarray(a), dtype=torch.float64)  # noqa: E731
-    final = x0_hat if FINAL_LATENT[effective] == "x0_prediction" else x  # what the image decodes
-    out = FlowSample(latents=final, times=f64(times), t=f64(t_np), dt=f64(dt_np), sigmas=f64(sig), std=f64(std_np),
+    out = FlowSample(latents=x, times=f64(times), t=f64(t_np), dt=f64(dt_np), sigmas=f64(sig), std=f64(std_np),
                      sde=effective, eta=float(eta))
     if rec is not None:
         rec.fill(out)

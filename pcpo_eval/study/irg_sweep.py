@@ -61,14 +61,10 @@ SWEEP_ENTRIES = (TABLE_FILE, SWEEP_FILE, FIGURE_FILE, "sets", "metrics")
 
 
 def _check_sweep_folder(out: Path) -> None:
-    """UserError when ``out`` holds anything but a sweep's own entries (a run, a study, a user's folder): the
-    sweep would write its sets and tables in among them."""
-    if not out.is_dir():
-        return
-    foreign = sorted(p.name for p in out.iterdir() if p.name not in SWEEP_ENTRIES and not p.name.startswith("."))
-    if foreign:
-        raise UserError(f"--out {out} holds files that are not an IRG sweep's (e.g. {foreign[0]}); choose a new or "
-                        "empty folder")
+    """UserError when ``out`` holds anything but a sweep's own entries (not among a run's or a study's files)."""
+    from pcpo_eval.io import check_own_folder
+
+    check_own_folder(out, SWEEP_ENTRIES, "an IRG sweep's")
 
 
 def table_path(out: str | Path) -> Path:

@@ -22,10 +22,10 @@ import yaml
 from pcpo_eval.errors import UserError
 from pcpo_eval.imageset import MANIFEST_FILE, SET_FILE, set_status
 from pcpo_eval.io import (
-    TEMP_NAME,
     atomic_write_json,
     atomic_write_text,
     check_out_path,
+    foreign_entries,
     json_text,
     remove_stale_temps,
     sha256_file,
@@ -156,7 +156,7 @@ class Study:
                                 "choose another --out (one folder per study)")
             return
         own = {".lock", "logs", SPEC_COPY_FILE, STATE_FILE, RUNS_DIR}
-        strangers = sorted(p.name for p in self.out.iterdir() if p.name not in own and not TEMP_NAME.match(p.name))
+        strangers = foreign_entries(self.out, own)
         if strangers:
             raise UserError(f"--out {self.out} exists and is not a study folder (it holds {strangers[0]!r}"
                             f"{f' and {len(strangers) - 1} more' if len(strangers) > 1 else ''}); choose a new or "

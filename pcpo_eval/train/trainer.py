@@ -56,7 +56,7 @@ import yaml
 
 from pcpo_eval import dist
 from pcpo_eval.errors import UserError
-from pcpo_eval.io import atomic_write_json, atomic_write_parquet, atomic_write_text
+from pcpo_eval.io import atomic_write_json, atomic_write_parquet, atomic_write_text, check_own_folder
 from pcpo_eval.models.base import ModelAdapter
 from pcpo_eval.precision import deterministic_cuda, matmul_precision
 from pcpo_eval.progress import echo, progress_bar
@@ -142,8 +142,8 @@ class Trainer(PolicyMixin, RolloutMixin, UpdateMixin):
         elif self.is_main and (self.out / LOG_FILE).exists() and ck.latest_checkpoint(self.out) is not None:
             # (a log without a checkpoint: a run stopped before its first checkpoint, which starts again)
             raise UserError(f"{self.out} already holds a run; pass --resume to continue it or choose another --out")
-        elif self.is_main:
-            _check_run_folder(self.out)
+        elif self.is_main:  # a new run: never among an image set's or a user's files (it replaced their config.yaml)
+            check_own_folder(self.out, (*RUN_ENTRIES, *TRACKER_DIRS), "a run's")
         if self.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
             atomic_write_text(config_path(self.out), yaml.safe_dump(self.cfg.to_dict(), sort_keys=False))
@@ -335,16 +335,3 @@ def train(config: TrainConfig, out_dir: str | Path, resume: bool = False, progre
     """Library entry point: train a run into ``out_dir`` (see module docstring); ``progress``: an epoch bar
     with ETA on stderr (rank 0; None = when stderr is a terminal)."""
     return Trainer(config, out_dir, resume=resume, progress=progress).run()
-
-
-def _check_run_folder(out: Path) -> None:
-    """UserError when a new run's ``out`` holds anything but a run's own files (an image set, a study, a user's
-    folder): the run would write its config.yaml and checkpoints in among them (it replaced a user's
-    config.yaml there). Files of a run interrupted before its first log are a run's, so it may start again."""
-    if not out.is_dir():
-        return
-    foreign = sorted(p.name for p in out.iterdir() if p.name not in (*RUN_ENTRIES, *TRACKER_DIRS)
-                     and not (p.name.startswith(".") and p.name.endswith(".tmp")))  # an interrupted write's
-    if foreign:
-        raise UserError(f"--out {out} holds files that are not a run's (e.g. {foreign[0]}); choose a new or empty "
-                        "folder for the run")
