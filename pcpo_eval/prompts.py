@@ -220,11 +220,17 @@ def _read_ids(df, path: Path) -> list[int]:
     import pandas as pd
 
     col = df["prompt_id"]
-    if col.isna().any() or not (
-        pd.api.types.is_integer_dtype(col) or (pd.api.types.is_float_dtype(col) and (col % 1 == 0).all())
-    ):
-        raise UserError(f"prompt file {str(path)!r}: 'prompt_id' must be whole numbers in every row")
-    return [int(v) for v in col]
+    if pd.api.types.is_integer_dtype(col) and not col.isna().any():
+        return [int(v) for v in col]
+    number = pd.to_numeric(col, errors="coerce")
+    bad = number.isna() | (number % 1 != 0)
+    if bad.any():
+        row = int(bad.to_numpy().argmax())  # 1-based below, as the empty-prompt error counts data rows
+        value = col.iloc[row]
+        what = "no prompt_id" if pd.isna(value) else f"prompt_id {str(value)!r}"
+        raise UserError(f"prompt file {str(path)!r}: data row {row + 1} has {what}; 'prompt_id' must be a whole "
+                        "number in every row")
+    return [int(v) for v in number]
 
 
 def check_ids(ids: Sequence[int], source: str) -> None:

@@ -20,6 +20,17 @@ from torch import nn
 from pcpo_eval.errors import UserError
 from pcpo_eval.models.base import ModelAdapter, PromptEmbeds
 
+#: Largest |lambda_i| taken, as generate's :data:`~pcpo_eval.generate.plan.MAX_CFG` for the guidance weight: the
+#: paper sweeps 0-1.5; a weight of 1e308 overflowed the combined prediction into NaN images with exit 0
+MAX_LAMBDA = 1000.0
+
+
+def lambda_problem(lam: object) -> str | None:
+    """Why ``lam`` cannot be an IRG weight (None: it can): a finite number within +-:data:`MAX_LAMBDA`."""
+    if not isinstance(lam, int | float) or isinstance(lam, bool) or not np.isfinite(lam) or abs(lam) > MAX_LAMBDA:
+        return f"use a finite weight within +-{MAX_LAMBDA:g} (the paper sweeps 0 to 1.5)"
+    return None
+
 
 @dataclass(frozen=True)
 class IRGSpec:
@@ -56,8 +67,8 @@ def parse_irg_spec(spec: str) -> IRGSpec:
                 lam = float(lam_s)
             except ValueError:
                 raise UserError(f"IRG spec {spec!r}: weight {lam_s!r} is not a number") from None
-            if not np.isfinite(lam):
-                raise UserError(f"IRG spec {spec!r}: weight {lam_s!r} must be finite")
+            if problem := lambda_problem(lam):
+                raise UserError(f"IRG spec {spec!r}: weight {lam_s!r}: {problem}")
         if not path.strip():
             raise UserError(f"IRG spec {spec!r}: component {part!r} has no checkpoint")
         components.append((path.strip(), lam))

@@ -85,6 +85,10 @@ def cache_root(image_set: ImageSet, options: MetricsOptions) -> Path:
     return Path(options.cache_dir) if options.cache_dir is not None else image_set.root / ".pcpo_cache"
 
 
+#: the folder under a cache root that holds the feature caches (one per extractor)
+FEATURES_DIR = "features"
+
+
 def _compute_into_cache(
     cache: FeatureCache,
     image_set: ImageSet,
@@ -168,7 +172,7 @@ def feature_cache_settings(extractor: FeatureExtractor, options: MetricsOptions)
 
 def _feature_cache(image_set: ImageSet, extractor: FeatureExtractor, options: MetricsOptions) -> FeatureCache:
     settings = feature_cache_settings(extractor, options)
-    return FeatureCache(cache_root(image_set, options) / "features", extractor.name, settings)
+    return FeatureCache(cache_root(image_set, options) / FEATURES_DIR, extractor.name, settings)
 
 
 def extract_sets(

@@ -48,7 +48,14 @@ from pcpo_eval.io import (
     sha256_file,
 )
 from pcpo_eval.metrics.base import METRICS
-from pcpo_eval.metrics.extract import ExtractionReport, MetricsOptions, cache_root, extract_set, extract_sets
+from pcpo_eval.metrics.extract import (
+    FEATURES_DIR,
+    ExtractionReport,
+    MetricsOptions,
+    cache_root,
+    extract_set,
+    extract_sets,
+)
 from pcpo_eval.metrics.frechet import FrechetDistanceMetric
 from pcpo_eval.metrics.inception_score import InceptionScoreMetric
 from pcpo_eval.metrics.lpips_diversity import LpipsDiversityMetric
@@ -353,19 +360,21 @@ _METRICS_FOLDER_FILES = frozenset({METRICS_FILE, PER_PROMPT_FILE, PER_IMAGE_FILE
 
 
 def check_out_dir(out_dir: str | Path, image_set: str | Path | None = None,
-                  reference: str | Path | None = None) -> None:
+                  reference: str | Path | None = None, cache_dir: str | Path | None = None) -> None:
     """UserError if ``out_dir`` cannot hold the outputs (checked before any work): a file; a folder with
     other content than a metrics folder's (a user's folder, an image set's ``images/``); a metrics folder
     whose ``metrics.json`` belongs to another image set that still exists (its results would be replaced:
     pass another ``--out``); an existing folder inside the image set or the reference. Before, each of these
-    was written into (or replaced) with exit 0."""
+    was written into (or replaced) with exit 0. A ``cache_dir`` at or inside ``out_dir`` is the call's own
+    (``--out D --cache-dir D`` run twice is a re-run)."""
     out = Path(out_dir)
     check_not_an_input(out, "--out", [p for p in (image_set, reference) if p is not None])
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} exists and is not a directory; choose a directory")
     if not out.is_dir():
         return
-    other = sorted(p.name for p in out.iterdir() if p.name not in _METRICS_FOLDER_FILES and not TEMP_NAME.match(p.name))
+    own = _METRICS_FOLDER_FILES | _cache_entry(out, cache_dir)
+    other = sorted(p.name for p in out.iterdir() if p.name not in own and not TEMP_NAME.match(p.name))
     if other:
         raise UserError(f"--out {out} holds other files ({', '.join(other[:3])}{', ...' if len(other) > 3 else ''}), "
                         "not a metrics folder; choose an empty or new folder")
@@ -374,6 +383,17 @@ def check_out_dir(out_dir: str | Path, image_set: str | Path | None = None,
             and Path(recorded).resolve() != Path(image_set).resolve()):
         raise UserError(f"--out {out} holds the metrics of another image set ({recorded}); choose another --out "
                         "(or delete that folder to replace them)")
+
+
+def _cache_entry(out: Path, cache_dir: str | Path | None) -> frozenset[str]:
+    """The entry of ``out`` that holds the feature cache when ``cache_dir`` is ``out`` or inside it."""
+    if cache_dir is None:
+        return frozenset()
+    features = (Path(cache_dir) / FEATURES_DIR).resolve()
+    try:
+        return frozenset({features.relative_to(out.resolve()).parts[0]})
+    except ValueError:  # the cache lives elsewhere
+        return frozenset()
 
 
 def _recorded_image_set(out: Path) -> str | None:
@@ -393,7 +413,7 @@ def run_metrics(
 ) -> dict[str, Any]:
     """Compute ``metrics`` for ``image_set`` and (if ``out_dir``) write the three outputs."""
     if out_dir is not None:
-        check_out_dir(out_dir, image_set, reference)
+        check_out_dir(out_dir, image_set, reference, (options or MetricsOptions()).cache_dir)
         if dist.is_main():
             remove_stale_temps(out_dir, recursive=False)
     result = compute_metrics(image_set, metrics, reference, options)

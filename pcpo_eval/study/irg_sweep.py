@@ -119,6 +119,7 @@ def _resolve(base: Path, spec: str) -> str:
 
 
 def _problems(d: dict[str, Any]) -> list[str]:
+    from pcpo_eval.generate.irg import lambda_problem
     from pcpo_eval.generate.plan import check_sampling_options, parse_seeds
     from pcpo_eval.metrics.base import METRICS
 
@@ -135,6 +136,8 @@ def _problems(d: dict[str, Any]) -> list[str]:
             isinstance(row, list) and len(row) == n and all(isinstance(x, int | float) and not isinstance(x, bool)
                                                            for x in row) for row in lams)):
         problems.append(f"lambdas: give a list of weight lists, each with one number per checkpoint ({n})")
+    elif lams is not None and (bad := [x for row in lams for x in row if lambda_problem(x)]):
+        problems.append(f"lambdas: weight {bad[0]!r}: {lambda_problem(bad[0])}")
     mets = d.get("metrics")
     if mets is not None and (not isinstance(mets, list) or not mets or any(m not in METRICS for m in mets)):
         problems.append(f"metrics: give a list of known metrics ({', '.join(METRICS)})")

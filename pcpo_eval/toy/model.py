@@ -49,6 +49,10 @@ WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
 PATCH = 4
 LATENT_SHAPE = (3 * PATCH * PATCH, 32 // PATCH, 32 // PATCH)
 FIX = "run `pcpo-eval toy pretrain` to rebuild the toy weights"
+#: what a toy weights folder holds: :func:`save_diffusion`'s files, the toy classifier's
+#: (:func:`pcpo_eval.toy.classifier.save_classifier`) and the toy flow model's folder
+WEIGHTS_ENTRIES = ("unet", "text_encoder.safetensors", "text_encoder_config.json", "scheduler_config.json", "meta.json",
+                   "classifier.safetensors", "classifier_config.json", "flow")
 
 
 def unet_config(widths: tuple[int, ...] = (48, 64), patch: int = PATCH) -> dict[str, Any]:

@@ -90,9 +90,10 @@ def train_flow(cfg: DiffusionTrainConfig = DiffusionTrainConfig(), log=print) ->
 def pretrain_flow(out: str | Path | None = None, cfg: DiffusionTrainConfig = DiffusionTrainConfig(),
                   log=print) -> dict[str, Any]:
     """Train and write the toy flow weights into ``out`` (default: the shipped ``weights/flow``)."""
-    from pcpo_eval.io import atomic_write_json
+    from pcpo_eval.io import atomic_write_json, check_own_folder
 
     out = Path(out) if out is not None else WEIGHTS_DIR
+    check_own_folder(out, toy_model.WEIGHTS_ENTRIES, "toy model weights")  # not among a run's or a user's files
     unet, enc, stats = train_flow(cfg, log)
     toy_model.save_diffusion(out, unet, enc, stats)  # writes the DDIM scheduler config ...
     atomic_write_json(out / "scheduler_config.json", flow_scheduler_config())  # ... replaced by the flow one

@@ -198,7 +198,10 @@ def pretrain(out: Path | None = None, diffusion: DiffusionTrainConfig = Diffusio
     Files are written atomically one by one; the stage that is skipped keeps its files.
     ``checkpoint_dir`` (optional) receives the EMA weights every ``checkpoint_every`` steps.
     """
+    from pcpo_eval.io import check_own_folder
+
     out = Path(out) if out is not None else toy_model.WEIGHTS_DIR
+    check_own_folder(out, toy_model.WEIGHTS_ENTRIES, "toy model weights")  # not among a run's or a user's files
     meta: dict[str, Any] = {"torch": torch.__version__, "threads": torch.get_num_threads()}
     if (out / "meta.json").is_file():
         import json

@@ -263,6 +263,9 @@ def test_toy_bad_input(cli, box):
     rejected(cli, box, "toy", "pretrain", "--train-steps", "0", "--out", box / "w", needles=["--train-steps must be >= 1"])
     rejected(cli, box, "toy", "pretrain", "--seed", "-1", "--out", box / "w", needles=["--seed must be >= 0"])
     rejected(cli, box, "toy", "pretrain", "--out", box / "plain file", needles=["is a file, not a folder"])
+    # a folder of other files (a run's, a user's): refused before training, nothing written among them
+    rejected(cli, box, "toy", "pretrain", "--out", box, needles=["not toy model weights"])
+    rejected(cli, box, "toy-flow", "pretrain", "--out", box, needles=["not toy model weights"])
     rejected(cli, box, "toy-flow", "check", "--seeds", "0", needles=["--seeds must be >= 1"])
     rejected(cli, box, "toy-flow", "check", "--eta", "nan", needles=["--eta"])
 

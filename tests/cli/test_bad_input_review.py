@@ -216,6 +216,7 @@ def test_study_out_of_another_kind(cli, box, files, needle):
     ("cfg", "high", "cfg high; use a finite guidance weight"),
     ("max_prompts", 0, "max_prompts 0; use a whole number of prompts >= 1"),
     ("seeds", "abc", "--seeds 'abc' is malformed"),
+    ("lambdas", [[1e308]], "lambdas: weight 1e+308: use a finite weight within +-1000"),
 ])
 def test_irg_sweep_sampling_options(cli, box, key, value, needle):
     sweep = yaml.safe_load((ROOT / "analysis" / "irg" / "toy_irg.yaml").read_text())

@@ -102,6 +102,20 @@ def test_metrics_out_keeps_other_folders_and_other_sets_results(cli, box, two_se
     assert _digest(a) == set_before and (mine / "notes.txt").read_text() == "mine"
 
 
+def test_metrics_cache_inside_out_is_its_own(cli, box, two_sets):
+    """``--out D --cache-dir D`` (or a cache folder inside D) run twice is a re-run, not a foreign folder."""
+    a, _ = two_sets
+    for out, cache in ((box / "d", box / "d"), (box / "e", box / "e" / "cache")):
+        for _ in range(2):
+            res = cli("metrics", a, "--metrics", "fd_toy", "--reference", a, "--out", out, "--cache-dir", cache)
+            assert res.returncode == 0, res.stderr
+        assert (out / "metrics.json").is_file()
+    (box / "notes").mkdir()
+    (box / "notes" / "notes.txt").write_text("mine")  # a cache elsewhere makes nothing in --out its own
+    _refused(cli("metrics", a, "--metrics", "fd_toy", "--reference", a, "--out", box / "notes", "--cache-dir",
+                 box / "d"), "holds other files", "notes.txt")
+
+
 @pytest.mark.parametrize("damage", ["state", "log"])
 def test_resume_from_a_corrupt_state_or_log_is_one_error_line(cli, box, toy_run, damage):
     import shutil

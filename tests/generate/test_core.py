@@ -86,7 +86,7 @@ def test_parse_irg_spec():
     assert spec.reference == "base"
     assert parse_irg_spec("irg:ckpt").components == (("ckpt", 1.0),)
     assert parse_irg_spec("irg:ckpt").reference is None
-    for bad in ("irg:a=x", "irg:a=1,,b=2", "irg:a=1@", "irg:=1", "irg:a=inf"):
+    for bad in ("irg:a=x", "irg:a=1,,b=2", "irg:a=1@", "irg:=1", "irg:a=inf", "irg:a=1e308", "irg:a=-1001"):
         with pytest.raises(UserError):
             parse_irg_spec(bad)
 

@@ -77,7 +77,9 @@ def test_csv_and_parquet_with_ids(tmp_path):
         ("prompt_id,prompt\n", "no prompts"),
         ("", "no prompts"),
         ("text\nhello\n", "no 'prompt' column"),
-        ("prompt_id,prompt\n1.5,a\n", "whole numbers"),
+        ("prompt_id,prompt\n1.5,a\n", "whole number"),
+        ("prompt_id,prompt\n1,a\n2,b\nx,c\n", "data row 3 has prompt_id 'x'"),
+        ("prompt_id,prompt\n1,a\n,b\n", "data row 2 has no prompt_id"),
         ("prompt_id,prompt\n-1,a\n", "out of range"),
         ("prompt_id,prompt\n1,\n", "empty prompt"),
         ('prompt_id,prompt\n1,a\n2,"   "\n', "data row 2 has an empty prompt"),  # blank: was rendered as a prompt
