@@ -21,7 +21,7 @@ from pcpo_eval.errors import UserError
 from pcpo_eval.models.base import ModelAdapter, PromptEmbeds
 
 #: Largest |lambda_i| taken, as generate's :data:`~pcpo_eval.generate.plan.MAX_CFG` for the guidance weight: the
-#: paper sweeps 0-1.5; a weight of 1e308 overflowed the combined prediction into NaN images with exit 0
+#: paper sweeps 0-1.5; a weight of 1e308 overflows the float32 combined prediction to inf (float32's max is 3.4e38)
 MAX_LAMBDA = 1000.0
 
 
