@@ -173,6 +173,16 @@ class HumanLayout:
         """The remembered public address of the app (``human raters/serve --base-url``)."""
         return self.root / SERVER_FILE
 
+    def remembered_base_url(self) -> str | None:
+        """The address :attr:`server` remembers (None: none, or an unreadable file)."""
+        import json
+
+        try:
+            saved = json.loads(self.server.read_text()).get("base_url")
+        except (OSError, ValueError, AttributeError):
+            return None
+        return saved if isinstance(saved, str) else None
+
     @property
     def rehearsal(self) -> Path:
         """Where the analysis of simulated responses goes (never the study's report)."""

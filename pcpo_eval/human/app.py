@@ -240,7 +240,10 @@ def _load_state(root: Path, database_url: str | None, root_path: str, base_url: 
     db.check_writable(url)
     pairs = {r["pair_id"]: r for r in frame.to_dict("records")}
     env = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=True, undefined=StrictUndefined)
-    origins = frozenset(o for o in [origin_of(base_url)] if o) if base_url else frozenset()
+    # the address raters open: --base-url, else the one `human raters --base-url` remembered (it was ignored, so
+    # behind a proxy that forwards its own Host every answer was refused as "sent from another site")
+    public = base_url if base_url is not None else layout.remembered_base_url()
+    origins = frozenset(o for o in [origin_of(public)] if o) if public else frozenset()
     return _State(layout, url, settings, list(frame["pair_id"]), pairs, env, _kinds(layout, settings, pairs),
                   root_path, origins, _key_secret(settings))
 
@@ -510,7 +513,8 @@ def create_app(root: Path, database_url: str | None = None, root_path: str = "",
     Migrates the database to the newest schema, loads the pairs (idempotent) and checks that the
     database accepts writes (a read-only or unreachable one is a UserError now, not a 500 per answer).
     ``root_path``: the prefix a reverse proxy serves the app under; ``base_url``: the public address
-    raters open (its origin is accepted on answers besides the request's Host).
+    raters open (its origin is accepted on answers besides the request's Host; default: the address
+    ``HUMAN/server.json`` remembers from ``human raters --base-url``).
     """
     state = _load_state(Path(root), database_url, normalize_root_path(root_path), base_url)
     app = FastAPI(title="Image preference study", docs_url=None, redoc_url=None, openapi_url=None, debug=False)

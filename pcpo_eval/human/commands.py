@@ -49,13 +49,9 @@ def _base_url(folder: Path, base_url: str | None) -> str:
             raise UserError(f"--base-url {base_url!r}: give the address raters open, e.g. https://rate.example.org "
                             "or http://HOST:8000/PREFIX")
         return base_url.rstrip("/")
-    if lay.server.is_file():
-        try:
-            saved = json.loads(lay.server.read_text()).get("base_url")
-        except (OSError, ValueError, AttributeError):
-            saved = None
-        if isinstance(saved, str) and origin_of(saved):
-            return saved
+    saved = lay.remembered_base_url()
+    if saved is not None and origin_of(saved):
+        return saved
     raise UserError("no address for the rater links yet; pass --base-url with the address raters open "
                     "(e.g. https://rate.example.org, or http://HOST:8000 on your network); it is remembered")
 

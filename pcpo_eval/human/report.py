@@ -4,9 +4,10 @@
    Parquet export / simulation given with ``--responses``);
 2. analyse them (:func:`pcpo_eval.human.analysis.analyze`) and add example pairs (prompt, both
    images, which checkpoint was on which side, the votes) for the report;
-3. write ``HUMAN/analysis.json``; when the design's study folder holds a ``results.json``, copy the
-   analysis to ``STUDY/human.json`` (the study keeps it when its stats stage re-runs), add it to
-   ``results.json`` and re-render ``report.html`` with its human-study section.
+3. write ``HUMAN/analysis.json`` (private: it names the raters); when the design's study folder holds a
+   ``results.json``, copy the analysis to ``STUDY/human.json`` (the study keeps it when its stats stage
+   re-runs), add it to ``results.json`` and re-render ``report.html`` with its human-study section. The
+   study's copies name raters ``rater <id>`` only (:func:`deidentified`): they are shared files.
 
 **Rehearsals.** Responses from ``human simulate`` carry a ``simulated`` column. Their analysis is
 a rehearsal: it goes to ``HUMAN/rehearsal/analysis.json`` only, is marked ``"simulated": true``,
@@ -17,6 +18,7 @@ and every verdict and console line starts with ``SIMULATED``; the study's ``huma
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -66,7 +68,9 @@ def read_responses(folder: Path, responses: Path | None, database_url: str | Non
 
 def examples(pairs: pd.DataFrame, responses: pd.DataFrame, root: Path, per: int = EXAMPLES_PER_COMPARISON
              ) -> list[dict[str, Any]]:
-    """The most-rated main pairs of each comparison, with their images (absolute paths) and votes."""
+    """The most-rated main pairs of each comparison, with their images and votes. Image paths are relative to
+    the design folder ``root`` (as ``design.json``'s, so the folder can move; they were absolute: a moved study
+    re-rendered its report without them)."""
     main = pairs[pairs["kind"] == "main"]
     votes = responses.groupby(["pair_id", "choice"]).size().unstack(fill_value=0)
     out = []
@@ -77,10 +81,39 @@ def examples(pairs: pd.DataFrame, responses: pd.DataFrame, root: Path, per: int 
             v = votes.loc[r["pair_id"]] if r["pair_id"] in votes.index else {}
             out.append({"comparison": comparison, "prompt": r["prompt"], "seed": int(r["seed"]),
                         "left_method": r["left_method"], "right_method": r["right_method"],
-                        "left_image": str(HumanLayout(root).image(r["left_image"]).resolve()),
-                        "right_image": str(HumanLayout(root).image(r["right_image"]).resolve()),
+                        "left_image": _relative(HumanLayout(root).image(r["left_image"]), root),
+                        "right_image": _relative(HumanLayout(root).image(r["right_image"]), root),
                         "votes": {c: int(v.get(c, 0)) for c in ("left", "right", "tie")}})
     return out
+
+
+def _relative(path: Path, start: Path) -> str:
+    """``path`` relative to the folder ``start`` (``..`` allowed), POSIX-style as results.json's other paths."""
+    return Path(os.path.relpath(Path(path).resolve(), Path(start).resolve())).as_posix()
+
+
+def rebase_examples(res: dict[str, Any], src: Path, dst: Path) -> dict[str, Any]:
+    """``res`` with its example pairs' image paths relative to folder ``dst`` instead of ``src`` (a path that is
+    already absolute, from an older analysis, stays as it is)."""
+    def move(p: str) -> str:
+        return p if Path(p).is_absolute() else _relative(Path(src) / p, dst)
+
+    return {**res, "examples": [{**e, "left_image": move(e["left_image"]), "right_image": move(e["right_image"])}
+                                for e in res.get("examples", [])]}
+
+
+def deidentified(res: dict[str, Any]) -> Any:
+    """``res`` with every rater's name replaced by ``rater <id>`` (its database id). The study's ``human.json``,
+    ``results.json`` and report are shared files: they showed each rater's name (an e-mail address, say) beside
+    the attention checks they failed, while the export that holds the names is written private."""
+    if isinstance(res, dict):
+        out = {k: deidentified(v) for k, v in res.items()}
+        if "rater_id" in res and "rater" in res:
+            out["rater"] = f"rater {res['rater_id']}"
+        return out
+    if isinstance(res, list):
+        return [deidentified(v) for v in res]
+    return res
 
 
 def analyzed_responses(pairs: pd.DataFrame, responses: pd.DataFrame, res: dict[str, Any],
@@ -141,7 +174,7 @@ def analyze_folder(folder: str | Path, responses: str | Path | None = None, data
         for line in summary_lines(res):
             log(line)
         return res
-    atomic_write_json(lay.analysis, res)
+    atomic_write_json(lay.analysis, res, private=True)  # raters' names, as the export
     log(f"wrote {lay.analysis}" + ("" if final else f" ({EXAMPLES_WITHHELD})"))
     for line in summary_lines(res):
         log(line)
@@ -190,6 +223,7 @@ def _into_study(design: dict[str, Any], res: dict[str, Any], log: Callable[[str]
     if lay is None or not lay.results_file.is_file():
         log("the design's study folder has no results.json: no report section written (run its stats stage)")
         return
+    res = rebase_examples(deidentified(res), folder, lay.out)  # shared files: no names; paths from the study
     atomic_write_json(lay.human_file, res)
     results = json.loads(lay.results_file.read_text())
     results["human"] = res

@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import base64
 import collections
+import functools
+import io
 import json
 import math
 import re
@@ -160,6 +162,44 @@ def file_uri(path: Path) -> str | None:
         return None
     mime = "image/jpeg" if path.suffix.lower() in (".jpg", ".jpeg") else "image/png"
     return f"data:{mime};base64," + base64.b64encode(path.read_bytes()).decode("ascii")
+
+
+#: Embedded images are at most twice as wide as they are shown (sharp on a 2x screen): the grids show 72 px
+#: (``img.px``), the human study's example pairs 192 px (``img.pair``). Before, every image was embedded whole:
+#: two cells of 1024-px grids made a 231 MB report, twelve 1024-px example pairs 52 MB.
+GRID_THUMB_PX = 144
+PAIR_THUMB_PX = 384
+#: JPEG quality of a shrunk image (an image no larger than its thumbnail is embedded as its own file, lossless)
+THUMB_JPEG_QUALITY = 90
+
+
+def image_uri(path: Path, max_px: int) -> dict[str, Any] | None:
+    """An image file as ``{"uri", "smooth"}`` for the report (None if absent or unreadable): the file itself when
+    its longer side is at most ``max_px``, else a JPEG shrunk to ``max_px`` (``smooth``: draw it without the
+    toy images' pixelated upscaling)."""
+    path = Path(path)
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return _image_uri_cached(str(path.resolve()), stat.st_mtime_ns, stat.st_size, max_px)
+
+
+@functools.lru_cache(maxsize=1024)  # a grid repeats the base model's images in every cell: read and shrink once
+def _image_uri_cached(path: str, mtime_ns: int, size: int, max_px: int) -> dict[str, Any] | None:
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as im:
+            if max(im.size) <= max_px:
+                return {"uri": file_uri(Path(path)), "smooth": False}
+            im = im.convert("RGB")
+            im.thumbnail((max_px, max_px), Image.Resampling.LANCZOS)
+            buf = io.BytesIO()
+            im.save(buf, "JPEG", quality=THUMB_JPEG_QUALITY)
+    except (OSError, UnidentifiedImageError, ValueError):
+        return None
+    return {"uri": "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode("ascii"), "smooth": True}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -406,19 +446,21 @@ def simple_effect_rows(significance: dict[str, dict[str, Any]], labels: dict[str
     return rows
 
 
-def _image_uri(p: str | None, root: Path | None) -> str | None:
-    if not p:
-        return None
-    if p.startswith("data:"):
-        return p
-    return file_uri(Path(root) / p) if root is not None else None
+def _image(p: str | None, root: Path | None, max_px: int = GRID_THUMB_PX) -> dict[str, Any]:
+    """``{"uri", "smooth", "path"}`` of an image path of results.json (relative to the study folder ``root``;
+    ``uri`` None when missing)."""
+    if p and p.startswith("data:"):
+        return {"uri": p, "smooth": False, "path": None}
+    found = (image_uri(Path(root) / p if root is not None else Path(p), max_px)
+             if p and (root is not None or Path(p).is_absolute()) else None)
+    return {"uri": None, "smooth": False, **(found or {}), "path": p}
 
 
 def grid_view(grids: list[dict[str, Any]], root: Path | None) -> list[dict[str, Any]]:
     """Image grids at matched reward with every image as a data URI (None when missing)."""
     out = []
     for g in grids:
-        rows = [{**r, "images": [[{"uri": _image_uri(p, root), "path": p} for p in col] for col in r.get("images", [])]}
+        rows = [{**r, "images": [[_image(p, root) for p in col] for col in r.get("images", [])]}
                 for r in g.get("rows", [])]
         out.append({**g, "rows": rows})
     return out
@@ -427,7 +469,7 @@ def grid_view(grids: list[dict[str, Any]], root: Path | None) -> list[dict[str, 
 def progression_view(progression: list[dict[str, Any]] | None, root: Path | None) -> list[dict[str, Any]]:
     """Per run: one row per (prompt, seed), one column per epoch (same prompts and seeds throughout)."""
     return [{"run": p.get("run", ""), "epochs": list(p.get("epochs", [])),
-             "rows": [[_image_uri(path, root) for path in row] for row in p.get("images", [])]}
+             "rows": [[_image(path, root) for path in row] for row in p.get("images", [])]}
             for p in progression or []]
 
 
@@ -452,12 +494,13 @@ def _bt_rows(bt: dict[str, Any] | None) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: -r["elo"])
 
 
-def human_view(h: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The human preference study section (``results["human"]``, written by ``pcpo-eval human analyze``)."""
+def human_view(h: dict[str, Any] | None, root: Path | None) -> dict[str, Any] | None:
+    """The human preference study section (``results["human"]``, written by ``pcpo-eval human analyze``; its
+    example images are relative to the study folder ``root``, or absolute in an older analysis)."""
     if not h:
         return None
-    examples = [{**e, "left_uri": file_uri(Path(e["left_image"])), "right_uri": file_uri(Path(e["right_image"]))}
-                for e in h.get("examples", [])]
+    examples = [{**e, "left": _image(e["left_image"], root, PAIR_THUMB_PX),
+                 "right": _image(e["right_image"], root, PAIR_THUMB_PX)} for e in h.get("examples", [])]
     return {"h": h, "comparisons": [_human_comparison_row(c) for c in h.get("comparisons", [])],
             "bt": h.get("bradley_terry"), "bt_rows": _bt_rows(h.get("bradley_terry")),
             "raters": (h.get("attention_checks") or {}).get("raters", []), "examples": examples}
@@ -496,7 +539,7 @@ def view_model(results: dict[str, Any], root: Path | None, uris: dict[str, str] 
             file_uri(Path(root) / figs["kl_ref"]) if root is not None and figs.get("kl_ref") else None),
         "grids": grid_view(results.get("grids", []), root),
         "progression": progression_view(results.get("progression"), root),
-        "human": human_view(results.get("human")),
+        "human": human_view(results.get("human"), root),
     }
 
 

@@ -321,6 +321,28 @@ def test_named_pairs_and_bad_design_files(study, tmp_path):
     assert not (tmp_path / "x").exists()
 
 
+def _moved_together_keep_their_examples(study: Path, human: Path, n: int) -> None:
+    """The study and design folders copied elsewhere together: the copy's report embeds the copy's example images
+    (the paths were absolute: a moved study's report lost them, with no note)."""
+    import os
+    import shutil
+
+    from pcpo_eval.report.html import write_report
+
+    common = Path(os.path.commonpath([study, human]))
+    moved = common / "moved together"
+    for folder in (study, human):
+        shutil.copytree(folder, moved / folder.relative_to(common))
+    html = write_report(moved / study.relative_to(common), figures=False).read_text()
+    part = html[html.index('id="human-examples"'):]
+    assert part[:part.index("</table>")].count('<img class="pair') == 2 * n
+    shutil.rmtree(moved / human.relative_to(common) / "images")
+    html = write_report(moved / study.relative_to(common), figures=False).read_text()
+    part = html[html.index('id="human-examples"'):]
+    assert '<img class="pair' not in part[:part.index("</table>")] and part.count("missing: ") >= 2 * n
+    shutil.rmtree(moved)
+
+
 def test_raters_rate_through_the_app_and_the_analysis_reaches_the_report(study, human, cli):
     from fastapi.testclient import TestClient
 
@@ -356,7 +378,19 @@ def test_raters_rate_through_the_app_and_the_analysis_reaches_the_report(study, 
     assert res.returncode == 0, res.stderr
     analysis = json.loads(res.stdout)
     assert analysis["comparisons"] and analysis["source"] == "database" and "simulated" not in analysis
-    assert json.loads((study / "human.json").read_text()) == analysis
+    # the study's copy is the analysis with raters named by id (shared files) and paths from the study folder
+    from pcpo_eval.human.report import deidentified, rebase_examples
+
+    shared = json.loads((study / "human.json").read_text())
+    assert shared == rebase_examples(deidentified(analysis), human, study)
+    assert any(r["rater"] == "ann" for r in analysis["attention_checks"]["raters"])  # the private analysis names them
+    for text in ((study / "human.json").read_text(), (study / "results.json").read_text(),
+                 (study / "report.html").read_text()):
+        assert '"ann"' not in text and '"ben"' not in text and ">ann<" not in text and ">ben<" not in text
+    assert ">rater 1<" in (study / "report.html").read_text()
+    assert (human / "analysis.json").stat().st_mode & 0o077 == 0
+    assert not any(Path(e["left_image"]).is_absolute() for e in analysis["examples"] + shared["examples"])
+    _moved_together_keep_their_examples(study, human, len(analysis["examples"]))
     results = json.loads((study / "results.json").read_text())
     assert results["human"]["comparisons"] == analysis["comparisons"]
     html = (study / "report.html").read_text()

@@ -270,6 +270,21 @@ def test_cross_origin_posts_are_refused(study):
     assert html.headers["referrer-policy"] == "same-origin" and 'content="same-origin"' in html.text
 
 
+def test_the_remembered_public_address_is_accepted(tmp_path, cli):
+    """`human raters --base-url` remembers the public address; `serve` without --base-url accepts answers from it
+    (behind a proxy forwarding its own Host, every answer was refused) and still refuses other sites."""
+    layout = make_human_dir(tmp_path / "H", n_prompts=2, n_seeds=2, n_checks=0)
+    res = cli("human", "raters", layout.root, "--add", "ann", "--base-url", "https://rate.example.org/study")
+    assert res.returncode == 0, res.stderr
+    token = res.stdout.split("/r/", 1)[1].split()[0]
+    client = TestClient(create_app(layout.root), follow_redirects=False)
+    pid, _, _ = page(client, token)
+    assert answer(client, token, pid, "left", origin="https://evil.example").status_code == 403
+    assert answer(client, token, pid, "left", origin="https://rate.example.org").status_code == 303
+    assert len(db.export_responses(layout.database_url)) == 1
+    db.dispose(layout.database_url)
+
+
 def test_head_and_root_path(tmp_path):
     layout = make_human_dir(tmp_path / "H", n_prompts=2, n_seeds=2, n_checks=0)
     client = TestClient(create_app(layout.root, root_path="/rate/"), follow_redirects=False)

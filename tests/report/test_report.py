@@ -427,3 +427,36 @@ def test_console_speedup_lines_say_what_each_speedup_is_worth():
         "  speed-up [all] gain 0.06: DDPO 13.3 vs PCPO 8.0 epochs -> +50% (Holm p 0.004: significant)",
         "  speed-up [all] reward 0.9: DDPO 13.3 vs PCPO 8.0 epochs -> +30% (Holm p 0.01: not tested)",
         "  speed-up [all] reward 0.84: uninformative: the untrained control reaches 0.84 in 4 of 6 runs"]
+
+
+def test_large_images_are_embedded_as_thumbnails(tmp_path):
+    """A grid of 1024-px images (the base model's column repeated in every cell) is embedded at twice its shown
+    size as JPEG (before: each file whole, 231 MB for two cells of 1024-px PNGs); a small (toy) image is embedded
+    as its own file, lossless and drawn pixelated."""
+    import base64
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from pcpo_eval.report.html import GRID_THUMB_PX
+
+    results = synthetic_results(tmp_path)
+    rng = np.random.default_rng(0)
+    big = tmp_path / "sets" / "big" / "p.png"
+    big.parent.mkdir(parents=True)
+    Image.fromarray(rng.integers(0, 256, (1024, 768, 3), dtype=np.uint8)).save(big)
+    grid = results["grids"][0]
+    small = grid["rows"][0]["images"][0][0]
+    grid["rows"][0]["images"][0] = [str(big.relative_to(tmp_path))] * 8 + [small]
+    results["grids"] = [{**grid, "cell": f"cell {i}"} for i in range(3)]
+    (tmp_path / "results.json").write_text(json.dumps(to_jsonable(results)))
+    html = write_report(tmp_path, figures=False).read_text()
+    jpegs = set(re.findall(r'src="data:image/jpeg;base64,([^"]+)"', html))
+    assert len(jpegs) == 1  # one thumbnail, drawn smoothly
+    thumb = Image.open(io.BytesIO(base64.b64decode(jpegs.pop())))
+    assert max(thumb.size) == GRID_THUMB_PX and thumb.size == (108, 144)
+    assert html.count('class="px smooth"') == 3 * 8
+    own = "data:image/png;base64," + base64.b64encode((tmp_path / small).read_bytes()).decode()
+    assert f'class="px" src="{own}"' in html
+    assert len(html) < 2_000_000  # 24 copies of a 2.3 MB PNG before
