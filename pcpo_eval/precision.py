@@ -163,6 +163,34 @@ def resolve_attention(name: str | None, device: str | torch.device) -> str:
     return key
 
 
+#: Intra-op threads of each process rendering on a CPU. Torch's CPU kernels (the UNet's convolutions) reduce in
+#: an order that depends on the thread count: the toy UNet's outputs were 5.4e-7 apart at 1 and 2 threads, which
+#: flipped pixels by one level, and ``torchrun`` sets ``OMP_NUM_THREADS=1``, so a plain 2-thread render and a
+#: 2-process ``torchrun`` render of one set differed (1 of 7 images). One thread per process makes a set the
+#: same for any number of processes; parallelise a CPU render with ``torchrun --nproc_per_node N``.
+CPU_RENDER_THREADS = 1
+
+
+def render_threads(device: str | torch.device) -> int | None:
+    """The intra-op thread count a render on ``device`` runs with (None off the CPU: the GPU's kernels decide)."""
+    return CPU_RENDER_THREADS if torch.device(device).type == "cpu" else None
+
+
+@contextlib.contextmanager
+def cpu_render_threads(device: str | torch.device) -> Iterator[None]:
+    """Run a CPU render with :data:`CPU_RENDER_THREADS` intra-op threads (restored after; nothing off the CPU)."""
+    threads = render_threads(device)
+    if threads is None or threads == torch.get_num_threads():
+        yield
+        return
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
 @contextlib.contextmanager
 def attention_backend(name: str) -> Iterator[None]:
     """Run ``scaled_dot_product_attention`` with only backend ``name`` (``auto``: PyTorch's choice, unchanged).

@@ -53,9 +53,11 @@ from pcpo_eval.imageset import MANIFEST_FILE, SET_FILE
 from pcpo_eval.io import parallel_map
 from pcpo_eval.models.base import ModelAdapter, PromptEmbeds
 from pcpo_eval.precision import (
+    cpu_render_threads,
     dtype_precision,
     matmul_precision,
     precision_dtype,
+    render_threads,
     resolve_attention,
     resolve_precision,
 )
@@ -219,7 +221,9 @@ def generate_set(
     job = _check_request(request)  # 1. prompts, seeds, model, precision, settings, out dir: still nothing written
     fresh = (job.out.exists(), (job.out / SET_FILE).exists())
     try:
-        with matmul_precision(job.settings.precision):  # the attention backend: job.fixed's denoiser calls
+        # one CPU thread per process (the set is the same for any process count), TF32 as the precision says;
+        # the attention backend: job.fixed's denoiser calls
+        with cpu_render_threads(job.settings.device), matmul_precision(job.settings.precision):
             t_open = time.perf_counter()
             opened = _open_set_dir(job)  # 2. plan, known records, set.json ("rendering")
             job.seconds["open_set_dir"] = time.perf_counter() - t_open
@@ -399,6 +403,7 @@ def _settings(request: GenerationRequest, adapter: ModelAdapter, spec_str: str, 
         batch_invariance=invariance,
         attention=attention,
         final_latent=FINAL_LATENT["ode" if float(request.eta) == 0 else schedule] if sampler_name == "flow" else "sample",
+        cpu_threads=render_threads(adapter.device),
     )
 
 

@@ -66,6 +66,9 @@ class GenerationSettings:
     #: the last step's prediction of x_0, :data:`pcpo_eval.samplers.flow.FINAL_LATENT`); sets written before the
     #: setting decoded the sample, so a DanceGRPO-SDE set of theirs is not resumed with the other convention
     final_latent: str = "sample"
+    #: intra-op threads per process of a CPU render (:data:`pcpo_eval.precision.CPU_RENDER_THREADS`; None on a
+    #: GPU): the CPU kernels' sums depend on it, so a set rendered at another count is not resumed
+    cpu_threads: int | None = None
 
     def compat_key(self) -> dict[str, Any]:
         """The settings a resumed set must share: all but ``model`` (and ``micro_batch`` under ``tolerance``).
@@ -120,6 +123,8 @@ def check_out_dir(out: Path, settings: GenerationSettings) -> None:
             raise TypeError(f"its settings are a {type(old).__name__}, not a mapping")
     except (ValueError, KeyError, TypeError) as exc:
         raise UserError(f"{set_json} is unreadable ({exc}); choose a new --out directory") from exc
+    if holds_no_image(out):  # an interrupted first run left set.json alone: no image to mix with
+        return
     old = {**LEGACY_SETTINGS, **old}
     new = settings.compat_key()
     diff = [k for k in new if old.get(k) != new[k]]
@@ -235,12 +240,23 @@ def begin_set(out: Path, settings: GenerationSettings, run_info: dict[str, Any])
     out.mkdir(parents=True, exist_ok=True)
     remove_stale_tmp(out)
     path = out / SET_FILE
-    if not path.exists():
+    if not path.exists() or holds_no_image(out):  # new, or a first run stopped before its first image
+        for f in (out / ".progress").glob("*.parquet"):
+            f.unlink()
         atomic_write_json(path, {"status": "rendering", "settings": asdict(settings), "run": run_info})
         return
     record = json.loads(path.read_text())  # check_out_dir read it: a mapping with settings
     if record.get("status") != "rendering":
         atomic_write_json(path, {**record, "status": "rendering"})
+
+
+def holds_no_image(out: Path) -> bool:
+    """Whether set folder ``out`` has neither a manifest nor a PNG: a ``set.json`` there ties it to no image.
+    A multi-process first run stopped before its first image leaves one (only a one-process run removes it,
+    :func:`discard_empty_set`: another rank may still be writing); its settings bound the folder, and a re-run
+    with others was refused as "holds images rendered with steps=50" with no image in it."""
+    images = out / "images"
+    return not (out / MANIFEST_FILE).exists() and not (images.is_dir() and any(images.glob("*/*.png")))
 
 
 def discard_empty_set(out: Path, remove_dir: bool) -> bool:
@@ -251,7 +267,7 @@ def discard_empty_set(out: Path, remove_dir: bool) -> bool:
     ``remove_dir``: the run created ``out`` (removed too when empty). Returns whether it discarded.
     """
     images = out / "images"
-    if (out / MANIFEST_FILE).exists() or (images.is_dir() and any(images.glob("*/*.png"))):
+    if not holds_no_image(out):
         return False
     for f in [out / SET_FILE, *(out / ".progress").glob("*.parquet")]:
         with contextlib.suppress(FileNotFoundError):

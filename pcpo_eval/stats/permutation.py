@@ -134,7 +134,11 @@ MIN_T_RUNS = 3
 def t_not_robust(baseline: np.ndarray, treatment: np.ndarray, paired: bool) -> str:
     """Why a t test's p should not decide alone ('' when it may): fewer than :data:`MIN_T_RUNS` runs in an
     arm (paired: seeds), or (unpaired) one arm without spread, which makes Welch's t a one-sample t of the
-    other arm against a pile-up (e.g. a baseline that never reached a target: every run at the last epoch).
+    other arm against a pile-up (e.g. a baseline that never reached a target: every run at the last epoch),
+    or (unpaired) arms of unequal size: Welch's t is then far from its nominal level when runs are skewed or
+    bimodal (learn or collapse): 21.7% [17.8, 26.1] of 400 A/A studies of 10 vs 3 such runs were significant,
+    and 9.2% of 600 A/A studies of 20 vs 3 seeds drawn from the toy calibration pool; with the permutation
+    bound, 5.2% (the permutation test of exchangeable runs is exact under A/A).
     Where it says why, ``p`` is the larger of the t test's and the exact permutation test's, so it is never
     below the smallest p that a test of exchangeable runs can give."""
     b, t = np.asarray(baseline, dtype=np.float64), np.asarray(treatment, dtype=np.float64)
@@ -145,6 +149,8 @@ def t_not_robust(baseline: np.ndarray, treatment: np.ndarray, paired: bool) -> s
                 f"{MIN_T_RUNS} to be trusted alone")
     if not paired and (np.ptp(b) == 0) != (np.ptp(t) == 0):
         return f"every {'baseline' if np.ptp(b) == 0 else 'treatment'} run has the same value, so Welch's t is a one-sample t"
+    if not paired and b.size != t.size:
+        return f"{b.size} vs {t.size} runs: Welch's t is not trusted alone with unequal arms"
     return ""
 
 

@@ -386,9 +386,14 @@ def _seeds(v: Verdict) -> str:
 
 
 def detectable(v: Verdict) -> str:
-    """"detectable at 80% power", naming the Holm family when the MDE is at its level ``alpha / m``."""
+    """"detectable at 80% power", naming the Holm family when the MDE is at its level ``alpha / m``, and, for a
+    secondary row, that it is tested only once the primary is significant (the gate): a pure speed-up (the same
+    plateau reached sooner) leaves a paired-gain primary nothing to find, so its speed-up row, printed
+    "detectable: +17%", was significant in 3-8% of 200 simulated studies each at 5, 10 and 20 seeds."""
     m = int(v.details.get("family_size") or 1)
-    return "detectable at 80% power" + (f" after Holm over the {m} {v.family} rows" if m > 1 else "")
+    holm = f" after Holm over the {m} {v.family} rows" if m > 1 else ""
+    gate = ", once the primary is significant" if v.family == "secondary" else ""
+    return f"detectable at 80% power{holm}{gate}"
 
 
 def _speedup_power(v: Verdict, s: Speedup) -> tuple[str, str]:

@@ -144,6 +144,24 @@ def plan_rows(sp: StudySpec, pilot: dict[str, Any] | None, cv: float | None, eff
     return out
 
 
+def gate_lines(sp: StudySpec, rows: list[dict[str, Any]]) -> list[str]:
+    """What the seeds of a secondary speed-up row presume: the secondary family is tested only once every
+    primary row is significant (serial gate), so a pure speed-up (the same plateau reached sooner) leaves a
+    paired-gain primary nothing to find. The plan printed "speedup_gain:0.06 ... 29 seeds per arm" as if
+    that row stood alone; with such a speed-up it was significant in 3-8% of simulated studies."""
+    from pcpo_eval.stats.verdict import planned_family_sizes
+
+    _, fam = planned_family_sizes(sp.paired_control, sp.gain_targets, sp.targets, sp.primary, len(sp.cells()))
+    gated = [r["endpoint"] for r in rows if r["endpoint"].startswith("speedup") and fam.get(r["endpoint"]) != "primary"]
+    if not gated:
+        return []
+    primary = sorted(q for q, f in fam.items() if f == "primary")
+    return [f"  the speed-up rows ({', '.join(dict.fromkeys(gated))}) are secondary: tested only once the primary "
+            f"({', '.join(primary)}) is significant, so their seeds presume it is; a faster arm that reaches the same "
+            f"plateau leaves the primary nothing to find. If speed is the claim, name it the primary "
+            f"(primary: [{gated[0]}]) in a new study"]
+
+
 def _dir_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
@@ -192,6 +210,7 @@ def plan_text(sp: StudySpec, pilot_dir: Path | None = None, cv: float | None = N
         need = "more than 10000" if r["seeds"] is None else str(r["seeds"])
         fam = f" (at {r['level']:.3g}: Holm over {r['family_size']} rows)" if r["family_size"] > 1 else ""
         lines.append(f"  {r['endpoint']}: {r['effect']}{lvl} -> {need} seeds per arm{fam}")
+    lines += gate_lines(sp, rows)
     now = {len(v) for v in sp.seeds.values()}
     lines.append(f"  the spec trains {', '.join(map(str, sorted(now)))} seed(s) per arm")
     need = max((r["seeds"] for r in rows if r["seeds"] is not None), default=None)

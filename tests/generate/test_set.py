@@ -345,3 +345,47 @@ def test_a_dancegrpo_sde_set_records_what_its_images_decode(tmp_path):
     (out / "set.json").write_text(json.dumps(info))
     with pytest.raises(UserError, match="final_latent"):
         generate_set("toyflow", "toy", 2, out, **kw)
+
+
+def test_a_cpu_render_is_the_same_whatever_the_callers_thread_count(tmp_path):
+    """A plain 2-thread render and a 1-thread render (what each ``torchrun`` process gets: OMP_NUM_THREADS=1)
+    of one set: the toy UNet's sums depend on the thread count, and 1 of these 7 images differed by one grey
+    level. A CPU render now runs with one thread per process (recorded in set.json) and restores the caller's."""
+    import torch
+
+    from pcpo_eval.precision import CPU_RENDER_THREADS
+
+    old = torch.get_num_threads()
+    sets = {}
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            out = tmp_path / f"t{threads}"
+            generate_set("toy", "toy", "3-3", out, max_prompts=7, steps=6, micro_batch=4, batch_size=2,
+                         progress=False)
+            assert torch.get_num_threads() == threads
+            sets[threads] = {p.relative_to(out): p.read_bytes() for p in sorted(out.glob("images/*/*.png"))}
+            assert json.loads((out / "set.json").read_text())["settings"]["cpu_threads"] == CPU_RENDER_THREADS
+    finally:
+        torch.set_num_threads(old)
+    assert len(sets[1]) == 7 and sets[1] == sets[2]
+
+
+def test_a_multi_process_run_stopped_before_its_first_image_binds_no_settings(tmp_path):
+    """A torchrun render interrupted before any image leaves its ``rendering`` set.json (only a one-process run
+    removes it); a re-run with other settings was refused: "holds images rendered with steps=50", with none."""
+    from pcpo_eval.generate.setdir import holds_no_image
+
+    out = tmp_path / "set"
+    generate_set(StandInAdapter(), _prompts(2), 1, out, steps=3, progress=False)
+    first = json.loads((out / "set.json").read_text())
+    for p in out.glob("images/*/*.png"):
+        p.unlink()
+    (out / "manifest.parquet").unlink()
+    assert holds_no_image(out)
+    generate_set(StandInAdapter(), _prompts(2), 1, out, steps=2, progress=False)  # other settings: accepted
+    again = json.loads((out / "set.json").read_text())
+    assert first["settings"]["steps"] == 3 and again["settings"]["steps"] == 2 and again["status"] == "complete"
+    assert len(list(out.glob("images/*/*.png"))) == 2
+    with pytest.raises(UserError, match="steps=2"):  # with its images, the set keeps its settings
+        generate_set(StandInAdapter(), _prompts(2), 1, out, steps=3, progress=False)

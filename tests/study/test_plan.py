@@ -78,6 +78,9 @@ def test_plan_from_a_pilot_matches_the_power_function(tmp_path):
     assert f"paired_gain: +25% of the baseline (baseline {g['baseline']:.4g}" in text
     assert "the spec trains 3 seed(s) per arm" in text and "paired by seed" in text
     assert "process-hours of training" in text and "MB per run as in the pilot" in text
+    # the secondary speed-up rows' seeds presume the gate opens: said, with the fix
+    assert "are secondary: tested only once the primary (paired_gain) is significant" in text
+    assert "name it the primary (primary: [speedup_gain:" in text
 
 
 def test_planted_effect_is_detected_at_the_planned_seed_count(tmp_path):
