@@ -48,9 +48,18 @@ class PermutationTest:
     """Two-sided permutation test of stat(treatment) - stat(baseline) over run relabellings."""
 
     p: float
-    n_relabellings: int
+    n_relabellings: int  #: every possible relabelling (sign pattern), drawn or not
     exact: bool
     p_min: float
+    n_drawn: int = 0  #: how many were evaluated (all when ``exact``; the Monte Carlo draws otherwise)
+
+    def scope(self) -> str:
+        """What the p was computed over, for a sentence: "all 20" or "9,999 random of 2^40" (a Monte Carlo
+        test printed the count of every pattern, a 302-digit number at 1000 seeds, as if it had drawn them)."""
+        if self.exact:
+            return f"all {self.n_relabellings:,}"
+        total = f"{self.n_relabellings:,}" if self.n_relabellings < 10**12 else f"about 10^{len(str(self.n_relabellings)) - 1}"
+        return f"{self.n_drawn:,} random of {total}"
 
 
 def _relabellings(
@@ -93,8 +102,8 @@ def permutation_test(
     hits = int(np.sum(np.abs(perm) >= obs - tol))
     if exact:
         p_min = float(np.mean(np.abs(perm) >= np.max(np.abs(perm)) - tol))
-        return PermutationTest(hits / m, m, True, p_min)
-    return PermutationTest((1 + hits) / (1 + m), math.comb(x.size, t.size), False, 1 / (1 + m))
+        return PermutationTest(hits / m, m, True, p_min, m)
+    return PermutationTest((1 + hits) / (1 + m), math.comb(x.size, t.size), False, 1 / (1 + m), m)
 
 
 def sign_flip_test(
@@ -120,8 +129,8 @@ def sign_flip_test(
     hits = int(np.sum(perm >= obs - tol))
     if exact:
         p_min = float(np.mean(perm >= perm.max() - tol))
-        return PermutationTest(hits / perm.size, perm.size, True, p_min)
-    return PermutationTest((1 + hits) / (1 + perm.size), 2**n, False, 1 / (1 + perm.size))
+        return PermutationTest(hits / perm.size, perm.size, True, p_min, perm.size)
+    return PermutationTest((1 + hits) / (1 + perm.size), 2**n, False, 1 / (1 + perm.size), perm.size)
 
 
 #: Fewest runs per arm (paired: seeds) at which a t test's p decides a comparison alone. In 1000 simulated

@@ -137,10 +137,29 @@ def paired_gain(
 def probability_of_improvement(baseline: np.ndarray, treatment: np.ndarray) -> np.ndarray:
     """P(X_t > X_b) + P(X_t = X_b) / 2 over all run pairs (rliable: U / (n_t n_b)).
 
-    Vectorised over leading axes: ``baseline`` (..., n_b), ``treatment`` (..., n_t).
+    Vectorised over leading axes: ``baseline`` (..., n_b), ``treatment`` (..., n_t). Up to
+    :data:`POI_PAIRWISE_LIMIT` run pairs every pair is compared at once; above it each leading row counts by
+    binary search in its sorted baseline (the pairwise array of a 2,000-draw bootstrap at 500 runs per arm
+    took 4.6 GB).
     """
-    d = treatment[..., :, None] - baseline[..., None, :]
-    return (np.sum(d > 0, axis=(-2, -1)) + 0.5 * np.sum(d == 0, axis=(-2, -1))) / (d.shape[-1] * d.shape[-2])
+    baseline, treatment = np.asarray(baseline), np.asarray(treatment)
+    nb, nt = baseline.shape[-1], treatment.shape[-1]
+    if nb * nt <= POI_PAIRWISE_LIMIT:
+        d = treatment[..., :, None] - baseline[..., None, :]
+        return (np.sum(d > 0, axis=(-2, -1)) + 0.5 * np.sum(d == 0, axis=(-2, -1))) / (nb * nt)
+    lead = np.broadcast_shapes(baseline.shape[:-1], treatment.shape[:-1])
+    b = np.sort(np.broadcast_to(baseline, (*lead, nb)).reshape(-1, nb), axis=-1)
+    t = np.broadcast_to(treatment, (*lead, nt)).reshape(-1, nt)
+    out = np.empty(b.shape[0])
+    for i in range(b.shape[0]):
+        below = np.searchsorted(b[i], t[i], side="left")
+        at_or_below = np.searchsorted(b[i], t[i], side="right")
+        out[i] = (below.sum() + 0.5 * (at_or_below - below).sum()) / (nb * nt)
+    return out.reshape(lead)
+
+
+#: Run pairs above which :func:`probability_of_improvement` counts by binary search instead of all pairs at once
+POI_PAIRWISE_LIMIT = 4096
 
 
 def stratified_bootstrap_ci(
@@ -464,7 +483,7 @@ def compare_runs(
                           None, "", None, None, None, None, False, reason, False, paired)  # fmt: skip
     perm = sign_flip_test(t - b, rng=rng) if paired else permutation_test(b, t, rng=rng, stat=stat)
     kind = "sign-flip" if paired else "relabelling"
-    how = f"{'exact' if perm.exact else 'Monte Carlo'} {kind} permutation test over {perm.n_relabellings}"
+    how = f"{'exact' if perm.exact else 'Monte Carlo'} {kind} permutation test over {perm.scope()}"
     ci = None
     if not exact_only:
         ci = (trimmed_paired_interval(t - b, trim=trim, alpha=alpha) if paired
@@ -482,7 +501,7 @@ def compare_runs(
     mde = trimmed_mde(b, t, paired=paired, trim=trim, alpha=alpha)
     p = _t_p(ci)
     p_method = (f"{ci_method} (permutation check: {'exact' if perm.exact else 'Monte Carlo'} {kind} "
-                f"over {perm.n_relabellings})")
+                f"over {perm.scope()})")
     fragile, floor = t_not_robust(b, t, paired), None
     if fragile:  # the t test alone is not trusted: never below the exchangeable runs' own test
         p, floor = max(p, perm.p), perm.p_min

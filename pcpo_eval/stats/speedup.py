@@ -189,7 +189,8 @@ def epochs_to_target(
     first crossing does (:func:`bound_by_midpoint`).
 
     A window holding a non-finite value decides nothing: the first window that reaches the target
-    counts when every window before it was decided (a missing value after the hit does not matter),
+    counts when every window before it was decided (a missing value after the hit does not matter, nor to
+    the midpoint: an up-crossing is a hit whose last decided window before it was below the target),
     a curve that never reaches it is censored when every window was decided; otherwise the time is
     unknown (``finite=False``). A curve shorter than the window has no eligible epoch and is censored.
     The window counts epochs, not log rows: an epoch the log lacks (``epochs`` with a gap, e.g. a log
@@ -213,7 +214,12 @@ def epochs_to_target(
         if not known[:i].all():
             return TimeToTarget(None, False, first, last, eligible, finite=False)
         if crossing == "midpoint":
-            up = np.flatnonzero(hit & ~np.r_[False, hit[:-1]])  # windows where the curve crosses up
+            # windows where the curve crosses up: a hit whose last decided window before it was below (an
+            # undecided window in between, a missing log row, is no crossing: one missing row long after the
+            # hit moved a run's midpoint from epoch 7 to 13.5)
+            last_known = np.maximum.accumulate(np.where(known, np.arange(hit.size), -1))
+            before = np.r_[-1, last_known[:-1]]
+            up = np.flatnonzero(hit & ~np.where(before >= 0, hit[np.maximum(before, 0)], False))
             j = int(up[-1])
             return TimeToTarget((int(e[i + window - 1]) + int(e[j + window - 1])) / 2, False, first, last, eligible)
         return TimeToTarget(int(e[i + window - 1]), False, first, last, eligible)

@@ -109,6 +109,24 @@ def test_unequal_arms_of_runs_that_learn_or_not_keep_the_false_positive_rate():
     assert hits / n <= 0.05 + 2 * np.sqrt(0.05 * 0.95 / n)
 
 
+def test_probability_of_improvement_by_binary_search_equals_all_pairs():
+    """Above POI_PAIRWISE_LIMIT run pairs (500 runs per arm: a 2,000-draw bootstrap's pairwise array took
+    4.6 GB) each row counts by binary search; with ties, per leading row and with a shared baseline, it equals
+    the all-pairs count exactly."""
+    from pcpo_eval.stats.runlevel import POI_PAIRWISE_LIMIT
+
+    rng = np.random.default_rng(0)
+    b, t = rng.integers(0, 20, (6, 90)).astype(float), rng.integers(0, 20, (6, 80)).astype(float)
+    assert 90 * 80 > POI_PAIRWISE_LIMIT
+    d = t[..., :, None] - b[..., None, :]
+    want = (np.sum(d > 0, axis=(-2, -1)) + 0.5 * np.sum(d == 0, axis=(-2, -1))) / (90 * 80)
+    np.testing.assert_array_equal(probability_of_improvement(b, t), want)
+    shared = probability_of_improvement(b[0], t)  # one baseline broadcast against 6 treatment rows
+    np.testing.assert_array_equal(shared, [float(probability_of_improvement(b[0], t[i])) for i in range(6)])
+    u = scipy.stats.mannwhitneyu(t[0], b[0]).statistic
+    assert float(probability_of_improvement(b[0], t[0])) == pytest.approx(u / (90 * 80))
+
+
 def test_probability_of_improvement_counts_ties_half():
     assert probability_of_improvement(np.array([1.0, 2.0]), np.array([2.0, 3.0])) == pytest.approx(0.875)
 
@@ -143,6 +161,7 @@ def test_permutation_floor_and_monte_carlo_agree():
     mc = permutation_test(b7, t7, rng=rng, limit=100, n_resamples=20_000)
     assert ex.exact and not mc.exact and mc.p_min == pytest.approx(1 / 20_001)
     assert mc.p == pytest.approx(ex.p, abs=0.01)
+    assert ex.scope() == "all 3,432" and mc.scope() == "20,000 random of 3,432"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -174,6 +193,10 @@ def test_sign_flip_floor_and_monte_carlo():
     mc = sign_flip_test(d, rng=np.random.default_rng(0), limit=100, n_resamples=20_000)
     assert ex.exact and not mc.exact and mc.n_relabellings == 1024 and mc.p_min == pytest.approx(1 / 20_001)
     assert mc.p == pytest.approx(ex.p, abs=0.01)
+    # what the p was computed over: the draws, not every pattern (a 302-digit count at 1000 seeds before)
+    assert ex.scope() == "all 1,024" and mc.scope() == "20,000 random of 1,024"
+    big = sign_flip_test(np.random.default_rng(3).normal(size=1000), rng=np.random.default_rng(0))
+    assert big.scope() == "9,999 random of about 10^301" and big.n_drawn == 9_999
 
 
 @pytest.mark.parametrize("n", [2, 3, 5, 8])
@@ -254,7 +277,7 @@ def test_compare_runs_fields_and_determinism():
     assert c.p == pytest.approx(scipy.stats.ttest_ind(t, b, equal_var=False).pvalue) and c.p < ALPHA
     # the permutation check cannot go below 2/20 with 3 vs 3 runs; significance follows the t test
     assert c.p_permutation == pytest.approx(0.1) and c.p_min == pytest.approx(0.1)
-    assert c.p_method == "Welch t (permutation check: exact relabelling over 20)"
+    assert c.p_method == "Welch t (permutation check: exact relabelling over all 20)"
     assert c.poi == 1.0 and c.poi_ci_low is not None and c.poi_ci_low <= 1.0 == c.poi_ci_high
     assert c.mde == pytest.approx(mde(float(np.std(b, ddof=1)), 3, sd_t=float(np.std(t, ddof=1)), n_t=3,
                                       paired=False))  # fmt: skip

@@ -88,6 +88,16 @@ def test_the_midpoint_crossing():
     assert epochs_to_target(np.zeros(20), 0.5, 5, crossing="midpoint").censored
     with pytest.raises(UserError, match="crossing 'last'"):
         epochs_to_target(clean, 0.5, 5, crossing="last")
+    # a missing log row long after the hit is no crossing (it moved the midpoint from 7 to 13.5)
+    rise = np.r_[np.linspace(0, 0.2, 8), np.full(16, 0.2)]
+    e = np.arange(1, 25)
+    gap = e != 15
+    assert epochs_to_target(rise[gap], 0.1, 5, epochs=e[gap], crossing="midpoint").epoch == 7
+    # a real dip below the target, seen between missing rows, still is one
+    dip = rise.copy()
+    dip[15:20] = 0.0
+    keep = e != 13
+    assert epochs_to_target(dip[keep], 0.1, 5, epochs=e[keep], crossing="midpoint").epoch > 7
 
 
 def test_bound_by_midpoint_is_the_larger_p_and_one_when_the_two_disagree():
