@@ -49,6 +49,12 @@ _STATS_LOCK = threading.Lock()
 
 REQUIRED_COLUMNS = ("prompt_id", "prompt", "seed", "path", "image_sha256")
 
+#: The repair a missing, modified or undecodable image of a set names: ``generate`` re-renders any image whose
+#: file is missing or does not hash to its record; a study's generate stage re-renders missing files only (it
+#: does not hash a complete set), so there the damaged file is deleted first
+REPAIR = ("re-run the `pcpo-eval generate` command that made the set to re-render it (a study's set: delete the "
+          "file and run the study again)")
+
 
 def _identity(st: os.stat_result, want: str) -> tuple[int, int, int, int, str]:
     """The ``_VERIFIED`` key of a file's stat and its expected sha256."""
@@ -119,7 +125,7 @@ class ImageSet:
             with Image.open(first) as im:
                 size = im.size
         except (OSError, UnidentifiedImageError) as exc:
-            raise UserError(f"unreadable image {first}: {exc}".splitlines()[0]) from exc
+            raise UserError(f"unreadable image {first}: {str(exc).splitlines()[0]}; {REPAIR}") from exc
         return cls(root=root, manifest=df, size=size)
 
     def __len__(self) -> int:
@@ -159,8 +165,7 @@ class ImageSet:
         try:
             st = os.stat(full)
         except OSError as exc:
-            return (f"cannot read image {full}: {exc.strerror or exc}; the set is incomplete, "
-                    "re-run the `pcpo-eval generate` command that made it to repair it")
+            return f"cannot read image {full}: {exc.strerror or exc}; the set is incomplete, {REPAIR}"
         key = _identity(st, want)
         if key in _VERIFIED:
             return None
@@ -169,8 +174,7 @@ class ImageSet:
         except OSError as exc:
             return f"cannot read image {full}: {exc.strerror or exc}"
         if got != want:
-            return (f"{full} does not match its image_sha256 in the manifest (the file was modified or is "
-                    "corrupt); re-run the `pcpo-eval generate` command that made the set to re-render it")
+            return f"{full} does not match its image_sha256 in the manifest (the file was modified or is corrupt); {REPAIR}"
         _VERIFIED.add(key)
         return None
 
@@ -191,13 +195,11 @@ class ImageSet:
             data = path.read_bytes()
             st = path.stat()
         except OSError as exc:
-            raise UserError(f"cannot read image {path}: {exc.strerror or exc}") from exc
+            raise UserError(f"cannot read image {path}: {exc.strerror or exc}; {REPAIR}") from exc
         key = _identity(st, want)
         if key not in _VERIFIED:
             if hashlib.sha256(data).hexdigest() != want:
-                raise UserError(
-                    f"{path} does not match its image_sha256 in the manifest; the set was modified, regenerate it"
-                )
+                raise UserError(f"{path} does not match its image_sha256 in the manifest; {REPAIR}")
             _VERIFIED.add(key)
         arr = self._decode(data, path)
         if (arr.shape[1], arr.shape[0]) != self.size:
@@ -220,7 +222,7 @@ class ImageSet:
                     im = im.convert("RGB")
                 return np.asarray(im, dtype=np.uint8)
         except (OSError, UnidentifiedImageError, SyntaxError) as exc:
-            raise UserError(f"unreadable or truncated image {path}: {exc}".splitlines()[0]) from exc
+            raise UserError(f"unreadable or truncated image {path}: {str(exc).splitlines()[0]}; {REPAIR}") from exc
 
     def read_batch(self, rows: np.ndarray | list[int]) -> torch.Tensor:
         """Decode rows as a uint8 (B, 3, H, W) tensor: each image decoded and written channels-first into its

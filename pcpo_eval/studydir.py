@@ -152,7 +152,27 @@ class StudyLayout:
     def _selection_json(self) -> dict[str, Any]:
         if not self.selection_file.is_file():
             raise UserError(f"{self.selection_file} missing; run the select stage first")
-        return json.loads(self.selection_file.read_text())
+        return with_checkpoint_paths(json.loads(self.selection_file.read_text()), self.out)
+
+    def write_selection(self, selection: dict[str, Any]) -> None:
+        """Write ``selection.json`` with each checkpoint path relative to the study folder (a path inside it):
+        the paths were relative to the folder the study ran from, so the study worked from there only (run
+        from another folder, its sets read as "rendered from other inputs" and `human design` found no model)."""
+        root = self.out.resolve()
+
+        def rel(p: str | None) -> str | None:
+            if not p:
+                return p
+            try:
+                return Path(p).resolve().relative_to(root).as_posix()
+            except ValueError:  # a run trained elsewhere (a spec's run_dir): as given
+                return p
+
+        out = {**selection}
+        for key in ("runs", "at_epoch"):
+            if out.get(key):
+                out[key] = [{**r, "path": rel(r.get("path"))} for r in out[key]]
+        atomic_write_json(self.selection_file, out)
 
     def selection(self) -> list[dict[str, Any]]:
         """Reward-matched rows, one per run (name, levels, role, arm, seed, cell, epoch, path, reward,
@@ -181,6 +201,27 @@ class StudyLayout:
         return out
 
 
+def with_checkpoint_paths(selection: dict[str, Any], root: Path) -> dict[str, Any]:
+    """``selection.json``'s rows with each relative checkpoint path joined to the study folder ``root``
+    (:meth:`StudyLayout.write_selection`). An older file's path is relative to the folder the study ran from
+    (``reports/demo/runs/...``): the longest tail of it found under ``root`` is taken, else it stays as it is."""
+    def full(p: str | None) -> str | None:
+        if not p or Path(p).is_absolute():
+            return p
+        parts = Path(p).parts
+        for i in range(len(parts)):  # an older file's "reports/demo/runs/...": its tail under root
+            under = Path(root).joinpath(*parts[i:])
+            if under.exists():
+                return str(under)
+        return p
+
+    out = {**selection}
+    for key in ("runs", "at_epoch"):
+        if out.get(key):
+            out[key] = [{**r, "path": full(r.get("path"))} for r in out[key]]
+    return out
+
+
 @dataclass(frozen=True)
 class StudyView:
     """What a reader outside the study stage (the human study) needs from a finished study folder:
@@ -203,7 +244,7 @@ class StudyView:
             spec, sel = (json.loads(f.read_text()) for f in files)
         except json.JSONDecodeError as exc:
             raise UserError(f"{root}: a study file is not valid JSON ({exc.msg}); re-run the study's stages") from None
-        return cls(root, spec, sel)
+        return cls(root, spec, with_checkpoint_paths(sel, root))
 
     def run_dir(self, name: str) -> Path:
         run = next((r for r in self.spec["runs"] if r["name"] == name), None)

@@ -369,6 +369,10 @@ def check_out_dir(out_dir: str | Path, image_set: str | Path | None = None,
     (``--out D --cache-dir D`` run twice is a re-run)."""
     out = Path(out_dir)
     check_not_an_input(out, "--out", [p for p in (image_set, reference) if p is not None])
+    for name, src in (("image set", image_set), ("reference", reference)):  # new folders inside it too
+        if src is not None and Path(src).is_dir() and out.resolve().is_relative_to(Path(src).resolve()):
+            raise UserError(f"--out {out} lies inside the {name} {src}; choose a folder outside it (the set's "
+                            "folder holds its images and records only)")
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} exists and is not a directory; choose a directory")
     if not out.is_dir():

@@ -11,11 +11,11 @@ NaN) as an en dash, never as "None" or "nan".
 
 Sections, in order: **verdict** (one row per run-level comparison: sentence, estimate with 95% CI,
 runs per arm, p or the reason it is not estimable; the 1-run-per-arm warning; the sampler offset of
-the untrained controls); study spec; speed-up (Table 1/5); reward curves over seeds against epochs
+the untrained controls); study spec; speed-up (Tables 1 and 10); reward curves over seeds against epochs
 and wall-clock seconds, KL-reward, rliable's interval estimates and probability of improvement over
 runs (descriptive, :mod:`pcpo_eval.report.figures`), PPO health; reward-matched checkpoints; raw scores (Table 2,
 significant differences in bold) and their simple effects; LMM tables per effect (Tables 3-4) with
-95% CIs, df method and diagnostics; preference metrics (Table 6); the human preference study (only
+95% CIs, df method and diagnostics; preference metrics (Table 5); the human preference study (only
 when results.json has ``human``: win rates with exact CIs, mixed logistic model, Bradley-Terry,
 agreement, attention checks, example pairs); training traces (Fig. 5) with rho
 and |g| statistics; the credit-weight figure (Fig. 2); image grids at matched reward; progression

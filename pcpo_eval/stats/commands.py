@@ -74,6 +74,10 @@ def _check_finite_logs(logs: list[str], curve: str) -> None:
         for c in cols:
             if c in df.columns:
                 n_bad = int((~np.isfinite(df[c].to_numpy(np.float64))).sum())
+                if c == "control_reward_mean" and n_bad == len(df):  # a run trained without its control
+                    raise UserError(f"log {log} has no control_reward_mean (the run was trained without "
+                                    "paired_control); the gain curve needs runs trained with paired_control: true "
+                                    "(or use --curve reward)")
                 if n_bad:
                     raise UserError(f"log {log} column {c!r} has {n_bad} non-finite (inf/NaN) values; fix or "
                                     "drop those epochs, or leave that run out")

@@ -1,6 +1,6 @@
 """Linear mixed models for per-prompt / per-image scores, with lmerTest-style inference.
 
-The paper (Sec. 4 and App. "Per-Prompt Analysis") fits e.g. ``FID ~ algorithm * batch + (1|prompt)``
+The paper (Sec. 3.1 and App. "Per-Prompt Analysis") fits e.g. ``FID ~ algorithm * batch + (1|prompt)``
 by REML and reports coefficients with p-values; this module reproduces R's
 ``lmerTest::lmer`` output:
 

@@ -1,4 +1,4 @@
-"""Reward-matched checkpoint selection (paper Sec. 4: quality "at matched reward levels"; App.
+"""Reward-matched checkpoint selection (paper Sec. 3.1: quality "at matched reward levels"; App.
 "Human Preference Study": PCPO epoch 120 vs the two baseline checkpoints that bracket its reward,
 epochs 180 (lower) and 240 (higher)).
 

@@ -1,6 +1,6 @@
 """Training speed-up as time to an event: epochs to reach a target, one home for the whole suite.
 
-The paper's headline (Tab. efficiency-results, App. Tab. 6) is a speed-up: "(Epochs_Baseline /
+The paper's headline (Table 1, tab:efficiency-results; App. Table 10, tab:full-speedup-results) is a speed-up: "(Epochs_Baseline /
 Epochs_PCPO - 1) x 100%" (e.g. 260 vs 131 epochs -> 98.5%, :func:`speedup_pct`), with curves
 "smoothed with a moving average window of 5 epochs". Everything that counts epochs to a target
 (study verdicts, ``pcpo-eval speedup``, the report) calls this module.
@@ -96,7 +96,7 @@ def moving_average(x: Sequence[float] | np.ndarray, window: int = 5) -> np.ndarr
 
 
 def speedup_pct(epochs_baseline: float, epochs_pcpo: float) -> float:
-    """(E_base / E_pcpo - 1) * 100 (paper App. Tab. 6)."""
+    """(E_base / E_pcpo - 1) * 100 (paper App. Table 10)."""
     return (float(epochs_baseline) / float(epochs_pcpo) - 1.0) * 100.0
 
 

@@ -1,6 +1,6 @@
 """One command from an experiment spec to a report: ``pcpo-eval study STUDY.yaml [--out DIR]``.
 
-A study is the paper's evaluation protocol (Sec. 4, App. "Evaluation Details") as data, with
+A study is the paper's evaluation protocol (Sec. 3.1, App. "Evaluation Details") as data, with
 training runs (design cell x training seed) as the unit of replication:
 
 1. **train**     every cell of a factorial design (e.g. algorithm x batch size) is trained once per
@@ -22,7 +22,7 @@ training runs (design cell x training seed) as the unit of replication:
                  (:func:`pcpo_eval.metrics.workers.run_metrics`) into ``OUT/metrics/...``.
 5. **stats**     the verdict over runs (paired gain, final reward, AUC, speed-up per informative
                  target; :mod:`pcpo_eval.stats.verdict`), the sampler offset of the controls,
-                 speed-up tables (paper Table 1/5), raw scores (Table 2) with significance, one LMM
+                 speed-up tables (paper Tables 1 and 10), raw scores (Table 2) with significance, one LMM
                  per metric (Tables 3-4; ``(1|run)`` added with >= 2 runs per arm), training
                  traces, the credit figure: ``OUT/results.json`` + ``OUT/figures/``.
 6. **report**    ``OUT/report.html`` (:mod:`pcpo_eval.report.html`), formatting ``results.json``.

@@ -6,7 +6,7 @@ report (:mod:`pcpo_eval.report.html`) only formats the JSON written from :func:`
 * **Verdict over runs** (:mod:`.verdicts`): paired gain, final reward, AUC and the speed-up per
   informative target, baseline arm vs PCPO arm per cell, with runs (training seeds) as the
   replicates; the per-run curves and PPO health; the sampler offset of the untrained controls.
-* Speed-up table (paper Table 1/5): per cell, epochs until the smoothed reward (trailing mean,
+* Speed-up table (paper Tables 1 and 10): per cell, epochs until the smoothed reward (trailing mean,
   window 5) reaches each target (:func:`pcpo_eval.stats.speedup_table`); targets every run starts
   above are labelled uninformative (speed-up left empty, not "+0.0%").
 * Image metrics at **matched reward** (each run's reward-matched checkpoint; runs that never
@@ -30,7 +30,7 @@ report (:mod:`pcpo_eval.report.html`) only formats the JSON written from :func:`
     family over every cell, comparison and metric of the table and the LMM terms of the compared
     factor (:func:`arm_family`).
 
-* Preference table (Table 6; best by each metric's direction), training traces (Fig. 5), the
+* Preference table (Table 5; best by each metric's direction), training traces (Fig. 5), the
   credit-weight figure (Fig. 2), image grids at matched reward.
 """
 

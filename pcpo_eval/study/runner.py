@@ -271,7 +271,7 @@ class Study:
             self.log("  selection unchanged, skipped")
             return
         selection = select(sp, lay)
-        atomic_write_json(lay.selection_file, selection)
+        lay.write_selection(selection)
         self._mark("select", fp, 0.0)
         for c in selection["runs"]:
             where = f"epoch {c['epoch']}" if c["reached"] else "NOT REACHED, no reward-matched checkpoint"
@@ -452,15 +452,18 @@ def stale_set_reason(out: Path, sampling: dict[str, Any], recorded: str | None, 
 
 def _set_complete(out: Path, n_expected: int | None) -> bool:
     """A set is complete when generate finished it (set.json not ``rendering``: a resumed run that was
-    interrupted leaves the previous manifest) and its manifest lists the expected number of images."""
+    interrupted leaves the previous manifest), its manifest lists the expected number of images and every
+    one of them is on disk (a damaged image the user deleted, as the metrics error says, is rendered again;
+    before, the set was skipped and its metrics failed on every re-run)."""
     man = out / MANIFEST_FILE
     if not man.is_file() or not (out / SET_FILE).is_file() or set_status(out) == "rendering":
         return False
-    if n_expected is None:
-        return True
     import pandas as pd
 
-    return len(pd.read_parquet(man, columns=["prompt_id"])) == n_expected
+    paths = pd.read_parquet(man, columns=["path"])["path"]
+    if n_expected is not None and len(paths) != n_expected:
+        return False
+    return all((out / p).is_file() for p in paths)
 
 
 def run_study(spec_path: str | Path, out: str | Path | None = None, stages: Sequence[str] = STAGES,

@@ -30,7 +30,7 @@ _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 @dataclass(frozen=True)
 class PreferenceSpec:
-    """Preference scores of base and selected checkpoints on (unseen) prompts (paper Table 6).
+    """Preference scores of base and selected checkpoints on (unseen) prompts (paper Table 5).
 
     ``name``: the set's name (several sets: ``OUT/pref_sets/<name>/...``; "" for the one set of a
     single ``preference:`` mapping). ``epochs``: explicit checkpoint per arm (None: every selected
@@ -153,6 +153,7 @@ def parse_preferences(section: Any, prompt_source: Callable[[str], str], levels:
             problems.append(f"{key}.prompts is required (a prompt set name or file)")
             continue
         epochs = parse_epoch_map(f"{key}.epochs", pr.get("epochs"), levels, runs, arm_of, problems)
+        problems += _count_problems(key, pr)
         try:
             out.append(PreferenceSpec(**{**pr, "name": name, "metrics": metrics or ("hps",), "epochs": epochs,
                                          "seeds": str(pr.get("seeds", "1")),
@@ -160,6 +161,24 @@ def parse_preferences(section: Any, prompt_source: Callable[[str], str], levels:
         except TypeError as exc:
             problems.append(f"{key}: {exc}")
     return tuple(out)
+
+
+def _count_problems(key: str, pr: dict[str, Any]) -> list[str]:
+    """A preference entry's ``max_prompts`` / ``max_prompt_tokens`` (whole numbers >= 1 when given) and ``seeds``
+    (generate's forms). YAML's ``on`` / ``yes`` (True) passed as 1 prompt, or as the seed "True"."""
+    from pcpo_eval.errors import UserError
+    from pcpo_eval.generate.plan import parse_seeds
+
+    out = [f"{key}.{k} {pr[k]!r}: use a whole number >= 1" for k in ("max_prompts", "max_prompt_tokens")
+           if pr.get(k) is not None and not (_is_int(pr[k]) and pr[k] >= 1)]
+    seeds = pr.get("seeds", 1)
+    try:
+        if isinstance(seeds, bool):
+            raise UserError(f"seeds {seeds!r} is a YAML boolean; give a count or a range such as 0-3")
+        parse_seeds(seeds if isinstance(seeds, int | str) else str(seeds))
+    except UserError as exc:
+        out.append(f"{key}.seeds: {exc}")
+    return out
 
 
 def _grid_axis(key: str, value: Any, kind: type, problems: list[str]) -> Any:

@@ -2,7 +2,7 @@
 
 Two comparisons, each with one checkpoint per run:
 
-* **matched reward** (paper Sec. 4: quality "at matched reward levels"): a run's first saved
+* **matched reward** (paper Sec. 3.1: quality "at matched reward levels"): a run's first saved
   checkpoint whose smoothed training reward (trailing mean, window 5) reaches ``select_target``
   over a full window, as the speed-up counts epochs to a target
   (:func:`pcpo_eval.stats.select.match_checkpoint`). A run that never reaches it has **no**

@@ -605,7 +605,7 @@ def _check_epoch_units(runs: Sequence[RunSpec], compare: _Compare, top: dict[str
 def _parse_targets(top: dict[str, Any], runs: Sequence[RunSpec], problems: list[str]) -> tuple[list[float], float, int]:
     """``targets``, ``select_target`` (default: the last target) and ``window``; existing runs must reach them."""
     window = top.get("window", 5)
-    if not isinstance(window, int) or window < 1:
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:  # YAML's `on` is True, not 1
         problems.append(f"window must be a positive integer (got {window!r})")
         window = 5
     targets_raw = top.get("targets")
@@ -772,7 +772,7 @@ def _parse_metrics(names: Any, options: Any, problems: list[str]) -> tuple[tuple
     sizes = {"batch_size": 32, "is_splits": 10}
     for key in sizes:
         v = mo.get(key, sizes[key])
-        if not isinstance(v, int) or v < 1:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:  # YAML's `yes` / `on` are True, not 1
             problems.append(f"metric_options.{key} must be a positive integer (got {v!r})")
         else:
             sizes[key] = v

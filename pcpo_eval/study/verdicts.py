@@ -174,7 +174,7 @@ def verdict(sp: StudySpec, table: pd.DataFrame) -> list[dict[str, Any]]:
 
 
 def speedup_blocks(sp: StudySpec, rows: Sequence[dict[str, Any]], status: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``results.json`` ``speedup``: per cell the speed-up table (paper Table 1/5), gain and reward
+    """``results.json`` ``speedup``: per cell the speed-up table (paper Tables 1 and 10), gain and reward
     targets, from the verdict's speed-up rows; uninformative targets keep a labelled row."""
     out = []
     for cell in sorted({r["cell"] for r in rows}):

@@ -192,7 +192,7 @@ class Trainer(PolicyMixin, RolloutMixin, UpdateMixin):
                     if k not in RESUME_MAY_CHANGE and saved.get(k, defaults[k]) != v]
         if mismatch:
             raise UserError(f"--resume: config differs from the run's config.yaml in {', '.join(mismatch)}; "
-                            "resume with the same settings (only epochs and keep_checkpoints may change)")
+                            f"resume with the same settings (only {', '.join(RESUME_MAY_CHANGE)} may change)")
         if inputs_path(self.out).is_file() and (changed := changed_inputs(read_inputs(self.out), self.cfg.to_dict())):
             raise UserError(f"--resume: {'; '.join(changed)}: the resumed epochs would train on other inputs than "
                             f"the first ones; restore the file(s) the run started with, or start a new run")

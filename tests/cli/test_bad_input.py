@@ -184,6 +184,7 @@ def test_metrics_corrupt_png(cli, box, image_set, manifest_agrees):
         man.loc[man["path"] == rel, "image_sha256"] = hashlib.sha256(png.read_bytes()).hexdigest()
         man.to_parquet(image_set / "manifest.parquet", index=False)
     needles = ["truncated image", png.name] if manifest_agrees else ["does not match its image_sha256", png.name]
+    needles.append("to re-render it (a study's set: delete the file and run the study again)")  # the fix, cold cache
     rejected(cli, box, "metrics", image_set, "--metrics", "lpips_toy", "--out", box / "m", needles=needles,
              may_add=f"{image_set.name}/.pcpo_cache")
 

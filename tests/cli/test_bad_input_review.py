@@ -58,6 +58,15 @@ def test_speedup_negative_window(cli, box, window):
              "--window", window, needles=[f"window must be a whole number of epochs >= 1, got {window}", "--window 5"])
 
 
+def test_speedup_gain_of_runs_without_their_control_names_the_fix(cli, box):
+    """Runs trained without paired_control log an empty control column: `--curve gain` said "fix or drop those
+    epochs" instead of the training setting that makes the column."""
+    for name in ("a.csv", "b.csv"):
+        (box / name).write_text("epoch,reward_mean,control_reward_mean\n1,0.5,\n2,0.6,\n")
+    rejected(cli, box, "speedup", "--baseline", box / "a.csv", "--pcpo", box / "b.csv", "--target", "0.1",
+             "--curve", "gain", needles=["trained without paired_control", "paired_control: true"])
+
+
 # ---- train config: YAML 1.1 booleans, ranges, device, override syntax, duplicate keys ----------
 
 TRAIN_CASES = [

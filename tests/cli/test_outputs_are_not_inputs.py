@@ -99,6 +99,9 @@ def test_metrics_out_keeps_other_folders_and_other_sets_results(cli, box, two_se
     images = a / "images"  # the set's own folder of PNGs
     set_before = _digest(a)
     _refused(cli("metrics", a, "--metrics", "lpips_toy", "--out", images), "would overwrite")
+    # a new folder inside the set (or the reference) too: it was written beside the PNGs, exit 0
+    _refused(cli("metrics", a, "--metrics", "lpips_toy", "--out", images / "p00000" / "m"), "lies inside the image set")
+    _refused(cli("metrics", a, "--metrics", "fd_toy", "--reference", b, "--out", b / "m"), "lies inside the reference")
     assert _digest(a) == set_before and (mine / "notes.txt").read_text() == "mine"
 
 

@@ -113,7 +113,7 @@ def test_report_shows_the_balance_and_warns_above_the_raw_scores():
 
 
 def test_preference_best_is_per_cell_and_shown_as_a_ranking_not_a_test():
-    """Table 6's mark: the best checkpoint per cell (the base model in every cell), underlined in the
+    """Table 5's mark: the best checkpoint per cell (the base model in every cell), underlined in the
     report, never bold (bold means a significant arm comparison)."""
     from pcpo_eval.study.results import mark_best
 

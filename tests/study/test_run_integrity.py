@@ -149,12 +149,52 @@ def test_a_complete_image_set_of_other_inputs_is_never_reused(tmp_path, monkeypa
     assert len(fakes.generate_calls) == 2 * n
 
     sel = json.loads((out / "selection.json").read_text())
-    ck = Path(next(c["path"] for c in sel["runs"] if c["path"]))  # a selected checkpoint, retrained since
+    ck = out / next(c["path"] for c in sel["runs"] if c["path"])  # a selected checkpoint, retrained since
     meta = json.loads((ck / "checkpoint.json").read_text())
     (ck / "checkpoint.json").write_text(json.dumps({**meta, "weights_sha256": "another training"}))
     with pytest.raises(StageError, match=r"1 image set\(s\) .*: sets/algorithm-\w+__seed-\d/epoch_\d+ \(rendered from "
                                          r"another checkpoint \(a retrained run\?\)"):
         run_study(spec, out, stages=stages, log=lambda s: None)
+
+
+def test_a_finished_study_works_from_any_folder(tmp_path, monkeypatch):
+    """selection.json held checkpoint paths relative to the folder the study ran from ("reports/demo/runs/..."),
+    so the same study run from another folder read its sets as "rendered from other inputs" and `human design`
+    found no model. They are relative to the study folder now; an older file's are found under it too."""
+    import json
+
+    from pcpo_eval.study.runner import run_study
+    from pcpo_eval.studydir import StudyLayout, StudyView
+    from tests.support.study import install_fakes
+
+    fakes = install_fakes(monkeypatch)
+    stages = ("train", "select", "generate")
+    spec = write_spec(tmp_path / "s.yaml", seeds=[0, 1], design=ONE_FACTOR,
+                      lmm={"formula": "value ~ algorithm + (1|prompt)"})
+    (tmp_path / "a" / "reports").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "a")
+    run_study(spec, Path("reports/study"), stages=stages, log=lambda s: None)
+    n = len(fakes.generate_calls)
+    out = tmp_path / "a" / "reports" / "study"
+    sel = json.loads((out / "selection.json").read_text())
+    paths = [c["path"] for c in sel["runs"] if c["path"]]
+    assert paths and all(p.startswith("runs/") for p in paths)
+    (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "b")
+    run_study(spec, out, stages=stages, log=lambda s: None)
+    assert len(fakes.generate_calls) == n  # every set reused, none "rendered from other inputs"
+    assert all(Path(c["path"]).is_dir() for c in StudyLayout(Path("../a/reports/study")).matched("reward"))
+    # an older selection.json: paths relative to the folder the study ran from
+    (out / "selection.json").write_text(json.dumps(
+        {**sel, "runs": [{**c, "path": c["path"] and f"reports/study/{c['path']}"} for c in sel["runs"]]}))
+    view = StudyView.load(out)
+    assert all(Path(c["path"]).is_dir() for c in view.selection["runs"] if c["path"])
+    run_study(spec, out, stages=stages, log=lambda s: None)
+    assert len(fakes.generate_calls) == n
+    # a damaged image deleted, as the metrics error says: its set is rendered again (it was skipped as complete)
+    next((out / "sets" / "base").glob("images/*/*.png")).unlink()
+    run_study(spec, out, stages=stages, log=lambda s: None)
+    assert fakes.generate_calls[n:] == [fakes.generate_calls[0]]
 
 
 def test_a_set_json_with_other_sampler_settings_is_named(tmp_path):

@@ -160,6 +160,22 @@ def test_every_problem_listed_at_once(tmp_path):
     assert "has 9 problem(s)" in msg
 
 
+def test_yaml_booleans_are_not_counts(tmp_path):
+    """YAML reads `on` / `yes` as True, which passed as the integer 1: a one-epoch smoothing window, one IS split,
+    a one-prompt preference set, all without a word."""
+    path = write_spec(tmp_path / "s.yaml", window=True, metric_options={"batch_size": True, "is_splits": True},
+                      preference=[{"name": "p", "prompts": "simple_animals", "max_prompts": True,
+                                   "max_prompt_tokens": True, "seeds": True}])
+    with pytest.raises(UserError) as ei:
+        load_spec(path, check_weights=False)
+    msg = str(ei.value)
+    for needle in ("window must be a positive integer (got True)", "metric_options.batch_size must be a positive "
+                   "integer (got True)", "metric_options.is_splits must be a positive integer (got True)",
+                   "preference p.max_prompts True: use a whole number >= 1", "preference p.max_prompt_tokens True",
+                   "preference p.seeds: seeds True is a YAML boolean"):
+        assert needle in msg, needle
+
+
 def test_bad_train_overrides_are_reported_per_run(tmp_path):
     path = write_spec(tmp_path / "s.yaml", train={"overrides": {"epochs": 0, "learning_rte": 1}})
     with pytest.raises(UserError, match=r"run algorithm-DDPO__batch-16__seed-0: unknown config key\(s\) learning_rte"):
