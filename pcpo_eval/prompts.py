@@ -410,7 +410,8 @@ DATASETS: dict[str, PromptDataset] = {
             paper_count=None,
             reader="lines",
             files=("prompts.txt", "hpdv2_train_prompts.txt"),
-            obtain=_fetch("https://raw.githubusercontent.com/XueZeyue/DanceGRPO/main/prompts.txt", "hpdv2", "prompts.txt"),
+            obtain=_fetch("https://raw.githubusercontent.com/XueZeyue/DanceGRPO/main/assets/prompts.txt", "hpdv2",
+                          "prompts.txt"),  # moved from the repo root to assets/ in DanceGRPO 6907708 (2025-08-22)
         ),
         PromptDataset(
             name="hpdv2_test",
@@ -470,7 +471,8 @@ DATASETS: dict[str, PromptDataset] = {
         ),
         PromptDataset(
             name="ocr_test",
-            description="Flow-GRPO OCR evaluation prompts (dataset/ocr/test.txt)",
+            description="Flow-GRPO OCR evaluation prompts (dataset/ocr/test.txt: 1018 prompts, which the paper calls "
+            "1024)",
             paper="Fig. sd3_flowgrpo_results (a): validation reward 'on a fixed set of 1024 prompts that are not in the "
             "training pool' (l.1301-1302; the paper does not name the file)",
             split="test",

@@ -77,6 +77,9 @@ class ModelAdapter(abc.ABC):
     scheduler_config: dict[str, Any]
     latent_shape: tuple[int, int, int]
     lora_target_modules: list[str]
+    #: peft's ``init_lora_weights`` for :meth:`add_lora`: ``"gaussian"`` (ddpo-pytorch's and Flow-GRPO's LoRA start,
+    #: B = 0), or the model's reference (DanceGRPO's FLUX: ``True``)
+    lora_init: bool | str = "gaussian"
 
     @property
     def device(self) -> torch.device:
@@ -127,7 +130,7 @@ class ModelAdapter(abc.ABC):
         config = LoraConfig(
             r=rank,
             lora_alpha=alpha,
-            init_lora_weights="gaussian",
+            init_lora_weights=self.lora_init,
             target_modules=target_modules or self.lora_target_modules,
         )
         self.denoiser.add_adapter(config)

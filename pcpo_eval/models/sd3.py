@@ -34,6 +34,10 @@ SD3_LORA_TARGETS: list[str] = [
     "attn.to_k", "attn.to_out.0", "attn.to_q", "attn.to_v",
 ]
 DEFAULT_SD3 = "stabilityai/stable-diffusion-3.5-medium"
+#: T5 tokens per prompt: Flow-GRPO's (``train_sd3.py`` samples, trains and evaluates with ``max_sequence_length=128``),
+#: the one reference for SD3 here (setups 8-9); diffusers' pipeline default is 256, which made every prompt
+#: 77 + 256 tokens instead of 77 + 128 and shifted every sample and reward of those setups
+SD3_MAX_SEQUENCE_LENGTH = 128
 
 
 def _to_uint8(images: torch.Tensor) -> torch.Tensor:
@@ -66,7 +70,8 @@ class SD3Adapter(ModelAdapter):
     name = "sd3"
     prediction = "velocity"
 
-    def __init__(self, pipe: Any, resolution: int | None = None, max_sequence_length: int = 256) -> None:
+    def __init__(self, pipe: Any, resolution: int | None = None,
+                 max_sequence_length: int = SD3_MAX_SEQUENCE_LENGTH) -> None:
         self.pipe = pipe
         self.denoiser = pipe.transformer
         self.scheduler_config = dict(pipe.scheduler.config)

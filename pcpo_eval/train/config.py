@@ -156,6 +156,9 @@ class TrainConfig:
     validation_every: int = 0  #: held-out reward every N epochs and at the last (0 = off; Flow-GRPO: 50)
     validation_prompts: str = ""  #: prompt set name or file (as ``prompts``), disjoint from the training prompts
     validation_images: int = 0  #: images per validation (image i: prompt i mod P); 0 = one per prompt
+    #: sampler steps of a validation (0 = ``sample_steps``; Flow-GRPO evaluates with ``eval_num_steps`` 40 where it
+    #: samples with 10: config/grpo.py)
+    validation_steps: int = 0
     #: start from these weights (a checkpoint / run directory of pcpo-eval, or a diffusers / LoRA
     #: .safetensors file) at epoch 1 with a fresh optimizer; "" = the base model
     init_from: str = ""
@@ -282,6 +285,8 @@ class TrainConfig:
             out.append(f"validation_every must be >= 0 (got {self.validation_every})")
         if int(self.validation_images) < 0:
             out.append(f"validation_images must be >= 0 (got {self.validation_images})")
+        if int(self.validation_steps) < 0:
+            out.append(f"validation_steps must be >= 0 (got {self.validation_steps}); 0 = sample_steps")
         if int(self.validation_every) > 0 and not str(self.validation_prompts).strip():
             out.append("validation_every > 0 needs validation_prompts (a prompt set disjoint from the training prompts)")
         return out

@@ -249,7 +249,8 @@ class RolloutMixin:
         """Rewards of the current policy on the validation images, in image order (all processes).
 
         Image i: prompt ``i mod P``, initial noise from the generator keyed by i alone
-        (:data:`VALIDATION_STREAM`), deterministic sampler (eta 0), the run's steps and CFG.
+        (:data:`VALIDATION_STREAM`), deterministic sampler (eta 0), ``validation_steps`` (default: the run's steps)
+        and the run's CFG.
         """
         cfg, ad, vs = self.cfg, self.adapter, self.val_set
         n = cfg.validation_images or len(vs)
@@ -266,7 +267,8 @@ class RolloutMixin:
             gens = [_keyed_generator(VALIDATION_STREAM, i) for i in idx]
             with self._autocast():
                 traj = sampler.sample(ad, ad.encode_prompts(prompts), self.null.repeat(len(idx)), cfg=cfg.cfg,
-                                      steps=cfg.sample_steps, eta=0.0, generators=gens, schedule=schedule)
+                                      steps=cfg.validation_steps or cfg.sample_steps, eta=0.0, generators=gens,
+                                      schedule=schedule)
             rewards = self.reward_fn(ad.decode(traj.latents.float()).cpu(), prompts).double().numpy()
             scored.extend(zip(idx, rewards.tolist(), strict=True))
             for k, v in reward_components(self.reward_fn).items():  # weighted reward: each component too

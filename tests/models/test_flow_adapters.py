@@ -133,3 +133,40 @@ def test_missing_weights_is_a_one_line_user_error(tmp_path):
         with pytest.raises(MissingWeightsError, match="not found locally") as exc:
             cls.from_pretrained(str(tmp_path / "nope"))
         assert "\n" not in str(exc.value)
+
+
+def test_flux_lora_is_dancegrpos():
+    """DanceGRPO's FLUX LoRA (``train_grpo_flux_lora.py``): targets to_k / to_q / to_v / to_out.0 and peft's default
+    start (Kaiming-uniform A, zero B). The list held Flow-GRPO's SD3 targets too (add_*_proj, to_add_out: 11 LoRA
+    modules instead of 7 here) and started Gaussian; SD3 keeps Flow-GRPO's list and start."""
+    import math
+
+    from pcpo_eval.models.flux import tiny_flux_adapter
+    from pcpo_eval.models.sd3 import tiny_sd3_adapter
+
+    ad = tiny_flux_adapter()
+    ad.add_lora(4, 8.0)
+    adapted = {n.rsplit(".lora_A", 1)[0] for n, _ in ad.denoiser.named_parameters() if ".lora_A" in n}
+    assert adapted and all(n.endswith(("attn.to_k", "attn.to_q", "attn.to_v", "attn.to_out.0")) for n in adapted)
+    assert not any("add_" in n or "to_add_out" in n for n in adapted)
+    for n, p in ad.denoiser.named_parameters():
+        if ".lora_B" in n:
+            assert not p.any()
+        elif ".lora_A" in n:  # kaiming_uniform_(a=sqrt(5)): |A| <= 1/sqrt(fan_in)
+            assert p.abs().max() <= 1 / math.sqrt(p.shape[1]) + 1e-6 and p.std() > 0
+    sd3 = tiny_sd3_adapter()
+    sd3.add_lora(4, 8.0)
+    assert sd3.lora_init == "gaussian" and any("add_k_proj" in n for n, _ in sd3.denoiser.named_parameters())
+
+
+def test_sd3_prompts_use_flowgrpos_token_length():
+    """Flow-GRPO samples, trains and evaluates SD3 with max_sequence_length=128 (train_sd3.py); the adapter used
+    diffusers' 256, so every prompt of setups 8-9 was 77 + 256 tokens."""
+    import inspect
+
+    from pcpo_eval.models.sd3 import SD3_MAX_SEQUENCE_LENGTH, SD3Adapter, tiny_sd3_pipeline
+
+    assert SD3_MAX_SEQUENCE_LENGTH == 128
+    assert inspect.signature(SD3Adapter).parameters["max_sequence_length"].default == SD3_MAX_SEQUENCE_LENGTH
+    ad = SD3Adapter(tiny_sd3_pipeline(0), resolution=16)
+    assert ad.encode_prompts(["a red cube"]).hidden.shape[1] == 77 + SD3_MAX_SEQUENCE_LENGTH

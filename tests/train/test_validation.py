@@ -74,3 +74,19 @@ def test_validation_config_errors_and_overlap_warning(tmp_path, prompt_files, ca
     row = Trainer(cfg(prompt_files), tmp_path / "x").validation_row()
     assert set(row) == {"val_reward_mean", "val_reward_sem", "val_images", "val_time_s"}
     assert math.isfinite(row["val_reward_mean"])
+
+
+def test_validation_steps_are_their_own(tmp_path, prompt_files, monkeypatch):
+    """Flow-GRPO evaluates with 40 steps where it samples with 10 (``eval_num_steps``): ``validation_steps`` sets
+    the validation's steps (0: the run's ``sample_steps``)."""
+    with pytest.raises(UserError, match="validation_steps must be >= 0"):
+        config_from_dict({**TINY, "prompts": "toy", "validation_steps": -1})
+    seen = []
+    for steps in (0, 7):
+        tr = Trainer(cfg(prompt_files, validation_steps=steps), tmp_path / f"s{steps}")
+        sampler, _ = tr._validation_sampler()
+        real = sampler.sample
+        monkeypatch.setattr(type(sampler), "sample", lambda self, *a, **k: seen.append(k["steps"]) or real(*a, **k))
+        tr._validation_rewards()
+        monkeypatch.undo()
+    assert seen[0] == TINY["sample_steps"] and seen[-1] == 7
