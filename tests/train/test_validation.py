@@ -85,8 +85,13 @@ def test_validation_steps_are_their_own(tmp_path, prompt_files, monkeypatch):
     for steps in (0, 7):
         tr = Trainer(cfg(prompt_files, validation_steps=steps), tmp_path / f"s{steps}")
         sampler, _ = tr._validation_sampler()
-        real = sampler.sample
-        monkeypatch.setattr(type(sampler), "sample", lambda self, *a, **k: seen.append(k["steps"]) or real(*a, **k))
+        real = type(sampler).sample
+
+        def counted(self, *a, real=real, **k):
+            seen.append(k["steps"])
+            return real(self, *a, **k)
+
+        monkeypatch.setattr(type(sampler), "sample", counted)
         tr._validation_rewards()
         monkeypatch.undo()
     assert seen[0] == TINY["sample_steps"] and seen[-1] == 7
