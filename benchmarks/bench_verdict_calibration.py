@@ -190,10 +190,16 @@ def planning_seeds(ddpo: dict[int, pd.DataFrame], settings: dict, pilot: int) ->
     return plan["paired_gain"]["seeds"], plan["paired_gain"]
 
 
+def command(a: argparse.Namespace) -> str:
+    """The command line that reproduces this table (every option that shapes the draws)."""
+    extra = f' --scenarios "{a.scenarios}"' if a.scenarios else ""
+    return f"python benchmarks/bench_verdict_calibration.py --studies {a.studies} --sizes {a.sizes}{extra} --seed {a.seed}"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--studies", type=int, default=500)
-    ap.add_argument("--sizes", default="3,5,10")
+    ap.add_argument("--sizes", default="2,3,5,10")  # the sizes of RESULTS.md's table (the draws depend on them)
     ap.add_argument("--scenarios", default="", help="only these scenarios (names separated by ';'); then the "
                     "planning rule's seed count is not added to --sizes")
     ap.add_argument("--seed", type=int, default=SEED, help="numpy seed of the draws (a re-check of one cell on "
@@ -219,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     print("## Verdict calibration on real toy runs\n")
     print(f"{len(ddpo)} DDPO and {len(pcpo)} PCPO seeds of the demo regime (`benchmarks/calibration_runs.py`, "
-          f"`benchmarks/data/toy_demo_runs.parquet`); `benchmarks/bench_verdict_calibration.py --studies {a.studies}`.\n")
+          f"`benchmarks/data/toy_demo_runs.parquet`); `{command(a)}`.\n")
     print(f"{a.studies} resampled studies per row (seeds drawn without replacement, numpy seed {a.seed}); targets "
           f"{settings['targets']}, gain targets {settings['gain_targets']}, window {sp.window}; primary endpoint: "
           f"{settings['primary'] or 'paired_gain (default)'}. Rates with 95% Clopper-Pearson intervals.")

@@ -10,6 +10,11 @@
 # metrics), tests ~20 s per scenario; attention ran past 200 s; train5 past 100 s (2026-11-26).
 # Wheels for packages the machine lacks travel in .whl/ (docs/gpu.md, "Running the GPU checks").
 set -u
+stages=${*:-generate train2 metrics train5}  # TRAIN_RUNS: bench_train --runs for train2
+known=" tests generate profile invariance train2 trainprofile trainbatch train3 train5 metrics attention quick bigbatch compile "
+for s in $stages; do  # an unknown stage (a renamed one: train is train2) ran nothing, silently, on device time
+  case "$known" in *" $s "*) ;; *) echo "error: unknown stage '$s'; choose from:$known" >&2; exit 2 ;; esac
+done
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
 LOG="$OUT/stages.log"
@@ -19,7 +24,6 @@ if [ -d .whl ] && ! python3 -c "import diffusers" 2>/dev/null; then
     && export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/device.txt"
-stages=${*:-generate train2 metrics train5}  # TRAIN_RUNS: bench_train --runs for train2
 for s in $stages; do
   t0=$(date +%s)
   echo "== stage $s ($(date -u +%FT%TZ))" >> "$LOG"

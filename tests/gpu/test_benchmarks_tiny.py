@@ -132,3 +132,13 @@ def test_bench_train_keeps_the_other_runs_when_one_fails(tmp_path):
     (err,) = res["errors"]["2"]
     assert err["options"] == "train_steps_per_forward=0" and "train_steps_per_forward must be >= 1" in err["error"]
     assert "error UserError" in run.stdout
+
+
+def test_run_device_refuses_an_unknown_stage(tmp_path):
+    """A stage name the script does not know (the `train` stage became `train2`) ran nothing, silently, on
+    device time; it is now one error line before anything runs."""
+    script = ROOT / "benchmarks" / "gpu" / "run_device.sh"
+    res = subprocess.run(["bash", str(script), "generate", "train"], capture_output=True, text=True, cwd=tmp_path,
+                         env={"PATH": "/usr/bin:/bin", "OUT": str(tmp_path / "out")})
+    assert res.returncode == 2 and res.stderr.startswith("error: unknown stage 'train'") and "train2" in res.stderr
+    assert not (tmp_path / "out").exists()

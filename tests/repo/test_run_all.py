@@ -105,3 +105,13 @@ def test_the_shipped_results_file_parses_into_its_sections() -> None:
     assert len(scripts) == len(set(scripts)) >= 10
     assert all((mod.HERE / f"{s}.py").exists() for s in scripts)
     assert mod.merge(text, {}) == text  # nothing run: nothing changes
+    # each script's block opens with its own title, and no by-hand analysis is run by `make bench`
+    for script, chunk in sections:
+        if script:
+            assert chunk.splitlines()[1].startswith("## "), script
+    assert not set(mod.BY_HAND) & set(scripts)
+    # another script's results or hand-written commentary inside a block were lost on a rerun of that block
+    gen = next(c for s, c in sections if s == "bench_generate")
+    assert "flagged imbalanced" not in gen
+    cal = next(c for s, c in sections if s == "bench_verdict_calibration")
+    assert "primary endpoint alone" not in cal and "Read from the table above" not in cal
