@@ -77,9 +77,16 @@ def bench_speed(tmp: Path, n: int = 32) -> tuple[float, float, float]:
     ours = fn(imgs, prompts)
     t_ours = time.perf_counter() - t0
 
-    ref_model, _, preprocess_val = open_clip.create_model_and_transforms(
+    import torchvision.transforms as T
+
+    ref_model, _, _ = open_clip.create_model_and_transforms(
         "ViT-B-32", pretrained=str(ckpt), output_dict=True, **open_clip_offline_kwargs()
     )
+    # HPSv2's preprocess_val (hpsv2/src/open_clip/transform.py, is_train=False): the float image resized, as the
+    # reward does; mainline open_clip's transform (resize on the uint8 PIL image) is not HPSv2's
+    cfg = fn.module.image_cfg
+    preprocess_val = T.Compose([T.ToTensor(), T.Resize(224, interpolation=T.InterpolationMode.BICUBIC),
+                                T.CenterCrop(224), T.Normalize(cfg.mean, cfg.std)])
     ref_model.eval()
     tokenizer = open_clip.get_tokenizer("ViT-B-32")
     pils = [Image.fromarray(x.permute(1, 2, 0).numpy()) for x in imgs]
@@ -113,7 +120,7 @@ def main() -> None:
     print()
     print("| path | seconds | speed-up |")
     print("|---|---|---|")
-    print(f"| HPSv2 img_score.py-style per-image loop (PIL) | {t_ref:.2f} | 1.0x |")
+    print(f"| HPSv2 img_score.py-style per-image loop (its preprocess_val) | {t_ref:.2f} | 1.0x |")
     print(f"| pcpo-eval batched reward (batch 16) | {t_ours:.2f} | {t_ref / t_ours:.1f}x |")
     print()
     print(f"Max |score difference| between the two paths: {diff:.2e} (cosine units).")
