@@ -24,6 +24,7 @@ these names itself (``tests/repo/test_file_names.py``).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -168,11 +169,7 @@ class StudyLayout:
             except ValueError:  # a run trained elsewhere (a spec's run_dir): as given
                 return p
 
-        out = {**selection}
-        for key in ("runs", "at_epoch"):
-            if out.get(key):
-                out[key] = [{**r, "path": rel(r.get("path"))} for r in out[key]]
-        atomic_write_json(self.selection_file, out)
+        atomic_write_json(self.selection_file, _map_paths(selection, rel))
 
     def selection(self) -> list[dict[str, Any]]:
         """Reward-matched rows, one per run (name, levels, role, arm, seed, cell, epoch, path, reward,
@@ -215,10 +212,15 @@ def with_checkpoint_paths(selection: dict[str, Any], root: Path) -> dict[str, An
                 return str(under)
         return p
 
+    return _map_paths(selection, full)
+
+
+def _map_paths(selection: dict[str, Any], f: Callable[[str | None], str | None]) -> dict[str, Any]:
+    """``selection`` with ``f`` applied to the checkpoint path of every row (``runs`` and ``at_epoch``)."""
     out = {**selection}
     for key in ("runs", "at_epoch"):
         if out.get(key):
-            out[key] = [{**r, "path": full(r.get("path"))} for r in out[key]]
+            out[key] = [{**r, "path": f(r.get("path"))} for r in out[key]]
     return out
 
 

@@ -38,11 +38,11 @@ from pcpo_eval.errors import UserError
 from pcpo_eval.features import FeatureExtractor, make_extractor
 from pcpo_eval.imageset import MANIFEST_FILE, ImageSet, check_min_images, check_same_prompts
 from pcpo_eval.io import (
-    TEMP_NAME,
     atomic_write,
     atomic_write_files,
     check_not_an_input,
     exclusive,
+    foreign_entries,
     json_text,
     remove_stale_temps,
     sha256_file,
@@ -377,8 +377,7 @@ def check_out_dir(out_dir: str | Path, image_set: str | Path | None = None,
         raise UserError(f"--out {out} exists and is not a directory; choose a directory")
     if not out.is_dir():
         return
-    own = _METRICS_FOLDER_FILES | _cache_entry(out, cache_dir)
-    other = sorted(p.name for p in out.iterdir() if p.name not in own and not TEMP_NAME.match(p.name))
+    other = foreign_entries(out, _METRICS_FOLDER_FILES | _cache_entry(out, cache_dir))
     if other:
         raise UserError(f"--out {out} holds other files ({', '.join(other[:3])}{', ...' if len(other) > 3 else ''}), "
                         "not a metrics folder; choose an empty or new folder")

@@ -216,9 +216,10 @@ def _raw_speedup_explained(sp: StudySpec, cell: str, diff: float, significant: b
     AUC) goes the significant sampler offset's way (a raw-reward row without evidence needs no explanation):
     "is the sampler's, not learning" when no learning measure goes that way, else "mixes the sampler and
     learning", naming the learning rows (before, any significant learning row silenced it: a +0.08 sampler
-    with 10% more learning printed a +185% raw speed-up, the learning alone +11%). Before, only speed-ups were explained: a frozen PCPO whose sampler scored 0.15 higher
-    untrained, against a learning DDPO (8 paired seeds), had a "higher final reward" and "higher reward AUC"
-    (p = 3.5e-05) with nothing pointing at the sampler."""
+    with 10% more learning printed a +185% raw speed-up, the learning alone +11%). Before, only speed-ups were
+    explained: a frozen PCPO whose sampler scored 0.15 higher untrained, against a learning DDPO (8 paired
+    seeds), had a "higher final reward" and "higher reward AUC" (p = 3.5e-05) with nothing pointing at the
+    sampler."""
     raw = [r for r in rows if r["cell"] == cell and r["significant"] and r["estimate"] is not None
            and (r["quantity"].startswith("speedup_reward:") or r["quantity"] in RAW_REWARD_ROWS)
            and r["estimate"] * diff > 0]
