@@ -144,7 +144,9 @@ class Trainer(PolicyMixin, RolloutMixin, UpdateMixin):
             raise UserError(f"{self.out} already holds a run; pass --resume to continue it or choose another --out")
         elif self.is_main:  # a new run: never among an image set's or a user's files (it replaced their config.yaml)
             check_own_folder(self.out, (*RUN_ENTRIES, *TRACKER_DIRS), "a run's")
-        if self.is_main:
+        #: a resume with no epoch left to train writes nothing (config.yaml, inputs, tracker files stay as they are)
+        self.finished = resume and self.start_epoch > config.epochs
+        if self.is_main and not self.finished:
             self.out.mkdir(parents=True, exist_ok=True)
             atomic_write_text(config_path(self.out), yaml.safe_dump(self.cfg.to_dict(), sort_keys=False))
             if not resume:  # what the files held when the run started (a resumed run keeps its record)
@@ -153,7 +155,8 @@ class Trainer(PolicyMixin, RolloutMixin, UpdateMixin):
             if self.init_record is not None:
                 atomic_write_json(init_path(self.out), self.init_record)
         self.tracking: RunTracking = open_tracking(self.out, self.cfg.to_dict(), self.cfg.log_to, self.cfg.log_project,
-                                      self.cfg.wandb_mode, self.cfg.log_images_every, self.is_main, resume)
+                                      self.cfg.wandb_mode, self.cfg.log_images_every,
+                                      self.is_main and not self.finished, resume)
 
     @property
     def is_main(self) -> bool:
@@ -250,6 +253,11 @@ class Trainer(PolicyMixin, RolloutMixin, UpdateMixin):
     def run(self) -> pd.DataFrame:
         """Train epochs ``start_epoch..epochs``; returns the log."""
         cfg = self.cfg
+        if self.finished:
+            if self.is_main:
+                print(f"[pcpo-eval] {self.out} is trained to epoch {self.start_epoch - 1} (epochs={cfg.epochs}): "
+                      f"nothing to train; pass epochs=N with N > {self.start_epoch - 1} to continue it", flush=True)
+            return pd.DataFrame(self.log_rows)
         if self.is_main:
             n = cfg.samples_per_epoch * self.world
             print(f"[pcpo-eval] {cfg.objective} on {cfg.model}: {n} samples/epoch x {cfg.sample_steps} steps, "

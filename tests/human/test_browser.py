@@ -9,29 +9,17 @@ cannot start in this sandbox; no browser is ever downloaded.
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
 from pcpo_eval.human import db
+from tests.support.browser import playwright_chromium
 from tests.support.human import free_port, make_human_dir, organiser_order, start_server, stop_server
-
-CHROMIUM = "/usr/bin/chromium"
-if not Path(CHROMIUM).exists():
-    pytest.skip(f"{CHROMIUM} absent: run `make browser` (apt-get install chromium)", allow_module_level=True)
-sync_api = pytest.importorskip("playwright.sync_api", reason="playwright not installed (pip install playwright)")
 
 
 @pytest.fixture(scope="module")
 def browser():
-    with sync_api.sync_playwright() as pw:
-        try:
-            chromium = pw.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                          args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"])
-        except Exception as exc:  # the sandbox may forbid a browser
-            pytest.skip(f"chromium failed to launch here: {str(exc).splitlines()[0]}")
-        yield chromium
-        chromium.close()
+    yield from playwright_chromium()
 
 
 def test_rate_three_pairs_in_chromium(tmp_path, browser):

@@ -14,11 +14,14 @@ import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from PIL import Image
 
 from pcpo_eval.report.html import write_report
 from pcpo_eval.study.results import to_jsonable
+from tests.support.browser import playwright_chromium
+from tests.support.human import make_human_dir
 from tests.support.report import EVIL_PROMPT, SENTENCES, synthetic_results
 
 CHROMIUM = "/usr/bin/chromium"
@@ -115,6 +118,35 @@ def test_report_screenshot(report, tmp_path):
         assert im.size == (1280, 2000)
         # not a blank page: the rendered tables and plots give many distinct colors
         assert len(im.convert("RGB").getcolors(maxcolors=1 << 20) or []) > 50
+
+
+@pytest.fixture(scope="module")
+def browser():
+    yield from playwright_chromium()
+
+
+def test_the_page_never_scrolls_sideways(tmp_path, browser):
+    """At 1280 px every table fits, the human study's 17 columns too (they were 22 px too wide); at 800 px
+    a wide table scrolls inside itself and the page keeps its width."""
+    from pcpo_eval.human.analysis import analyze
+    from pcpo_eval.human.simulate import simulate_responses
+
+    layout = make_human_dir(tmp_path / "HUMAN", n_prompts=6, n_seeds=4, n_checks=2)
+    pairs = pd.read_parquet(layout.pairs)
+    out = analyze(pairs, simulate_responses(pairs, 6, 12, 0.6, rng_seed=3), bootstrap=0)
+    results = {**synthetic_results(tmp_path), "human": {**out, "source": "test", "design": {}, "examples": []}}
+    (tmp_path / "results.json").write_text(json.dumps(to_jsonable(results)))
+    page = browser.new_page()
+    page.goto(write_report(tmp_path).resolve().as_uri())
+    assert page.locator("#human-table").count() == 1
+    for width in (1280, 800):
+        page.set_viewport_size({"width": width, "height": 900})
+        sizes = page.evaluate("[document.documentElement.scrollWidth, document.documentElement.clientWidth]")
+        assert sizes == [width, width], sizes
+        fits = page.evaluate("document.querySelector('#human-table').scrollWidth <= "
+                             "document.querySelector('#human-table').clientWidth")
+        assert fits == (width == 1280)
+    page.close()
 
 
 def test_chromium_is_debian_package():

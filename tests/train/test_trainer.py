@@ -232,6 +232,20 @@ def test_resume_errors_name_the_problem(tmp_path, runs):
         Trainer(tiny(epochs=4, learning_rate=1e-3), root / "full", resume=True)
 
 
+def test_resume_of_a_finished_run_writes_nothing(runs, capsys):
+    """A resume with no epoch left (epochs= the run's last, or fewer) trains nothing and leaves config.yaml,
+    inputs and the TensorBoard folder as they were (it rewrote config.yaml with the smaller epochs and
+    opened a new event file)."""
+    run = runs[0] / "full"
+    before = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    for epochs in (3, 2):
+        log = Trainer(tiny(epochs=epochs), run, resume=True).run()
+        assert list(log["epoch"]) == [1, 2, 3]
+        assert "trained to epoch 3" in capsys.readouterr().out
+    after = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    assert after == before
+
+
 @pytest.mark.parametrize("lora_rank", [2, 0])
 def test_paired_control_samples_the_untrained_model_on_the_same_noises(tmp_path, lora_rank):
     """Epoch 1: policy == base, so control == reward exactly; later the trained policy and its control differ,
