@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from pcpo_eval.credit.ddim import (
+    DEFAULT_CONVENTION,
     DEFAULT_FALLBACK,
     DDIMSchedulerConfig,
     ddim_schedule,
@@ -62,7 +63,7 @@ def ddim_cmd(
     ] = None,
     convention: Annotated[
         str, typer.Option(help="residual (w = C/sigma^2, paper Fig. 2) | unit (w = C/sigma, Eq. logrho)")
-    ] = "residual",
+    ] = DEFAULT_CONVENTION,
     w_target: Annotated[float | None, typer.Option(help="Target weight w*; default: mean native weight.")] = None,
     fallback: Annotated[
         str, typer.Option(help="Steps no sigma brings to w*: cap (weight w*) | exclude | nearest | native.")

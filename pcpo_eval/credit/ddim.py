@@ -27,12 +27,7 @@ PCPO's sigma~ (docs/credit.md): w(sigma) is unimodal with its least value w_min(
 decreasing branch sigma~ <= sigma*_t (:func:`branch_root`, continuous in t), and steps with
 w* < w_min(t) follow a named :data:`FALLBACKS` rule (default ``cap``: weight w* via the hinge scale).
 
-Flow SDEs (paper Eq. ``eq:logrho-flow`` and Prop. 2, Eq. ``eq:optimalw``)::
-
-    w(t_i) = sqrt(dt_i) / sigma_{t_i} * (1 + (1 - t_i) sigma_{t_i}^2 / (2 t_i))
-    zeta   = sum_i w(t_i);   PCPO weight w~(t_i) = zeta * dt_i
-
-with ``sigma = eta`` (DanceGRPO) or ``sigma_t = eta sqrt(t / (1 - t))`` (Flow-GRPO).
+The flow-SDE weights (Eq. ``eq:logrho-flow``, Prop. 2) live in :mod:`pcpo_eval.credit.flow`.
 """
 
 
@@ -57,6 +52,9 @@ CONVENTIONS: dict[str, str] = {
     "unit": "w = C/sigma, the weight on the unit noise eps_old ~ N(0, I) (Eq. logrho as derived in App. A.1; "
             "the scale of the step's policy gradient)",
 }
+
+#: Default convention: the residual reading, the scale of the paper's Fig. 2a (its w* = 4.5).
+DEFAULT_CONVENTION: Convention = "residual"
 
 #: What a step gets when w* is below the least weight w_min(t) it can reach (no sigma solves w = w*).
 #: All but ``native`` sample it with the least-weight sigma*_t, the end of the root branch.
@@ -269,7 +267,7 @@ def ddim_C(alpha_bar: np.ndarray, alpha_bar_prev: np.ndarray, sigma: np.ndarray)
     return np.sqrt(1.0 - alpha_bar) / np.sqrt(alpha) - np.sqrt(np.maximum(1.0 - alpha_bar_prev - sigma**2, 0.0))
 
 
-def ddim_weight(C: np.ndarray, sigma: np.ndarray, convention: Convention = "residual") -> np.ndarray:
+def ddim_weight(C: np.ndarray, sigma: np.ndarray, convention: Convention = DEFAULT_CONVENTION) -> np.ndarray:
     """Native weight in ``convention``: ``C/sigma`` (``unit``, Eq. logrho) or ``C/sigma^2`` (``residual``, Fig. 2a)."""
     _check_convention(convention)
     return C / sigma if convention == "unit" else C / sigma**2
@@ -306,7 +304,7 @@ def least_weight_sigma(alpha_bar: np.ndarray, alpha_bar_prev: np.ndarray, conven
 
 
 def pcpo_sigma_roots(
-    alpha_bar: float, alpha_bar_prev: float, w_target: float, convention: Convention = "residual"
+    alpha_bar: float, alpha_bar_prev: float, w_target: float, convention: Convention = DEFAULT_CONVENTION
 ) -> np.ndarray:
     """All valid sigma in (0, sqrt(1-ab_{t-1})] with ``w(sigma) = w_target`` (closed form).
 
@@ -440,7 +438,7 @@ class DDIMCredit:
 
 def pcpo_ddim_credit(
     schedule: DDIMSchedule,
-    convention: Convention = "residual",
+    convention: Convention = DEFAULT_CONVENTION,
     w_target: float | None = None,
     fallback: str = DEFAULT_FALLBACK,
 ) -> DDIMCredit:

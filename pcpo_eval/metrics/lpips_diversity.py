@@ -174,11 +174,6 @@ class PairwiseAccumulator:
         return 2.0 * float(self.m2) / (self.n - 1)
 
 
-def mean_pairwise_distance(g: torch.Tensor) -> float:
-    """Mean ||g_i - g_j||^2 over unordered pairs of the rows of ``g``."""
-    return PairwiseAccumulator().update(g).mean_distance()
-
-
 def pairwise_distances(g: torch.Tensor, block: int = 256) -> torch.Tensor:
     """Full (n, n) matrix d_ij = G_ii + G_jj - 2 G_ij, built block by block (float64, clamped >= 0)."""
     g = g.double()

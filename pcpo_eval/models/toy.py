@@ -88,7 +88,3 @@ class ToyAdapter(ModelAdapter):
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         return toy_model.latents_to_images(latents)
-
-    def encode_images(self, images: torch.Tensor) -> torch.Tensor:
-        """uint8 images (B, 3, 32, 32) -> latents (exact inverse of :meth:`decode` up to rounding)."""
-        return toy_model.images_to_latents(images, self.patch).to(self.device, self.dtype)

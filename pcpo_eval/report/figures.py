@@ -14,13 +14,13 @@ improvement, performance profiles) reduce each run to its final reward / AUC / p
 the functions the verdict uses and call :func:`pcpo_eval.stats.runlevel.iqm_interval`,
 :func:`pcpo_eval.stats.runlevel.poi_interval` and :func:`pcpo_eval.stats.runlevel.performance_profile`
 (percentile bootstrap, fixed seed :data:`BOOTSTRAP_SEED`). Every test statistic, inferential interval and p-value comes from
-``results.json``. Figures follow the paper's conventions: Fig. 5 (reward and clip fraction per
+``results.json``. Figures follow the paper's conventions: Fig. 3 (reward and clip fraction per
 epoch; the held-out validation reward), the appendix rho and first-layer |g| plots, the ratio
 diagnostics (Taylor error of log rho ~ rho - 1 and the |dot| / squared-norm ratio of Eq. Delta per
 update, Fig. on-policy-justification) and Q-Q plots of the LMM residuals.
 
-Each ``*_figure`` function returns a matplotlib figure (or None when its data is absent); the
-``*_plot`` function of the same name returns it as a PNG data URI for the HTML report.
+Each ``*_figure`` function returns a matplotlib figure (or None when its data is absent);
+:func:`fig_uri` makes it a PNG data URI for the HTML report.
 
 User text (run, cell and arm names) reaches matplotlib only through :func:`mpl_text`, which escapes
 ``$`` so a name can never be parsed as mathtext (a malformed ``$...$`` would make ``savefig`` fail).
@@ -95,9 +95,6 @@ def fig_uri(fig: Any, dpi: int = HTML_DPI, close: bool = True) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def _uri(fig: Any) -> str | None:
-    return None if fig is None else fig_uri(fig)
-
 
 def figure_name(text: str) -> str:
     """A file-name stem from user text (``qq_<metric>``): letters, digits, ``.-_`` only."""
@@ -157,13 +154,13 @@ def _legend(ax: Any) -> None:
 
 
 # ------------------------------------------------------------------------------------------------
-# Fig. 5 style traces (from results["traces"]): smoothed reward, clip fraction, rho, |g|
+# Fig. 3 (fig:reward-traj-comparison) style traces (from results["traces"]): smoothed reward, clip fraction, rho, |g|
 # ------------------------------------------------------------------------------------------------
 
 
 @paper_style
 def traces_figure(traces: list[dict[str, Any]], window: int) -> Any:
-    """Fig. 5 style: smoothed reward (top) and clip fraction (bottom), one column per cell."""
+    """Fig. 3 style: smoothed reward (top) and clip fraction (bottom), one column per cell."""
     if not traces:
         return None
     cells = _cells(traces)
@@ -180,11 +177,6 @@ def traces_figure(traces: list[dict[str, Any]], window: int) -> Any:
         _legend(top)
     fig.tight_layout()
     return fig
-
-
-def traces_plot(traces: list[dict[str, Any]], window: int) -> str | None:
-    """:func:`traces_figure` as a PNG data URI."""
-    return _uri(traces_figure(traces, window))
 
 
 #: Epochs of the close-up of the first training epochs (Fig. ablations-aes (b): "the initial 20 steps").
@@ -245,11 +237,6 @@ def rho_figure(traces: list[dict[str, Any]]) -> Any:
     return fig
 
 
-def rho_plot(traces: list[dict[str, Any]]) -> str | None:
-    """:func:`rho_figure` as a PNG data URI."""
-    return _uri(rho_figure(traces))
-
-
 @paper_style
 def grad_figure(traces: list[dict[str, Any]]) -> Any:
     """First-layer |g| mean and variance per epoch (log scale); second cell dashed."""
@@ -268,11 +255,6 @@ def grad_figure(traces: list[dict[str, Any]]) -> Any:
     _legend(axes[0])
     fig.tight_layout()
     return fig
-
-
-def grad_plot(traces: list[dict[str, Any]]) -> str | None:
-    """:func:`grad_figure` as a PNG data URI."""
-    return _uri(grad_figure(traces))
 
 
 @paper_style
@@ -359,11 +341,6 @@ def reward_curves_figure(runs: list[dict[str, Any]], roles: dict[str, str], wall
     return fig
 
 
-def reward_curves_plot(runs: list[dict[str, Any]], roles: dict[str, str], wall_clock: bool = False) -> str | None:
-    """:func:`reward_curves_figure` as a PNG data URI."""
-    return _uri(reward_curves_figure(runs, roles, wall_clock))
-
-
 def kl_bins(points: list[tuple[float, float]], n_bins: int = 8) -> tuple[list[float], list[float]]:
     """Drawing aid of the KL-reward plot: (x, y) points sorted by x, cut into ``n_bins`` groups of
     (nearly) equal size; returns the mean x and mean y of each group, so the line runs left to right."""
@@ -405,11 +382,6 @@ def kl_reward_figure(runs: list[dict[str, Any]], roles: dict[str, str]) -> Any:
     return fig
 
 
-def kl_reward_plot(runs: list[dict[str, Any]], roles: dict[str, str]) -> str | None:
-    """:func:`kl_reward_figure` as a PNG data URI."""
-    return _uri(kl_reward_figure(runs, roles))
-
-
 # ------------------------------------------------------------------------------------------------
 # diagnostics of ``diagnostics: true`` / ``validation_every`` runs (from results["traces"])
 # ------------------------------------------------------------------------------------------------
@@ -444,11 +416,6 @@ def validation_figure(traces: list[dict[str, Any]], roles: dict[str, str]) -> An
         _legend(ax)
     fig.tight_layout()
     return fig
-
-
-def validation_plot(traces: list[dict[str, Any]], roles: dict[str, str]) -> str | None:
-    """:func:`validation_figure` as a PNG data URI."""
-    return _uri(validation_figure(traces, roles))
 
 
 def per_update_series(trace: dict[str, Any], key: str) -> tuple[list[float], list[float]]:
@@ -489,11 +456,6 @@ def diagnostics_figure(traces: list[dict[str, Any]]) -> Any:
     axes[1].axhline(1.0, color="black", lw=0.5, ls=":")
     fig.tight_layout()
     return fig
-
-
-def diagnostics_plot(traces: list[dict[str, Any]]) -> str | None:
-    """:func:`diagnostics_figure` as a PNG data URI."""
-    return _uri(diagnostics_figure(traces))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -590,11 +552,6 @@ def interval_estimates_figure(runs: list[dict[str, Any]], roles: dict[str, str],
     return fig
 
 
-def interval_estimates_plot(runs: list[dict[str, Any]], roles: dict[str, str], window: int = 5) -> str | None:
-    """:func:`interval_estimates_figure` as a PNG data URI."""
-    return _uri(interval_estimates_figure(runs, roles, window))
-
-
 def improvement_pairs(runs: list[dict[str, Any]], roles: dict[str, str]) -> list[tuple[str, str, str]]:
     """(cell, baseline arm, other arm): every arm of a cell against the cell's baseline-role arm."""
     out = []
@@ -632,11 +589,6 @@ def improvement_figure(runs: list[dict[str, Any]], roles: dict[str, str], window
     _finish_rows(axes, [_row_label(c, f"P({a} > {b})", len(_cells(runs))) for c, b, a in pairs])
     fig.tight_layout()
     return fig
-
-
-def improvement_plot(runs: list[dict[str, Any]], roles: dict[str, str], window: int = 5) -> str | None:
-    """:func:`improvement_figure` as a PNG data URI."""
-    return _uri(improvement_figure(runs, roles, window))
 
 
 #: Thresholds per performance-profile panel (evenly spaced over the range of the per-run values).
@@ -679,8 +631,3 @@ def performance_profile_figure(runs: list[dict[str, Any]], roles: dict[str, str]
     _legend(axes[0][0])
     fig.tight_layout()
     return fig
-
-
-def performance_profile_plot(runs: list[dict[str, Any]], roles: dict[str, str], window: int = 5) -> str | None:
-    """:func:`performance_profile_figure` as a PNG data URI."""
-    return _uri(performance_profile_figure(runs, roles, window))

@@ -17,7 +17,7 @@ runs (descriptive, :mod:`pcpo_eval.report.figures`), PPO health; reward-matched 
 significant differences in bold) and their simple effects; LMM tables per effect (Tables 3-4) with
 95% CIs, df method and diagnostics; preference metrics (Table 5); the human preference study (only
 when results.json has ``human``: win rates with exact CIs, mixed logistic model, Bradley-Terry,
-agreement, attention checks, example pairs); training traces (Fig. 5) with rho
+agreement, attention checks, example pairs); training traces (Fig. 3) with rho
 and |g| statistics; the credit-weight figure (Fig. 2); image grids at matched reward; progression
 over epochs (only when results.json has ``progression``).
 

@@ -78,10 +78,13 @@ def parse_reward(value: Any) -> RewardSpec:
     if isinstance(value, str) and value.strip().startswith("{"):
         import yaml
 
+        from pcpo_eval.io import yaml_safe_load
+
         try:
-            value = yaml.safe_load(value)
+            value = yaml_safe_load(value)  # a reward named twice is refused, not summed or overwritten
         except yaml.YAMLError:
-            raise UserError(f"reward {value!r} is not a YAML mapping; write e.g. {{aesthetic: 0.7, hps: 0.3}}") from None
+            raise UserError(f"reward {value!r} is not a YAML mapping (each reward named once); write e.g. "
+                            "{aesthetic: 0.7, hps: 0.3}") from None
     if isinstance(value, str):
         if not value.strip():
             raise UserError("reward is empty; name a reward (e.g. toy_aesthetic) or a weighted sum {a: 0.7, b: 0.3}")

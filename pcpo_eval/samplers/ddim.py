@@ -29,6 +29,7 @@ import torch
 
 from pcpo_eval.credit.ddim import (
     CONVENTIONS,
+    DEFAULT_CONVENTION,
     DEFAULT_FALLBACK,
     FALLBACKS,
     DDIMSchedule,
@@ -78,13 +79,6 @@ def gaussian_log_prob(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor | f
     return lp.mean(dim=tuple(range(1, x.ndim)))
 
 
-def ddim_log_prob(
-    x_t: torch.Tensor, eps_hat: torch.Tensor, x_prev: torch.Tensor, ab_t, ab_prev, sigma
-) -> torch.Tensor:
-    """log p_theta(x_{t-1} | x_t) of a recorded transition (DDPO's ``ddim_step_with_logprob``)."""
-    return gaussian_log_prob(x_prev, ddim_mean(x_t, eps_hat, ab_t, ab_prev, sigma), sigma)
-
-
 @dataclass(kw_only=True)
 class DDIMSample(Trajectory):
     """Output of :func:`sample_ddim`: a :class:`~pcpo_eval.samplers.base.Trajectory` plus DDIM's
@@ -101,7 +95,7 @@ class DDIMSample(Trajectory):
 
 
 def step_sigmas(
-    schedule: DDIMSchedule, sigma_schedule: str = "ddim", convention: str = "residual",
+    schedule: DDIMSchedule, sigma_schedule: str = "ddim", convention: str = DEFAULT_CONVENTION,
     fallback: str = DEFAULT_FALLBACK,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per-step (sigma, credit scale): DDIM's eta schedule (scale 1) or PCPO's constant-weight sigma~
@@ -125,7 +119,7 @@ def sample_ddim(
     eta: float,
     generators: list[torch.Generator],
     sigma_schedule: str = "ddim",
-    convention: str = "residual",
+    convention: str = DEFAULT_CONVENTION,
     fallback: str = DEFAULT_FALLBACK,
     record: bool = False,
     x_T: torch.Tensor | None = None,
@@ -186,7 +180,7 @@ class DDIMSampler:
     :func:`ddim_mean`.
     """
 
-    convention: str = "residual"  #: weight convention of PCPO's sigma~ (credit.ddim.CONVENTIONS)
+    convention: str = DEFAULT_CONVENTION  #: weight convention of PCPO's sigma~ (credit.ddim.CONVENTIONS)
     fallback: str = DEFAULT_FALLBACK  #: steps without a root (credit.ddim.FALLBACKS)
     name: ClassVar[str] = "ddim"
     prediction: ClassVar[str] = "eps"

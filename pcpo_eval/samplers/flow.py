@@ -81,11 +81,6 @@ def flow_sde_mean(x: torch.Tensor, u: torch.Tensor, t, dt, sigma) -> torch.Tenso
     return x * (1 - sigma**2 * dt / (2 * t)) - u * dt * (1 + sigma**2 * (1 - t) / (2 * t))
 
 
-def flow_sde_std(dt, sigma) -> torch.Tensor | float:
-    """Per-step standard deviation sigma_t * sqrt(dt)."""
-    return sigma * dt**0.5
-
-
 def flow_log_prob(x: torch.Tensor, u: torch.Tensor, x_next: torch.Tensor, t, dt, sigma) -> torch.Tensor:
     """log p(x_next | x) under the SDE step, averaged over non-batch dims (DanceGRPO/Flow-GRPO)."""
     std = _bcast(sigma, x) * torch.sqrt(_bcast(dt, x))

@@ -95,7 +95,6 @@ TABLE_COLUMNS = ("arm", "cell", "seed", "epoch", "reward_mean")
 CONTROL_COLUMN = "control_reward_mean"
 #: quantity -> how a sentence names it
 QUANTITIES = {"final_reward": "final reward", "auc": "reward AUC", "paired_gain": "paired gain"}
-SPEEDUP_KINDS = {"speedup_gain": "gain", "speedup_reward": "reward"}
 #: the speed-up the report says how many seeds would detect
 REFERENCE_SPEEDUP = 0.25
 #: why a secondary row is not significant when its family was not tested (:func:`adjust_families`;

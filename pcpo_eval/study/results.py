@@ -30,7 +30,7 @@ report (:mod:`pcpo_eval.report.html`) only formats the JSON written from :func:`
     family over every cell, comparison and metric of the table and the LMM terms of the compared
     factor (:func:`arm_family`).
 
-* Preference table (Table 5; best by each metric's direction), training traces (Fig. 5), the
+* Preference table (Table 5; best by each metric's direction), training traces (Fig. 3), the
   credit-weight figure (Fig. 2), image grids at matched reward.
 """
 

@@ -219,8 +219,3 @@ def parse_grids(section: Any, levels: Sequence[str], runs: Sequence[Any], arm_of
 def grid_dir_name(grid: GridSpec, index: int) -> str:
     """The folder of a grid's own sets: its name, else ``grid<index>``."""
     return grid.name or f"grid{index}"
-
-
-def prompt_file_lines(prompts: Sequence[str]) -> str:
-    """A grid's named prompts as a prompt file (one per line)."""
-    return "".join(" ".join(p.split()) + "\n" for p in prompts)

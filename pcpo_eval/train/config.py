@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from pcpo_eval.credit.ddim import CONVENTIONS, DEFAULT_FALLBACK, FALLBACKS
+from pcpo_eval.credit.ddim import CONVENTIONS, DEFAULT_CONVENTION, DEFAULT_FALLBACK, FALLBACKS
 from pcpo_eval.credit.flow import FLOW_SDES, KL_FORMS, STEP_WEIGHTINGS, T1_CONVENTIONS
 from pcpo_eval.errors import UserError
 from pcpo_eval.io import check_finite, parse_overrides, read_yaml_mapping, yaml_safe_load
@@ -57,7 +57,7 @@ class TrainConfig:
     #: when an image's score does not depend on the other images of its call (per-image rewards; batched
     #: networks within float rounding)
     reward_overlap: bool = False
-    credit_convention: str = "residual"  #: weight convention of PCPO's sigma~: residual | unit (credit.ddim.CONVENTIONS)
+    credit_convention: str = DEFAULT_CONVENTION  #: weight convention of PCPO's sigma~: residual | unit (credit.ddim.CONVENTIONS)
     credit_fallback: str = DEFAULT_FALLBACK  #: steps sigma~ cannot bring to w*: cap | exclude | nearest | native
     # --- flow-matching models (prediction == "velocity"; samplers/flow.py) -----------------
     sde: str = "dance"  #: dance (DanceGRPO, sigma = eta) | flowgrpo (sigma_t = eta sqrt(t/(1-t)))

@@ -253,11 +253,6 @@ def dancegrpo_reward_lines(path: str | Path, last_run: bool = False) -> tuple[pd
     return table, (picked[0][0], picked[-1][0])
 
 
-def dancegrpo_rewards(path: str | Path, last_run: bool = False) -> pd.DataFrame:
-    """``reward.txt`` as a table of (epoch, reward_mean): :func:`dancegrpo_reward_lines` without the line numbers."""
-    return dancegrpo_reward_lines(path, last_run)[0]
-
-
 def dancegrpo_append_problem(n_rewards: int, cks: dict[int, Path]) -> str | None:
     """Why ``n_rewards`` logged epochs cannot be one run with checkpoints ``cks`` (None when they can).
 

@@ -84,7 +84,7 @@ def eps_matching_log_rho(
     """log rho = -[w (eps_theta - eps_old) . eps + 1/2 ||w (eps_theta - eps_old)||^2] (Prop. 1).
 
     ``noise`` is the unit Gaussian noise of the recorded step and ``w = C/sigma`` (the ``unit``
-    convention; the residual convention gives the identical value, see credit.py). Averaged over
+    convention; the residual convention gives the identical value, :mod:`pcpo_eval.credit.ddim`). Averaged over
     non-batch dims to match DDPO's log-prob scale. Also Eq. ``eq:logrho-flow`` with velocities.
     """
     w = torch.as_tensor(w, dtype=eps_theta.dtype, device=eps_theta.device)

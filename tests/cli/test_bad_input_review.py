@@ -88,6 +88,8 @@ TRAIN_CASES = [
     ("device=gpu", ["device='gpu'", "choose auto, cpu, cuda or cuda:N"]),
     # an override value that is not YAML was a ParserError traceback; it is read as text
     ("reward={a: 1", ["reward '{a: 1' is not a YAML mapping"]),
+    # a reward named twice kept its last weight without a word
+    ("reward={toy_aesthetic: 0.7, toy_aesthetic: 0.3}", ["is not a YAML mapping (each reward named once)"]),
     ("model=@x", ["unknown model spec '@x'"]),
 ]
 

@@ -5,7 +5,13 @@ from __future__ import annotations
 import math
 
 from pcpo_eval.io import to_jsonable
-from pcpo_eval.report.figures import diagnostics_plot, per_update_series, seed_band, validation_plot
+from pcpo_eval.report.figures import (
+    diagnostics_figure,
+    fig_uri,
+    per_update_series,
+    seed_band,
+    validation_figure,
+)
 from pcpo_eval.report.html import render_report
 
 NAN = math.nan
@@ -30,15 +36,15 @@ def test_validation_band_is_mean_over_seeds_at_validated_epochs():
     assert b["x"] == [2.0, 4.0]
     assert all(abs(a - e) < 1e-12 for a, e in zip(b["mean"], [0.51, 0.71], strict=True))
     assert b["lo"] == [0.5, 0.7] and b["hi"] == [0.52, 0.72]
-    assert validation_plot(TRACES, {"ddpo": "baseline", "pcpo": "pcpo"}).startswith("data:image/png;base64,")
-    assert validation_plot([{k: v for k, v in t.items() if not k.startswith("val_")} for t in TRACES], {}) is None
+    assert fig_uri(validation_figure(TRACES, {"ddpo": "baseline", "pcpo": "pcpo"})).startswith("data:image/png;base64,")
+    assert validation_figure([{k: v for k, v in t.items() if not k.startswith("val_")} for t in TRACES], {}) is None
 
 
 def test_per_update_series_and_plot():
     x, y = per_update_series(TRACES[0], "taylor_rel_err_per_update")
     assert x[:2] == [0.25, 0.75] and x[-1] == 3.75 and y[:2] == [1e-6, 3e-3]
-    assert diagnostics_plot(TRACES).startswith("data:image/png;base64,")
-    assert diagnostics_plot([{"run": "r", "epoch": [1]}]) is None
+    assert fig_uri(diagnostics_figure(TRACES)).startswith("data:image/png;base64,")
+    assert diagnostics_figure([{"run": "r", "epoch": [1]}]) is None
 
 
 def test_report_shows_the_sections_only_when_logged():
@@ -63,5 +69,5 @@ def test_plot_with_every_per_update_value_missing():
     assert x == [0.5, 1.5, 2.5, 3.5] and all(math.isnan(v) for v in y)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert diagnostics_plot(traces).startswith("data:image/png;base64,")
-        assert diagnostics_plot([{**TRACES[0], "delta_ratio_per_update": [[None]] * 4}]).startswith("data:image/png")
+        assert fig_uri(diagnostics_figure(traces)).startswith("data:image/png;base64,")
+        assert fig_uri(diagnostics_figure([{**TRACES[0], "delta_ratio_per_update": [[None]] * 4}])).startswith("data:image/png")

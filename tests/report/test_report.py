@@ -394,7 +394,7 @@ def test_seed_band_and_mathtext_safe_labels():
                  "hi": [0.3, 0.4, 0.5]}
     assert figures.seed_band(runs, "reward_mean", "wall_time_s")["x"] == [11.0, 21.0, 30.0]
     bad = [{**r, "arm": r"$\notacommand{$", "cell": "$x^$"} for r in runs]  # malformed mathtext in user text
-    assert figures.reward_curves_plot(bad, {}, wall_clock=True).startswith("data:image/png;base64,")
+    assert figures.fig_uri(figures.reward_curves_figure(bad, {}, wall_clock=True)).startswith("data:image/png;base64,")
 
 
 def test_empty_verdict_and_runs_without_wall_clock():

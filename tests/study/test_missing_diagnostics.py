@@ -22,7 +22,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from pcpo_eval.report.figures import diagnostics_plot, per_update_series
+from pcpo_eval.report.figures import diagnostics_figure, fig_uri, per_update_series
 from pcpo_eval.study.results import PER_UPDATE_COLUMNS
 from pcpo_eval.study.runner import run_study
 from pcpo_eval.train.trainer import log_frame
@@ -105,7 +105,7 @@ def test_missing_per_update_values_run_through_stats_and_report(trained):
             assert t[column] == [[None, None]] * EPOCHS
     html = report.read_text()
     assert 'id="diagnostics"' in html and "Taylor error and Eq. Delta ratio per update" in html
-    assert diagnostics_plot(list(traces.values())).startswith("data:image/png;base64,")
+    assert fig_uri(diagnostics_figure(list(traces.values()))).startswith("data:image/png;base64,")
 
 
 def test_log_frame_keeps_all_nan_list_columns_as_floats(tmp_path):
