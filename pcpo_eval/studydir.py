@@ -258,3 +258,20 @@ class StudyView:
     def arm(self, name: str) -> str:
         run = next(r for r in self.spec["runs"] if r["name"] == name)
         return run["levels"][self.spec["compare_factor"]]
+
+
+#: ``results.json`` ``runs[].compute_s``: each run's cumulative own compute per epoch
+#: (``pcpo_eval.study.verdicts``: the log's ``compute_s``, sampling + training without the paired control).
+#: Files written before it was named so hold it as ``wall_time_s``, the name of the log's per-epoch column.
+RUN_COMPUTE_KEY = "compute_s"
+
+
+def upgrade_runs(results: dict[str, Any]) -> dict[str, Any]:
+    """``results`` with every ``runs`` entry naming its cumulative compute :data:`RUN_COMPUTE_KEY` (an older
+    file's ``wall_time_s``), so readers see one key with one meaning."""
+    runs = results.get("runs")
+    if isinstance(runs, list):
+        results["runs"] = [{**{k: v for k, v in r.items() if k != "wall_time_s"},
+                            RUN_COMPUTE_KEY: r.get(RUN_COMPUTE_KEY, r.get("wall_time_s"))}
+                           if isinstance(r, dict) and "wall_time_s" in r else r for r in runs]
+    return results

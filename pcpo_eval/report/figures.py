@@ -44,6 +44,7 @@ from pcpo_eval.figfiles import (  # noqa: F401 (FORMATS, PNG_DPI, save_figure: r
     SINGLE_COLUMN_IN,
     save_figure,
 )
+from pcpo_eval.studydir import RUN_COMPUTE_KEY
 
 BASELINE_COLOR, PCPO_COLOR, OTHER_COLOR = "tab:blue", "tab:orange", "tab:gray"
 #: Roles an arm can take in the plots (colour and legend order).
@@ -299,7 +300,7 @@ def by_epoch(runs: list[dict[str, Any]], key: str) -> dict[Any, list[float]]:
 def seed_band(runs: list[dict[str, Any]], key: str, x_key: str | None = None) -> dict[str, list[float]]:
     """Pointwise mean, min and max over seeds of ``key`` per epoch (drawing aid, see the module doc).
 
-    ``x`` is the epoch, or with ``x_key`` (e.g. ``wall_time_s``) the mean of that column over the
+    ``x`` is the epoch, or with ``x_key`` (e.g. ``compute_s``) the mean of that column over the
     same runs at that epoch; epochs where ``x_key`` is missing are dropped.
     """
     ys = by_epoch(runs, key)
@@ -320,7 +321,7 @@ def reward_curves_figure(runs: list[dict[str, Any]], roles: dict[str, str], wall
     min-max band over seeds, and the paired untrained controls (same prompts and seeds) dashed."""
     if not runs:
         return None
-    x_key = "wall_time_s" if wall_clock else None
+    x_key = RUN_COMPUTE_KEY if wall_clock else None
     cells = _cells(runs)
     fig, axes = _axes_per_cell(len(cells))
     for ax, cell in zip(axes, cells, strict=True):

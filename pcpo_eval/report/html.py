@@ -62,7 +62,7 @@ from pcpo_eval.report.figures import (
 )
 from pcpo_eval.report.kl_ref import kl_ref_figure
 from pcpo_eval.stats.fmt import p_value, pct, pct_interval
-from pcpo_eval.studydir import StudyLayout, results_path
+from pcpo_eval.studydir import RUN_COMPUTE_KEY, StudyLayout, results_path, upgrade_runs
 
 #: Figures the report embeds and writes (``figures/<name>.svg|pdf|png``), in report order; plus one
 #: ``qq_<metric>`` per LMM fit. ``figures/credit.png`` is the stats stage's (credit weights, Fig. 2).
@@ -334,7 +334,7 @@ def report_figures(results: dict[str, Any]) -> dict[str, Any]:
     builders = {
         "reward_curves": lambda: reward_curves_figure(runs, roles),
         "reward_compute_time": lambda: (reward_curves_figure(runs, roles, wall_clock=True)
-                                        if any(r.get("wall_time_s") for r in runs) else None),
+                                        if any(r.get(RUN_COMPUTE_KEY) for r in runs) else None),
         "kl_reward": lambda: kl_reward_figure(runs, roles),
         "interval_estimates": lambda: interval_estimates_figure(runs, roles, window),
         "probability_of_improvement": lambda: improvement_figure(runs, roles, window),
@@ -588,7 +588,7 @@ def read_results(study_dir: str | Path) -> dict[str, Any]:
     if not isinstance(results.get("study"), dict):
         raise UserError(f"{res} is not a study's results object (no 'study' section); nothing was written "
                         f"(an existing report is kept); re-run `pcpo-eval study SPEC --out {study_dir} --stages stats`")
-    return results
+    return upgrade_runs(results)
 
 
 def write_report(study_dir: str | Path, out_file: str | Path | None = None, figures: bool = True) -> Path:

@@ -74,10 +74,7 @@ from pcpo_eval.stats.permutation import (
     t_not_robust,
 )
 from pcpo_eval.stats.power import mde as _mde
-from pcpo_eval.stats.speedup import check_curve, moving_average
-
-ONE_RUN_PER_ARM = "1 run per arm: these are differences between runs; no CI/p-value"
-
+from pcpo_eval.stats.speedup import ONE_RUN_PER_ARM, check_curve, moving_average
 
 # ---------------------------------------------------------------------------------------------
 # per-run quantities

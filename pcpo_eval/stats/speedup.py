@@ -77,6 +77,10 @@ from pcpo_eval.errors import UserError, require
 from pcpo_eval.rundir import load_log, log_path, validate_log
 from pcpo_eval.stats.fmt import p_value, pct, pct_interval
 
+#: why a comparison of one run per arm has no CI or p-value (runs, not algorithms, differ); the verdict
+#: sentences test for this reason by identity
+ONE_RUN_PER_ARM = "1 run per arm: these are differences between runs; no CI/p-value"
+
 
 def check_window(window: int) -> None:
     """A moving-average window is a whole number of epochs >= 1 (one UserError otherwise)."""
@@ -383,7 +387,7 @@ def _reason(b: Sequence[TimeToTarget], t: Sequence[TimeToTarget], vb: np.ndarray
     if all(r.at_start for r in (*b, *t)):
         return "uninformative target: every run reaches it at its first full-window epoch; choose a higher target"
     if len(b) < 2 or len(t) < 2:
-        return "1 run per arm: these are differences between runs; no CI/p-value" if len(b) < 2 and len(t) < 2 \
+        return ONE_RUN_PER_ARM if len(b) < 2 and len(t) < 2 \
             else f"1 {'baseline' if len(b) < 2 else 'treatment'} run: need >= 2 runs per arm for a CI/p-value"
     if all(r.censored for r in (*b, *t)):
         return "no run of either arm reaches the target within the compared epochs"

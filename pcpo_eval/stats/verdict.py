@@ -418,7 +418,7 @@ def speedup_sentence(v: Verdict, s: Speedup, kind: str) -> str:
     """One plain sentence for a speed-up row (after the family adjustment)."""
     b, t, what = v.baseline, v.treatment, f"{kind} {s.target:g}"
     if not s.estimable:
-        if s.reason.startswith("1 run per arm"):
+        if s.reason == ONE_RUN_PER_ARM:
             return (f"1 run per arm: differences between runs, not algorithms ({t} reaches {what} in "
                     f"{_epochs(s.treatment_mean)} epochs vs {_epochs(s.baseline_mean)})")  # fmt: skip
         return f"speed-up to {what}, {t} vs {b}, is not estimable: {s.reason}"

@@ -39,7 +39,7 @@ from pcpo_eval.errors import UserError
 from pcpo_eval.stats.power import family_level, seeds_needed
 from pcpo_eval.study.footprint import footprint_lines
 from pcpo_eval.study.spec import StudySpec
-from pcpo_eval.studydir import RESULTS_FILE, StudyLayout
+from pcpo_eval.studydir import RESULTS_FILE, RUN_COMPUTE_KEY, StudyLayout, upgrade_runs
 
 #: the relative effect planned for when --effect is not given (the paper's speed-ups are 25-41%)
 PLAN_DEFAULT_EFFECT = 0.25
@@ -53,9 +53,9 @@ def _pilot(path: Path) -> dict[str, Any]:
         res = json.loads(f.read_text())
     except (OSError, ValueError) as exc:
         raise UserError(f"cannot read {f}: {exc}; re-run the pilot's stats stage (--stages stats,report)") from None
-    if not res.get("verdict"):
+    if not isinstance(res, dict) or not res.get("verdict"):
         raise UserError(f"the pilot {path} has no run-level verdict; it needs >= 2 runs per arm with paired controls")
-    return res
+    return upgrade_runs(res)
 
 
 def _row_sd(row: dict[str, Any]) -> float | None:
@@ -171,7 +171,7 @@ def resources(sp: StudySpec, pilot_dir: Path | None, pilot: dict[str, Any] | Non
     if pilot is None or pilot_dir is None:
         return ["compute and disk: give --pilot STUDY_DIR (a small finished study of this spec) to estimate them"]
     runs = pilot.get("runs") or []
-    per_epoch = [float(np.mean(np.diff([0.0, *r["wall_time_s"]]))) for r in runs if r.get("wall_time_s")]
+    per_epoch = [float(np.mean(np.diff([0.0, *r[RUN_COMPUTE_KEY]]))) for r in runs if r.get(RUN_COMPUTE_KEY)]
     n_runs = len({(cell, a) for cell, a in ((r.get("cell"), r.get("arm")) for r in runs)}) * seeds
     epochs = max(int(r.train.epochs) for r in sp.runs if r.train is not None) if any(r.train for r in sp.runs) else 0
     lines = []

@@ -45,7 +45,7 @@ from pcpo_eval.stats.verdict import (
     verdict_rows,
 )
 from pcpo_eval.study.spec import StudySpec
-from pcpo_eval.studydir import StudyLayout
+from pcpo_eval.studydir import RUN_COMPUTE_KEY, StudyLayout
 
 #: seed of the permutation (Monte Carlo above 10,000 relabellings) and bootstrap draws
 VERDICT_SEED = 20240601
@@ -104,7 +104,7 @@ def ppo_health(log: pd.DataFrame) -> dict[str, Any]:
 
 
 def runs_entries(sp: StudySpec, logs: dict[str, pd.DataFrame]) -> list[dict[str, Any]]:
-    """``results.json`` ``runs``: per run its curves (wall time cumulative) and PPO health."""
+    """``results.json`` ``runs``: per run its curves (cumulative compute, :data:`RUN_COMPUTE_KEY`) and PPO health."""
     out = []
     for r in sp.runs:
         log = logs[r.name]
@@ -113,7 +113,7 @@ def runs_entries(sp: StudySpec, logs: dict[str, pd.DataFrame]) -> list[dict[str,
             "run": r.name, "cell": sp.cell_key(r), "arm": sp.arm(r), "seed": r.seed,
             "epochs": log["epoch"].astype(int).tolist(), "reward_mean": _column(log, "reward_mean"),
             "control_reward_mean": _column(log, CONTROL_COLUMN) if has_control(log) else None,
-            "wall_time_s": wall, "approx_kl": _column(log, "approx_kl"), "clipfrac": _column(log, "clipfrac"),
+            RUN_COMPUTE_KEY: wall, "approx_kl": _column(log, "approx_kl"), "clipfrac": _column(log, "clipfrac"),
             "ppo_health": ppo_health(log),
         })  # fmt: skip
     return out

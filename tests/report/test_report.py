@@ -330,7 +330,7 @@ def test_missing_numbers_never_print_as_none_or_nan(report):
              "ci_low": None, "ci_high": 1.0, "n_baseline_runs": None, "n_treatment_runs": 2, "p": None,
              "estimable": True, "reason": None, "significant": None, "sentence": None}
     run = {"run": None, "cell": "c", "arm": "PCPO", "seed": None, "epochs": [1, 2, 3],
-           "reward_mean": [0.1, None, float("nan")], "control_reward_mean": None, "wall_time_s": [None, 2.0, 3.0],
+           "reward_mean": [0.1, None, float("nan")], "control_reward_mean": None, "compute_s": [None, 2.0, 3.0],
            "approx_kl": [None, None, 0.1], "clipfrac": [None] * 3,
            "ppo_health": {"median_approx_kl": None, "mean_clipfrac": float("nan"), "warning": None}}
     results = to_jsonable({
@@ -386,24 +386,38 @@ def test_health_table_and_progression(report):
 
 def test_seed_band_and_mathtext_safe_labels():
     """The curve is the pointwise mean over seeds with a min-max band; x can be mean wall-clock time."""
-    runs = [{"cell": "c", "arm": "a", "epochs": [1, 2], "reward_mean": [0.1, 0.4], "wall_time_s": [10.0, 20.0]},
+    runs = [{"cell": "c", "arm": "a", "epochs": [1, 2], "reward_mean": [0.1, 0.4], "compute_s": [10.0, 20.0]},
             {"cell": "c", "arm": "a", "epochs": [1, 2, 3], "reward_mean": [0.3, None, 0.5],
-             "wall_time_s": [12.0, 22.0, 30.0]}]
+             "compute_s": [12.0, 22.0, 30.0]}]
     b = figures.seed_band(runs, "reward_mean")
     assert b == {"x": [1.0, 2.0, 3.0], "mean": [pytest.approx(0.2), 0.4, 0.5], "lo": [0.1, 0.4, 0.5],
                  "hi": [0.3, 0.4, 0.5]}
-    assert figures.seed_band(runs, "reward_mean", "wall_time_s")["x"] == [11.0, 21.0, 30.0]
+    assert figures.seed_band(runs, "reward_mean", "compute_s")["x"] == [11.0, 21.0, 30.0]
     bad = [{**r, "arm": r"$\notacommand{$", "cell": "$x^$"} for r in runs]  # malformed mathtext in user text
     assert figures.fig_uri(figures.reward_curves_figure(bad, {}, wall_clock=True)).startswith("data:image/png;base64,")
 
 
 def test_empty_verdict_and_runs_without_wall_clock():
-    runs = [{k: v for k, v in r.items() if k != "wall_time_s"} for r in synthetic_runs(epochs=5)]
+    runs = [{k: v for k, v in r.items() if k != "compute_s"} for r in synthetic_runs(epochs=5)]
     html = render_report({"study": {"name": "empty verdict"}, "verdict": [], "runs": to_jsonable(runs)})
     ids = {a.get("id") for a, _ in _tables(html).tables}
     assert "The verdict in this results.json is empty" in html and "verdict-table" not in ids
     assert "The runs log no wall-clock time." in html and "health-table" in ids
     assert ONE_RUN_BANNER not in html  # 3 seeds per arm
+
+
+def test_an_older_results_file_names_its_compute_time_wall_time_s(tmp_path):
+    """``runs[].wall_time_s`` held the cumulative compute time, while ``traces[].wall_time_s`` is the log's
+    per-epoch column: the runs' key is ``compute_s`` now, and an older file is read with its old name."""
+    from pcpo_eval.report.html import read_results
+
+    runs = to_jsonable(synthetic_runs(epochs=5))
+    old = [{**{k: v for k, v in r.items() if k != "compute_s"}, "wall_time_s": r["compute_s"]} for r in runs]
+    (tmp_path / "results.json").write_text(json.dumps({"study": {"name": "old"}, "verdict": [], "runs": old}))
+    read = read_results(tmp_path)["runs"]
+    assert [r["compute_s"] for r in read] == [r["compute_s"] for r in runs]
+    assert not any("wall_time_s" in r for r in read)
+    assert "The runs log no wall-clock time." not in render_report({"study": {"name": "old"}, "runs": read})
 
 
 def test_console_speedup_lines_say_what_each_speedup_is_worth():

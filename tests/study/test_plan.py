@@ -38,7 +38,7 @@ def _table(rng: np.random.Generator, n: int, gain_b: float, gain_t: float, sd: f
 
 def _pilot(tmp_path: Path, table: pd.DataFrame) -> Path:
     rows = verdict_rows(table, "DDPO", ["PCPO"], rng=np.random.default_rng(0), gain_targets=[0.03], k=5, n_boot=50)
-    runs = [{"run": f"{a}-{s}", "cell": "all", "arm": a, "wall_time_s": list(np.cumsum(np.full(24, 2.0)))}
+    runs = [{"run": f"{a}-{s}", "cell": "all", "arm": a, "compute_s": list(np.cumsum(np.full(24, 2.0)))}
             for a, s in table[["arm", "seed"]].drop_duplicates().itertuples(index=False)]
     out = tmp_path / "pilot"
     (out / "runs" / "r0").mkdir(parents=True)

@@ -239,7 +239,7 @@ def synthetic_runs(epochs: int = 30) -> list[dict]:
                     "run": EVIL_RUN if (arm, b, seed) == ("PCPO", "16", 0) else f"{arm}_{b}_s{seed}",
                     "cell": f"batch={b}", "arm": arm, "seed": seed, "epochs": log["epoch"].tolist(),
                     "reward_mean": reward.tolist(), "control_reward_mean": None if ctl is None else ctl.tolist(),
-                    "wall_time_s": np.cumsum(10.0 + 2.0 * (arm == "PCPO") + rng.normal(0, 0.5, epochs)).tolist(),
+                    "compute_s": np.cumsum(10.0 + 2.0 * (arm == "PCPO") + rng.normal(0, 0.5, epochs)).tolist(),
                     "approx_kl": approx_kl.tolist(), "clipfrac": log["clipfrac"].tolist(),
                     "ppo_health": {"median_approx_kl": float(np.median(approx_kl)),
                                    "mean_clipfrac": float(log["clipfrac"].mean()),
