@@ -52,6 +52,9 @@ LOG_COLUMNS = ("epoch", "reward_mean")
 #: the log column of the images sampled in an epoch over all processes (with ``processes``), which
 #: ``config.yaml`` cannot tell: its batch sizes are per process
 LOGGED_IMAGES = "images"
+#: the log column of the paired untrained control's reward each epoch (``paired_control: true``: the base
+#: model sampled on the epoch's prompts and noises), against which a run's learning is measured
+CONTROL_COLUMN = "control_reward_mean"
 
 
 def epoch_name(epoch: int) -> str:

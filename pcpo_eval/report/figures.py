@@ -6,14 +6,13 @@ for one panel, :data:`DOUBLE_COLUMN_IN` = 6.8 in for several), fonts >= 7 pt
 (:data:`PAPER_RC`), text kept as text in SVG and TrueType (Type 42) fonts in PDF, panel titles
 that say what is plotted (a study's single cell, named ``all``, is not repeated in them).
 
-Plotting only, with two exceptions that are drawing aids or descriptive summaries:
-a curve "mean over seeds" with a min-max band is the pointwise mean / min / max of the per-run
-values logged at the same epoch (the figure captions say so); the rliable panels (Agarwal et al.
-2021, "Deep RL at the edge of the statistical precipice": interval estimates and probability of
-improvement, performance profiles) reduce each run to its final reward / AUC / paired gain with
-the functions the verdict uses and call :func:`pcpo_eval.stats.runlevel.iqm_interval`,
-:func:`pcpo_eval.stats.runlevel.poi_interval` and :func:`pcpo_eval.stats.runlevel.performance_profile`
-(percentile bootstrap, fixed seed :data:`BOOTSTRAP_SEED`). Every test statistic, inferential interval and p-value comes from
+Plotting only, with one exception, a drawing aid: a curve "mean over seeds" with a min-max band is
+the pointwise mean / min / max of the per-run values logged at the same epoch (the figure captions
+say so). The rliable panels (Agarwal et al. 2021, "Deep RL at the edge of the statistical
+precipice": interval estimates, probability of improvement, performance profiles) draw the numbers
+the stats stage wrote to ``results.json`` ``rliable`` (:mod:`pcpo_eval.stats.rliable`: each run
+reduced by the verdict's own function, bootstrap intervals with a fixed seed); an older results.json
+without them has no such panels. Every test statistic, interval and p-value comes from
 ``results.json``. Figures follow the paper's conventions: Fig. 3 (reward and clip fraction per
 epoch; the held-out validation reward), the appendix rho and first-layer |g| plots, the ratio
 diagnostics (Taylor error of log rho ~ rho - 1 and the |dot| / squared-norm ratio of Eq. Delta per
@@ -53,11 +52,6 @@ ROLE_ORDER = {"baseline": 0, "pcpo": 1, "other": 2}
 #: with the credit figure); re-exported here.
 #: Resolution of the PNGs embedded in the HTML report.
 HTML_DPI = 120
-#: Seed of the rliable panels' bootstrap (the same figure every time).
-BOOTSTRAP_SEED = 20210825
-#: Per-run quantities of the rliable panels (the verdict's definitions, :mod:`pcpo_eval.stats.verdict`).
-RUN_QUANTITIES = {"paired_gain": "paired gain (reward - control)", "final_reward": "final reward",
-                  "auc": "reward AUC (mean over training)"}
 
 
 def _plt() -> Any:
@@ -460,46 +454,23 @@ def diagnostics_figure(traces: list[dict[str, Any]]) -> Any:
 
 
 # ------------------------------------------------------------------------------------------------
-# rliable panels over runs (from results["runs"]): interval estimates, probability of improvement,
+# rliable panels over runs (from results["rliable"]): interval estimates, probability of improvement,
 # performance profiles
 # ------------------------------------------------------------------------------------------------
 
 
-def _run_value(reward: Any, control: Any, quantity: str, k: int, epochs: Any) -> float:
-    from pcpo_eval.stats.runlevel import auc, final, paired_gain
+def _panel_rows(block: dict[str, Any], roles: dict[str, str]) -> list[tuple[str, str]]:
+    """(cell, arm) rows of the interval and profile panels: cells as the runs list them, then baseline,
+    PCPO, other arms."""
+    cells = _cells(block.get("runs") or [])
+    rows = list(dict.fromkeys((str(r["cell"]), str(r["arm"])) for r in block.get("intervals") or []))
+    return sorted(rows, key=lambda ca: (cells.index(ca[0]) if ca[0] in cells else len(cells),
+                                        ROLE_ORDER.get(roles.get(ca[1], "other"), 2), ca[1]))
 
-    if quantity == "final_reward":
-        return final(reward, k)
-    if quantity == "auc":
-        return auc(reward, epochs=epochs)
-    return paired_gain(reward, control, k) if control is not None else math.nan
 
-
-def run_scalars(runs: list[dict[str, Any]], window: int = 5) -> dict[tuple[str, str], dict[str, list[float]]]:
-    """Per (cell, arm) and quantity of :data:`RUN_QUANTITIES`, the finite per-run values, as the
-    verdict defines them (:mod:`pcpo_eval.stats.verdict`): every run of a cell cut at the cell's
-    shortest run, ``k = min(window, epochs)`` last epochs; a run with a missing value is left out."""
-    import numpy as np
-
-    out: dict[tuple[str, str], dict[str, list[float]]] = {}
-    for cell in _cells(runs):
-        here = [r for r in runs if str(r["cell"]) == cell and r.get("epochs")]
-        last = min((max(r["epochs"]) for r in here), default=0)
-        for r in here:
-            keep = [i for i, e in enumerate(r["epochs"]) if e <= last]
-            if not keep:
-                continue
-            epochs = np.asarray([r["epochs"][i] for i in keep])
-            reward = np.asarray(finite(r.get("reward_mean")) + [math.nan] * len(r["epochs"]), dtype=float)[keep]
-            ctl = r.get("control_reward_mean")
-            control = np.asarray(finite(ctl) + [math.nan] * len(r["epochs"]), dtype=float)[keep] if ctl else None
-            k = max(1, min(int(window), len(keep)))
-            mine = out.setdefault((cell, str(r.get("arm", ""))), {q: [] for q in RUN_QUANTITIES})
-            for q in RUN_QUANTITIES:
-                v = _run_value(reward, control, q, k, epochs)
-                if math.isfinite(v):
-                    mine[q].append(v)
-    return out
+def _n_runs(block: dict[str, Any], cell: str, arm: str) -> int:
+    return max((int(i["n_runs"]) for i in block.get("intervals") or [] if (i["cell"], i["arm"]) == (cell, arm)),
+               default=0)
 
 
 def _row_label(cell: str, text: str, n_cells: int) -> str:
@@ -525,109 +496,74 @@ def _finish_rows(axes: list[Any], labels: list[str]) -> None:
 
 
 @paper_style
-def interval_estimates_figure(runs: list[dict[str, Any]], roles: dict[str, str], window: int = 5,
-                              n_boot: int = 2000) -> Any:
-    """rliable's interval estimates (Agarwal et al. 2021): per arm (and cell) the IQM over runs of
-    each per-run quantity with its 95% percentile bootstrap CI (:func:`~pcpo_eval.stats.runlevel.iqm_interval`)."""
-    import numpy as np
-
-    from pcpo_eval.stats.runlevel import iqm_interval
-
-    vals = run_scalars(runs or [], window)
-    qs = [q for q in RUN_QUANTITIES if any(v[q] for v in vals.values())]
-    if not qs:
+def interval_estimates_figure(block: dict[str, Any] | None, roles: dict[str, str]) -> Any:
+    """rliable's interval estimates (Agarwal et al. 2021): per arm (and cell) the IQM over runs of each
+    per-run quantity with its 95% percentile bootstrap CI, as ``results.json`` ``rliable`` holds them
+    (:func:`pcpo_eval.stats.rliable.rliable_panels`)."""
+    ivs = (block or {}).get("intervals") or []
+    if not ivs:
         return None
-    cells = _cells(runs)
-    rows = sorted(vals, key=lambda ca: (cells.index(ca[0]), ROLE_ORDER.get(roles.get(ca[1], "other"), 2), ca[1]))
+    qs, rows = list(block["quantities"]), _panel_rows(block, roles)
+    n_cells = len({c for c, _ in rows})
     fig, axes = _interval_panels(len(qs), len(rows))
     for ax, q in zip(axes, qs, strict=True):
-        for i, (cell, arm) in enumerate(rows):
-            if vals[(cell, arm)][q]:
-                est, lo, hi = iqm_interval(vals[(cell, arm)][q], n_boot=n_boot,
-                                           rng=np.random.default_rng(BOOTSTRAP_SEED))
-                _interval(ax, i, est, lo, hi, color(roles.get(arm, "other")))
-        ax.set(title=f"{RUN_QUANTITIES[q]}", xlabel="IQM over runs, 95% CI")
-    _finish_rows(axes, [_row_label(c, f"{a} ({max(len(v) for v in vals[(c, a)].values())} runs)", len(cells))
-                        for c, a in rows])
+        for iv in (iv for iv in ivs if iv["quantity"] == q):
+            i = rows.index((str(iv["cell"]), str(iv["arm"])))
+            _interval(ax, i, iv["iqm"], iv["ci_low"], iv["ci_high"], color(roles.get(iv["arm"], "other")))
+        ax.set(title=block["quantities"][q], xlabel="IQM over runs, 95% CI")
+    _finish_rows(axes, [_row_label(c, f"{a} ({_n_runs(block, c, a)} runs)", n_cells) for c, a in rows])
     fig.tight_layout()
     return fig
 
 
-def improvement_pairs(runs: list[dict[str, Any]], roles: dict[str, str]) -> list[tuple[str, str, str]]:
-    """(cell, baseline arm, other arm): every arm of a cell against the cell's baseline-role arm."""
-    out = []
-    for cell in _cells(runs):
-        arms = _arms([r for r in runs if str(r["cell"]) == cell], roles)
-        base = next((a for a in arms if roles.get(a) == "baseline"), None)
-        out += [(cell, base, a) for a in arms if base is not None and a != base]
-    return out
-
-
 @paper_style
-def improvement_figure(runs: list[dict[str, Any]], roles: dict[str, str], window: int = 5,
-                       n_boot: int = 2000) -> Any:
+def improvement_figure(block: dict[str, Any] | None, roles: dict[str, str]) -> Any:
     """rliable's probability of improvement (Agarwal et al. 2021): P(a run of arm X beats a run of the
-    baseline) per per-run quantity, with its 95% stratified bootstrap CI
-    (:func:`~pcpo_eval.stats.runlevel.poi_interval`); 0.5 = no difference."""
-    import numpy as np
-
-    from pcpo_eval.stats.runlevel import poi_interval
-
-    vals = run_scalars(runs or [], window)
-    pairs = [p for p in improvement_pairs(runs or [], roles) if (p[0], p[1]) in vals and (p[0], p[2]) in vals]
-    qs = [q for q in RUN_QUANTITIES if any(vals[(c, b)][q] and vals[(c, t)][q] for c, b, t in pairs)]
-    if not qs:
+    baseline) per per-run quantity with its 95% stratified bootstrap CI, as ``results.json`` ``rliable``
+    holds them; 0.5 = no difference."""
+    imp = (block or {}).get("improvement") or []
+    if not imp:
         return None
+    qs = [q for q in block["quantities"] if any(r["quantity"] == q for r in imp)]
+    cells = _cells(block.get("runs") or [])
+    pairs = sorted(dict.fromkeys((str(r["cell"]), str(r["baseline"]), str(r["arm"])) for r in imp),
+                   key=lambda p: (cells.index(p[0]) if p[0] in cells else len(cells),
+                                  ROLE_ORDER.get(roles.get(p[2], "other"), 2), p[2]))
     fig, axes = _interval_panels(len(qs), len(pairs))
     for ax, q in zip(axes, qs, strict=True):
-        for i, (cell, base, arm) in enumerate(pairs):
-            b, t = vals[(cell, base)][q], vals[(cell, arm)][q]
-            if b and t:
-                est, lo, hi = poi_interval(b, t, n_boot=n_boot, rng=np.random.default_rng(BOOTSTRAP_SEED))
-                _interval(ax, i, est, lo, hi, color(roles.get(arm, "other")))
+        for r in (r for r in imp if r["quantity"] == q):
+            i = pairs.index((str(r["cell"]), str(r["baseline"]), str(r["arm"])))
+            _interval(ax, i, r["p_improvement"], r["ci_low"], r["ci_high"], color(roles.get(r["arm"], "other")))
         ax.axvline(0.5, color="black", lw=0.5, ls="--")
-        ax.set(xlim=(-0.02, 1.02), title=RUN_QUANTITIES[q], xlabel="P(improvement), 95% CI")
-    _finish_rows(axes, [_row_label(c, f"P({a} > {b})", len(_cells(runs))) for c, b, a in pairs])
+        ax.set(xlim=(-0.02, 1.02), title=block["quantities"][q], xlabel="P(improvement), 95% CI")
+    _finish_rows(axes, [_row_label(c, f"P({a} > {b})", len({p[0] for p in pairs})) for c, b, a in pairs])
     fig.tight_layout()
     return fig
 
 
-#: Thresholds per performance-profile panel (evenly spaced over the range of the per-run values).
-PROFILE_TAUS = 101
-
-
 @paper_style
-def performance_profile_figure(runs: list[dict[str, Any]], roles: dict[str, str], window: int = 5,
-                               n_boot: int = 2000) -> Any:
+def performance_profile_figure(block: dict[str, Any] | None, roles: dict[str, str]) -> Any:
     """rliable's performance profiles (Agarwal et al. 2021): per arm (and cell) the fraction of runs
-    whose per-run quantity exceeds tau, against tau, with a 95% bootstrap band over runs
-    (:func:`~pcpo_eval.stats.runlevel.performance_profile`); further right / higher is better."""
-    import numpy as np
-
-    from pcpo_eval.stats.runlevel import performance_profile
-
-    vals = run_scalars(runs or [], window)
-    qs = [q for q in RUN_QUANTITIES if any(v[q] for v in vals.values())]
-    if not qs:
+    whose per-run quantity exceeds tau, against tau, with a 95% bootstrap band over runs, as
+    ``results.json`` ``rliable`` holds them; further right / higher is better."""
+    profs = (block or {}).get("profiles") or []
+    if not profs:
         return None
-    cells = _cells(runs)
-    rows = sorted(vals, key=lambda ca: (cells.index(ca[0]), ROLE_ORDER.get(roles.get(ca[1], "other"), 2), ca[1]))
+    qs, rows = list(block["quantities"]), _panel_rows(block, roles)
+    cells = list(dict.fromkeys(c for c, _ in rows))
     width = SINGLE_COLUMN_IN if len(qs) == 1 else DOUBLE_COLUMN_IN
     fig, axes = _plt().subplots(1, len(qs), squeeze=False, sharey=True, figsize=(width, 2.2))
     for ax, q in zip(axes[0], qs, strict=True):
-        allv = [x for ca in rows for x in vals[ca][q]]
-        pad = 0.05 * (max(allv) - min(allv)) or 0.05 * max(abs(allv[0]), 1.0)
-        taus = np.linspace(min(allv) - pad, max(allv) + pad, PROFILE_TAUS)
+        taus = block["taus"][q]
         for cell, arm in rows:
-            if not vals[(cell, arm)][q]:
+            pr = next((p for p in profs if (p["cell"], p["arm"], p["quantity"]) == (cell, arm, q)), None)
+            if pr is None:
                 continue
-            frac, lo, hi = performance_profile(vals[(cell, arm)][q], taus, n_boot=n_boot,
-                                               rng=np.random.default_rng(BOOTSTRAP_SEED))
             c, ls = color(roles.get(arm, "other")), ("-", "--", ":", "-.")[cells.index(cell) % 4]
-            ax.fill_between(taus, lo, hi, color=c, alpha=0.2, lw=0, step="post")
-            ax.step(taus, frac, where="post", color=c, ls=ls,
-                    label=_row_label(cell, f"{arm} ({len(vals[(cell, arm)][q])} runs)", len(cells)))
-        ax.set(title=RUN_QUANTITIES[q], xlabel="threshold tau", ylim=(-0.02, 1.02))
+            ax.fill_between(taus, pr["band_low"], pr["band_high"], color=c, alpha=0.2, lw=0, step="post")
+            ax.step(taus, pr["fraction"], where="post", color=c, ls=ls,
+                    label=_row_label(cell, f"{arm} ({pr['n_runs']} runs)", len(cells)))
+        ax.set(title=block["quantities"][q], xlabel="threshold tau", ylim=(-0.02, 1.02))
     axes[0][0].set_ylabel("fraction of runs > tau")
     _legend(axes[0][0])
     fig.tight_layout()

@@ -336,9 +336,9 @@ def report_figures(results: dict[str, Any]) -> dict[str, Any]:
         "reward_compute_time": lambda: (reward_curves_figure(runs, roles, wall_clock=True)
                                         if any(r.get(RUN_COMPUTE_KEY) for r in runs) else None),
         "kl_reward": lambda: kl_reward_figure(runs, roles),
-        "interval_estimates": lambda: interval_estimates_figure(runs, roles, window),
-        "probability_of_improvement": lambda: improvement_figure(runs, roles, window),
-        "performance_profiles": lambda: performance_profile_figure(runs, roles, window),
+        "interval_estimates": lambda: interval_estimates_figure(results.get("rliable"), roles),
+        "probability_of_improvement": lambda: improvement_figure(results.get("rliable"), roles),
+        "performance_profiles": lambda: performance_profile_figure(results.get("rliable"), roles),
         "traces": lambda: traces_figure(trs, window),
         "traces_first_epochs": lambda: closeup_figure(trs),  # Fig. ablations-aes (b), unsmoothed
         "rho": lambda: rho_figure(trs),

@@ -189,7 +189,7 @@ def select_cmd(
         help="PCPO run: also bracket each run's checkpoints around the PCPO run's matched reward.",
     ),
     on: str = typer.Option(
-        "train", "--on", help="Match on the training reward (train) or the held-out validation reward (eval)."
+        "train", "--on", help="Match on the training reward (train), the held-out validation reward (eval) or the gain over the paired untrained control (gain)."
     ),
     output: str = typer.Option(None, "--output", "-o", help="Also write the JSON result to this file."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a markdown table."),

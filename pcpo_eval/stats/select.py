@@ -11,6 +11,11 @@ For each run directory (``RUN/log.parquet`` + ``RUN/checkpoints/epoch_XXXX/check
   every ``validation_every`` epochs by the trainer), smoothed over the trailing ``window``
   validation points; only checkpoints saved at a validation epoch are candidates (Flow-GRPO
   judges its runs on held-out prompts, paper l.1299-1302);
+* ``on="gain"``: the reward is the training reward minus the paired untrained control's
+  (``control_reward_mean``: the base model on the epoch's prompts and noises), smoothed alike:
+  checkpoints matched on learning. A raw target that a run's untrained control reaches
+  (:func:`control_reaches`) is matched by the sampler alone: a frozen policy, or a sampler whose
+  own level is higher (PCPO's sigma~), would look "reward-matched" without learning;
 * matched checkpoint: the first saved checkpoint (in epoch order) whose reward reaches the target
   over a *full* window (``full_window``: from the ``window``-th logged epoch, or validation point,
   on), the rule :mod:`pcpo_eval.stats.speedup` counts epochs to a target by, so a run's matched
@@ -38,11 +43,12 @@ import numpy as np
 import pandas as pd
 
 from pcpo_eval.errors import UserError
-from pcpo_eval.rundir import checkpoints_root, epoch_dirs, load_log, log_path, meta_path
+from pcpo_eval.rundir import CONTROL_COLUMN, checkpoints_root, epoch_dirs, load_log, log_path, meta_path
 from pcpo_eval.stats.speedup import check_window, moving_average
 
-#: what a checkpoint is matched on -> the log.parquet column holding it
-MATCH_ON = {"train": "reward_mean", "eval": "val_reward_mean"}
+#: what a checkpoint is matched on -> the log.parquet column(s) holding it (``gain``: the training reward
+#: minus the paired untrained control's, the learning alone; the sampler's own level cancels)
+MATCH_ON = {"train": "reward_mean", "eval": "val_reward_mean", "gain": f"reward_mean - {CONTROL_COLUMN}"}
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,9 @@ class RunCheckpoint:
     #: the smoothed reward averages a full window (may count as reaching a target); False for the
     #: first ``window - 1`` logged epochs (validation points), whose average is partial
     full_window: bool = True
+    #: ``on="train"``: the paired untrained control's smoothed reward at this epoch over a full window
+    #: (None without the control or before a full window): a target it reaches needs no learning
+    control: float | None = None
 
 
 @dataclass(frozen=True)
@@ -95,6 +104,8 @@ class Selection:
     choices: tuple[CheckpointChoice, ...]
     reference: CheckpointChoice | None
     brackets: tuple[Bracket, ...]
+    #: runs matched at a checkpoint by which their paired untrained control reaches the target too
+    control_reaches: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """JSON shape of ``pcpo-eval select --json``."""
@@ -104,6 +115,7 @@ class Selection:
             "runs": [asdict(c) for c in self.choices],
             "reference": asdict(self.reference) if self.reference else None,
             "brackets": [asdict(b) for b in self.brackets],
+            "control_reaches": list(self.control_reaches),
         }
 
     def to_frame(self) -> pd.DataFrame:
@@ -121,6 +133,10 @@ class Selection:
         for c in self.choices:
             reached = "yes" if c.reached else ("no" if c.full_window else "no (partial window)")
             lines.append(f"| {c.run} | {c.epoch} | {c.reward:.4g} | {c.gap:+.3g} | {reached} |")
+        if self.control_reaches:
+            lines += ["", f"warning: the paired untrained control of {', '.join(self.control_reaches)} reaches the "
+                          "target by the matched checkpoint: the sampler alone gets there, so these checkpoints are not "
+                          "matched on learning; match on the gain (--on gain) or raise the target"]
         if any(not c.full_window for c in self.choices):
             lines += ["", f"partial window: the run has logged fewer than {self.window} epochs by that checkpoint, so "
                           "its reward averages what is logged and cannot reach the target (the speed-up's rule); train "
@@ -163,6 +179,38 @@ def _eval_checkpoints(run: Path, dirs: list[tuple[int, Path]], window: int) -> t
         raise UserError(f"run {run}: no checkpoint was saved at a validation epoch ({', '.join(map(str, epochs))}); "
                         "make checkpoint_every divide validation_every")
     return out, f"log.parquet {col} (moving average over {window} validation points)"
+
+
+def _gain_checkpoints(run: Path, dirs: list[tuple[int, Path]], window: int) -> tuple[list[RunCheckpoint], str]:
+    """Checkpoints with the trailing mean of the per-epoch gain ``reward_mean - control_reward_mean`` (the
+    paired untrained control on the same prompts and noises): matched learning, whatever the sampler's
+    own level. An epoch without its control counts as missing, so a window over it is not full."""
+    log_file = log_path(run)
+    if not log_file.is_file():
+        raise UserError(f"run {run} has no log.parquet; matching on the gain needs its {CONTROL_COLUMN} column")
+    log = load_log(log_file)
+    _check_finite_rewards(run, log)
+    if CONTROL_COLUMN not in log.columns or not np.isfinite(log[CONTROL_COLUMN].to_numpy(np.float64)).any():
+        raise UserError(f"run {run} logged no paired untrained control ({CONTROL_COLUMN}); train with "
+                        "paired_control: true, or match on the training reward (select_on: train)")
+    epochs = log["epoch"].astype(int).to_numpy()
+    gain = log["reward_mean"].to_numpy(np.float64) - log[CONTROL_COLUMN].to_numpy(np.float64)
+    sm, full = trailing_by_epoch(epochs, gain, window)
+    rw = dict(zip(epochs.tolist(), gain.tolist(), strict=True))
+    out = []
+    for ep, d in dirs:
+        if ep not in sm:
+            raise UserError(f"run {run}: checkpoint epoch {ep} is not in log.parquet (epochs {min(sm)}..{max(sm)})")
+        out.append(RunCheckpoint(str(run), ep, str(d), float(sm[ep]), float(rw[ep]), full[ep]))
+    return out, (f"log.parquet reward_mean - {CONTROL_COLUMN} (gain over the paired untrained control; moving "
+                 f"average, window {window}; reached over full windows only)")
+
+
+def control_reaches(cks: Sequence[RunCheckpoint], target: float, epoch: int | None) -> bool:
+    """Whether the run's paired untrained control reaches ``target`` (smoothed, full window) at a saved
+    checkpoint up to ``epoch`` (None: any): the sampler alone gets there, so a checkpoint matched to it
+    may not have learned anything (a frozen policy would be "matched" too)."""
+    return any(c.control is not None and c.control >= target for c in cks if epoch is None or c.epoch <= epoch)
 
 
 def _full_windows(epochs: Sequence[int] | np.ndarray, window: int) -> dict[int, bool]:
@@ -220,6 +268,8 @@ def run_checkpoints(run_dir: str | Path, window: int = 5, on: str = "train") -> 
         raise UserError(f"run {run} has no saved checkpoints (expected {ck_root}/epoch_XXXX/)")
     if on == "eval":
         return _eval_checkpoints(run, dirs, window)
+    if on == "gain":
+        return _gain_checkpoints(run, dirs, window)
     raw: dict[int, float] = {}
     for ep, d in dirs:
         meta = meta_path(d)
@@ -235,7 +285,10 @@ def run_checkpoints(run_dir: str | Path, window: int = 5, on: str = "train") -> 
     if log_file.is_file():
         log = load_log(log_file)
         _check_finite_rewards(run, log)
-        sm, full = trailing_by_epoch(log["epoch"].astype(int).to_numpy(), log["reward_mean"].to_numpy(), window)
+        epochs = log["epoch"].astype(int).to_numpy()
+        sm, full = trailing_by_epoch(epochs, log["reward_mean"].to_numpy(), window)
+        ctl, ctl_full = (trailing_by_epoch(epochs, log[CONTROL_COLUMN].to_numpy(np.float64), window)
+                         if CONTROL_COLUMN in log.columns else ({}, {}))
         rw = dict(zip(log["epoch"].astype(int), log["reward_mean"].astype(float), strict=True))
         source = f"log.parquet (moving average, window {window}; a target is reached over full windows only)"
         for ep, d in dirs:
@@ -243,7 +296,8 @@ def run_checkpoints(run_dir: str | Path, window: int = 5, on: str = "train") -> 
                 raise UserError(
                     f"run {run}: checkpoint epoch {ep} is not in log.parquet (epochs {min(sm)}..{max(sm)})"
                 )
-            out.append(RunCheckpoint(str(run), ep, str(d), float(sm[ep]), float(rw[ep]), full[ep]))
+            c = float(ctl[ep]) if ctl_full.get(ep) else None
+            out.append(RunCheckpoint(str(run), ep, str(d), float(sm[ep]), float(rw[ep]), full[ep], c))
     else:
         source = "checkpoint.json reward_mean (unsmoothed: no log.parquet)"
         for ep, d in dirs:
@@ -286,7 +340,8 @@ def select_checkpoints(
     on: str = "train",
 ) -> Selection:
     """Reward-matched checkpoint per run; with ``reference`` (a PCPO run) also the bracketing.
-    ``on``: match on the training reward (``train``) or the held-out validation reward (``eval``)."""
+    ``on``: match on the training reward (``train``), the held-out validation reward (``eval``) or the gain
+    over the paired untrained control (``gain``)."""
     if not run_dirs:
         raise UserError("give at least one run directory")
     check_window(window)
@@ -302,4 +357,6 @@ def select_checkpoints(
         rcks, rsrc = run_checkpoints(reference, window, on)
         ref_choice = match_checkpoint(rcks, target, rsrc)
         brackets = [bracket(cks, ref_choice.reward) for cks in per_run]
-    return Selection(float(target), window, tuple(choices), ref_choice, tuple(brackets))
+    by_control = tuple(c.run for c, cks in zip(choices, per_run, strict=True)
+                       if c.reached and control_reaches(cks, target, c.epoch))
+    return Selection(float(target), window, tuple(choices), ref_choice, tuple(brackets), by_control)

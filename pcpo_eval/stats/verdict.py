@@ -58,6 +58,7 @@ import numpy as np
 import pandas as pd
 
 from pcpo_eval.errors import UserError, require
+from pcpo_eval.rundir import CONTROL_COLUMN
 from pcpo_eval.stats.adjust import holm
 from pcpo_eval.stats.fmt import ci_decimals, decimals, p_value
 from pcpo_eval.stats.power import family_level
@@ -92,7 +93,6 @@ VERDICT_KEYS = (
     "p_adjusted", "p_permutation", "baseline_value", "treatment_value", "details",
 )  # fmt: skip
 TABLE_COLUMNS = ("arm", "cell", "seed", "epoch", "reward_mean")
-CONTROL_COLUMN = "control_reward_mean"
 #: quantity -> how a sentence names it
 QUANTITIES = {"final_reward": "final reward", "auc": "reward AUC", "paired_gain": "paired gain"}
 #: the speed-up the report says how many seeds would detect
@@ -176,7 +176,9 @@ def run_curves(table: pd.DataFrame) -> tuple[RunCurve, ...]:
     return tuple(out)
 
 
-def _scalar(run: RunCurve, quantity: str, k: int) -> float:
+def run_scalar(run: RunCurve, quantity: str, k: int) -> float:
+    """One run's ``quantity`` (:data:`QUANTITIES`): final reward or paired gain over its last ``k`` epochs, AUC
+    over the run (:mod:`pcpo_eval.stats.runlevel`)."""
     if quantity == "final_reward":
         return final(run.reward, k)
     if quantity == "auc":
@@ -609,8 +611,8 @@ def verdict_rows(
         for arm in arms:
             b, t, paired = pair_runs(b_all, [r for r in runs if r.cell == cell and r.arm == arm])
             for q in qs:
-                xb = np.asarray([_scalar(r, q, k) for r in b], dtype=np.float64)
-                xt = np.asarray([_scalar(r, q, k) for r in t], dtype=np.float64)
+                xb = np.asarray([run_scalar(r, q, k) for r in b], dtype=np.float64)
+                xt = np.asarray([run_scalar(r, q, k) for r in t], dtype=np.float64)
                 c = compare_runs(xb, xt, stat, n_boot, rng=rng, alpha=alpha, paired=paired)
                 rows.append(_comparison(cell, q, c, (baseline, arm)))
                 objs.append((QUANTITIES[q] if stat == "mean" else f"IQM {QUANTITIES[q]}", c, (xb, xt)))

@@ -796,12 +796,14 @@ def _balance_sentence(sp: StudySpec, cell: str, c: Any, alpha: float, imbalanced
         ci = f", {c.reason}"
     p = (f", p = {p_value(c.p, alpha)}" if c.p is not None else "") + \
         (f", Holm-adjusted over the {m} cells p = {p_value(p_holm, alpha)}" if p_holm is not None and m > 1 else "")
-    head = (f"Matched-reward balance{where}: {sp.pcpo}'s reward-matched checkpoints sit at a smoothed reward of "
+    what, noun = {"gain": ("smoothed gain over the untrained control", "gain"),
+                  "eval": ("smoothed held-out reward", "reward")}.get(sp.select_on, ("smoothed reward", "reward"))
+    head = (f"Matched-reward balance{where}: {sp.pcpo}'s reward-matched checkpoints sit at a {what} of "
             f"{c.treatment_value:.{d}f}, {sp.baseline}'s at {c.baseline_value:.{d}f} ({sp.pcpo} - {sp.baseline} "
             f"{c.estimate:+.{d}f}{ci}{p}; {design}{gone_txt})")
     if imbalanced:
-        return (head + ": the arms' matched checkpoints differ in reward, so a matched-reward image-metric difference "
-                       "may partly be this reward difference; read the matched-epoch comparison beside it.")
+        return (head + f": the arms' matched checkpoints differ in {noun}, so a matched-reward image-metric "
+                       f"difference may partly be this {noun} difference; read the matched-epoch comparison beside it.")
     how = "detectable at 80% power" + (f" after Holm over the {m} cells" if m > 1 else "")
     lvl = alpha if level is None else level
     n = min(c.n_baseline, c.n_treatment)
@@ -810,7 +812,7 @@ def _balance_sentence(sp: StudySpec, cell: str, c: Any, alpha: float, imbalanced
                   f"test's smallest p is {c.p_floor:.2g}, not below {lvl:.3g})"
              if c.p_floor is not None and c.p_floor >= lvl
              else " (no spread measured, so no detectable effect)" if c.ci_low is None else "")
-    return head + f": no evidence that one arm's matched checkpoints carry more reward{power}."
+    return head + f": no evidence that one arm's matched checkpoints carry more {noun}{power}."
 
 
 def build_results(sp: StudySpec, layout: StudyLayout) -> dict[str, Any]:

@@ -23,6 +23,9 @@ Two comparisons, each with one checkpoint per run:
 
 A ``select_target`` that every run reaches at its first full-window checkpoint makes the
 matched-reward checkpoint simply that checkpoint; the selection says so (``target_uninformative``).
+A raw ``select_target`` that a run's paired untrained control reaches by the run's matched checkpoint
+is reached by the sampler alone: the row says so (``control_reaches``) and the selection carries the
+warning (``control_reaches_note``); ``select_on: gain`` matches on the gain over the control instead.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from typing import Any
 
 from pcpo_eval.errors import UserError
 from pcpo_eval.rundir import checkpoint_dir
-from pcpo_eval.stats.select import RunCheckpoint, match_checkpoint, run_checkpoints
+from pcpo_eval.stats.select import RunCheckpoint, control_reaches, match_checkpoint, run_checkpoints
 from pcpo_eval.study.spec import RunSpec, StudySpec
 from pcpo_eval.studydir import StudyLayout, set_label
 
@@ -48,7 +51,9 @@ def reward_row(sp: StudySpec, run: RunSpec, cks: Sequence[RunCheckpoint], source
     row = {**_identity(sp, run), "match": "reward", "target": sp.select_target, "reward_source": source,
            "reached": c.reached, "reward": c.reward, "gap": c.gap}
     if c.reached:
-        return row | {"epoch": c.epoch, "path": c.path, "status": "reached"}
+        by_control = control_reaches(cks, sp.select_target, c.epoch)
+        return row | {"epoch": c.epoch, "path": c.path, "control_reaches": by_control,
+                      "status": "reached (so does its untrained control)" if by_control else "reached"}
     why = (f"best smoothed reward {c.reward:.4g} at epoch {c.epoch} < target {sp.select_target:g}" if c.full_window
            else f"the run has no checkpoint after {sp.window} logged epochs (the smoothing window), so none can "
                 "reach it")
@@ -115,6 +120,22 @@ def explicit_sets(sp: StudySpec, layout: StudyLayout, epochs: dict[str, int],
     return out
 
 
+def control_note(sp: StudySpec, rows: Sequence[dict[str, Any]]) -> str | None:
+    """The warning for reward-matched checkpoints whose paired untrained control reaches the target too (by
+    the matched epoch): the sampler alone gets there, so "matched reward" does not mean matched learning; a
+    frozen policy would be matched, and compared where it equals the base model. None when no run's does."""
+    hit = [r for r in rows if r.get("control_reaches")]
+    if not hit:
+        return None
+    reached = [r for r in rows if r.get("reached")]
+    arms = sorted({r["arm"] for r in hit})
+    return (f"the untrained control of {len(hit)} of {len(reached)} reward-matched runs ({', '.join(arms)}) reaches "
+            f"select_target {sp.select_target:g} by the matched checkpoint: the sampler alone gets there, so these "
+            "checkpoints are not matched on learning (a frozen policy would be matched too, and look like the base "
+            "model); match on the gain over the control (select_on: gain, select_target a gain such as 0.04) or "
+            "raise select_target above what the controls reach")
+
+
 def select(sp: StudySpec, layout: StudyLayout) -> dict[str, Any]:
     """The content of ``selection.json``: reward-matched rows (``runs``) and matched-epoch rows (``at_epoch``)."""
     cks: dict[str, Sequence[RunCheckpoint]] = {}
@@ -141,5 +162,6 @@ def select(sp: StudySpec, layout: StudyLayout) -> dict[str, Any]:
         epoch = None if sp.select_epoch is None else matched_epoch(sp.select_epoch, cks)
         at_epoch = [] if epoch is None else [epoch_row(sp, r, cks[r.name], int(epoch)) for r in sp.runs]
     return {"target": sp.select_target, "window": sp.window, "on": sp.select_on, "target_uninformative": all(starts_above),
-            "runs": rows, "epoch": epoch, "at_epoch": at_epoch,
+            "control_reaches": [r["name"] for r in rows if r.get("control_reaches")],
+            "control_reaches_note": control_note(sp, rows), "runs": rows, "epoch": epoch, "at_epoch": at_epoch,
             "epochs": dict(sp.select_epoch) if isinstance(sp.select_epoch, dict) else None}

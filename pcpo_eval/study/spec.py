@@ -36,6 +36,7 @@ from pcpo_eval.metrics.base import METRICS, PREFERENCE_METRICS, per_prompt_probl
 from pcpo_eval.rewards import required_backends
 from pcpo_eval.rundir import checkpoints_root, log_path, logged_images_per_epoch
 from pcpo_eval.stats.formula import parse_lmm_formula
+from pcpo_eval.stats.select import MATCH_ON
 from pcpo_eval.stats.speedup import unreachable_targets
 from pcpo_eval.stats.verdict import quantity_name
 from pcpo_eval.study.comparability import IMAGES_LOGGED, epoch_unit_problems, existing_run_problems
@@ -906,8 +907,9 @@ def _parse_options(top: dict[str, Any], problems: list[str]) -> _Options:
                         f"(explicit checkpoints) or null (no matched-epoch comparison), got {sel!r}")
         sel = "final"
     on = top.get("select_on", "train")
-    if on not in ("train", "eval"):
-        problems.append(f"select_on must be train (training reward) or eval (held-out validation reward), got {on!r}")
+    if on not in MATCH_ON:
+        problems.append(f"select_on must be train (training reward), eval (held-out validation reward) or gain "
+                        f"(training reward minus the paired untrained control's), got {on!r}")
         on = "train"
     return _Options(int(parallel), paired, sel, on)
 
@@ -1023,6 +1025,9 @@ def load_spec(path: str | Path, check_weights: bool = True) -> StudySpec:
             problems.append(f"select_on: eval needs the held-out validation reward, but {', '.join(no_val[:3])}"
                             f"{' ...' if len(no_val) > 3 else ''} train without it; set validation_every and "
                             "validation_prompts in train.overrides, or select_on: train")
+    if options.select_on == "gain" and not options.paired_control:
+        problems.append("select_on: gain matches on the gain over the paired untrained control, which the runs log "
+                        "only with paired_control: true; set it, or select_on: train")
     n_spec_problems = len(problems)
     if check_weights:
         _check_weights(runs, metrics, preferences, problems, eval_spec.prompts)

@@ -32,6 +32,7 @@ import pandas as pd
 
 from pcpo_eval.rundir import load_log, log_path
 from pcpo_eval.stats.fmt import p_value, pct
+from pcpo_eval.stats.rliable import rliable_panels
 from pcpo_eval.stats.runlevel import compare_runs
 from pcpo_eval.stats.speedup import speedup_cell_epochs
 from pcpo_eval.stats.verdict import (
@@ -136,17 +137,20 @@ def epoch_cuts(sp: StudySpec, logs: dict[str, pd.DataFrame]) -> dict[str, dict[s
     return out
 
 
-def runs_table(sp: StudySpec, logs: dict[str, pd.DataFrame]) -> pd.DataFrame:
+def runs_table(sp: StudySpec, logs: dict[str, pd.DataFrame], every_arm: bool = False) -> pd.DataFrame:
     """The tidy (arm, cell, seed, epoch, reward_mean[, control_reward_mean]) table of the compared runs,
     each cell cut to the epochs all its runs logged; the control column if every run logged it (a missing
     epoch stays NaN there). Every run has one row per epoch ``1..last``: an epoch its log lacks is NaN
-    (:func:`epoch_gaps`), so the rows that need it are not estimable instead of averaging across the gap."""
+    (:func:`epoch_gaps`), so the rows that need it are not estimable instead of averaging across the gap.
+    ``every_arm``: the other arms' runs too (the rliable panels), on the compared runs' epochs."""
     runs = _compared(sp)
     with_control = all(has_control(logs[r.name]) for r in runs)
     frames = []
     for cell in sp.cells():
         in_cell = [r for r in runs if sp.cell_key(r) == cell]
         last = min((int(logs[r.name]["epoch"].max()) for r in in_cell), default=0)
+        if every_arm:
+            in_cell = [r for r in sp.runs if sp.cell_key(r) == cell]
         for r in in_cell:
             log = logs[r.name]
             log = log[log["epoch"] <= last].set_index("epoch").reindex(range(1, last + 1)).reset_index()
@@ -154,7 +158,8 @@ def runs_table(sp: StudySpec, logs: dict[str, pd.DataFrame]) -> pd.DataFrame:
                                "epoch": log["epoch"].astype(int).to_numpy(),
                                "reward_mean": log["reward_mean"].astype(float).to_numpy()})
             if with_control:
-                df[CONTROL_COLUMN] = log[CONTROL_COLUMN].astype(float).to_numpy()
+                df[CONTROL_COLUMN] = (log[CONTROL_COLUMN].astype(float).to_numpy() if CONTROL_COLUMN in log.columns
+                                      else np.nan)
             frames.append(df)
     return pd.concat(frames, ignore_index=True)
 
@@ -164,9 +169,14 @@ def compared_runs(sp: StudySpec, table: pd.DataFrame) -> tuple[RunCurve, ...]:
     return run_curves(table[table["arm"].isin([sp.baseline, sp.pcpo])])
 
 
+def verdict_k(sp: StudySpec, table: pd.DataFrame) -> int:
+    """The last epochs a final reward or paired gain averages: the spec's window, at most the runs' epochs."""
+    return max(1, min(sp.window, int(table.groupby(["arm", "cell", "seed"]).size().min())))
+
+
 def verdict(sp: StudySpec, table: pd.DataFrame) -> list[dict[str, Any]]:
     """Verdict rows over runs (PCPO arm vs baseline arm, per cell), see the module docstring."""
-    k = max(1, min(sp.window, int(table.groupby(["arm", "cell", "seed"]).size().min())))
+    k = verdict_k(sp, table)
     rows = verdict_rows(table, sp.baseline, [sp.pcpo], rng=np.random.default_rng(VERDICT_SEED),
                         targets=list(sp.targets), gain_targets=list(sp.gain_targets) if CONTROL_COLUMN in table else [],
                         primary=sp.primary or None, k=k, window=sp.window)
@@ -358,7 +368,7 @@ def _no_primary(sp: StudySpec, rows: Sequence[dict[str, Any]], status: Sequence[
 
 
 def run_level(sp: StudySpec, layout: StudyLayout) -> dict[str, Any]:
-    """``runs``, ``verdict``, ``headline``, ``sampler_offset``, ``targets``, ``speedup`` and ``verdict_notes``
+    """``runs``, ``verdict``, ``rliable`` (the numbers of the report's rliable panels), ``headline``, ``sampler_offset``, ``targets``, ``speedup`` and ``verdict_notes``
     of ``results.json``."""
     logs = run_logs(sp, layout)
     table = runs_table(sp, logs)
@@ -368,7 +378,8 @@ def run_level(sp: StudySpec, layout: StudyLayout) -> dict[str, Any]:
     rows = verdict(sp, table)
     notes, caveats = _notes(sp, logs, table, runs, epoch_cuts(sp, logs))
     offset = sampler_offset(sp, table, rows)
-    return {"runs": runs_entries(sp, logs), "verdict": rows,
+    panels = rliable_panels(runs_table(sp, logs, every_arm=True), sp.baseline, verdict_k(sp, table))
+    return {"runs": runs_entries(sp, logs), "verdict": rows, "rliable": panels,
             "headline": headline(rows, offset, caveats, _no_primary(sp, rows, status, table)),
             "sampler_offset": offset, "targets": status, "speedup": speedup_blocks(sp, rows, status),
             "verdict_notes": notes}

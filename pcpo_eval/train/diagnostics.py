@@ -43,6 +43,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from pcpo_eval.train.objectives import delta_dot_sq
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -73,15 +75,11 @@ def taylor_rel_error(log_rho: np.ndarray) -> np.ndarray:
 def delta_terms(model_output: torch.Tensor, old_output: torch.Tensor, noise: torch.Tensor,
                 w: torch.Tensor | float) -> tuple[torch.Tensor, torch.Tensor]:
     """Per sample (B,): ``dot = w d . eps`` and ``sq = 1/2 ||w d||^2`` of Eq. ``Delta``, d = model output
-    minus the recorded one, means over the latent dims (``-(dot + sq)`` is
-    :func:`pcpo_eval.train.objectives.eps_matching_log_rho`). No gradient."""
+    minus the recorded one, means over the latent dims: :func:`pcpo_eval.train.objectives.delta_dot_sq` in
+    float32 without gradient (``-(dot + sq)`` is :func:`~pcpo_eval.train.objectives.eps_matching_log_rho`)."""
     with torch.no_grad():
         w = torch.as_tensor(w, dtype=torch.float32, device=model_output.device)
-        if w.ndim == 1:
-            w = w.reshape(-1, *([1] * (model_output.ndim - 1)))
-        d = w * (model_output.detach().float() - old_output.float())
-        dims = tuple(range(1, model_output.ndim))
-        return (d * noise.float()).mean(dims), 0.5 * (d * d).mean(dims)
+        return delta_dot_sq(model_output.detach().float(), old_output.float(), noise.float(), w)
 
 
 def magnitude_ratio(dot: np.ndarray, sq: np.ndarray) -> float:
@@ -145,6 +143,11 @@ HEALTHY_APPROX_KL = 0.05
 HEALTHY_CLIPFRAC = 0.25
 
 
+def approx_kl(log_rho: np.ndarray) -> float:
+    """PPO's approximate KL of an update, ``0.5 mean(log rho^2)`` (ddpo-pytorch's ``approx_kl``)."""
+    return float(0.5 * np.mean(np.square(np.asarray(log_rho, dtype=np.float64))))
+
+
 def ppo_health_stats(log_rho: np.ndarray, clipped: np.ndarray, update: np.ndarray, step: np.ndarray) -> dict[str, Any]:
     """Per epoch: the log-ratio range, approx_kl / clipfrac per optimizer update, and |log rho| per timestep.
 
@@ -159,7 +162,7 @@ def ppo_health_stats(log_rho: np.ndarray, clipped: np.ndarray, update: np.ndarra
     return {
         "log_rho_min": float(log_rho.min()),
         "log_rho_max": float(log_rho.max()),
-        "approx_kl_per_update": [float(0.5 * np.mean(log_rho[update == u] ** 2)) for u in ups],
+        "approx_kl_per_update": [approx_kl(log_rho[update == u]) for u in ups],
         "clipfrac_per_update": [float(np.mean(clipped[update == u])) for u in ups],
         "log_rho_abs_per_step": [float(np.mean(np.abs(log_rho[step == s]))) for s in steps],
     }

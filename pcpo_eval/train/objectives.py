@@ -78,6 +78,20 @@ def log_hinge_loss(log_rho: torch.Tensor, adv: torch.Tensor, clip_range: float) 
     return StepLoss(torch.clamp(margin, min=0.0), log_rho, (margin <= 0) & (adv != 0))
 
 
+def delta_dot_sq(
+    eps_theta: torch.Tensor, eps_old: torch.Tensor, noise: torch.Tensor, w: torch.Tensor | float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two terms of Eq. ``Delta`` per sample (B,): ``dot = w d . eps`` and ``sq = 1/2 ||w d||^2`` with
+    ``d = eps_theta - eps_old``, each a mean over the non-batch dims (DDPO's log-prob scale); ``w`` a scalar
+    or one weight per sample. log rho = -(dot + sq) (:func:`eps_matching_log_rho`)."""
+    w = torch.as_tensor(w, dtype=eps_theta.dtype, device=eps_theta.device)
+    if w.ndim == 1:
+        w = w.reshape(-1, *([1] * (eps_theta.ndim - 1)))
+    d = w * (eps_theta - eps_old)
+    dims = tuple(range(1, eps_theta.ndim))
+    return (d * noise).mean(dims), 0.5 * (d * d).mean(dims)
+
+
 def eps_matching_log_rho(
     eps_theta: torch.Tensor, eps_old: torch.Tensor, noise: torch.Tensor, w: torch.Tensor | float
 ) -> torch.Tensor:
@@ -87,12 +101,8 @@ def eps_matching_log_rho(
     convention; the residual convention gives the identical value, :mod:`pcpo_eval.credit.ddim`). Averaged over
     non-batch dims to match DDPO's log-prob scale. Also Eq. ``eq:logrho-flow`` with velocities.
     """
-    w = torch.as_tensor(w, dtype=eps_theta.dtype, device=eps_theta.device)
-    if w.ndim == 1:
-        w = w.reshape(-1, *([1] * (eps_theta.ndim - 1)))
-    d = w * (eps_theta - eps_old)
-    dims = tuple(range(1, eps_theta.ndim))
-    return -((d * noise).mean(dims) + 0.5 * (d * d).mean(dims))
+    dot, sq = delta_dot_sq(eps_theta, eps_old, noise, w)
+    return -(dot + sq)
 
 
 def hinge_from_log_rho(

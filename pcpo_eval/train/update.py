@@ -18,7 +18,7 @@ from pcpo_eval.credit.flow import KL_FORMS
 from pcpo_eval.dist import to_device_async
 from pcpo_eval.errors import UserError
 from pcpo_eval.samplers.base import Trajectory
-from pcpo_eval.train.diagnostics import delta_terms, diagnostic_stats, ppo_health_stats
+from pcpo_eval.train.diagnostics import approx_kl, delta_terms, diagnostic_stats, ppo_health_stats
 from pcpo_eval.train.objectives import StepLoss, eps_matching_log_rho, uses_decomposition
 from pcpo_eval.train.rollout import EpochSamples, keyed_generator
 
@@ -225,7 +225,7 @@ class UpdateMixin:
             "control_reward_std": float(np.std(control)) if control is not None else float("nan"),
             "loss": float(np.mean(stats["loss"])),
             "clipfrac": float(np.mean(stats["clip"])),
-            "approx_kl": float(0.5 * np.mean(lr**2)),
+            "approx_kl": approx_kl(lr),
             "rho_mean": float(rho.mean()), "rho_min": float(rho.min()), "rho_max": float(rho.max()),
             "rho_std": float(rho.std()),
             "log_rho_abs_mean": float(np.abs(lr).mean()),

@@ -12,6 +12,8 @@ from PIL import Image
 
 from pcpo_eval.report import figures
 from pcpo_eval.report.html import report_figures, write_figures
+from pcpo_eval.stats.rliable import BOOTSTRAP_SEED as RLIABLE_SEED
+from pcpo_eval.stats.rliable import PANEL_QUANTITIES
 from pcpo_eval.stats.runlevel import (
     iqm,
     iqm_interval,
@@ -20,7 +22,7 @@ from pcpo_eval.stats.runlevel import (
     probability_of_improvement,
 )
 from pcpo_eval.study.results import to_jsonable
-from tests.support.report import synthetic_runs
+from tests.support.report import runs_frame, synthetic_rliable, synthetic_runs
 
 #: these tests read the SVG / PDF files too (the suite writes PNG only: tests/conftest.py)
 pytestmark = pytest.mark.usefixtures("all_figure_formats")
@@ -41,7 +43,7 @@ def _results(cells: tuple[str, ...] = ("batch=16", "batch=32"), epochs: int = 8)
     if cells == ("all",):
         runs = [{**r, "cell": "all"} for r in synthetic_runs(epochs=epochs) if r["cell"] == "batch=16"]
     return to_jsonable({"study": {"name": "figs", "window": 3, "compare": {"baseline": "DDPO", "pcpo": "PCPO"}},
-                        "runs": runs})
+                        "runs": runs, "rliable": synthetic_rliable(runs, k=3)})
 
 
 def _texts(fig) -> list:
@@ -107,19 +109,41 @@ def test_kl_reward_lines_run_left_to_right():
 
 
 def test_rliable_panels():
-    runs = _results()["runs"]
-    vals = figures.run_scalars(runs, window=3)
-    assert set(vals) == {(c, a) for c in ("batch=16", "batch=32") for a in ("DDPO", "PCPO")}
+    res = _results()
+    block = res["rliable"]
+    vals = {(r["cell"], r["arm"], r["seed"]): r for r in block["runs"]}
+    assert {(c, a) for c, a, _ in vals} == {(c, a) for c in ("batch=16", "batch=32") for a in ("DDPO", "PCPO")}
     # seed 1 has a missing epoch: its AUC is left out, its final reward (last 3 epochs) is kept
-    assert len(vals[("batch=16", "DDPO")]["auc"]) == 2 and len(vals[("batch=16", "DDPO")]["final_reward"]) == 3
-    fig = figures.interval_estimates_figure(runs, ROLES, window=3)
+    assert vals[("batch=16", "DDPO", "1")]["auc"] is None and vals[("batch=16", "DDPO", "1")]["final_reward"] is not None
+    assert vals[("batch=32", "PCPO", "2")]["paired_gain"] is None  # the run without its control
+    iv = {(i["cell"], i["arm"], i["quantity"]): i for i in block["intervals"]}
+    assert iv[("batch=16", "DDPO", "auc")]["n_runs"] == 2 and iv[("batch=16", "DDPO", "final_reward")]["n_runs"] == 3
+    fig = figures.interval_estimates_figure(block, ROLES)
     labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
     assert labels[0].startswith("DDPO (3 runs), batch=16") and len(labels) == 4
-    assert [ax.get_title() for ax in fig.axes] == [figures.RUN_QUANTITIES[q] for q in ("paired_gain", "final_reward", "auc")]
-    poi = figures.improvement_figure(runs, ROLES, window=3)
+    assert [ax.get_title() for ax in fig.axes] == [PANEL_QUANTITIES[q] for q in ("paired_gain", "final_reward", "auc")]
+    poi = figures.improvement_figure(block, ROLES)
     assert [t.get_text() for t in poi.axes[0].get_yticklabels()] == ["P(PCPO > DDPO), batch=16", "P(PCPO > DDPO), batch=32"]
     assert poi.axes[0].get_xlim() == (-0.02, 1.02)
-    assert figures.improvement_figure(runs, {}, window=3) is None  # no baseline arm: nothing to compare
+    assert figures.improvement_figure(synthetic_rliable(res["runs"], baseline="nobody", k=3), ROLES) is None
+    assert figures.interval_estimates_figure(None, ROLES) is None  # an older results.json: no panels
+
+
+def test_rliable_numbers_are_the_verdicts():
+    """The panels reduce each run with the verdict's own function on the verdict's table: a run's final
+    reward / paired gain there equals the verdict row's per-run values (before, the report recomputed
+    them with its own cut and window)."""
+    from pcpo_eval.stats.verdict import run_curves, run_scalar
+
+    table = runs_frame(_results(epochs=8)["runs"])
+    block = synthetic_rliable(_results(epochs=8)["runs"], k=3)
+    for run in run_curves(table):
+        got = next(r for r in block["runs"] if (r["cell"], r["arm"], r["seed"]) == (run.cell, run.arm, run.seed))
+        want = run_scalar(run, "final_reward", 3)
+        assert got["final_reward"] == pytest.approx(want, abs=0, rel=0)
+    iv = next(i for i in block["intervals"] if (i["cell"], i["arm"], i["quantity"]) == ("batch=16", "PCPO", "final_reward"))
+    values = [r["final_reward"] for r in block["runs"] if (r["cell"], r["arm"]) == ("batch=16", "PCPO")]
+    assert (iv["iqm"], iv["ci_low"], iv["ci_high"]) == iqm_interval(values, rng=np.random.default_rng(RLIABLE_SEED))
 
 
 def test_cli_figures_only(cli, tmp_path):
@@ -158,15 +182,15 @@ def test_performance_profile_function():
 
 
 def test_performance_profile_figure():
-    runs = _results()["runs"]
-    fig = figures.performance_profile_figure(runs, ROLES, window=3)
-    assert [ax.get_title() for ax in fig.axes] == [figures.RUN_QUANTITIES[q] for q in ("paired_gain", "final_reward", "auc")]
+    block = _results()["rliable"]
+    fig = figures.performance_profile_figure(block, ROLES)
+    assert [ax.get_title() for ax in fig.axes] == [PANEL_QUANTITIES[q] for q in ("paired_gain", "final_reward", "auc")]
     labels = fig.axes[0].get_legend_handles_labels()[1]
     assert labels[0] == "DDPO (3 runs), batch=16" and len(labels) == 4
     for ln in fig.axes[1].get_lines():
         y = np.asarray(ln.get_ydata(), dtype=float)
         assert y[0] == 1.0 and y[-1] == 0.0 and np.all(np.diff(y) <= 0)  # a survival curve over tau
-    assert figures.performance_profile_figure([], ROLES) is None
+    assert figures.performance_profile_figure({}, ROLES) is None
 
 
 def test_closeup_of_first_epochs_is_unsmoothed():

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 from PIL import Image
 
-from pcpo_eval.study.results import family_mdes, fit_record, lmm_study_family
+from pcpo_eval.study.results import family_mdes, fit_record, lmm_study_family, to_jsonable
 
 #: A prompt that would run script if the report did not escape it.
 EVIL_PROMPT = '<script>document.title="pwned";alert(1)</script> a red <b>cube</b> & "friends"'
@@ -180,7 +180,7 @@ def synthetic_results(root: Path) -> dict:
             {"label": "DDPO (E20)", "role": "baseline", "epoch": 20, "reward": 0.79},
             {"label": "PCPO (E12)", "role": "pcpo", "epoch": 12, "reward": 0.81}], "rows": grid_rows}],
         "verdict": synthetic_verdict(n_runs=3),
-        "runs": synthetic_runs(),
+        "runs": synthetic_runs(), "rliable": synthetic_rliable(synthetic_runs()),
         "sampler_offset": {f"batch={b}": {"baseline_control_mean": 0.2, "treatment_control_mean": 0.25,
                                           "difference": 0.05, "explains": SAMPLER_SENTENCE} for b in ("16", "32")},
         "progression": synthetic_progression(root),
@@ -220,6 +220,28 @@ def synthetic_verdict(n_runs: int) -> list[dict]:
 def kl_warning(median_kl: float) -> str | None:
     """The PPO-health warning the study would attach (threshold 0.03 on the median approx. KL)."""
     return f"median approx. KL {median_kl:.3f} > 0.03: the PPO step is large" if median_kl > 0.03 else None
+
+
+def runs_frame(runs: list[dict]) -> pd.DataFrame:
+    """The tidy verdict table (arm, cell, seed, epoch, reward_mean, control_reward_mean) of ``runs``
+    entries, as the stats stage builds it from the logs (a missing control is NaN)."""
+    frames = []
+    for r in runs:
+        n = len(r["epochs"])
+        ctl = r.get("control_reward_mean")
+        frames.append(pd.DataFrame({
+            "arm": r["arm"], "cell": r["cell"], "seed": str(r["seed"]), "epoch": r["epochs"],
+            "reward_mean": np.asarray([np.nan if v is None else v for v in r["reward_mean"]], dtype=float),
+            "control_reward_mean": np.full(n, np.nan) if ctl is None else np.asarray(
+                [np.nan if v is None else v for v in ctl], dtype=float)}))  # fmt: skip
+    return pd.concat(frames, ignore_index=True)
+
+
+def synthetic_rliable(runs: list[dict], baseline: str = "DDPO", k: int = 5) -> dict:
+    """``results.json`` ``rliable`` of ``runs`` entries, as the stats stage writes it."""
+    from pcpo_eval.stats.rliable import rliable_panels
+
+    return to_jsonable(rliable_panels(runs_frame(runs), baseline, k))
 
 
 def synthetic_runs(epochs: int = 30) -> list[dict]:
