@@ -441,6 +441,9 @@ def simple_effect_rows(significance: dict[str, dict[str, Any]], labels: dict[str
                 ok = e.get("estimable", True) is not False
                 row |= {"estimate": e.get("estimate"), "se": e.get("se"), "df": e.get("df"), "mde": e.get("mde"),
                         "ci": fmt_ci(e.get("ci_low"), e.get("ci_high")),
+                        # an estimable row with a reason: its p is not the t test's alone (too few runs:
+                        # the exact permutation test bounds it), so the t CI beside it does not decide
+                        "ci_note": e.get("reason") if ok and e.get("reason") else None,
                         **p_cells(e.get("p"), e.get("p_adj"), ok, e.get("reason"), ok and e.get("significant") is True)}
             rows.append(row)
     return rows
@@ -503,7 +506,22 @@ def human_view(h: dict[str, Any] | None, root: Path | None) -> dict[str, Any] | 
                  "right": _image(e["right_image"], root, PAIR_THUMB_PX)} for e in h.get("examples", [])]
     return {"h": h, "comparisons": [_human_comparison_row(c) for c in h.get("comparisons", [])],
             "bt": h.get("bradley_terry"), "bt_rows": _bt_rows(h.get("bradley_terry")),
-            "raters": (h.get("attention_checks") or {}).get("raters", []), "examples": examples}
+            "raters": (h.get("attention_checks") or {}).get("raters", []), "examples": examples,
+            "scope": human_scope(h)}
+
+
+def human_scope(h: dict[str, Any]) -> str:
+    """What a human comparison is about: two checkpoints, each of ONE training run. Raters see images of
+    these checkpoints only, so the run-to-run (seed) variation of training is not in its test: two runs of
+    one algorithm with different seeds differ in the images raters prefer as well. It says which
+    checkpoints' images raters preferred, not which algorithm trains better (that is the run-level verdict)."""
+    cks = [c for c in (h.get("design") or {}).get("checkpoints") or [] if isinstance(c, dict)]
+    runs = sorted({str(c["run"]) for c in cks if c.get("run")})
+    named = f" ({', '.join(runs)})" if runs else ""
+    return (f"Each comparison is between two checkpoints, each from one training run{named}: it says which "
+            "checkpoint's images raters preferred, not which algorithm trains better. Training seeds alone "
+            "change the images raters prefer, and one run per arm holds no run-to-run variation to test "
+            "against; the run-level verdict above is the comparison of the algorithms.")
 
 
 def view_model(results: dict[str, Any], root: Path | None, uris: dict[str, str] | None = None) -> dict[str, Any]:

@@ -562,7 +562,10 @@ def image_metrics(sp: StudySpec, layout: StudyLayout) -> tuple[dict[str, Any], d
     for m in sp.per_prompt_rank_deficient_ok:
         labels[m] = f"{METRIC_LABELS[m]} (per-prompt rank-deficient, opted in)"
     raw_scores = {"columns": list(sp.metrics), "rows": raw, "significance": significance, "rule": _rule(sp),
-                  "direction": {m: _direction(m) for m in sp.metrics}}
+                  "direction": {m: _direction(m) for m in sp.metrics},
+                  # distances to the base model's images of the same prompts and seeds (the metrics stage's
+                  # reference): lower is closer to the untrained model, where a policy that learned nothing sits
+                  "against_base": [m for m in sp.metrics if METRICS[m].needs_reference]}
     lmm = {"formula": formulas.get("matched reward", sp.lmm.formula), "formulas": formulas,
            "image_formula": image_formulas.get("matched reward"), "image_formulas": image_formulas,
            "per_image_metrics": list(per_image_metrics(sp)), "spec_formula": sp.lmm.formula, "coding": sp.lmm.coding, "df_method": "Satterthwaite (lmerTest)",

@@ -397,6 +397,10 @@ def test_raters_rate_through_the_app_and_the_analysis_reaches_the_report(study, 
     assert 'id="human"' in html and "Human preference study" in html and "SIMULATED" not in html
     # the human verdict sentences are in the report's first section too
     assert html.index('id="human-verdict"') < html.index('id="spec"')
+    # ... scoped to checkpoints of one training run each, the runs named (one seed per arm is no algorithm test)
+    scope = html[html.index('id="human-scope"'):html.index('id="spec"')]
+    runs = {c["run"] for c in json.loads((human / "design.json").read_text())["checkpoints"] if c.get("run")}
+    assert runs and all(r in scope for r in runs) and "not which algorithm trains better" in scope
     assert all(c["verdict"].split(":")[0] in html for c in analysis["comparisons"])
     assert analysis["examples"] and html.count('src="data:image/png;base64,') >= 2 * len(analysis["examples"])
     assert 'id="human-examples-withheld"' not in html

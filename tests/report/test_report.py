@@ -474,3 +474,27 @@ def test_large_images_are_embedded_as_thumbnails(tmp_path):
     own = "data:image/png;base64," + base64.b64encode((tmp_path / small).read_bytes()).decode()
     assert f'class="px" src="{own}"' in html
     assert len(html) < 2_000_000  # 24 copies of a 2.3 MB PNG before
+
+
+def test_raw_score_rows_say_why_their_ci_does_not_decide_and_what_the_metrics_measure():
+    """An A/A report printed IS "-0.1229 [-0.2072, -0.0387]" beside p 0.333 (the exact permutation test
+    bounds p at 2 runs per arm) without a word; the columns said "PCPO − baseline" for arms B and A; and FD
+    never said it is a distance to the base model's images (where a frozen policy sits at 0)."""
+    reason = ("p is the larger of the t test's and the exact relabelling permutation test over all 6's: 2 runs in an "
+              "arm: a t test needs at least 3 to be trusted alone")
+    sig = {"all": {"is_toy": {"estimate": -0.1229, "se": None, "df": 1.61, "ci_low": -0.2072, "ci_high": -0.0387,
+                              "mde": None, "p": 1 / 3, "p_adj": 1.0, "estimable": True, "reason": reason,
+                              "significant": False},
+                   "fd_toy": {"estimate": 1.0, "se": None, "df": 3.0, "ci_low": -2.0, "ci_high": 4.0, "mde": 9.0,
+                              "p": 0.5, "p_adj": 1.0, "estimable": True, "reason": None, "significant": False}}}
+    results = {"study": {"name": "aa", "compare": {"factor": "algorithm", "baseline": "A", "pcpo": "B"}},
+               "metric_labels": {"fd_toy": "FD (toy)", "is_toy": "IS* (toy)"},
+               "raw_scores": {"columns": ["fd_toy", "is_toy"], "rows": [], "significance": sig, "rule": "bold: ...",
+                              "direction": {"fd_toy": "lower is better", "is_toy": "lower is better"},
+                              "against_base": ["fd_toy"]}}
+    text = _text(render_report(results))
+    assert "B − A" in text and "PCPO − baseline" not in text
+    assert f"* IS* (toy) (all): {reason}; its 95% CI is the t test's and does not decide this row (p 0.333)" in text
+    assert 'no effect is detectable with these runs ("none")' in text and "FD (toy) (all):" not in text
+    assert "Direction: FD (toy) lower is better; IS* (toy) lower is better." in text
+    assert "FD (toy): distance to the untrained base model's images of the same prompts and seeds" in text
