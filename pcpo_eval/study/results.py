@@ -331,6 +331,22 @@ def overall_effects(sp: StudySpec, rows: list[dict[str, Any]], values: dict[str,
 # ------------------------------------------------------------------------------------------------
 
 
+def fd_small_sets(sp: StudySpec) -> dict[str, dict[str, int]]:
+    """Fréchet metrics whose eval sets hold no more images than the feature dimension (prompts x seeds <= d):
+    the set's covariance is rank-deficient (rank <= n - 1 < d), so the whole-set value carries a large
+    small-sample bias (FD's bias grows as the set shrinks). Computed anyway, as the paper's per-prompt
+    protocol is; the report says so."""
+    from pcpo_eval.generate.plan import parse_seeds
+    from pcpo_eval.prompts import load_prompts
+
+    try:
+        n = len(parse_seeds(sp.eval.seeds)) * len(load_prompts(sp.eval.prompts, limit=sp.eval.max_prompts))
+    except (UserError, OSError):
+        return {}
+    return {m: {"images": n, "dim": int(METRICS[m].feature_dim)} for m in sp.metrics
+            if METRICS[m].kind == "fd" and METRICS[m].feature_dim and n <= int(METRICS[m].feature_dim)}
+
+
 def _direction(m: str) -> str:
     return "higher is better" if METRICS[m].higher_is_better else "lower is better"
 
@@ -565,7 +581,8 @@ def image_metrics(sp: StudySpec, layout: StudyLayout) -> tuple[dict[str, Any], d
                   "direction": {m: _direction(m) for m in sp.metrics},
                   # distances to the base model's images of the same prompts and seeds (the metrics stage's
                   # reference): lower is closer to the untrained model, where a policy that learned nothing sits
-                  "against_base": [m for m in sp.metrics if METRICS[m].needs_reference]}
+                  "against_base": [m for m in sp.metrics if METRICS[m].needs_reference],
+                  "small_sets": fd_small_sets(sp)}
     lmm = {"formula": formulas.get("matched reward", sp.lmm.formula), "formulas": formulas,
            "image_formula": image_formulas.get("matched reward"), "image_formulas": image_formulas,
            "per_image_metrics": list(per_image_metrics(sp)), "spec_formula": sp.lmm.formula, "coding": sp.lmm.coding, "df_method": "Satterthwaite (lmerTest)",

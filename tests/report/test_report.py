@@ -491,10 +491,11 @@ def test_raw_score_rows_say_why_their_ci_does_not_decide_and_what_the_metrics_me
                "metric_labels": {"fd_toy": "FD (toy)", "is_toy": "IS* (toy)"},
                "raw_scores": {"columns": ["fd_toy", "is_toy"], "rows": [], "significance": sig, "rule": "bold: ...",
                               "direction": {"fd_toy": "lower is better", "is_toy": "lower is better"},
-                              "against_base": ["fd_toy"]}}
+                              "against_base": ["fd_toy"], "small_sets": {"fd_toy": {"images": 64, "dim": 128}}}}
     text = _text(render_report(results))
     assert "B − A" in text and "PCPO − baseline" not in text
     assert f"* IS* (toy) (all): {reason}; its 95% CI is the t test's and does not decide this row (p 0.333)" in text
     assert 'no effect is detectable with these runs ("none")' in text and "FD (toy) (all):" not in text
     assert "Direction: FD (toy) lower is better; IS* (toy) lower is better." in text
     assert "FD (toy): distance to the untrained base model's images of the same prompts and seeds" in text
+    assert "FD (toy) from 64 images per set in 128 dimensions: the set's covariance is rank-deficient" in text
