@@ -4,7 +4,8 @@ The LMM ``value ~ algorithm + (1|prompt) + (1|run)`` gives both arms one run-to-
 equal arm means but the spread all in one arm (a stable arm against one that varies by seed), 3 vs 3
 runs and 16 prompts, its p fell below 0.05 in 27 of 300 simulations (9.0%); the larger of it and
 Welch's p on the runs' means in 14 (4.7%). Run ``python -m tests.study.test_run_means_bound 300`` for
-those numbers (numpy seed 7); the test runs 100.
+those numbers (numpy seed 7; ``200 1 0.1 0.1 0`` and ``200 2 0.1 0.1 0.25``: equal spreads, no shift and
+a 0.25 shift, docs/statistics.md); the test runs 100.
 """
 
 from __future__ import annotations
@@ -66,8 +67,10 @@ def test_the_row_records_both_tests_and_detects_what_both_detect():
     assert row["mde"] >= mde_from_se(row["se"], row["df"], alpha=0.05)
 
 
-if __name__ == "__main__":
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 300
-    used, lmm, bounded = rates(n)
+if __name__ == "__main__":  # N [SEED SD_A SD_B EFFECT], e.g. 200 2 0.1 0.1 0.25 (power, equal spreads)
+    a = sys.argv[1:]
+    n = int(a[0]) if a else 300
+    kw = {"seed": int(a[1]), "sd": (float(a[2]), float(a[3])), "effect": float(a[4])} if len(a) == 5 else {}
+    used, lmm, bounded = rates(n, **kw)
     print(f"{used} cells: LMM p < 0.05 in {lmm} ({100 * lmm / used:.1f}%), bounded p in {bounded} "
           f"({100 * bounded / used:.1f}%)")
