@@ -37,7 +37,7 @@ from pcpo_eval.study.results import reward_balance  # noqa: E402
 POOL = Path(__file__).resolve().parent / "data" / "toy_demo_runs.parquet"
 CHECKPOINT_EVERY = 2  # analysis/toy_study.yaml
 WINDOW = 5
-SP = SimpleNamespace(cells=lambda: ["all"], pcpo="PCPO", baseline="DDPO")
+SP = SimpleNamespace(cells=lambda: ["all"], pcpo="PCPO", baseline="DDPO", select_on="train")
 
 
 def selected(pool: pd.DataFrame, target: float) -> dict[tuple[str, int], tuple[float, bool]]:

@@ -103,7 +103,7 @@ def test_the_balance_sentence_keeps_signs_and_says_when_nothing_is_detectable():
     from pcpo_eval.stats.runlevel import compare_runs
     from pcpo_eval.study.results import _balance_sentence
 
-    sp = SimpleNamespace(cells=lambda: ["c"], pcpo="PCPO", baseline="DDPO")
+    sp = SimpleNamespace(cells=lambda: ["c"], pcpo="PCPO", baseline="DDPO", select_on="train")
     b, t = [0.80, 0.81], [0.836, 0.8361]
     c = compare_runs(b, t, rng=np.random.default_rng(0), paired=True)
     text = _balance_sentence(sp, "c", c, 0.05, False, c.p, 1, {"baseline": 0, "pcpo": 0})

@@ -18,7 +18,7 @@ from pcpo_eval.report.html import render_report
 from pcpo_eval.stats.fmt import ci_decimals
 from pcpo_eval.study.results import reward_balance
 
-SP = SimpleNamespace(cells=lambda: ["all"], pcpo="PCPO", baseline="DDPO")
+SP = SimpleNamespace(cells=lambda: ["all"], pcpo="PCPO", baseline="DDPO", select_on="train")
 
 
 def _runs(b: list[float], t: list[float], *, seeds_t: list[int] | None = None, reached: bool = True) -> list[dict]:
@@ -39,6 +39,11 @@ def test_an_arm_that_overshoots_is_flagged_and_said():
                                     f"reward of {b['pcpo_mean']:.{d}f}, DDPO's at {b['baseline_mean']:.{d}f}")
     assert "5 seeds per arm, paired by seed" in b["sentence"]
     assert "may partly be this reward difference; read the matched-epoch comparison beside it" in b["sentence"]
+    # matched on the gain over the control (select_on: gain): the sentence names what was matched
+    g = reward_balance(SimpleNamespace(**{**vars(SP), "select_on": "gain"}),
+                       _runs(list(base - 0.76), list(base - 0.73 + rng.normal(0, 0.003, 5))))["all"]
+    assert "sit at a smoothed gain over the untrained control of" in g["sentence"]
+    assert "differ in gain, so a matched-reward image-metric difference may partly be this gain difference" in g["sentence"]
 
 
 def test_balanced_arms_say_no_evidence_and_what_was_detectable():
@@ -70,7 +75,7 @@ def test_aa_overshoot_is_flagged_at_most_at_alpha():
 def test_cells_are_one_holm_family_per_study():
     """4 cells, 3 paired seeds, A/A: some cell flagged in at most 5% + 2.5 SE of 400 studies (each cell
     at 0.05 on its own: 23% in a review's reproduction). Measured (seed 11): 2.25% (9 of 400)."""
-    sp4 = SimpleNamespace(cells=lambda: ["c0", "c1", "c2", "c3"], pcpo="PCPO", baseline="DDPO")
+    sp4 = SimpleNamespace(cells=lambda: ["c0", "c1", "c2", "c3"], pcpo="PCPO", baseline="DDPO", select_on="train")
     rng = np.random.default_rng(11)
     n, hits = 400, 0
     for _ in range(n):
