@@ -431,6 +431,13 @@ def lmm_view(lmm: dict[str, Any], labels: dict[str, str], qq: dict[str, str] | N
             "adjust_label": "Benjamini-Hochberg" if lmm.get("adjust") == "bh" else "Holm"}
 
 
+def _runs_text(values: dict[str, Any] | None) -> str | None:
+    """``"3 vs 3"`` (treatment vs baseline runs) of a row's per-run values, None without them."""
+    if not values:
+        return None
+    return f"{len(values.get('treatment') or [])} vs {len(values.get('baseline') or [])}"
+
+
 def simple_effect_rows(significance: dict[str, dict[str, Any]], labels: dict[str, str]) -> list[dict[str, Any]]:
     """The raw-score simple effects (PCPO - baseline per cell and metric) as printed rows."""
     rows = []
@@ -444,6 +451,7 @@ def simple_effect_rows(significance: dict[str, dict[str, Any]], labels: dict[str
                         # an estimable row with a reason: its p is not the t test's alone (too few runs:
                         # the exact permutation test bounds it), so the t CI beside it does not decide
                         "ci_note": e.get("reason") if ok and e.get("reason") else None,
+                        "runs": _runs_text(e.get("run_values") or e.get("run_means")),
                         **p_cells(e.get("p"), e.get("p_adj"), ok, e.get("reason"), ok and e.get("significant") is True)}
             rows.append(row)
     return rows

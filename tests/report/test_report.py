@@ -484,7 +484,7 @@ def test_raw_score_rows_say_why_their_ci_does_not_decide_and_what_the_metrics_me
               "arm: a t test needs at least 3 to be trusted alone")
     sig = {"all": {"is_toy": {"estimate": -0.1229, "se": None, "df": 1.61, "ci_low": -0.2072, "ci_high": -0.0387,
                               "mde": None, "p": 1 / 3, "p_adj": 1.0, "estimable": True, "reason": reason,
-                              "significant": False},
+                              "significant": False, "run_values": {"baseline": [3.9, 3.91], "treatment": [3.8, 3.77]}},
                    "fd_toy": {"estimate": 1.0, "se": None, "df": 3.0, "ci_low": -2.0, "ci_high": 4.0, "mde": 9.0,
                               "p": 0.5, "p_adj": 1.0, "estimable": True, "reason": None, "significant": False}}}
     results = {"study": {"name": "aa", "compare": {"factor": "algorithm", "baseline": "A", "pcpo": "B"}},
@@ -494,6 +494,7 @@ def test_raw_score_rows_say_why_their_ci_does_not_decide_and_what_the_metrics_me
                               "against_base": ["fd_toy"], "small_sets": {"fd_toy": {"images": 64, "dim": 128}}}}
     text = _text(render_report(results))
     assert "B − A" in text and "PCPO − baseline" not in text
+    assert re.search(r"IS\* \(toy\)\s+2 vs 2\s+-0.1229", text)  # the runs each row used
     assert f"* IS* (toy) (all): {reason}; its 95% CI is the t test's and does not decide this row (p 0.333)" in text
     assert 'no effect is detectable with these runs ("none")' in text and "FD (toy) (all):" not in text
     assert "Direction: FD (toy) lower is better; IS* (toy) lower is better." in text
