@@ -500,3 +500,15 @@ def test_raw_score_rows_say_why_their_ci_does_not_decide_and_what_the_metrics_me
     assert "Direction: FD (toy) lower is better; IS* (toy) lower is better." in text
     assert "FD (toy): distance to the untrained base model's images of the same prompts and seeds" in text
     assert "FD (toy) from 64 images per set in 128 dimensions: the set's covariance is rank-deficient" in text
+
+
+def test_a_selection_its_untrained_controls_reach_says_it_is_not_matched_on_learning():
+    note = "the untrained control of 2 of 2 reward-matched runs (Frozen) reaches select_target 0.8 by ..."
+    sel = {"target": 0.8, "window": 5, "on": "train", "control_reaches": ["f0", "f1"], "control_reaches_note": note,
+           "runs": [{"name": n, "cell": "all", "epoch": 12, "reward": 0.81, "gap": 0.01, "reached": True,
+                     "control_reaches": True, "role": "pcpo"} for n in ("f0", "f1")]}
+    text = _text(render_report({"study": {"name": "s"}, "selection": sel}))
+    assert text.count(f"Not matched on learning: {note}") == 2  # the checkpoint and raw-score sections
+    assert text.count("yes, and so does its untrained control") == 2 and "(smoothed training reward, window 5)" in text
+    gain = _text(render_report({"study": {"name": "s"}, "selection": {**sel, "on": "gain", "control_reaches_note": None}}))
+    assert "Not matched on learning" not in gain and "smoothed gain over the paired untrained control" in gain
