@@ -253,7 +253,7 @@ def test_not_estimable_lmm_fit_shows_its_reason_and_no_p(report):
     diag = next(r for r in t.rows("lmm-diagnostics") if r[0] == "CLIP (toy)")
     assert diag[1] == f"not estimable: {NOT_ESTIMABLE_REASON}"
     simple = next(r for r in t.rows("simple-effects-table") if r[1] == "CLIP (toy)")
-    assert simple[-2] == f"not estimable: {NOT_ESTIMABLE_REASON}" and simple[2] == "0.001" and simple[-1] == "–"
+    assert simple[-2] == f"not estimable: {NOT_ESTIMABLE_REASON}" and simple[3] == "0.001" and simple[-1] == "–"
     # never bold: no <b> between the CLIP row's start and its end in any LMM table
     for m in re.finditer(r"<tr><td class=\"l\">CLIP \(toy\)</td>.*?</tr>", html, re.S):
         assert "<b>" not in m.group(0)

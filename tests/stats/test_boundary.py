@@ -145,7 +145,8 @@ def test_study_lmm_tables_and_bold_rows_use_the_run_means_at_the_boundary():
     assert fe["m1"]["p"] == pytest.approx(stats.ttest_ind(m["B"], m["A"]).pvalue, rel=1e-6)
     assert adjusted["m1"]["algorithm[T.B]"]["p"] == pytest.approx(fe["m1"]["p"])
     assert not any("run means" in r for r in fits["m2"]["remarks"])  # run variance above 0: lmerTest's
-    sp = SimpleNamespace(compare_factor="algorithm", pcpo="B", lmm=SimpleNamespace(alpha=0.05))
+    sp = SimpleNamespace(compare_factor="algorithm", pcpo="B", baseline="A", lmm=SimpleNamespace(alpha=0.05))
     f, row = _simple_effect(sp, d, "m1", setup)
-    assert row["p"] == pytest.approx(fe["m1"]["p"], rel=1e-6) and row["df"] == pytest.approx(4.0)
+    assert row["p_lmm"] == pytest.approx(fe["m1"]["p"], rel=1e-6) and row["df"] == pytest.approx(4.0)
+    assert row["p"] == max(row["p_lmm"], row["p_run_means"])  # bounded by Welch on the run means
     assert "run means" in row["method"]
