@@ -12,7 +12,6 @@ import pytest
 import torch
 from PIL import Image
 
-import pcpo_eval.weights.locate as W
 from pcpo_eval.errors import MissingWeightsError, UserError
 from pcpo_eval.rewards import make_reward
 from pcpo_eval.rewards.preference import (
@@ -25,6 +24,7 @@ from pcpo_eval.rewards.preference import (
     preprocess_images,
     shortest_edge_size,
 )
+from pcpo_eval.testing import isolate_weight_caches
 from tests.support.preference import (
     TINY_OPEN_CLIP,
     random_images,
@@ -54,14 +54,8 @@ def files(tmp_path_factory):
 
 @pytest.fixture
 def no_weights(tmp_path, monkeypatch):
-    """No env vars, empty caches: every real backend is missing."""
-    for b in W.BACKENDS.values():
-        monkeypatch.delenv(b.env_var, raising=False)
-    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
-    monkeypatch.setenv("PCPO_WEIGHTS_DIR", str(tmp_path / "pcpo"))
-    monkeypatch.setenv("HOME", str(tmp_path))
+    """No env vars, empty caches, hub offline: every real backend is missing and nothing downloads."""
+    isolate_weight_caches(tmp_path, monkeypatch)
 
 
 def _pil(images: torch.Tensor) -> list[Image.Image]:

@@ -18,7 +18,6 @@ import torch
 from PIL import Image
 from torch import nn
 
-import pcpo_eval.weights.locate as W
 from pcpo_eval.errors import MissingWeightsError, UserError
 from pcpo_eval.rewards import make_reward
 from pcpo_eval.rewards.preference import (
@@ -28,6 +27,7 @@ from pcpo_eval.rewards.preference import (
     _blip_tokenizer_from,
     cast_imagereward_model,
 )
+from pcpo_eval.testing import isolate_weight_caches
 from tests.support.preference import random_images
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -206,12 +206,7 @@ def test_imagereward_uses_a_ready_module_as_given(tokenizer_dir):
 
 
 def test_imagereward_missing_files(tmp_path, monkeypatch):
-    for b in W.BACKENDS.values():
-        monkeypatch.delenv(b.env_var, raising=False)
-    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    monkeypatch.setenv("PCPO_WEIGHTS_DIR", str(tmp_path / "pcpo"))
-    monkeypatch.setenv("HOME", str(tmp_path))
+    isolate_weight_caches(tmp_path, monkeypatch)
     with pytest.raises(MissingWeightsError, match="PCPO_IMAGEREWARD_WEIGHTS.*ImageReward.pt"):
         make_reward("imagereward")
     (tmp_path / "ImageReward.pt").write_bytes(b"x")

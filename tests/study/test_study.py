@@ -18,16 +18,15 @@ from pcpo_eval.errors import UserError
 from pcpo_eval.stats.formula import parse_lmm_formula
 from pcpo_eval.study.runner import StageError, run_study
 from pcpo_eval.study.spec import STAGES, load_spec
+from pcpo_eval.testing import isolate_weight_caches
 from tests.support.study import install_fakes, write_run, write_spec
 
 
 @pytest.fixture(autouse=True)
 def no_weights(tmp_path, monkeypatch):
-    """Empty weight caches: real backends are absent whatever the machine holds."""
-    for var in ("HF_HOME", "TORCH_HOME", "PCPO_WEIGHTS_DIR", "XDG_CACHE_HOME"):
-        monkeypatch.setenv(var, str(tmp_path / "empty_cache"))
-    for var in ("HF_HUB_CACHE", "PCPO_INCEPTION_WEIGHTS", "PCPO_DINOV2_PATH", "PCPO_HPS_WEIGHTS"):
-        monkeypatch.delenv(var, raising=False)
+    """Empty weight caches and no backend variables: real backends are absent whatever the machine holds,
+    and a stray hub call fails instead of downloading (``HF_HUB_OFFLINE``)."""
+    isolate_weight_caches(tmp_path / "empty_cache", monkeypatch)
 
 
 # ------------------------------------------------------------------------------------------------
