@@ -40,6 +40,11 @@ from pcpo_eval.io import parallel_map, sha256_file
 MANIFEST_FILE = "manifest.parquet"
 #: every generation setting + run information; ``status`` ``rendering`` or ``complete``
 SET_FILE = "set.json"
+#: the folder of a set's images, one subfolder per prompt (:func:`image_rel_path`), and their glob
+IMAGES_DIR = "images"
+IMAGE_GLOB = "*/*.png"
+#: the per-process progress files of a render in flight (``generate/runner.py``; merged into the manifest)
+PROGRESS_DIR = ".progress"
 
 #: files verified in this process: (device, inode, size, mtime_ns, expected sha256), the file's identity
 #: whatever path or link reaches it (a stat, where a real-path lookup costs several); a file changed since
@@ -308,4 +313,4 @@ MANIFEST_COLUMNS = [
 
 def image_rel_path(prompt_id: int, seed: int) -> str:
     """``images/p{prompt_id:05d}/s{seed:07d}.png``."""
-    return f"images/p{prompt_id:05d}/s{seed:07d}.png"
+    return f"{IMAGES_DIR}/p{prompt_id:05d}/s{seed:07d}.png"

@@ -49,7 +49,7 @@ from pcpo_eval.generate.setdir import (
     png_text,
     write_manifest,
 )
-from pcpo_eval.imageset import MANIFEST_FILE, SET_FILE
+from pcpo_eval.imageset import MANIFEST_FILE, PROGRESS_DIR, SET_FILE
 from pcpo_eval.io import parallel_map
 from pcpo_eval.models.base import ModelAdapter, PromptEmbeds
 from pcpo_eval.precision import (
@@ -474,7 +474,7 @@ def _render_share(job: _Job, opened: _OpenSet) -> _Share:
     # a resumed 50,000-image set re-hashes what it has: on the thread pool (SHA-256 and reads release the GIL)
     done = parallel_map(lambda it: is_done(out, it, opened.records), mine)
     todo = [it for it, d in zip(mine, done, strict=True) if not d]
-    progress_file = out / ".progress" / f"{uuid.uuid4().hex}-r{job.rank:03d}.parquet"
+    progress_file = out / PROGRESS_DIR / f"{uuid.uuid4().hex}-r{job.rank:03d}.parquet"
     writer = _Writer(out, settings)
     bar = progress_bar(len(mine), "generate", req.progress and job.rank == 0, unit="img", initial=len(mine) - len(todo))
     uncond_row = job.fixed.encode_prompts([""]) if req.cfg != 1.0 else None

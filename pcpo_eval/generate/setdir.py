@@ -21,7 +21,7 @@ from typing import Any
 from pcpo_eval.errors import UserError
 from pcpo_eval.generate.plan import WorkItem
 from pcpo_eval.generate.png import pixel_sha256, png_is_readable, read_png_pixels, read_png_text
-from pcpo_eval.imageset import MANIFEST_COLUMNS, MANIFEST_FILE, SET_FILE
+from pcpo_eval.imageset import IMAGE_GLOB, IMAGES_DIR, MANIFEST_COLUMNS, MANIFEST_FILE, PROGRESS_DIR, SET_FILE
 from pcpo_eval.io import atomic_write_json, atomic_write_parquet, sha256_file
 
 #: Seed derivation recorded with every set (see :mod:`pcpo_eval.seeding`).
@@ -112,8 +112,8 @@ def check_out_dir(out: Path, settings: GenerationSettings) -> None:
         raise UserError(f"--out {str(out)!r} is a file; choose a directory")
     set_json = out / SET_FILE
     if not set_json.exists():
-        if any(p for p in out.iterdir() if p.name not in (".progress", "images")) or any(
-            (out / "images").glob("*/*.png")
+        if any(p for p in out.iterdir() if p.name not in (PROGRESS_DIR, IMAGES_DIR)) or any(
+            (out / IMAGES_DIR).glob(IMAGE_GLOB)
         ):
             raise UserError(f"--out {str(out)!r} exists and is not an image set; choose a new or empty directory")
         return
@@ -169,7 +169,7 @@ def load_records(out: Path) -> Records:
 
     recs: Records = {}
     files = ([out / MANIFEST_FILE] if (out / MANIFEST_FILE).exists() else []) + sorted(
-        (out / ".progress").glob("*.parquet")
+        (out / PROGRESS_DIR).glob("*.parquet")
     )
     for f in files:
         try:
@@ -241,7 +241,7 @@ def begin_set(out: Path, settings: GenerationSettings, run_info: dict[str, Any])
     remove_stale_tmp(out)
     path = out / SET_FILE
     if not path.exists() or holds_no_image(out):  # new, or a first run stopped before its first image
-        for f in (out / ".progress").glob("*.parquet"):
+        for f in (out / PROGRESS_DIR).glob("*.parquet"):
             f.unlink()
         atomic_write_json(path, {"status": "rendering", "settings": asdict(settings), "run": run_info})
         return
@@ -255,8 +255,8 @@ def holds_no_image(out: Path) -> bool:
     A multi-process first run stopped before its first image leaves one (only a one-process run removes it,
     :func:`discard_empty_set`: another rank may still be writing); its settings bound the folder, and a re-run
     with others was refused as "holds images rendered with steps=50" with no image in it."""
-    images = out / "images"
-    return not (out / MANIFEST_FILE).exists() and not (images.is_dir() and any(images.glob("*/*.png")))
+    images = out / IMAGES_DIR
+    return not (out / MANIFEST_FILE).exists() and not (images.is_dir() and any(images.glob(IMAGE_GLOB)))
 
 
 def discard_empty_set(out: Path, remove_dir: bool) -> bool:
@@ -266,13 +266,13 @@ def discard_empty_set(out: Path, remove_dir: bool) -> bool:
     settings); a partly rendered set keeps its ``rendering`` set.json, which is what a re-run resumes.
     ``remove_dir``: the run created ``out`` (removed too when empty). Returns whether it discarded.
     """
-    images = out / "images"
+    images = out / IMAGES_DIR
     if not holds_no_image(out):
         return False
-    for f in [out / SET_FILE, *(out / ".progress").glob("*.parquet")]:
+    for f in [out / SET_FILE, *(out / PROGRESS_DIR).glob("*.parquet")]:
         with contextlib.suppress(FileNotFoundError):
             f.unlink()
-    for d in [*(images.glob("*") if images.is_dir() else []), images, out / ".progress", *([out] if remove_dir else [])]:
+    for d in [*(images.glob("*") if images.is_dir() else []), images, out / PROGRESS_DIR, *([out] if remove_dir else [])]:
         with contextlib.suppress(OSError):
             d.rmdir()  # only empty folders
     return True
@@ -305,8 +305,8 @@ def write_manifest(out: Path, items: Sequence[WorkItem], settings: GenerationSet
         out / SET_FILE,
         {"status": "complete", "settings": s, "run": run_info, "manifest": MANIFEST_FILE},
     )
-    for f in (out / ".progress").glob("*.parquet"):
+    for f in (out / PROGRESS_DIR).glob("*.parquet"):
         with contextlib.suppress(FileNotFoundError):
             f.unlink()
     with contextlib.suppress(OSError):
-        (out / ".progress").rmdir()
+        (out / PROGRESS_DIR).rmdir()
