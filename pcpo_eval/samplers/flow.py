@@ -52,6 +52,7 @@ import numpy as np
 import torch
 
 from pcpo_eval.credit.flow import (
+    FLOW_SDES,
     KL_FORMS,
     T1_CONVENTIONS,
     flow_credit,
@@ -66,7 +67,8 @@ from pcpo_eval.models.base import ModelAdapter, PromptEmbeds
 from pcpo_eval.samplers.base import Recorder, Trajectory, per_sample_noise
 from pcpo_eval.samplers.ddim import _bcast, gaussian_log_prob
 
-SDES: tuple[str, ...] = ("dance", "flowgrpo", "ode")
+#: what the flow sampler can run: the SDEs of :data:`pcpo_eval.credit.flow.FLOW_SDES` and the ODE (no noise)
+SDES: tuple[str, ...] = (*FLOW_SDES, "ode")
 GRIDS: tuple[str, ...] = ("auto", "shifted", "scheduler")
 
 
@@ -327,7 +329,7 @@ class FlowSampler:
     quantize_time: bool = False  #: feed the model DanceGRPO's int(1000 t) / 1000 (:func:`model_time_of`)
     name: ClassVar[str] = "flow"
     prediction: ClassVar[str] = "velocity"
-    schedules: ClassVar[tuple[str, ...]] = ("ode", "dance", "flowgrpo")
+    schedules: ClassVar[tuple[str, ...]] = ("ode", *FLOW_SDES)
 
     def __post_init__(self) -> None:
         if self.t1 not in T1_CONVENTIONS:

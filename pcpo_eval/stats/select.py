@@ -44,7 +44,7 @@ import pandas as pd
 
 from pcpo_eval.errors import UserError
 from pcpo_eval.rundir import CONTROL_COLUMN, checkpoints_root, epoch_dirs, load_log, log_path, meta_path
-from pcpo_eval.stats.speedup import check_window, moving_average
+from pcpo_eval.stats.speedup import SMOOTHING_WINDOW, check_window, moving_average
 
 #: what a checkpoint is matched on -> the log.parquet column(s) holding it (``gain``: the training reward
 #: minus the paired untrained control's, the learning alone; the sampler's own level cancels)
@@ -251,7 +251,7 @@ def _check_finite_rewards(run: Path, log: pd.DataFrame) -> None:
                         "those epochs would reach any target. Fix or drop those epochs, or leave the run out")
 
 
-def run_checkpoints(run_dir: str | Path, window: int = 5, on: str = "train") -> tuple[list[RunCheckpoint], str]:
+def run_checkpoints(run_dir: str | Path, window: int = SMOOTHING_WINDOW, on: str = "train") -> tuple[list[RunCheckpoint], str]:
     """Saved checkpoints of a run, in epoch order, with smoothed rewards; and the reward source.
 
     ``on``: ``train`` (the training reward) or ``eval`` (the held-out validation reward)."""
@@ -336,7 +336,7 @@ def bracket(cks: Sequence[RunCheckpoint], reference_reward: float) -> Bracket:
 
 
 def select_checkpoints(
-    run_dirs: Sequence[str | Path], target: float, window: int = 5, reference: str | Path | None = None,
+    run_dirs: Sequence[str | Path], target: float, window: int = SMOOTHING_WINDOW, reference: str | Path | None = None,
     on: str = "train",
 ) -> Selection:
     """Reward-matched checkpoint per run; with ``reference`` (a PCPO run) also the bracketing.

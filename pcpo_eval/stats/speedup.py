@@ -82,6 +82,11 @@ from pcpo_eval.stats.fmt import p_value, pct, pct_interval
 ONE_RUN_PER_ARM = "1 run per arm: these are differences between runs; no CI/p-value"
 
 
+#: The paper's smoothing: "smoothed with a moving average window of 5 epochs" (App. plotting details,
+#: l.1293-1294); the default of every speed-up, selection and curve here.
+SMOOTHING_WINDOW = 5
+
+
 def check_window(window: int) -> None:
     """A moving-average window is a whole number of epochs >= 1 (one UserError otherwise)."""
     if isinstance(window, bool) or not isinstance(window, int | np.integer) or window < 1:
@@ -89,7 +94,7 @@ def check_window(window: int) -> None:
                         "pass e.g. --window 5")
 
 
-def moving_average(x: Sequence[float] | np.ndarray, window: int = 5) -> np.ndarray:
+def moving_average(x: Sequence[float] | np.ndarray, window: int = SMOOTHING_WINDOW) -> np.ndarray:
     """Trailing moving average; the first ``window-1`` values average what is available."""
     check_window(window)
     a = np.asarray(x, dtype=np.float64)
@@ -104,7 +109,7 @@ def speedup_pct(epochs_baseline: float, epochs_pcpo: float) -> float:
     return (float(epochs_baseline) / float(epochs_pcpo) - 1.0) * 100.0
 
 
-def full_window_average(x: Sequence[float] | np.ndarray, window: int = 5) -> np.ndarray:
+def full_window_average(x: Sequence[float] | np.ndarray, window: int = SMOOTHING_WINDOW) -> np.ndarray:
     """Trailing mean over ``window`` values; NaN for the first ``window - 1`` (no full window yet) and
     for every window that holds a non-finite value (it decides nothing; the other windows still do)."""
     check_window(window)
@@ -178,7 +183,7 @@ def on_epoch_grid(y: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]
 def epochs_to_target(
     curve: Sequence[float] | np.ndarray,
     target: float,
-    window: int = 5,
+    window: int = SMOOTHING_WINDOW,
     *,
     epochs: Sequence[int] | np.ndarray | None = None,
     higher_is_better: bool = True,
@@ -702,7 +707,7 @@ def speedup_table(
     baseline: Sequence[pd.DataFrame | str | Path],
     pcpo: Sequence[pd.DataFrame | str | Path],
     targets: Sequence[float],
-    window: int = 5,
+    window: int = SMOOTHING_WINDOW,
     higher_is_better: bool = True,
     *,
     paired: bool = False,

@@ -73,6 +73,7 @@ from pcpo_eval.stats.runlevel import (
     paired_gain,
 )
 from pcpo_eval.stats.speedup import (
+    SMOOTHING_WINDOW,
     Speedup,
     TimeToTarget,
     at_level,
@@ -588,7 +589,7 @@ def verdict_rows(
     gain_targets: Sequence[float] = (),
     primary: Sequence[str] | None = None,
     k: int = 5,
-    window: int = 5,
+    window: int = SMOOTHING_WINDOW,
     stat: Stat = "mean",
     alpha: float = 0.05,
     n_boot: int = 2000,

@@ -89,15 +89,16 @@ def fit_lmm(data: Any, formula: str, group: str | Sequence[str], *, coding: str 
     return _fit(data, formula, groups, coding, reml, re_formula)
 
 
-def speedup(baseline: Sequence[Any], pcpo: Sequence[Any], targets: Sequence[float], *, window: int = 5,
+def speedup(baseline: Sequence[Any], pcpo: Sequence[Any], targets: Sequence[float], *, window: int | None = None,
             higher_is_better: bool = True, paired: bool = False, curve: str = "reward") -> Any:
     """Restricted mean epochs to each target and PCPO's speed-up with its 95% CI, from run folders,
-    log files or DataFrames (one per seed and arm). Returns the table (``.to_markdown()``,
+    log files or DataFrames (one per seed and arm); ``window`` defaults to the paper's 5 epochs
+    (:data:`pcpo_eval.stats.speedup.SMOOTHING_WINDOW`). Returns the table (``.to_markdown()``,
     ``.to_dict()``). :func:`pcpo_eval.stats.speedup.speedup_table`."""
-    from pcpo_eval.stats.speedup import speedup_table
+    from pcpo_eval.stats.speedup import SMOOTHING_WINDOW, speedup_table
 
-    return speedup_table(list(baseline), list(pcpo), list(targets), window, higher_is_better, paired=paired,
-                         curve=curve)
+    return speedup_table(list(baseline), list(pcpo), list(targets), SMOOTHING_WINDOW if window is None else window,
+                         higher_is_better, paired=paired, curve=curve)
 
 
 def run_study(spec: str | Path, out: str | Path | None = None, stages: str | Sequence[str] = "all",

@@ -37,7 +37,7 @@ from pcpo_eval.rewards import required_backends
 from pcpo_eval.rundir import checkpoints_root, log_path, logged_images_per_epoch
 from pcpo_eval.stats.formula import parse_lmm_formula
 from pcpo_eval.stats.select import MATCH_ON
-from pcpo_eval.stats.speedup import unreachable_targets
+from pcpo_eval.stats.speedup import SMOOTHING_WINDOW, unreachable_targets
 from pcpo_eval.stats.verdict import quantity_name
 from pcpo_eval.study.comparability import IMAGES_LOGGED, epoch_unit_problems, existing_run_problems
 from pcpo_eval.study.retention import epoch_maps, retention_problems
@@ -605,10 +605,10 @@ def _check_epoch_units(runs: Sequence[RunSpec], compare: _Compare, top: dict[str
 
 def _parse_targets(top: dict[str, Any], runs: Sequence[RunSpec], problems: list[str]) -> tuple[list[float], float, int]:
     """``targets``, ``select_target`` (default: the last target) and ``window``; existing runs must reach them."""
-    window = top.get("window", 5)
+    window = top.get("window", SMOOTHING_WINDOW)
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:  # YAML's `on` is True, not 1
         problems.append(f"window must be a positive integer (got {window!r})")
-        window = 5
+        window = SMOOTHING_WINDOW
     targets_raw = top.get("targets")
     if not isinstance(targets_raw, list) or not targets_raw:
         problems.append("targets must be a non-empty list of reward levels, e.g. targets: [6.6, 6.9]")
