@@ -23,8 +23,7 @@ LMM row is fitted as :func:`pcpo_eval.study.results._simple_effect` fits it and 
 lmerTest's Satterthwaite df (``old``, the study before the boundary rule), the df capped at the run
 level (``new``: runs - 2, the containment df; a candidate, not adopted) and the study's rule now
 (:func:`pcpo_eval.stats.boundary.run_level_at_boundary`: the run means' t when the run variance is
-estimated at 0; the larger of that p and Welch's t on the runs' means, ``results.run_means_test``,
-since 2026-11-28); the overall-only rows by :func:`pcpo_eval.study.results.overall_effects`'s Welch
+estimated at 0); the overall-only rows by :func:`pcpo_eval.study.results.overall_effects`'s Welch
 test. "As the study reports now" is one Holm family over every row of both comparisons
 (:func:`pcpo_eval.study.results.arm_family`; in this one-cell study the LMM tables' algorithm terms
 are the same tests as the rows). ``--check N`` (default 2) runs the first N studies through
@@ -125,16 +124,7 @@ def _fit_p(data: pd.DataFrame, metric: str, groups: list[str]) -> tuple[float, f
         return np.nan, np.nan, fe.df, np.nan, False
     cap = data["run"].nunique() - 2  # the between-run (containment) df of the algorithm term
     g = run_level_at_boundary(f, dm, "value ~ algorithm", groups, "treatment")
-    p_study = g.term("algorithm[T.B]").p
-    if "run" in groups:  # the study bounds it by Welch's t on the runs' means (results.run_means_test)
-        from types import SimpleNamespace
-
-        from pcpo_eval.study.results import run_means_test
-
-        sp = SimpleNamespace(compare_factor="algorithm", baseline="A", pcpo="B", lmm=SimpleNamespace(alpha=ALPHA))
-        p_runs, _ = run_means_test(sp, dm)
-        p_study = p_study if p_runs is None else max(p_study, p_runs)
-    return fe.p, float(2 * stats.t.sf(abs(fe.t), min(fe.df, cap))), fe.df, p_study, g is not f
+    return fe.p, float(2 * stats.t.sf(abs(fe.t), min(fe.df, cap))), fe.df, g.term("algorithm[T.B]").p, g is not f
 
 
 def holm_any(ps: list[float]) -> bool:
@@ -203,10 +193,10 @@ def study_path_check(sp, comp_by_match: dict, runs_a: list[str], runs_b: list[st
                 rows[m] = _simple_effect(sp, d, m, setup)[1]
         fits, adj = fit_metric_lmms(frames, "treatment")
         ours = pr["p_study"][:len(frames)]
-        for i, m in enumerate(frames):  # the row's p is bounded by the run means' Welch p, the LMM table's is not
-            for got, want in ((rows[m]["p"], ours[i]), (adj[m]["algorithm[T.B]"]["p"], rows[m]["p_lmm"])):
-                if not np.isclose(got, want, rtol=1e-6, atol=1e-12):
-                    raise AssertionError(f"{match} {m}: study path p {got} != benchmark p {want}")
+        for i, m in enumerate(frames):
+            for got in (rows[m]["p"], adj[m]["algorithm[T.B]"]["p"]):
+                if not np.isclose(got, ours[i], rtol=1e-6, atol=1e-12):
+                    raise AssertionError(f"{match} {m}: study path p {got} != benchmark p {ours[i]}")
         for i, m in enumerate(OVERALL):
             p = pr["p_study"][len(frames) + i]
             rows[m] = {"p": p, "estimable": bool(np.isfinite(p))}

@@ -452,6 +452,7 @@ def simple_effect_rows(significance: dict[str, dict[str, Any]], labels: dict[str
                         # the exact permutation test bounds it), so the t CI beside it does not decide
                         "ci_note": e.get("reason") if ok and e.get("reason") else None,
                         "runs": _runs_text(e.get("run_values") or e.get("run_means")),
+                        "caveat": e.get("caveat"),
                         **p_cells(e.get("p"), e.get("p_adj"), ok, e.get("reason"), ok and e.get("significant") is True)}
             rows.append(row)
     return rows

@@ -486,7 +486,10 @@ def test_raw_score_rows_say_why_their_ci_does_not_decide_and_what_the_metrics_me
                               "mde": None, "p": 1 / 3, "p_adj": 1.0, "estimable": True, "reason": reason,
                               "significant": False, "run_values": {"baseline": [3.9, 3.91], "treatment": [3.8, 3.77]}},
                    "fd_toy": {"estimate": 1.0, "se": None, "df": 3.0, "ci_low": -2.0, "ci_high": 4.0, "mde": 9.0,
-                              "p": 0.5, "p_adj": 1.0, "estimable": True, "reason": None, "significant": False}}}
+                              "p": 0.5, "p_adj": 1.0, "estimable": True, "reason": None, "significant": False},
+                   "lpips_toy": {"estimate": 0.2, "se": 0.05, "df": 4.0, "ci_low": 0.06, "ci_high": 0.34, "mde": 0.2,
+                                 "p": 0.004, "p_adj": 0.012, "estimable": True, "reason": None, "significant": True,
+                                 "caveat": "significant by the LMM, whose (1|run) gives both arms one ..."}}}
     results = {"study": {"name": "aa", "compare": {"factor": "algorithm", "baseline": "A", "pcpo": "B"}},
                "metric_labels": {"fd_toy": "FD (toy)", "is_toy": "IS* (toy)"},
                "raw_scores": {"columns": ["fd_toy", "is_toy"], "rows": [], "significance": sig, "rule": "bold: ...",
@@ -500,6 +503,7 @@ def test_raw_score_rows_say_why_their_ci_does_not_decide_and_what_the_metrics_me
     assert "Direction: FD (toy) lower is better; IS* (toy) lower is better." in text
     assert "FD (toy): distance to the untrained base model's images of the same prompts and seeds" in text
     assert "FD (toy) from 64 images per set in 128 dimensions: the set's covariance is rank-deficient" in text
+    assert "† lpips_toy (all): significant by the LMM, whose (1|run) gives both arms one ..." in text
 
 
 def test_a_selection_its_untrained_controls_reach_says_it_is_not_matched_on_learning():
