@@ -167,14 +167,17 @@ def main() -> None:
         _fail(interrupted_line(), 130)
     except MemoryError:  # e.g. a huge batch size on the CPU
         _fail(OUT_OF_MEMORY, 2)
+    except typer.Abort as exc:  # before RuntimeError: click's Abort is one (it also wraps an EOFError)
+        if isinstance(exc.__cause__, KeyboardInterrupt):  # older click / typer turn Ctrl-C into Abort
+            _fail(interrupted_line(), 130)
+        if isinstance(exc.__cause__ or exc.__context__, EOFError):  # e.g. torch.load of an empty file
+            _fail("a file ended before its data did (empty or cut short); the paths in the command and in its "
+                  "weight variables name the candidates: replace the file and re-run", 2)
+        _fail("aborted; nothing else to do", 1)
     except RuntimeError as exc:
         if type(exc).__name__ != "OutOfMemoryError":  # torch.OutOfMemoryError (CUDA), a RuntimeError
             raise
         _fail(f"out of GPU memory; {OUT_OF_MEMORY.split('; ', 1)[1]}", 2)
-    except typer.Abort as exc:
-        if isinstance(exc.__cause__, KeyboardInterrupt):  # older click / typer turn Ctrl-C into Abort
-            _fail(interrupted_line(), 130)
-        _fail("aborted; nothing else to do", 1)
     if rv == 130:  # typer turns Ctrl-C (KeyboardInterrupt) into Exit(130), returned here; no command exits 130
         _fail(interrupted_line(), 130)
     sys.exit(rv if isinstance(rv, int) else 0)

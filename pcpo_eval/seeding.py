@@ -23,6 +23,20 @@ import hashlib
 
 import torch
 
+#: the largest seed ``torch.Generator.manual_seed`` takes (a training or pretraining seed; 2**64 overflowed
+#: inside torch with a traceback)
+MAX_TORCH_SEED = 2**64 - 1
+
+
+def seed_problem(name: str, seed: int) -> str | None:
+    """Why ``seed`` cannot seed torch's generators (None when it can): negative, or above 2**64 - 1."""
+    if seed < 0:
+        return f"{name} must be >= 0 (got {seed}); torch's generators take non-negative seeds"
+    if seed > MAX_TORCH_SEED:
+        return f"{name} must be <= 2**64 - 1 = {MAX_TORCH_SEED} (got {seed}); torch's generators take 64-bit seeds"
+    return None
+
+
 _KEY_FORMAT = "pcpo-eval/sample/v1/{prompt_id}/{seed}"
 _MASK_63 = (1 << 63) - 1
 

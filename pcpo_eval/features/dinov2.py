@@ -114,9 +114,11 @@ class DinoV2Extractor(FeatureExtractor):
 
         path = locate_weights(weights_path)
         check_model_folder("DINOv2 weights", path)  # names config.json / the weights file if absent
+        from safetensors import SafetensorError
+
         try:
             model = Dinov2Model.from_pretrained(str(path), local_files_only=True)
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, SafetensorError) as exc:  # a truncated model.safetensors: SafetensorError
             raise MissingWeightsError(
                 f"cannot load DINOv2 from {path} ({type(exc).__name__}); {HOW_TO_GET}"
             ) from exc

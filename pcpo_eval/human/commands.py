@@ -121,6 +121,7 @@ def raters_cmd(
     base = _base_url(folder, base_url)
     settings = read_settings(HumanLayout(folder))
     with database_errors(url):
+        _check_rater_names(add, revoke, rotate, {name for name, _ in rater_links(url, base)})
         if add:
             add_raters(url, add)
         for name in revoke:
@@ -142,6 +143,24 @@ def raters_cmd(
         typer.echo("no raters yet; add them with --add NAME")
     for r in rows:
         typer.echo(f"{r['rater']}: {r['link']}  ({r.get('answered', 0)} of {r.get('total', '?')} answered)")
+
+
+def _check_rater_names(add: list[str], revoke: list[str], rotate: list[str], existing: set[str]) -> None:
+    """Every name of one ``human raters`` call checked before the database changes (a bad name after a good
+    one left the good change applied behind an error), and no name both revoked and rotated (rotating after
+    revoking handed the revoked rater a new live link)."""
+    both = sorted(set(revoke) & set(rotate))
+    if both:
+        raise UserError(f"{', '.join(both)} given to both --revoke and --rotate: a rotation issues a new live link, "
+                        "so the revocation would not hold; nothing was changed: revoke, or rotate, not both")
+    again = sorted({n for n in add if n in existing} | {n for n in add if add.count(n) > 1})
+    if again:
+        raise UserError(f"--add {', '.join(again)}: already a rater (or named twice); nothing was changed: "
+                        "choose another name, or --rotate to give them a new link")
+    unknown = sorted({n for n in (*revoke, *rotate) if n not in existing and n not in add})
+    if unknown:
+        raise UserError(f"no rater named {', '.join(map(repr, unknown))}; nothing was changed (raters: "
+                        f"{', '.join(sorted(existing)) or 'none yet'})")
 
 
 @human_app.command("serve")

@@ -37,6 +37,7 @@ import hashlib
 import json
 import math
 import os
+import pickle
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +47,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from pcpo_eval.errors import UserError
 from pcpo_eval.features import FeatureExtractor
 from pcpo_eval.features.base import check_uint8_images
 from pcpo_eval.io import atomic_write_json, sha256_file
@@ -287,13 +289,20 @@ def build_lpips_model(
         info.update(trunk="random", trunk_seed=seed)
     else:
         path = locate_alexnet(trunk)
-        state = torch.load(str(path), map_location="cpu", weights_only=True)
-        own = model.net.state_dict()
-        mapped = {}
-        for key in own:  # "slice2.3.weight" <- torchvision "features.3.weight"
-            _, idx, kind = key.split(".")
-            mapped[key] = state[f"features.{idx}.{kind}"]
-        model.net.load_state_dict(mapped)
+        try:  # a truncated, empty or foreign file: one line naming it, not torch's traceback
+            state = torch.load(str(path), map_location="cpu", weights_only=True)
+            own = model.net.state_dict()
+            mapped = {}
+            for key in own:  # "slice2.3.weight" <- torchvision "features.3.weight"
+                _, idx, kind = key.split(".")
+                mapped[key] = state[f"features.{idx}.{kind}"]
+            model.net.load_state_dict(mapped)
+        except (OSError, EOFError, RuntimeError, KeyError, TypeError, ValueError, pickle.UnpicklingError) as exc:
+            from pcpo_eval.weights.backends import BACKENDS
+
+            raise UserError(f"LPIPS trunk {path} is not torchvision's AlexNet weights file ({type(exc).__name__}: "
+                            f"{str(exc).splitlines()[0][:100] if str(exc) else 'no detail'}); replace it with "
+                            f"{BACKENDS['lpips_alex'].obtain}") from None
         info.update(trunk=str(path), trunk_sha256=sha256_file(path))
     return model.eval(), info
 

@@ -32,7 +32,9 @@ def pretrain_cmd(
     stages = {"all": ("classifier", "diffusion"), "classifier": ("classifier",), "diffusion": ("diffusion",)}
     if stage not in stages:
         raise UserError(f"unknown --stage {stage!r}; choose one of: {', '.join(stages)}")
-    require(seed >= 0, f"--seed must be >= 0 (got {seed}); torch's generators take non-negative seeds")
+    from pcpo_eval.seeding import seed_problem
+
+    require((bad_seed := seed_problem("--seed", seed)) is None, str(bad_seed))
     for flag, value in (("--train-steps", train_steps), ("--classifier-steps", classifier_steps), ("--threads", threads)):
         require(value is None or value >= 1, f"{flag} must be >= 1 (got {value}); pass a positive count")
     if out is not None:

@@ -31,7 +31,9 @@ def register(app: typer.Typer) -> None:
 
         for flag, value in (("--train-steps", train_steps), ("--threads", threads)):
             require(value >= 1, f"{flag} must be >= 1 (got {value}); pass a positive count")
-        require(seed >= 0, f"--seed must be >= 0 (got {seed}); torch's generators take non-negative seeds")
+        from pcpo_eval.seeding import seed_problem
+
+        require((bad_seed := seed_problem("--seed", seed)) is None, str(bad_seed))
         if out is not None:
             check_out_path(out, "--out")
         torch.set_num_threads(threads)

@@ -22,6 +22,7 @@ from pcpo_eval.credit.flow import FLOW_SDES, KL_FORMS, STEP_WEIGHTINGS, T1_CONVE
 from pcpo_eval.errors import UserError
 from pcpo_eval.io import check_finite, parse_overrides, read_yaml_mapping, yaml_safe_load
 from pcpo_eval.rewards import parse_reward, reward_parts
+from pcpo_eval.seeding import seed_problem
 from pcpo_eval.train.advantages import ADV_STDS
 from pcpo_eval.train.objectives import OBJECTIVES
 from pcpo_eval.train.tracking import WANDB_MODES, parse_log_to
@@ -251,7 +252,7 @@ class TrainConfig:
             if not cond:
                 out.append(msg)
 
-        need(int(self.seed) >= 0, f"seed must be >= 0 (got {self.seed})")
+        need((bad_seed := seed_problem("seed", int(self.seed))) is None, str(bad_seed))
         need(re.fullmatch(r"auto|(cpu|cuda)(:\d+)?", str(self.device)) is not None,
              f"device={self.device!r} (choose auto, cpu, cuda or cuda:N)")
         for name in ("adam_beta1", "adam_beta2"):

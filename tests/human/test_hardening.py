@@ -140,6 +140,16 @@ def test_revoke_and_rotate_links(study, cli):
     assert page(client, alice["link"].rsplit("/", 1)[1])[1] == 2  # reinstated, resumes
     res = cli("human", "raters", layout.root, "--revoke", "carol")
     assert res.returncode == 2 and res.stderr.startswith("error: no rater named 'carol'")
+    # one bad name refuses the whole call: nothing of it is applied (frank was added, bob revoked, before)
+    before = cli("human", "raters", layout.root, "--json").stdout
+    for args in (("--add", "frank", "--revoke", "nobody"), ("--revoke", "bob", "--revoke", "typo"),
+                 ("--add", "dave", "--revoke", "dave", "--rotate", "dave"), ("--add", "bob")):
+        res = cli("human", "raters", layout.root, *args)
+        assert res.returncode == 2 and "nothing was changed" in res.stderr, (args, res.stderr)
+        assert len(res.stderr.strip().splitlines()) == 1
+    assert cli("human", "raters", layout.root, "--json").stdout == before
+    res = cli("human", "raters", layout.root, "--revoke", "bob", "--rotate", "bob")
+    assert res.returncode == 2 and "given to both --revoke and --rotate" in res.stderr
 
 
 def test_export_records_revocation_and_analyze_drops_answers_after_it(study):
