@@ -615,7 +615,20 @@ def read_results(study_dir: str | Path) -> dict[str, Any]:
     if not isinstance(results.get("study"), dict):
         raise UserError(f"{res} is not a study's results object (no 'study' section); nothing was written "
                         f"(an existing report is kept); re-run `pcpo-eval study SPEC --out {study_dir} --stages stats`")
+    for key, kind in SECTION_TYPES.items():  # a hand-edited or foreign file: one line, not a template traceback
+        if results.get(key) is not None and not isinstance(results[key], kind):
+            raise UserError(f"{res}: section {key!r} is a JSON {type(results[key]).__name__}, not "
+                            f"{'a list' if kind is list else 'an object'}; nothing was written (an existing report "
+                            f"is kept); re-run `pcpo-eval study SPEC --out {study_dir} --stages stats`")
     return upgrade_runs(results)
+
+
+#: the results.json sections the report reads, by JSON type (list or object)
+SECTION_TYPES: dict[str, type] = {
+    "verdict": list, "runs": list, "traces": list, "grids": list, "targets": list,
+    "speedup": list, "preferences": list, "verdict_notes": list, "study": dict, "lmm": dict, "human": dict,
+    "figures": dict, "selection": dict, "raw_scores": dict, "metric_labels": dict, "rliable": dict,
+}
 
 
 def write_report(study_dir: str | Path, out_file: str | Path | None = None, figures: bool = True) -> Path:

@@ -180,6 +180,15 @@ def _entry_point(name: str) -> Any:
     return next((ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == name), None)
 
 
+def check_reward_names(spec: RewardSpec) -> None:
+    """Every reward name of ``spec`` is a registry name, a plug-in or ``module:function`` (nothing imported
+    for a registry name): one :class:`UserError` line for the first unknown one (as training gives)."""
+    for name in ([spec] if isinstance(spec, str) else list(spec)):
+        if name not in REGISTRY and ":" not in name and _entry_point(name) is None:
+            raise UserError(f"unknown reward {name!r}; choose one of: {', '.join(sorted(REGISTRY))}, a plug-in of the "
+                            f"{ENTRY_POINT_GROUP!r} entry points, or a custom factory as 'module:function'")
+
+
 def resolve_factory(name: str) -> tuple[Callable[..., RewardFn], bool]:
     """(factory, built-in?) for a registry name, an entry point of :data:`ENTRY_POINT_GROUP` or
     ``module:function``; anything else is one :class:`UserError` line listing the choices."""

@@ -123,6 +123,10 @@ def lmm_cmd(
         raise UserError(f"--output and --qq are one file ({output}); give the JSON and the Q-Q plot different names")
     if qq and Path(qq).suffix.lower() != ".png":
         raise UserError(f"--qq {qq}: the Q-Q plot is written as PNG; give a file name ending in .png")
+    if "|" in formula:  # lme4's (1|g) is a study spec's syntax; here the groups are options
+        raise UserError(f"--formula {formula!r} holds a random-effect term: give only the fixed effects "
+                        "(e.g. \"value ~ algorithm\") and each grouping with --group (e.g. --group prompt "
+                        "--group run); random slopes with --re-formula")
     df = read_table(data)
     if response:
         if "~" not in formula:

@@ -170,6 +170,17 @@ def load_sweep(path: str | Path) -> IRGSweepSpec:
     return IRGSweepSpec(**d)
 
 
+def _check_checkpoints(spec: IRGSweepSpec) -> None:
+    """Every ``checkpoints:`` entry that names a path exists (a model spec such as ``toy`` or ``sd1:DIR`` is
+    checked when loaded): a typo was found only after the reference set had rendered."""
+    from pcpo_eval.models.registry import REGISTRY
+
+    for label, ck in spec.checkpoints.items():
+        if ck.partition(":")[0] not in REGISTRY and not Path(ck).exists():
+            raise UserError(f"checkpoints.{label}: {ck} does not exist; give a run's checkpoint folder "
+                            "(RUN/checkpoints/epoch_NNNN) or a model spec, relative to the sweep file")
+
+
 def _render(spec: IRGSweepSpec, model: str, out: Path) -> None:
     from pcpo_eval.generate.runner import generate_set
 
@@ -194,6 +205,7 @@ def run_sweep(spec: IRGSweepSpec, out: str | Path, log: Callable[[str], None] = 
 
     out = check_out_path(out)
     _check_sweep_folder(out)
+    _check_checkpoints(spec)  # before the reference set renders (hours with real models)
     remove_stale_temps(out)  # temp files of a killed run (not ones a live process holds)
     ref_dir = None
     if any(METRICS[m].needs_reference for m in spec.metrics):  # 1.

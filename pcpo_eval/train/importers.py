@@ -47,13 +47,22 @@ import numpy as np
 import pandas as pd
 
 from pcpo_eval.errors import UserError
-from pcpo_eval.io import atomic_dir, atomic_write_parquet, atomic_write_text, remove_stale_temps, sha256_file
+from pcpo_eval.io import (
+    atomic_dir,
+    atomic_write_parquet,
+    atomic_write_text,
+    check_own_folder,
+    remove_stale_temps,
+    sha256_file,
+)
 from pcpo_eval.registry import optional_module
-from pcpo_eval.rewards import parse_reward
-from pcpo_eval.rundir import META_FILE, checkpoint_dir, config_path, log_path
+from pcpo_eval.rewards import check_reward_names, parse_reward
+from pcpo_eval.rundir import META_FILE, RUN_ENTRIES, checkpoint_dir, config_path, log_path
 from pcpo_eval.train.checkpoints import FULL_FILE, LORA_FILE, check_weights_file
 from pcpo_eval.train.inputs import input_record, write_inputs
 
+#: the import's summary in the run folder (settings, source, checkpoints)
+IMPORT_FILE = "import.json"
 KINDS = ("dancegrpo", "flowgrpo")
 #: run kind -> the --model kinds it can have fine-tuned (Flow-GRPO: SD3.5 / FLUX LoRA, SD-1 UNet LoRA;
 #: DanceGRPO: the SD-1 UNet or the FLUX transformer)
@@ -454,6 +463,7 @@ def import_run(kind: str, src: str | Path, out: str | Path, model: str, log: str
     one run writes (:func:`dancegrpo_append_problem`), for a run whose later checkpoints were left out."""
     if reward is not None:
         reward = parse_reward(reward)
+        check_reward_names(reward)  # recorded for a study to compare: a typo would compare nothing
     if kind not in KINDS:
         raise UserError(f"unknown run kind {kind!r}; choose one of: {', '.join(KINDS)}")
     if kind != "dancegrpo" and (last_run or single_run):
@@ -464,6 +474,7 @@ def import_run(kind: str, src: str | Path, out: str | Path, model: str, log: str
         raise UserError(f"{src} is not a directory; pass the reference run's output folder")
     if log_path(out).exists():
         raise UserError(f"{out} already holds a run; choose another --out")
+    check_own_folder(out, (*RUN_ENTRIES, IMPORT_FILE), "an imported run's")  # not the source's or a user's folder
     remove_stale_temps(out)  # temp files of a killed import (not ones a live process holds)
     if kind == "flowgrpo":
         if log is None:
@@ -504,7 +515,7 @@ def import_run(kind: str, src: str | Path, out: str | Path, model: str, log: str
     config = {"model": model, "objective": objective, **({"reward": reward} if reward is not None else {}),
               "imported_from": kind, "source": str(src)}
     atomic_write_text(config_path(out), json.dumps(config, indent=2) + "\n")
-    atomic_write_text(out / "import.json", json.dumps(summary, indent=2) + "\n")
+    atomic_write_text(out / IMPORT_FILE, json.dumps(summary, indent=2) + "\n")
     write_inputs(out, input_record({"model": model}))  # the one file-valued setting an import knows
     atomic_write_parquet(log_path(out), table)  # last: its presence marks a complete import
     return summary

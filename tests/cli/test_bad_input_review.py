@@ -274,3 +274,15 @@ def test_report_on_a_run_folder_says_what_a_report_needs(cli, box):
     (run / "checkpoints").mkdir(parents=True)
     (run / "config.yaml").write_text("model: toy\n")
     rejected(cli, box, "report", run, needles=["is a training run, not a study", "list them in a study spec"])
+
+
+def test_lmm_formula_in_lme4_syntax_names_the_group_option(cli, box):
+    """A study spec's "value ~ algorithm + (1|prompt)" in `lmm --formula` gave patsy's TypeError and advice
+    about missing values."""
+    (box / "d.csv").write_text("value,algorithm,prompt\n1,A,p\n2,B,p\n")
+    rejected(cli, box, "lmm", box / "d.csv", "--formula", "value ~ algorithm + (1|prompt)", "--group", "prompt",
+             needles=["holds a random-effect term", "--group prompt"])
+
+
+def test_bertscore_server_port_is_checked_before_the_models_load(cli, box):
+    rejected(cli, box, "bertscore-server", "--port", "99999", needles=["--port 99999", "between 1 and 65535"])

@@ -13,8 +13,11 @@ from tests.support.cli import rejected
 
 # ---- 1. report on a results.json that is not a study's results ---------------------------------
 
-@pytest.mark.parametrize("content", ["{}", "[]", "3", "null", '"x"', '{"runs": []}', '{"study": 1}'],
-                         ids=["empty-object", "list", "number", "null", "string", "no-study", "study-not-object"])
+@pytest.mark.parametrize("content", ["{}", "[]", "3", "null", '"x"', '{"runs": []}', '{"study": 1}',
+                                     '{"study": {}, "verdict": "x"}', '{"study": {}, "runs": "x"}',
+                                     '{"study": {}, "lmm": []}', '{"study": {}, "figures": []}'],
+                         ids=["empty-object", "list", "number", "null", "string", "no-study", "study-not-object",
+                              "verdict-string", "runs-string", "lmm-list", "figures-list"])
 def test_report_refuses_non_results_keeps_html(cli, box, content):
     study = box / "study"
     study.mkdir()

@@ -115,6 +115,8 @@ def test_shipped_sweep_files_validate():
     ({"colour": 1}, "unknown key 'colour'"),
     ({"lambdas": [[float("nan")]]}, "non-finite"),
     ({"steps": 0}, "steps 0"),
+    # a checkpoint path with a typo: refused before the reference set renders (hours with real models)
+    ({"checkpoints": {"pcpo": "runs/pcpo/checkpoints/epoch_0O24"}}, "checkpoints.pcpo: runs/pcpo/checkpoints"),
 ])
 def test_bad_sweep_files_are_one_line(cli, tmp_path, change, msg):
     f = tmp_path / "bad.yaml"

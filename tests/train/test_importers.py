@@ -294,3 +294,21 @@ def test_import_last_run_and_single_run(tmp_path, cli):
     res = cli("import", "dancegrpo", src, "--out", tmp_path / "one", "--model", f"sd1:{base}", "--single-run", "--json")
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["log_lines"] == [1, 10] and json.loads(res.stdout)["epochs"] == 10
+
+
+def test_import_refuses_a_folder_of_other_files_and_an_unknown_reward(tmp_path, cli):
+    """``import --out SRC`` wrote the run into the reference run's own folder (and over a user's
+    ``import.json`` / ``inputs.json`` elsewhere); ``--reward nosuch`` was recorded for a study to compare."""
+    src = _dance_src(tmp_path, "0.30\n0.31\n0.32\n0.33\n0.34\n")
+    before = sorted(p.relative_to(src) for p in src.rglob("*"))
+    res = cli("import", "dancegrpo", src, "--out", src, "--model", "toy")
+    assert res.returncode == 2 and "holds files that are not an imported run's" in res.stderr, res.stderr
+    assert sorted(p.relative_to(src) for p in src.rglob("*")) == before
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "import.json").write_text("my notes")
+    (mine / "notes.txt").write_text("x")
+    res = cli("import", "dancegrpo", src, "--out", mine, "--model", "toy")
+    assert res.returncode == 2 and (mine / "import.json").read_text() == "my notes"
+    res = cli("import", "dancegrpo", src, "--out", tmp_path / "run", "--model", "toy", "--reward", "nosuch")
+    assert res.returncode == 2 and res.stderr.startswith("error: unknown reward 'nosuch'") and not (tmp_path / "run").exists()
