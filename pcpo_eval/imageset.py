@@ -268,8 +268,10 @@ def check_finished(root: Path) -> None:
         except (OSError, ValueError):
             ok = False
         if not ok:  # written atomically by generate: damaged since, so nothing says whether the set is finished
-            raise UserError(f"{f} is not readable JSON; re-run the `pcpo-eval generate` command that made {root} (it "
-                            "resumes), or remove the file if the set was assembled by hand (its manifest suffices)")
+            raise UserError(f"{f} is not readable JSON, so nothing records how {root} was made or whether it is "
+                            "finished; re-render it with its `pcpo-eval generate` command into a new --out (or delete "
+                            "the folder first), or remove the file if the set was assembled by hand (its manifest "
+                            "suffices)")
     if set_status(root) == "rendering":
         raise UserError(
             f"{root} is an unfinished image set ({root / SET_FILE} says status 'rendering': a `pcpo-eval generate` "

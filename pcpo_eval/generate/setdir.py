@@ -122,7 +122,8 @@ def check_out_dir(out: Path, settings: GenerationSettings) -> None:
         if not isinstance(old, dict):  # valid JSON of another shape (a list, a number): not a set record
             raise TypeError(f"its settings are a {type(old).__name__}, not a mapping")
     except (ValueError, KeyError, TypeError) as exc:
-        raise UserError(f"{set_json} is unreadable ({exc}); choose a new --out directory") from exc
+        raise UserError(f"{set_json} is unreadable ({exc}), so nothing records the settings of the images there; "
+                        "choose a new --out directory, or delete this folder to re-render it in place") from exc
     if holds_no_image(out):  # an interrupted first run left set.json alone: no image to mix with
         return
     old = {**LEGACY_SETTINGS, **old}
