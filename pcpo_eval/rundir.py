@@ -193,5 +193,7 @@ def load_log(path: str | Path) -> pd.DataFrame:
     except UserError:
         raise
     except Exception as exc:
-        raise UserError(f"cannot read log {p}: {type(exc).__name__}: {str(exc).splitlines()[0]}") from None
+        detail = str(exc).splitlines()[0] if str(exc) else "no detail"
+        raise UserError(f"cannot read log {p} ({type(exc).__name__}: {detail}); restore it from a copy, or re-import "
+                        "or re-train the run that wrote it") from None
     return validate_log(df, f"log {p}")

@@ -68,6 +68,9 @@ def validate_responses(responses: pd.DataFrame, pairs: pd.DataFrame) -> pd.DataF
     if len(r) == 0:
         raise UserError("there are no responses to analyze; collect ratings first (pcpo-eval human serve)")
     r["pair_id"] = r["pair_id"].astype(str)
+    if r["rater_id"].isna().any():
+        raise UserError(f"{int(r['rater_id'].isna().sum())} response(s) have no rater_id; every response needs the "
+                        "rater who gave it: export the responses again (pcpo-eval human export)")
     if "rater" not in r.columns:
         r["rater"] = r["rater_id"].astype(str)
     unknown = sorted(set(r.pair_id) - set(pairs.pair_id))

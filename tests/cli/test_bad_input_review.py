@@ -286,3 +286,19 @@ def test_lmm_formula_in_lme4_syntax_names_the_group_option(cli, box):
 
 def test_bertscore_server_port_is_checked_before_the_models_load(cli, box):
     rejected(cli, box, "bertscore-server", "--port", "99999", needles=["--port 99999", "between 1 and 65535"])
+
+
+def test_a_corrupt_log_and_a_response_without_rater_name_their_fix(tmp_path):
+    import pandas as pd
+
+    from pcpo_eval.errors import UserError
+    from pcpo_eval.human.tables import validate_responses
+    from pcpo_eval.rundir import load_log
+
+    (tmp_path / "log.parquet").write_bytes(b"PAR1 not really")
+    with pytest.raises(UserError, match=r"cannot read log .*\(.*\); restore it from a copy"):
+        load_log(tmp_path / "log.parquet")
+    pairs = pd.DataFrame({"pair_id": ["p1"]})
+    resp = pd.DataFrame({"pair_id": ["p1", "p1"], "rater_id": [None, None], "choice": ["left", "right"]})
+    with pytest.raises(UserError, match="2 response\\(s\\) have no rater_id"):  # it read "rater None ... twice"
+        validate_responses(resp, pairs)
