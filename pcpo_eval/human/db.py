@@ -227,6 +227,10 @@ def _db_problem(url: str, exc: BaseException) -> str:
         return f"cannot open database {where} ({text}); check the path and its permissions"
     if isinstance(exc, NoSuchModuleError):
         return f"database URL {where} names an unknown database type; use sqlite:///... or postgresql+psycopg://..."
+    if url.startswith("sqlite"):  # a local file: no server to reach
+        return (f"SQLite database {where} failed ({type(orig).__name__}: {text or 'no message'}); the file may be "
+                "damaged or cut short: restore it from a copy (human export keeps the answers), or pass another "
+                "--database-url")
     return (f"database {where} failed ({type(orig).__name__}: {text or 'no message'}); check that it is running "
             "and reachable, or pass another --database-url")
 

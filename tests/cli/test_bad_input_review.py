@@ -302,3 +302,14 @@ def test_a_corrupt_log_and_a_response_without_rater_name_their_fix(tmp_path):
     resp = pd.DataFrame({"pair_id": ["p1", "p1"], "rater_id": [None, None], "choice": ["left", "right"]})
     with pytest.raises(UserError, match="2 response\\(s\\) have no rater_id"):  # it read "rater None ... twice"
         validate_responses(resp, pairs)
+
+
+def test_a_failing_sqlite_file_gets_file_advice_not_server_advice():
+    from sqlalchemy.exc import DatabaseError
+
+    from pcpo_eval.human.db import _db_problem
+
+    exc = DatabaseError("SELECT 1", {}, Exception("database disk image is malformed"))
+    msg = _db_problem("sqlite:////tmp/h/human.db", exc)
+    assert "damaged or cut short: restore it from a copy" in msg and "running and reachable" not in msg
+    assert "running and reachable" in _db_problem("postgresql+psycopg://u@host/db", exc)
