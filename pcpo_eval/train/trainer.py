@@ -190,6 +190,10 @@ class Trainer(PolicyMixin, RolloutMixin, UpdateMixin):
         if latest is None:
             raise UserError(f"--resume: no complete checkpoint in {self.out}/checkpoints; start without --resume")
         saved = ck.load_run_config(self.out)
+        if not saved:  # an empty config.yaml read as "every key at its default": ten keys "differed"
+            raise UserError(f"--resume: {config_path(self.out)} is empty, so the run's settings are unknown; restore "
+                            "it from a copy (every checkpoint's checkpoint.json holds the full config), or start a "
+                            "new run")
         defaults = TrainConfig().to_dict()  # a key the run's config.yaml predates had its default value
         mismatch = [k for k, v in self.cfg.to_dict().items()
                     if k not in RESUME_MAY_CHANGE and saved.get(k, defaults[k]) != v]

@@ -230,6 +230,12 @@ def test_resume_errors_name_the_problem(tmp_path, runs):
     root = runs[0]
     with pytest.raises(UserError, match="config differs .* learning_rate"):
         Trainer(tiny(epochs=4, learning_rate=1e-3), root / "full", resume=True)
+    import shutil
+
+    empty = shutil.copytree(root / "full", tmp_path / "empty_config")
+    (empty / "config.yaml").write_text("")  # it listed ten "differing" keys
+    with pytest.raises(UserError, match="config.yaml is empty, so the run's settings are unknown"):
+        Trainer(tiny(epochs=4), empty, resume=True)
 
 
 def test_resume_of_a_finished_run_writes_nothing(runs, capsys):
