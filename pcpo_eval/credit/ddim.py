@@ -111,7 +111,9 @@ def read_scheduler_config(path: str | Path) -> dict[str, Any]:
     try:
         cfg = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        raise UserError(f"cannot read --scheduler-config {path}: {exc}") from None
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise UserError(f"cannot read --scheduler-config {path} ({why}); give a diffusers scheduler_config.json "
+                        "(MODEL/scheduler/scheduler_config.json), or leave it out for SD-1.x's schedule") from None
     if not isinstance(cfg, dict):
         raise UserError(f"--scheduler-config {path} must hold a JSON object of scheduler settings")
     return cfg

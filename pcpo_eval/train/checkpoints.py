@@ -285,6 +285,9 @@ def _unknown_model(spec: str, kinds: list[str]) -> str:
     if p.is_dir():
         return (f"unknown model {spec!r}: a folder, but not a pcpo-eval run (config.yaml + checkpoints/) or checkpoint "
                 f"(checkpoint.json); give a run or checkpoint folder (pcpo-eval train --out), or {specs}")
+    if p.is_file():
+        return (f"unknown model {spec!r}: a file; a model is a run or checkpoint folder (pcpo-eval train --out, or "
+                f"its checkpoints/epoch_NNNN), or {specs}")
     if "/" in spec or p.suffix:
         return (f"unknown model {spec!r}: no such file or folder; give a run or checkpoint folder "
                 f"(pcpo-eval train --out), or {specs}")

@@ -313,3 +313,11 @@ def test_a_failing_sqlite_file_gets_file_advice_not_server_advice():
     msg = _db_problem("sqlite:////tmp/h/human.db", exc)
     assert "damaged or cut short: restore it from a copy" in msg and "running and reachable" not in msg
     assert "running and reachable" in _db_problem("postgresql+psycopg://u@host/db", exc)
+
+
+def test_a_file_as_model_and_a_missing_scheduler_config_name_the_fix(cli, box):
+    (box / "notes.txt").write_text("x")
+    rejected(cli, box, "generate", "--model", box / "notes.txt", "--prompts", "toy", "--seeds", "1", "--out",
+             box / "g", needles=["a file; a model is a run or checkpoint folder"])  # it said "no such file"
+    rejected(cli, box, "credit", "ddim", "--scheduler-config", box / "missing.json",
+             needles=["(No such file or directory); give a diffusers scheduler_config.json"])
