@@ -23,8 +23,8 @@ def bertscore_server_cmd(
     from pcpo_eval.rewards import make_reward
     from pcpo_eval.rewards.server import make_server
 
-    if not 0 < port < 65536:  # before the models load (minutes), not after
-        raise UserError(f"--port {port}; use a TCP port between 1 and 65535")
+    if not 0 <= port < 65536:  # before the models load (minutes), not after; 0: any free port
+        raise UserError(f"--port {port}; use a TCP port between 1 and 65535 (0: any free port)")
     check_keys_once(options or [], "option")
     opts = parse_overrides(options or [], "option", "captioner=llava")
     if "jpeg_quality" in opts or "device" in opts:
