@@ -346,6 +346,20 @@ def _pair_records(pairs_df: pd.DataFrame) -> list[dict[str, Any]]:
     return records
 
 
+def _other_pairs(have: set, wanted: set) -> str:
+    return (f"the database already holds a different pair set ({len(have)} pairs, not these {len(wanted)}); use a new "
+            "database for a new design (move human.db away or pass another database URL)")
+
+
+def check_pair_set(url: str, pairs_df: pd.DataFrame) -> None:
+    """UserError when the database holds the pairs of another design (read only; an empty one passes):
+    answers to other pairs analysed against these read as "no responses"."""
+    have = _stored_pairs(get_engine(url))
+    wanted = {tuple(r[c] for c in DB_PAIR_COLUMNS) for r in _pair_records(pairs_df)}
+    if have and have != wanted:
+        raise UserError(_other_pairs(have, wanted))
+
+
 def load_pairs(url: str, pairs_df: pd.DataFrame) -> int:
     """Copy the rater-visible columns of ``pairs_df`` into the database; returns the number of pairs.
 
@@ -360,9 +374,7 @@ def load_pairs(url: str, pairs_df: pd.DataFrame) -> int:
         if have == wanted:
             return len(wanted)
         if have:
-            raise UserError(f"the database already holds a different pair set ({len(have)} pairs, "
-                            f"not these {len(wanted)}); use a new database for a new design "
-                            "(move human.db away or pass another database URL)")
+            raise UserError(_other_pairs(have, wanted))
         try:
             with Session(engine) as session, session.begin():
                 session.add_all(Pair(**r) for r in records)

@@ -54,7 +54,8 @@ def read_responses(folder: Path, responses: Path | None, database_url: str | Non
             raise UserError(f"--responses {responses} is not a readable Parquet file ({type(exc).__name__}); "
                             "export it again with `pcpo-eval human export`") from None
         return df, str(responses)  # its columns and values are checked by analyze()
-    from pcpo_eval.human.db import database_errors, export_responses, upgrade
+    from pcpo_eval.human.db import check_pair_set, database_errors, export_responses, upgrade
+    from pcpo_eval.human.design import read_design
 
     url = database_url or HumanLayout(folder).database_url
     sqlite_file = url.removeprefix("sqlite:///") if url.startswith("sqlite:///") else None
@@ -63,6 +64,7 @@ def read_responses(folder: Path, responses: Path | None, database_url: str | Non
                         "collect answers first, or analyse a file with --responses")
     with database_errors(url):
         upgrade(url)
+        check_pair_set(url, read_design(folder)[1])  # another design's database: its answers match no pair here
         return export_responses(url), "database"
 
 

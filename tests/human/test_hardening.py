@@ -430,3 +430,14 @@ def test_migration_0004_keeps_a_revocation_made_before_it(tmp_path):
         (row,) = conn.execute(db.Revocation.__table__.select()).all()
     assert row.reinstated_at is not None and row.revoked_at.replace(tzinfo=UTC) == at
     db.dispose(url)
+
+
+def test_analyze_on_another_designs_database_names_it(tmp_path, cli):
+    """`human analyze B --database-url <A's database>` said "no responses to analyze"; the other human
+    commands say the database holds a different pair set."""
+    a = make_human_dir(tmp_path / "A", n_prompts=2, n_seeds=1, n_checks=0, rng_seed=1)
+    b = make_human_dir(tmp_path / "B", n_prompts=2, n_seeds=1, n_checks=0, rng_seed=2)
+    db.upgrade(a.database_url)
+    db.load_pairs(a.database_url, pd.read_parquet(a.pairs))
+    res = cli("human", "analyze", b.root, "--database-url", a.database_url)
+    assert res.returncode == 2 and "already holds a different pair set" in res.stderr, res.stderr
