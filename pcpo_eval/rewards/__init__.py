@@ -180,13 +180,18 @@ def _entry_point(name: str) -> Any:
     return next((ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == name), None)
 
 
+def _unknown_reward(name: str) -> UserError:
+    """The one line for a reward name that is no registry name, plug-in or ``module:function``."""
+    return UserError(f"unknown reward {name!r}; choose one of: {', '.join(sorted(REGISTRY))}, a plug-in of the "
+                     f"{ENTRY_POINT_GROUP!r} entry points, or a custom factory as 'module:function'")
+
+
 def check_reward_names(spec: RewardSpec) -> None:
     """Every reward name of ``spec`` is a registry name, a plug-in or ``module:function`` (nothing imported
     for a registry name): one :class:`UserError` line for the first unknown one (as training gives)."""
     for name in ([spec] if isinstance(spec, str) else list(spec)):
         if name not in REGISTRY and ":" not in name and _entry_point(name) is None:
-            raise UserError(f"unknown reward {name!r}; choose one of: {', '.join(sorted(REGISTRY))}, a plug-in of the "
-                            f"{ENTRY_POINT_GROUP!r} entry points, or a custom factory as 'module:function'")
+            raise _unknown_reward(name)
 
 
 def resolve_factory(name: str) -> tuple[Callable[..., RewardFn], bool]:
@@ -217,8 +222,7 @@ def resolve_factory(name: str) -> tuple[Callable[..., RewardFn], bool]:
         if not callable(factory):
             raise UserError(f"reward {name!r} is not callable; name a factory function(**options) -> fn(images, prompts)")
         return factory, False
-    raise UserError(f"unknown reward {name!r}; choose one of: {', '.join(sorted(REGISTRY))}, a plug-in of the "
-                    f"{ENTRY_POINT_GROUP!r} entry points, or a custom factory as 'module:function'")
+    raise _unknown_reward(name)
 
 
 def checked_reward(name: str, fn: RewardFn) -> RewardFn:
