@@ -376,13 +376,13 @@ def rater_level(dec: pd.DataFrame, a: str) -> dict[str, Any]:
     if k < 2:
         return out | {"p": None, "mean_win_rate": float(rates.mean()) if k else None, "sd": None, "se": None,
                       "df": None, "t": None, "reason": f"{k} rater(s) with decisive answers: needs at least 2"}
-    from scipy.stats import t as student_t
+    from pcpo_eval.stats.runlevel import trimmed_paired_interval  # the one-sample t's home (imports scipy)
 
     mean, sd = float(rates.mean()), float(rates.std(ddof=1))
-    se = sd / math.sqrt(k)
+    ci = trimmed_paired_interval(rates.to_numpy() - 0.5, trim=0.0, alpha=ALPHA)
+    se = ci.se
     if se > 0:
-        t = (mean - 0.5) / se
-        p = float(2 * student_t.sf(abs(t), k - 1))
+        t, p = ci.estimate / se, ci.p
     else:
         t, p = (0.0, 1.0) if mean == 0.5 else (math.copysign(math.inf, mean - 0.5), 0.0)
     answers = dec.groupby("rater_id").size()

@@ -261,13 +261,21 @@ def performance_profile(
 
 @dataclass(frozen=True)
 class TInterval:
-    """CI for a difference of (trimmed) means: estimate +- t_{df, 1-alpha/2} * se."""
+    """CI for a difference of (trimmed) means: estimate +- q * se, q = t_{df, 1-alpha/2} (nan without spread)."""
 
     estimate: float
     low: float
     high: float
     se: float
     df: float
+    q: float = math.nan
+
+    @property
+    def p(self) -> float:
+        """Two-sided p of the t statistic behind the interval; nan without spread."""
+        if self.se == 0.0 or not math.isfinite(self.df):
+            return math.nan
+        return 2 * float(scipy.stats.t.sf(abs(self.estimate) / self.se, self.df))
 
 
 def _yuen_parts(x: np.ndarray, trim: float) -> tuple[float, float, int]:
@@ -296,7 +304,7 @@ def trimmed_t_interval(
         return TInterval(est, est, est, 0.0, math.nan)
     df = (dt + db) ** 2 / (dt**2 / (ht - 1) + db**2 / (hb - 1))
     q = float(scipy.stats.t.ppf(1 - alpha / 2, df))
-    return TInterval(est, est - q * se, est + q * se, se, df)
+    return TInterval(est, est - q * se, est + q * se, se, df, q)
 
 
 def trimmed_paired_interval(diffs: np.ndarray, *, trim: float, alpha: float) -> TInterval:
@@ -309,7 +317,7 @@ def trimmed_paired_interval(diffs: np.ndarray, *, trim: float, alpha: float) -> 
         return TInterval(m, m, m, 0.0, math.nan)
     df = float(h - 1)
     q = float(scipy.stats.t.ppf(1 - alpha / 2, df))
-    return TInterval(m, m - q * se, m + q * se, se, df)
+    return TInterval(m, m - q * se, m + q * se, se, df, q)
 
 
 @dataclass(frozen=True)
@@ -417,13 +425,6 @@ def _describe(
     return (float(f(b)), float(f(t))) if ok else (None, None)
 
 
-def _t_p(ci: TInterval) -> float:
-    """Two-sided p of the t statistic behind an interval."""
-    if ci.se == 0.0 or not math.isfinite(ci.df):
-        return math.nan
-    return 2 * float(scipy.stats.t.sf(abs(ci.estimate) / ci.se, ci.df))
-
-
 def _trim(stat: str) -> float:
     """The share trimmed per end by ``stat``'s t test (Yuen's for the IQM)."""
     return IQM_TRIM if stat == "iqm" else 0.0
@@ -496,7 +497,7 @@ def compare_runs(
                           f"CI not estimable ({why}: no spread); p is the {how}", bool(perm.p < alpha), paired,
                           None, perm.p, None, perm.p_min)  # fmt: skip
     mde = trimmed_mde(b, t, paired=paired, trim=trim, alpha=alpha)
-    p = _t_p(ci)
+    p = ci.p
     p_method = (f"{ci_method} (permutation check: {'exact' if perm.exact else 'Monte Carlo'} {kind} "
                 f"over {perm.scope()})")
     fragile, floor = t_not_robust(b, t, paired), None

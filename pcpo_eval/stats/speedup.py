@@ -428,20 +428,18 @@ def constant_difference_p(n_b: int, n_t: int, paired: bool) -> float:
 
 
 def _t_test(vb: np.ndarray, vt: np.ndarray, paired: bool, alpha: float) -> tuple[float, float, float, float, float]:
-    """(p, df, q, sd_b, sd_t) of the t test of mean(b) - mean(t) = 0; sd_b is the SD of the differences when paired."""
-    import scipy.stats  # here, not at import: ``import pcpo_eval.stats`` (every CLI start) stays scipy-free
+    """(p, df, q, sd_b, sd_t) of the t test of mean(b) - mean(t) = 0 (paired t, else Welch's; one home:
+    :func:`pcpo_eval.stats.runlevel.trimmed_t_interval` at no trim); sd_b = sd_t is the SD of the
+    differences when paired."""
+    # here, not at import: runlevel imports scipy, and ``import pcpo_eval.stats`` (every CLI start) stays scipy-free
+    from pcpo_eval.stats.runlevel import trimmed_paired_interval, trimmed_t_interval
 
     if paired:
-        d = vb - vt
-        sd = float(d.std(ddof=1))
-        df = float(d.size - 1)
-        tstat = float(d.mean()) / (sd / math.sqrt(d.size))
-        return 2 * float(scipy.stats.t.sf(abs(tstat), df)), df, float(scipy.stats.t.ppf(1 - alpha / 2, df)), sd, sd
-    sb, st = float(vb.std(ddof=1)), float(vt.std(ddof=1))
-    va, vc = sb * sb / vb.size, st * st / vt.size
-    df = (va + vc) ** 2 / (va * va / (vb.size - 1) + vc * vc / (vt.size - 1))
-    tstat = (float(vb.mean()) - float(vt.mean())) / math.sqrt(va + vc)
-    return 2 * float(scipy.stats.t.sf(abs(tstat), df)), df, float(scipy.stats.t.ppf(1 - alpha / 2, df)), sb, st
+        ci = trimmed_paired_interval(vb - vt, trim=0.0, alpha=alpha)
+        sd = float((vb - vt).std(ddof=1))
+        return ci.p, ci.df, ci.q, sd, sd
+    ci = trimmed_t_interval(vt, vb, trim=0.0, alpha=alpha)
+    return ci.p, ci.df, ci.q, float(vb.std(ddof=1)), float(vt.std(ddof=1))
 
 
 def _as_speedup(rmst_b: float, diff: float | None, earliest: float) -> float | None:
