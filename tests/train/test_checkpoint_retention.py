@@ -14,14 +14,11 @@ from pcpo_eval.errors import UserError
 from pcpo_eval.train import checkpoints as ck
 from pcpo_eval.train.config import config_from_dict
 from pcpo_eval.train.trainer import Trainer
+from tests.support.train import TINY as TINY_TRAIN
 
 TOY_CFG = Path(__file__).resolve().parents[2] / "train" / "configs" / "toy_pcpo.yaml"
-TINY = dict(
-    model="toy", prompts="toy", reward="jpeg_compressibility", epochs=2, sample_steps=3, cfg=3.0,
-    sample_batch_size=2, sample_batches_per_epoch=1, train_batch_size=2, gradient_updates=1,
-    learning_rate=3e-4, clip_range=1e-2, lora_rank=2, lora_alpha=2.0, checkpoint_every=1, log_to="none",
-    log_images_every=0, device="cpu",
-)
+TINY = {**TINY_TRAIN, "sample_steps": 3, "sample_batch_size": 2, "log_to": "none", "log_images_every": 0,
+        "device": "cpu"}
 
 
 def tiny(**kw):

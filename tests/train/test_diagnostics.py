@@ -19,12 +19,9 @@ from pcpo_eval.train.diagnostics import (
 )
 from pcpo_eval.train.objectives import eps_matching_log_rho
 from pcpo_eval.train.trainer import Trainer
+from tests.support.train import TINY as TINY_TRAIN
 
-TINY = dict(
-    model="toy", prompts="toy", reward="jpeg_compressibility", epochs=2, sample_steps=4, cfg=3.0,
-    sample_batch_size=4, sample_batches_per_epoch=1, train_batch_size=2, gradient_updates=2,
-    learning_rate=3e-4, clip_range=1e-2, lora_rank=2, lora_alpha=2.0, checkpoint_every=1,
-)
+TINY = {**TINY_TRAIN, "gradient_updates": 2}
 
 
 def test_taylor_error_hand_values():

@@ -13,11 +13,11 @@ from pcpo_eval.rundir import checkpoint_dir
 from pcpo_eval.train.checkpoints import LORA_FILE, load_model_from_spec
 from pcpo_eval.train.config import config_from_dict
 from pcpo_eval.train.trainer import Trainer
+from tests.support.train import TINY as TINY_TRAIN
 
-TINY = dict(model="toy", prompts="toy", reward={"toy_aesthetic": 0.8, "jpeg_compressibility": 0.2}, epochs=2,
-            sample_steps=3, cfg=3.0, sample_batch_size=4, sample_batches_per_epoch=1, train_batch_size=2,
-            gradient_updates=1, learning_rate=1e-3, clip_range=1e-2, lora_rank=2, lora_alpha=2.0, checkpoint_every=1,
-            objective="pcpo", credit_convention="unit", credit_fallback="cap", seed=7, device="cpu")
+TINY = {**TINY_TRAIN, "reward": {"toy_aesthetic": 0.8, "jpeg_compressibility": 0.2}, "sample_steps": 3,
+        "learning_rate": 1e-3, "objective": "pcpo", "credit_convention": "unit", "credit_fallback": "cap", "seed": 7,
+        "device": "cpu"}
 
 
 @pytest.fixture(scope="module")

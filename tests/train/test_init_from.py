@@ -12,12 +12,9 @@ from pcpo_eval.errors import UserError
 from pcpo_eval.train import checkpoints as ck
 from pcpo_eval.train.config import config_from_dict
 from pcpo_eval.train.trainer import INIT_FILE, Trainer
+from tests.support.train import TINY as TINY_TRAIN
 
-TINY = dict(
-    model="toy", prompts="toy", reward="jpeg_compressibility", epochs=1, sample_steps=4, cfg=3.0,
-    sample_batch_size=4, sample_batches_per_epoch=1, train_batch_size=2, gradient_updates=1,
-    learning_rate=3e-4, clip_range=1e-2, lora_rank=2, lora_alpha=2.0, checkpoint_every=1,
-)
+TINY = {**TINY_TRAIN, "epochs": 1}
 
 
 @pytest.fixture(scope="module")

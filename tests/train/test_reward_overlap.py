@@ -13,12 +13,9 @@ import torch
 
 from pcpo_eval.train.config import config_from_dict
 from pcpo_eval.train.trainer import Trainer
+from tests.support.train import TINY as TINY_TRAIN
 
-TINY = dict(
-    model="toy", prompts="toy", reward="jpeg_compressibility", epochs=2, sample_steps=4, cfg=3.0,
-    sample_batch_size=2, sample_batches_per_epoch=3, train_batch_size=2, gradient_updates=3,
-    learning_rate=3e-4, clip_range=1e-2, lora_rank=2, lora_alpha=2.0, checkpoint_every=1, log_to="none",
-)
+TINY = {**TINY_TRAIN, "sample_batch_size": 2, "sample_batches_per_epoch": 3, "gradient_updates": 3, "log_to": "none"}
 
 
 def _run(tmp_path, name, **over):
