@@ -18,6 +18,7 @@ import torch
 from pcpo_eval import dist
 from pcpo_eval.models.base import ModelAdapter, PromptEmbeds
 from pcpo_eval.train import checkpoints as ck
+from pcpo_eval.train.config import TrainConfig
 
 #: the reference policy (KL, paired control, validation control) of a run started from ``init_from``
 INIT_REFERENCE = ("the base model `model` (LoRA disabled, or a frozen copy taken before init_from was loaded), "
@@ -53,7 +54,21 @@ class _LoraDisabled:
 
 
 class PolicyMixin:
-    """Trainer methods on the policy's weights; they read ``cfg``, ``adapter``, ``device``, ``world`` and ``null``."""
+    """Trainer methods on the policy's weights; they read ``cfg``, ``adapter``, ``device``, ``world`` and ``null``
+    (set by :class:`pcpo_eval.train.trainer.Trainer`) and set the rest of the names declared here."""
+
+    # read: set by the Trainer before _init_policy
+    cfg: TrainConfig
+    adapter: ModelAdapter
+    device: torch.device
+    world: int
+    null: PromptEmbeds  #: the empty prompt's embedding (CFG's unconditional branch)
+    # set by _init_policy
+    params: list[torch.nn.Parameter]
+    ref_denoiser: torch.nn.Module | None  #: frozen copy of a fully trained denoiser (None with LoRA: adapters off)
+    init_record: dict[str, Any] | None
+    optimizer: torch.optim.AdamW
+    scaler: torch.amp.GradScaler | None
 
     def _init_policy(self, resume: bool) -> None:
         """LoRA or full weights trainable, the frozen reference copy, ``init_from``, AdamW and the loss scaler."""

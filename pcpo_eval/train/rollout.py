@@ -13,19 +13,28 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from pcpo_eval import dist
 from pcpo_eval.errors import UserError
-from pcpo_eval.models.base import PromptEmbeds
+from pcpo_eval.models.base import ModelAdapter, PromptEmbeds
 from pcpo_eval.samplers import SAMPLERS, resolve_sampler
 from pcpo_eval.samplers.base import Sampler, Trajectory
 from pcpo_eval.seeding import keyed_generator as _keyed_generator
-from pcpo_eval.train.advantages import batch_std_advantages, clamp_advantages, group_advantages
+from pcpo_eval.train.advantages import (
+    PerPromptStatTracker,
+    batch_std_advantages,
+    clamp_advantages,
+    group_advantages,
+)
 from pcpo_eval.train.config import TrainConfig
+
+if TYPE_CHECKING:  # annotations only: the Trainer imports these when it builds a run
+    from pcpo_eval.prompts import PromptSet
+    from pcpo_eval.rewards import RewardFn
 
 #: the validation images' noise: keyed by image index only (the same for every run, seed and arm)
 VALIDATION_STREAM = "train-validation/v1"
@@ -70,7 +79,25 @@ def training_sampler(cfg: TrainConfig, prediction: str) -> tuple[Sampler, str]:
 
 
 class RolloutMixin:
-    """Trainer methods that sample and score; they read ``cfg``, ``adapter``, ``sampler``, ``reward_fn``, ``rank``."""
+    """Trainer methods that sample and score; they read the names declared here (set by
+    :class:`pcpo_eval.train.trainer.Trainer`) and the policy's methods (:class:`pcpo_eval.train.policy.PolicyMixin`)."""
+
+    cfg: TrainConfig
+    adapter: ModelAdapter
+    sampler: Sampler
+    schedule: str
+    reward_fn: RewardFn
+    rank: int
+    world: int
+    device: torch.device
+    null: PromptEmbeds
+    prompt_set: PromptSet
+    val_set: PromptSet | None
+    tracker: PerPromptStatTracker
+    # validation state: the paired control's rewards, and the weighted reward's parts (last validation)
+    _val_control: np.ndarray | None
+    _val_parts: dict[str, float]
+    _val_control_parts: dict[str, float]
 
     def _choose_prompts(self, epoch: int) -> list[int]:
         """Indices into the prompt set for this process's samples (uniform, DDPO; groups, GRPO)."""

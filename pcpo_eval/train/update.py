@@ -9,6 +9,7 @@ optimizer steps covers its share, gradient all-reduce across processes, max-grad
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -17,7 +18,9 @@ import torch
 from pcpo_eval.credit.flow import KL_FORMS
 from pcpo_eval.dist import to_device_async
 from pcpo_eval.errors import UserError
-from pcpo_eval.samplers.base import Trajectory
+from pcpo_eval.models.base import ModelAdapter
+from pcpo_eval.samplers.base import Sampler, Trajectory
+from pcpo_eval.train.config import TrainConfig
 from pcpo_eval.train.diagnostics import approx_kl, delta_terms, diagnostic_stats, ppo_health_stats
 from pcpo_eval.train.objectives import StepLoss, eps_matching_log_rho, uses_decomposition
 from pcpo_eval.train.rollout import EpochSamples, keyed_generator
@@ -51,8 +54,17 @@ def _to_lists(values: dict[str, list[torch.Tensor]]) -> dict[str, list[float]]:
 
 
 class UpdateMixin:
-    """Trainer methods that turn an epoch's samples into optimizer steps; they read ``cfg``, ``sampler``,
-    ``objective``, ``device`` and the policy's methods (:class:`pcpo_eval.train.policy.PolicyMixin`)."""
+    """Trainer methods that turn an epoch's samples into optimizer steps; they read the names declared here
+    (set by :class:`pcpo_eval.train.trainer.Trainer` and :meth:`pcpo_eval.train.policy.PolicyMixin._init_policy`)
+    and the policy's methods."""
+
+    cfg: TrainConfig
+    adapter: ModelAdapter
+    sampler: Sampler
+    objective: Callable[..., StepLoss]
+    device: torch.device
+    rank: int
+    scaler: torch.amp.GradScaler | None
 
     def _train_steps(self) -> list[int]:
         """Step indices that may be trained (DanceGRPO drops the last step)."""
