@@ -95,14 +95,27 @@ def usage_error_line(exc: typer.TyperException) -> str:
     ctx: Any = getattr(exc, "ctx", None)
     problem = one_line(exc.format_message()).rstrip(".")
     problem = problem[:1].lower() + problem[1:]
-    if ctx is None:
-        return f"{problem}; see `{PROG} --help`"
+    if ctx is None:  # click raises "option requires an argument" without one: the command line names it
+        return f"{problem}; see `{_argv_command_path()} --help`"
     renamed = RENAMED_FLAGS.get((ctx.command.name or "", getattr(exc, "option_name", None) or ""))
     if renamed:
         return f"{problem.split(' (Possible')[0]}; use {renamed}"
     if hasattr(ctx.command, "list_commands"):  # a group: the command name was unknown or missing
         return f"{problem}; choose one of: {', '.join(ctx.command.list_commands(ctx))}"
     return f"{problem}; see `{ctx.command_path} --help`"
+
+
+def _argv_command_path() -> str:
+    """``pcpo-eval <group> <command>`` as far as ``sys.argv`` names known commands (``pcpo-eval`` if none)."""
+    cmd: Any = typer.main.get_command(app)
+    path = [PROG]
+    for arg in sys.argv[1:]:
+        sub = getattr(cmd, "commands", {}).get(arg)
+        if sub is None:
+            break
+        cmd = sub
+        path.append(arg)
+    return " ".join(path)
 
 
 def path_error_line(exc: OSError) -> str:

@@ -149,6 +149,23 @@ def check_not_an_input(out: Path, what: str, inputs: Iterable[str | os.PathLike]
 PRIVATE_MODE = 0o600
 
 
+def temp_beside(path: Path, folder: bool = False) -> tuple[int, str]:
+    """A new temporary file (``(fd, name)``) or folder (``(-1, name)``) next to ``path``, named
+    :data:`TEMP_NAME`; a folder that takes no new entries is a UserError naming ``path``, not the
+    temporary name (``--plot /proc/x.png`` named ``/proc/.x.png.h2lnmrw6.tmp``)."""
+    try:
+        if folder:
+            return -1, tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        return tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except PermissionError:
+        raise UserError(f"cannot write {path}: permission denied in {path.parent}; "
+                        "choose a folder you can write") from None
+    except OSError as exc:
+        why = (exc.strerror or type(exc).__name__).lower()
+        raise UserError(f"cannot write {path}: {path.parent} takes no new files ({why}); "
+                        "choose a folder on a disk you can write") from None
+
+
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "wb", private: bool = False) -> Iterator[Any]:
     """Open a temporary file next to ``path``; on success rename it over ``path``.
@@ -158,11 +175,7 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb", private: bool = Fals
     """
     path = Path(path)
     ensure_dir(path.parent, "folder")
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    except PermissionError:
-        raise UserError(f"cannot write {path}: permission denied in {path.parent}; "
-                        "choose a folder you can write") from None
+    fd, tmp = temp_beside(path)
     os.chmod(tmp, PRIVATE_MODE if private else file_mode())
     try:
         with os.fdopen(fd, mode) as fh:
@@ -188,7 +201,7 @@ def atomic_write_files(files: Sequence[tuple[str | os.PathLike, Callable[[Any], 
         for path, write in files:
             path = Path(path)
             ensure_dir(path.parent, "folder")
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+            fd, tmp = temp_beside(path)
             staged.append((tmp, path))
             os.chmod(tmp, file_mode())
             with os.fdopen(fd, "wb") as fh:
@@ -232,11 +245,7 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     """
     path = Path(path)
     ensure_dir(path.parent, "folder")
-    try:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
-    except PermissionError:
-        raise UserError(f"cannot write {path}: permission denied in {path.parent}; "
-                        "choose a folder you can write") from None
+    tmp = Path(temp_beside(path, folder=True)[1])
     os.chmod(tmp, dir_mode())
     # held open while the folder is written: remove_stale_temps sees a live writer in /proc/PID/fd
     held = os.open(tmp, os.O_RDONLY)

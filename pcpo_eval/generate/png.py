@@ -10,7 +10,6 @@ import contextlib
 import hashlib
 import io
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -41,10 +40,10 @@ def write_image_file(path: Path, data: bytes) -> None:
     No fsync per file (see the module docstring); the records flush syncs in groups. The file
     ends with mode ``0666 & ~umask`` like any other output (``mkstemp`` creates ``0600``).
     """
-    from pcpo_eval.io import file_mode
+    from pcpo_eval.io import file_mode, temp_beside
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = temp_beside(path)
     try:
         os.chmod(tmp, file_mode())
         with os.fdopen(fd, "wb") as fh:

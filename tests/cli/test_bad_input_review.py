@@ -47,6 +47,15 @@ def test_credit_degenerate_schedule(cli, box, extra):
              "--steps", "5", *extra, needles=["native credit weights of this schedule are not finite", "--beta-end"])
 
 
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc (a folder that takes no new files)")
+def test_output_in_a_folder_that_takes_no_files_names_the_path(cli, box):
+    """``--plot /proc/x.png``: /proc passes the permission check (as root) but creates nothing; the error
+    named the internal temporary file ``/proc/.x.png.XXXXXXXX.tmp``."""
+    line = rejected(cli, box, "credit", "ddim", "--steps", "5", "--plot", "/proc/x.png",
+                    needles=["cannot write /proc/x.png", "/proc takes no new files", "choose a folder"])
+    assert ".tmp" not in line
+
+
 # ---- speedup / select: the smoothing window -------------------------------------------------
 
 @pytest.mark.parametrize("window", ["-2", "-1"])

@@ -83,8 +83,12 @@ def test_malformed_value(cli, args, needle):
     assert_usage_error(cli(*args), needle)
 
 
-def test_option_without_its_value(cli):
-    assert_usage_error(cli("credit", "ddim", "--steps"), "option '--steps' requires an argument")
+@pytest.mark.parametrize("args", [["credit", "ddim", "--steps"], ["generate", "--seeds"], ["human", "design", "--out"]])
+def test_option_without_its_value(cli, args):
+    """The help to read is the command's (it pointed at the root's: click gives no context here)."""
+    res = cli(*args)
+    assert_usage_error(res, f"option '{args[-1]}' requires an argument")
+    assert f"see `pcpo-eval {' '.join(args[:-1])} --help`" in res.stderr
 
 
 def test_version(cli):
