@@ -245,7 +245,7 @@ def simulate_cmd(
     if raters < 1 or per_rater < 1:
         raise UserError("--raters and --per-rater must be >= 1")
     df = simulate_responses(pairs, raters, per_rater, p or 0.5, rng_seed)
-    atomic_write_parquet(output, df)
+    atomic_write_parquet(output, df, private=True)  # a planted preference's answers name each pair's side
     typer.echo(f"wrote {len(df)} SIMULATED responses of {raters} raters to {output} (for rehearsals: `pcpo-eval "
                f"human analyze {folder} --responses {output}` writes to {folder}/rehearsal/)")
 

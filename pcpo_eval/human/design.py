@@ -87,6 +87,11 @@ ASSIGNMENT = ASSIGNMENT_KEYED
 #: The secret regenerates a design's table only under its own layout.
 LAYOUTS = ("cyclic", "offset-balanced")
 LAYOUT = "offset-balanced"
+#: Where the degraded checks' noise comes from (design.json ``check_noise``): ``pairs`` (designs that record
+#: none: the generator that draws the sides, whose draws a rater sees pixel by pixel) or ``own-stream`` (every
+#: design made now: :meth:`Blinding.stream` 2). The secret regenerates a design's table only under its own.
+CHECK_NOISES = ("pairs", "own-stream")
+CHECK_NOISE = "own-stream"
 #: How a design made now draws its seeds (design.json ``seed_draw``): from its blinding secret
 #: (:func:`comparison_seeds` with a key); designs that record none used the public ``k*S ..`` layout.
 SEED_DRAW = "secret"
@@ -400,9 +405,9 @@ def new_secret() -> bytes:
 class Blinding:
     """Every random draw that blinds a design, all from one secret (never from ``rng_seed``).
 
-    ``rng`` (sides, order, which images the checks use, the degraded noise, the file write order)
-    is a numpy generator seeded by the 128-bit secret through a SeedSequence; ``token()`` (pair
-    ids, image names) is HMAC-SHA256(secret, counter), 64 bits, so a token says nothing about the
+    ``rng`` (sides, order, which images the checks use) is a numpy generator seeded by the 128-bit
+    secret through a SeedSequence (:meth:`stream` 0; the file write order and the degraded checks' noise
+    have streams of their own); ``token()`` (pair ids, image names) is HMAC-SHA256(secret, counter), 64 bits, so a token says nothing about the
     generator's state. The same secret gives the same design (tests); a new one, a new design.
     """
 
@@ -416,7 +421,8 @@ class Blinding:
         self.rng = self.stream(0)
 
     def stream(self, k: int) -> np.random.Generator:
-        """An independent generator ``k`` of this secret (0: the pairs; 1: the file write order)."""
+        """An independent generator ``k`` of this secret (0: the pairs; 1: the file write order; 2: the
+        degraded checks' noise, which a rater sees pixel by pixel and so must not come from the pairs')."""
         return np.random.default_rng(np.random.SeedSequence([int.from_bytes(self.secret, "big"), k]))
 
     def token(self) -> str:
@@ -569,7 +575,8 @@ def balanced_sides(n: int, rng: np.random.Generator) -> np.ndarray:
 
 def build_pairs(pairs: Sequence[tuple[Checkpoint, Checkpoint]], sets: dict[str, Path], ds: HumanDesignSpec,
                 secret: bytes | None = None, layout: str = LAYOUT,
-                seeds: Sequence[Sequence[int]] | None = None) -> tuple[pd.DataFrame, _Images]:
+                seeds: Sequence[Sequence[int]] | None = None,
+                check_noise: str = CHECK_NOISE) -> tuple[pd.DataFrame, _Images]:
     """The pairs table (PAIR_COLUMNS) and the images it shows.
 
     Every blinding draw comes from ``secret`` (default: a fresh one, :func:`new_secret`), never from
@@ -586,7 +593,8 @@ def build_pairs(pairs: Sequence[tuple[Checkpoint, Checkpoint]], sets: dict[str, 
     one side (at random) of one main pair (at random), so a check repeats the bytes of exactly one
     comparison's pair and, pooled with it, tells its side with probability 1/2; ``shared``: every
     comparison shows every key of the sets (as designs did before the setting), the checks draw a
-    checkpoint, then a key.
+    checkpoint, then a key. ``layout`` and ``check_noise``: a design's recorded ones (:data:`LAYOUTS`,
+    :data:`CHECK_NOISES`; designs made before each setting used the first).
     """
     blind = Blinding(new_secret() if secret is None else secret)
     images = _Images()
@@ -612,8 +620,9 @@ def build_pairs(pairs: Sequence[tuple[Checkpoint, Checkpoint]], sets: dict[str, 
             left_first[comps == c] = balanced_sides(int((comps == c).sum()), blind.rng)
         rows = [_main_row(pairs[c], comp_keys[c][k], manifests, sets, images, blind, bool(left_a))
                 for (k, c), left_a in zip(slots, left_first, strict=True)]
-    checks = _attention_rows(blind, images, manifests, sets, ds, _check_images(ds, list(manifests), list(first.index),
-                                                                               list(rows)))
+    noise = blind.stream(2) if check_noise == "own-stream" else blind.rng
+    checks = _attention_rows(blind, noise, images, manifests, sets, ds,
+                             _check_images(ds, list(manifests), list(first.index), list(rows)))
     rows += [checks[i] for i in blind.rng.permutation(len(checks))]
     for r in rows:
         r["pair_id"] = blind.token()
@@ -765,11 +774,11 @@ def _row(comparison: str, kind: str, pid: int, prompt: str, seed: int, left: tup
             "expected": expected}
 
 
-def _attention_rows(blind: Blinding, images: _Images, manifests: dict[str, pd.DataFrame],
+def _attention_rows(blind: Blinding, noise: np.random.Generator, images: _Images, manifests: dict[str, pd.DataFrame],
                     sets: dict[str, Path], ds: HumanDesignSpec,
                     pick: Callable[[np.random.Generator], tuple[str, int, int]]) -> list[dict[str, Any]]:
     """``identical`` and ``degraded`` checks on shown images; ``pick(rng)``: the (checkpoint, prompt id,
-    seed) of each check's image (:func:`build_pairs`)."""
+    seed) of each check's image (:func:`build_pairs`); ``noise``: the degraded copies' noise."""
     from PIL import Image
 
     rng = blind.rng
@@ -784,7 +793,7 @@ def _attention_rows(blind: Blinding, images: _Images, manifests: dict[str, pd.Da
                 other, expected = images.extra(blind, path), "tie"
             else:
                 with Image.open(path) as im:
-                    other = images.extra(blind, degrade(np.asarray(im.convert("RGB")), rng))
+                    other = images.extra(blind, degrade(np.asarray(im.convert("RGB")), noise))
                 expected = ""
             intact_left = bool(rng.integers(2))
             left, right = ((label, tok), (label, other)) if intact_left else ((label, other), (label, tok))
@@ -931,7 +940,8 @@ def make_design(study: str | Path, out: str | Path, ds: HumanDesignSpec,
               "n_pairs": int(len(table)), "n_main": int((table["kind"] == "main").sum()),
               "n_prompts": int(table["prompt_id"].nunique()), "n_images": len(images.files),
               "render_seconds": round(time.perf_counter() - t0, 1),
-              "blinding_secret": secret.hex(), "assignment": ASSIGNMENT, "layout": LAYOUT}
+              "blinding_secret": secret.hex(), "assignment": ASSIGNMENT, "layout": LAYOUT,
+              "check_noise": CHECK_NOISE}
     design = _relative_paths(design, lay.root)
     atomic_write_json(lay.design, design, private=True)
     lay.pending_secret.unlink(missing_ok=True)  # design.json holds it now

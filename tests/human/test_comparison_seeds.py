@@ -244,11 +244,12 @@ def test_shared_seeds_still_leak_to_pooled_raters(shared):
 def test_a_design_on_shared_seeds_is_built_as_before_the_setting(tmp_path):
     """``comparison_seeds: shared`` with a design's secret rebuilds the very table and images the code
     before the setting built (the digest was taken from that code on these sets): a legacy design's
-    secret still regenerates it (under the ``cyclic`` layout such designs used; ``offset-balanced`` since)."""
+    secret still regenerates it (under the ``cyclic`` layout and the ``pairs`` check noise such designs used;
+    ``offset-balanced`` and ``own-stream`` since)."""
     sets = _legacy_sets(tmp_path, 6, 3)
     ds = parse_design_spec({"seeds": 3, "max_prompts": 6, "per_rater": 10, "rng_seed": 0, "identical": 3,
                             "degraded": 3, "comparison_seeds": "shared"})
-    table, images = build_pairs(BRACKET, sets, ds, bytes(range(16)), layout="cyclic")
+    table, images = build_pairs(BRACKET, sets, ds, bytes(range(16)), layout="cyclic", check_noise="pairs")
     h = hashlib.sha256(json.dumps(table.to_dict("records"), sort_keys=True, default=str).encode())
     for tok in sorted(images.files):
         src = images.files[tok]

@@ -424,6 +424,7 @@ def test_raters_rate_through_the_app_and_the_analysis_reaches_the_report(study, 
                 if c["label"].startswith("PCPO"))
     res = cli("human", "simulate", human, "-o", sim, "--raters", "12", "--per-rater", "25", "--prefer", f"{pcpo}=0.8")
     assert res.returncode == 0 and "SIMULATED" in res.stdout, res.stderr
+    assert sim.stat().st_mode & 0o777 == 0o600  # a planted preference's answers follow each pair's side
     real = {p: p.read_bytes() for p in (study / "human.json", study / "results.json", study / "report.html",
                                         human / "analysis.json")}
     res = cli("human", "analyze", human, "--responses", sim, "--bootstrap", "50")

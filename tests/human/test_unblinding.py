@@ -307,3 +307,17 @@ def test_f5_each_comparison_shows_each_side_on_the_left_half_the_time(bracket):
     for comparison, rows in main.groupby("comparison"):
         first = comparison.split(" vs ")[0]
         assert (rows["left_method"] == first).sum() == len(rows) // 2, comparison
+
+
+def test_the_degraded_noise_is_drawn_apart_from_the_sides(tmp_path, monkeypatch):
+    """A rater sees the degraded checks' noise pixel by pixel: it must not come from the generator that draws
+    the sides. With the noise drawn there, a noiseless degrade moved every later side; now the table is the same."""
+    import pcpo_eval.human.design as design
+
+    spec = parse_design_spec(PUBLIC | {"max_prompts": 3, "seeds": 2, "per_rater": 20, "identical": 2, "degraded": 4})
+    sets, secret = _sets(tmp_path, 3, 2, noise=True), bytes(range(16))
+    real, _ = build_pairs(BRACKET, sets, spec, secret)
+    monkeypatch.setattr(design, "degrade", lambda pixels, rng: pixels[::-1].copy())  # draws nothing
+    quiet, _ = build_pairs(BRACKET, sets, spec, secret)
+    assert (real["kind"] == "degraded").sum() == 4
+    assert real.drop(columns=["left_image", "right_image"]).equals(quiet.drop(columns=["left_image", "right_image"]))
