@@ -12,7 +12,9 @@ algorithm's; a run listed under the wrong seed would be paired with the wrong ru
   with ``objective: ppo_clip``);
 * differs from another run of its comparison cell in a setting the compared factor's levels do not
   declare (the arms may differ only in what ``design.<compared factor>.<level>`` sets; a declared key
-  must still agree within an arm).
+  must still agree within an arm);
+* was trained on another reward than a run of its cell, declared or not, trained by the study or not
+  (:func:`reward_problems`): every row compares rewards.
 
 Even a declared difference must not change what one *epoch* is (:func:`epoch_unit_problems`): the
 verdict counts epochs (speed-up = epochs to a target; paired gain, final reward and AUC at equal
@@ -115,6 +117,41 @@ EPOCH_PARTS = {"images": ("images sampled per epoch", "sample_batch_size x sampl
                "updates": ("optimizer steps per epoch", "gradient_updates x num_inner_epochs")}
 
 
+#: settings that define the reward every row of the verdict compares; the arms may never differ in them
+REWARD_KEYS = ("reward", "reward_options")
+#: ``reward_options`` keys that say where the reward runs, not what it scores
+REWARD_PLACEMENT_KEYS = frozenset({"device"})
+
+
+def _reward_setting(cfg: dict[str, Any], key: str) -> Any:
+    v = cfg[key]
+    if key == "reward" and isinstance(v, str):  # a name is its weighted sum of one
+        return {v: 1.0}
+    if key == "reward_options" and isinstance(v, dict):
+        return {k: o for k, o in v.items() if k not in REWARD_PLACEMENT_KEYS}
+    return v
+
+
+def reward_problems(cell: str, runs: Sequence[tuple[str, str, dict[str, Any]]], compare: str) -> list[str]:
+    """Where the runs of one cell (``(arm, run name, settings)`` each; trained or existing) were trained on
+    different rewards, declared by a level of the compared factor or not: every row of the verdict (paired
+    gain, speed-ups to reward targets, final reward, AUC) compares rewards, so two rewards are two scales.
+    A PCPO level that set ``reward: {toy_aesthetic: 2.0}`` (the same reward doubled, learning exactly the same)
+    had a significantly higher paired gain (+0.042, p = 0.029, 5 seeds) and its scale was reported as a
+    sampler offset; on one scale its gain was lower (p = 0.005)."""
+    out = []
+    for key in REWARD_KEYS:
+        if _differing([(arm, name, {key: _reward_setting(cfg, key)}) for arm, name, cfg in runs if key in cfg],
+                      key) is not None:
+            diff = _differing(runs, key)  # as the configs spell them
+            assert diff is not None
+            out.append(f"in cell {cell}, the runs are trained on different {key} ({_values_text(diff)}): every row "
+                       f"compares rewards (paired gain, speed-ups, final reward), so runs on two rewards put the arms "
+                       f"of {compare} on two scales (a reward doubled doubles every gain); set {key} once for the "
+                       "study (under train: or in its train config), not per level")
+    return out
+
+
 def epoch_unit_problems(cell: str, runs: Sequence[tuple[str, str, dict[str, Any]]], baseline: str, pcpo: str,
                         compare: str) -> list[str]:
     """Where the compared arms of one cell differ in what one epoch is (:func:`epoch_budget`), one text per
@@ -180,7 +217,7 @@ def cell_problems(cell: str, runs: Sequence[tuple[str, str, dict[str, Any], bool
     if not any(existing for *_, existing in runs):
         return []
     rows = [(arm, name, cfg) for arm, name, cfg, _ in runs]
-    keys = sorted({k for _, _, cfg in rows for k in cfg} - EXEMPT_KEYS)
+    keys = sorted({k for _, _, cfg in rows for k in cfg} - EXEMPT_KEYS - set(REWARD_KEYS))  # reward_problems
     out = []
     for key in keys:
         if key in declared:

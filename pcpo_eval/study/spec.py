@@ -39,7 +39,12 @@ from pcpo_eval.stats.formula import parse_lmm_formula
 from pcpo_eval.stats.select import MATCH_ON
 from pcpo_eval.stats.speedup import SMOOTHING_WINDOW, unreachable_targets
 from pcpo_eval.stats.verdict import quantity_name
-from pcpo_eval.study.comparability import IMAGES_LOGGED, epoch_unit_problems, existing_run_problems
+from pcpo_eval.study.comparability import (
+    IMAGES_LOGGED,
+    epoch_unit_problems,
+    existing_run_problems,
+    reward_problems,
+)
 from pcpo_eval.study.retention import epoch_maps, retention_problems
 from pcpo_eval.study.sections import GridSpec, PreferenceSpec, parse_epoch_map, parse_grids, parse_preferences
 from pcpo_eval.train.config import TrainConfig, config_from_dict, read_config_file
@@ -553,6 +558,16 @@ def _check_existing_settings(runs: Sequence[RunSpec], factors: Factors, compare:
                                       lambda r: file_settings(r.overrides, read_now=True))
 
 
+def _check_one_reward(runs: Sequence[RunSpec], compare: str, problems: list[str]) -> None:
+    """Every run of a comparison cell, trained or existing, on one reward (:func:`.comparability.reward_problems`)."""
+    by_cell: dict[str, list[tuple[str, str, dict[str, Any]]]] = {}
+    for r in runs:
+        if (cfg := _run_settings(r)) is not None:
+            by_cell.setdefault(_cell_of(r, compare), []).append((r.levels.get(compare, ""), r.name, cfg))
+    for cell, members in by_cell.items():
+        problems += reward_problems(cell, members, compare)
+
+
 def recorded_input_problems(spec: StudySpec, run_dir_of: Callable[[RunSpec], Path]) -> list[str]:
     """Runs this study trained, or began, on files that held other contents than its other runs of one cell
     read (a prompt file edited between two ``study`` calls): each such run's ``inputs.json`` (what it read)
@@ -1001,6 +1016,7 @@ def load_spec(path: str | Path, check_weights: bool = True) -> StudySpec:
     _check_run_names(runs, problems)
     _check_identical_runs(runs, compare.factor, problems)
     _check_existing_settings(runs, factors, compare.factor, problems)
+    _check_one_reward(runs, compare.factor, problems)
     epoch_caveats = _check_epoch_units(runs, compare, top, problems)
     targets, select_target, window = _parse_targets(top, runs, problems)
     gain_targets, primary = _parse_endpoints(top, options.paired_control, targets, problems)

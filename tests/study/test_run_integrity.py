@@ -46,14 +46,25 @@ def test_existing_runs_with_another_reward_or_sampler_setting_are_refused(tmp_pa
     with pytest.raises(UserError) as ei:
         load_spec(_spec(tmp_path, _existing(tmp_path, configs)), check_weights=False)
     msg = str(ei.value)
-    assert ("in cell all, the runs differ in reward (DDPO 'toy_aesthetic'; PCPO 'jpeg_compressibility'), which no "
-            "level of algorithm sets: the verdict would credit that difference to algorithm") in msg
-    assert "the runs differ in sample_steps (DDPO 8; PCPO 20)" in msg and "has 2 problem(s)" in msg
+    assert ("in cell all, the runs are trained on different reward (DDPO 'toy_aesthetic'; PCPO "
+            "'jpeg_compressibility'): every row compares rewards") in msg
+    assert ("the runs differ in sample_steps (DDPO 8; PCPO 20), which no level of algorithm sets: the verdict would "
+            "credit that difference to algorithm") in msg and "has 2 problem(s)" in msg
     # a difference the design declares is the comparison itself, and must hold within each arm
-    design = {"algorithm": {"DDPO": {"objective": "ppo_clip", "sample_steps": 8, "reward": "toy_aesthetic"},
-                            "PCPO": {"objective": "pcpo", "sample_steps": 20, "reward": "jpeg_compressibility"}}}
+    design = {"algorithm": {"DDPO": {"objective": "ppo_clip", "sample_steps": 8},
+                            "PCPO": {"objective": "pcpo", "sample_steps": 20}}}
+    for s in (0, 1):
+        configs[("PCPO", s)] = _cfg("PCPO", s, sample_steps=20)
     load_spec(_spec(tmp_path, _existing(tmp_path, configs), design), check_weights=False)
-    configs[("PCPO", 1)] = _cfg("PCPO", 1, reward="jpeg_compressibility", sample_steps="12")
+    # the reward is never the comparison: declared by the levels too, it is refused (two reward scales)
+    rewards = {"algorithm": {k: {**v, "reward": r} for (k, v), r in
+                             zip(design["algorithm"].items(), ("toy_aesthetic", "jpeg_compressibility"), strict=True)}}
+    for s in (0, 1):
+        configs[("PCPO", s)] = _cfg("PCPO", s, sample_steps=20, reward="jpeg_compressibility")
+    with pytest.raises(UserError, match=r"has 1 problem.*trained on different reward"):
+        load_spec(_spec(tmp_path, _existing(tmp_path, configs), rewards), check_weights=False)
+    configs[("PCPO", 0)] = _cfg("PCPO", 0, sample_steps=20)
+    configs[("PCPO", 1)] = _cfg("PCPO", 1, sample_steps="12")
     with pytest.raises(UserError, match=r"listed under a design level that sets sample_steps: 20, but its config.yaml "
                                         r"records sample_steps: '12'.*the PCPO runs differ in sample_steps"):
         load_spec(_spec(tmp_path, _existing(tmp_path, configs), design), check_weights=False)
@@ -82,7 +93,7 @@ def test_imported_runs_compare_only_what_they_record(tmp_path):
     # imported with --reward: the reward it was trained on is compared like a trained run's
     for s in (0, 1):
         configs[("DDPO", s)]["reward"] = "hps"
-    with pytest.raises(UserError, match=r"the runs differ in reward \(DDPO 'hps'; PCPO 'toy_aesthetic'\)"):
+    with pytest.raises(UserError, match=r"the runs are trained on different reward \(DDPO 'hps'; PCPO 'toy_aesthetic'\)"):
         load_spec(_spec(tmp_path, _existing(tmp_path, configs)), check_weights=False)
 
 

@@ -548,6 +548,29 @@ def test_arms_that_sample_more_per_epoch_are_refused_or_named(tmp_path, fakes):
     assert {b["unit"] for b in res["speedup"]} == {"epochs"}
 
 
+@pytest.mark.parametrize("levels", [
+    {"DDPO": {"objective": "ppo_clip"}, "PCPO": {"objective": "pcpo", "reward": {"toy_aesthetic": 2.0}}},
+    {"DDPO": {"objective": "ppo_clip", "reward": "toy_aesthetic"}, "PCPO": {"objective": "pcpo", "reward": "jpeg_compressibility"}},
+], ids=["doubled", "another-reward"])
+def test_arms_on_two_rewards_are_refused(tmp_path, levels):
+    """A level of the compared factor may not set the reward: the same reward doubled (learning exactly the same)
+    gave PCPO a significantly higher paired gain, its scale called a sampler offset; on one scale it was lower."""
+    from pcpo_eval.errors import UserError
+
+    with pytest.raises(UserError, match=r"the runs are trained on different reward \(.*two scales.*set reward once"):
+        load_spec(write_spec(tmp_path / "s.yaml", design={"algorithm": levels}, seeds=[0, 1]))
+
+
+def test_one_reward_by_name_or_as_a_sum_of_one_is_one_reward():
+    from pcpo_eval.study.comparability import reward_problems
+
+    runs = [("A", "a0", {"reward": "toy_aesthetic", "reward_options": {"device": "cuda:1"}}),
+            ("B", "b0", {"reward": {"toy_aesthetic": 1.0}, "reward_options": {"device": "cpu"}})]
+    assert reward_problems("all", runs, "algorithm") == []
+    runs[1][2]["reward_options"]["model"] = "other"
+    assert "different reward_options" in reward_problems("all", runs, "algorithm")[0]
+
+
 def test_epoch_budget_reads_what_a_config_records():
     """Images and optimizer steps per epoch from a run's settings; an imported run records neither, and the
     updates part is compared on its own."""
