@@ -170,6 +170,24 @@ def logged_images_per_epoch(run_dir: str | Path) -> int | None:
     return int(col[0]) if len(col) == 1 else None
 
 
+#: the columns that make a run's learning curves: two runs equal in all of them are one run twice
+CURVE_COLUMNS = ("epoch", "reward_mean", CONTROL_COLUMN)
+
+
+def curve_fingerprint(log: pd.DataFrame) -> str:
+    """SHA-256 of a log's :data:`CURVE_COLUMNS` (those it has) as float64: one run copied, or imported twice
+    from two exports, has one fingerprint whatever else its files hold (a log's other columns, its bytes)."""
+    import hashlib
+
+    import numpy as np
+
+    h = hashlib.sha256()
+    for c in CURVE_COLUMNS:
+        if c in log.columns:
+            h.update(c.encode() + np.ascontiguousarray(log[c].to_numpy(np.float64)).tobytes())
+    return h.hexdigest()
+
+
 def load_log(path: str | Path) -> pd.DataFrame:
     """Read a training log: a .parquet/.csv file or a RUN directory (``RUN/log.parquet``)."""
     import pandas as pd

@@ -62,6 +62,27 @@ def _check_pairs(baseline: list[str], pcpo: list[str]) -> None:
 
 
 
+def _check_distinct_runs(baseline: list[str], pcpo: list[str]) -> None:
+    """Every log given once: one run folder (or log) given twice, or two whose curves are equal
+    (:func:`pcpo_eval.rundir.curve_fingerprint`: one run copied or imported twice), would count one seed as
+    several. Before, ``--pcpo R`` five times gave an A/A pair of arms a "+58% speed-up, Holm p 0.031"."""
+    from pcpo_eval.rundir import curve_fingerprint, load_log
+
+    paths: dict[str, str] = {}
+    curves: dict[str, str] = {}
+    for flag, log in [*(("--baseline", b) for b in baseline), *(("--pcpo", t) for t in pcpo)]:
+        name, path = f"{flag} {log}", str(Path(log).resolve())
+        if path in paths:
+            raise UserError(f"{name} is the run of {paths[path]} again: one run would count as two seeds; give "
+                            "each seed's own run once")
+        paths[path] = name
+        fp = curve_fingerprint(load_log(log))
+        if fp in curves:
+            raise UserError(f"{name} has the same curves as {curves[fp]} (every epoch's reward and control): one "
+                            "run copied or imported twice would count as two seeds; give each seed's own run once")
+        curves[fp] = name
+
+
 def _check_finite_logs(logs: list[str], curve: str) -> None:
     """Refuse logs with infinite rewards (NaN is refused by the log reader) before anything is fitted."""
     import numpy as np
@@ -174,6 +195,7 @@ def speedup_cmd(
         raise UserError(f"--curve must be reward or gain, got {curve!r}")
     _check_targets(target)
     _check_finite_logs([*baseline, *pcpo], curve)
+    _check_distinct_runs(baseline, pcpo)
     if paired and len(baseline) == len(pcpo):
         _check_pairs(baseline, pcpo)
     tab = speedup_table(baseline, pcpo, target, window, not lower_is_better, paired=paired, curve=curve)

@@ -31,10 +31,10 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from pcpo_eval.errors import ProblemList, UserError
-from pcpo_eval.io import read_yaml_mapping, sha256_file
+from pcpo_eval.io import read_yaml_mapping
 from pcpo_eval.metrics.base import METRICS, PREFERENCE_METRICS, per_prompt_problem
 from pcpo_eval.rewards import required_backends
-from pcpo_eval.rundir import checkpoints_root, log_path, logged_images_per_epoch
+from pcpo_eval.rundir import checkpoints_root, curve_fingerprint, load_log, log_path, logged_images_per_epoch
 from pcpo_eval.stats.formula import parse_lmm_formula
 from pcpo_eval.stats.select import MATCH_ON
 from pcpo_eval.stats.speedup import SMOOTHING_WINDOW, unreachable_targets
@@ -489,7 +489,9 @@ def _check_run_names(runs: Sequence[RunSpec], problems: list[str]) -> None:
 
 def _check_identical_runs(runs: Sequence[RunSpec], compare: str, problems: list[str]) -> None:
     """Two runs that would be the same run: one existing run directory listed twice (``runs:``) or copied
-    (byte-identical ``log.parquet`` in two directories), or
+    (two directories whose logs hold the same epochs, rewards and controls: :func:`pcpo_eval.rundir.curve_fingerprint`;
+    before, only byte-identical logs were caught, and one run imported five times with one column differing in its
+    last digit gave an A/A arm a "higher paired gain", p = 0.008), or
     two trained runs of different arms with the same resolved train config and seed (an A/A design
     with equal seeds and overrides); comparing them would compare a run with itself."""
     dirs: dict[str, RunSpec] = {}
@@ -505,10 +507,15 @@ def _check_identical_runs(runs: Sequence[RunSpec], compare: str, problems: list[
             continue
         if not log_path(r.run_dir).is_file():
             continue  # reported by _parse_runs
-        twin = logs.setdefault(sha256_file(log_path(r.run_dir)), r)
+        try:
+            fingerprint = curve_fingerprint(load_log(r.run_dir))
+        except UserError:
+            continue  # reported by the log checks
+        twin = logs.setdefault(fingerprint, r)
         if twin is not r:
-            problems.append(f"runs {twin.name} ({twin.run_dir}) and {r.name} ({r.run_dir}) have byte-identical "
-                            "training logs: one run copied to two places; list each run's own directory")
+            problems.append(f"runs {twin.name} ({twin.run_dir}) and {r.name} ({r.run_dir}) have the same training "
+                            "curves (every epoch's reward and control equal): one run copied or imported twice; "
+                            "list each run's own directory")
     trained: dict[str, RunSpec] = {}
     same: list[tuple[RunSpec, RunSpec]] = []
     for r in runs:

@@ -104,7 +104,8 @@ def test_speedup_refuses_log_with_inf_reward(cli, box):
     (box / "old.json").write_text('{"kept": true}\n')
     rejected(cli, box, "speedup", "--baseline", ok, "--pcpo", bad, "--target", "0.5", "-o", box / "old.json",
              needles=["inf ü.parquet", "'reward_mean' has 1 non-finite", "leave that run out"])
-    assert cli("speedup", "--baseline", ok, "--pcpo", ok, "--target", "0.5").returncode == 0
+    ok2 = _log(box / "ok 2.parquet", np.linspace(0, 0.9, 10))
+    assert cli("speedup", "--baseline", ok, "--pcpo", ok2, "--target", "0.5").returncode == 0
 
 
 # ---- 2c. prompt file encodings -----------------------------------------------------------------
@@ -177,7 +178,8 @@ def test_ctrl_c_in_process_is_one_line_130(cli, monkeypatch, tmp_path):
     monkeypatch.setattr(sp, "speedup_table", interrupt)
     monkeypatch.setattr(tr, "train", interrupt)
     log = _log(tmp_path / "a.parquet", np.linspace(0, 1, 10))
-    res = cli("speedup", "--baseline", log, "--pcpo", log, "--target", "1")
+    other = _log(tmp_path / "b.parquet", np.linspace(0, 0.9, 10))
+    res = cli("speedup", "--baseline", log, "--pcpo", other, "--target", "1")
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 130 and len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
     assert lines[0].startswith("error: interrupted") and "resumable" in lines[0] and "re-run the same command" in lines[0]
@@ -211,12 +213,13 @@ def test_real_sigint_exits_130(tmp_path):
             "    print('ready', flush=True)\n"
             "    time.sleep(60)\n"
             "sp.speedup_table = slow\n"
-            "sys.argv = ['pcpo-eval', 'speedup', '--baseline', 'a.parquet', '--pcpo', 'a.parquet', '--target', '1']\n"
+            "sys.argv = ['pcpo-eval', 'speedup', '--baseline', 'a.parquet', '--pcpo', 'b.parquet', '--target', '1']\n"
             "from pcpo_eval.cli import main\n"
             "main()\n")
     import numpy as np
 
     _log(tmp_path / "a.parquet", np.linspace(0, 1, 10))
+    _log(tmp_path / "b.parquet", np.linspace(0, 0.9, 10))
     def as_from_a_shell() -> None:
         # the command starts as a terminal starts it: SIGINT delivered and handled by default. A child inherits
         # an ignored or blocked SIGINT from its parent (Python then installs no KeyboardInterrupt handler),

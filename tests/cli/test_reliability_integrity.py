@@ -394,5 +394,6 @@ def test_huge_batch_is_one_line(cli, box, monkeypatch):
 
     monkeypatch.setattr(sp, "speedup_table", oom)
     pd.DataFrame({"epoch": np.arange(1, 6), "reward_mean": np.linspace(0, 1, 5)}).to_parquet(box / "a.parquet")
-    rejected(cli, box, "speedup", "--baseline", box / "a.parquet", "--pcpo", box / "a.parquet", "--target", "0.5",
+    pd.DataFrame({"epoch": np.arange(1, 6), "reward_mean": np.linspace(0, 0.9, 5)}).to_parquet(box / "b.parquet")
+    rejected(cli, box, "speedup", "--baseline", box / "a.parquet", "--pcpo", box / "b.parquet", "--target", "0.5",
              needles=["out of memory", "lower the batch size"])

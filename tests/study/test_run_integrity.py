@@ -106,7 +106,22 @@ def test_a_run_copied_into_both_arms_is_refused(tmp_path):
     shutil.rmtree(runs[2]["run_dir"])
     shutil.copytree(runs[0]["run_dir"], runs[2]["run_dir"])  # DDPO seed 0 copied as PCPO seed 0
     with pytest.raises(UserError, match=r"runs algorithm-DDPO__seed-0 \(.*run_DDPO_0\) and algorithm-PCPO__seed-0 "
-                                        r"\(.*run_PCPO_0\) have byte-identical training logs: one run copied"):
+                                        r"\(.*run_PCPO_0\) have the same training curves .*: one run copied or imported twice"):
+        load_spec(_spec(tmp_path, runs), check_weights=False)
+
+
+def test_one_run_imported_twice_is_refused_though_its_files_differ(tmp_path):
+    """Two imports of one history (another column differing in its last digit, so other bytes) listed as two seeds
+    of one arm: pseudo-replication that gave an A/A arm a "higher paired gain" (p = 0.008, 5 copies)."""
+    import pandas as pd
+
+    configs = {(a, s): {"model": "toy", "seed": s} for a in ("DDPO", "PCPO") for s in (0, 1)}
+    runs = _existing(tmp_path, configs)
+    src = pd.read_parquet(Path(runs[2]["run_dir"]) / "log.parquet")
+    copy = src.assign(approx_kl=src.get("approx_kl", 0.0) + 1e-15, loss=1.0)
+    copy.to_parquet(Path(runs[3]["run_dir"]) / "log.parquet")
+    with pytest.raises(UserError, match=r"algorithm-PCPO__seed-0 .* and algorithm-PCPO__seed-1 .* have the same "
+                                        r"training curves"):
         load_spec(_spec(tmp_path, runs), check_weights=False)
 
 
