@@ -460,6 +460,20 @@ def _planted(tmp_path: Path, monkeypatch, edit=None, seeds_b=(0, 1, 2)) -> dict:
     return vd.run_level(spec, None)
 
 
+def test_runs_without_controls_say_the_raw_rows_may_be_the_sampler(tmp_path, monkeypatch):
+    """No run logged its control: a frozen arm whose sampler scores higher leads the final reward and AUC, and
+    the headline said only "no learning measure". It now says what those rows then compare."""
+    def no_controls(logs):
+        for name, log in logs.items():
+            logs[name] = log.drop(columns=["control_reward_mean"])
+
+    res = _planted(tmp_path, monkeypatch, no_controls)
+    assert "No learning measure: 6 run(s) lack control_reward_mean" in res["headline"]
+    assert ("The final reward and reward AUC then compare each arm's sampler together with what it learned: a "
+            "policy that learned nothing but samples higher rewards would lead them") in res["headline"]
+    assert any("a policy that learned nothing" in n for n in res["verdict_notes"])
+
+
 def test_a_missing_control_epoch_keeps_the_primary_endpoint(tmp_path, monkeypatch):
     """One NaN in one run's control (epoch 3) used to drop the control of every run: the paired gain (the
     primary) vanished and reward targets the sampler reaches came back. Now only what needs that epoch goes."""
