@@ -44,6 +44,7 @@ from pcpo_eval.study.comparability import (
     epoch_unit_problems,
     existing_run_problems,
     reward_problems,
+    unchecked_settings,
 )
 from pcpo_eval.study.retention import epoch_maps, retention_problems
 from pcpo_eval.study.sections import GridSpec, PreferenceSpec, parse_epoch_map, parse_grids, parse_preferences
@@ -162,6 +163,8 @@ class StudySpec:
     #: ``unequal_epochs_ok: true``: each difference in words, for the verdict's notes and headline
     #: (:func:`~pcpo_eval.study.comparability.epoch_unit_problems`)
     epoch_caveats: tuple[str, ...] = ()
+    #: runs whose settings could not be compared (they record too few: an imported run), in words
+    unchecked_caveats: tuple[str, ...] = ()
 
     # derived -----------------------------------------------------------------------------
     @property
@@ -601,10 +604,11 @@ def recorded_input_problems(spec: StudySpec, run_dir_of: Callable[[RunSpec], Pat
 
 
 def _check_epoch_units(runs: Sequence[RunSpec], compare: _Compare, top: dict[str, Any],
-                       problems: list[str]) -> tuple[str, ...]:
+                       problems: list[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """Arms of a cell that differ in images sampled or optimizer steps per epoch (trained and existing runs,
     :func:`~pcpo_eval.study.comparability.epoch_unit_problems`): spec problems, or with
-    ``unequal_epochs_ok: true`` the caveats the verdict prints."""
+    ``unequal_epochs_ok: true`` the caveats the verdict prints; and the caveat for runs whose settings could
+    not be compared (:func:`~pcpo_eval.study.comparability.unchecked_settings`)."""
     ok = top.get("unequal_epochs_ok", False)
     if not isinstance(ok, bool):
         problems.append(f"unequal_epochs_ok must be true or false, got {ok!r}")
@@ -619,10 +623,23 @@ def _check_epoch_units(runs: Sequence[RunSpec], compare: _Compare, top: dict[str
             by_cell.setdefault(cell, []).append((arm, r.name, cfg))
     found = [t for cell, members in by_cell.items()
              for t in epoch_unit_problems(cell, members, compare.baseline, compare.pcpo, compare.factor)]
+    unchecked = {name: miss for members in by_cell.values() for name, miss in unchecked_settings(members).items()}
+    said = (_unchecked_text(unchecked),) if unchecked else ()
     if not ok:
         problems += found
-        return ()
-    return tuple(t.split("): ", 1)[0] + ")" for t in found)
+        return (), said
+    return tuple(t.split("): ", 1)[0] + ")" for t in found), said
+
+
+def _unchecked_text(unchecked: dict[str, list[str]]) -> str:
+    """The caveat of :func:`_check_epoch_units` for runs whose settings could not be compared."""
+    names = sorted(unchecked)
+    items = list(dict.fromkeys(m for name in names for m in unchecked[name]))
+    shown = ", ".join(items[:6]) + (f" and {len(items) - 6} more" if len(items) > 6 else "")
+    who = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+    return (f"settings not checked: {len(names)} run(s) ({who}) record no {shown}, so the arms may differ in them "
+            "unseen (an imported run's config.yaml holds its model, objective and reward only); add the settings "
+            "each run was trained with to its config.yaml (a total batch as paper_total_batch)")
 
 
 def _parse_targets(top: dict[str, Any], runs: Sequence[RunSpec], problems: list[str]) -> tuple[list[float], float, int]:
@@ -1024,7 +1041,7 @@ def load_spec(path: str | Path, check_weights: bool = True) -> StudySpec:
     _check_identical_runs(runs, compare.factor, problems)
     _check_existing_settings(runs, factors, compare.factor, problems)
     _check_one_reward(runs, compare.factor, problems)
-    epoch_caveats = _check_epoch_units(runs, compare, top, problems)
+    epoch_caveats, unchecked_caveats = _check_epoch_units(runs, compare, top, problems)
     targets, select_target, window = _parse_targets(top, runs, problems)
     gain_targets, primary = _parse_endpoints(top, options.paired_control, targets, problems)
     models = _run_models(runs, problems)
@@ -1071,6 +1088,6 @@ def load_spec(path: str | Path, check_weights: bool = True) -> StudySpec:
         metrics=metrics, overall_only=overall_only, per_prompt_rank_deficient_ok=rank_ok,
         metric_batch_size=metric_batch_size, is_splits=is_splits, lmm=lmm,
         preference=preferences[0] if preferences else None, grid=grids[0] if grids else GridSpec(),
-        preferences=preferences, grids=grids, epoch_caveats=epoch_caveats,
+        preferences=preferences, grids=grids, epoch_caveats=epoch_caveats, unchecked_caveats=unchecked_caveats,
         source=str(path.resolve()), raw=data,
     )

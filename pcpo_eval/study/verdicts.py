@@ -310,6 +310,9 @@ def _notes(sp: StudySpec, logs: dict[str, pd.DataFrame], table: pd.DataFrame, ru
                 "the extra samples or compute, not the algorithm")
         notes.append(said)
         caveats.append(said[0].upper() + said[1:])
+    for text in sp.unchecked_caveats:  # existing runs that record too few settings to be compared
+        notes.append(text)
+        caveats.append(text[0].upper() + text[1:])
     if CONTROL_COLUMN not in table.columns:
         lacking = [r.name for r in _compared(sp) if not has_control(logs[r.name])]
         text = (f"no paired gain, gain speed-up or sampler offset: {len(lacking)} run(s) lack control_reward_mean "

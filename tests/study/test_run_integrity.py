@@ -89,7 +89,20 @@ def test_imported_runs_compare_only_what_they_record(tmp_path):
     configs = {("DDPO", 0): {"model": "toy", "objective": "ppo_clip", "imported_from": "dancegrpo", "source": "/a"},
                ("DDPO", 1): {"model": "toy", "objective": "ppo_clip", "imported_from": "dancegrpo", "source": "/b"},
                ("PCPO", 0): _cfg("PCPO", 0, learning_rate="5e-5"), ("PCPO", 1): _cfg("PCPO", 1)}
-    assert len(load_spec(_spec(tmp_path, _existing(tmp_path, configs)), check_weights=False).runs) == 4
+    sp = load_spec(_spec(tmp_path, _existing(tmp_path, configs)), check_weights=False)
+    assert len(sp.runs) == 4
+    # ... and the verdict says what it could not check (before: nothing, though every check passed vacuously)
+    assert sp.unchecked_caveats == (
+        "settings not checked: 4 run(s) (algorithm-DDPO__seed-0, algorithm-DDPO__seed-1, algorithm-PCPO__seed-0, "
+        "...) record no images sampled "
+        "per epoch, optimizer steps per epoch, learning_rate, sample_steps, reward, so the arms may differ in them "
+        "unseen (an imported run's config.yaml holds its model, objective and reward only); add the settings each "
+        "run was trained with to its config.yaml (a total batch as paper_total_batch)",)
+    from pcpo_eval.study.verdicts import run_level
+    from pcpo_eval.studydir import StudyLayout
+
+    res = run_level(sp, StudyLayout(tmp_path / "study"))
+    assert "Settings not checked: 4 run(s)" in res["headline"] and sp.unchecked_caveats[0] in res["verdict_notes"]
     # imported with --reward: the reward it was trained on is compared like a trained run's
     for s in (0, 1):
         configs[("DDPO", s)]["reward"] = "hps"
