@@ -376,7 +376,7 @@ def rater_level(dec: pd.DataFrame, a: str) -> dict[str, Any]:
     if k < 2:
         return out | {"p": None, "mean_win_rate": float(rates.mean()) if k else None, "sd": None, "se": None,
                       "df": None, "t": None, "reason": f"{k} rater(s) with decisive answers: needs at least 2"}
-    from pcpo_eval.stats.runlevel import trimmed_paired_interval  # the one-sample t's home (imports scipy)
+    from pcpo_eval.stats.ttest import trimmed_paired_interval  # the one-sample t's home (imports scipy)
 
     mean, sd = float(rates.mean()), float(rates.std(ddof=1))
     ci = trimmed_paired_interval(rates.to_numpy() - 0.5, trim=0.0, alpha=ALPHA)

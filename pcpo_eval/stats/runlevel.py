@@ -75,6 +75,7 @@ from pcpo_eval.stats.permutation import (
 )
 from pcpo_eval.stats.power import mde as _mde
 from pcpo_eval.stats.speedup import ONE_RUN_PER_ARM, check_curve, moving_average
+from pcpo_eval.stats.ttest import trimmed_paired_interval, trimmed_t_interval, yuen_parts
 
 # ---------------------------------------------------------------------------------------------
 # per-run quantities
@@ -260,67 +261,6 @@ def performance_profile(
 
 
 @dataclass(frozen=True)
-class TInterval:
-    """CI for a difference of (trimmed) means: estimate +- q * se, q = t_{df, 1-alpha/2} (nan without spread)."""
-
-    estimate: float
-    low: float
-    high: float
-    se: float
-    df: float
-    q: float = math.nan
-
-    @property
-    def p(self) -> float:
-        """Two-sided p of the t statistic behind the interval; nan without spread."""
-        if self.se == 0.0 or not math.isfinite(self.df):
-            return math.nan
-        return 2 * float(scipy.stats.t.sf(abs(self.estimate) / self.se, self.df))
-
-
-def _yuen_parts(x: np.ndarray, trim: float) -> tuple[float, float, int]:
-    """Trimmed mean, squared standard error d = (n-1) s_w^2 / (h (h-1)), and h = n - 2g (Yuen 1974)."""
-    n = x.size
-    g = int(trim * n)  # as scipy.stats.trim_mean / ttest_ind(trim=...)
-    s = np.sort(x)
-    w = np.clip(s, s[g], s[n - g - 1])  # winsorised sample
-    h = n - 2 * g
-    return float(s[g : n - g].mean()), float((n - 1) * np.var(w, ddof=1) / (h * (h - 1))), h
-
-
-def trimmed_t_interval(
-    baseline: np.ndarray, treatment: np.ndarray, *, trim: float, alpha: float
-) -> TInterval:
-    """Welch (trim=0) or Yuen-Welch (trim>0) interval for treatment - baseline.
-
-    se^2 = d_t + d_b; df = (d_t + d_b)^2 / (d_t^2/(h_t-1) + d_b^2/(h_b-1)) (Welch-Satterthwaite);
-    the same numbers as ``scipy.stats.ttest_ind(t, b, equal_var=False, trim=trim)``.
-    """
-    mb, db, hb = _yuen_parts(np.asarray(baseline, dtype=np.float64), trim)
-    mt, dt, ht = _yuen_parts(np.asarray(treatment, dtype=np.float64), trim)
-    se = math.sqrt(dt + db)
-    est = mt - mb
-    if se == 0.0:
-        return TInterval(est, est, est, 0.0, math.nan)
-    df = (dt + db) ** 2 / (dt**2 / (ht - 1) + db**2 / (hb - 1))
-    q = float(scipy.stats.t.ppf(1 - alpha / 2, df))
-    return TInterval(est, est - q * se, est + q * se, se, df, q)
-
-
-def trimmed_paired_interval(diffs: np.ndarray, *, trim: float, alpha: float) -> TInterval:
-    """One-sample (trimmed) t interval for the mean per-seed difference: the paired t interval
-    (trim=0), or Tukey-McLaughlin's trimmed-mean interval on the differences (trim>0) with
-    ``se^2 = d`` of :func:`_yuen_parts` and ``h - 1`` df."""
-    m, d, h = _yuen_parts(np.asarray(diffs, dtype=np.float64), trim)
-    se = math.sqrt(d)
-    if se == 0.0:
-        return TInterval(m, m, m, 0.0, math.nan)
-    df = float(h - 1)
-    q = float(scipy.stats.t.ppf(1 - alpha / 2, df))
-    return TInterval(m, m - q * se, m + q * se, se, df, q)
-
-
-@dataclass(frozen=True)
 class Comparison:
     """Treatment vs baseline over runs (see the module docstring for the methods).
 
@@ -407,14 +347,14 @@ def no_spread_difference(baseline: np.ndarray, treatment: np.ndarray, paired: bo
 def trimmed_mde(baseline: np.ndarray, treatment: np.ndarray, *, paired: bool, trim: float, alpha: float) -> float | None:
     """MDE (80% power) of the test :func:`compare_runs` runs: the (trimmed) t with the interval's own SE
     and df. Paired: Tukey-McLaughlin's ``se^2 = d`` of the differences and ``h - 1`` df; unpaired: Yuen's
-    ``d_b``, ``d_t`` with Welch df over ``h_b - 1``, ``h_t - 1`` (:func:`_yuen_parts`). Passed to
+    ``d_b``, ``d_t`` with Welch df over ``h_b - 1``, ``h_t - 1`` (:func:`yuen_parts`). Passed to
     :func:`pcpo_eval.stats.power.mde` as an SD ``sqrt(d h)`` over ``h`` runs, which gives exactly that
     SE and df; ``trim=0`` is the plain paired / Welch t (``d = s^2 / n``, ``h = n``)."""
     if paired:
-        _, d, h = _yuen_parts(np.asarray(treatment, dtype=np.float64) - np.asarray(baseline, dtype=np.float64), trim)
+        _, d, h = yuen_parts(np.asarray(treatment, dtype=np.float64) - np.asarray(baseline, dtype=np.float64), trim)
         return _mde(math.sqrt(d * h), h, paired=True, alpha=alpha)
-    _, db, hb = _yuen_parts(np.asarray(baseline, dtype=np.float64), trim)
-    _, dt, ht = _yuen_parts(np.asarray(treatment, dtype=np.float64), trim)
+    _, db, hb = yuen_parts(np.asarray(baseline, dtype=np.float64), trim)
+    _, dt, ht = yuen_parts(np.asarray(treatment, dtype=np.float64), trim)
     return _mde(math.sqrt(db * hb), hb, sd_t=math.sqrt(dt * ht), n_t=ht, paired=False, alpha=alpha)
 
 

@@ -429,10 +429,10 @@ def constant_difference_p(n_b: int, n_t: int, paired: bool) -> float:
 
 def _t_test(vb: np.ndarray, vt: np.ndarray, paired: bool, alpha: float) -> tuple[float, float, float, float, float]:
     """(p, df, q, sd_b, sd_t) of the t test of mean(b) - mean(t) = 0 (paired t, else Welch's; one home:
-    :func:`pcpo_eval.stats.runlevel.trimmed_t_interval` at no trim); sd_b = sd_t is the SD of the
+    :func:`pcpo_eval.stats.ttest.trimmed_t_interval` at no trim); sd_b = sd_t is the SD of the
     differences when paired."""
-    # here, not at import: runlevel imports scipy, and ``import pcpo_eval.stats`` (every CLI start) stays scipy-free
-    from pcpo_eval.stats.runlevel import trimmed_paired_interval, trimmed_t_interval
+    # here, not at import: ttest imports scipy, and ``import pcpo_eval.stats`` (every CLI start) stays scipy-free
+    from pcpo_eval.stats.ttest import trimmed_paired_interval, trimmed_t_interval
 
     if paired:
         ci = trimmed_paired_interval(vb - vt, trim=0.0, alpha=alpha)

@@ -152,11 +152,16 @@ def test_study_spec_with_weighted_reward(tmp_path, plugin):
 
     spec = yaml.safe_load((Path(__file__).parents[2] / "analysis" / "toy_study.yaml").read_text())
     spec["train"]["overrides"]["reward"] = {"toy_aesthetic": 0.7, f"{plugin}:redness": 0.3}
-    spec["design"]["algorithm"]["PCPO"]["reward"] = {"toy_aesthetic": 0.5, "toy_alignment": 0.5}
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec))
     sp = load_spec(tmp_path / "s.yaml")  # checks every component's weights backends (a dict is not hashable)
     rewards = {json.dumps(r.train.reward, sort_keys=True) for r in sp.runs}
-    assert len(rewards) == 2
+    assert rewards == {json.dumps({"toy_aesthetic": 0.7, f"{plugin}:redness": 0.3}, sort_keys=True)}
+    # a level of the compared factor with another weighted reward: two reward scales, refused by name
+    other = {**spec, "design": {"algorithm": {**spec["design"]["algorithm"], "PCPO": {
+        **spec["design"]["algorithm"]["PCPO"], "reward": {"toy_aesthetic": 0.5, "toy_alignment": 0.5}}}}}
+    (tmp_path / "two.yaml").write_text(yaml.safe_dump(other))
+    with pytest.raises(UserError, match=r"trained on different reward \(DDPO \{'toy_aesthetic': 0.7"):
+        load_spec(tmp_path / "two.yaml")
     (tmp_path / "bad.yaml").write_text(textwrap.dedent(yaml.safe_dump({**spec, "train": {"overrides": {
         **spec["train"]["overrides"], "reward": {"toy_aesthetic": "x"}}}})))
     with pytest.raises(UserError, match="reward weight 'toy_aesthetic'"):

@@ -18,7 +18,6 @@ from pcpo_eval.errors import UserError
 from pcpo_eval.stats.power import mde, welch_power
 from pcpo_eval.stats.runlevel import (
     ONE_RUN_PER_ARM,
-    _yuen_parts,
     auc,
     compare_runs,
     degenerate_reason,
@@ -33,6 +32,7 @@ from pcpo_eval.stats.runlevel import (
     stratified_bootstrap_ci,
     trimmed_paired_interval,
     trimmed_t_interval,
+    yuen_parts,
 )
 
 ALPHA = 0.05
@@ -360,8 +360,8 @@ def test_iqm_mde_is_the_trimmed_tests():
             assert power == pytest.approx(0.8, abs=1e-6)
         else:  # Yuen-Welch: its SE and df are estimated, so the noncentral t at the interval's df overstates
             # its power (stats.power.welch_power); the MDE is Welch's own over the trimmed arms' SE and h
-            _, db, hb = _yuen_parts(b, 0.25)
-            _, dt, ht = _yuen_parts(t, 0.25)
+            _, db, hb = yuen_parts(b, 0.25)
+            _, dt, ht = yuen_parts(t, 0.25)
             assert welch_power(c.mde, math.sqrt(db * hb), hb, math.sqrt(dt * ht), ht) == pytest.approx(0.8, abs=1e-3)
             assert power > 0.8
     assert compare_runs(b, t, "iqm", n_boot=10, rng=rng, paired=True).mde < 0.3
