@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +82,58 @@ def _check_distinct_runs(baseline: list[str], pcpo: list[str]) -> None:
             raise UserError(f"{name} has the same curves as {curves[fp]} (every epoch's reward and control): one "
                             "run copied or imported twice would count as two seeds; give each seed's own run once")
         curves[fp] = name
+
+
+def _recorded_settings(log: str) -> dict[str, Any] | None:
+    """A run folder's ``config.yaml`` with the images per epoch its log records (None: a bare log file, or a
+    folder without a readable config)."""
+    from pcpo_eval.rundir import config_path, logged_images_per_epoch
+    from pcpo_eval.stats.comparability import IMAGES_LOGGED
+    from pcpo_eval.train.checkpoints import load_run_config
+
+    if not Path(log).is_dir() or not config_path(log).is_file():
+        return None
+    try:
+        cfg = dict(load_run_config(log))
+    except UserError:
+        return None
+    if (logged := logged_images_per_epoch(log)) is not None:
+        cfg[IMAGES_LOGGED] = logged
+    return cfg
+
+
+def _comparability_notes(baseline: list[str], pcpo: list[str], *, epochs: bool = True,
+                         unequal_epochs_ok: bool = False, label: str = "--baseline and --pcpo") -> list[str]:
+    """What a study checks before it compares runs (:mod:`pcpo_eval.stats.comparability`), for the runs a
+    command is given: one reward (refused otherwise), one epoch size (refused unless ``unequal_epochs_ok``,
+    then a note), and a note naming what could not be checked. Before, ``speedup`` compared a doubled reward
+    (+63%, p 0.026) and twice the images per epoch (+63%, p 0.004) between two sets of DDPO runs."""
+    from pcpo_eval.stats.comparability import (
+        epoch_unit_problems,
+        reward_problems,
+        unchecked_settings,
+        unchecked_text,
+    )
+
+    given = [("baseline", b) for b in baseline] + [("PCPO", t) for t in pcpo]
+    settings = [(arm, log, _recorded_settings(log)) for arm, log in given]
+    runs = [(arm, log, cfg) for arm, log, cfg in settings if cfg is not None]
+    if problems := reward_problems(None, runs, label, fix="compare runs trained on one reward"):
+        raise UserError(problems[0])
+    notes = []
+    if epochs:
+        found = epoch_unit_problems(None, runs, "baseline", "PCPO", "the algorithm", fix=(
+            "compare runs with one epoch size, or pass --unequal-epochs-ok to compare per epoch anyway (the output "
+            "then says so)"))
+        if found and not unequal_epochs_ok:
+            raise UserError(found[0])
+        notes += [f.split("): ", 1)[0] + "): every row compares per epoch (--unequal-epochs-ok), so a difference "
+                  "may be the extra samples or compute, not the algorithm" for f in found]
+    unchecked = unchecked_settings(runs) if epochs else {}
+    bare = [log for _, log, cfg in settings if cfg is None]
+    if unchecked or bare:
+        notes.append(unchecked_text(unchecked, bare))
+    return notes
 
 
 def _check_finite_logs(logs: list[str], curve: str) -> None:
@@ -186,6 +239,9 @@ def speedup_cmd(
     ),
     output: str = typer.Option(None, "--output", "-o", help="Also write the JSON result to this file."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a markdown table."),
+    unequal_epochs_ok: bool = typer.Option(
+        False, "--unequal-epochs-ok", help="Compare runs whose epochs differ in images sampled or optimizer steps "
+        "(per epoch; the output says so)."),
 ) -> None:
     """Epochs to reach each target and PCPO's speed-up (E_base / E_pcpo - 1) with a 95% CI, p and power."""
     from pcpo_eval.stats.speedup import speedup_table
@@ -196,9 +252,11 @@ def speedup_cmd(
     _check_targets(target)
     _check_finite_logs([*baseline, *pcpo], curve)
     _check_distinct_runs(baseline, pcpo)
+    notes = _comparability_notes(baseline, pcpo, unequal_epochs_ok=unequal_epochs_ok)
     if paired and len(baseline) == len(pcpo):
         _check_pairs(baseline, pcpo)
     tab = speedup_table(baseline, pcpo, target, window, not lower_is_better, paired=paired, curve=curve)
+    tab = replace(tab, notes=(*tab.notes, *notes))
     js = dumps(tab.to_dict())
     _write(output, js)
     typer.echo(js if as_json else tab.to_markdown())
@@ -225,6 +283,8 @@ def select_cmd(
 
     _check_outputs([*run_dirs, *([matched_to] if matched_to else [])], output=output)
     _check_targets([target])
+    if matched_to:  # matched on one reward scale: the PCPO run's reward level is the other runs' target
+        _comparability_notes(run_dirs, [matched_to], epochs=False, label="the runs and --matched-to")
     sel = select_checkpoints(run_dirs, target, window, matched_to, on)
     js = dumps(sel.to_dict())
     _write(output, js)

@@ -33,8 +33,8 @@ from pcpo_eval.io import (
 from pcpo_eval.metricsdir import metrics_path
 from pcpo_eval.progress import echo, progress_bar
 from pcpo_eval.rundir import META_FILE, log_path
+from pcpo_eval.stats.comparability import same_value
 from pcpo_eval.stats.speedup import unreachable_targets
-from pcpo_eval.study.comparability import same_value
 from pcpo_eval.study.spec import STAGES, StudySpec, _safe_name, load_spec
 from pcpo_eval.studydir import RUNS_DIR, SPEC_COPY_FILE, STATE_FILE, StudyLayout, write_results
 

@@ -35,17 +35,18 @@ from pcpo_eval.io import read_yaml_mapping
 from pcpo_eval.metrics.base import METRICS, PREFERENCE_METRICS, per_prompt_problem
 from pcpo_eval.rewards import required_backends
 from pcpo_eval.rundir import checkpoints_root, curve_fingerprint, load_log, log_path, logged_images_per_epoch
-from pcpo_eval.stats.formula import parse_lmm_formula
-from pcpo_eval.stats.select import MATCH_ON
-from pcpo_eval.stats.speedup import SMOOTHING_WINDOW, unreachable_targets
-from pcpo_eval.stats.verdict import quantity_name
-from pcpo_eval.study.comparability import (
+from pcpo_eval.stats.comparability import (
     IMAGES_LOGGED,
     epoch_unit_problems,
     existing_run_problems,
     reward_problems,
     unchecked_settings,
+    unchecked_text,
 )
+from pcpo_eval.stats.formula import parse_lmm_formula
+from pcpo_eval.stats.select import MATCH_ON
+from pcpo_eval.stats.speedup import SMOOTHING_WINDOW, unreachable_targets
+from pcpo_eval.stats.verdict import quantity_name
 from pcpo_eval.study.retention import epoch_maps, retention_problems
 from pcpo_eval.study.sections import GridSpec, PreferenceSpec, parse_epoch_map, parse_grids, parse_preferences
 from pcpo_eval.train.config import TrainConfig, config_from_dict, read_config_file
@@ -161,7 +162,7 @@ class StudySpec:
     grids: tuple[GridSpec, ...] = ()
     #: the compared arms differ in what one epoch is (images sampled, optimizer steps), allowed by
     #: ``unequal_epochs_ok: true``: each difference in words, for the verdict's notes and headline
-    #: (:func:`~pcpo_eval.study.comparability.epoch_unit_problems`)
+    #: (:func:`~pcpo_eval.stats.comparability.epoch_unit_problems`)
     epoch_caveats: tuple[str, ...] = ()
     #: runs whose settings could not be compared (they record too few: an imported run), in words
     unchecked_caveats: tuple[str, ...] = ()
@@ -560,7 +561,7 @@ def _cell_of(run: RunSpec, compare: str) -> str:
 
 def _check_existing_settings(runs: Sequence[RunSpec], factors: Factors, compare: str, problems: list[str]) -> None:
     """Existing run directories (``runs:``) must be trained as listed (seed, level overrides) and differ from
-    the other runs of their cell only in what the compared factor's levels declare (:mod:`.comparability`)."""
+    the other runs of their cell only in what the compared factor's levels declare (:mod:`pcpo_eval.stats.comparability`)."""
     if not any(r.run_dir for r in runs):
         return
     declared = {k for ov in factors.get(compare, {}).values() for k in ov}
@@ -569,7 +570,7 @@ def _check_existing_settings(runs: Sequence[RunSpec], factors: Factors, compare:
 
 
 def _check_one_reward(runs: Sequence[RunSpec], compare: str, problems: list[str]) -> None:
-    """Every run of a comparison cell, trained or existing, on one reward (:func:`.comparability.reward_problems`)."""
+    """Every run of a comparison cell, trained or existing, on one reward (:func:`pcpo_eval.stats.comparability.reward_problems`)."""
     by_cell: dict[str, list[tuple[str, str, dict[str, Any]]]] = {}
     for r in runs:
         if (cfg := _run_settings(r)) is not None:
@@ -587,7 +588,7 @@ def recorded_input_problems(spec: StudySpec, run_dir_of: Callable[[RunSpec], Pat
     study's own runs record what they read. A cell none of whose runs has a record yet is not compared.
     """
     from pcpo_eval.rundir import inputs_path
-    from pcpo_eval.study.comparability import cell_problems
+    from pcpo_eval.stats.comparability import cell_problems
 
     factors, _ = _parse_design(spec.raw.get("design"), Path(spec.source).parent, [])
     compare = spec.compare_factor
@@ -606,9 +607,9 @@ def recorded_input_problems(spec: StudySpec, run_dir_of: Callable[[RunSpec], Pat
 def _check_epoch_units(runs: Sequence[RunSpec], compare: _Compare, top: dict[str, Any],
                        problems: list[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """Arms of a cell that differ in images sampled or optimizer steps per epoch (trained and existing runs,
-    :func:`~pcpo_eval.study.comparability.epoch_unit_problems`): spec problems, or with
+    :func:`~pcpo_eval.stats.comparability.epoch_unit_problems`): spec problems, or with
     ``unequal_epochs_ok: true`` the caveats the verdict prints; and the caveat for runs whose settings could
-    not be compared (:func:`~pcpo_eval.study.comparability.unchecked_settings`)."""
+    not be compared (:func:`~pcpo_eval.stats.comparability.unchecked_settings`)."""
     ok = top.get("unequal_epochs_ok", False)
     if not isinstance(ok, bool):
         problems.append(f"unequal_epochs_ok must be true or false, got {ok!r}")
@@ -624,22 +625,11 @@ def _check_epoch_units(runs: Sequence[RunSpec], compare: _Compare, top: dict[str
     found = [t for cell, members in by_cell.items()
              for t in epoch_unit_problems(cell, members, compare.baseline, compare.pcpo, compare.factor)]
     unchecked = {name: miss for members in by_cell.values() for name, miss in unchecked_settings(members).items()}
-    said = (_unchecked_text(unchecked),) if unchecked else ()
+    said = (unchecked_text(unchecked),) if unchecked else ()
     if not ok:
         problems += found
         return (), said
     return tuple(t.split("): ", 1)[0] + ")" for t in found), said
-
-
-def _unchecked_text(unchecked: dict[str, list[str]]) -> str:
-    """The caveat of :func:`_check_epoch_units` for runs whose settings could not be compared."""
-    names = sorted(unchecked)
-    items = list(dict.fromkeys(m for name in names for m in unchecked[name]))
-    shown = ", ".join(items[:6]) + (f" and {len(items) - 6} more" if len(items) > 6 else "")
-    who = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
-    return (f"settings not checked: {len(names)} run(s) ({who}) record no {shown}, so the arms may differ in them "
-            "unseen (an imported run's config.yaml holds its model, objective and reward only); add the settings "
-            "each run was trained with to its config.yaml (a total batch as paper_total_batch)")
 
 
 def _parse_targets(top: dict[str, Any], runs: Sequence[RunSpec], problems: list[str]) -> tuple[list[float], float, int]:

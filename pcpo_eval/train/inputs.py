@@ -18,7 +18,7 @@ entry: the name is their identity.
 
 A study compares runs' file-valued settings through :func:`file_settings`, which turns each into a
 :class:`FileSetting`: two runs used the same input when their digests agree (both recorded), else
-when their resolved paths agree, else when their texts agree (``pcpo_eval.study.comparability``).
+when their resolved paths agree, else when their texts agree (``pcpo_eval.stats.comparability``).
 A run from before ``inputs.json`` has only its text, resolved against the working directory when
 that finds the file (its content then is unknown); its ``init_from.json`` still gives the digest
 of the weights it started from.

@@ -397,7 +397,7 @@ def test_runs_trained_on_more_processes_are_refused_by_their_logged_images(tmp_p
     epochs sampled twice the images, which only their logs' ``images`` column says (the trainer writes it)."""
     import pandas as pd
 
-    from pcpo_eval.study.comparability import IMAGES_LOGGED, epoch_budget
+    from pcpo_eval.stats.comparability import IMAGES_LOGGED, epoch_budget
 
     assert epoch_budget({"sample_batch_size": 8, "sample_batches_per_epoch": 2, IMAGES_LOGGED: 32})["images"] == 32
     per = {"sample_batch_size": 8, "sample_batches_per_epoch": 2}

@@ -576,7 +576,7 @@ def test_arms_on_two_rewards_are_refused(tmp_path, levels):
 
 
 def test_one_reward_by_name_or_as_a_sum_of_one_is_one_reward():
-    from pcpo_eval.study.comparability import reward_problems
+    from pcpo_eval.stats.comparability import reward_problems
 
     runs = [("A", "a0", {"reward": "toy_aesthetic", "reward_options": {"device": "cuda:1"}}),
             ("B", "b0", {"reward": {"toy_aesthetic": 1.0}, "reward_options": {"device": "cpu"}})]
@@ -588,7 +588,7 @@ def test_one_reward_by_name_or_as_a_sum_of_one_is_one_reward():
 def test_epoch_budget_reads_what_a_config_records():
     """Images and optimizer steps per epoch from a run's settings; an imported run records neither, and the
     updates part is compared on its own."""
-    from pcpo_eval.study.comparability import epoch_budget, epoch_unit_problems
+    from pcpo_eval.stats.comparability import epoch_budget, epoch_unit_problems
 
     assert epoch_budget({"sample_batch_size": 16, "sample_batches_per_epoch": 2, "gradient_updates": 2,
                          "num_inner_epochs": 1}) == {"images": 32, "updates": 2}

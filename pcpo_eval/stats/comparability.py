@@ -139,6 +139,22 @@ def unchecked_settings(runs: Sequence[tuple[str, str, dict[str, Any]]]) -> dict[
     return out
 
 
+def unchecked_text(unchecked: dict[str, list[str]], bare: Sequence[str] = ()) -> str:
+    """The caveat for runs whose settings could not be compared (:func:`unchecked_settings`), and for ``bare``
+    logs given without their run folder (no ``config.yaml`` at all)."""
+    names = sorted(unchecked)
+    items = list(dict.fromkeys(m for name in names for m in unchecked[name]))
+    shown = ", ".join(items[:6]) + (f" and {len(items) - 6} more" if len(items) > 6 else "")
+    who = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+    parts = [f"{len(names)} run(s) ({who}) record no {shown}"] if names else []
+    if bare:
+        parts.append(f"{len(bare)} log(s) ({', '.join(list(bare)[:3])}{', ...' if len(bare) > 3 else ''}) come without "
+                     "their run folder's config.yaml (reward, epoch size, settings)")
+    return (f"settings not checked: {'; '.join(parts)}, so the arms may differ in them unseen (an imported run's "
+            "config.yaml holds its model, objective and reward only); add the settings each run was trained with to "
+            "its config.yaml (a total batch as paper_total_batch)" + ("" if not bare else ", and give run folders"))
+
+
 #: settings that define the reward every row of the verdict compares; the arms may never differ in them
 REWARD_KEYS = ("reward", "reward_options")
 #: ``reward_options`` keys that say where the reward runs, not what it scores
@@ -154,42 +170,47 @@ def _reward_setting(cfg: dict[str, Any], key: str) -> Any:
     return v
 
 
-def reward_problems(cell: str, runs: Sequence[tuple[str, str, dict[str, Any]]], compare: str) -> list[str]:
+def reward_problems(cell: str | None, runs: Sequence[tuple[str, str, dict[str, Any]]], compare: str, *,
+                    fix: str | None = None) -> list[str]:
     """Where the runs of one cell (``(arm, run name, settings)`` each; trained or existing) were trained on
     different rewards, declared by a level of the compared factor or not: every row of the verdict (paired
     gain, speed-ups to reward targets, final reward, AUC) compares rewards, so two rewards are two scales.
     A PCPO level that set ``reward: {toy_aesthetic: 2.0}`` (the same reward doubled, learning exactly the same)
     had a significantly higher paired gain (+0.042, p = 0.029, 5 seeds) and its scale was reported as a
-    sampler offset; on one scale its gain was lower (p = 0.005)."""
+    sampler offset; on one scale its gain was lower (p = 0.005). ``cell``: the study's cell (None: a command's
+    runs, no cell); ``fix``: the advice (default: a study spec's)."""
+    where = "" if cell is None else f"in cell {cell}, "
     out = []
     for key in REWARD_KEYS:
         if _differing([(arm, name, {key: _reward_setting(cfg, key)}) for arm, name, cfg in runs if key in cfg],
                       key) is not None:
             diff = _differing(runs, key)  # as the configs spell them
             assert diff is not None
-            out.append(f"in cell {cell}, the runs are trained on different {key} ({_values_text(diff)}): every row "
+            advice = fix or f"set {key} once for the study (under train: or in its train config), not per level"
+            out.append(f"{where}the runs are trained on different {key} ({_values_text(diff)}): every row "
                        f"compares rewards (paired gain, speed-ups, final reward), so runs on two rewards put the arms "
-                       f"of {compare} on two scales (a reward doubled doubles every gain); set {key} once for the "
-                       "study (under train: or in its train config), not per level")
+                       f"of {compare} on two scales (a reward doubled doubles every gain); {advice}")
     return out
 
 
-def epoch_unit_problems(cell: str, runs: Sequence[tuple[str, str, dict[str, Any]]], baseline: str, pcpo: str,
-                        compare: str) -> list[str]:
+def epoch_unit_problems(cell: str | None, runs: Sequence[tuple[str, str, dict[str, Any]]], baseline: str, pcpo: str,
+                        compare: str, *, fix: str | None = None) -> list[str]:
     """Where the compared arms of one cell differ in what one epoch is (:func:`epoch_budget`), one text per
     part: the verdict's epochs would then be unequal amounts of sampling or compute. ``runs``: (arm, run
-    name, settings) per run; a run that does not record a part is not compared on it."""
+    name, settings) per run; a run that does not record a part is not compared on it. ``fix``: the advice
+    (default: a study spec's)."""
     out = []
     for part, (what, keys) in EPOCH_PARTS.items():
         vals = {arm: sorted({b for a, _, cfg in runs if a == arm and (b := epoch_budget(cfg)[part]) is not None})
                 for arm in (baseline, pcpo)}
         if vals[baseline] and vals[pcpo] and vals[baseline] != vals[pcpo]:
             shown = {arm: " / ".join(map(str, v)) for arm, v in vals.items()}
-            out.append(f"in cell {cell}, the arms differ in {what} ({pcpo} {shown[pcpo]}, {baseline} {shown[baseline]}; "
+            advice = fix or (f"give both levels of {compare} one {keys.split(' (')[0]}, or set unequal_epochs_ok: "
+                             "true to compare per epoch anyway (the headline then says so)")
+            out.append(f"{'' if cell is None else f'in cell {cell}, '}the arms differ in {what} ({pcpo} {shown[pcpo]}, {baseline} {shown[baseline]}; "
                        f"{keys}): the verdict counts epochs, so a speed-up in epochs (and the gain, final reward and "
-                       f"AUC at equal epochs) would count the extra samples or compute of one arm as an effect of {compare}; give both "
-                       f"levels of {compare} one {keys.split(' (')[0]}, or set unequal_epochs_ok: true to compare "
-                       "per epoch anyway (the headline then says so)")
+                       f"AUC at equal epochs) would count the extra samples or compute of one arm as an effect of "
+                       f"{compare}; {advice}")
     return out
 
 
@@ -262,7 +283,7 @@ def cell_problems(cell: str, runs: Sequence[tuple[str, str, dict[str, Any], bool
 def existing_run_problems(runs: Sequence[Any], compare: str, declared: set[str], cell_of: Callable[[Any], str],
                           settings_of: Callable[[Any], dict[str, Any] | None],
                           overrides_of: Callable[[Any], dict[str, Any]] = lambda r: r.overrides) -> list[str]:
-    """Every problem of :mod:`this module <pcpo_eval.study.comparability>` over the spec's runs.
+    """Every problem of :mod:`this module <pcpo_eval.stats.comparability>` over the spec's runs.
 
     ``settings_of(run)`` is the run's resolved train config (a trained run) or its ``config.yaml``
     (an existing run; None when unreadable, reported elsewhere), file-valued settings as

@@ -1,0 +1,67 @@
+"""The standalone ``speedup`` and ``select --matched-to`` check what a study checks before it compares runs
+(:mod:`pcpo_eval.stats.comparability`): one reward, one epoch size, and they name what they could not check.
+Before, both compared two sets of DDPO runs, one on a doubled reward (+63%, p 0.026) or at twice the images
+per epoch (+63%, p 0.004), without a word."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.support.cli import rejected
+from tests.support.study import write_run
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
+BASE = {"model": "toy", "objective": "ppo_clip", "reward": "toy_aesthetic", "sample_batch_size": 4,
+        "sample_batches_per_epoch": 2, "gradient_updates": 2, "num_inner_epochs": 1, "learning_rate": 3e-4}
+
+
+def _runs(box: Path, pcpo: dict) -> tuple[list[str], list[str]]:
+    b, t = [], []
+    for s in range(3):
+        write_run(box / f"b{s}", 12, 0.05, 4, rng_key=f"b{s}", config={**BASE, "seed": s})
+        write_run(box / f"t{s}", 12, 0.05, 4, rng_key=f"t{s}", config={**BASE, "seed": s, "objective": "pcpo", **pcpo})
+        b.append(str(box / f"b{s}"))
+        t.append(str(box / f"t{s}"))
+    return b, t
+
+
+def _speedup(b: list[str], t: list[str], *extra: str) -> list[str]:
+    return ["speedup", *(a for x in b for a in ("--baseline", x)), *(a for x in t for a in ("--pcpo", x)),
+            "--target", "0.3", "--curve", "gain", "--paired", *extra]
+
+
+def test_two_rewards_are_refused_by_speedup_and_select(cli, box):
+    b, t = _runs(box, {"reward": {"toy_aesthetic": 2.0}})
+    rejected(cli, box, *_speedup(b, t), needles=["the runs are trained on different reward (baseline 'toy_aesthetic'; "
+                                                 "PCPO {'toy_aesthetic': 2.0})", "compare runs trained on one reward"])
+    rejected(cli, box, "select", *b, "--target", "0.2", "--on", "gain", "--matched-to", t[0],
+             needles=["trained on different reward", "the runs and --matched-to"])
+
+
+def test_another_epoch_size_is_refused_or_said(cli, box):
+    b, t = _runs(box, {"sample_batches_per_epoch": 4})
+    rejected(cli, box, *_speedup(b, t), needles=["the arms differ in images sampled per epoch (PCPO 16, baseline 8",
+                                                 "--unequal-epochs-ok"])
+    res = cli(*_speedup(b, t, "--unequal-epochs-ok", "--json"))
+    assert res.returncode == 0, res.stderr
+    notes = json.loads(res.stdout)["notes"]
+    assert any(n.startswith("the arms differ in images sampled per epoch (PCPO 16, baseline 8") and
+               "may be the extra samples or compute" in n for n in notes), notes
+
+
+def test_what_could_not_be_checked_is_said(cli, box):
+    b, t = _runs(box, {})
+    res = cli(*_speedup(b, t, "--json"))
+    assert res.returncode == 0, res.stderr
+    assert not json.loads(res.stdout)["notes"]  # full configs, one reward and epoch size: nothing to say
+    for s in range(3):  # an imported run records its model, objective and reward only
+        (Path(t[s]) / "config.yaml").write_text("model: toy\nobjective: pcpo\nreward: toy_aesthetic\n")
+    res = cli(*_speedup(b, [str(Path(x) / "log.parquet") for x in t[:2]] + [t[2]], "--json"))
+    assert res.returncode == 0, res.stderr
+    (note,) = json.loads(res.stdout)["notes"]
+    assert note.startswith("settings not checked: 1 run(s) (") and "record no images sampled per epoch" in note
+    assert "2 log(s) (" in note and "come without their run folder's config.yaml" in note
