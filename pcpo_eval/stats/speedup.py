@@ -645,6 +645,10 @@ class SpeedupTable:
     #: what limits the comparison: logs cut to the shortest one (:func:`cut_note`), a raw-reward table
     #: without the paired control, which then has no p (:func:`no_control_note`)
     notes: tuple[str, ...] = ()
+    #: the targets are reached from below (False: ``--lower-is-better``, from above)
+    higher_is_better: bool = True
+    #: the test level of every row (Holm over the targets at this level)
+    alpha: float = 0.05
 
     @property
     def family_size(self) -> int:
@@ -654,7 +658,8 @@ class SpeedupTable:
     def to_dict(self) -> dict[str, Any]:
         """JSON shape of ``pcpo-eval speedup --json``."""
         holm = self.p_holm or (None,) * len(self.rows)
-        return {"window": self.window, "curve": self.curve, "baseline_runs": list(self.baseline_names),
+        return {"window": self.window, "curve": self.curve, "higher_is_better": self.higher_is_better,
+                "alpha": self.alpha, "baseline_runs": list(self.baseline_names),
                 "pcpo_runs": list(self.pcpo_names), "family_size": self.family_size, "notes": list(self.notes),
                 "targets": [r.to_dict() | {"p_holm": h, "significant_holm": h is not None and h < r.alpha}
                             for r, h in zip(self.rows, holm, strict=True)]}
@@ -663,7 +668,8 @@ class SpeedupTable:
         """Target, restricted mean epochs per arm (censored runs), speed-up with CI, p, power."""
         paired = "paired by position (same seeds)" if self.rows and self.rows[0].paired else "unpaired (Welch)"
         lines = [f"Smoothing: trailing mean over a full window of {self.window} epochs; {len(self.baseline_names)} "
-                 f"baseline / {len(self.pcpo_names)} PCPO run(s), {paired}; curve: {self.curve}.",
+                 f"baseline / {len(self.pcpo_names)} PCPO run(s), {paired}; curve: {self.curve} "
+                 f"({'higher' if self.higher_is_better else 'lower'} is better; alpha {self.alpha:g}).",
                  "Epochs: Kaplan-Meier restricted mean to the last common epoch (runs that never reach the "
                  "target count as that epoch).", *(f"Note: {n}." for n in self.notes), "",
                  f"p: each target's own test; Holm p: adjusted over the {self.family_size} targets with a p (one "
@@ -772,7 +778,8 @@ def speedup_table(
             rows = tuple(without_test(r, note) for r in rows)
             notes.append(note)
     rows, p_holm = targets_family(rows, alpha)
-    return SpeedupTable(rows, window, tuple(n for n, _ in b), tuple(n for n, _ in p), curve, p_holm, tuple(notes))
+    return SpeedupTable(rows, window, tuple(n for n, _ in b), tuple(n for n, _ in p), curve, p_holm, tuple(notes),
+                        higher_is_better, alpha)
 
 
 def check_common_start(logs: Sequence[tuple[str, pd.DataFrame]]) -> None:

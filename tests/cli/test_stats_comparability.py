@@ -65,3 +65,18 @@ def test_what_could_not_be_checked_is_said(cli, box):
     (note,) = json.loads(res.stdout)["notes"]
     assert note.startswith("settings not checked: 1 run(s) (") and "record no images sampled per epoch" in note
     assert "2 log(s) (" in note and "come without their run folder's config.yaml" in note
+
+
+def test_speedup_output_records_the_direction_and_level(cli, box):
+    """``--lower-is-better`` changed every number but neither the JSON nor the table said so."""
+    b, t = _runs(box, {})
+    for flag, higher in (([], True), (["--lower-is-better"], False)):
+        args = _speedup(b, t, "--json", *flag)
+        if flag:
+            args[args.index("0.3")] = "-0.3"  # a gain target below 0 when lower is better
+        res = cli(*args)
+        assert res.returncode == 0, res.stderr
+        out = json.loads(res.stdout)
+        assert out["higher_is_better"] is higher and out["alpha"] == 0.05
+        table = cli(*[a for a in args if a != "--json"]).stdout
+        assert f"({'higher' if higher else 'lower'} is better; alpha 0.05)" in table
