@@ -34,6 +34,7 @@ For each run directory (``RUN/log.parquet`` + ``RUN/checkpoints/epoch_XXXX/check
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -63,8 +64,9 @@ class RunCheckpoint:
     #: the smoothed reward averages a full window (may count as reaching a target); False for the
     #: first ``window - 1`` logged epochs (validation points), whose average is partial
     full_window: bool = True
-    #: ``on="train"``: the paired untrained control's smoothed reward at this epoch over a full window
-    #: (None without the control or before a full window): a target it reaches needs no learning
+    #: ``on="train"``: the paired untrained control's highest smoothed reward over a full window at any
+    #: logged epoch up to this one (None without the control or before a full window): a target it reaches
+    #: needs no learning
     control: float | None = None
 
 
@@ -206,10 +208,24 @@ def _gain_checkpoints(run: Path, dirs: list[tuple[int, Path]], window: int) -> t
                  f"average, window {window}; reached over full windows only)")
 
 
+def _running_peak(values: dict[int, float], full: dict[int, bool]) -> dict[int, float]:
+    """Per logged epoch, the highest full-window value at any logged epoch up to it (epochs before the first
+    full window are left out)."""
+    out, best = {}, -math.inf
+    for ep in sorted(values):
+        if full.get(ep) and math.isfinite(values[ep]):
+            best = max(best, values[ep])
+        if best > -math.inf:
+            out[ep] = best
+    return out
+
+
 def control_reaches(cks: Sequence[RunCheckpoint], target: float, epoch: int | None) -> bool:
-    """Whether the run's paired untrained control reaches ``target`` (smoothed, full window) at a saved
-    checkpoint up to ``epoch`` (None: any): the sampler alone gets there, so a checkpoint matched to it
-    may not have learned anything (a frozen policy would be "matched" too)."""
+    """Whether the run's paired untrained control reaches ``target`` (smoothed, full window) at any logged
+    epoch up to ``epoch`` (None: any; :attr:`RunCheckpoint.control` is its peak so far): the sampler alone
+    gets there, so a checkpoint matched to it may not have learned anything (a frozen policy would be
+    "matched" too). Before, only the saved checkpoints' epochs were looked at: a control that reached the
+    target at epoch 15, between checkpoints 12 and 16, went unseen."""
     return any(c.control is not None and c.control >= target for c in cks if epoch is None or c.epoch <= epoch)
 
 
@@ -290,14 +306,14 @@ def run_checkpoints(run_dir: str | Path, window: int = SMOOTHING_WINDOW, on: str
         ctl, ctl_full = (trailing_by_epoch(epochs, log[CONTROL_COLUMN].to_numpy(np.float64), window)
                          if CONTROL_COLUMN in log.columns else ({}, {}))
         rw = dict(zip(log["epoch"].astype(int), log["reward_mean"].astype(float), strict=True))
+        peak = _running_peak(ctl, ctl_full)
         source = f"log.parquet (moving average, window {window}; a target is reached over full windows only)"
         for ep, d in dirs:
             if ep not in sm:
                 raise UserError(
                     f"run {run}: checkpoint epoch {ep} is not in log.parquet (epochs {min(sm)}..{max(sm)})"
                 )
-            c = float(ctl[ep]) if ctl_full.get(ep) else None
-            out.append(RunCheckpoint(str(run), ep, str(d), float(sm[ep]), float(rw[ep]), full[ep], c))
+            out.append(RunCheckpoint(str(run), ep, str(d), float(sm[ep]), float(rw[ep]), full[ep], peak.get(ep)))
     else:
         source = "checkpoint.json reward_mean (unsmoothed: no log.parquet)"
         for ep, d in dirs:

@@ -64,6 +64,20 @@ def test_control_reaches_counts_only_up_to_the_matched_epoch(tmp_path):
     assert select_checkpoints([rd], target=0.80, window=5).control_reaches == ()
 
 
+def test_a_control_that_reaches_the_target_between_checkpoints_is_seen(tmp_path):
+    """Checkpoints every 4 epochs: the control's full-window mean reaches 0.80 only at epoch 15 (between
+    checkpoints 12 and 16), and the run is matched at 16; before, only checkpoint epochs were looked at."""
+    control = np.full(20, 0.70)
+    control[10:16] = [0.9, 0.5, 0.9, 0.9, 0.9, 0.2]  # epochs 11..16: window means 0.70 at 12, 0.82 at 15, 0.68 at 16
+    rd = _run(tmp_path / "r", control + np.r_[np.zeros(11), np.full(9, 0.2)], control, every=4)
+    cks, _ = run_checkpoints(rd, window=5)
+    assert [c.epoch for c in cks] == [4, 8, 12, 16, 20]
+    assert all(c.control is None or c.control < 0.80 for c in cks if c.epoch <= 12)
+    assert control_reaches(cks, 0.80, 16)
+    sel = select_checkpoints([rd], target=0.80, window=5)
+    assert sel.choices[0].epoch == 16 and sel.control_reaches
+
+
 def test_gain_matching_without_the_control_is_one_clear_error(tmp_path):
     rd = _run(tmp_path / "r", np.linspace(0.5, 0.9, 10), None)
     with pytest.raises(UserError, match="logged no paired untrained control.*paired_control: true"):
