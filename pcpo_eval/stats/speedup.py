@@ -778,6 +778,10 @@ def speedup_table(
             rows = tuple(without_test(r, note) for r in rows)
             notes.append(note)
     rows, p_holm = targets_family(rows, alpha)
+    if curve == "reward" and all(c is not None for c in controls):
+        offset = sampler_offset_note(controls[:len(b)], controls[len(b):], rows, p_holm, paired=paired,  # type: ignore[arg-type]
+                                     higher_is_better=higher_is_better, alpha=alpha)
+        notes += [offset] if offset else []
     return SpeedupTable(rows, window, tuple(n for n, _ in b), tuple(n for n, _ in p), curve, p_holm, tuple(notes),
                         higher_is_better, alpha)
 
@@ -804,6 +808,35 @@ def cut_note(logs: Sequence[tuple[str, pd.DataFrame]]) -> str:
     return (f"compared over epochs up to {tau} only: {who} {'ends' if len(short) == 1 else 'end'} at epoch {tau} of "
             f"the longest log's {longest}, and every log is cut there (a hit after epoch {tau} counts as not "
             "reached); leave a crashed run out, or train it to the end")
+
+
+def sampler_offset_note(baseline_controls: Sequence[np.ndarray], pcpo_controls: Sequence[np.ndarray],
+                        rows: Sequence[Speedup], p_holm: Sequence[float | None], *, paired: bool,
+                        higher_is_better: bool, alpha: float) -> str:
+    """A note when a raw-reward speed-up found (Holm p < alpha) goes the way the arms' untrained samplers
+    differ: each run's mean control reward, PCPO's against the baseline's (paired t by seed, else Welch;
+    an offset of one sign in every pair, or with no overlap, counts too, as the study's sampler offset does).
+    The raw reward holds the sampler's level as well as learning; ``--curve gain`` measures learning alone.
+    Before, a PCPO sampler +0.1 above DDPO's with the same learning printed "+47%, p 0.005" (raw) and
+    nothing else, where its gain curve said -12%, p 0.55. '' when nothing needs saying."""
+    mb = np.asarray([float(np.nanmean(c)) for c in baseline_controls])
+    mt = np.asarray([float(np.nanmean(c)) for c in pcpo_controls])
+    diff = float(mt.mean() - mb.mean())
+    favours = diff * (1.0 if higher_is_better else -1.0)  # > 0: PCPO's sampler alone is ahead
+    found = [r for r, h in zip(rows, p_holm, strict=True) if h is not None and h < alpha and r.estimate is not None
+             and r.estimate * favours > 0]
+    if not found or mb.size < 2 or mt.size < 2 or (paired and mb.size != mt.size):
+        return ""
+    d = mt - mb if paired else None
+    one_way = bool(np.all(d > 0) or np.all(d < 0)) if d is not None else bool(mt.min() > mb.max() or mt.max() < mb.min())
+    p = _t_test(mb, mt, paired, alpha)[0] if not no_spread(mb, mt, paired) else math.nan
+    if not (p < alpha or one_way):
+        return ""
+    who = "PCPO" if diff > 0 else "the baseline"
+    return (f"the raw-reward speed-up may be the sampler's, not learning: untrained, {who}'s sampler already scores "
+            f"{abs(diff):.3g} {'higher' if diff > 0 else 'lower'} (mean control reward, "
+            f"{'paired by seed' if paired else 'unpaired'}{f', p = {p_value(p)}' if math.isfinite(p) else ''}); "
+            "--curve gain measures learning alone")
 
 
 def control_curve(log: pd.DataFrame) -> np.ndarray | None:
