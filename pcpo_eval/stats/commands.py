@@ -189,7 +189,7 @@ def lmm_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of text."),
 ) -> None:
     """Linear mixed model with Satterthwaite t-tests (lme4/lmerTest conventions)."""
-    from pcpo_eval.stats.design import read_table
+    from pcpo_eval.stats.design import read_table, replication_warnings
     from pcpo_eval.stats.lmm import fit_lmm, fit_lmm_many, many_summary, qq_plot
 
     _check_outputs([data], output=output, qq=qq)
@@ -217,9 +217,12 @@ def lmm_cmd(
         text = res.summary()
         if qq:
             qq_plot(res, qq)
+    warnings = replication_warnings(df, f"{response[0]} ~ {formula.split('~', 1)[1]}" if response else formula,
+                                    list(group))
+    payload["warnings"] = warnings
     js = dumps(payload)
     _write(output, js)
-    typer.echo(js if as_json else text)
+    typer.echo(js if as_json else "".join(f"warning: {w}\n" for w in warnings) + text)
 
 def speedup_cmd(
     baseline: list[str] = typer.Option(

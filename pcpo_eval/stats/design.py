@@ -68,6 +68,43 @@ def _is_categorical(s: pd.Series) -> bool:
     return not pd.api.types.is_numeric_dtype(s) or pd.api.types.is_bool_dtype(s)
 
 
+#: the column of a per-image / per-prompt table that names the training run (:mod:`pcpo_eval.study.results`)
+RUN_COLUMN = "run"
+#: the columns that name a prompt in such tables
+PROMPT_COLUMNS = ("prompt", "prompt_id")
+
+
+def replication_warnings(data: pd.DataFrame, formula: str, groups: list[str]) -> list[str]:
+    """What makes the test of a categorical fixed factor in ``formula`` not a test across replicates:
+
+    * a :data:`RUN_COLUMN` nested in the factor that is not a grouping: the rows of one run (its images or
+      prompts) are then independent replicates to the model, and within-run noise counts as evidence (A/A
+      tables, 30 prompts of one run per arm: p < 0.05 in 31 of 100; with 3 runs per arm in 33 of 100);
+    * a grouping with one level in some level of the factor (one run per arm): the factor is confounded
+      with that grouping, and its p tests nothing about the factor;
+    * no prompt shared between the factor's levels: the difference is between prompt sets as well.
+    A study adds ``(1|run)`` and refuses one run per arm itself (:data:`pcpo_eval.study.results.ONE_RUN_LMM`)."""
+    _, _, rhs = parse_formula(formula, list(data.columns))
+    out = []
+    for f in (c for c in rhs if _is_categorical(data[c]) and data[c].nunique() > 1):
+        nested = {g: bool((data.groupby(g)[f].nunique() == 1).all()) for g in
+                  dict.fromkeys([*groups, RUN_COLUMN, *PROMPT_COLUMNS]) if g in data.columns and g != f}
+        if nested.get(RUN_COLUMN) and RUN_COLUMN not in groups:
+            out.append(f"the table's {RUN_COLUMN} column is nested in {f} (each {RUN_COLUMN} in one level) but is "
+                       f"not a --group: the rows of one {RUN_COLUMN} are not independent replicates, so the test of "
+                       f"{f} counts within-{RUN_COLUMN} noise as evidence; add --group {RUN_COLUMN}")
+        for g in groups:
+            per_level = data.groupby(f)[g].nunique() if nested.get(g) else None
+            if per_level is not None and (per_level < 2).any():
+                out.append(f"--group {g} has one level in {f} {per_level.idxmin()!s}: the {f} effect is confounded "
+                           f"with {g} (one {g} per level), so its p is no test of {f}; give at least 2 {g}s per level")
+        shared = [g for g in PROMPT_COLUMNS if g in nested]
+        if shared and all(nested[g] for g in shared):
+            out.append(f"no {shared[0]} is shared between the levels of {f}: the difference is between prompt sets "
+                       f"as well as {f}; score every level on one prompt list")
+    return out
+
+
 #: Python builtins a formula term may call (patsy evaluates each term as Python: nothing else is allowed)
 _SAFE_BUILTINS = {"abs", "round", "min", "max", "pow", "float", "int", "str", "bool", "True", "False", "None"}
 #: syntax a formula term may use: names, calls, constants, arithmetic, comparisons, np.<function>
