@@ -118,22 +118,25 @@ EPOCH_PARTS = {"images": ("images sampled per epoch", "sample_batch_size x sampl
 
 
 #: settings named first when a run does not record them (what most often separates two trainings)
-SALIENT_KEYS = ("learning_rate", "sample_steps", "eta", "cfg", "prompts", "lora_rank", "clip_range", "beta_kl",
-                "train_batch_size", "timestep_fraction")
+SALIENT_KEYS = ("learning_rate", "sample_steps", "sample_eta", "cfg", "prompts", "lora_rank", "clip_range",
+                "beta_kl", "train_batch_size", "timestep_fraction")
 
 
 def unchecked_settings(runs: Sequence[tuple[str, str, dict[str, Any]]]) -> dict[str, list[str]]:
     """What could not be compared, per run of one cell (``(arm, run name, settings)`` each): the parts of an
-    epoch (:data:`EPOCH_PARTS`) it does not record, then the settings other runs of the cell record and it
-    does not (salient ones first, :data:`SALIENT_KEYS`). Every check here compares only what both runs record, so
+    epoch (:data:`EPOCH_PARTS`) it does not record, then the :data:`SALIENT_KEYS` and the settings other runs
+    of the cell record that it does not (salient ones first). Before the salient keys were named whatever
+    the others record, two imported arms that stated their batch as advised had no caveat left, though
+    neither recorded its learning rate (one arm's was twice the other's). Every check here compares only what both runs record, so
     an imported run (model, objective and reward only) passed all of them unseen: two imported arms whose PCPO
     runs sampled twice the images per epoch had a "+39% speed-up" with nothing said."""
     keys = {k for _, _, cfg in runs for k in cfg} - EXEMPT_KEYS - {IMAGES_LOGGED}
     out: dict[str, list[str]] = {}
     for _, name, cfg in runs:
         missing = [EPOCH_PARTS[part][0] for part, v in epoch_budget(cfg).items() if v is None]
-        missing += sorted(keys - set(cfg), key=lambda k: (k not in SALIENT_KEYS, SALIENT_KEYS.index(k)
-                                                          if k in SALIENT_KEYS else 0, k))
+        # the salient settings whatever the others record (two imported arms record none of them: both unchecked)
+        missing += sorted((keys | set(SALIENT_KEYS)) - set(cfg), key=lambda k: (
+            k not in SALIENT_KEYS, SALIENT_KEYS.index(k) if k in SALIENT_KEYS else 0, k))
         if missing:
             out[name] = missing
     return out

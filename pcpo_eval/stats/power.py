@@ -40,6 +40,8 @@ import numpy as np
 import scipy.optimize
 import scipy.stats
 
+from pcpo_eval.stats.permutation import MIN_T_RUNS
+
 #: the power a minimum detectable effect refers to (the usual planning convention)
 POWER = 0.8
 #: the largest seed count :func:`seeds_needed` searches
@@ -175,7 +177,10 @@ def mde(sd_b: float, n_b: int, *, sd_t: float | None = None, n_t: int | None = N
 def seeds_needed(delta: float, sd_b: float, *, sd_t: float | None = None, paired: bool, alpha: float = 0.05,
                  power: float = POWER) -> int | None:
     """Smallest seeds per arm (pairs, when paired) detecting ``delta`` with ``power``; None above
-    :data:`MAX_SEEDS` or when ``delta`` is 0."""
+    :data:`MAX_SEEDS` or when ``delta`` is 0. At least :data:`~pcpo_eval.stats.permutation.MIN_T_RUNS`:
+    with fewer runs the verdict's p is bounded by the exact permutation test's, never below 0.5 at 2 pairs,
+    so no effect is detectable there (``--plan`` said "2 seeds per arm" for a spread near 0, and the planted
+    effect was then found in 0 of 100 studies)."""
     if delta == 0 or not math.isfinite(delta):
         return None
 
@@ -184,7 +189,7 @@ def seeds_needed(delta: float, sd_b: float, *, sd_t: float | None = None, paired
 
     if not ok(MAX_SEEDS):
         return None
-    lo, hi = 2, 2
+    lo = hi = MIN_T_RUNS
     while not ok(hi):
         lo, hi = hi, hi * 2
     while lo < hi:  # power grows with n: the smallest n with ok(n)

@@ -16,7 +16,9 @@ from tests.support.study import write_run
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 BASE = {"model": "toy", "objective": "ppo_clip", "reward": "toy_aesthetic", "sample_batch_size": 4,
-        "sample_batches_per_epoch": 2, "gradient_updates": 2, "num_inner_epochs": 1, "learning_rate": 3e-4}
+        "sample_batches_per_epoch": 2, "gradient_updates": 2, "num_inner_epochs": 1, "learning_rate": 3e-4,
+        "sample_steps": 8, "sample_eta": 1.0, "cfg": 5.0, "prompts": "toy", "lora_rank": 4, "clip_range": 1e-4,
+        "beta_kl": 0.0, "train_batch_size": 2, "timestep_fraction": 1.0}
 
 
 def _runs(box: Path, pcpo: dict) -> tuple[list[str], list[str]]:

@@ -95,7 +95,8 @@ def test_imported_runs_compare_only_what_they_record(tmp_path):
     assert sp.unchecked_caveats == (
         "settings not checked: 4 run(s) (algorithm-DDPO__seed-0, algorithm-DDPO__seed-1, algorithm-PCPO__seed-0, "
         "...) record no images sampled "
-        "per epoch, optimizer steps per epoch, learning_rate, sample_steps, reward, so the arms may differ in them "
+        "per epoch, optimizer steps per epoch, learning_rate, sample_steps, sample_eta, cfg and 7 more, so the arms "
+        "may differ in them "
         "unseen (an imported run's config.yaml holds its model, objective and reward only); add the settings each "
         "run was trained with to its config.yaml (a total batch as paper_total_batch)",)
     from pcpo_eval.study.verdicts import run_level
