@@ -21,6 +21,7 @@ paths stay import-light).
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -174,18 +175,38 @@ def logged_images_per_epoch(run_dir: str | Path) -> int | None:
 CURVE_COLUMNS = ("epoch", "reward_mean", CONTROL_COLUMN)
 
 
-def curve_fingerprint(log: pd.DataFrame) -> str:
-    """SHA-256 of a log's :data:`CURVE_COLUMNS` (those it has) as float64: one run copied, or imported twice
-    from two exports, has one fingerprint whatever else its files hold (a log's other columns, its bytes)."""
-    import hashlib
+#: how close two logs' curves must be, relative, to be one run: a re-export, a CSV round trip or a last-digit
+#: edit stays within it; two seeds' batch means differ by far more
+SAME_CURVE_RTOL = 1e-5
 
+
+def same_curves(a: pd.DataFrame, b: pd.DataFrame) -> bool:
+    """Whether two logs are one run's: on every epoch they share (all of the shorter log's, at least 2) their
+    :data:`CURVE_COLUMNS` agree within :data:`SAME_CURVE_RTOL` (the control where both have it). So a copy,
+    a copy with one value moved in its last digit, and a copy that ends earlier (an export taken sooner)
+    are one run; before, only bit-equal curves were, and five such copies of one run passed as five seeds."""
     import numpy as np
 
-    h = hashlib.sha256()
-    for c in CURVE_COLUMNS:
-        if c in log.columns:
-            h.update(c.encode() + np.ascontiguousarray(log[c].to_numpy(np.float64)).tobytes())
-    return h.hexdigest()
+    ea, eb = a["epoch"].to_numpy(np.int64), b["epoch"].to_numpy(np.int64)
+    shared = np.intersect1d(ea, eb)
+    if shared.size < 2 or shared.size < min(np.unique(ea).size, np.unique(eb).size):
+        return False
+    cols = [c for c in CURVE_COLUMNS[1:] if c in a.columns and c in b.columns]
+    ia, ib = a.set_index("epoch"), b.set_index("epoch")
+    for c in cols:
+        x, y = ia.loc[shared, c].to_numpy(np.float64), ib.loc[shared, c].to_numpy(np.float64)
+        if not np.allclose(x, y, rtol=SAME_CURVE_RTOL, atol=1e-12, equal_nan=True):
+            return False
+    return bool(cols)
+
+
+def twin_runs(logs: Sequence[tuple[str, pd.DataFrame]]) -> tuple[str, str] | None:
+    """The first two of ``(name, log)`` that are one run (:func:`same_curves`), or None."""
+    for i, (na, la) in enumerate(logs):
+        for nb, lb in logs[i + 1:]:
+            if same_curves(la, lb):
+                return na, nb
+    return None
 
 
 def load_log(path: str | Path) -> pd.DataFrame:

@@ -64,24 +64,22 @@ def _check_pairs(baseline: list[str], pcpo: list[str]) -> None:
 
 
 def _check_distinct_runs(baseline: list[str], pcpo: list[str]) -> None:
-    """Every log given once: one run folder (or log) given twice, or two whose curves are equal
-    (:func:`pcpo_eval.rundir.curve_fingerprint`: one run copied or imported twice), would count one seed as
-    several. Before, ``--pcpo R`` five times gave an A/A pair of arms a "+58% speed-up, Holm p 0.031"."""
-    from pcpo_eval.rundir import curve_fingerprint, load_log
+    """Every log given once: one run folder (or log) given twice, or two whose curves are one run's
+    (:func:`pcpo_eval.rundir.same_curves`: copied, imported twice, or cut at another epoch), would count one
+    seed as several. Before, ``--pcpo R`` five times gave an A/A pair of arms a "+58% speed-up, Holm p 0.031"."""
+    from pcpo_eval.rundir import load_log, twin_runs
 
     paths: dict[str, str] = {}
-    curves: dict[str, str] = {}
     for flag, log in [*(("--baseline", b) for b in baseline), *(("--pcpo", t) for t in pcpo)]:
         name, path = f"{flag} {log}", str(Path(log).resolve())
         if path in paths:
             raise UserError(f"{name} is the run of {paths[path]} again: one run would count as two seeds; give "
                             "each seed's own run once")
         paths[path] = name
-        fp = curve_fingerprint(load_log(log))
-        if fp in curves:
-            raise UserError(f"{name} has the same curves as {curves[fp]} (every epoch's reward and control): one "
-                            "run copied or imported twice would count as two seeds; give each seed's own run once")
-        curves[fp] = name
+    twins = twin_runs([(name, load_log(Path(path))) for path, name in paths.items()])
+    if twins is not None:
+        raise UserError(f"{twins[1]} has the same curves as {twins[0]} (every shared epoch's reward and control): "
+                        "one run copied or imported twice would count as two seeds; give each seed's own run once")
 
 
 def _recorded_settings(log: str) -> dict[str, Any] | None:

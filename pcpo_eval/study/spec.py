@@ -34,7 +34,7 @@ from pcpo_eval.errors import ProblemList, UserError
 from pcpo_eval.io import read_yaml_mapping
 from pcpo_eval.metrics.base import METRICS, PREFERENCE_METRICS, per_prompt_problem
 from pcpo_eval.rewards import required_backends
-from pcpo_eval.rundir import checkpoints_root, curve_fingerprint, load_log, log_path, logged_images_per_epoch
+from pcpo_eval.rundir import checkpoints_root, load_log, log_path, logged_images_per_epoch, same_curves
 from pcpo_eval.stats.comparability import (
     IMAGES_LOGGED,
     epoch_unit_problems,
@@ -493,13 +493,14 @@ def _check_run_names(runs: Sequence[RunSpec], problems: list[str]) -> None:
 
 def _check_identical_runs(runs: Sequence[RunSpec], compare: str, problems: list[str]) -> None:
     """Two runs that would be the same run: one existing run directory listed twice (``runs:``) or copied
-    (two directories whose logs hold the same epochs, rewards and controls: :func:`pcpo_eval.rundir.curve_fingerprint`;
+    (two directories whose logs hold the same rewards and controls on every shared epoch:
+    :func:`pcpo_eval.rundir.same_curves`;
     before, only byte-identical logs were caught, and one run imported five times with one column differing in its
     last digit gave an A/A arm a "higher paired gain", p = 0.008), or
     two trained runs of different arms with the same resolved train config and seed (an A/A design
     with equal seeds and overrides); comparing them would compare a run with itself."""
     dirs: dict[str, RunSpec] = {}
-    logs: dict[str, RunSpec] = {}
+    logs: list[tuple[RunSpec, Any]] = []  # (run, its log)
     for r in runs:
         if r.run_dir is None:
             continue
@@ -512,14 +513,15 @@ def _check_identical_runs(runs: Sequence[RunSpec], compare: str, problems: list[
         if not log_path(r.run_dir).is_file():
             continue  # reported by _parse_runs
         try:
-            fingerprint = curve_fingerprint(load_log(r.run_dir))
+            logs.append((r, load_log(r.run_dir)))
         except UserError:
             continue  # reported by the log checks
-        twin = logs.setdefault(fingerprint, r)
-        if twin is not r:
-            problems.append(f"runs {twin.name} ({twin.run_dir}) and {r.name} ({r.run_dir}) have the same training "
-                            "curves (every epoch's reward and control equal): one run copied or imported twice; "
-                            "list each run's own directory")
+    for i, (a, la) in enumerate(logs):
+        twin = next((b for b, lb in logs[i + 1:] if same_curves(la, lb)), None)
+        if twin is not None:
+            problems.append(f"runs {a.name} ({a.run_dir}) and {twin.name} ({twin.run_dir}) have the same training "
+                            "curves (every shared epoch's reward and control equal): one run copied or imported "
+                            "twice; list each run's own directory")
     trained: dict[str, RunSpec] = {}
     same: list[tuple[RunSpec, RunSpec]] = []
     for r in runs:

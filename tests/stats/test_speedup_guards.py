@@ -218,11 +218,12 @@ def test_a_sampler_offset_is_named_even_when_learning_goes_the_same_way():
 
 
 def test_the_speedup_table_refuses_logs_that_start_at_different_epochs(tmp_path, cli):
-    """The same curves, the PCPO logs from epoch 6: before, `pcpo-eval speedup` read PCPO -33% (p 0.333)."""
+    """The same curves (but for a 0.0005 shift: one run's copy is refused as such), the PCPO logs from epoch 6:
+    before, `pcpo-eval speedup` read PCPO -33% (p 0.333)."""
     e = np.arange(1, 41)
     curve = 0.3 + 0.06 * (1 - np.exp(-0.08 * e))
     base = [pd.DataFrame({"epoch": e, "reward_mean": curve + 0.001 * i}) for i in range(3)]
-    late = [d[d.epoch >= 6] for d in base]
+    late = [d[d.epoch >= 6].assign(reward_mean=lambda x: x.reward_mean + 0.0005) for d in base]  # other runs
     with pytest.raises(UserError, match=r"logs start at different epochs \(PCPO log 1 at 6.*epoch >= 6"):
         speedup_table(base, late, [0.33])
     args = []

@@ -137,6 +137,31 @@ def test_one_run_imported_twice_is_refused_though_its_files_differ(tmp_path):
     with pytest.raises(UserError, match=r"algorithm-PCPO__seed-0 .* and algorithm-PCPO__seed-1 .* have the same "
                                         r"training curves"):
         load_spec(_spec(tmp_path, runs), check_weights=False)
+    # one value moved in its last digit, or an export that ends an epoch sooner: still one run
+    import numpy as np
+
+    nudged = src.copy()
+    nudged.loc[3, "reward_mean"] = np.nextafter(nudged.loc[3, "reward_mean"], 2.0)
+    for edited in (nudged, src.iloc[:-1]):
+        edited.to_parquet(Path(runs[3]["run_dir"]) / "log.parquet")
+        with pytest.raises(UserError, match=r"have the same training curves"):
+            load_spec(_spec(tmp_path, runs), check_weights=False)
+
+
+def test_same_curves_tells_one_run_from_two_seeds():
+    """Distinct seeds of the real toy runs are never one run; a float32 round trip of one is."""
+    import numpy as np
+    import pandas as pd
+
+    from pcpo_eval.rundir import same_curves
+
+    pool = pd.read_parquet(Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "toy_demo_runs.parquet")
+    logs = [g[["epoch", "reward_mean", "control_reward_mean"]].reset_index(drop=True)
+            for _, g in pool.groupby(["arm", "seed"])]
+    assert len(logs) >= 20 and not any(same_curves(a, b) for i, a in enumerate(logs) for b in logs[i + 1:])
+    rounded = logs[0].assign(reward_mean=logs[0]["reward_mean"].astype(np.float32).astype(np.float64))
+    assert same_curves(logs[0], rounded) and same_curves(logs[0], logs[0].iloc[:5])
+    assert not same_curves(logs[0], logs[0].iloc[:1])  # one shared epoch says nothing
 
 
 def test_an_infinite_reward_never_makes_a_checkpoint_reward_matched(tmp_path):
