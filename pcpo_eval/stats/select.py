@@ -68,6 +68,10 @@ class RunCheckpoint:
     #: logged epoch up to this one (None without the control or before a full window): a target it reaches
     #: needs no learning
     control: float | None = None
+    #: the matching curve's centred mean at this epoch (``window`` logged epochs around it, or None): the
+    #: trailing mean lags a rising curve by about (window - 1) / 2 epochs of its slope, so a faster arm's
+    #: "matched" checkpoint is further along; the centred mean does not lag (:func:`centred_by_epoch`)
+    centred: float | None = None
 
 
 @dataclass(frozen=True)
@@ -198,12 +202,14 @@ def _gain_checkpoints(run: Path, dirs: list[tuple[int, Path]], window: int) -> t
     epochs = log["epoch"].astype(int).to_numpy()
     gain = log["reward_mean"].to_numpy(np.float64) - log[CONTROL_COLUMN].to_numpy(np.float64)
     sm, full = trailing_by_epoch(epochs, gain, window)
+    centred = centred_by_epoch(epochs, gain, window)
     rw = dict(zip(epochs.tolist(), gain.tolist(), strict=True))
     out = []
     for ep, d in dirs:
         if ep not in sm:
             raise UserError(f"run {run}: checkpoint epoch {ep} is not in log.parquet (epochs {min(sm)}..{max(sm)})")
-        out.append(RunCheckpoint(str(run), ep, str(d), float(sm[ep]), float(rw[ep]), full[ep]))
+        out.append(RunCheckpoint(str(run), ep, str(d), float(sm[ep]), float(rw[ep]), full[ep],
+                                 centred=centred.get(ep)))
     return out, (f"log.parquet reward_mean - {CONTROL_COLUMN} (gain over the paired untrained control; moving "
                  f"average, window {window}; reached over full windows only)")
 
@@ -257,6 +263,22 @@ def trailing_by_epoch(epochs: Sequence[int] | np.ndarray, values: Sequence[float
             {int(e): bool(k == window) for e, k in zip(ep, counts, strict=True)})
 
 
+def centred_by_epoch(epochs: Sequence[int] | np.ndarray, values: Sequence[float] | np.ndarray,
+                     window: int) -> dict[int, float]:
+    """Per logged epoch, the mean of the values at the ``window`` epochs centred on it (``window // 2`` on each
+    side, and the epoch itself: ``2 (window // 2) + 1`` epochs), where all of them are logged and finite. On a
+    straight curve it is the value at that epoch, where the trailing mean of :func:`trailing_by_epoch` sits
+    ``(window - 1) / 2`` epochs of slope below it."""
+    h = window // 2
+    val = {int(e): float(v) for e, v in zip(epochs, values, strict=True)}
+    out = {}
+    for e in val:
+        around = [val.get(k, math.nan) for k in range(e - h, e + h + 1)]
+        if all(math.isfinite(x) for x in around):
+            out[e] = float(np.mean(around))
+    return out
+
+
 def _check_finite_rewards(run: Path, log: pd.DataFrame) -> None:
     """A log with an infinite ``reward_mean`` (NaN is refused by the log reader) cannot rank checkpoints:
     every trailing mean over that epoch is infinite and "reaches" any target, so it is refused by name."""
@@ -307,13 +329,15 @@ def run_checkpoints(run_dir: str | Path, window: int = SMOOTHING_WINDOW, on: str
                          if CONTROL_COLUMN in log.columns else ({}, {}))
         rw = dict(zip(log["epoch"].astype(int), log["reward_mean"].astype(float), strict=True))
         peak = _running_peak(ctl, ctl_full)
+        centred = centred_by_epoch(epochs, log["reward_mean"].to_numpy(np.float64), window)
         source = f"log.parquet (moving average, window {window}; a target is reached over full windows only)"
         for ep, d in dirs:
             if ep not in sm:
                 raise UserError(
                     f"run {run}: checkpoint epoch {ep} is not in log.parquet (epochs {min(sm)}..{max(sm)})"
                 )
-            out.append(RunCheckpoint(str(run), ep, str(d), float(sm[ep]), float(rw[ep]), full[ep], peak.get(ep)))
+            out.append(RunCheckpoint(str(run), ep, str(d), float(sm[ep]), float(rw[ep]), full[ep], peak.get(ep),
+                                     centred.get(ep)))
     else:
         source = "checkpoint.json reward_mean (unsmoothed: no log.parquet)"
         for ep, d in dirs:

@@ -52,7 +52,8 @@ def reward_row(sp: StudySpec, run: RunSpec, cks: Sequence[RunCheckpoint], source
            "reached": c.reached, "reward": c.reward, "gap": c.gap}
     if c.reached:
         by_control = control_reaches(cks, sp.select_target, c.epoch)
-        return row | {"epoch": c.epoch, "path": c.path, "control_reaches": by_control,
+        centred = next(k.centred for k in cks if k.epoch == c.epoch)
+        return row | {"epoch": c.epoch, "path": c.path, "control_reaches": by_control, "reward_centred": centred,
                       "status": "reached (so does its untrained control)" if by_control else "reached"}
     why = (f"best smoothed reward {c.reward:.4g} at epoch {c.epoch} < target {sp.select_target:g}" if c.full_window
            else f"the run has no checkpoint after {sp.window} logged epochs (the smoothing window), so none can "

@@ -89,7 +89,7 @@ def test_cells_are_one_holm_family_per_study():
         hits += any(b["imbalanced"] for b in bal.values())
     assert all(b["family_size"] == 4 and b["mde_level"] == pytest.approx(0.0125) for b in bal.values())
     b = next(iter(bal.values()))
-    assert "Holm-adjusted over the 4 cells p = " in b["sentence"] and b["p_holm"] >= b["p"]
+    assert "Holm-adjusted over the 4 balance tests p = " in b["sentence"] and b["p_holm"] >= b["p"]
     assert hits / n <= 0.05 + 2.5 * np.sqrt(0.05 * 0.95 / n), hits / n
 
 
@@ -150,3 +150,31 @@ def test_real_run_calibration_script_runs():
                          timeout=300).stdout
     assert "Pool truth over the 40 seeds" in out and out.count("| A/A ") == 12
     assert "| PCPO vs DDPO paired by seed | 10 |" in out
+
+
+def test_a_faster_arm_further_along_at_its_matched_checkpoint_is_flagged():
+    """The trailing mean that matches checkpoints lags a rising curve, so a faster arm's matched checkpoint is
+    further along: balanced on the trailing mean (the check's number), not on a centred one. Flagged now."""
+    rng = np.random.default_rng(2)
+    trailing_b, trailing_t = 0.80 + rng.normal(0, 0.01, 5), 0.80 + rng.normal(0, 0.01, 5)
+    runs = _runs(list(trailing_b), list(trailing_t))
+    for r, centred in zip(runs, [*(0.85 + rng.normal(0, 0.01, 5)), *(0.95 + rng.normal(0, 0.01, 5))], strict=True):
+        r["reward_centred"] = float(centred)
+    b = reward_balance(SP, runs)["all"]
+    assert b["p"] > 0.05 and b["centred"]["p"] < 0.05 and b["centred"]["imbalanced"] and b["imbalanced"]
+    assert "On a window centred on the matched epoch, which does not lag a rising curve, PCPO's matched" in b["sentence"]
+    for r in runs:  # no lag: nothing more to say
+        r["reward_centred"] = r["reward"] + 0.05
+    b = reward_balance(SP, runs)["all"]
+    assert not b["imbalanced"] and "centred" not in b["sentence"]
+
+
+def test_centred_means_do_not_lag_a_straight_curve():
+    from pcpo_eval.stats.select import centred_by_epoch, trailing_by_epoch
+
+    e = np.arange(1, 21)
+    curve = 0.5 + 0.02 * e
+    c = centred_by_epoch(e, curve, 5)
+    t, _ = trailing_by_epoch(e, curve, 5)
+    assert set(c) == set(range(3, 19)) and c[10] == pytest.approx(curve[9])
+    assert t[10] == pytest.approx(curve[9] - 2 * 0.02)  # the trailing mean's lag: (window - 1) / 2 epochs
