@@ -86,8 +86,8 @@ def _recorded_settings(log: str) -> dict[str, Any] | None:
     """A run folder's ``config.yaml`` with the images per epoch its log records (None: a bare log file, or a
     folder without a readable config)."""
     from pcpo_eval.rundir import config_path, logged_images_per_epoch
-    from pcpo_eval.stats.comparability import IMAGES_LOGGED
-    from pcpo_eval.train.checkpoints import load_run_config
+    from pcpo_eval.stats.comparability import IMAGES_LOGGED, edited_settings
+    from pcpo_eval.train.checkpoints import load_run_config, trained_config
 
     if not Path(log).is_dir() or not config_path(log).is_file():
         return None
@@ -95,6 +95,8 @@ def _recorded_settings(log: str) -> dict[str, Any] | None:
         cfg = dict(load_run_config(log))
     except UserError:
         return None
+    if edited := edited_settings(log, cfg, trained_config(log)):
+        raise UserError(edited[0])
     if (logged := logged_images_per_epoch(log)) is not None:
         cfg[IMAGES_LOGGED] = logged
     return cfg

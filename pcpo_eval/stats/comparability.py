@@ -217,6 +217,22 @@ def epoch_unit_problems(cell: str | None, runs: Sequence[tuple[str, str, dict[st
     return out
 
 
+def edited_settings(name: str, cfg: dict[str, Any], trained: dict[str, Any] | None) -> list[str]:
+    """Where a run's ``config.yaml`` (``cfg``) says other than the config its latest checkpoint was trained with
+    (``trained``: ``checkpoint.json``'s ``config``; None for runs that record none, e.g. imported ones): the
+    file was edited after training, and every check here would read the edit. A PCPO run trained on
+    ``reward: {toy_aesthetic: 2.0}`` and ``gradient_updates: 2``, its config.yaml then edited to the baseline's,
+    passed every check. Keys a resume may change, and :data:`EXEMPT_KEYS`, are not compared."""
+    from pcpo_eval.train.config import RESUME_MAY_CHANGE
+
+    if not trained:
+        return []
+    keys = sorted((set(cfg) & set(trained)) - EXEMPT_KEYS - set(RESUME_MAY_CHANGE))
+    return [f"run {name}: its config.yaml records {k}: {_show(cfg[k])}, but its checkpoints were trained with {k}: "
+            f"{_show(trained[k])} (checkpoint.json): the file was edited after training; restore it (the checkpoints "
+            "record what the run was trained with)" for k in keys if not same_value(cfg[k], trained[k])]
+
+
 def seed_problem(name: str, listed: int, cfg: dict[str, Any]) -> str | None:
     """An existing run listed with another seed than its ``config.yaml`` records (None: agrees or unrecorded)."""
     seed = cfg.get("seed")

@@ -37,6 +37,7 @@ from pcpo_eval.rewards import required_backends
 from pcpo_eval.rundir import checkpoints_root, load_log, log_path, logged_images_per_epoch, same_curves
 from pcpo_eval.stats.comparability import (
     IMAGES_LOGGED,
+    edited_settings,
     epoch_unit_problems,
     existing_run_problems,
     reward_problems,
@@ -571,6 +572,21 @@ def _check_existing_settings(runs: Sequence[RunSpec], factors: Factors, compare:
                                       lambda r: file_settings(r.overrides, read_now=True))
 
 
+def _check_edited_configs(runs: Sequence[RunSpec], problems: list[str]) -> None:
+    """An existing run's ``config.yaml`` must say what its checkpoints were trained with
+    (:func:`pcpo_eval.stats.comparability.edited_settings`): every other check reads it."""
+    from pcpo_eval.train.checkpoints import load_run_config, trained_config
+
+    for r in runs:
+        if r.run_dir is None:
+            continue
+        try:
+            cfg = load_run_config(r.run_dir)
+        except UserError:
+            continue  # reported by _run_models
+        problems += edited_settings(r.name, cfg, trained_config(r.run_dir))
+
+
 def _check_one_reward(runs: Sequence[RunSpec], compare: str, problems: list[str]) -> None:
     """Every run of a comparison cell, trained or existing, on one reward (:func:`pcpo_eval.stats.comparability.reward_problems`)."""
     by_cell: dict[str, list[tuple[str, str, dict[str, Any]]]] = {}
@@ -1033,6 +1049,7 @@ def load_spec(path: str | Path, check_weights: bool = True) -> StudySpec:
     _check_identical_runs(runs, compare.factor, problems)
     _check_existing_settings(runs, factors, compare.factor, problems)
     _check_one_reward(runs, compare.factor, problems)
+    _check_edited_configs(runs, problems)
     epoch_caveats, unchecked_caveats = _check_epoch_units(runs, compare, top, problems)
     targets, select_target, window = _parse_targets(top, runs, problems)
     gain_targets, primary = _parse_endpoints(top, options.paired_control, targets, problems)

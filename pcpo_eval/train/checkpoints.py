@@ -115,6 +115,19 @@ def read_meta(ckpt: str | Path) -> dict[str, Any]:
         raise UserError(f"{p} is missing or unreadable ({exc.__class__.__name__}); not a pcpo-eval checkpoint") from None
 
 
+def trained_config(run_dir: str | Path) -> dict[str, Any] | None:
+    """The config the run's latest checkpoint was trained with (its ``checkpoint.json`` ``config``); None when
+    it has no checkpoint or records none (an imported run) or the file is unreadable."""
+    latest = latest_checkpoint(run_dir)
+    if latest is None:
+        return None
+    try:
+        cfg = read_meta(latest).get("config")
+    except UserError:
+        return None
+    return cfg if isinstance(cfg, dict) else None
+
+
 def check_weights_file(path: Path, fix: str = "copy it again or re-save the checkpoint with pcpo-eval train") -> None:
     """Raise a one-line UserError unless ``path`` is a complete safetensors file.
 

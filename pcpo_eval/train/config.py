@@ -33,6 +33,11 @@ FROZEN_WEIGHTS = ("fp32", "autocast")  #: where a LoRA run keeps its frozen deno
 FLOW_GRIDS = ("auto", "shifted", "scheduler")  # samplers.flow.GRIDS (kept here: no torch import)
 
 
+#: config keys ``--resume`` lets differ from the run's config.yaml (neither changes what is trained)
+RESUME_MAY_CHANGE = ("epochs", "device", "keep_checkpoints", "deterministic", "compile", "allow_tf32",
+                     "train_steps_per_forward")
+
+
 @dataclass
 class TrainConfig:
     # --- model and task -------------------------------------------------------------------

@@ -72,7 +72,7 @@ from pcpo_eval.rundir import (  # noqa: F401  (INIT_FILE re-exported: its old ho
 )
 from pcpo_eval.train import checkpoints as ck
 from pcpo_eval.train.advantages import PerPromptStatTracker
-from pcpo_eval.train.config import TrainConfig
+from pcpo_eval.train.config import RESUME_MAY_CHANGE, TrainConfig
 from pcpo_eval.train.diagnostics import (  # noqa: F401  (re-exported: the trainer's public names)
     HEALTHY_APPROX_KL,
     HEALTHY_CLIPFRAC,
@@ -91,10 +91,6 @@ from pcpo_eval.train.rollout import (  # noqa: F401
 )
 from pcpo_eval.train.tracking import TRACKER_DIRS, RunTracking, open_tracking
 from pcpo_eval.train.update import UpdateMixin
-
-#: config keys ``--resume`` lets differ from the run's config.yaml (neither changes what is trained)
-RESUME_MAY_CHANGE = ("epochs", "device", "keep_checkpoints", "deterministic", "compile", "allow_tf32",
-                     "train_steps_per_forward")
 
 
 class Trainer(PolicyMixin, RolloutMixin, UpdateMixin):

@@ -501,3 +501,29 @@ def test_a_refused_rerun_keeps_the_record_of_the_spec_behind_the_results(tmp_pat
     monkeypatch.setattr(Study, "stage_train", lambda self: None)  # a stage that runs: the new spec is the record
     Study(new, layout.out, log=lambda s: None).run(("train",))
     assert layout.spec_file.read_bytes() != recorded[0]
+
+
+def test_a_config_edited_after_training_is_refused(tmp_path, cli):
+    """A PCPO run trained on a doubled reward and 2 updates, its config.yaml then edited to the baseline's: every
+    check read the edit and passed. The checkpoints record the trained config; the study and speedup compare."""
+    import json
+
+    configs = {(a, s): _cfg(a, s) for a in ("DDPO", "PCPO") for s in (0, 1)}
+    runs = _existing(tmp_path, configs)
+    for r, ((alg, seed), cfg) in zip(runs, configs.items(), strict=True):
+        trained = {**cfg, **({"reward": {"toy_aesthetic": 2.0}, "gradient_updates": 2} if (alg, seed) == ("PCPO", 0)
+                             else {"gradient_updates": 1}), "epochs": 99, "device": "cuda"}  # a resume may change these
+        for meta in sorted(Path(r["run_dir"]).glob("checkpoints/*/checkpoint.json")):
+            meta.write_text(json.dumps({**json.loads(meta.read_text()), "config": trained}))
+    with pytest.raises(UserError) as ei:
+        load_spec(_spec(tmp_path, runs), check_weights=False)
+    msg = str(ei.value)
+    assert ("run algorithm-PCPO__seed-0: its config.yaml records reward: 'toy_aesthetic', but its checkpoints were "
+            "trained with reward: {'toy_aesthetic': 2.0} (checkpoint.json): the file was edited after training") in msg
+    assert "has 1 problem(s)" in msg  # gradient_updates is not in config.yaml: nothing to contradict; epochs may change
+    res = cli("speedup", "--baseline", runs[0]["run_dir"], "--pcpo", runs[2]["run_dir"], "--target", "0.3")
+    assert res.returncode == 2 and "the file was edited after training" in res.stderr
+    (Path(runs[2]["run_dir"]) / "config.yaml").write_text(yaml.safe_dump({**configs[("PCPO", 0)],
+                                                                           "reward": {"toy_aesthetic": 2.0}}))
+    with pytest.raises(UserError, match="trained on different reward"):  # restored: now the honest refusal
+        load_spec(_spec(tmp_path, runs), check_weights=False)
