@@ -16,8 +16,7 @@ def test_mixed_precision_no_survives_yaml_booleans(tmp_path):
 
 
 def test_deterministic_key_reads_yaml_booleans_and_may_change_on_resume():
-    from pcpo_eval.train.config import config_from_dict
-    from pcpo_eval.train.config import RESUME_MAY_CHANGE
+    from pcpo_eval.train.config import RESUME_MAY_CHANGE, config_from_dict
 
     assert config_from_dict({}).deterministic is False  # the fast kernels, as the reference trainers
     assert config_from_dict({"deterministic": "yes"}).deterministic is True
