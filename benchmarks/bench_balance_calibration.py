@@ -13,6 +13,9 @@ checkpoint epochs, every 2nd), and counts studies flagged ``imbalanced``:
 * PCPO vs DDPO paired by seed: how often the check fires on the real pair, beside the pool's truth
   (the mean selected reward per arm over all 40 seeds, with its paired t CI).
 
+The check tests both the trailing reward the checkpoints were matched on and the reward's mean over a window
+centred on the matched epoch (no lag), one Holm family; a study is flagged when either is.
+
 Usage: ``python benchmarks/bench_balance_calibration.py [--studies 500] [--target 0.8]``.
 """
 
@@ -30,7 +33,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pcpo_eval.stats.pairwise import clopper_pearson  # noqa: E402
 from pcpo_eval.stats.runlevel import compare_runs  # noqa: E402
-from pcpo_eval.stats.select import RunCheckpoint, match_checkpoint  # noqa: E402
+from pcpo_eval.stats.select import RunCheckpoint, centred_by_epoch, match_checkpoint  # noqa: E402
 from pcpo_eval.stats.speedup import moving_average  # noqa: E402
 from pcpo_eval.study.results import reward_balance  # noqa: E402
 
@@ -40,22 +43,25 @@ WINDOW = 5
 SP = SimpleNamespace(cells=lambda: ["all"], pcpo="PCPO", baseline="DDPO", select_on="train")
 
 
-def selected(pool: pd.DataFrame, target: float) -> dict[tuple[str, int], tuple[float, bool]]:
-    """(arm, seed) -> (smoothed reward of its reward-matched checkpoint, reached)."""
+def selected(pool: pd.DataFrame, target: float) -> dict[tuple[str, int], tuple[float, bool, float | None]]:
+    """(arm, seed) -> (smoothed reward of its reward-matched checkpoint, reached, the reward's centred mean at
+    that epoch: :func:`pcpo_eval.stats.select.centred_by_epoch`, which the balance check also tests)."""
     out = {}
     for (arm, seed), d in pool.groupby(["arm", "seed"]):
         d = d.sort_values("epoch")
         sm = moving_average(d["reward_mean"].to_numpy(), WINDOW)
-        cks = [RunCheckpoint(f"{arm}-{seed}", int(e), "", float(r), float(r))
+        centred = centred_by_epoch(d["epoch"].to_numpy(), d["reward_mean"].to_numpy(), WINDOW)
+        cks = [RunCheckpoint(f"{arm}-{seed}", int(e), "", float(r), float(r), centred=centred.get(int(e)))
                for e, r in zip(d["epoch"], sm, strict=True) if int(e) % CHECKPOINT_EVERY == 0]
         c = match_checkpoint(cks, target, "log")
-        out[(str(arm), int(seed))] = (c.reward, c.reached)
+        out[(str(arm), int(seed))] = (c.reward, c.reached, next(k.centred for k in cks if k.epoch == c.epoch))
     return out
 
 
 def _rows(sel: dict, b: list[tuple[str, int]], t: list[tuple[str, int]], paired_labels: bool) -> list[dict]:
     def row(k: tuple[str, int], role: str, label: int) -> dict:
-        return {"cell": "all", "role": role, "seed": label, "reward": sel[k][0], "reached": sel[k][1]}
+        return {"cell": "all", "role": role, "seed": label, "reward": sel[k][0], "reached": sel[k][1],
+                "reward_centred": sel[k][2]}
 
     tb = [row(k, "baseline", i) for i, k in enumerate(b)]
     tt = [row(k, "pcpo", i if paired_labels else 1000 + i) for i, k in enumerate(t)]
