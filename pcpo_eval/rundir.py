@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from pcpo_eval.errors import UserError
 
@@ -171,6 +171,8 @@ def logged_images_per_epoch(run_dir: str | Path) -> int | None:
     return int(col[0]) if len(col) == 1 else None
 
 
+K = TypeVar("K")
+
 #: the columns that make a run's learning curves: two runs equal in all of them are one run twice
 CURVE_COLUMNS = ("epoch", "reward_mean", CONTROL_COLUMN)
 
@@ -200,13 +202,14 @@ def same_curves(a: pd.DataFrame, b: pd.DataFrame) -> bool:
     return bool(cols)
 
 
-def twin_runs(logs: Sequence[tuple[str, pd.DataFrame]]) -> tuple[str, str] | None:
-    """The first two of ``(name, log)`` that are one run (:func:`same_curves`), or None."""
-    for i, (na, la) in enumerate(logs):
-        for nb, lb in logs[i + 1:]:
-            if same_curves(la, lb):
-                return na, nb
-    return None
+def twin_runs(logs: Sequence[tuple[K, pd.DataFrame]]) -> list[tuple[K, K]]:
+    """Each ``(key, log)`` with the first later one that is the same run (:func:`same_curves`), in order."""
+    out = []
+    for i, (ka, la) in enumerate(logs):
+        twin = next((kb for kb, lb in logs[i + 1:] if same_curves(la, lb)), None)
+        if twin is not None:
+            out.append((ka, twin))
+    return out
 
 
 def load_log(path: str | Path) -> pd.DataFrame:

@@ -77,8 +77,8 @@ def _check_distinct_runs(baseline: list[str], pcpo: list[str]) -> None:
                             "each seed's own run once")
         paths[path] = name
     twins = twin_runs([(name, load_log(Path(path))) for path, name in paths.items()])
-    if twins is not None:
-        raise UserError(f"{twins[1]} has the same curves as {twins[0]} (every shared epoch's reward and control): "
+    if twins:
+        raise UserError(f"{twins[0][1]} has the same curves as {twins[0][0]} (every shared epoch's reward and control): "
                         "one run copied or imported twice would count as two seeds; give each seed's own run once")
 
 

@@ -34,7 +34,7 @@ from pcpo_eval.errors import ProblemList, UserError
 from pcpo_eval.io import read_yaml_mapping
 from pcpo_eval.metrics.base import METRICS, PREFERENCE_METRICS, per_prompt_problem
 from pcpo_eval.rewards import required_backends
-from pcpo_eval.rundir import checkpoints_root, load_log, log_path, logged_images_per_epoch, same_curves
+from pcpo_eval.rundir import checkpoints_root, load_log, log_path, logged_images_per_epoch, twin_runs
 from pcpo_eval.stats.comparability import (
     IMAGES_LOGGED,
     edited_settings,
@@ -517,12 +517,10 @@ def _check_identical_runs(runs: Sequence[RunSpec], compare: str, problems: list[
             logs.append((r, load_log(r.run_dir)))
         except UserError:
             continue  # reported by the log checks
-    for i, (a, la) in enumerate(logs):
-        twin = next((b for b, lb in logs[i + 1:] if same_curves(la, lb)), None)
-        if twin is not None:
-            problems.append(f"runs {a.name} ({a.run_dir}) and {twin.name} ({twin.run_dir}) have the same training "
-                            "curves (every shared epoch's reward and control equal): one run copied or imported "
-                            "twice; list each run's own directory")
+    for a, twin in twin_runs(logs):
+        problems.append(f"runs {a.name} ({a.run_dir}) and {twin.name} ({twin.run_dir}) have the same training "
+                        "curves (every shared epoch's reward and control equal): one run copied or imported "
+                        "twice; list each run's own directory")
     trained: dict[str, RunSpec] = {}
     same: list[tuple[RunSpec, RunSpec]] = []
     for r in runs:
