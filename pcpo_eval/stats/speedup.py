@@ -407,6 +407,19 @@ def no_spread(vb: np.ndarray, vt: np.ndarray, paired: bool) -> bool:
     return bool(np.ptp(vb - vt) == 0) if paired else bool(np.ptp(vb) == 0 and np.ptp(vt) == 0)
 
 
+def separated(vb: np.ndarray, vt: np.ndarray, paired: bool) -> bool:
+    """Whether two arms' run values differ one way without exception: every per-seed difference of one
+    sign (paired), or no overlap between the arms (unpaired). The rule by which an untrained-sampler
+    offset still explains a raw-reward row where its t test cannot decide (no spread; at 5 seeds the exact
+    sign-flip p of a constant offset is 2/2^5 = 0.0625): :func:`sampler_offset_note` here and the study's
+    sampler offset (``study.verdicts``)."""
+    b, t = np.asarray(vb, dtype=np.float64), np.asarray(vt, dtype=np.float64)
+    if paired:
+        d = t - b
+        return bool(np.all(d > 0) or np.all(d < 0))
+    return bool(t.min() > b.max() or t.max() < b.min())
+
+
 def differs(vb: np.ndarray, vt: np.ndarray) -> bool:
     """Under :func:`no_spread`: the arms differ (a nonzero per-seed difference, or two constants)."""
     return bool(vb[0] != vt[0])
@@ -827,8 +840,7 @@ def sampler_offset_note(baseline_controls: Sequence[np.ndarray], pcpo_controls: 
              and r.estimate * favours > 0]
     if not found or mb.size < 2 or mt.size < 2 or (paired and mb.size != mt.size):
         return ""
-    d = mt - mb if paired else None
-    one_way = bool(np.all(d > 0) or np.all(d < 0)) if d is not None else bool(mt.min() > mb.max() or mt.max() < mb.min())
+    one_way = separated(mb, mt, paired)
     p = _t_test(mb, mt, paired, alpha)[0] if not no_spread(mb, mt, paired) else math.nan
     if not (p < alpha or one_way):
         return ""

@@ -34,7 +34,7 @@ from pcpo_eval.rundir import load_log, log_path
 from pcpo_eval.stats.fmt import p_value, pct
 from pcpo_eval.stats.rliable import rliable_panels
 from pcpo_eval.stats.runlevel import compare_runs
-from pcpo_eval.stats.speedup import speedup_cell_epochs
+from pcpo_eval.stats.speedup import separated, speedup_cell_epochs
 from pcpo_eval.stats.verdict import (
     CONTROL_COLUMN,
     RunCurve,
@@ -221,7 +221,7 @@ RAW_REWARD_ROWS = ("final_reward", "auc")
 
 
 def _raw_speedup_explained(sp: StudySpec, cell: str, diff: float, significant: bool,
-                           rows: Sequence[dict[str, Any]], paired: bool = True) -> str:
+                           rows: Sequence[dict[str, Any]], paired: bool = True, bound: float | None = None) -> str:
     """A sentence when a significant raw-reward row (a raw-reward speed-up, the final reward, the reward
     AUC) goes the significant sampler offset's way (a raw-reward row without evidence needs no explanation):
     "is the sampler's, not learning" when no learning measure goes that way, else "mixes the sampler and
@@ -229,7 +229,12 @@ def _raw_speedup_explained(sp: StudySpec, cell: str, diff: float, significant: b
     with 10% more learning printed a +185% raw speed-up, the learning alone +11%). Before, only speed-ups were
     explained: a frozen PCPO whose sampler scored 0.15 higher untrained, against a learning DDPO (8 paired
     seeds), had a "higher final reward" and "higher reward AUC" (p = 3.5e-05) with nothing pointing at the
-    sampler."""
+    sampler.
+
+    ``bound``: the largest offset the offset's 95% CI admits (its size when it has no CI). A final-reward or
+    AUC difference, in the reward's own units, larger than that is not the sampler's alone: it is said to
+    exceed the offset, unexplained by any learning measure (before, a 1e6 reward spike in one arm was
+    "the sampler's" beside a 0.03 offset)."""
     raw = [r for r in rows if r["cell"] == cell and r["significant"] and r["estimate"] is not None
            and (r["quantity"].startswith("speedup_reward:") or r["quantity"] in RAW_REWARD_ROWS)
            and r["estimate"] * diff > 0]
@@ -239,21 +244,40 @@ def _raw_speedup_explained(sp: StudySpec, cell: str, diff: float, significant: b
             and r["estimate"] is not None and r["estimate"] * diff > 0]
     learned = next((r for r in rows if r["cell"] == cell and r["quantity"] == "paired_gain"), None)
     learned = learned if learned is not None and learned["significant"] and (learned["estimate"] or 0) * diff > 0 else None
-    names = {"final_reward": "final reward", "auc": "reward AUC"}
-    what = ", ".join(f"speed-up to {r['quantity'].split(':')[1]}: {pct(r['estimate'])}" if r["quantity"] not in names
-                     else f"{names[r['quantity']]}: {r['estimate']:+.3g}" for r in raw)
-    head = "raw-reward speed-up" if all(r["quantity"] not in names for r in raw) else "raw-reward difference"
     who = sp.pcpo if diff > 0 else sp.baseline
     offset = f"untrained, {who}'s sampler already scores {abs(diff):.3g} higher ({'paired by seed' if paired else 'unpaired'})"
-    if not gain and learned is None:
-        return (f"The {head} ({what}) is the sampler's, not learning: {offset}, and no learning measure (paired gain, "
-                "gain speed-up) shows a difference in that direction.")
-    # learning goes the same way: the raw row still holds the offset (a +0.08 sampler with 10% more learning
-    # printed a +185% raw speed-up with no caveat, where the same learning alone gives +11%)
-    measures = ([f"paired gain {learned['estimate']:+.3g}"] if learned is not None else []) + [
-        f"gain speed-up to {r['quantity'].split(':')[1]}: {pct(r['estimate'])}" for r in gain]
-    return (f"The {head} ({what}) mixes the sampler and learning: {offset}. What {who} learned beyond its "
-            f"untrained control is measured by the learning rows: {', '.join(measures)}.")
+    if gain or learned is not None:
+        # learning goes the same way: the raw row still holds the offset (a +0.08 sampler with 10% more learning
+        # printed a +185% raw speed-up with no caveat, where the same learning alone gives +11%)
+        measures = ([f"paired gain {learned['estimate']:+.3g}"] if learned is not None else []) + [
+            f"gain speed-up to {r['quantity'].split(':')[1]}: {pct(r['estimate'])}" for r in gain]
+        return (f"The {_raw_head(raw)} ({_raw_what(raw)}) mixes the sampler and learning: {offset}. What {who} learned "
+                f"beyond its untrained control is measured by the learning rows: {', '.join(measures)}.")
+    limit = abs(diff) if bound is None else max(abs(diff), bound)
+    beyond = [r for r in raw if r["quantity"] in RAW_REWARD_ROWS and abs(r["estimate"]) > limit]
+    within = [r for r in raw if r not in beyond]
+    out = []
+    if within:
+        out.append(f"The {_raw_head(within)} ({_raw_what(within)}) is the sampler's, not learning: {offset}, and no "
+                   "learning measure (paired gain, gain speed-up) shows a difference in that direction.")
+    if beyond:
+        out.append(f"The raw-reward difference ({_raw_what(beyond)}) is larger than the sampler's offset ({offset}; "
+                   f"at most {limit:.3g} within its 95% CI), yet no learning measure (paired gain, gain speed-up) "
+                   "shows a difference in that direction: what lies beyond the offset is not shown to be learning "
+                   "(look for a run whose reward jumps or whose control is missing).")
+    return " ".join(out)
+
+
+def _raw_head(raw: Sequence[dict[str, Any]]) -> str:
+    """'raw-reward speed-up' when every row is a speed-up, else 'raw-reward difference'."""
+    return "raw-reward speed-up" if all(r["quantity"] not in RAW_REWARD_ROWS for r in raw) else "raw-reward difference"
+
+
+def _raw_what(raw: Sequence[dict[str, Any]]) -> str:
+    """The raw rows named with their estimates: 'speed-up to 0.5: +40%, final reward: +0.1'."""
+    names = {"final_reward": "final reward", "auc": "reward AUC"}
+    return ", ".join(f"speed-up to {r['quantity'].split(':')[1]}: {pct(r['estimate'])}" if r["quantity"] not in names
+                     else f"{names[r['quantity']]}: {r['estimate']:+.3g}" for r in raw)
 
 
 def _one_way_untested(mb: np.ndarray, mt: np.ndarray, paired: bool, c: Any) -> bool:
@@ -262,10 +286,7 @@ def _one_way_untested(mb: np.ndarray, mt: np.ndarray, paired: bool, c: Any) -> b
     explains a raw-reward row. Before, a frozen arm whose sampler scored exactly +0.10 in each of 5 seeds had
     a "higher reward AUC" (p = 0.002) and no explanation: the offset's exact p, 2/2^5 = 0.0625, is not below
     alpha (tests/stats/test_speedup_guards.py)."""
-    if c.ci_low is not None and c.p_floor is None:
-        return False
-    d = mt - mb if paired else None
-    return bool(np.all(d > 0) or np.all(d < 0)) if d is not None else bool(mt.min() > mb.max() or mt.max() < mb.min())
+    return (c.ci_low is None or c.p_floor is not None) and separated(mb, mt, paired)
 
 
 def sampler_offset(sp: StudySpec, table: pd.DataFrame, rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -291,8 +312,9 @@ def sampler_offset(sp: StudySpec, table: pd.DataFrame, rows: Sequence[dict[str, 
               else f"; {c.reason}")
         head = (f"untrained controls (same prompts and noises, each arm's sampler): {sp.pcpo} {mt.mean():.4g} vs "
                 f"{sp.baseline} {mb.mean():.4g} (difference {diff:+.3g}{ci})")
+        bound = (c.ci_high if diff > 0 else -c.ci_low) if c.ci_low is not None and c.ci_high is not None else None
         explained = _raw_speedup_explained(sp, cell, diff, c.significant or _one_way_untested(mb, mt, paired, c), rows,
-                                           paired)
+                                           paired, bound)
         out[cell] = {"baseline_control_mean": float(mb.mean()), "treatment_control_mean": float(mt.mean()),
                      "difference": diff, "ci_low": c.ci_low, "ci_high": c.ci_high, "p": c.p, "paired": paired,
                      "significant": c.significant, "explains_raw_speedup": explained,

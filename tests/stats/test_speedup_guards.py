@@ -185,6 +185,32 @@ def test_a_constant_sampler_offset_explains_raw_rows_even_when_its_test_cannot_d
     assert off["explains_raw_speedup"].startswith("The raw-reward difference (final reward")
 
 
+def test_a_raw_difference_larger_than_the_offset_is_not_called_the_samplers():
+    """A raw final-reward difference far beyond the sampler's offset (a reward spike in one arm, a control
+    missing at the end) with no learning row that way: before, "is the sampler's, not learning" beside a 0.03
+    offset. Now only rows the offset's CI can hold are the sampler's; a larger one is said to exceed it."""
+    from types import SimpleNamespace
+
+    from pcpo_eval.study import verdicts as sv
+
+    sp = SimpleNamespace(baseline="DDPO", pcpo="PCPO")
+
+    def row(q: str, est: float) -> dict:
+        return {"cell": "all", "quantity": q, "significant": True, "estimate": est}
+
+    big = sv._raw_speedup_explained(sp, "all", 0.03, True, [row("final_reward", 5.0), row("auc", 0.04)],
+                                    paired=True, bound=0.05)
+    first, second = big.split(". The ")
+    assert first.startswith("The raw-reward difference (reward AUC: +0.04) is the sampler's, not learning")
+    assert second.startswith("raw-reward difference (final reward: +5) is larger than the sampler's offset")
+    assert "at most 0.05 within its 95% CI" in second and "not shown to be learning" in second
+    small = sv._raw_speedup_explained(sp, "all", 0.03, True, [row("final_reward", 0.045)], bound=0.05)
+    assert "is the sampler's, not learning" in small and "larger" not in small
+    speed = sv._raw_speedup_explained(sp, "all", 0.03, True, [row("speedup_reward:0.5", 3.0)], bound=0.05)
+    assert speed.startswith("The raw-reward speed-up (speed-up to 0.5: +300%) is the sampler's")  # epochs: no size
+    assert sv._raw_speedup_explained(sp, "all", 0.03, True, [row("final_reward", 5.0)]).count("larger") == 1
+
+
 def test_a_sampler_offset_is_named_even_when_learning_goes_the_same_way():
     """10 paired seeds, PCPO's sampler +0.08 untrained and 10% more learning: its raw-reward speed-up is mostly
     the sampler's. Before, any significant learning row in that direction silenced the explanation (a +185%
