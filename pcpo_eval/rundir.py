@@ -159,11 +159,15 @@ def validate_log(df: pd.DataFrame, name: str = "log") -> pd.DataFrame:
     return df.sort_values("epoch").reset_index(drop=True)
 
 
-def logged_images_per_epoch(run_dir: str | Path) -> int | None:
+def logged_images_per_epoch(run_dir: str | Path, log: pd.DataFrame | None = None) -> int | None:
     """Images a run sampled per epoch over all its processes, from its log's :data:`LOGGED_IMAGES` column
-    (None: a log from before that column, an unreadable log, or a count that changed between epochs)."""
+    (None: a log from before that column, an unreadable log, or a count that changed between epochs).
+    ``log``: the run's log already read (else only that column is read from ``run_dir``)."""
     import pandas as pd
 
+    if log is not None:
+        col = log[LOGGED_IMAGES].dropna().unique() if LOGGED_IMAGES in log.columns else []
+        return int(col[0]) if len(col) == 1 else None
     try:
         col = pd.read_parquet(log_path(run_dir), columns=[LOGGED_IMAGES])[LOGGED_IMAGES].dropna().unique()
     except (OSError, ValueError, KeyError, ImportError):

@@ -11,12 +11,15 @@ import math
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from pcpo_eval.errors import UserError
 from pcpo_eval.io import check_out_path, to_jsonable
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def dumps(obj: Any) -> str:
@@ -63,28 +66,30 @@ def _check_pairs(baseline: list[str], pcpo: list[str]) -> None:
 
 
 
-def _check_distinct_runs(baseline: list[str], pcpo: list[str]) -> None:
+def _check_distinct_runs(baseline: list[str], pcpo: list[str], logs: dict[str, pd.DataFrame]) -> None:
     """Every log given once: one run folder (or log) given twice, or two whose curves are one run's
     (:func:`pcpo_eval.rundir.same_curves`: copied, imported twice, or cut at another epoch), would count one
-    seed as several. Before, ``--pcpo R`` five times gave an A/A pair of arms a "+58% speed-up, Holm p 0.031"."""
-    from pcpo_eval.rundir import load_log, twin_runs
+    seed as several. Before, ``--pcpo R`` five times gave an A/A pair of arms a "+58% speed-up, Holm p 0.031".
+    ``logs``: each given log, read once (:func:`_read_logs`)."""
+    from pcpo_eval.rundir import twin_runs
 
     paths: dict[str, str] = {}
+    given: dict[str, str] = {}
     for flag, log in [*(("--baseline", b) for b in baseline), *(("--pcpo", t) for t in pcpo)]:
         name, path = f"{flag} {log}", str(Path(log).resolve())
         if path in paths:
             raise UserError(f"{name} is the run of {paths[path]} again: one run would count as two seeds; give "
                             "each seed's own run once")
-        paths[path] = name
-    twins = twin_runs([(name, load_log(Path(path))) for path, name in paths.items()])
+        paths[path], given[path] = name, log
+    twins = twin_runs([(name, logs[given[path]]) for path, name in paths.items()])
     if twins:
         raise UserError(f"{twins[0][1]} has the same curves as {twins[0][0]} (every shared epoch's reward and control): "
                         "one run copied or imported twice would count as two seeds; give each seed's own run once")
 
 
-def _recorded_settings(log: str) -> dict[str, Any] | None:
+def _recorded_settings(log: str, read: pd.DataFrame | None = None) -> dict[str, Any] | None:
     """A run folder's ``config.yaml`` with the images per epoch its log records (None: a bare log file, or a
-    folder without a readable config)."""
+    folder without a readable config). ``read``: the log already read."""
     from pcpo_eval.rundir import config_path, logged_images_per_epoch
     from pcpo_eval.stats.comparability import IMAGES_LOGGED, edited_settings
     from pcpo_eval.train.checkpoints import load_run_config, trained_config
@@ -97,13 +102,14 @@ def _recorded_settings(log: str) -> dict[str, Any] | None:
         return None
     if edited := edited_settings(log, cfg, trained_config(log)):
         raise UserError(edited[0])
-    if (logged := logged_images_per_epoch(log)) is not None:
+    if (logged := logged_images_per_epoch(log, read)) is not None:
         cfg[IMAGES_LOGGED] = logged
     return cfg
 
 
 def _comparability_notes(baseline: list[str], pcpo: list[str], *, epochs: bool = True,
-                         unequal_epochs_ok: bool = False, label: str = "--baseline and --pcpo") -> list[str]:
+                         unequal_epochs_ok: bool = False, label: str = "--baseline and --pcpo",
+                         logs: dict[str, pd.DataFrame] | None = None) -> list[str]:
     """What a study checks before it compares runs (:mod:`pcpo_eval.stats.comparability`), for the runs a
     command is given: one reward (refused otherwise), one epoch size (refused unless ``unequal_epochs_ok``,
     then a note), and a note naming what could not be checked. Before, ``speedup`` compared a doubled reward
@@ -116,7 +122,7 @@ def _comparability_notes(baseline: list[str], pcpo: list[str], *, epochs: bool =
     )
 
     given = [("baseline", b) for b in baseline] + [("PCPO", t) for t in pcpo]
-    settings = [(arm, log, _recorded_settings(log)) for arm, log in given]
+    settings = [(arm, log, _recorded_settings(log, (logs or {}).get(log))) for arm, log in given]
     runs = [(arm, log, cfg) for arm, log, cfg in settings if cfg is not None]
     if problems := reward_problems(None, runs, label, fix="compare runs trained on one reward"):
         raise UserError(problems[0])
@@ -136,15 +142,19 @@ def _comparability_notes(baseline: list[str], pcpo: list[str], *, epochs: bool =
     return notes
 
 
-def _check_finite_logs(logs: list[str], curve: str) -> None:
+def _read_logs(logs: list[str]) -> dict[str, pd.DataFrame]:
+    """Each given log (file or run folder) read once, for every check and the table."""
+    from pcpo_eval.rundir import load_log
+
+    return {log: load_log(log) for log in dict.fromkeys(logs)}
+
+
+def _check_finite_logs(logs: dict[str, pd.DataFrame], curve: str) -> None:
     """Refuse logs with infinite rewards (NaN is refused by the log reader) before anything is fitted."""
     import numpy as np
 
-    from pcpo_eval.rundir import load_log
-
     cols = ["reward_mean", *(["control_reward_mean"] if curve == "gain" else [])]
-    for log in logs:
-        df = load_log(log)
+    for log, df in logs.items():
         for c in cols:
             if c in df.columns:
                 n_bad = int((~np.isfinite(df[c].to_numpy(np.float64))).sum())
@@ -253,12 +263,14 @@ def speedup_cmd(
     if curve not in ("reward", "gain"):
         raise UserError(f"--curve must be reward or gain, got {curve!r}")
     _check_targets(target)
-    _check_finite_logs([*baseline, *pcpo], curve)
-    _check_distinct_runs(baseline, pcpo)
-    notes = _comparability_notes(baseline, pcpo, unequal_epochs_ok=unequal_epochs_ok)
+    logs = _read_logs([*baseline, *pcpo])
+    _check_finite_logs(logs, curve)
+    _check_distinct_runs(baseline, pcpo, logs)
+    notes = _comparability_notes(baseline, pcpo, unequal_epochs_ok=unequal_epochs_ok, logs=logs)
     if paired and len(baseline) == len(pcpo):
         _check_pairs(baseline, pcpo)
-    tab = speedup_table(baseline, pcpo, target, window, not lower_is_better, paired=paired, curve=curve)
+    tab = speedup_table([(b, logs[b]) for b in baseline], [(t, logs[t]) for t in pcpo], target, window,
+                        not lower_is_better, paired=paired, curve=curve)
     tab = replace(tab, notes=(*tab.notes, *notes))
     js = dumps(tab.to_dict())
     _write(output, js)

@@ -721,8 +721,8 @@ def speedup_text(s: Speedup) -> str:
 
 
 def speedup_table(
-    baseline: Sequence[pd.DataFrame | str | Path],
-    pcpo: Sequence[pd.DataFrame | str | Path],
+    baseline: Sequence[pd.DataFrame | str | Path | tuple[str, pd.DataFrame]],
+    pcpo: Sequence[pd.DataFrame | str | Path | tuple[str, pd.DataFrame]],
     targets: Sequence[float],
     window: int = SMOOTHING_WINDOW,
     higher_is_better: bool = True,
@@ -731,7 +731,8 @@ def speedup_table(
     curve: str = "reward",
     alpha: float = 0.05,
 ) -> SpeedupTable:
-    """Speed-ups for each target from logs (DataFrames, log files or RUN directories).
+    """Speed-ups for each target from logs (DataFrames, log files, RUN directories, or ``(name, log)`` pairs
+    of logs already read with :func:`pcpo_eval.rundir.load_log`).
 
     ``curve``: ``reward`` (``reward_mean``) or ``gain`` (``reward_mean - control_reward_mean``, the
     learning curve; logs need the paired control). ``paired``: the i-th baseline and i-th PCPO log
@@ -745,8 +746,9 @@ def speedup_table(
         raise UserError(f"--paired needs as many baseline as PCPO logs (got {len(baseline)} and {len(pcpo)}), "
                         "given in seed order")
 
-    def load(x: pd.DataFrame | str | Path, label: str) -> tuple[str, pd.DataFrame]:
-        name, df = (label, validate_log(x, label)) if isinstance(x, pd.DataFrame) else (str(x), load_log(x))
+    def load(x: pd.DataFrame | str | Path | tuple[str, pd.DataFrame], label: str) -> tuple[str, pd.DataFrame]:
+        name, df = (x if isinstance(x, tuple) else (label, validate_log(x, label)) if isinstance(x, pd.DataFrame)
+                    else (str(x), load_log(x)))
         if curve == "gain":
             if "control_reward_mean" not in df.columns or not np.isfinite(df["control_reward_mean"].to_numpy(np.float64)).all():
                 raise UserError(f"log {name} has no finite control_reward_mean; the gain curve needs runs trained "

@@ -114,3 +114,32 @@ def test_lmm_says_when_its_test_is_not_across_replicates(cli, box, runs, groups,
     js = json.loads(cli("lmm", data, "--formula", "lpips ~ algorithm", "--json",
                         *(a for g in groups for a in ("--group", g))).stdout)
     assert [f"warning: {w}" for w in js["warnings"]] == warned
+
+
+def test_speedup_reads_each_log_once(box, monkeypatch):
+    """Each given log is read once for every check and the table (before: up to four times: the finite check,
+    the duplicate check, the images per epoch, the table); the result is the library's on the same logs."""
+    import pandas as pd
+    from typer.testing import CliRunner
+
+    from pcpo_eval.cli import app
+    from pcpo_eval.stats.speedup import speedup_table
+
+    b, t = _runs(box, {})
+    reads: list[str] = []
+    real = pd.read_parquet
+
+    def counting(path, *a, **k):
+        reads.append(str(path))
+        return real(path, *a, **k)
+
+    monkeypatch.setattr(pd, "read_parquet", counting)
+    res = CliRunner().invoke(app, [*_speedup(b, t, "--json")])
+    assert res.exit_code == 0, res.output
+    logs = [r for r in reads if r.endswith("log.parquet")]
+    assert sorted(logs) == sorted(str(Path(x) / "log.parquet") for x in (*b, *t)), reads
+    monkeypatch.setattr(pd, "read_parquet", real)
+    out = json.loads(res.output)
+    lib = speedup_table(b, t, [0.3], paired=True, curve="gain").to_dict()
+    assert out["baseline_runs"] == b and out["pcpo_runs"] == t  # named by the paths given, as before
+    assert [r["estimate"] for r in out["targets"]] == [r["estimate"] for r in lib["targets"]]
