@@ -276,8 +276,9 @@ class Study:
         for c in selection["runs"]:
             where = f"epoch {c['epoch']}" if c["reached"] else "NOT REACHED, no reward-matched checkpoint"
             self.log(f"  {c['name']}: {where} (smoothed reward {c['reward']:.4g}, target {c['target']:g})")
-        if selection.get("control_reaches_note"):
-            self.log(f"  warning: {selection['control_reaches_note']}")
+        for key in ("control_reaches_note", "averaged_weights_note"):
+            if selection.get(key):
+                self.log(f"  warning: {selection[key]}")
         if selection["target_uninformative"]:
             self.log(f"  warning: every run's first checkpoint already reaches select_target {sp.select_target:g}; "
                      "the reward-matched checkpoints are the first ones (raise select_target)")

@@ -137,6 +137,22 @@ def control_note(sp: StudySpec, rows: Sequence[dict[str, Any]]) -> str | None:
             "raise select_target above what the controls reach")
 
 
+def averaged_weights_note(sp: StudySpec) -> str | None:
+    """A note when runs keep a moving average of their weights (``ema_decay``, Flow-GRPO's EMA) and the
+    checkpoints are matched on a reward of the raw policy (``select_on`` train or gain): each checkpoint holds
+    the average, which lags the reward it was matched on. None with ``select_on: eval`` (the validation
+    reward scores the average itself) or when no trained run keeps one."""
+    if sp.select_on == "eval":
+        return None
+    averaged = [r.name for r in sp.runs if r.train is not None and r.train.ema_decay > 0]
+    if not averaged:
+        return None
+    return (f"{len(averaged)} of {len(sp.runs)} runs keep a moving average of their weights (ema_decay), which "
+            f"their checkpoints hold, while select_on: {sp.select_on} matches on the raw policy's training reward: "
+            "the matched checkpoints' weights lag the reward they were matched on (more in an arm that learns "
+            "faster); select_on: eval matches on the average's own held-out reward")
+
+
 def select(sp: StudySpec, layout: StudyLayout) -> dict[str, Any]:
     """The content of ``selection.json``: reward-matched rows (``runs``) and matched-epoch rows (``at_epoch``)."""
     cks: dict[str, Sequence[RunCheckpoint]] = {}
@@ -164,5 +180,6 @@ def select(sp: StudySpec, layout: StudyLayout) -> dict[str, Any]:
         at_epoch = [] if epoch is None else [epoch_row(sp, r, cks[r.name], int(epoch)) for r in sp.runs]
     return {"target": sp.select_target, "window": sp.window, "on": sp.select_on, "target_uninformative": all(starts_above),
             "control_reaches": [r["name"] for r in rows if r.get("control_reaches")],
-            "control_reaches_note": control_note(sp, rows), "runs": rows, "epoch": epoch, "at_epoch": at_epoch,
+            "control_reaches_note": control_note(sp, rows), "averaged_weights_note": averaged_weights_note(sp),
+            "runs": rows, "epoch": epoch, "at_epoch": at_epoch,
             "epochs": dict(sp.select_epoch) if isinstance(sp.select_epoch, dict) else None}

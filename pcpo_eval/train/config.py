@@ -165,6 +165,10 @@ class TrainConfig:
     #: sampler steps of a validation (0 = ``sample_steps``; Flow-GRPO evaluates with ``eval_num_steps`` 40 where it
     #: samples with 10: config/grpo.py)
     validation_steps: int = 0
+    #: a moving average of the trainable weights, what validation scores and checkpoints hold (sampling for
+    #: training keeps the raw weights): 0 = none; Flow-GRPO: 0.9 (``train.ema``; pcpo_eval/train/ema.py)
+    ema_decay: float = 0.0
+    ema_every: int = 8  #: average every N optimizer steps (Flow-GRPO's update_step_interval 8)
     #: start from these weights (a checkpoint / run directory of pcpo-eval, or a diffusers / LoRA
     #: .safetensors file) at epoch 1 with a fresh optimizer; "" = the base model
     init_from: str = ""
@@ -225,6 +229,8 @@ class TrainConfig:
              f"keep_checkpoints must be >= 0 (0 = keep every checkpoint; got {self.keep_checkpoints})")
         need(int(self.paper_total_batch) >= 0, f"paper_total_batch must be >= 0 (0: none stated; got {self.paper_total_batch})")
         need(self.train_min_sigma >= 0, f"train_min_sigma must be >= 0 (got {self.train_min_sigma})")
+        need(0 <= self.ema_decay < 1, f"ema_decay must be in [0, 1) (0 = no moving average; got {self.ema_decay})")
+        need(int(self.ema_every) >= 1, f"ema_every must be >= 1 (got {self.ema_every})")
         problems += self._optimizer_problems()
         problems += self._extension_problems()
         n = self.samples_per_epoch

@@ -2,7 +2,8 @@
 precision and the optimizer step (a part of :class:`pcpo_eval.train.trainer.Trainer`).
 
 ``_init_policy`` adds LoRA (or unfreezes the denoiser), keeps a frozen copy of a full fine-tune when the
-reference policy is needed (``beta_kl > 0`` or ``paired_control``), loads ``init_from`` and builds AdamW;
+reference policy is needed (``beta_kl > 0`` or ``paired_control``), loads ``init_from``, builds AdamW and
+the weights' moving average (``ema_decay``);
 the reference policy of a LoRA run is the same model with its adapters disabled (:class:`_LoraDisabled`).
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -19,6 +20,7 @@ from pcpo_eval import dist
 from pcpo_eval.models.base import ModelAdapter, PromptEmbeds
 from pcpo_eval.train import checkpoints as ck
 from pcpo_eval.train.config import TrainConfig
+from pcpo_eval.train.ema import ParamEMA
 
 #: the reference policy (KL, paired control, validation control) of a run started from ``init_from``
 INIT_REFERENCE = ("the base model `model` (LoRA disabled, or a frozen copy taken before init_from was loaded), "
@@ -69,6 +71,8 @@ class PolicyMixin:
     init_record: dict[str, Any] | None
     optimizer: torch.optim.AdamW
     scaler: torch.amp.GradScaler | None
+    ema: ParamEMA | None  #: the weights' moving average (``ema_decay > 0``; ``train/ema.py``)
+    optimizer_steps: int  #: optimizer steps taken by the run (Flow-GRPO's global_step; the EMA's clock)
 
     def _init_policy(self, resume: bool) -> None:
         """LoRA or full weights trainable, the frozen reference copy, ``init_from``, AdamW and the loss scaler."""
@@ -92,6 +96,20 @@ class PolicyMixin:
             weight_decay=config.adam_weight_decay, eps=config.adam_epsilon,
         )
         self.scaler = self._grad_scaler()
+        # after init_from: the average starts at the weights training starts from
+        self.ema = ParamEMA(self.params, config.ema_decay, config.ema_every) if config.ema_decay > 0 else None
+        self.optimizer_steps = 0
+
+    def _ema_step(self) -> None:
+        """After each training batch (micro-batch): the moving average's update at the run's optimizer step
+        count, where Flow-GRPO's ``train_sd3.py`` calls it (:class:`pcpo_eval.train.ema.ParamEMA`)."""
+        if self.ema is not None:
+            self.ema.step(self.params, self.optimizer_steps)
+
+    def _ema_weights(self) -> AbstractContextManager[None]:
+        """The averaged weights in place for the block (validation, a checkpoint's weights); the raw ones
+        otherwise (or always, without ``ema_decay``)."""
+        return nullcontext() if self.ema is None else self.ema.swapped_in(self.params)
 
     def _predict(self, x: torch.Tensor, t: torch.Tensor, cond: PromptEmbeds, n: int) -> torch.Tensor:
         """The guided model output in training; the unconditional branch detached if ``cfg_detach_uncond``.
@@ -141,6 +159,7 @@ class PolicyMixin:
         else:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer_steps += 1  # also when the fp16 scaler skipped the step, as accelerate's sync count does
         return float(gn), g1
 
     def _reference(self):

@@ -160,7 +160,9 @@ class Trainer(PolicyMixin, RolloutMixin, UpdateMixin):
 
     def save_checkpoint(self, epoch: int, row: dict[str, Any]) -> Path | None:
         """Write ``checkpoints/epoch_NNNN`` (rank 0): the weights, ``checkpoint.json`` (epoch, reward, model,
-        objective, LoRA rank, the seed and the run's full config) and the optimizer / tracker state."""
+        objective, LoRA rank, the seed and the run's full config) and the optimizer / tracker state. With
+        ``ema_decay`` the weights file holds the moving average (what Flow-GRPO saves; ``checkpoint.json``
+        ``ema``) and the training state the raw weights and the average, for resume."""
         if not self.is_main:
             return None
         meta = {"epoch": epoch, "reward_mean": row["reward_mean"], "model": self.cfg.model,
@@ -168,10 +170,16 @@ class Trainer(PolicyMixin, RolloutMixin, UpdateMixin):
                 "config": self.cfg.to_dict()}
         if self.cfg.init_from:
             meta["init_from"] = self.cfg.init_from
-        state = {"epoch": epoch, "optimizer": self.optimizer.state_dict(), "tracker": self.tracker.state_dict()}
+        state = {"epoch": epoch, "optimizer": self.optimizer.state_dict(), "tracker": self.tracker.state_dict(),
+                 "optimizer_steps": self.optimizer_steps}
         if self.scaler is not None:
             state["scaler"] = self.scaler.state_dict()
-        path = ck.save_checkpoint(checkpoint_dir(self.out, epoch), self.adapter.denoiser, meta, state)
+        if self.ema is not None:  # the weights file holds the average (Flow-GRPO's save_ckpt); resume needs both
+            meta["ema"] = {"decay": self.ema.decay, "every": self.ema.every, "updates": self.ema.updates}
+            state["ema"] = self.ema.state_dict()
+            state["raw_params"] = [p.detach().cpu().clone() for p in self.params]
+        with self._ema_weights():
+            path = ck.save_checkpoint(checkpoint_dir(self.out, epoch), self.adapter.denoiser, meta, state)
         ck.apply_retention(self.out, self.cfg.keep_checkpoints)  # state in the newest only; keep_checkpoints
         return path
 
@@ -219,6 +227,12 @@ class Trainer(PolicyMixin, RolloutMixin, UpdateMixin):
             self.tracker.load_state_dict(state["tracker"])
             if self.scaler is not None and "scaler" in state:
                 self.scaler.load_state_dict(state["scaler"])
+            if self.ema is not None:  # the weights loaded above are the average: the raw ones go back in
+                self.ema.load_state_dict(state["ema"])
+                with torch.no_grad():
+                    for p, raw in zip(self.params, state["raw_params"], strict=True):
+                        p.copy_(raw)
+            self.optimizer_steps = int(state.get("optimizer_steps", 0))
         except (KeyError, ValueError, TypeError, IndexError) as exc:  # a state saved by another run or version
             raise UserError(f"{latest / ck.STATE_FILE} does not fit this run ({type(exc).__name__}: "
                             f"{str(exc).splitlines()[0][:120] if str(exc) else ''}); delete that checkpoint folder to "
@@ -297,7 +311,8 @@ class Trainer(PolicyMixin, RolloutMixin, UpdateMixin):
         if cfg.paired_control:
             row["control_time_s"] = samples.control_time_s
         if cfg.validation_every > 0 and (epoch % cfg.validation_every == 0 or epoch == cfg.epochs):
-            row.update(self.validation_row())
+            with self._ema_weights():  # Flow-GRPO evaluates the moving average (ema_decay)
+                row.update(self.validation_row())
         row["peak_rss_mb"] = _peak_rss_mb()
         row["processes"], row["images"] = self.world, self.world * cfg.samples_per_epoch  # rundir.LOGGED_IMAGES
         self.log_epoch(row)

@@ -22,6 +22,7 @@ from pcpo_eval.models.base import ModelAdapter
 from pcpo_eval.samplers.base import Sampler, Trajectory
 from pcpo_eval.train.config import TrainConfig
 from pcpo_eval.train.diagnostics import approx_kl, delta_terms, diagnostic_stats, ppo_health_stats
+from pcpo_eval.train.ema import ParamEMA
 from pcpo_eval.train.objectives import StepLoss, eps_matching_log_rho, uses_decomposition
 from pcpo_eval.train.rollout import EpochSamples, keyed_generator
 
@@ -65,6 +66,7 @@ class UpdateMixin:
     device: torch.device
     rank: int
     scaler: torch.amp.GradScaler | None
+    ema: ParamEMA | None
 
     def _train_steps(self) -> list[int]:
         """Step indices that may be trained (DanceGRPO drops the last step)."""
@@ -190,7 +192,7 @@ class UpdateMixin:
             for u in range(cfg.gradient_updates):
                 chunk = micro[u * per_update:(u + 1) * per_update]
                 accum = len(chunk) * n_train
-                for rows in chunk:
+                for i, rows in enumerate(chunk):
                     stats["rows"].append(len(rows))
                     adv_rows, steps_of_rows = to_device_async(adv_all[rows], self.device), tsel[rows]
                     for ks in groups:
@@ -214,10 +216,12 @@ class UpdateMixin:
                             dev_stats["kl"].append(kls[cfg.kl_form].detach().reshape(-1))
                             for form, v in kls.items():
                                 dev_kls[form].append(v.detach().reshape(-1))
-                gn, g1 = self._optimizer_step()
-                stats["grad_norm"].append(gn)
-                stats["g1_mean"].append(g1[0])
-                stats["g1_var"].append(g1[1])
+                    if i == len(chunk) - 1:  # the update's last micro-batch: its optimizer step
+                        gn, g1 = self._optimizer_step()
+                        stats["grad_norm"].append(gn)
+                        stats["g1_mean"].append(g1[0])
+                        stats["g1_var"].append(g1[1])
+                    self._ema_step()  # after every training batch, as Flow-GRPO calls it (train/ema.py)
         stats.update(_to_lists(dev_stats))
         kl_forms.update(_to_lists(dev_kls))
         return self._epoch_row(epoch, samples, stats, kl_forms)
@@ -259,4 +263,6 @@ class UpdateMixin:
             row["train_samples"] = int(sum(stats["rows"])) // max(cfg.num_inner_epochs, 1)
         if self.scaler is not None:
             row["loss_scale"] = float(self.scaler.get_scale())
+        if self.ema is not None:
+            row["ema_updates"] = self.ema.updates  # averaging steps so far (ema_decay; train/ema.py)
         return row
