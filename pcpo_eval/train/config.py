@@ -338,8 +338,9 @@ def convention_keys(cfg: TrainConfig) -> tuple[str, ...]:
 
     eps (DDIM) models: ``credit_convention``, ``credit_fallback`` (PCPO's sigma~, also for configs whose
     PCPO arm is ``objective=pcpo``). Velocity models: ``sde``, ``kl_form``, ``cfg_detach_uncond``,
-    ``drop_zero_advantage``, ``model_time_quantize``, and ``flow_t1`` for the Flow-GRPO SDE. GRPO
-    group advantages: ``adv_std``.
+    ``drop_zero_advantage``, ``model_time_quantize``, and ``flow_t1`` and ``ema_decay`` (Flow-GRPO's
+    moving average of the weights, which the paper does not state) for the Flow-GRPO SDE. GRPO group
+    advantages: ``adv_std``.
     """
     from pcpo_eval.models.registry import prediction_of
 
@@ -347,7 +348,7 @@ def convention_keys(cfg: TrainConfig) -> tuple[str, ...]:
         keys = ["credit_convention", "credit_fallback"]
     else:
         keys = ["sde", "kl_form", "cfg_detach_uncond", "drop_zero_advantage", "model_time_quantize"]
-        keys += ["flow_t1"] if cfg.sde == "flowgrpo" else []
+        keys += ["flow_t1", "ema_decay"] if cfg.sde == "flowgrpo" else []
     keys += ["adv_std"] if cfg.advantage == "group" else []
     return tuple(keys)
 

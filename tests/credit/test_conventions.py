@@ -30,7 +30,7 @@ def test_convention_keys_follow_the_model_and_the_advantage():
     assert convention_keys(config_from_dict({"model": "toy"})) == ("credit_convention", "credit_fallback")
     flow = convention_keys(config_from_dict({"model": "toyflow", "sde": "flowgrpo", "advantage": "group"}))
     assert set(flow) == {"sde", "kl_form", "cfg_detach_uncond", "drop_zero_advantage", "model_time_quantize",
-                         "flow_t1", "adv_std"}
+                         "flow_t1", "ema_decay", "adv_std"}
 
 
 def test_flowgrpo_setups_use_flowgrpo_code_conventions():
@@ -38,6 +38,7 @@ def test_flowgrpo_setups_use_flowgrpo_code_conventions():
         cfg = load_config(Path(__file__).parents[2] / "train" / "configs" / name)
         assert (cfg.kl_form, cfg.adv_std, cfg.cfg_detach_uncond, cfg.drop_zero_advantage) == (
             "flowgrpo_code", "batch", True, True)
+        assert (cfg.ema_decay, cfg.ema_every) == (0.9, 8)  # Flow-GRPO train.ema: EMAModuleWrapper(0.9, 8)
     for name in ("setup6_dancegrpo_flux.yaml", "setup10_dancegrpo_flux_naive_acc.yaml"):
         assert load_config(Path(__file__).parents[2] / "train" / "configs" / name).model_time_quantize
 
