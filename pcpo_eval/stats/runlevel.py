@@ -443,7 +443,7 @@ def compare_runs(
     fragile, floor = t_not_robust(b, t, paired), None
     if fragile:  # the t test alone is not trusted: never below the exchangeable runs' own test
         p, floor = max(p, perm.p), perm.p_min
-        p_method = f"the larger of the {ci_method}'s p and the {how}'s ({fragile})"
+        p_method = f"the larger of the {ci_method}'s p and the p of the {how} ({fragile})"
         mde = None if floor >= alpha else mde
     poi = float(probability_of_improvement(b, t))
     poi_lo, poi_hi = stratified_bootstrap_ci(
@@ -451,6 +451,6 @@ def compare_runs(
     )
     return Comparison(
         stat, b.size, t.size, bv, tv, ci.estimate, ci.low, ci.high, ci_method, alpha, p, p_method,
-        perm.p_min, poi, poi_lo, poi_hi, True, f"p is the larger of the t test's and the {how}'s: {fragile}"
+        perm.p_min, poi, poi_lo, poi_hi, True, f"p is the larger of the t test's and that of the {how}: {fragile}"
         if fragile else "", bool(p < alpha), paired, ci.df, perm.p, mde, floor,
     )  # fmt: skip

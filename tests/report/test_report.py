@@ -480,7 +480,7 @@ def test_raw_score_rows_say_why_their_ci_does_not_decide_and_what_the_metrics_me
     """An A/A report printed IS "-0.1229 [-0.2072, -0.0387]" beside p 0.333 (the exact permutation test
     bounds p at 2 runs per arm) without a word; the columns said "PCPO − baseline" for arms B and A; and FD
     never said it is a distance to the base model's images (where a frozen policy sits at 0)."""
-    reason = ("p is the larger of the t test's and the exact relabelling permutation test over all 6's: 2 runs in an "
+    reason = ("p is the larger of the t test's and that of the exact relabelling permutation test over all 6: 2 runs in an "
               "arm: a t test needs at least 3 to be trusted alone")
     sig = {"all": {"is_toy": {"estimate": -0.1229, "se": None, "df": 1.61, "ci_low": -0.2072, "ci_high": -0.0387,
                               "mde": None, "p": 1 / 3, "p_adj": 1.0, "estimable": True, "reason": reason,

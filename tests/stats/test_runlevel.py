@@ -225,7 +225,7 @@ def test_paired_compare_is_the_paired_t_test(n):
         assert c.p_method.startswith("paired t (permutation check: exact sign-flip over") and c.p_floor is None
         assert c.mde == pytest.approx(mde(float(np.std(t - b, ddof=1)), n, paired=True))
     else:  # the exact test's floor (2/4) is above alpha: no effect is detectable
-        assert c.p_method.startswith("the larger of the paired t's p and the exact sign-flip")
+        assert c.p_method.startswith("the larger of the paired t's p and the p of the exact sign-flip permutation test over all 4 (")
         assert c.p_floor == 0.5 and c.mde is None and "2 seeds: a t test needs at least 3" in c.reason
     assert c.significant == (c.p < ALPHA)
     welch = compare_runs(b, t, n_boot=50, rng=rng)
