@@ -82,6 +82,11 @@ def replication_warnings(data: pd.DataFrame, formula: str, groups: list[str]) ->
       tables, 30 prompts of one run per arm: p < 0.05 in 31 of 100; with 3 runs per arm in 33 of 100);
     * a grouping with one level in some level of the factor (one run per arm): the factor is confounded
       with that grouping, and its p tests nothing about the factor;
+    * no grouping nested in the factor with at least 2 levels in each of its levels (a run column named
+      anything): the rows (prompts, images) are then the only replicates, so the p is about these
+      runs / checkpoints and leaves out the variation between training runs a method comparison must
+      count. Before, per-prompt tables of one run per arm (or three, in a column named ``seed``) gave A/A
+      pairs p < 0.05 in 91 and 79 of 100 with no warning;
     * no prompt shared between the factor's levels: the difference is between prompt sets as well.
     A study adds ``(1|run)`` and refuses one run per arm itself (:data:`pcpo_eval.study.results.ONE_RUN_LMM`)."""
     _, _, rhs = parse_formula(formula, list(data.columns))
@@ -93,11 +98,20 @@ def replication_warnings(data: pd.DataFrame, formula: str, groups: list[str]) ->
             out.append(f"the table's {RUN_COLUMN} column is nested in {f} (each {RUN_COLUMN} in one level) but is "
                        f"not a --group: the rows of one {RUN_COLUMN} are not independent replicates, so the test of "
                        f"{f} counts within-{RUN_COLUMN} noise as evidence; add --group {RUN_COLUMN}")
+        replicated = False
         for g in groups:
             per_level = data.groupby(f)[g].nunique() if nested.get(g) else None
             if per_level is not None and (per_level < 2).any():
                 out.append(f"--group {g} has one level in {f} {per_level.idxmin()!s}: the {f} effect is confounded "
                            f"with {g} (one {g} per level), so its p is no test of {f}; give at least 2 {g}s per level")
+            replicated = replicated or (per_level is not None and bool((per_level >= 2).all()))
+        run_unsaid = not (nested.get(RUN_COLUMN) and RUN_COLUMN not in groups)
+        if not replicated and run_unsaid and not any(nested.get(g) for g in groups):
+            out.append(f"no --group is nested in {f} (a run or seed column, each value in one level of {f}): the "
+                       f"rows are the only replicates, so the p compares these runs' images, not {f} across "
+                       f"training runs, whose run-to-run variation it leaves out (A/A tables of one run per level: "
+                       f"p < 0.05 in 91 of 100); add a column naming each row's run and --group it, with at "
+                       f"least 2 runs per level")
         shared = [g for g in PROMPT_COLUMNS if g in nested]
         if shared and all(nested[g] for g in shared):
             out.append(f"no {shared[0]} is shared between the levels of {f}: the difference is between prompt sets "

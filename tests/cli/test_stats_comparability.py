@@ -84,33 +84,43 @@ def test_speedup_output_records_the_direction_and_level(cli, box):
         assert f"({'higher' if higher else 'lower'} is better; alpha 0.05)" in table
 
 
-def _table(path: Path, runs_per_arm: int, disjoint_prompts: bool = False) -> Path:
+def _table(path: Path, runs_per_arm: int, disjoint_prompts: bool = False, run_column: str | None = "run") -> Path:
     import numpy as np
     import pandas as pd
 
     rng = np.random.default_rng(1)
-    rows = [dict(algorithm=arm, run=f"{arm}_s{r}", prompt=f"p{p + (30 if disjoint_prompts and arm == 'PCPO' else 0)}",
-                 lpips=rng.normal()) for arm in ("DDPO", "PCPO") for r in range(runs_per_arm) for p in range(30)]
+    rows = [{"algorithm": arm, **({run_column: f"{arm}_s{r}"} if run_column else {}),
+             "prompt": f"p{p + (30 if disjoint_prompts and arm == 'PCPO' else 0)}", "lpips": rng.normal()}
+            for arm in ("DDPO", "PCPO") for r in range(runs_per_arm) for p in range(30)]
     pd.DataFrame(rows).to_csv(path, index=False)
     return path
 
 
-@pytest.mark.parametrize(("runs", "groups", "disjoint", "needle"), [
-    (3, ["prompt"], False, "the table's run column is nested in algorithm (each run in one level) but is not a "
-                           "--group: the rows of one run are not independent replicates"),
-    (1, ["prompt", "run"], False, "--group run has one level in algorithm DDPO: the algorithm effect is confounded "
-                                  "with run"),
-    (3, ["prompt", "run"], True, "no prompt is shared between the levels of algorithm"),
-    (3, ["prompt", "run"], False, None),
-], ids=["run-not-grouped", "one-run-per-arm", "disjoint-prompts", "sound"])
-def test_lmm_says_when_its_test_is_not_across_replicates(cli, box, runs, groups, disjoint, needle):
+NO_RUN_GROUP = "no --group is nested in algorithm (a run or seed column, each value in one level of algorithm)"
+
+
+@pytest.mark.parametrize(("runs", "groups", "disjoint", "column", "needle"), [
+    (3, ["prompt"], False, "run", "the table's run column is nested in algorithm (each run in one level) but is not "
+                                  "a --group: the rows of one run are not independent replicates"),
+    (1, ["prompt", "run"], False, "run", "--group run has one level in algorithm DDPO: the algorithm effect is "
+                                         "confounded with run"),
+    (3, ["prompt", "run"], True, "run", "no prompt is shared between the levels of algorithm"),
+    (1, ["prompt"], False, None, NO_RUN_GROUP),  # two per_prompt.parquet files joined: no run column at all
+    (3, ["prompt"], False, "seed", NO_RUN_GROUP),  # the runs in a column of another name, not grouped
+    (3, ["prompt", "run"], False, "run", None),
+    (3, ["prompt", "seed"], False, "seed", None),
+], ids=["run-not-grouped", "one-run-per-arm", "disjoint-prompts", "no-run-column", "seed-not-grouped", "sound",
+        "sound-seed"])
+def test_lmm_says_when_its_test_is_not_across_replicates(cli, box, runs, groups, disjoint, column, needle):
     """A/A tables of 30 prompts: with the run column left out of the groups, p < 0.05 in 31 of 100 (one run per
-    arm) and 33 of 100 (three); the study adds (1|run) and refuses one run per arm. The command now says so."""
-    data = _table(box / "t.csv", runs, disjoint)
+    arm) and 33 of 100 (three); the study adds (1|run) and refuses one run per arm. The command now says so, also
+    for a table without a run column (91 of 100 at one run per arm) or with one named otherwise (79 of 100)."""
+    data = _table(box / "t.csv", runs, disjoint, column)
     res = cli("lmm", data, "--formula", "lpips ~ algorithm", *(a for g in groups for a in ("--group", g)))
     assert res.returncode == 0, res.stderr
     warned = [line for line in res.stdout.splitlines() if line.startswith("warning: ")]
     assert (warned == []) if needle is None else any(needle in w for w in warned), warned
+    assert len(warned) <= 1 or needle != NO_RUN_GROUP  # said once, not beside the run column's own warning
     js = json.loads(cli("lmm", data, "--formula", "lpips ~ algorithm", "--json",
                         *(a for g in groups for a in ("--group", g))).stdout)
     assert [f"warning: {w}" for w in js["warnings"]] == warned
