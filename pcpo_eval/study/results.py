@@ -50,7 +50,7 @@ import pandas as pd
 
 from pcpo_eval.errors import UserError
 from pcpo_eval.io import atomic_write_bytes, to_jsonable
-from pcpo_eval.metrics.base import METRICS
+from pcpo_eval.metrics.base import METRIC_LABELS, METRICS
 from pcpo_eval.metricsdir import metrics_path, per_image_path, per_prompt_path
 from pcpo_eval.rundir import load_log, log_path
 from pcpo_eval.study.spec import StudySpec
@@ -427,7 +427,28 @@ def raw_score_rows(sp: StudySpec, rows: list[dict[str, Any]], values: dict[str, 
                 "sd": {m: (float(np.std(v, ddof=1)) if len(v) > 1 else None) for m, v in vals.items()},
                 "significant": {m: bool(sig.get(m, {}).get("significant", False)) for m in sp.metrics},
             })  # fmt: skip
+        if len(out) >= 2 and out[-1]["role"] == "pcpo" and out[-2]["role"] == "baseline":
+            _unbold_conflicts(sp, out[-2], out[-1], significance.get(f"{cell}{suffix}", {}))
     return out
+
+
+def _unbold_conflicts(sp: StudySpec, base: dict[str, Any], pcpo: dict[str, Any], sig: dict[str, Any]) -> None:
+    """A bold cell shows the arms' overall values, but a per-prompt metric's bold comes from the per-prompt
+    test, which can point the other way (IS of a whole set is diversity across prompts; per prompt, within
+    one): a policy that collapses each prompt had a bold, "worse" overall IS* while the per-prompt test found
+    it significantly lower (-0.465, p 0.0003), one label with two opposite findings. Such a cell is not bold
+    and ``conflicts`` says why."""
+    for m, bold in pcpo["significant"].items():
+        est, vb, vt = sig.get(m, {}).get("estimate"), base["values"].get(m), pcpo["values"].get(m)
+        if not bold or est is None or vb is None or vt is None or est * (vt - vb) >= 0:
+            continue
+        pcpo["significant"][m] = False
+        within = " (IS per prompt is diversity within a prompt; the set's IS, across prompts)" if m.startswith("is") else ""
+        pcpo.setdefault("conflicts", {})[m] = (
+            f"{METRIC_LABELS[m]} in {pcpo['cell']}: the per-prompt test finds {sp.pcpo} {'higher' if est > 0 else 'lower'} "
+            f"(estimate {est:+.3g}, adjusted p {sig[m].get('p_adj'):.3g}) while the overall values go the other way "
+            f"({sp.pcpo} {vt:.4g}, {sp.baseline} {vb:.4g}): the two measure different things{within}, so the cell is "
+            "not bold; read the per-prompt effect below for what was tested")
 
 
 def comparison(sp: StudySpec, layout: StudyLayout, match: str) -> dict[str, Any]:
@@ -595,7 +616,6 @@ def image_metrics(sp: StudySpec, layout: StudyLayout) -> tuple[dict[str, Any], d
     comparisons and all cells forms one multiplicity family per study (:func:`arm_family`); the LMM
     tables' other terms one per term (:func:`lmm_study_family`).
     """
-    from pcpo_eval.metrics.base import METRIC_LABELS
 
     base = _metrics_json(metrics_path(layout.metrics_dir("base")))["metrics"]
     raw = [{"cell": "", "method": "Base model", "role": "base", "n_runs": 1, "epochs": [],

@@ -89,3 +89,34 @@ def test_planted_per_image_difference_is_detected(tmp_path, fakes):
     assert res["lmm"]["adjusted"]["pickscore"]["algorithm[T.B]"]["p_holm"] < 0.05
     simple = res["raw_scores"]["significance"]["all"]["pickscore"]
     assert simple["significant"] and simple["estimate"] > 0 and "(1|image)" in simple["method"]
+
+
+def test_a_bold_cell_never_contradicts_its_per_prompt_test():
+    """The raw-score cell shows the overall values; its bold came from the per-prompt test. A policy that
+    collapses each prompt has a higher set IS but a lower per-prompt IS (the audit's study: overall 4.74 vs
+    1.92 bold, per-prompt estimate -0.465, p 0.0003): such a cell is not bold and says why, in the report too."""
+    from types import SimpleNamespace
+
+    from pcpo_eval.report.html import render_report
+    from pcpo_eval.study.results import raw_score_rows
+
+    runs = [SimpleNamespace(name=n, role=r) for n, r in (("a0", "baseline"), ("a1", "baseline"), ("b0", "pcpo"),
+                                                          ("b1", "pcpo"))]
+    sp = SimpleNamespace(baseline="DDPO", pcpo="PCPO", metrics=["is_toy", "lpips_toy"], runs=runs,
+                         cells=lambda: ["all"], cell_key=lambda r: "all", role=lambda r: r.role)
+    rows = [{"name": r.name, "cell": "all", "role": r.role, "epoch": 10, "reward": 0.5} for r in runs]
+    values = {"a0": {"is_toy": 1.9, "lpips_toy": 0.30}, "a1": {"is_toy": 1.94, "lpips_toy": 0.31},
+              "b0": {"is_toy": 4.7, "lpips_toy": 0.40}, "b1": {"is_toy": 4.78, "lpips_toy": 0.41}}
+    sig = {"all": {"is_toy": {"estimate": -0.465, "p_adj": 0.00028, "significant": True},
+                   "lpips_toy": {"estimate": 0.1, "p_adj": 0.001, "significant": True}}}
+    base, pcpo = raw_score_rows(sp, rows, values, sig, "")
+    assert pcpo["significant"] == {"is_toy": False, "lpips_toy": True}  # the agreeing one stays bold
+    (text,) = pcpo["conflicts"].values()
+    assert text.startswith("IS* (toy) in all: the per-prompt test finds PCPO lower (estimate -0.465, adjusted p "
+                           "0.00028) while the overall values go the other way (PCPO 4.74, DDPO 1.92)")
+    assert "diversity within a prompt" in text and "conflicts" not in base
+    import html
+
+    page = html.unescape(render_report({"study": {"name": "s"}, "raw_scores": {"columns": sp.metrics,
+                                                                                "rows": [base, pcpo]}}))
+    assert f"Not bold: {text}." in page
