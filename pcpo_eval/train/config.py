@@ -169,6 +169,10 @@ class TrainConfig:
     #: training keeps the raw weights): 0 = none; Flow-GRPO: 0.9 (``train.ema``; pcpo_eval/train/ema.py)
     ema_decay: float = 0.0
     ema_every: int = 8  #: average every N optimizer steps (Flow-GRPO's update_step_interval 8)
+    #: updates at each averaging step: 0 = once per micro-batch of the next accumulation window, as Flow-GRPO's
+    #: script calls it (so as many as this process's micro-batches per optimizer step, which the launch
+    #: changes); N = N updates right after the step, whatever the launch (train/ema.py)
+    ema_repeats: int = 0
     #: start from these weights (a checkpoint / run directory of pcpo-eval, or a diffusers / LoRA
     #: .safetensors file) at epoch 1 with a fresh optimizer; "" = the base model
     init_from: str = ""
@@ -231,6 +235,8 @@ class TrainConfig:
         need(self.train_min_sigma >= 0, f"train_min_sigma must be >= 0 (got {self.train_min_sigma})")
         need(0 <= self.ema_decay < 1, f"ema_decay must be in [0, 1) (0 = no moving average; got {self.ema_decay})")
         need(int(self.ema_every) >= 1, f"ema_every must be >= 1 (got {self.ema_every})")
+        need(int(self.ema_repeats) >= 0, f"ema_repeats must be >= 0 (0 = once per training batch, as Flow-GRPO; "
+                                         f"got {self.ema_repeats})")
         problems += self._optimizer_problems()
         problems += self._extension_problems()
         n = self.samples_per_epoch

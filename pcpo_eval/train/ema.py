@@ -11,9 +11,13 @@ it and saves it as the checkpoint; sampling for training uses the raw weights. I
 (the warm-up ``d(s)`` averages fast at first: d(7) = 0.47, and reaches ``decay`` 0.9 at s = 80). The
 training script calls it after every training batch (its timesteps' forward and backward), with ``s``
 the optimizer steps taken so far, so an ``s`` that updates does so once for each batch of the
-accumulation window that follows that step: 4 times per 8 steps in setups 8-9 (8 batches of 8 samples,
-2 optimizer steps an epoch). The trainer calls :meth:`ParamEMA.step` at the same points
-(``train/update.py``), so the averaged weights are the reference's.
+accumulation window that follows that step: ``k`` = the batches per optimizer step of one process
+(Flow-GRPO's ``gradient_accumulation_steps``), which depends on the launch: Flow-GRPO's SD3 formulas at
+512 images an epoch give k = 32 on one GPU, 8 on four, 2 on eight. With ``ema_repeats: 0`` the trainer
+calls :meth:`ParamEMA.step` at the same points (``train/update.py``: after every micro-batch), so k is
+this run's micro-batches per optimizer step; ``ema_repeats: k`` applies k updates right after each
+optimizer step instead, whatever the launch (setups 8-9 pin the k of the paper's layouts: 4 on one GPU
+for setup 8, 8 on four for setup 9).
 """
 
 from __future__ import annotations
@@ -39,14 +43,16 @@ class ParamEMA:
         self.updates = 0  #: averaging steps taken (for the log)
 
     @torch.no_grad()
-    def step(self, params: Sequence[torch.nn.Parameter], optimizer_steps: int) -> None:
-        """One call after a training batch; ``optimizer_steps``: steps taken so far (Flow-GRPO's global_step)."""
+    def step(self, params: Sequence[torch.nn.Parameter], optimizer_steps: int, repeats: int = 1) -> None:
+        """One call after a training batch (``repeats`` calls at once); ``optimizer_steps``: steps taken so far
+        (Flow-GRPO's global_step)."""
         if (optimizer_steps + 1) % self.every:
             return
         w = 1.0 - ema_decay_at(optimizer_steps, self.decay)
-        for s, p in zip(self.shadow, params, strict=True):
-            s.add_(w * (p.detach().float() - s))
-        self.updates += 1
+        for _ in range(repeats):
+            for s, p in zip(self.shadow, params, strict=True):
+                s.add_(w * (p.detach().float() - s))
+            self.updates += 1
 
     @contextmanager
     def swapped_in(self, params: Sequence[torch.nn.Parameter]) -> Iterator[None]:

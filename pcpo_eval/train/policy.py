@@ -100,11 +100,16 @@ class PolicyMixin:
         self.ema = ParamEMA(self.params, config.ema_decay, config.ema_every) if config.ema_decay > 0 else None
         self.optimizer_steps = 0
 
-    def _ema_step(self) -> None:
-        """After each training batch (micro-batch): the moving average's update at the run's optimizer step
-        count, where Flow-GRPO's ``train_sd3.py`` calls it (:class:`pcpo_eval.train.ema.ParamEMA`)."""
-        if self.ema is not None:
+    def _ema_step(self, after_step: bool) -> None:
+        """After each training batch (micro-batch; ``after_step``: the one that ended with the optimizer step):
+        the moving average's update at the run's optimizer step count, where Flow-GRPO's ``train_sd3.py``
+        calls it, or ``ema_repeats`` updates right after the step (:class:`pcpo_eval.train.ema.ParamEMA`)."""
+        if self.ema is None:
+            return
+        if self.cfg.ema_repeats == 0:
             self.ema.step(self.params, self.optimizer_steps)
+        elif after_step:
+            self.ema.step(self.params, self.optimizer_steps, repeats=self.cfg.ema_repeats)
 
     def _ema_weights(self) -> AbstractContextManager[None]:
         """The averaged weights in place for the block (validation, a checkpoint's weights); the raw ones

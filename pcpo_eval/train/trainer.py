@@ -175,7 +175,8 @@ class Trainer(PolicyMixin, RolloutMixin, UpdateMixin):
         if self.scaler is not None:
             state["scaler"] = self.scaler.state_dict()
         if self.ema is not None:  # the weights file holds the average (Flow-GRPO's save_ckpt); resume needs both
-            meta["ema"] = {"decay": self.ema.decay, "every": self.ema.every, "updates": self.ema.updates}
+            meta["ema"] = {"decay": self.ema.decay, "every": self.ema.every, "repeats": self.cfg.ema_repeats,
+                           "updates": self.ema.updates}
             state["ema"] = self.ema.state_dict()
             state["raw_params"] = [p.detach().cpu().clone() for p in self.params]
         with self._ema_weights():

@@ -216,12 +216,13 @@ class UpdateMixin:
                             dev_stats["kl"].append(kls[cfg.kl_form].detach().reshape(-1))
                             for form, v in kls.items():
                                 dev_kls[form].append(v.detach().reshape(-1))
-                    if i == len(chunk) - 1:  # the update's last micro-batch: its optimizer step
+                    last = i == len(chunk) - 1
+                    if last:  # the update's last micro-batch: its optimizer step
                         gn, g1 = self._optimizer_step()
                         stats["grad_norm"].append(gn)
                         stats["g1_mean"].append(g1[0])
                         stats["g1_var"].append(g1[1])
-                    self._ema_step()  # after every training batch, as Flow-GRPO calls it (train/ema.py)
+                    self._ema_step(last)  # after every training batch, as Flow-GRPO calls it (train/ema.py)
         stats.update(_to_lists(dev_stats))
         kl_forms.update(_to_lists(dev_kls))
         return self._epoch_row(epoch, samples, stats, kl_forms)

@@ -103,7 +103,7 @@ def test_the_average_is_flow_grpos_at_its_call_points(runs):
     # s = 1 and s = 3, 5 update twice each (the batch after the step and the next one): 2 per epoch
     assert log["ema_updates"].tolist() == [2, 4, 6]
     meta = ck.read_meta(ck.checkpoint_dir(root / "ema", 3))
-    assert meta["ema"] == {"decay": 0.9, "every": 2, "updates": 6}
+    assert meta["ema"] == {"decay": 0.9, "every": 2, "repeats": 0, "updates": 6}
     assert ema_decay_at(1, 0.9) == pytest.approx(2 / 11) and ema_decay_at(80, 0.9) == 0.9
 
 
@@ -130,6 +130,27 @@ def test_resume_restores_the_raw_weights_and_the_average(runs):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_pinned_repeats_make_the_average_independent_of_the_micro_batching(tmp_path):
+    """Flow-GRPO's call pattern repeats an averaging step once per batch of the accumulation window, so the
+    average depends on the launch (batches per optimizer step of one process). ``ema_repeats: k`` applies k
+    updates right after the step: two runs that differ only in ``train_batch_size`` (2 or 1 micro-batches per
+    step, the same training to float rounding) then hold the same average; without it, not."""
+    base = {**EMA, "epochs": 2, "validation_every": 0, "log_to": ""}
+
+    def average(**kw):
+        run = tmp_path / "_".join(f"{k}{v}" for k, v in kw.items())
+        log = Trainer(config_from_dict({**base, **kw}), run).run()
+        return _lora(run, 2), log
+
+    (two, log2), (one, log1) = average(ema_repeats=3), average(ema_repeats=3, train_batch_size=4)
+    assert log2["ema_updates"].tolist() == log1["ema_updates"].tolist() == [3, 6]  # s = 1 and 3, 3 each
+    for k in two:
+        torch.testing.assert_close(two[k], one[k], rtol=1e-4, atol=1e-6)
+    (a, la), (b, lb) = average(ema_repeats=0), average(ema_repeats=0, train_batch_size=4)
+    assert la["ema_updates"].tolist() == [2, 4] and lb["ema_updates"].tolist() == [1, 2]  # k follows the batches
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) > 10 * max(float((two[k] - one[k]).abs().max()) for k in two)
+
+
 def test_the_average_swaps_in_and_out():
     p = torch.nn.Parameter(torch.ones(3))
     ema = ParamEMA([p], decay=0.5, every=1)
@@ -148,6 +169,7 @@ def test_the_average_swaps_in_and_out():
     ("ema_decay", 1.0, "ema_decay must be in [0, 1) (0 = no moving average; got 1.0)"),
     ("ema_decay", -0.1, "ema_decay must be in [0, 1)"),
     ("ema_every", 0, "ema_every must be >= 1 (got 0)"),
+    ("ema_repeats", -1, "ema_repeats must be >= 0 (0 = once per training batch, as Flow-GRPO; got -1)"),
 ])
 def test_bad_settings_are_refused(key, value, needle):
     with pytest.raises(UserError) as err:
