@@ -18,7 +18,15 @@ The printed detectable win rate alone (``--part mde``): for the paper's design a
 dominant rater (600 + 14 x 20), N A/A studies give the median rate the verdict prints, and N studies
 with that preference planted in one comparison say how often the verdict finds it (the claim: 80%).
 
-Usage: ``python benchmarks/bench_human.py [N] [--part paper|raters|mde]`` (default 300 studies per
+The printed intervals (``--part ci``): in A/A studies, how often each interval or p the human table prints
+reads "significant" (the verdict; the raters' interval of the verdict sentence; the pooled answers' exact
+interval; the mixed model's Wald p and odds-ratio interval; the Bradley-Terry Elo intervals over resampled
+raters), and at a planted 0.6 how often the two win-rate intervals cover the population win rate.
+
+Interim looks (``--part looks``): A/A studies analysed after each rater from the 5th to the 15th; how often
+some look says "Raters preferred" against the last look alone.
+
+Usage: ``python benchmarks/bench_human.py [N] [--part paper|raters|mde|ci|looks]`` (default 300 studies per
 setting, the paper and raters parts).
 """
 
@@ -229,6 +237,95 @@ def mde_rows(pairs: pd.DataFrame, n: int) -> list[str]:
     return lines
 
 
+def interval_counts(pairs: pd.DataFrame, n: int, counts: list[int], q: float, bootstrap: int = 400,
+                    seed0: int = 5000) -> dict[str, tuple[int, int]]:
+    """Each interval and p the human table prints, over ``n`` simulated studies (rater and prompt SD 0.3) with
+    PCPO chosen with probability ``q`` by a typical rater and prompt: A/A (q = 0.5) counts the studies where it
+    reads "significant" in some comparison; planted, each comparison's coverage of the population win rate."""
+    from pcpo_eval.human.analysis import _population_rate
+
+    truth = _population_rate(q, float(np.hypot(0.3, 0.3)))
+    keys = ("verdict", "verdict sentence's interval", "raters' interval", "exact interval (answers)", "mixed model p",
+            "mixed model OR interval", "Bradley-Terry Elo interval")
+    hit = dict.fromkeys(keys, 0)
+    total = 0
+    for k in range(n):
+        resp = simulate_responses(pairs, len(counts), counts, 0.5 if q == 0.5 else {"PCPO@120": q},
+                                  rng_seed=seed0 + k, rater_sd=0.3, prompt_sd=0.3)
+        res = analyze(pairs, resp, bootstrap=bootstrap if q == 0.5 else 0, seed=k)
+        cs = res["comparisons"]
+        if q == 0.5:  # A/A: anything that reads "significant" in the study
+            cis = res["bradley_terry"]["bootstrap"]["elo_ci95"] or {}
+            found = {"verdict": any(c["significant"] for c in cs),
+                     "verdict sentence's interval": any(not (c["ci95_verdict"][0] <= 0.5 <= c["ci95_verdict"][1])
+                                                        for c in cs),
+                     "raters' interval": any(not (lo <= 0.5 <= hi) for c in cs
+                                             for lo, hi in [c["rater_level"]["ci95"]]),
+                     "exact interval (answers)": any(not (c["ci95"][0] <= 0.5 <= c["ci95"][1]) for c in cs),
+                     "mixed model p": any(c["mixed_model"]["estimable"] and c["mixed_model"]["p"] < 0.05 for c in cs),
+                     "mixed model OR interval": any(c["mixed_model"]["estimable"] and not (
+                         c["mixed_model"]["ci95"][0] <= 1 <= c["mixed_model"]["ci95"][1]) for c in cs),
+                     "Bradley-Terry Elo interval": any(lo > 1000 or hi < 1000 for m, (lo, hi) in cis.items()
+                                                       if m != res["bradley_terry"]["anchor"])}
+            total += 1
+        else:  # coverage of the population win rate of PCPO (its side of each comparison)
+            found = dict.fromkeys(keys, 0)
+            for c in cs:
+                t = truth if c["a"] == "PCPO@120" else 1.0 - truth
+                found["verdict sentence's interval"] += c["ci95_verdict"][0] <= t <= c["ci95_verdict"][1]
+                found["raters' interval"] += c["rater_level"]["ci95"][0] <= t <= c["rater_level"]["ci95"][1]
+                found["exact interval (answers)"] += c["ci95"][0] <= t <= c["ci95"][1]
+                total += 1
+        for key in keys:
+            hit[key] += int(found[key])
+    return {key: (hit[key], total) for key in keys}
+
+
+def looks_rows(pairs: pd.DataFrame, n: int) -> list[str]:
+    """Interim looks: A/A studies of 15 raters x 40 whose answers arrive one rater at a time, analysed after
+    each rater from the 5th to the 15th; how often some look says "Raters preferred" against the last alone."""
+    some = last = 0
+    for k in range(n):
+        resp = simulate_responses(pairs, 15, 40, 0.5, rng_seed=30000 + k, rater_sd=0.3, prompt_sd=0.3)
+        hits = [any(c["significant"] for c in analyze(pairs, resp[resp.rater_id < r], bootstrap=0,
+                                                      seed=k)["comparisons"]) for r in range(5, 16)]
+        some, last = some + any(hits), last + hits[-1]
+    cells = []
+    for h in (some, last):
+        lo, hi = clopper_pearson(h, n)
+        cells.append(f"{h / n:.3f} [{lo:.3f}, {hi:.3f}]")
+    return ["## Human study analysis: interim looks (bench_human --part looks)", "",
+            f"{n} simulated A/A studies, 15 raters x 40 answers arriving one rater at a time, rater and prompt SD 0.3, "
+            "simulation seeds 30000.. ; the verdict after each rater from the 5th to the 15th (11 looks); exact "
+            "95% CIs.", "", "| some look says \"Raters preferred\" | the last look (15 raters) alone |", "|---|---|",
+            f"| {cells[0]} | {cells[1]} |"]
+
+
+INTERVAL_DESIGNS = (("15 raters x 40", [40] * 15), ("one rater 600 + 14 x 20", [600] + [20] * 14))
+
+
+def interval_rows(pairs: pd.DataFrame, n: int) -> list[str]:
+    """What each printed interval claims, checked: A/A studies where it reads significant, coverage at 0.6."""
+    lines = ["## Human study analysis: the printed intervals (bench_human --part ci)", "",
+             f"{n} simulated studies per row, the paper's pairs (2 comparisons x 450), rater and prompt log-odds SD "
+             "0.3, 5% ties, simulation seeds 5000.. ; A/A rows: share of studies in which the statistic reads "
+             "significant in some comparison (Bradley-Terry: 400 bootstrap resamples, an Elo interval excluding the "
+             "anchor's 1000); planted rows: P(PCPO chosen) 0.6 for a typical rater and prompt, share of comparisons "
+             "whose interval covers the population win rate (0.596); exact 95% CIs.", "",
+             "| design | planted | verdict | verdict sentence's interval (hull of the next two) | raters' t interval | "
+             "exact interval (answers) | mixed model p | mixed model OR interval | Bradley-Terry Elo interval (raters "
+             "resampled) |", "|---|---|---|---|---|---|---|---|---|"]
+    for name, counts in INTERVAL_DESIGNS:
+        for q in (0.5, 0.6):
+            r = interval_counts(pairs, n, counts, q)
+            intervals = ("verdict sentence's interval", "raters' interval", "exact interval (answers)")
+            cells = [_cell(r, k) if (q == 0.5 or k in intervals) else "-"
+                     for k in ("verdict", *intervals, "mixed model p", "mixed model OR interval",
+                               "Bradley-Terry Elo interval")]
+            lines.append(f"| {name} | {'0.5 (A/A)' if q == 0.5 else 'coverage at 0.6'} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def main(n: int, part: str = "all") -> None:
     pairs = paper_pairs()
     t0 = time.perf_counter()
@@ -239,6 +336,10 @@ def main(n: int, part: str = "all") -> None:
         lines += rater_mix_rows(pairs, n) + [""]
     if part == "mde":
         lines += mde_rows(pairs, n)
+    if part == "ci":
+        lines += interval_rows(pairs, n)
+    if part == "looks":
+        lines += looks_rows(pairs, n)
     cmd = f"python benchmarks/bench_human.py {n}" + ("" if part == "all" else f" --part {part}")
     lines += [f"Command: `{cmd}` ({time.perf_counter() - t0:.0f} s)."]
     print("\n".join(lines))
@@ -249,6 +350,6 @@ if __name__ == "__main__":
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("n", nargs="?", type=int, default=300, help="simulated studies per row")
-    ap.add_argument("--part", choices=("all", "paper", "raters", "mde"), default="all")
+    ap.add_argument("--part", choices=("all", "paper", "raters", "mde", "ci", "looks"), default="all")
     a = ap.parse_args()
     main(a.n, a.part)

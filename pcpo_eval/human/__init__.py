@@ -92,6 +92,8 @@ DATABASE_FILE = "human.db"
 RESPONSES_FILE = "responses.parquet"
 #: the analysis (also in ``HUMAN/rehearsal/`` for simulated responses)
 ANALYSIS_FILE = "analysis.json"
+#: one line per ``human analyze`` of real answers: when, final or interim, how many answers and raters
+LOOKS_FILE = "looks.jsonl"
 #: the remembered public address of the app
 SERVER_FILE = "server.json"
 #: a serving bundle's settings (``pcpo-eval human bundle``: the derived secrets, no blinding secret)
@@ -169,6 +171,11 @@ class HumanLayout:
         return self.root / ANALYSIS_FILE
 
     @property
+    def looks(self) -> Path:
+        """The log of analyses run on the study's answers (:data:`LOOKS_FILE`; interim looks and the final)."""
+        return self.root / LOOKS_FILE
+
+    @property
     def server(self) -> Path:
         """The remembered public address of the app (``human raters/serve --base-url``)."""
         return self.root / SERVER_FILE
@@ -192,7 +199,7 @@ class HumanLayout:
         """What an output of ``human simulate`` / ``export`` must never overwrite (:func:`pcpo_eval.io.check_not_an_input`):
         the design or bundle, the pairs, the images, the database, the analysis, the address, and (unless
         ``responses`` is False: ``export`` rewrites its own default) the exported responses."""
-        return [self.design, self.bundle, self.pairs, self.images, self.database, self.analysis, self.server,
+        return [self.design, self.bundle, self.pairs, self.images, self.database, self.analysis, self.looks, self.server,
                 self.root / "sets", *([self.responses] if responses else [])]
 
 

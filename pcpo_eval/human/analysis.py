@@ -336,7 +336,10 @@ def verdict_sentence(c: dict[str, Any]) -> str:
     a, b = c["a"], c["b"]
     if c["n_decisive"] == 0:
         return f"{a} vs {b}: no decisive answers; no evidence of a preference."
-    rate = (f"win rate of {a} {c['win_rate_a']:.2f} (95% CI {_fmt_ci(*c['ci95'])}, "
+    rl = c["rater_level"]
+    who = (f"the exact one of the answers and the t interval of {rl['n_raters']} raters' own win rates"
+           if rl.get("ci95") else "the exact one of the answers")
+    rate = (f"win rate of {a} {c['win_rate_a']:.2f} (95% CI {_fmt_ci(*c['ci95_verdict'])}, the wider of {who}; "
             f"{c['n_decisive']} decisive answers)")
     mm = c["mixed_model"]
     if c["p"] is None:
@@ -386,8 +389,10 @@ def rater_level(dec: pd.DataFrame, a: str) -> dict[str, Any]:
     else:
         t, p = (0.0, 1.0) if mean == 0.5 else (math.copysign(math.inf, mean - 0.5), 0.0)
     answers = dec.groupby("rater_id").size()
+    # the t interval of the raters' mean win rate: the interval of this test, raters as the replicates
+    ci95 = [max(0.0, 0.5 + ci.low), min(1.0, 0.5 + ci.high)] if se > 0 else [mean, mean]
     return out | {"p": p, "mean_win_rate": mean, "sd": sd, "se": se, "df": k - 1, "t": t, "reason": None,
-                  "min_answers": int(answers.min()), "max_answers": int(answers.max())}
+                  "ci95": ci95, "min_answers": int(answers.min()), "max_answers": int(answers.max())}
 
 
 def compare(main: pd.DataFrame, label: str) -> dict[str, Any]:
@@ -417,6 +422,12 @@ def compare(main: pd.DataFrame, label: str) -> dict[str, Any]:
         "rater_level": rater_level(dec, a),
     }
     mm, rl = c["mixed_model"], c["rater_level"]
+    # the sentence's interval: the hull of the answers' exact one and the raters' t interval. Each alone
+    # treats something as independent that is not (answers of one rater; prompts shared by raters): in
+    # simulated A/A studies with one rater giving most answers the exact interval excluded 0.5 in 54% of
+    # them (benchmarks/bench_human.py --part ci, RESULTS.md)
+    c["ci95_verdict"] = ([min(lo, rl["ci95"][0]), max(hi, rl["ci95"][1])] if rl.get("ci95") and lo is not None
+                         else [lo, hi])
     if mm["estimable"]:
         c["p_answers"], c["p_answers_source"], ahead = mm["p"], "mixed-model", mm["log_odds_a"]
     else:
@@ -470,7 +481,8 @@ def study_family(comps: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def bradley_terry(main: pd.DataFrame, bootstrap: int, seed: int) -> dict[str, Any] | None:
-    """Bradley-Terry log-strengths, Elo-like scale, bootstrap CIs and win probabilities (> 2 methods)."""
+    """Bradley-Terry log-strengths, Elo-like scale, bootstrap CIs over resampled raters and win probabilities
+    (> 2 methods)."""
     ab = [parse_comparison(c) for c in main.comparison]
     methods = sorted({x for pair in ab for x in pair})
     if len(methods) <= 2:
@@ -481,7 +493,7 @@ def bradley_terry(main: pd.DataFrame, bootstrap: int, seed: int) -> dict[str, An
     chose_a = ((main.choice == "left") & (main.left_method == [p[0] for p in ab])) | (
         (main.choice == "right") & (main.right_method == [p[0] for p in ab]))
     val = np.where(main.choice == "tie", 0.5, chose_a.astype(float))
-    return fit_bradley_terry(a, b, val, methods, bootstrap, seed)
+    return fit_bradley_terry(a, b, val, methods, bootstrap, seed, clusters=main.rater_id.to_numpy())
 
 
 # -- agreement ----------------------------------------------------------------------------------

@@ -176,12 +176,61 @@ def analyze_folder(folder: str | Path, responses: str | Path | None = None, data
         for line in summary_lines(res):
             log(line)
         return res
+    res = _with_looks(res, lay, final)
     atomic_write_json(lay.analysis, res, private=True)  # raters' names, as the export
     log(f"wrote {lay.analysis}" + ("" if final else f" ({EXAMPLES_WITHHELD})"))
     for line in summary_lines(res):
         log(line)
     _into_study(design, res, log, folder)
     return res
+
+
+#: what repeated looks do (``benchmarks/bench_human.py --part looks``, RESULTS.md)
+PEEKING = ("deciding when to stop from interim looks raises the chance of a preference where there is none above "
+           "alpha: in simulated A/A studies with an analysis after each rater from the 5th to the 15th, some look "
+           "said \"Raters preferred\" in 11% of studies, the last look alone in 7% (benchmarks/RESULTS.md); fix "
+           "the number of raters before the study and read the --final analysis")
+
+
+def _with_looks(res: dict[str, Any], lay: HumanLayout, final: bool) -> dict[str, Any]:
+    """Log this analysis in ``looks.jsonl`` and mark it: an interim look (without ``--final``) is not a verdict
+    (each sentence says so and no comparison is ``significant``; the provisional flag is kept as
+    ``significant_interim``); the final analysis says how many interim looks came before it. Before, every
+    ``human analyze`` wrote its verdicts into the study report, unmarked."""
+    from datetime import UTC, datetime
+
+    looks = read_looks(lay)
+    counts = res.get("counts") or {}
+    entry = {"at": datetime.now(UTC).isoformat(timespec="seconds"), "final": bool(final),
+             "answers": counts.get("main_responses_used"), "raters": counts.get("raters")}
+    with open(lay.looks, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(entry) + "\n")
+    interim_before = sum(1 for x in looks if not x.get("final"))
+    if final:
+        were = "analysis was" if interim_before == 1 else "analyses were"
+        note = (f"{interim_before} interim {were} run before this final one: {PEEKING}" if interim_before
+                else "no interim analysis was run before this final one")
+        return {**res, "looks": {"final": True, "interim_before": interim_before, "note": note}}
+    k = interim_before + 1
+    label = f"Interim look {k} (answers so far; not the study's verdict)"
+    comps = [{**c, "significant": False, "significant_interim": bool(c.get("significant")),
+              "verdict": f"{label}: {c['verdict']}" if c.get("verdict") else label} for c in res.get("comparisons", [])]
+    return {**res, "comparisons": comps, "interim": True,
+            "looks": {"final": False, "look": k, "note": f"{label}. The verdict is the `human analyze --final` "
+                      f"analysis once every planned rater has answered; {PEEKING}"}}
+
+
+def read_looks(lay: HumanLayout) -> list[dict[str, Any]]:
+    """The analyses logged so far (``looks.jsonl``; unreadable lines are skipped)."""
+    if not lay.looks.is_file():
+        return []
+    out = []
+    for line in lay.looks.read_text(encoding="utf-8").splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
 
 
 def _label_simulated(res: dict[str, Any]) -> dict[str, Any]:

@@ -493,7 +493,8 @@ def _human_comparison_row(c: dict[str, Any]) -> dict[str, Any]:
     bold = bool(c.get("significant")) and c.get("win_rate_a") is not None and c.get("pooled_agrees", True) is not False
     return {**c, "bold_rate": bold, "or": mm.get("odds_ratio_a"), "or_ci": fmt_ci(lo, hi), "mm_p": mm.get("p"),
             "mm_estimable": bool(mm.get("estimable")), "mm_reason": mm.get("reason"),
-            "ci": fmt_ci(*(c.get("ci95") or [None, None])[:2])}
+            "ci": fmt_ci(*(c.get("ci95") or [None, None])[:2]),
+            "rater_ci": fmt_ci(*((c.get("rater_level") or {}).get("ci95") or [None, None])[:2])}
 
 
 def _bt_rows(bt: dict[str, Any] | None) -> list[dict[str, Any]]:

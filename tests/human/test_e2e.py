@@ -372,12 +372,20 @@ def test_raters_rate_through_the_app_and_the_analysis_reaches_the_report(study, 
     assert res.returncode == 0 and "--final" in res.stdout, res.stderr
     html = (study / "report.html").read_text()
     assert 'id="human-examples-withheld"' in html and 'id="human-examples"' not in html
-    assert json.loads((study / "human.json").read_text())["examples"] == []
+    interim = json.loads((study / "human.json").read_text())
+    assert interim["examples"] == [] and interim["interim"] and interim["looks"]["look"] == 1
+    # an interim look is no verdict: every sentence says so, nothing is significant, the report warns
+    assert all(c["verdict"].startswith("Interim look 1 (answers so far; not the study's verdict): ")
+               and not c["significant"] for c in interim["comparisons"])
+    assert 'id="human-looks"' in html and "deciding when to stop from interim looks" in html
     # the analysis of the raters' answers goes into the study's report
     res = cli("human", "analyze", human, "--bootstrap", "50", "--json", "--final")
     assert res.returncode == 0, res.stderr
     analysis = json.loads(res.stdout)
     assert analysis["comparisons"] and analysis["source"] == "database" and "simulated" not in analysis
+    assert "interim" not in analysis and analysis["looks"]["interim_before"] == 1  # said in the final analysis
+    assert analysis["looks"]["note"].startswith("1 interim analysis was run before this final one")
+    assert [x["final"] for x in map(json.loads, (human / "looks.jsonl").read_text().splitlines())] == [False, True]
     # the study's copy is the analysis with raters named by id (shared files) and paths from the study folder
     from pcpo_eval.human.report import deidentified, rebase_examples
 
