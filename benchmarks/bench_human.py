@@ -246,7 +246,7 @@ def interval_counts(pairs: pd.DataFrame, n: int, counts: list[int], q: float, bo
 
     truth = _population_rate(q, float(np.hypot(0.3, 0.3)))
     keys = ("verdict", "verdict sentence's interval", "raters' interval", "exact interval (answers)", "mixed model p",
-            "mixed model OR interval", "Bradley-Terry Elo interval")
+            "mixed model OR interval", "Bradley-Terry Elo interval", "Bradley-Terry, answers resampled")
     hit = dict.fromkeys(keys, 0)
     total = 0
     for k in range(n):
@@ -256,6 +256,7 @@ def interval_counts(pairs: pd.DataFrame, n: int, counts: list[int], q: float, bo
         cs = res["comparisons"]
         if q == 0.5:  # A/A: anything that reads "significant" in the study
             cis = res["bradley_terry"]["bootstrap"]["elo_ci95"] or {}
+            arena = _answers_resampled_bt(pairs, resp, res, bootstrap, k)
             found = {"verdict": any(c["significant"] for c in cs),
                      "verdict sentence's interval": any(not (c["ci95_verdict"][0] <= 0.5 <= c["ci95_verdict"][1])
                                                         for c in cs),
@@ -266,7 +267,9 @@ def interval_counts(pairs: pd.DataFrame, n: int, counts: list[int], q: float, bo
                      "mixed model OR interval": any(c["mixed_model"]["estimable"] and not (
                          c["mixed_model"]["ci95"][0] <= 1 <= c["mixed_model"]["ci95"][1]) for c in cs),
                      "Bradley-Terry Elo interval": any(lo > 1000 or hi < 1000 for m, (lo, hi) in cis.items()
-                                                       if m != res["bradley_terry"]["anchor"])}
+                                                       if m != res["bradley_terry"]["anchor"]),
+                     "Bradley-Terry, answers resampled": any(lo > 1000 or hi < 1000 for m, (lo, hi) in arena.items()
+                                                             if m != res["bradley_terry"]["anchor"])}
             total += 1
         else:  # coverage of the population win rate of PCPO (its side of each comparison)
             found = dict.fromkeys(keys, 0)
@@ -301,6 +304,28 @@ def looks_rows(pairs: pd.DataFrame, n: int) -> list[str]:
             f"| {cells[0]} | {cells[1]} |"]
 
 
+def _answers_resampled_bt(pairs: pd.DataFrame, resp: pd.DataFrame, res: dict, bootstrap: int,
+                          seed: int) -> dict[str, list[float]]:
+    """The Elo intervals of the same answers with every answer resampled alone (Chatbot Arena's bootstrap,
+    the analysis' before it resampled raters): the answers the analysis used, refitted without clusters."""
+    from pcpo_eval.human.analysis import parse_comparison
+    from pcpo_eval.stats.pairwise import fit_bradley_terry
+
+    excluded = {r["rater_id"] for r in res["attention_checks"]["raters"] if r.get("fails_checks")}
+    main = resp.merge(pairs, on="pair_id")
+    main = main[(main.kind == "main") & ~main.rater_id.isin(excluded)]
+    ab = [parse_comparison(c) for c in main.comparison]
+    methods = sorted({x for p in ab for x in p})
+    pos = {x: i for i, x in enumerate(methods)}
+    first = [p[0] for p in ab]
+    chose = ((main.choice == "left") & (main.left_method == first)) | ((main.choice == "right") &
+                                                                       (main.right_method == first))
+    val = np.where(main.choice == "tie", 0.5, chose.astype(float))
+    fit = fit_bradley_terry(np.array([pos[p[0]] for p in ab]), np.array([pos[p[1]] for p in ab]), val, methods,
+                            bootstrap, seed)
+    return (fit.get("bootstrap") or {}).get("elo_ci95") or {}
+
+
 INTERVAL_DESIGNS = (("15 raters x 40", [40] * 15), ("one rater 600 + 14 x 20", [600] + [20] * 14))
 
 
@@ -314,14 +339,15 @@ def interval_rows(pairs: pd.DataFrame, n: int) -> list[str]:
              "whose interval covers the population win rate (0.596); exact 95% CIs.", "",
              "| design | planted | verdict | verdict sentence's interval (hull of the next two) | raters' t interval | "
              "exact interval (answers) | mixed model p | mixed model OR interval | Bradley-Terry Elo interval (raters "
-             "resampled) |", "|---|---|---|---|---|---|---|---|---|"]
+             "resampled) | Bradley-Terry, answers resampled (Chatbot Arena; before) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for name, counts in INTERVAL_DESIGNS:
         for q in (0.5, 0.6):
             r = interval_counts(pairs, n, counts, q)
             intervals = ("verdict sentence's interval", "raters' interval", "exact interval (answers)")
             cells = [_cell(r, k) if (q == 0.5 or k in intervals) else "-"
                      for k in ("verdict", *intervals, "mixed model p", "mixed model OR interval",
-                               "Bradley-Terry Elo interval")]
+                               "Bradley-Terry Elo interval", "Bradley-Terry, answers resampled")]
             lines.append(f"| {name} | {'0.5 (A/A)' if q == 0.5 else 'coverage at 0.6'} | " + " | ".join(cells) + " |")
     return lines
 

@@ -507,6 +507,18 @@ def test_a_dominant_raters_own_preference_is_no_preference_of_raters():
     assert c["mde_source"] == "rater-level"
     assert (f"a win rate of {c['mde_win_rate']:.2f} (or {1 - c['mde_win_rate']:.2f}) (both tests together; the "
             "rater-level test, 15 raters, limits it)") in c["verdict"]
+    # the sentence's interval: the hull of the answers' exact interval and the raters' t interval (the exact
+    # one alone, 0.56-0.65, excludes 0.5 here although the raters do not lean: one rater gave 300 answers)
+    from scipy.stats import t as student
+
+    rates = np.array([0.65] + [0.5] * 14)
+    half = student.ppf(0.975, 14) * rates.std(ddof=1) / math.sqrt(15)
+    assert rl["ci95"] == pytest.approx([rates.mean() - half, rates.mean() + half], rel=1e-9)
+    lo, hi = c["ci95"]
+    assert lo > 0.5 and c["ci95_verdict"] == pytest.approx([min(lo, rl["ci95"][0]), max(hi, rl["ci95"][1])])
+    assert c["ci95_verdict"][0] < 0.5 < c["ci95_verdict"][1]
+    assert (f"win rate of x@1 0.60 (95% CI {c['ci95_verdict'][0]:.2f}-{c['ci95_verdict'][1]:.2f}, the wider of the "
+            "exact one of the answers and the t interval of 15 raters' own win rates; 440 decisive answers)") in c["verdict"]
 
 
 def test_tests_that_point_different_ways_support_no_direction(monkeypatch):

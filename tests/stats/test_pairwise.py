@@ -39,6 +39,33 @@ def test_bradley_terry_on_index_arrays():
     assert never_loses["log_strength"] is None and "Ford" in never_loses["reason"]
 
 
+def test_bradley_terry_bootstrap_resamples_raters_as_wholes():
+    """With ``clusters`` each replicate draws the raters with replacement and keeps all of a drawn rater's
+    answers: the weights are constant within a rater and sum to the drawn raters' answers. Three checkpoints,
+    two raters who disagree (one always prefers c, one always a): resampling answers treats 300 answers as
+    independent and gives a narrow Elo interval; resampling the 2 raters gives one spanning both tastes."""
+    from pcpo_eval.stats.pairwise import cluster_weights
+
+    rng = np.random.default_rng(0)
+    clusters = np.repeat(["r1", "r2", "r3"], [5, 3, 2])
+    w = cluster_weights(clusters, 200, rng)
+    for r in ("r1", "r2", "r3"):
+        assert (w[:, clusters == r] == w[:, clusters == r][:, :1]).all()  # one weight per rater and replicate
+    assert set(np.unique(w.sum(axis=1) % 1)) == {0.0} and np.allclose(w.mean(axis=0), 1.0, atol=0.2)
+    items = ["a", "b", "c"]
+    pairs = np.array([(0, 1), (0, 2), (1, 2)] * 100)
+    a, b = pairs[:, 0], pairs[:, 1]
+    rater = np.repeat([0, 1], 150)
+    # rater 0 ranks c > b > a (a loses every pair), rater 1 a > b > c, with a few upsets so strengths exist
+    val = np.where(rater == 0, 0.0, 1.0)
+    val[::7] = 1.0 - val[::7]
+    by_answers = fit_bradley_terry(a, b, val, items, bootstrap=300, seed=1)["bootstrap"]
+    by_raters = fit_bradley_terry(a, b, val, items, bootstrap=300, seed=1, clusters=rater)["bootstrap"]
+    assert by_answers["resampled"] == "answers" and by_raters["resampled"] == "raters"
+    width = {k: np.diff(v["elo_ci95"]["c"])[0] for k, v in (("answers", by_answers), ("raters", by_raters))}
+    assert width["raters"] > 5 * width["answers"], width
+
+
 def _data(seed: int = 3, n: int = 240) -> pd.DataFrame:
     rng = np.random.default_rng(seed)
     rater, prompt = rng.integers(0, 12, n), rng.integers(0, 20, n)
