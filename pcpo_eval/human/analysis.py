@@ -337,9 +337,9 @@ def verdict_sentence(c: dict[str, Any]) -> str:
     if c["n_decisive"] == 0:
         return f"{a} vs {b}: no decisive answers; no evidence of a preference."
     rl = c["rater_level"]
-    who = (f"the exact one of the answers and the t interval of {rl['n_raters']} raters' own win rates"
-           if rl.get("ci95") else "the exact one of the answers")
-    rate = (f"win rate of {a} {c['win_rate_a']:.2f} (95% CI {_fmt_ci(*c['ci95_verdict'])}, the wider of {who}; "
+    who = (f"spanning the exact interval of the answers and the t interval of {rl['n_raters']} raters' own win "
+           "rates" if rl.get("ci95") else "the exact interval of the answers")
+    rate = (f"win rate of {a} {c['win_rate_a']:.2f} (95% CI {_fmt_ci(*c['ci95_verdict'])}, {who}; "
             f"{c['n_decisive']} decisive answers)")
     mm = c["mixed_model"]
     if c["p"] is None:

@@ -503,7 +503,7 @@ def _bt_rows(bt: dict[str, Any] | None) -> list[dict[str, Any]]:
     boot = bt.get("bootstrap") or {}
     cis = boot.get("elo_ci95") or {}
     rows = [{"method": m, "log_strength": bt["log_strength"][m], "elo": bt["elo"][m],
-             "elo_ci": fmt_ci(*cis[m]) if m in cis else None} for m in bt["methods"]]
+             "elo_ci": fmt_ci(*cis[m]) if m in cis else boot.get("reason") or "none"} for m in bt["methods"]]
     return sorted(rows, key=lambda r: -r["elo"])
 
 

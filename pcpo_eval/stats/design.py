@@ -72,6 +72,8 @@ def _is_categorical(s: pd.Series) -> bool:
 RUN_COLUMN = "run"
 #: the columns that name a prompt in such tables
 PROMPT_COLUMNS = ("prompt", "prompt_id")
+#: the column that names an image (one initial noise, shared by every run) in per-image tables
+IMAGE_COLUMN = "image"
 
 
 def replication_warnings(data: pd.DataFrame, formula: str, groups: list[str]) -> list[str]:
@@ -83,7 +85,8 @@ def replication_warnings(data: pd.DataFrame, formula: str, groups: list[str]) ->
     * a grouping with one level in some level of the factor (one run per arm): the factor is confounded
       with that grouping, and its p tests nothing about the factor;
     * no grouping nested in the factor with at least 2 levels in each of its levels (a run column named
-      anything): the rows (prompts, images) are then the only replicates, so the p is about these
+      anything), nor one crossed with it other than prompts and images (runs scored at two epochs: a
+      within-run factor): the rows (prompts, images) are then the only replicates, so the p is about these
       runs / checkpoints and leaves out the variation between training runs a method comparison must
       count. Before, per-prompt tables of one run per arm (or three, in a column named ``seed``) gave A/A
       pairs p < 0.05 in 91 and 79 of 100 with no warning;
@@ -106,7 +109,11 @@ def replication_warnings(data: pd.DataFrame, formula: str, groups: list[str]) ->
                            f"with {g} (one {g} per level), so its p is no test of {f}; give at least 2 {g}s per level")
             replicated = replicated or (per_level is not None and bool((per_level >= 2).all()))
         run_unsaid = not (nested.get(RUN_COLUMN) and RUN_COLUMN not in groups)
-        if not replicated and run_unsaid and not any(nested.get(g) for g in groups):
+        # a grouping crossed with the factor that is no prompt or image (runs scored at two epochs: a
+        # within-run factor, tested against the runs) replicates it too
+        within = [g for g in groups if g not in (*PROMPT_COLUMNS, IMAGE_COLUMN) and g != f and not nested.get(g)
+                  and data[g].nunique() > 1]
+        if not replicated and run_unsaid and not within and not any(nested.get(g) for g in groups):
             out.append(f"no --group is nested in {f} (a run or seed column, each value in one level of {f}): the "
                        f"rows are the only replicates, so the p compares these runs' images, not {f} across "
                        f"training runs, whose run-to-run variation it leaves out (A/A tables of one run per level: "

@@ -29,6 +29,8 @@ ELO_SCALE = 400.0 / math.log(10.0)  # Chatbot Arena: SCALE = 400, BASE = 10
 ELO_INIT = 1000.0
 BT_TOL = 1e-10  # MM stops when no log-strength moves more than this
 BT_MAXIT = 10_000
+#: the fewest raters a bootstrap over raters resamples (1 gives zero-width intervals, 2 two-point ones)
+MIN_CLUSTERS = 3
 
 
 # -- win rates: exact binomial interval and test ------------------------------------------------
@@ -182,13 +184,17 @@ def bt_bootstrap(a: np.ndarray, b: np.ndarray, val: np.ndarray, m: int, reps: in
                  items: list[str], clusters: np.ndarray | None = None) -> dict[str, Any]:
     """95% percentile CIs of log-strength and Elo over ``reps`` resamples of the comparisons, or of their
     ``clusters`` (raters) when given. Resampling answers treats a rater's answers as independent: in
-    simulated A/A human studies (rater and prompt effects SD 0.3 on the logit) an Elo interval excluded the
-    anchor in 17.5% of studies, 48% with one rater giving most answers (``benchmarks/bench_human.py``)."""
+    simulated A/A human studies with one rater giving most answers (rater and prompt effects SD 0.3 on the
+    logit) an Elo interval excluded the anchor in 42.7% of studies, 16.7% with raters resampled
+    (``benchmarks/bench_human.py --part ci``)."""
     info: dict[str, Any] = {"replicates": reps, "seed": seed, "used": 0, "log_strength_ci95": None,
                             "elo_ci95": None, "resampled": "answers" if clusters is None else "raters"}
     if reps <= 0:
         return info
     rng = np.random.default_rng(seed)
+    if clusters is not None and (k := len(np.unique(clusters))) < MIN_CLUSTERS:
+        # every resample of 1 rater is the data itself: a zero-width "interval" where nothing is known
+        return {**info, "reason": f"{k} rater(s): an interval over raters needs at least {MIN_CLUSTERS}"}
     if clusters is None:
         w = win_tensor(a, b, val, rng.integers(0, a.size, (reps, a.size)), m)
     else:

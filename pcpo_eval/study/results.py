@@ -53,6 +53,7 @@ from pcpo_eval.io import atomic_write_bytes, to_jsonable
 from pcpo_eval.metrics.base import METRIC_LABELS, METRICS
 from pcpo_eval.metricsdir import metrics_path, per_image_path, per_prompt_path
 from pcpo_eval.rundir import load_log, log_path
+from pcpo_eval.stats.design import IMAGE_COLUMN
 from pcpo_eval.study.spec import StudySpec
 from pcpo_eval.studydir import StudyLayout, set_label
 
@@ -124,7 +125,7 @@ def per_image_frame(sp: StudySpec, layout: StudyLayout, rows: list[dict[str, Any
         pid, iseed = pi["prompt_id"].astype(int), pi["seed"].astype(int)
         df = pd.DataFrame({"run": run.name, "seed": str(run.seed), "prompt_id": pid,
                            "prompt": [f"p{i}" for i in pid],
-                           "image": [f"p{i}s{k}" for i, k in zip(pid, iseed, strict=True)]})
+                           IMAGE_COLUMN: [f"p{i}s{k}" for i, k in zip(pid, iseed, strict=True)]})
         for f, lv in run.levels.items():
             df[f] = str(lv)
         for m in metrics:
@@ -136,7 +137,7 @@ def per_image_frame(sp: StudySpec, layout: StudyLayout, rows: list[dict[str, Any
 
 def per_image_groups(groups: list[str]) -> list[str]:
     """The spec's groupings plus ``(1|image)`` (the shared initial noise) for per-image rows."""
-    return [*groups, "image"] if "image" not in groups else list(groups)
+    return [*groups, IMAGE_COLUMN] if IMAGE_COLUMN not in groups else list(groups)
 
 
 def runs_per_arm(sp: StudySpec, data: pd.DataFrame) -> int:

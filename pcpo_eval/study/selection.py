@@ -137,6 +137,21 @@ def control_note(sp: StudySpec, rows: Sequence[dict[str, Any]]) -> str | None:
             "raise select_target above what the controls reach")
 
 
+def _ema_decay(run: RunSpec) -> float:
+    """The run's ``ema_decay``: from its resolved config when the study trains it, else from its run folder's
+    ``config.yaml`` (0 when unreadable or absent: a run from before the setting, or an import)."""
+    if run.train is not None:
+        return float(run.train.ema_decay)
+    if not run.run_dir:
+        return 0.0
+    from pcpo_eval.train.checkpoints import load_run_config
+
+    try:
+        return float(load_run_config(run.run_dir).get("ema_decay") or 0.0)
+    except (UserError, TypeError, ValueError):
+        return 0.0
+
+
 def averaged_weights_note(sp: StudySpec) -> str | None:
     """A note when runs keep a moving average of their weights (``ema_decay``, Flow-GRPO's EMA) and the
     checkpoints are matched on a reward of the raw policy (``select_on`` train or gain): each checkpoint holds
@@ -144,7 +159,7 @@ def averaged_weights_note(sp: StudySpec) -> str | None:
     reward scores the average itself) or when no trained run keeps one."""
     if sp.select_on == "eval":
         return None
-    averaged = [r.name for r in sp.runs if r.train is not None and r.train.ema_decay > 0]
+    averaged = [r.name for r in sp.runs if _ema_decay(r) > 0]
     if not averaged:
         return None
     return (f"{len(averaged)} of {len(sp.runs)} runs keep a moving average of their weights (ema_decay), which "

@@ -126,6 +126,25 @@ def test_lmm_says_when_its_test_is_not_across_replicates(cli, box, runs, groups,
     assert [f"warning: {w}" for w in js["warnings"]] == warned
 
 
+def test_lmm_says_nothing_of_a_factor_tested_within_runs(cli, box):
+    """Runs scored at two epochs (a within-run factor): the run is crossed with the factor, not nested, and
+    grouping it (with or without a random slope) tests the factor against the runs: no warning (the new
+    "no --group is nested" warning fired there, with advice that was already followed)."""
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(2)
+    rows = [dict(run=f"r{r}", epoch=f"e{e}", prompt=f"p{p}", value=rng.normal() + 0.1 * e)
+            for r in range(6) for e in (0, 1) for p in range(20)]
+    pd.DataFrame(rows).to_csv(box / "e.csv", index=False)
+    for groups in (["run"], ["run", "prompt"]):
+        res = cli("lmm", box / "e.csv", "--formula", "value ~ epoch", *(a for g in groups for a in ("--group", g)))
+        assert res.returncode == 0, res.stderr
+        assert not [line for line in res.stdout.splitlines() if line.startswith("warning: ")], res.stdout
+    res = cli("lmm", box / "e.csv", "--formula", "value ~ epoch", "--group", "prompt")  # the runs left out
+    assert NO_RUN_GROUP.replace("algorithm", "epoch") in res.stdout
+
+
 def test_speedup_reads_each_log_once(box, monkeypatch):
     """Each given log is read once for every check and the table (before: up to four times: the finite check,
     the duplicate check, the images per epoch, the table); the result is the library's on the same logs."""

@@ -517,8 +517,9 @@ def test_a_dominant_raters_own_preference_is_no_preference_of_raters():
     lo, hi = c["ci95"]
     assert lo > 0.5 and c["ci95_verdict"] == pytest.approx([min(lo, rl["ci95"][0]), max(hi, rl["ci95"][1])])
     assert c["ci95_verdict"][0] < 0.5 < c["ci95_verdict"][1]
-    assert (f"win rate of x@1 0.60 (95% CI {c['ci95_verdict'][0]:.2f}-{c['ci95_verdict'][1]:.2f}, the wider of the "
-            "exact one of the answers and the t interval of 15 raters' own win rates; 440 decisive answers)") in c["verdict"]
+    assert (f"win rate of x@1 0.60 (95% CI {c['ci95_verdict'][0]:.2f}-{c['ci95_verdict'][1]:.2f}, spanning the "
+            "exact interval of the answers and the t interval of 15 raters' own win rates; 440 decisive answers)"
+            ) in c["verdict"]
 
 
 def test_tests_that_point_different_ways_support_no_direction(monkeypatch):

@@ -518,20 +518,27 @@ def test_a_selection_its_untrained_controls_reach_says_it_is_not_matched_on_lear
     assert "Not matched on learning" not in gain and "smoothed gain over the paired untrained control" in gain
 
 
-def test_checkpoints_holding_a_moving_average_matched_on_the_raw_reward_are_flagged():
+def test_checkpoints_holding_a_moving_average_matched_on_the_raw_reward_are_flagged(tmp_path):
     """Runs with ema_decay keep the average in their checkpoints; matched on the raw policy's training reward,
     the matched weights lag: selection.json, the runner's log and the report say so; select_on: eval does not."""
     from types import SimpleNamespace
 
     from pcpo_eval.study.selection import averaged_weights_note
 
-    runs = [SimpleNamespace(name=f"r{i}", train=SimpleNamespace(ema_decay=d)) for i, d in enumerate((0.9, 0.9, 0.0))]
-    runs.append(SimpleNamespace(name="imported", train=None))
+    runs = [SimpleNamespace(name=f"r{i}", train=SimpleNamespace(ema_decay=d), run_dir=None)
+            for i, d in enumerate((0.9, 0.9, 0.0))]
+    runs.append(SimpleNamespace(name="imported", train=None, run_dir=None))
     note = averaged_weights_note(SimpleNamespace(select_on="train", runs=runs))
     assert note.startswith("2 of 4 runs keep a moving average of their weights (ema_decay), which their checkpoints "
                            "hold, while select_on: train matches on the raw policy's training reward")
     assert averaged_weights_note(SimpleNamespace(select_on="eval", runs=runs)) is None
     assert averaged_weights_note(SimpleNamespace(select_on="gain", runs=runs[2:])) is None
+    # an existing run folder (not trained by the study) is read from its config.yaml
+    existing = tmp_path / "run"
+    existing.mkdir()
+    (existing / "config.yaml").write_text("ema_decay: 0.9\n")
+    old = [*runs[2:], SimpleNamespace(name="existing", train=None, run_dir=str(existing))]
+    assert averaged_weights_note(SimpleNamespace(select_on="train", runs=old)).startswith("1 of 3 runs keep")
     sel = {"target": 0.8, "window": 5, "on": "train", "averaged_weights_note": note,
            "runs": [{"name": "r0", "cell": "all", "epoch": 12, "reward": 0.81, "gap": 0.01, "reached": True}]}
     assert f"Averaged weights: {note}." in _text(render_report({"study": {"name": "s"}, "selection": sel}))

@@ -42,8 +42,8 @@ def test_bradley_terry_on_index_arrays():
 def test_bradley_terry_bootstrap_resamples_raters_as_wholes():
     """With ``clusters`` each replicate draws the raters with replacement and keeps all of a drawn rater's
     answers: the weights are constant within a rater and sum to the drawn raters' answers. Three checkpoints,
-    two raters who disagree (one always prefers c, one always a): resampling answers treats 300 answers as
-    independent and gives a narrow Elo interval; resampling the 2 raters gives one spanning both tastes."""
+    four raters of two tastes (two always prefer c, two always a): resampling answers treats 300 answers as
+    independent and gives a narrow Elo interval; resampling the 4 raters gives one spanning both tastes."""
     from pcpo_eval.stats.pairwise import cluster_weights
 
     rng = np.random.default_rng(0)
@@ -55,15 +55,19 @@ def test_bradley_terry_bootstrap_resamples_raters_as_wholes():
     items = ["a", "b", "c"]
     pairs = np.array([(0, 1), (0, 2), (1, 2)] * 100)
     a, b = pairs[:, 0], pairs[:, 1]
-    rater = np.repeat([0, 1], 150)
-    # rater 0 ranks c > b > a (a loses every pair), rater 1 a > b > c, with a few upsets so strengths exist
-    val = np.where(rater == 0, 0.0, 1.0)
+    rater = np.repeat([0, 1, 2, 3], 75)
+    # raters 0 and 2 rank c > b > a (a loses every pair), 1 and 3 a > b > c, a few upsets so strengths exist
+    val = np.where(rater % 2 == 0, 0.0, 1.0)
     val[::7] = 1.0 - val[::7]
     by_answers = fit_bradley_terry(a, b, val, items, bootstrap=300, seed=1)["bootstrap"]
     by_raters = fit_bradley_terry(a, b, val, items, bootstrap=300, seed=1, clusters=rater)["bootstrap"]
     assert by_answers["resampled"] == "answers" and by_raters["resampled"] == "raters"
     width = {k: np.diff(v["elo_ci95"]["c"])[0] for k, v in (("answers", by_answers), ("raters", by_raters))}
     assert width["raters"] > 5 * width["answers"], width
+    # one or two raters: no interval over raters (every resample of one rater is the data: zero width)
+    for k in (1, 2):
+        few = fit_bradley_terry(a, b, val, items, bootstrap=50, seed=1, clusters=rater % k)["bootstrap"]
+        assert few["elo_ci95"] is None and few["reason"] == f"{k} rater(s): an interval over raters needs at least 3"
 
 
 def _data(seed: int = 3, n: int = 240) -> pd.DataFrame:
