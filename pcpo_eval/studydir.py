@@ -42,6 +42,8 @@ SPEC_FILE = "spec.resolved.json"
 SPEC_COPY_FILE = "study.yaml"
 SELECTION_FILE = "selection.json"
 HUMAN_FILE = "human.json"
+#: one line per computed verdict: its runs, analysis settings and headline (``pcpo_eval.study.history``)
+ANALYSES_FILE = "analyses.jsonl"
 RUNS_DIR = "runs"
 
 
@@ -140,6 +142,11 @@ class StudyLayout:
     @property
     def report_file(self) -> Path:
         return self.out / REPORT_FILE
+
+    @property
+    def analyses_file(self) -> Path:
+        """Every verdict computed for this study (:data:`ANALYSES_FILE`)."""
+        return self.out / ANALYSES_FILE
 
     @property
     def human_file(self) -> Path:

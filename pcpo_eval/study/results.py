@@ -952,9 +952,13 @@ def build_results(sp: StudySpec, layout: StudyLayout) -> dict[str, Any]:
     from pcpo_eval.credit.plot import save_credit_figure
     from pcpo_eval.metrics.base import METRIC_LABELS
     from pcpo_eval.report.kl_ref import kl_ref_png
+    from pcpo_eval.study.history import history_caveat
     from pcpo_eval.study.verdicts import run_level
 
     level = run_level(sp, layout)
+    if (looks := history_caveat(sp, layout)) is not None:  # a verdict chosen among several analyses says so
+        level = {**level, "headline": f"{level['headline'].rstrip()} {looks['note']}.",
+                 "verdict_notes": [*level["verdict_notes"], looks["note"]]}
     raw, lmm, labels = image_metrics(sp, layout)
     fig = layout.credit_figure
     credit_note = trained_credit(sp)
@@ -985,5 +989,6 @@ def build_results(sp: StudySpec, layout: StudyLayout) -> dict[str, Any]:
                     "kl_ref": "figures/kl_ref_reward.png" if kl_png is not None else None},
         "grids": grids(sp, layout),
         "human": json.loads(layout.human_file.read_text()) if layout.human_file.is_file() else None,
+        "analysis_history": looks,
     }
     return to_jsonable(results)

@@ -372,6 +372,7 @@ class Study:
 
     # -- 5. stats ------------------------------------------------------------------------------
     def stage_stats(self) -> None:
+        from pcpo_eval.study.history import record
         from pcpo_eval.study.results import build_results, preference_sets
 
         sp, lay = self.spec, self.layout
@@ -387,6 +388,7 @@ class Study:
         t0 = time.perf_counter()
         results = build_results(sp, lay)
         write_results(lay.out, results)
+        record(sp, lay, results)  # analyses.jsonl: the next analysis of these runs is compared with this one
         self._mark("stats", fp, time.perf_counter() - t0)
 
     # -- 6. report -----------------------------------------------------------------------------

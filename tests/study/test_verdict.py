@@ -633,3 +633,33 @@ def test_a_log_numbered_from_zero_is_refused(tmp_path):
     pd.DataFrame({"epoch": [1, 1.5, 2], "reward_mean": [0.0, 0.1, 0.2]}).to_csv(tmp_path / "h.csv", index=False)
     with pytest.raises(UserError, match="holds 1.5, not a whole epoch"):
         load_log(tmp_path / "h.csv")
+
+
+def test_a_verdict_chosen_among_several_analyses_says_so(tmp_path, fakes):
+    """Re-analysing the same runs with other settings (here the targets, then the primary endpoint), or
+    after adding seeds, is another look at chance: each may show a difference, and keeping the one that does
+    raises the study's false-claim rate. Every verdict is logged in analyses.jsonl; a later one that follows
+    other settings or fewer runs says so in the headline. An unchanged re-analysis says nothing."""
+    fakes.curves = {"A": rising(0.07, run_sd=0.01), "B": rising(0.07, run_sd=0.01)}
+    spec = dict(**AA, seeds={"A": [0, 1, 2], "B": [3, 4, 5]}, targets=[0.3], gain_targets=[0.3])
+    first = _study(tmp_path, **spec)
+    assert first["analysis_history"] is None and "Analysis history" not in first["headline"]
+    out = tmp_path / "study"
+    again = _study(tmp_path, **{**spec, "targets": [0.4]})
+    hist = again["analysis_history"]
+    assert hist["earlier"] == 1 and hist["changed"] == ["targets"] and hist["fewer_runs"] == 0
+    assert again["headline"].endswith(
+        "Analysis history: this verdict follows 1 earlier analysis(es) of these runs with other settings (changed: "
+        "targets). Each look can show a difference by chance, so a verdict chosen among several has a false-claim "
+        "rate above alpha; report the analysis planned before the first look, or every one (analyses.jsonl lists "
+        "them).")
+    assert hist["note"] in again["verdict_notes"]
+    primary = _study(tmp_path, **{**spec, "targets": [0.4], "primary": ["speedup_gain:0.3"]})
+    assert primary["analysis_history"]["changed"] == ["primary", "targets"]  # the first analysis differs in both
+    more = _study(tmp_path, **{**spec, "seeds": {"A": [0, 1, 2, 6], "B": [3, 4, 5, 7]}})
+    assert more["analysis_history"]["fewer_runs"] == 3 and "(from 6 of 8)" in more["headline"]
+    lines = [json.loads(x) for x in (out / "analyses.jsonl").read_text().splitlines()]
+    assert len(lines) == 4 and [len(x["runs"]) for x in lines] == [6, 6, 6, 8]
+    assert lines[0]["settings"]["targets"] == [0.3] and lines[0]["primary"][0]["quantity"] == "paired_gain"
+    html = (out / "report.html").read_text()
+    assert "Analysis history:" in html
