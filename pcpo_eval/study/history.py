@@ -29,6 +29,14 @@ def settings_of(sp: StudySpec) -> dict[str, Any]:
     return {k: resolved.get(k) for k in ANALYSIS_KEYS}
 
 
+def _differs(old: Any, new: Any) -> bool:
+    """Whether a setting differs; two mappings only on the keys both record (a key a newer version of the spec
+    added, such as a new LMM option, is no change of analysis)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return any(_differs(old[k], new[k]) for k in old.keys() & new.keys())
+    return old != new
+
+
 def read_history(layout: StudyLayout) -> list[dict[str, Any]]:
     """The analyses logged so far (unreadable lines skipped)."""
     path = layout.analyses_file
@@ -51,8 +59,10 @@ def history_caveat(sp: StudySpec, layout: StudyLayout) -> dict[str, Any] | None:
     runs, settings = sorted(r.name for r in sp.runs), settings_of(sp)
     earlier = read_history(layout)
     same_runs = [e for e in earlier if sorted(e.get("runs") or []) == runs]
-    other = [e for e in same_runs if e.get("settings") != settings]
-    changed = sorted({k for e in other for k in ANALYSIS_KEYS if (e.get("settings") or {}).get(k) != settings[k]})
+    changed_in = [(e, [k for k in ANALYSIS_KEYS if _differs((e.get("settings") or {}).get(k), settings[k])])
+                  for e in same_runs]
+    other = [e for e, keys in changed_in if keys]
+    changed = sorted({k for _, keys in changed_in for k in keys})
     subsets = [e for e in earlier if set(e.get("runs") or []) < set(runs)]
     parts = []
     if other:

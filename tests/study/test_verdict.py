@@ -663,3 +663,13 @@ def test_a_verdict_chosen_among_several_analyses_says_so(tmp_path, fakes):
     assert lines[0]["settings"]["targets"] == [0.3] and lines[0]["primary"][0]["quantity"] == "paired_gain"
     html = (out / "report.html").read_text()
     assert "Analysis history:" in html
+    # a setting a newer version records (an LMM option an older log lacks) is no change of analysis
+    from pcpo_eval.study.history import history_caveat
+    from pcpo_eval.studydir import StudyLayout
+
+    lay = StudyLayout(out)
+    trimmed = [dict(x, settings=dict(x["settings"], lmm={k: v for k, v in x["settings"]["lmm"].items()
+                                                         if k != "adjust"})) for x in lines]
+    lay.analyses_file.write_text("".join(json.dumps(x) + "\n" for x in trimmed))
+    sp = load_spec(write_spec(tmp_path / "s2.yaml", **{**spec, "targets": [0.4]}))
+    assert history_caveat(sp, lay)["changed"] == ["primary", "targets"]  # the 1st and 3rd analyses; not "lmm"
