@@ -195,23 +195,31 @@ PEEKING = ("deciding when to stop from interim looks raises the chance of a pref
 def _with_looks(res: dict[str, Any], lay: HumanLayout, final: bool) -> dict[str, Any]:
     """Log this analysis in ``looks.jsonl`` and mark it: an interim look (without ``--final``) is not a verdict
     (each sentence says so and no comparison is ``significant``; the provisional flag is kept as
-    ``significant_interim``); the final analysis says how many interim looks came before it. Before, every
-    ``human analyze`` wrote its verdicts into the study report, unmarked."""
+    ``significant_interim``); the final analysis says how many looks came before it. A look counts once per
+    set of answers (a re-analysis of the same answers, such as ``--json`` to read them again, adds no chance).
+    Before, every ``human analyze`` wrote its verdicts into the study report, unmarked."""
     from datetime import UTC, datetime
 
     looks = read_looks(lay)
     counts = res.get("counts") or {}
     entry = {"at": datetime.now(UTC).isoformat(timespec="seconds"), "final": bool(final),
              "answers": counts.get("main_responses_used"), "raters": counts.get("raters")}
+    data = (entry["answers"], entry["raters"])
+    finals = [x for x in looks if x.get("final")]
+    if finals and not final:
+        raise UserError(f"{lay.root} was closed by a --final analysis ({finals[-1].get('at')}); an interim look now "
+                        "would replace its verdict in the study report: analyse it with --final again")
     with open(lay.looks, "a", encoding="utf-8") as fh:
         fh.write(json.dumps(entry) + "\n")
-    interim_before = sum(1 for x in looks if not x.get("final"))
+    seen = list(dict.fromkeys((x.get("answers"), x.get("raters")) for x in looks if not x.get("final")))
     if final:
-        were = "analysis was" if interim_before == 1 else "analyses were"
-        note = (f"{interim_before} interim {were} run before this final one: {PEEKING}" if interim_before
-                else "no interim analysis was run before this final one")
-        return {**res, "looks": {"final": True, "interim_before": interim_before, "note": note}}
-    k = interim_before + 1
+        n, before = len([d for d in seen if d != data]), len(finals)
+        were = "analysis was" if n == 1 else "analyses were"
+        again = f"; {before} earlier final analysis(es) of the study" if before else ""
+        note = (f"{n} interim {were} run before this final one{again}: {PEEKING}" if n
+                else f"no interim analysis was run before this final one{again}")
+        return {**res, "looks": {"final": True, "interim_before": n, "finals_before": before, "note": note}}
+    k = len(seen) + (data not in seen)
     label = f"Interim look {k} (answers so far; not the study's verdict)"
     comps = [{**c, "significant": False, "significant_interim": bool(c.get("significant")),
               "verdict": f"{label}: {c['verdict']}" if c.get("verdict") else label} for c in res.get("comparisons", [])]
@@ -227,9 +235,11 @@ def read_looks(lay: HumanLayout) -> list[dict[str, Any]]:
     out = []
     for line in lay.looks.read_text(encoding="utf-8").splitlines():
         try:
-            out.append(json.loads(line))
+            entry = json.loads(line)
         except ValueError:
             continue
+        if isinstance(entry, dict):
+            out.append(entry)
     return out
 
 

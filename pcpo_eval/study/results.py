@@ -956,10 +956,13 @@ def build_results(sp: StudySpec, layout: StudyLayout) -> dict[str, Any]:
     from pcpo_eval.study.verdicts import run_level
 
     level = run_level(sp, layout)
-    if (looks := history_caveat(sp, layout)) is not None:  # a verdict chosen among several analyses says so
+    looks = history_caveat(sp, layout, level["verdict"])  # a verdict chosen among several analyses says so
+    if looks is not None and looks["note"]:
         level = {**level, "headline": f"{level['headline'].rstrip()} {looks['note']}.",
                  "verdict_notes": [*level["verdict_notes"], looks["note"]]}
     raw, lmm, labels = image_metrics(sp, layout)
+    if looks is not None and looks["image_note"]:
+        raw = {**raw, "history_note": looks["image_note"]}
     fig = layout.credit_figure
     credit_note = trained_credit(sp)
     save_credit_figure(fig, *credit_note[:2])  # figures/credit.png (300 dpi) + credit.svg + credit.pdf

@@ -636,33 +636,53 @@ def test_a_log_numbered_from_zero_is_refused(tmp_path):
 
 
 def test_a_verdict_chosen_among_several_analyses_says_so(tmp_path, fakes):
-    """Re-analysing the same runs with other settings (here the targets, then the primary endpoint), or
-    after adding seeds, is another look at chance: each may show a difference, and keeping the one that does
-    raises the study's false-claim rate. Every verdict is logged in analyses.jsonl; a later one that follows
-    other settings or fewer runs says so in the headline. An unchanged re-analysis says nothing."""
+    """Re-analysing the same runs with other verdict settings (the targets, then the primary endpoint), or
+    after adding or dropping seeds, is another look at chance: each may show a difference, and keeping the
+    one that does raises the study's false-claim rate. Every verdict is logged in analyses.jsonl; a later one
+    that follows other settings or another set of runs says so in the headline. An unchanged re-analysis,
+    the default primary written out, or reordered metrics say nothing; another metric list changes only the
+    image comparisons, said under the raw-score table."""
     fakes.curves = {"A": rising(0.07, run_sd=0.01), "B": rising(0.07, run_sd=0.01)}
     spec = dict(**AA, seeds={"A": [0, 1, 2], "B": [3, 4, 5]}, targets=[0.3], gain_targets=[0.3])
     first = _study(tmp_path, **spec)
     assert first["analysis_history"] is None and "Analysis history" not in first["headline"]
     out = tmp_path / "study"
+    same = _study(tmp_path, **{**spec, "primary": ["paired_gain"]})  # the default, written out
+    assert same["analysis_history"] is None
     again = _study(tmp_path, **{**spec, "targets": [0.4]})
     hist = again["analysis_history"]
-    assert hist["earlier"] == 1 and hist["changed"] == ["targets"] and hist["fewer_runs"] == 0
+    assert hist["earlier"] == 2 and hist["changed"] == ["targets"] and not any(hist["other_runs"].values())
     assert again["headline"].endswith(
-        "Analysis history: this verdict follows 1 earlier analysis(es) of these runs with other settings (changed: "
+        "Analysis history: this verdict follows 2 earlier analysis(es) of these runs with other settings (changed: "
         "targets). Each look can show a difference by chance, so a verdict chosen among several has a false-claim "
         "rate above alpha; report the analysis planned before the first look, or every one (analyses.jsonl lists "
         "them).")
-    assert hist["note"] in again["verdict_notes"]
+    assert hist["note"] in again["verdict_notes"] and hist["image_note"] is None
     primary = _study(tmp_path, **{**spec, "targets": [0.4], "primary": ["speedup_gain:0.3"]})
-    assert primary["analysis_history"]["changed"] == ["primary", "targets"]  # the first analysis differs in both
+    assert primary["analysis_history"]["changed"] == ["primary", "targets"]
     more = _study(tmp_path, **{**spec, "seeds": {"A": [0, 1, 2, 6], "B": [3, 4, 5, 7]}})
-    assert more["analysis_history"]["fewer_runs"] == 3 and "(from 6 of 8)" in more["headline"]
+    assert more["analysis_history"]["other_runs"] == {"added": 4, "dropped": 0, "replaced": 0}
+    assert "4 earlier analysis(es) used another set of runs (4 with runs added since)" in more["headline"]
+    fewer = _study(tmp_path, **{**spec, "seeds": {"A": [0, 1], "B": [3, 4]}})  # seeds dropped after a look
+    assert fewer["analysis_history"]["other_runs"] == {"added": 0, "dropped": 5, "replaced": 0}
     lines = [json.loads(x) for x in (out / "analyses.jsonl").read_text().splitlines()]
-    assert len(lines) == 4 and [len(x["runs"]) for x in lines] == [6, 6, 6, 8]
-    assert lines[0]["settings"]["targets"] == [0.3] and lines[0]["primary"][0]["quantity"] == "paired_gain"
+    assert [len(x["runs"]) for x in lines] == [6, 6, 6, 6, 8, 4]
+    assert lines[0]["settings"]["primary"] == ["all: paired_gain"] and lines[0]["primary"][0]["quantity"] == "paired_gain"
     html = (out / "report.html").read_text()
     assert "Analysis history:" in html
+    # image-metric settings: a note under the raw-score table, not the headline; their order means nothing
+    reordered = _study(tmp_path, **{**spec, "seeds": {"A": [0, 1], "B": [3, 4]}, "metrics": ["lpips_toy", "fd_toy"]})
+    assert reordered["analysis_history"]["image_changed"] == []  # only the earlier 6- and 8-run looks, not metrics
+    metrics = _study(tmp_path, **{**spec, "seeds": {"A": [0, 1], "B": [3, 4]}, "metrics": ["lpips_toy"],
+                                  "overall_only": []})
+    assert metrics["analysis_history"]["changed"] == []  # the verdict settings are those of the 4-run looks
+    assert metrics["raw_scores"]["history_note"].startswith("Analysis history: earlier analyses of these runs "
+                                                            "compared the images with other settings (changed: "
+                                                            "metrics, overall_only)")
+    from pcpo_eval.study.history import settings_of
+
+    sp = load_spec(tmp_path / "s.yaml")
+    assert settings_of(sp, [])["metrics"] == sorted(sp.metrics)
     # a setting a newer version records (an LMM option an older log lacks) is no change of analysis
     from pcpo_eval.study.history import history_caveat
     from pcpo_eval.studydir import StudyLayout
@@ -672,4 +692,5 @@ def test_a_verdict_chosen_among_several_analyses_says_so(tmp_path, fakes):
                                                          if k != "adjust"})) for x in lines]
     lay.analyses_file.write_text("".join(json.dumps(x) + "\n" for x in trimmed))
     sp = load_spec(write_spec(tmp_path / "s2.yaml", **{**spec, "targets": [0.4]}))
-    assert history_caveat(sp, lay)["changed"] == ["primary", "targets"]  # the 1st and 3rd analyses; not "lmm"
+    rows = [{"cell": "all", "quantity": "paired_gain", "family": "primary"}]
+    assert history_caveat(sp, lay, rows)["changed"] == ["primary", "targets"]  # not "lmm"
