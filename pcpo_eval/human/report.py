@@ -216,8 +216,8 @@ def _with_looks(res: dict[str, Any], lay: HumanLayout, final: bool) -> dict[str,
         n, before = len([d for d in seen if d != data]), len(finals)
         were = "analysis was" if n == 1 else "analyses were"
         again = f"; {before} earlier final analysis(es) of the study" if before else ""
-        note = (f"{n} interim {were} run before this final one{again}: {PEEKING}" if n
-                else f"no interim analysis was run before this final one{again}")
+        note = (f"{n} interim {were} run on earlier answers before this final one{again}: {PEEKING}" if n
+                else f"no interim analysis of earlier answers was run before this final one{again}")
         return {**res, "looks": {"final": True, "interim_before": n, "finals_before": before, "note": note}}
     k = len(seen) + (data not in seen)
     label = f"Interim look {k} (answers so far; not the study's verdict)"

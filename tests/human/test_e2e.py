@@ -383,8 +383,9 @@ def test_raters_rate_through_the_app_and_the_analysis_reaches_the_report(study, 
     assert res.returncode == 0, res.stderr
     analysis = json.loads(res.stdout)
     assert analysis["comparisons"] and analysis["source"] == "database" and "simulated" not in analysis
-    assert "interim" not in analysis and analysis["looks"]["interim_before"] == 1  # said in the final analysis
-    assert analysis["looks"]["note"].startswith("1 interim analysis was run before this final one")
+    # the interim look read the same 24 answers as the final: no look at earlier answers came before it
+    assert "interim" not in analysis and analysis["looks"]["interim_before"] == 0
+    assert analysis["looks"]["note"] == "no interim analysis of earlier answers was run before this final one"
     assert [x["final"] for x in map(json.loads, (human / "looks.jsonl").read_text().splitlines())] == [False, True]
     # the study's copy is the analysis with raters named by id (shared files) and paths from the study folder
     from pcpo_eval.human.report import deidentified, rebase_examples
@@ -453,11 +454,13 @@ def test_raters_rate_through_the_app_and_the_analysis_reaches_the_report(study, 
     # a revoked rater: the answers given before the revocation are kept and the console says so;
     # --exclude-revoked drops them all
     assert cli("human", "raters", human, "--revoke", "ben").returncode == 0
-    res = cli("human", "analyze", human, "--bootstrap", "0")
+    res = cli("human", "analyze", human, "--bootstrap", "0")  # the study was closed: no interim look now
+    assert res.returncode == 2 and "was closed by a --final analysis" in res.stderr, res.stderr
+    res = cli("human", "analyze", human, "--bootstrap", "0", "--final")
     assert res.returncode == 0, res.stderr
     assert re.search(r"revoked raters, answers before the revocation kept \(--exclude-revoked drops them\): ben "
                      r"\(revoked 20\S+, 12 answers, 0 dropped\)", res.stdout), res.stdout
-    res = cli("human", "analyze", human, "--bootstrap", "0", "--exclude-revoked", "--json")
+    res = cli("human", "analyze", human, "--bootstrap", "0", "--exclude-revoked", "--json", "--final")
     assert res.returncode == 0, res.stderr
     dropped = json.loads(res.stdout)
     assert dropped["counts"]["responses_dropped_revoked"] == 12 and dropped["counts"]["responses_used"] == 12

@@ -28,7 +28,7 @@ def test_looks_are_counted_once_per_set_of_answers_and_closed_by_the_final(tmp_p
     final = _with_looks(_res(200, 10), lay, final=True)
     assert final["comparisons"][0]["significant"] and "interim" not in final
     assert final["looks"]["interim_before"] == 2 and final["looks"]["note"].startswith(
-        "2 interim analyses were run before this final one: deciding when to stop")
+        "2 interim analyses were run on earlier answers before this final one: deciding when to stop")
     with pytest.raises(UserError, match=r"was closed by a --final analysis .*analyse it with --final again"):
         _with_looks(_res(210, 11), lay, final=False)
     again = _with_looks(_res(200, 10), lay, final=True)
