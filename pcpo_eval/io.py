@@ -371,6 +371,29 @@ def json_text(obj: Any) -> str:
     return json.dumps(obj, indent=2, sort_keys=False, default=_json_default) + "\n"
 
 
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """The JSON objects of an append-only log, one per line (absent file: none; unreadable lines and lines
+    that are not objects are skipped, so a line cut short by a crash loses only itself)."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, dict):
+            out.append(entry)
+    return out
+
+
+def append_jsonl(path: str | Path, entry: dict[str, Any]) -> None:
+    """Append one JSON object as a line to an append-only log (:func:`read_jsonl`)."""
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(entry, default=str) + "\n")
+
+
 def atomic_write_json(path: str | os.PathLike, obj: Any, private: bool = False) -> None:
     """Write ``obj`` as indented JSON to ``path`` atomically (``private``: mode 0600)."""
     atomic_write_text(path, json_text(obj), private)

@@ -27,7 +27,7 @@ import pandas as pd
 
 from pcpo_eval.errors import UserError
 from pcpo_eval.human import ANALYSIS_FILE, HumanLayout, design_comparison_seeds
-from pcpo_eval.io import atomic_write_json, to_jsonable
+from pcpo_eval.io import append_jsonl, atomic_write_json, read_jsonl, to_jsonable
 
 EXAMPLES_PER_COMPARISON = 3
 #: The most Bradley-Terry bootstrap resamples ``human analyze`` takes (a billion ran out of memory).
@@ -209,8 +209,7 @@ def _with_looks(res: dict[str, Any], lay: HumanLayout, final: bool) -> dict[str,
     if finals and not final:
         raise UserError(f"{lay.root} was closed by a --final analysis ({finals[-1].get('at')}); an interim look now "
                         "would replace its verdict in the study report: analyse it with --final again")
-    with open(lay.looks, "a", encoding="utf-8") as fh:
-        fh.write(json.dumps(entry) + "\n")
+    append_jsonl(lay.looks, entry)
     seen = list(dict.fromkeys((x.get("answers"), x.get("raters")) for x in looks if not x.get("final")))
     if final:
         n, before = len([d for d in seen if d != data]), len(finals)
@@ -230,17 +229,7 @@ def _with_looks(res: dict[str, Any], lay: HumanLayout, final: bool) -> dict[str,
 
 def read_looks(lay: HumanLayout) -> list[dict[str, Any]]:
     """The analyses logged so far (``looks.jsonl``; unreadable lines are skipped)."""
-    if not lay.looks.is_file():
-        return []
-    out = []
-    for line in lay.looks.read_text(encoding="utf-8").splitlines():
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(entry, dict):
-            out.append(entry)
-    return out
+    return read_jsonl(lay.looks)
 
 
 def _label_simulated(res: dict[str, Any]) -> dict[str, Any]:

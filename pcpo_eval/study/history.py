@@ -17,6 +17,7 @@ import json
 import time
 from typing import Any
 
+from pcpo_eval.io import append_jsonl, read_jsonl
 from pcpo_eval.study.spec import StudySpec
 from pcpo_eval.studydir import StudyLayout
 
@@ -58,18 +59,7 @@ def _differs(old: Any, new: Any) -> bool:
 
 def read_history(layout: StudyLayout) -> list[dict[str, Any]]:
     """The analyses logged so far (unreadable lines skipped)."""
-    path = layout.analyses_file
-    if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(entry, dict):
-            out.append(entry)
-    return out
+    return read_jsonl(layout.analyses_file)
 
 
 def history_caveat(sp: StudySpec, layout: StudyLayout, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -116,5 +106,4 @@ def record(sp: StudySpec, layout: StudyLayout, results: dict[str, Any]) -> None:
     entry = {"at": time.strftime("%Y-%m-%d %H:%M:%S"), "runs": sorted(r.name for r in sp.runs),
              "settings": settings_of(sp, primary_of(rows)), "primary": primary, "headline": results.get("headline")}
     layout.out.mkdir(parents=True, exist_ok=True)
-    with open(layout.analyses_file, "a", encoding="utf-8") as fh:
-        fh.write(json.dumps(entry, default=str) + "\n")
+    append_jsonl(layout.analyses_file, entry)
