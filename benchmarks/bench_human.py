@@ -307,22 +307,13 @@ def looks_rows(pairs: pd.DataFrame, n: int) -> list[str]:
 def _answers_resampled_bt(pairs: pd.DataFrame, resp: pd.DataFrame, res: dict, bootstrap: int,
                           seed: int) -> dict[str, list[float]]:
     """The Elo intervals of the same answers with every answer resampled alone (Chatbot Arena's bootstrap,
-    the analysis' before it resampled raters): the answers the analysis used, refitted without clusters."""
-    from pcpo_eval.human.analysis import parse_comparison
-    from pcpo_eval.stats.pairwise import fit_bradley_terry
+    the analysis' before it resampled raters): the main answers the analysis used, refitted."""
+    from pcpo_eval.human.analysis import bradley_terry
 
-    excluded = {r["rater_id"] for r in res["attention_checks"]["raters"] if r.get("fails_checks")}
+    excluded = [r["rater_id"] for r in res["attention_checks"]["excluded"]]
     main = resp.merge(pairs, on="pair_id")
     main = main[(main.kind == "main") & ~main.rater_id.isin(excluded)]
-    ab = [parse_comparison(c) for c in main.comparison]
-    methods = sorted({x for p in ab for x in p})
-    pos = {x: i for i, x in enumerate(methods)}
-    first = [p[0] for p in ab]
-    chose = ((main.choice == "left") & (main.left_method == first)) | ((main.choice == "right") &
-                                                                       (main.right_method == first))
-    val = np.where(main.choice == "tie", 0.5, chose.astype(float))
-    fit = fit_bradley_terry(np.array([pos[p[0]] for p in ab]), np.array([pos[p[1]] for p in ab]), val, methods,
-                            bootstrap, seed)
+    fit = bradley_terry(main, bootstrap, seed, by_raters=False) or {}
     return (fit.get("bootstrap") or {}).get("elo_ci95") or {}
 
 

@@ -165,13 +165,12 @@ def logged_images_per_epoch(run_dir: str | Path, log: pd.DataFrame | None = None
     ``log``: the run's log already read (else only that column is read from ``run_dir``)."""
     import pandas as pd
 
-    if log is not None:
-        col = log[LOGGED_IMAGES].dropna().unique() if LOGGED_IMAGES in log.columns else []
-        return int(col[0]) if len(col) == 1 else None
-    try:
-        col = pd.read_parquet(log_path(run_dir), columns=[LOGGED_IMAGES])[LOGGED_IMAGES].dropna().unique()
-    except (OSError, ValueError, KeyError, ImportError):
-        return None
+    if log is None:
+        try:
+            log = pd.read_parquet(log_path(run_dir), columns=[LOGGED_IMAGES])
+        except (OSError, ValueError, KeyError, ImportError):
+            return None
+    col = log[LOGGED_IMAGES].dropna().unique() if LOGGED_IMAGES in log.columns else []
     return int(col[0]) if len(col) == 1 else None
 
 

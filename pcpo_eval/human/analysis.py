@@ -480,9 +480,9 @@ def study_family(comps: list[dict[str, Any]]) -> list[dict[str, Any]]:
 # -- Bradley-Terry ------------------------------------------------------------------------------
 
 
-def bradley_terry(main: pd.DataFrame, bootstrap: int, seed: int) -> dict[str, Any] | None:
-    """Bradley-Terry log-strengths, Elo-like scale, bootstrap CIs over resampled raters and win probabilities
-    (> 2 methods)."""
+def bradley_terry(main: pd.DataFrame, bootstrap: int, seed: int, by_raters: bool = True) -> dict[str, Any] | None:
+    """Bradley-Terry log-strengths, Elo-like scale, bootstrap CIs over resampled raters (``by_raters``; else
+    over answers, Chatbot Arena's) and win probabilities (> 2 methods)."""
     ab = [parse_comparison(c) for c in main.comparison]
     methods = sorted({x for pair in ab for x in pair})
     if len(methods) <= 2:
@@ -493,7 +493,8 @@ def bradley_terry(main: pd.DataFrame, bootstrap: int, seed: int) -> dict[str, An
     chose_a = ((main.choice == "left") & (main.left_method == [p[0] for p in ab])) | (
         (main.choice == "right") & (main.right_method == [p[0] for p in ab]))
     val = np.where(main.choice == "tie", 0.5, chose_a.astype(float))
-    return fit_bradley_terry(a, b, val, methods, bootstrap, seed, clusters=main.rater_id.to_numpy())
+    return fit_bradley_terry(a, b, val, methods, bootstrap, seed,
+                             clusters=main.rater_id.to_numpy() if by_raters else None)
 
 
 # -- agreement ----------------------------------------------------------------------------------

@@ -81,7 +81,7 @@ def replication_warnings(data: pd.DataFrame, formula: str, groups: list[str]) ->
 
     * a :data:`RUN_COLUMN` nested in the factor that is not a grouping: the rows of one run (its images or
       prompts) are then independent replicates to the model, and within-run noise counts as evidence (A/A
-      tables, 30 prompts of one run per arm: p < 0.05 in 31 of 100; with 3 runs per arm in 33 of 100);
+      tables of 30 prompts, 3 runs per arm: p < 0.05 in 68 of 100, ``benchmarks/bench_lmm_replication.py``);
     * a grouping with one level in some level of the factor (one run per arm): the factor is confounded
       with that grouping, and its p tests nothing about the factor;
     * no grouping nested in the factor with at least 2 levels in each of its levels (a run column named
@@ -89,7 +89,7 @@ def replication_warnings(data: pd.DataFrame, formula: str, groups: list[str]) ->
       within-run factor): the rows (prompts, images) are then the only replicates, so the p is about these
       runs / checkpoints and leaves out the variation between training runs a method comparison must
       count. Before, per-prompt tables of one run per arm (or three, in a column named ``seed``) gave A/A
-      pairs p < 0.05 in 91 and 79 of 100 with no warning;
+      pairs p < 0.05 in 90 and 68 of 100 with no warning (the same benchmark);
     * no prompt shared between the factor's levels: the difference is between prompt sets as well.
     A study adds ``(1|run)`` and refuses one run per arm itself (:data:`pcpo_eval.study.results.ONE_RUN_LMM`)."""
     _, _, rhs = parse_formula(formula, list(data.columns))
@@ -117,7 +117,7 @@ def replication_warnings(data: pd.DataFrame, formula: str, groups: list[str]) ->
             out.append(f"no --group is nested in {f} (a run or seed column, each value in one level of {f}): the "
                        f"rows are the only replicates, so the p compares these runs' images, not {f} across "
                        f"training runs, whose run-to-run variation it leaves out (A/A tables of one run per level: "
-                       f"p < 0.05 in 91 of 100); add a column naming each row's run and --group it, with at "
+                       f"p < 0.05 in 90 of 100); add a column naming each row's run and --group it, with at "
                        f"least 2 runs per level")
         shared = [g for g in PROMPT_COLUMNS if g in nested]
         if shared and all(nested[g] for g in shared):

@@ -437,7 +437,8 @@ def _unbold_conflicts(sp: StudySpec, base: dict[str, Any], pcpo: dict[str, Any],
     """A bold cell shows the arms' overall values, but a per-prompt metric's bold comes from the per-prompt
     test, which can point the other way (IS of a whole set is diversity across prompts; per prompt, within
     one): a policy that collapses each prompt had a bold, "worse" overall IS* while the per-prompt test found
-    it significantly lower (-0.465, p 0.0003), one label with two opposite findings. Such a cell is not bold
+    it significantly lower (a review's simulation; ``tests/study/test_image_rows.py`` replays the case),
+    one label with two opposite findings. Such a cell is not bold
     and ``conflicts`` says why."""
     for m, bold in pcpo["significant"].items():
         est, vb, vt = sig.get(m, {}).get("estimate"), base["values"].get(m), pcpo["values"].get(m)

@@ -112,9 +112,9 @@ NO_RUN_GROUP = "no --group is nested in algorithm (a run or seed column, each va
 ], ids=["run-not-grouped", "one-run-per-arm", "disjoint-prompts", "no-run-column", "seed-not-grouped", "sound",
         "sound-seed"])
 def test_lmm_says_when_its_test_is_not_across_replicates(cli, box, runs, groups, disjoint, column, needle):
-    """A/A tables of 30 prompts: with the run column left out of the groups, p < 0.05 in 31 of 100 (one run per
-    arm) and 33 of 100 (three); the study adds (1|run) and refuses one run per arm. The command now says so, also
-    for a table without a run column (91 of 100 at one run per arm) or with one named otherwise (79 of 100)."""
+    """A/A tables of 30 prompts (benchmarks/bench_lmm_replication.py): with the runs left out of the groups,
+    p < 0.05 in 68 of 100 (three runs per arm, column run or seed), 90 of 100 with one run per arm and no run
+    column; the study adds (1|run) and refuses one run per arm. The command says so for each shape."""
     data = _table(box / "t.csv", runs, disjoint, column)
     res = cli("lmm", data, "--formula", "lpips ~ algorithm", *(a for g in groups for a in ("--group", g)))
     assert res.returncode == 0, res.stderr

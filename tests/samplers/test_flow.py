@@ -195,6 +195,11 @@ def test_scheduler_grids_sd3_static_and_flux_dynamic():
     ref.set_timesteps(10)
     np.testing.assert_allclose(sd3, ref.sigmas.double().numpy())
     assert sd3[0] == 1.0 and sd3[-1] == 0.0 and len(sd3) == 11
+    # PCPO's zeta on the grid setups 8-9 sample (docs/reproduce.md): 5.727, not the shift-3 linspace grid's 4.315
+    from pcpo_eval.credit.flow import flow_credit
+
+    assert flow_credit("flowgrpo", 10, 0.7, times=sd3, t1="neighbor").zeta == pytest.approx(5.7268, abs=1e-4)
+    assert flow_credit("flowgrpo", 10, 0.7, shift=3.0, t1="neighbor").zeta == pytest.approx(4.3152, abs=1e-4)
     flux_cfg = {"shift": 3.0, "use_dynamic_shifting": True, "base_shift": 0.5, "max_shift": 1.15,
                 "base_image_seq_len": 256, "max_image_seq_len": 4096}
     fl = scheduler_time_grid(flux_cfg, 12, image_seq_len=4096)
