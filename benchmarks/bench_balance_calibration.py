@@ -2,7 +2,7 @@
 
 Each run's reward-matched checkpoint is its first saved checkpoint whose smoothed training reward
 reaches ``select_target``; the study compares the arms' selected rewards per cell
-(:func:`pcpo_eval.study.results.reward_balance`). This script resamples studies from the 40 DDPO
+(:func:`pcpo_eval.study.balance.reward_balance`). This script resamples studies from the 40 DDPO
 and 40 PCPO seeds of the demo regime (``benchmarks/data/toy_demo_runs.parquet``, the runs
 ``bench_verdict_calibration.py`` uses), selects checkpoints exactly as the select stage does
 (:func:`pcpo_eval.stats.select.match_checkpoint` on the window-5 trailing mean at the demo's
@@ -35,7 +35,7 @@ from pcpo_eval.stats.pairwise import clopper_pearson  # noqa: E402
 from pcpo_eval.stats.runlevel import compare_runs  # noqa: E402
 from pcpo_eval.stats.select import RunCheckpoint, centred_by_epoch, match_checkpoint  # noqa: E402
 from pcpo_eval.stats.speedup import moving_average  # noqa: E402
-from pcpo_eval.study.results import reward_balance  # noqa: E402
+from pcpo_eval.study.balance import reward_balance  # noqa: E402
 
 POOL = Path(__file__).resolve().parent / "data" / "toy_demo_runs.parquet"
 CHECKPOINT_EVERY = 2  # analysis/toy_study.yaml

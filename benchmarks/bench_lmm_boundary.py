@@ -6,7 +6,7 @@ residual SD sigma = 1, run SD tau with tau^2 = c sigma^2 / (P K), k runs per arm
 (``--plant D`` adds D x sqrt(2 (1 + c) sigma^2 / (k P K)) to arm B: D SEs of the run-level contrast).
 
 ``--fits N``: N data sets per c, fitted by the study's own path (:func:`pcpo_eval.stats.fit_lmm` with
-``coding="treatment", diagnostics=False`` as ``study.results._simple_effect`` calls it, then
+``coding="treatment", diagnostics=False`` as ``study.image_metrics._simple_effect`` calls it, then
 :func:`pcpo_eval.stats.boundary.run_level_at_boundary`): ``--design prompt`` fits the per-prompt rows
 (one row per (run, prompt), the mean of its K images) with ``(1|prompt) + (1|run)``, ``--design image``
 the per-image rows with ``(1|prompt) + (1|image) + (1|run)``. Reports, per c, how often the run

@@ -19,13 +19,13 @@ study fits preference scores. ``lpips_toy`` is the per-prompt metric, ``fd_toy``
 overall-only ones (Welch).
 
 Resampling: ``--studies`` A/A studies of k vs k runs drawn without replacement from the pool; each
-LMM row is fitted as :func:`pcpo_eval.study.results._simple_effect` fits it and tested three ways:
+LMM row is fitted as :func:`pcpo_eval.study.image_metrics._simple_effect` fits it and tested three ways:
 lmerTest's Satterthwaite df (``old``, the study before the boundary rule), the df capped at the run
 level (``new``: runs - 2, the containment df; a candidate, not adopted) and the study's rule now
 (:func:`pcpo_eval.stats.boundary.run_level_at_boundary`: the run means' t when the run variance is
-estimated at 0); the overall-only rows by :func:`pcpo_eval.study.results.overall_effects`'s Welch
+estimated at 0); the overall-only rows by :func:`pcpo_eval.study.image_metrics.overall_effects`'s Welch
 test. "As the study reports now" is one Holm family over every row of both comparisons
-(:func:`pcpo_eval.study.results.arm_family`; in this one-cell study the LMM tables' algorithm terms
+(:func:`pcpo_eval.study.image_metrics.arm_family`; in this one-cell study the LMM tables' algorithm terms
 are the same tests as the rows). ``--check N`` (default 2) runs the first N studies through
 ``fit_metric_lmms``, ``_simple_effect``, ``same_tests``, ``lmm_study_family`` and ``arm_family``
 themselves and fails on any difference in p or in the decision. ``--plant D`` adds D residual SDs of each metric to
@@ -88,7 +88,7 @@ def image_scores(layout, rows) -> pd.DataFrame:
 
 def load_pool(pool: Path) -> dict[str, dict]:
     """Per comparison (reward, epoch): per-prompt rows, per-image rows, overall values per run."""
-    from pcpo_eval.study.results import overall_values, per_prompt_frame
+    from pcpo_eval.study.image_metrics import overall_values, per_prompt_frame
     from pcpo_eval.study.spec import load_spec
     from pcpo_eval.studydir import StudyLayout
 
@@ -170,7 +170,7 @@ def study_path_check(sp, comp_by_match: dict, runs_a: list[str], runs_b: list[st
     boundary rule), ``_simple_effect`` (raw-score rows), ``same_tests``, ``lmm_study_family`` and
     ``arm_family`` (one family per study); Welch rows as :func:`analyse` computes them. Raises when a
     p or the per-study decision differs from :func:`analyse`'s ``p_study`` / one-family decision."""
-    from pcpo_eval.study.results import (
+    from pcpo_eval.study.image_metrics import (
         _simple_effect,
         _suffixed,
         arm_family,

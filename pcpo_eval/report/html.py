@@ -398,7 +398,7 @@ def _lmm_effect_rows(term: str, lmm: dict[str, Any], labels: dict[str, str]) -> 
         sig = ok and bool(f.get("converged", True)) and not _missing(p_adj) and p_adj < alpha
         rows.append({"metric": labels.get(m, m), "estimate": fe.get("estimate"), "se": fe.get("se"),
                      "df": fe.get("df"), "t": fe.get("t"), "ci": fmt_ci(fe.get("ci_low"), fe.get("ci_high")),
-                     "mde": fe.get("mde") if ok else None,  # at its family's level (study.results.family_mdes)
+                     "mde": fe.get("mde") if ok else None,  # at its family's level (study.image_metrics.family_mdes)
                      **p_cells(fe.get("p"), p_adj, ok, f.get("reason"), sig)})
     return rows
 

@@ -68,7 +68,7 @@ def _is_categorical(s: pd.Series) -> bool:
     return not pd.api.types.is_numeric_dtype(s) or pd.api.types.is_bool_dtype(s)
 
 
-#: the column of a per-image / per-prompt table that names the training run (:mod:`pcpo_eval.study.results`)
+#: the column of a per-image / per-prompt table that names the training run (:mod:`pcpo_eval.study.image_metrics`)
 RUN_COLUMN = "run"
 #: the columns that name a prompt in such tables
 PROMPT_COLUMNS = ("prompt", "prompt_id")
@@ -91,7 +91,7 @@ def replication_warnings(data: pd.DataFrame, formula: str, groups: list[str]) ->
       count. Before, per-prompt tables of one run per arm (or three, in a column named ``seed``) gave A/A
       pairs p < 0.05 in 90 and 68 of 100 with no warning (the same benchmark);
     * no prompt shared between the factor's levels: the difference is between prompt sets as well.
-    A study adds ``(1|run)`` and refuses one run per arm itself (:data:`pcpo_eval.study.results.ONE_RUN_LMM`)."""
+    A study adds ``(1|run)`` and refuses one run per arm itself (:data:`pcpo_eval.study.image_metrics.ONE_RUN_LMM`)."""
     _, _, rhs = parse_formula(formula, list(data.columns))
     out = []
     for f in (c for c in rhs if _is_categorical(data[c]) and data[c].nunique() > 1):

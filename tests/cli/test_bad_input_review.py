@@ -268,7 +268,7 @@ def test_irg_sweep_sampling_options(cli, box, key, value, needle):
 def test_report_output_of_the_wrong_kind(cli, box, flag, kind, needle):
     import json
 
-    from pcpo_eval.study.results import to_jsonable
+    from pcpo_eval.io import to_jsonable
     from tests.support.report import synthetic_results
 
     study = box / "study"

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 import pcpo_eval
+from pcpo_eval.io import to_jsonable
 from pcpo_eval.study import api
-from pcpo_eval.study.results import to_jsonable
 from tests.support.report import synthetic_results
 
 #: these tests read the SVG / PDF files too (the suite writes PNG only: tests/conftest.py)

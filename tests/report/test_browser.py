@@ -18,8 +18,8 @@ import pandas as pd
 import pytest
 from PIL import Image
 
+from pcpo_eval.io import to_jsonable
 from pcpo_eval.report.html import write_report
-from pcpo_eval.study.results import to_jsonable
 from tests.support.browser import playwright_chromium
 from tests.support.human import make_human_dir
 from tests.support.report import EVIL_PROMPT, SENTENCES, synthetic_results

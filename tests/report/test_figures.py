@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from pcpo_eval.io import to_jsonable
 from pcpo_eval.report import figures
 from pcpo_eval.report.html import report_figures, write_figures
 from pcpo_eval.stats.rliable import BOOTSTRAP_SEED as RLIABLE_SEED
@@ -21,7 +22,6 @@ from pcpo_eval.stats.runlevel import (
     poi_interval,
     probability_of_improvement,
 )
-from pcpo_eval.study.results import to_jsonable
 from tests.support.report import runs_frame, synthetic_rliable, synthetic_runs
 
 #: these tests read the SVG / PDF files too (the suite writes PNG only: tests/conftest.py)

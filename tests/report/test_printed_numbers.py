@@ -101,7 +101,7 @@ def test_the_sampler_offset_line_says_its_p_and_why_a_clear_ci_is_not_significan
 
 def test_the_balance_sentence_keeps_signs_and_says_when_nothing_is_detectable():
     from pcpo_eval.stats.runlevel import compare_runs
-    from pcpo_eval.study.results import _balance_sentence
+    from pcpo_eval.study.balance import _balance_sentence
 
     sp = SimpleNamespace(cells=lambda: ["c"], pcpo="PCPO", baseline="DDPO", select_on="train")
     b, t = [0.80, 0.81], [0.836, 0.8361]

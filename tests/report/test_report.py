@@ -13,6 +13,7 @@ from html.parser import HTMLParser
 import pytest
 
 from pcpo_eval.errors import UserError
+from pcpo_eval.io import to_jsonable
 from pcpo_eval.report import figures
 from pcpo_eval.report.html import (
     NO_VERDICT,
@@ -27,7 +28,6 @@ from pcpo_eval.report.html import (
     verdict_row,
     write_report,
 )
-from pcpo_eval.study.results import to_jsonable
 from tests.support.report import (
     EVIL_PROMPT,
     EVIL_RUN,

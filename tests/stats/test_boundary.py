@@ -133,7 +133,7 @@ def test_within_run_covariate_and_no_run_group_leave_the_fit_alone():
 
 
 def test_study_lmm_tables_and_bold_rows_use_the_run_means_at_the_boundary():
-    from pcpo_eval.study.results import _simple_effect, fit_metric_lmms, lmm_setup
+    from pcpo_eval.study.image_metrics import _simple_effect, fit_metric_lmms, lmm_setup
 
     d = draw(np.random.default_rng([20261127, 0]), 3, 12, 4, 0.0, "prompt").rename(columns={"value": "m1"})
     d["m2"] = draw(np.random.default_rng([20261127, 2]), 3, 12, 4, 20.0, "prompt")["value"]

@@ -1,4 +1,4 @@
-"""Matched-reward balance (``results.selection.balance``, :func:`pcpo_eval.study.results.reward_balance`).
+"""Matched-reward balance (``results.selection.balance``, :func:`pcpo_eval.study.balance.reward_balance`).
 
 Each run's reward-matched checkpoint is its first to reach the target, so an arm that learns in
 bigger steps overshoots more: its "matched" checkpoints carry more reward, a confounder of every
@@ -16,7 +16,7 @@ import pytest
 
 from pcpo_eval.report.html import render_report
 from pcpo_eval.stats.fmt import ci_decimals
-from pcpo_eval.study.results import reward_balance
+from pcpo_eval.study.balance import reward_balance
 
 SP = SimpleNamespace(cells=lambda: ["all"], pcpo="PCPO", baseline="DDPO", select_on="train")
 

@@ -4,8 +4,8 @@ Before, each comparison (matched reward, matched epoch) and, within it, the simp
 overall-only Welch rows were separate Holm families, so an A/A study showed some bold cell far more
 often than 5% of the time. The calibration test below draws A/A studies (3 vs 3 runs, Gaussian), gives
 the per-prompt metric the exact run-level t-test of a balanced LMM and the overall-only metrics the
-study's own Welch rows (:func:`pcpo_eval.study.results.overall_effects`), and runs them through
-:func:`pcpo_eval.study.results.image_metrics`, which builds the raw-score table the report bolds.
+study's own Welch rows (:func:`pcpo_eval.study.image_metrics.overall_effects`), and runs them through
+:func:`pcpo_eval.study.image_metrics.image_metrics`, which builds the raw-score table the report bolds.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-import pcpo_eval.study.results as results
-from pcpo_eval.study.results import arm_family, image_metrics, lmm_study_family, overall_effects
+import pcpo_eval.study.image_metrics as image_metrics_module
+from pcpo_eval.study.image_metrics import arm_family, image_metrics, lmm_study_family, overall_effects
 from pcpo_eval.study.spec import load_spec
 from pcpo_eval.studydir import StudyLayout
 
@@ -50,7 +50,7 @@ def test_arm_family_joins_the_lmm_terms_of_the_compared_factor_and_counts_a_repe
            "a @ epoch 10": {"algorithm[T.B]": {"p": 0.04}, "algorithm[T.B]:batch[T.y]": {"p": 0.02}}}
     # the matched-reward LMM term is the raw-score row (same estimate, SE, p); the epoch one is not
     fits = {"a": {"fixed": [{"term": "algorithm[T.B]", "estimate": 0.0, "se": 1.0, "p": 0.01}]}}
-    same = results.same_tests({"all": sig["all"]}, {"a": adj["a"]}, fits, "algorithm", "")
+    same = image_metrics_module.same_tests({"all": sig["all"]}, {"a": adj["a"]}, fits, "algorithm", "")
     assert same == {("a", "algorithm[T.B]"): ("all", "a")}
     s, a = arm_family(sig, adj, "algorithm", same, "holm", 0.05)
     # one family of 4 tests (2 rows, the epoch LMM term and the interaction; not batch, not the repeat)
@@ -60,7 +60,7 @@ def test_arm_family_joins_the_lmm_terms_of_the_compared_factor_and_counts_a_repe
     assert a["a @ epoch 10"]["algorithm[T.B]"]["p_holm"] == pytest.approx(0.08)
     assert s["all @ epoch 10"]["a"]["p_adj"] == pytest.approx(0.08)
     assert a["a"]["batch[T.y]"]["p_holm"] == 0.002  # not an arm comparison: its own family, untouched
-    assert results.involves("x[T.1]:algorithm[T.B]", "algorithm") and not results.involves("algorithmic", "algorithm")
+    assert image_metrics_module.involves("x[T.1]:algorithm[T.B]", "algorithm") and not image_metrics_module.involves("algorithmic", "algorithm")
 
 
 def test_lmm_study_family_spans_both_comparisons_per_term():
@@ -98,8 +98,8 @@ def test_aa_studies_show_a_bold_cell_in_at_most_5_percent(tmp_path, monkeypatch)
     layout = StudyLayout(tmp_path)
     layout.selection_file.parent.mkdir(parents=True, exist_ok=True)
     layout.selection_file.write_text(json.dumps({"epoch": 10}))
-    monkeypatch.setattr(results, "_metrics_json", lambda path: {"metrics": {}})
-    monkeypatch.setattr(results, "comparison", _fake_comparison(sp, np.random.default_rng(20261127)))
+    monkeypatch.setattr(image_metrics_module, "metrics_json", lambda path: {"metrics": {}})
+    monkeypatch.setattr(image_metrics_module, "comparison", _fake_comparison(sp, np.random.default_rng(20261127)))
     n, bold, lmm_sig, either = 120, 0, 0, 0
     for _ in range(n):
         raw, lmm, _ = image_metrics(sp, layout)
@@ -166,8 +166,8 @@ def test_sum_coded_terms_of_the_compared_factor_join_the_family_and_the_console(
     assert term_factors("C(algorithm, Sum)[S.DDPO]") == ("algorithm",) == term_factors("C(algorithm)[T.PCPO]")
     assert term_factors("C(algorithm, Sum)[S.DDPO]:C(batch, Sum)[S.8]") == ("algorithm", "batch")
     assert term_factors("(Intercept)") == () == term_factors("log_reward")
-    assert results.involves("C(algorithm, Sum)[S.DDPO]", "algorithm")
-    assert not results.involves("C(algorithmic, Sum)[S.x]", "algorithm")
+    assert image_metrics_module.involves("C(algorithm, Sum)[S.DDPO]", "algorithm")
+    assert not image_metrics_module.involves("C(algorithmic, Sum)[S.x]", "algorithm")
     term = "C(algorithm, Sum)[S.DDPO]"
     adjusted = {"fid": {term: {"p": 0.03, "p_holm": 0.03, "p_bh": 0.03},
                         "(Intercept)": {"p": 0.5, "p_holm": 0.5, "p_bh": 0.5}}}

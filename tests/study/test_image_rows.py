@@ -98,7 +98,7 @@ def test_a_bold_cell_never_contradicts_its_per_prompt_test():
     from types import SimpleNamespace
 
     from pcpo_eval.report.html import render_report
-    from pcpo_eval.study.results import raw_score_rows
+    from pcpo_eval.study.image_metrics import raw_score_rows
 
     runs = [SimpleNamespace(name=n, role=r) for n, r in (("a0", "baseline"), ("a1", "baseline"), ("b0", "pcpo"),
                                                           ("b1", "pcpo"))]

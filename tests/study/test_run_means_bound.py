@@ -17,7 +17,7 @@ import types
 import numpy as np
 import pandas as pd
 
-from pcpo_eval.study.results import _simple_effect, flag_unequal_spreads, lmm_setup
+from pcpo_eval.study.image_metrics import _simple_effect, flag_unequal_spreads, lmm_setup
 
 RUNS, PROMPTS = 3, 16
 SP = types.SimpleNamespace(compare_factor="algorithm", pcpo="B", baseline="A", lmm=types.SimpleNamespace(alpha=0.05))

@@ -28,7 +28,7 @@ import yaml
 
 from pcpo_eval.report.summary import summary_lines
 from pcpo_eval.stats.runlevel import ONE_RUN_PER_ARM
-from pcpo_eval.study.results import ONE_RUN_LMM
+from pcpo_eval.study.image_metrics import ONE_RUN_LMM
 from pcpo_eval.study.runner import run_study
 from pcpo_eval.study.spec import load_spec
 from pcpo_eval.study.verdicts import verdict

@@ -15,7 +15,8 @@ import numpy as np
 import pandas as pd
 from PIL import Image
 
-from pcpo_eval.study.results import family_mdes, fit_record, lmm_study_family, to_jsonable
+from pcpo_eval.io import to_jsonable
+from pcpo_eval.study.image_metrics import family_mdes, fit_record, lmm_study_family
 
 #: A prompt that would run script if the report did not escape it.
 EVIL_PROMPT = '<script>document.title="pwned";alert(1)</script> a red <b>cube</b> & "friends"'
