@@ -205,6 +205,7 @@ def build_results(sp: StudySpec, layout: StudyLayout) -> dict[str, Any]:
         "sampler_offset": level["sampler_offset"],
         "targets": level["targets"],
         "runs": level["runs"],
+        "rliable": level["rliable"],
         "metric_labels": {**METRIC_LABELS, **labels},
         "metrics": list(sp.metrics),
         "speedup": level["speedup"],

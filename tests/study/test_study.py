@@ -267,6 +267,15 @@ def test_stages_run_then_skip_finished_work(tmp_path, fakes):
     assert {(r["cell"], r["arm"]) for r in res["runs"]} == {(c, a) for c in ("batch=16", "batch=32") for a in ("DDPO", "PCPO")}
     html = report.read_text()
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html and "<script>" not in html
+    # the rliable panels' numbers reach results.json and the report draws them (they were computed and
+    # dropped: every study's report said "holds no rliable numbers")
+    panels = res["rliable"]
+    assert {(i["cell"], i["arm"]) for i in panels["intervals"]} == {(c, a) for c in ("batch=16", "batch=32")
+                                                                    for a in ("DDPO", "PCPO")}
+    assert {i["arm"] for i in panels["improvement"]} == {"PCPO"} and panels["profiles"]
+    assert "holds no rliable numbers" not in html
+    written = {p.name for p in (out / "figures").iterdir()}
+    assert {f"{n}.png" for n in ("interval_estimates", "probability_of_improvement", "performance_profiles")} <= written, written
 
     # second run: nothing is recomputed
     state = json.loads((out / "study_state.json").read_text())
