@@ -7,19 +7,14 @@ text or JSON (``--json``). Bad input raises :class:`~pcpo_eval.errors.UserError`
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import typer
 
 from pcpo_eval.errors import UserError
 from pcpo_eval.io import check_out_path, to_jsonable
-
-if TYPE_CHECKING:
-    import pandas as pd
 
 
 def dumps(obj: Any) -> str:
@@ -33,138 +28,6 @@ def _check_outputs(inputs: Sequence[str | Path], **files: str | None) -> None:
     for flag, path in files.items():
         if path:
             check_out_path(path, f"--{flag}", folder=False, inputs=inputs)
-
-
-def _check_targets(targets: list[float]) -> None:
-    """``--target`` must be a finite reward level (nan / inf would give a table of nothing reached)."""
-    bad = [t for t in targets if not math.isfinite(t)]
-    if bad:
-        raise UserError(f"--target {bad[0]} is not a finite number; give a reward level, e.g. --target 0.8")
-
-
-def _check_pairs(baseline: list[str], pcpo: list[str]) -> None:
-    """``--paired`` pairs the i-th baseline with the i-th PCPO run: refuse a pair whose run folders'
-    ``config.yaml`` record other training seeds (the pair would be two seeds' noise, not one seed's). Logs
-    without a recorded seed are paired as given."""
-
-    from pcpo_eval.rundir import config_path
-    from pcpo_eval.train.checkpoints import load_run_config
-
-    def seed(log: str) -> object:
-        if not config_path(log).is_file():  # a log file, or a run folder without config.yaml
-            return None
-        try:
-            return load_run_config(log).get("seed")
-        except UserError:  # unreadable: paired as given (the log itself is read and checked elsewhere)
-            return None
-
-    for i, (b, t) in enumerate(zip(baseline, pcpo, strict=True), start=1):
-        sb, st = seed(b), seed(t)
-        if sb is not None and st is not None and sb != st:
-            raise UserError(f"--paired pair {i}: --baseline {b} has seed {sb}, --pcpo {t} seed {st}; give both "
-                            "arms' runs in the same seed order")
-
-
-
-def _check_distinct_runs(baseline: list[str], pcpo: list[str], logs: dict[str, pd.DataFrame]) -> None:
-    """Every log given once: one run folder (or log) given twice, or two whose curves are one run's
-    (:func:`pcpo_eval.rundir.same_curves`: copied, imported twice, or cut at another epoch), would count one
-    seed as several. Before, ``--pcpo R`` five times gave an A/A pair of arms a "+58% speed-up, Holm p 0.031".
-    ``logs``: each given log, read once (:func:`_read_logs`)."""
-    from pcpo_eval.rundir import twin_runs
-
-    paths: dict[str, str] = {}
-    given: dict[str, str] = {}
-    for flag, log in [*(("--baseline", b) for b in baseline), *(("--pcpo", t) for t in pcpo)]:
-        name, path = f"{flag} {log}", str(Path(log).resolve())
-        if path in paths:
-            raise UserError(f"{name} is the run of {paths[path]} again: one run would count as two seeds; give "
-                            "each seed's own run once")
-        paths[path], given[path] = name, log
-    twins = twin_runs([(name, logs[given[path]]) for path, name in paths.items()])
-    if twins:
-        raise UserError(f"{twins[0][1]} has the same curves as {twins[0][0]} (every shared epoch's reward and control): "
-                        "one run copied or imported twice would count as two seeds; give each seed's own run once")
-
-
-def _recorded_settings(log: str, read: pd.DataFrame | None = None) -> dict[str, Any] | None:
-    """A run folder's ``config.yaml`` with the images per epoch its log records (None: a bare log file, or a
-    folder without a readable config). ``read``: the log already read."""
-    from pcpo_eval.rundir import config_path, logged_images_per_epoch
-    from pcpo_eval.stats.comparability import IMAGES_LOGGED, edited_settings
-    from pcpo_eval.train.checkpoints import load_run_config, trained_config
-
-    if not Path(log).is_dir() or not config_path(log).is_file():
-        return None
-    try:
-        cfg = dict(load_run_config(log))
-    except UserError:
-        return None
-    if edited := edited_settings(log, cfg, trained_config(log)):
-        raise UserError(edited[0])
-    if (logged := logged_images_per_epoch(log, read)) is not None:
-        cfg[IMAGES_LOGGED] = logged
-    return cfg
-
-
-def _comparability_notes(baseline: list[str], pcpo: list[str], *, epochs: bool = True,
-                         unequal_epochs_ok: bool = False, label: str = "--baseline and --pcpo",
-                         logs: dict[str, pd.DataFrame] | None = None) -> list[str]:
-    """What a study checks before it compares runs (:mod:`pcpo_eval.stats.comparability`), for the runs a
-    command is given: one reward (refused otherwise), one epoch size (refused unless ``unequal_epochs_ok``,
-    then a note), and a note naming what could not be checked. Before, ``speedup`` compared a doubled reward
-    (+63%, p 0.026) and twice the images per epoch (+63%, p 0.004) between two sets of DDPO runs."""
-    from pcpo_eval.stats.comparability import (
-        epoch_unit_problems,
-        reward_problems,
-        unchecked_settings,
-        unchecked_text,
-    )
-
-    given = [("baseline", b) for b in baseline] + [("PCPO", t) for t in pcpo]
-    settings = [(arm, log, _recorded_settings(log, (logs or {}).get(log))) for arm, log in given]
-    runs = [(arm, log, cfg) for arm, log, cfg in settings if cfg is not None]
-    if problems := reward_problems(None, runs, label, fix="compare runs trained on one reward"):
-        raise UserError(problems[0])
-    notes = []
-    if epochs:
-        found = epoch_unit_problems(None, runs, "baseline", "PCPO", "the algorithm", fix=(
-            "compare runs with one epoch size, or pass --unequal-epochs-ok to compare per epoch anyway (the output "
-            "then says so)"))
-        if found and not unequal_epochs_ok:
-            raise UserError(found[0])
-        notes += [f.split("): ", 1)[0] + "): every row compares per epoch (--unequal-epochs-ok), so a difference "
-                  "may be the extra samples or compute, not the algorithm" for f in found]
-    unchecked = unchecked_settings(runs) if epochs else {}
-    bare = [log for _, log, cfg in settings if cfg is None]
-    if unchecked or bare:
-        notes.append(unchecked_text(unchecked, bare))
-    return notes
-
-
-def _read_logs(logs: list[str]) -> dict[str, pd.DataFrame]:
-    """Each given log (file or run folder) read once, for every check and the table."""
-    from pcpo_eval.rundir import load_log
-
-    return {log: load_log(log) for log in dict.fromkeys(logs)}
-
-
-def _check_finite_logs(logs: dict[str, pd.DataFrame], curve: str) -> None:
-    """Refuse logs with infinite rewards (NaN is refused by the log reader) before anything is fitted."""
-    import numpy as np
-
-    cols = ["reward_mean", *(["control_reward_mean"] if curve == "gain" else [])]
-    for log, df in logs.items():
-        for c in cols:
-            if c in df.columns:
-                n_bad = int((~np.isfinite(df[c].to_numpy(np.float64))).sum())
-                if c == "control_reward_mean" and n_bad == len(df):  # a run trained without its control
-                    raise UserError(f"log {log} has no control_reward_mean (the run was trained without "
-                                    "paired_control); the gain curve needs runs trained with paired_control: true "
-                                    "(or use --curve reward)")
-                if n_bad:
-                    raise UserError(f"log {log} column {c!r} has {n_bad} non-finite (inf/NaN) values; fix or "
-                                    "drop those epochs, or leave that run out")
 
 
 def _write(out: str | None, text: str) -> None:
@@ -245,8 +108,8 @@ def speedup_cmd(
         False, "--lower-is-better", help="Targets are reached from above."
     ),
     paired: bool = typer.Option(
-        False, "--paired", help="The i-th --baseline and i-th --pcpo log share a training seed (paired t test)."
-    ),
+        None, "--paired/--unpaired", help="Pair the i-th --baseline with the i-th --pcpo run (paired t test), or "
+        "never pair. Default: as a study pairs, on the training seeds the run folders record."),
     curve: str = typer.Option(
         "reward", "--curve", help="reward (raw reward_mean) or gain (reward - paired untrained control: learning)."
     ),
@@ -257,21 +120,11 @@ def speedup_cmd(
         "(per epoch; the output says so)."),
 ) -> None:
     """Epochs to reach each target and PCPO's speed-up (E_base / E_pcpo - 1) with a 95% CI, p and power."""
-    from pcpo_eval.stats.speedup import speedup_table
+    from pcpo_eval.stats.given_runs import compare_given_runs
 
     _check_outputs([*baseline, *pcpo], output=output)
-    if curve not in ("reward", "gain"):
-        raise UserError(f"--curve must be reward or gain, got {curve!r}")
-    _check_targets(target)
-    logs = _read_logs([*baseline, *pcpo])
-    _check_finite_logs(logs, curve)
-    _check_distinct_runs(baseline, pcpo, logs)
-    notes = _comparability_notes(baseline, pcpo, unequal_epochs_ok=unequal_epochs_ok, logs=logs)
-    if paired and len(baseline) == len(pcpo):
-        _check_pairs(baseline, pcpo)
-    tab = speedup_table([(b, logs[b]) for b in baseline], [(t, logs[t]) for t in pcpo], target, window,
-                        not lower_is_better, paired=paired, curve=curve)
-    tab = replace(tab, notes=(*tab.notes, *notes))
+    tab = compare_given_runs(baseline, pcpo, target, window, not lower_is_better, paired=paired, curve=curve,
+                             unequal_epochs_ok=unequal_epochs_ok)
     js = dumps(tab.to_dict())
     _write(output, js)
     typer.echo(js if as_json else tab.to_markdown())
@@ -294,12 +147,13 @@ def select_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a markdown table."),
 ) -> None:
     """Reward-matched checkpoint per run (first to reach the target, else nearest), with the gap."""
+    from pcpo_eval.stats.given_runs import check_targets, comparability_notes
     from pcpo_eval.stats.select import select_checkpoints
 
     _check_outputs([*run_dirs, *([matched_to] if matched_to else [])], output=output)
-    _check_targets([target])
+    check_targets([target])
     if matched_to:  # matched on one reward scale: the PCPO run's reward level is the other runs' target
-        _comparability_notes(run_dirs, [matched_to], epochs=False, label="the runs and --matched-to")
+        comparability_notes(run_dirs, [matched_to], epochs=False, label="the runs and --matched-to")
     sel = select_checkpoints(run_dirs, target, window, matched_to, on)
     js = dumps(sel.to_dict())
     _write(output, js)

@@ -662,6 +662,9 @@ class SpeedupTable:
     higher_is_better: bool = True
     #: the test level of every row (Holm over the targets at this level)
     alpha: float = 0.05
+    #: how runs given by hand were paired (:func:`pcpo_eval.stats.given_runs.choose_pairing`); "" when the
+    #: caller paired them itself
+    pairing: str = ""
 
     @property
     def family_size(self) -> int:
@@ -673,13 +676,15 @@ class SpeedupTable:
         holm = self.p_holm or (None,) * len(self.rows)
         return {"window": self.window, "curve": self.curve, "higher_is_better": self.higher_is_better,
                 "alpha": self.alpha, "baseline_runs": list(self.baseline_names),
-                "pcpo_runs": list(self.pcpo_names), "family_size": self.family_size, "notes": list(self.notes),
+                "pcpo_runs": list(self.pcpo_names), "family_size": self.family_size, "pairing": self.pairing,
+                "notes": list(self.notes),
                 "targets": [r.to_dict() | {"p_holm": h, "significant_holm": h is not None and h < r.alpha}
                             for r, h in zip(self.rows, holm, strict=True)]}
 
     def to_markdown(self) -> str:
         """Target, restricted mean epochs per arm (censored runs), speed-up with CI, p, power."""
-        paired = "paired by position (same seeds)" if self.rows and self.rows[0].paired else "unpaired (Welch)"
+        paired = "paired (each pair one training seed)" if self.rows and self.rows[0].paired else "unpaired (Welch)"
+        paired = f"{paired}: {self.pairing}" if self.pairing else paired
         lines = [f"Smoothing: trailing mean over a full window of {self.window} epochs; {len(self.baseline_names)} "
                  f"baseline / {len(self.pcpo_names)} PCPO run(s), {paired}; curve: {self.curve} "
                  f"({'higher' if self.higher_is_better else 'lower'} is better; alpha {self.alpha:g}).",

@@ -90,15 +90,20 @@ def fit_lmm(data: Any, formula: str, group: str | Sequence[str], *, coding: str 
 
 
 def speedup(baseline: Sequence[Any], pcpo: Sequence[Any], targets: Sequence[float], *, window: int | None = None,
-            higher_is_better: bool = True, paired: bool = False, curve: str = "reward") -> Any:
+            higher_is_better: bool = True, paired: bool | None = None, curve: str = "reward",
+            unequal_epochs_ok: bool = False) -> Any:
     """Restricted mean epochs to each target and PCPO's speed-up with its 95% CI, from run folders,
     log files or DataFrames (one per seed and arm); ``window`` defaults to the paper's 5 epochs
-    (:data:`pcpo_eval.stats.speedup.SMOOTHING_WINDOW`). Returns the table (``.to_markdown()``,
-    ``.to_dict()``). :func:`pcpo_eval.stats.speedup.speedup_table`."""
-    from pcpo_eval.stats.speedup import SMOOTHING_WINDOW, speedup_table
+    (:data:`pcpo_eval.stats.speedup.SMOOTHING_WINDOW`). The runs pass the checks ``pcpo-eval speedup``
+    makes (given once, one reward and epoch size) and pair as a study pairs them (``paired=None``: on
+    the seeds the run folders record; True: the i-th runs as given; False: never). Returns the table
+    (``.to_markdown()``, ``.to_dict()``). :func:`pcpo_eval.stats.given_runs.compare_given_runs`."""
+    from pcpo_eval.stats.given_runs import compare_given_runs
+    from pcpo_eval.stats.speedup import SMOOTHING_WINDOW
 
-    return speedup_table(list(baseline), list(pcpo), list(targets), SMOOTHING_WINDOW if window is None else window,
-                         higher_is_better, paired=paired, curve=curve)
+    return compare_given_runs(list(baseline), list(pcpo), list(targets),
+                              SMOOTHING_WINDOW if window is None else window, higher_is_better, paired=paired,
+                              curve=curve, unequal_epochs_ok=unequal_epochs_ok)
 
 
 def run_study(spec: str | Path, out: str | Path | None = None, stages: str | Sequence[str] = "all",

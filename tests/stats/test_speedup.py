@@ -350,7 +350,7 @@ def test_cli_speedup_json_paired_gain(tmp_path, cli):
     r = cli("speedup", *args, "--target", "6.9", "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["targets"][0]["baseline_epochs"] != [200, 240, 215]
     r = cli("speedup", *args, "--target", "6.9", "--paired", "--curve", "gain")
-    assert r.returncode == 0 and "paired by position (same seeds)" in r.stdout and "curve: gain" in r.stdout
+    assert r.returncode == 0 and "paired (each pair one training seed)" in r.stdout and "curve: gain" in r.stdout
 
 
 def test_a_tables_targets_are_one_holm_family():
