@@ -62,6 +62,7 @@ def lmm_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of text."),
 ) -> None:
     """Linear mixed model with Satterthwaite t-tests (lme4/lmerTest conventions)."""
+    from pcpo_eval.stats.boundary import run_means_warning
     from pcpo_eval.stats.design import read_table, replication_warnings
     from pcpo_eval.stats.lmm import fit_lmm, fit_lmm_many, many_summary, qq_plot
 
@@ -81,18 +82,29 @@ def lmm_cmd(
         rhs = formula.split("~", 1)[1]
         fits, adjusted = fit_lmm_many(df, response, rhs, list(group), coding, not ml, re_formula)
         payload = {"metrics": {k: v.to_dict() for k, v in fits.items()}, "adjusted": adjusted}
+        formulas = {k: f"{k} ~ {rhs}" for k in fits}
         if qq:
             raise UserError("--qq needs a single response (drop --response or fit one metric)")
         text = many_summary(fits, adjusted)
     else:
         res = fit_lmm(df, formula, list(group), coding, not ml, re_formula)
         payload = res.to_dict()
+        fits, formulas = {"": res}, {"": formula}
         text = res.summary()
         if qq:
             qq_plot(res, qq)
     warnings = replication_warnings(df, f"{response[0]} ~ {formula.split('~', 1)[1]}" if response else formula,
                                     list(group))
+    run_means = {}
+    if re_formula is None:  # random intercepts only: where a study would test on the run means, say so
+        for k, fit in fits.items():
+            warning, tests = run_means_warning(fit, df, formulas[k], list(group), coding)
+            if warning:
+                warnings.append(warning)
+                run_means[k] = tests
     payload["warnings"] = warnings
+    if run_means:
+        payload["run_means"] = run_means.get("", run_means)
     js = dumps(payload)
     _write(output, js)
     typer.echo(js if as_json else "".join(f"warning: {w}\n" for w in warnings) + text)

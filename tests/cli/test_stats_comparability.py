@@ -118,12 +118,14 @@ def test_lmm_says_when_its_test_is_not_across_replicates(cli, box, runs, groups,
     data = _table(box / "t.csv", runs, disjoint, column)
     res = cli("lmm", data, "--formula", "lpips ~ algorithm", *(a for g in groups for a in ("--group", g)))
     assert res.returncode == 0, res.stderr
-    warned = [line for line in res.stdout.splitlines() if line.startswith("warning: ")]
+    said = [line for line in res.stdout.splitlines() if line.startswith("warning: ")]
+    # pure noise: the run variance may be estimated at 0, which has its own warning (test_boundary.py)
+    warned = [w for w in said if "is estimated at 0" not in w]
     assert (warned == []) if needle is None else any(needle in w for w in warned), warned
     assert len(warned) <= 1 or needle != NO_RUN_GROUP  # said once, not beside the run column's own warning
     js = json.loads(cli("lmm", data, "--formula", "lpips ~ algorithm", "--json",
                         *(a for g in groups for a in ("--group", g))).stdout)
-    assert [f"warning: {w}" for w in js["warnings"]] == warned
+    assert [f"warning: {w}" for w in js["warnings"]] == said
 
 
 def test_lmm_says_nothing_of_a_factor_tested_within_runs(cli, box):

@@ -149,3 +149,36 @@ def test_study_lmm_tables_and_bold_rows_use_the_run_means_at_the_boundary():
     f, row = _simple_effect(sp, d, "m1", setup)
     assert row["p"] == pytest.approx(fe["m1"]["p"], rel=1e-6) and row["df"] == pytest.approx(4.0)
     assert "run means" in row["method"]
+
+
+@pytest.mark.parametrize("many", [False, True])
+def test_lmm_command_says_what_a_study_would_report_at_the_boundary(cli, tmp_path, many):
+    """``pcpo-eval lmm`` keeps lmerTest's numbers but, where a study would test on the run means (run
+    variance at 0, the effect constant within runs), warns with the run-mean test's p (a consistency
+    review found p 0.023 on 79 df printed alone where the study reported p 0.061 on 4 df)."""
+    import json
+
+    seeds = [s for s in range(6) if _anova(draw(np.random.default_rng([20261127, s]), 3, 12, 4, 0.0, "prompt"), 3)[2]]
+    kept = [s for s in range(6) if s not in seeds]
+    for s, at_zero in ((seeds[0], True), (kept[0], False)):
+        d = draw(np.random.default_rng([20261127, s]), 3, 12, 4, 0.0, "prompt")
+        data = tmp_path / f"d{s}.csv"
+        d.to_csv(data, index=False)
+        args = ["lmm", data, "--group", "prompt", "--group", "run", "--json"]
+        args += ["--formula", "y ~ algorithm", "--response", "value"] if many else ["--formula", "value ~ algorithm"]
+        res = cli(*args)
+        assert res.returncode == 0, res.stderr
+        out = json.loads(res.stdout)
+        f = fit_lmm(d, "value ~ algorithm", ["prompt", "run"], coding="treatment", diagnostics=False)
+        g = run_level_at_boundary(f, d, "value ~ algorithm", ["prompt", "run"], "treatment")
+        fixed = out["metrics"]["value"]["fixed"] if many else out["fixed"]
+        assert fixed["algorithm[T.B]"]["p"] == pytest.approx(f.term("algorithm[T.B]").p, rel=1e-6)  # still lmerTest
+        if at_zero:
+            tests = out["run_means"]["value"] if many else out["run_means"]
+            assert tests["algorithm[T.B]"]["p"] == pytest.approx(g.term("algorithm[T.B]").p, rel=1e-9)
+            assert tests["algorithm[T.B]"]["df"] == 4
+            (w,) = [w for w in out["warnings"] if "estimated at 0" in w]
+            assert "tested on the 6 run means (t, df 4), as a study reports them: algorithm[T.B] p " in w
+            assert "(Intercept)" not in w
+        else:
+            assert "run_means" not in out and not any("estimated at 0" in w for w in out["warnings"])
