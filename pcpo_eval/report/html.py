@@ -241,6 +241,9 @@ def verdict_row(v: dict[str, Any]) -> dict[str, Any]:
         "p": fmt_p(v.get("p")) if ok else not_estimable(v.get("reason")), "estimable": ok,
         "significant": ok and v.get("significant") is True,
         "gated": bool((v.get("details") or {}).get("gated")),
+        # the t interval of a row the exact permutation test decides (too few runs): marked, as in the
+        # simple-effect table, so an interval excluding 0 beside p > alpha is not read as evidence
+        "ci_note": v.get("reason") if ok and v.get("reason") and v.get("ci_low") is not None else None,
     }  # fmt: skip
 
 

@@ -329,6 +329,11 @@ def _why_not(v: Verdict, own_test_significant: bool, has_ci: bool = True) -> str
     return f" ({own}not after the family's Holm adjustment)" if own_test_significant else ""
 
 
+#: said after a t interval whose row the exact permutation test decides (too few runs: the interval can
+#: exclude 0 beside a p above alpha; an A/A study printed "speed-up +33%, 95% CI +4.1% to +78%" by p 0.114)
+CI_NOT_DECIDING = "that is the t interval, which does not decide this row alone"
+
+
 def comparison_sentence(v: Verdict, c: Comparison, label: str) -> str:
     """One plain sentence for a comparison row (after the family adjustment).
 
@@ -353,7 +358,8 @@ def comparison_sentence(v: Verdict, c: Comparison, label: str) -> str:
     else:
         d = ci_decimals(c.estimate, c.ci_low, c.ci_high)
         ci = f"{what}{c.estimate:+.{d}f}, {_level(c.alpha)} CI {c.ci_low:+.{d}f} to {c.ci_high:+.{d}f}, {design}"
-        ci += f"; {c.reason}" if c.reason else ""  # the t test not trusted alone (permutation.t_not_robust)
+        # the t test not trusted alone (permutation.t_not_robust): its interval does not decide the row
+        ci += f"; {CI_NOT_DECIDING}: {c.reason}" if c.reason else ""
     power = (f"; {detectable(v)}: ±{c.mde:.{d}f}" if c.mde is not None else
              _undetectable(v, c.p_floor, "effect", c.alpha) if c.p_floor is not None or c.ci_low is None else "")
     if not v.significant:
@@ -409,7 +415,10 @@ def _speedup_power(v: Verdict, s: Speedup) -> tuple[str, str]:
         return "; no spread measured, so no detectable effect or seed count", ""
     limit = (f" (at most {pct(s.max_speedup)} is possible against the baseline's measured mean with this window; "
              "the CI also covers a baseline slower than measured)" if s.max_speedup is not None else "")
-    power = f"; {detectable(v)}: {pct(s.mde)}" if s.mde is not None else f"; no speed-up is {detectable(v)}{limit}"
+    power = (f"; {detectable(v)}: {pct(s.mde)}" if s.mde is not None
+             # a significant slow-down beside "no speed-up is detectable" read as a contradiction (a frozen arm,
+             # -48%): what the row found needs no power clause; the seeds a speed-up needs still follow
+             else "" if v.significant and (s.estimate or 0) < 0 else f"; no speed-up is {detectable(v)}{limit}")
     if not s.reference_feasible:
         return power, f"; a {REFERENCE_SPEEDUP:.0%} speed-up is not possible with this window and baseline"
     need = (f"; a {REFERENCE_SPEEDUP:.0%} speed-up needs {s.seeds_for_reference} seeds per arm"
@@ -429,7 +438,8 @@ def speedup_sentence(v: Verdict, s: Speedup, kind: str) -> str:
             ((s.n_censored_treatment, s.n_treatment, t), (s.n_censored_baseline, s.n_baseline, b)) if n]
     epochs = (f"{t} {_epochs(s.treatment_mean)} vs {b} {_epochs(s.baseline_mean)} epochs (restricted mean to epoch {s.tau}"
               + (f"; {', '.join(cens)}" if cens else "") + ")")
-    ci = f"speed-up {pct(s.estimate)}, {ci_text(s)}" + (f"; {s.reason}" if s.reason and s.ci_low is not None else "")
+    ci = f"speed-up {pct(s.estimate)}, {ci_text(s)}" + (f"; {CI_NOT_DECIDING}: {s.reason}"
+                                                       if s.reason and s.ci_low is not None else "")
     power, need = _speedup_power(v, s)
     tail = f"{ci}, {_design(s.paired, s.n_treatment, s.n_baseline)}{_p_text(v, s.alpha)}{power}{need}"
     if not v.significant:

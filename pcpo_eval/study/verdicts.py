@@ -25,6 +25,7 @@ learning (gain) speed-up, a sentence says that the offset explains it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -41,6 +42,7 @@ from pcpo_eval.stats.verdict import (
     headline,
     pair_runs,
     run_curves,
+    run_scalar,
     target_status,
     unpaired_seeds,
     verdict_rows,
@@ -221,7 +223,8 @@ RAW_REWARD_ROWS = ("final_reward", "auc")
 
 
 def _raw_speedup_explained(sp: StudySpec, cell: str, diff: float, significant: bool,
-                           rows: Sequence[dict[str, Any]], paired: bool = True, bound: float | None = None) -> str:
+                           rows: Sequence[dict[str, Any]], paired: bool = True,
+                           bound: float | dict[str, float] | None = None) -> str:
     """A sentence when a significant raw-reward row (a raw-reward speed-up, the final reward, the reward
     AUC) goes the significant sampler offset's way (a raw-reward row without evidence needs no explanation):
     "is the sampler's, not learning" when no learning measure goes that way, else "mixes the sampler and
@@ -231,10 +234,14 @@ def _raw_speedup_explained(sp: StudySpec, cell: str, diff: float, significant: b
     seeds), had a "higher final reward" and "higher reward AUC" (p = 3.5e-05) with nothing pointing at the
     sampler.
 
-    ``bound``: the largest offset the offset's 95% CI admits (its size when it has no CI). A final-reward or
-    AUC difference, in the reward's own units, larger than that is not the sampler's alone: it is said to
-    exceed the offset, unexplained by any learning measure (before, a 1e6 reward spike in one arm was
-    "the sampler's" beside a 0.03 offset)."""
+    ``bound``: the largest offset the offset's 95% CI admits (its size when it has no CI), one number or one
+    per raw quantity: the controls' own final reward (same last epochs) and AUC (:func:`control_bounds`). A
+    final-reward or AUC difference, in the reward's own units, larger than that is not the sampler's alone:
+    it is said to exceed the offset, unexplained by any learning measure (before, a 1e6 reward spike in one
+    arm was "the sampler's" beside a 0.03 offset). Per quantity because the controls' difference changes over
+    training epochs: a pure sampler change (both arms frozen) whose controls differed by 0.0445 over the last
+    5 epochs and 0.0332 over all 16 had its final-reward difference, 0.0445, called "larger than the
+    sampler's offset (at most 0.0375)"."""
     raw = [r for r in rows if r["cell"] == cell and r["significant"] and r["estimate"] is not None
            and (r["quantity"].startswith("speedup_reward:") or r["quantity"] in RAW_REWARD_ROWS)
            and r["estimate"] * diff > 0]
@@ -253,16 +260,19 @@ def _raw_speedup_explained(sp: StudySpec, cell: str, diff: float, significant: b
             f"gain speed-up to {r['quantity'].split(':')[1]}: {pct(r['estimate'])}" for r in gain]
         return (f"The {_raw_head(raw)} ({_raw_what(raw)}) mixes the sampler and learning: {offset}. What {who} learned "
                 f"beyond its untrained control is measured by the learning rows: {', '.join(measures)}.")
-    limit = abs(diff) if bound is None else max(abs(diff), bound)
-    beyond = [r for r in raw if r["quantity"] in RAW_REWARD_ROWS and abs(r["estimate"]) > limit]
+    given = bound if isinstance(bound, dict) else dict.fromkeys(RAW_REWARD_ROWS, bound)
+    limits = {q: max(abs(diff), given.get(q) or 0.0) for q in RAW_REWARD_ROWS}
+    beyond = [r for r in raw if r["quantity"] in RAW_REWARD_ROWS and abs(r["estimate"]) > limits[r["quantity"]]]
     within = [r for r in raw if r not in beyond]
     out = []
     if within:
         out.append(f"The {_raw_head(within)} ({_raw_what(within)}) is the sampler's, not learning: {offset}, and no "
                    "learning measure (paired gain, gain speed-up) shows a difference in that direction.")
     if beyond:
+        most = ", ".join(f"{_RAW_NAMES[r['quantity']]} at most {limits[r['quantity']]:.3g}" for r in beyond)
         out.append(f"The raw-reward difference ({_raw_what(beyond)}) is larger than the sampler's offset ({offset}; "
-                   f"at most {limit:.3g} within its 95% CI), yet no learning measure (paired gain, gain speed-up) "
+                   f"the untrained controls' own {most} within its 95% CI), yet no learning measure (paired gain, "
+                   "gain speed-up) "
                    "shows a difference in that direction: what lies beyond the offset is not shown to be learning "
                    "(look for a run whose reward jumps or whose control is missing).")
     return " ".join(out)
@@ -273,9 +283,13 @@ def _raw_head(raw: Sequence[dict[str, Any]]) -> str:
     return "raw-reward speed-up" if all(r["quantity"] not in RAW_REWARD_ROWS for r in raw) else "raw-reward difference"
 
 
+#: the raw-reward rows' names in sentences
+_RAW_NAMES = {"final_reward": "final reward", "auc": "reward AUC"}
+
+
 def _raw_what(raw: Sequence[dict[str, Any]]) -> str:
     """The raw rows named with their estimates: 'speed-up to 0.5: +40%, final reward: +0.1'."""
-    names = {"final_reward": "final reward", "auc": "reward AUC"}
+    names = _RAW_NAMES
     return ", ".join(f"speed-up to {r['quantity'].split(':')[1]}: {pct(r['estimate'])}" if r["quantity"] not in names
                      else f"{names[r['quantity']]}: {r['estimate']:+.3g}" for r in raw)
 
@@ -287,6 +301,23 @@ def _one_way_untested(mb: np.ndarray, mt: np.ndarray, paired: bool, c: Any) -> b
     a "higher reward AUC" (p = 0.002) and no explanation: the offset's exact p, 2/2^5 = 0.0625, is not below
     alpha (tests/stats/test_speedup_guards.py)."""
     return (c.ci_low is None or c.p_floor is not None) and separated(mb, mt, paired)
+
+
+def control_bounds(b: Sequence[RunCurve], t: Sequence[RunCurve], paired: bool, diff: float, k: int) -> dict[str, float]:
+    """Per raw quantity (final reward over the last ``k`` epochs, AUC), the largest difference of the arms'
+    untrained controls in the offset's direction (``diff``'s sign) that its 95% CI admits (its size without
+    a CI): what a sampler alone can put into that raw row."""
+    out = {}
+    for q in RAW_REWARD_ROWS:
+        vb = np.asarray([run_scalar(replace(r, reward=r.control), q, k) for r in b], dtype=np.float64)
+        vt = np.asarray([run_scalar(replace(r, reward=r.control), q, k) for r in t], dtype=np.float64)
+        if not (np.isfinite(vb).all() and np.isfinite(vt).all()):
+            continue  # a control missing at some epoch: the row's own comparison says so; keep the offset's bound
+        c = compare_runs(vb, vt, rng=np.random.default_rng(VERDICT_SEED), paired=paired)
+        d = float(vt.mean() - vb.mean())
+        ci = c.ci_low is not None and c.ci_high is not None
+        out[q] = max(abs(d), (c.ci_high if diff > 0 else -c.ci_low) if ci else abs(d))
+    return out
 
 
 def sampler_offset(sp: StudySpec, table: pd.DataFrame, rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -310,11 +341,13 @@ def sampler_offset(sp: StudySpec, table: pd.DataFrame, rows: Sequence[dict[str, 
               f"p = {p_value(c.p)}{sig}, {design}" if c.ci_low is not None and c.ci_high is not None
               else f"; {c.reason}, p = {p_value(c.p)}{sig}, {design}" if c.estimable and c.p is not None
               else f"; {c.reason}")
-        head = (f"untrained controls (same prompts and noises, each arm's sampler): {sp.pcpo} {mt.mean():.4g} vs "
+        same = ("same prompts and noises per seed, each arm's sampler" if paired else
+                "each arm's own seeds and sampler: unpaired, so a difference may be the seeds' noise as well as the "
+                "samplers'")
+        head = (f"untrained controls ({same}): {sp.pcpo} {mt.mean():.4g} vs "
                 f"{sp.baseline} {mb.mean():.4g} (difference {diff:+.3g}{ci})")
-        bound = (c.ci_high if diff > 0 else -c.ci_low) if c.ci_low is not None and c.ci_high is not None else None
         explained = _raw_speedup_explained(sp, cell, diff, c.significant or _one_way_untested(mb, mt, paired, c), rows,
-                                           paired, bound)
+                                           paired, control_bounds(b, t, paired, diff, verdict_k(sp, table)))
         out[cell] = {"baseline_control_mean": float(mb.mean()), "treatment_control_mean": float(mt.mean()),
                      "difference": diff, "ci_low": c.ci_low, "ci_high": c.ci_high, "p": c.p, "paired": paired,
                      "significant": c.significant, "explains_raw_speedup": explained,

@@ -75,7 +75,9 @@ def test_the_speedup_table_prints_both_pieces_of_a_two_piece_ci_and_the_holm_p_o
     page = render_report(res)
     row = _cells(page, "speedup-table")[1]
     ci = _speedup_ci(v)
-    assert " or " in ci and row[6] == ci  # before: the hull "-92% to +1100%", which covers 0
+    assert " or " in ci and row[6] == f"{ci} *"  # before: the hull "-92% to +1100%", which covers 0
+    # * : its p is bounded by the faster arm's learning test, so the t interval does not decide it alone
+    assert 'id="speedup-ci-notes"' in page and "does not decide the row alone" in page
     assert row[7] == fmt_p(v["p_adjusted"])  # before: 3 decimals (0.0455-0.0545 all read 0.05)
     line = speedup_lines(res)[0]
     assert f"-> {pct(v['estimate'])} (Holm p {p_value(v['p_adjusted'])}: significant)" in line
@@ -146,3 +148,37 @@ def test_the_sentence_p_keeps_its_side_of_alpha(p):
                 family="primary", p_adjusted=p)
     assert _p_text(v, 0.05) == f"; p = {p_value(p)}, Holm-adjusted p = {p_value(p)} (primary)"
     assert (float(p_value(p)) < 0.05) == (p < 0.05)
+
+
+def test_a_t_interval_the_permutation_test_overrules_is_marked():
+    """3 vs 4 unpaired runs, one PCPO run among the baseline's: Welch's interval excludes 0 (+2.6% to +81%) but
+    the exact relabelling test's p is 3/35 = 0.086, so the row is "no evidence". An A/A study printed "speed-up +33%, 95% CI +4.1% to
+    +78%" beside p 0.114 with nothing saying which decides; now the sentence and both tables say it."""
+    e, parts = np.arange(1, 41), []
+    for arm, seeds, times in (("DDPO", (0, 1, 2), (20, 22, 24)), ("PCPO", (10, 11, 12, 13), (14, 15, 16, 21))):
+        for s, t in zip(seeds, times, strict=True):
+            ctrl = np.full(40, 0.3)
+            parts.append(pd.DataFrame({"arm": arm, "cell": "c", "seed": s, "epoch": e,
+                                       "reward_mean": ctrl + np.where(e >= t, 0.1, 0.0), "control_reward_mean": ctrl}))
+    res = _results(pd.concat(parts, ignore_index=True))
+    v = next(r for r in res["verdict"] if r["quantity"] == "speedup_gain:0.01")
+    assert not v["paired"] and not v["significant"] and v["p"] >= 0.05 and v["ci_low"] > 0  # the interval excludes 0
+    assert "that is the t interval, which does not decide this row alone" in v["sentence"]
+    page = render_report(res)
+    verdict_row = next(r for r in _cells(page, "verdict-table") if "gain 0.01" in r[1])
+    assert verdict_row[5].endswith(" *") and 'id="verdict-ci-notes"' in page
+    speed_row = _cells(page, "speedup-table")[1]
+    assert speed_row[6].endswith(" *") and 'id="speedup-ci-notes"' in page
+
+
+def test_a_significant_slowdown_is_not_called_undetectable():
+    """A frozen arm against a learning one: the slow-down is significant, and its MDE is undefined (a speed-up
+    would exceed the largest the window allows). Before, the sentence said "no speed-up is detectable at 80%
+    power" beside the significant -48%, and the table printed "none" beside the bold cell."""
+    res = _results(_step_table([6, 7, 9], [99, 99, 99], n_epochs=16), primary=("speedup_gain",))
+    v = next(r for r in res["verdict"] if r["quantity"] == "speedup_gain:0.01")
+    assert v["significant"] and v["estimate"] < 0 and v["mde"] is None
+    assert "PCPO reaches gain 0.01 later than DDPO" in v["sentence"] and "detectable" not in v["sentence"]
+    assert "a 25% speed-up needs 11 seeds per arm" in v["sentence"]
+    row = _cells(render_report(res), "speedup-table")[1]
+    assert row[5] == pct(v["estimate"]) and row[8] == "–"

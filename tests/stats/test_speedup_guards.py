@@ -301,3 +301,35 @@ def test_a_raw_speedup_that_the_samplers_offset_explains_is_said():
     assert not [n for n in speedup_table(base, pcpo, [0.15], paired=True, curve="gain").notes if "sampler's" in n]
     same = speedup_table(base, [log(0.0) for _ in range(6)], [0.85], paired=True)  # no offset: nothing to say
     assert not [n for n in same.notes if "sampler's" in n]
+
+
+def test_the_offset_bound_uses_the_raw_rows_own_epochs():
+    """A pure sampler change (both arms frozen, 3 paired seeds) whose controls' difference grows over the
+    epochs: 0.0445 over the last 5, 0.0332 over all 16. Before, its final-reward difference (exactly the
+    controls' last-5 difference, paired gain 0) was "larger than the sampler's offset (at most 0.0375)" and
+    "not shown to be learning"; the bound now comes from the controls' own final reward and AUC."""
+    from types import SimpleNamespace
+
+    from pcpo_eval.stats.verdict import RunCurve, run_scalar
+    from pcpo_eval.study import verdicts as sv
+
+    e = np.arange(1, 17, dtype=float)
+    rng = np.random.default_rng(20261128)
+    b, t = [], []
+    for s in range(3):
+        base = 0.70 + 0.01 * s + 0.004 * rng.standard_normal(16)
+        shift = 0.015 + 0.03 * (e - 1) / 15 + 0.001 * rng.standard_normal(16)  # the sampler's edge grows
+        b.append(RunCurve("DDPO", "all", str(s), e, base.copy(), base.copy()))  # frozen: reward = control
+        t.append(RunCurve("PCPO", "all", str(s), e, base + shift, base + shift))
+    diff = float(np.mean([np.mean(x.control) for x in t]) - np.mean([np.mean(x.control) for x in b]))
+    final = float(np.mean([run_scalar(x, "final_reward", 5) for x in t]) - np.mean([run_scalar(x, "final_reward", 5)
+                                                                                       for x in b]))
+    assert final > diff + 0.008  # the all-epoch offset understates the last epochs' one
+    bounds = sv.control_bounds(b, t, True, diff, 5)
+    assert bounds["final_reward"] >= final
+    sp = SimpleNamespace(baseline="DDPO", pcpo="PCPO")
+    row = {"cell": "all", "quantity": "final_reward", "significant": True, "estimate": final}
+    said = sv._raw_speedup_explained(sp, "all", diff, True, [row], paired=True, bound=bounds)
+    assert "is the sampler's, not learning" in said and "larger" not in said
+    old = sv._raw_speedup_explained(sp, "all", diff, True, [row], paired=True, bound=diff + 0.004)  # one bound
+    assert "larger than the sampler's offset" in old
