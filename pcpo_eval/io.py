@@ -182,11 +182,20 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb", private: bool = Fals
             yield fh
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        _replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def _replace(tmp: str | os.PathLike, path: Path) -> None:
+    """``os.replace`` of a finished temporary file; a folder in the way is an error naming ``path`` (it named
+    the temporary file: "is a directory: .../.analysis.json.jgboa5r_.tmp")."""
+    try:
+        os.replace(tmp, path)
+    except IsADirectoryError:
+        raise UserError(f"{path} is a folder where a file is written; move it away and re-run") from None
 
 
 def atomic_write_files(files: Sequence[tuple[str | os.PathLike, Callable[[Any], None]]],
@@ -216,7 +225,7 @@ def atomic_write_files(files: Sequence[tuple[str | os.PathLike, Callable[[Any], 
     if before_commit is not None:
         before_commit()
     for tmp, path in staged:
-        os.replace(tmp, path)
+        _replace(tmp, path)
 
 
 @contextlib.contextmanager
@@ -371,27 +380,54 @@ def json_text(obj: Any) -> str:
     return json.dumps(obj, indent=2, sort_keys=False, default=_json_default) + "\n"
 
 
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """The JSON objects of an append-only log, one per line (absent file: none; unreadable lines and lines
-    that are not objects are skipped, so a line cut short by a crash loses only itself)."""
+def read_jsonl(path: str | Path, what: str = "log") -> list[dict[str, Any]]:
+    """The JSON objects of an append-only log, one per line (absent file: none). A last line cut short by a
+    crash (no newline after it, not JSON) loses only itself; any other line that is not a JSON object (bytes
+    that are not UTF-8, text that is not JSON, JSON that is not an object) is damage, not a crash: one
+    :class:`~pcpo_eval.errors.UserError` naming the file and line, since these logs decide what a verdict
+    must disclose (a skipped line could drop an earlier look). ``what``: the log's name in that message."""
     path = Path(path)
     if not path.is_file():
         return []
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise UserError(f"cannot read the {what} {path}: {exc.strerror or exc}; check its permissions") from None
+    lines = data.split(b"\n")
+    cut = lines.pop() if lines else b""  # after the last newline: b"" unless a crash cut the last line
+    items = [(i, raw, False) for i, raw in enumerate(lines, start=1)]
+    items += [(len(lines) + 1, cut, True)] if cut.strip() else []
     out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            entry = json.loads(line)
-        except ValueError:
+    for i, raw, unterminated in items:
+        if not raw.strip():
             continue
+        try:
+            entry = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            entry = None
         if isinstance(entry, dict):
             out.append(entry)
+        elif not unterminated:  # only an unterminated last line may be a crash's
+            raise UserError(f"the {what} {path} is damaged at line {i} (not a JSON object); restore the file from a "
+                            "copy, or remove that line if you know what it held")
     return out
 
 
 def append_jsonl(path: str | Path, entry: dict[str, Any]) -> None:
-    """Append one JSON object as a line to an append-only log (:func:`read_jsonl`)."""
-    with open(path, "a", encoding="utf-8") as fh:
-        fh.write(json.dumps(entry, default=str) + "\n")
+    """Append one JSON object as a line to an append-only log (:func:`read_jsonl`). A last line a crash cut
+    short (no newline) is dropped first, atomically, so the new line is not glued onto it (before, the new
+    entry was lost with it)."""
+    path = Path(path)
+    line = (json.dumps(entry, default=str) + "\n").encode("utf-8")
+    try:
+        data = path.read_bytes() if path.is_file() else b""
+        if data and not data.endswith(b"\n"):
+            atomic_write_bytes(path, data[: data.rfind(b"\n") + 1] + line)
+            return
+        with open(path, "ab") as fh:
+            fh.write(line)
+    except OSError as exc:
+        raise UserError(f"cannot write {path}: {exc.strerror or exc}; check that it is a file you may write") from None
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any, private: bool = False) -> None:

@@ -176,12 +176,14 @@ def analyze_folder(folder: str | Path, responses: str | Path | None = None, data
         for line in summary_lines(res):
             log(line)
         return res
-    res = _with_looks(res, lay, final)
+    study = _study_results(design, folder)  # read and checked before anything is written
+    res, look = _mark_look(res, lay, final)
     atomic_write_json(lay.analysis, res, private=True)  # raters' names, as the export
     log(f"wrote {lay.analysis}" + ("" if final else f" ({EXAMPLES_WITHHELD})"))
     for line in summary_lines(res):
         log(line)
-    _into_study(design, res, log, folder)
+    _into_study(study, res, log, folder)
+    append_jsonl(lay.looks, look)  # last: an analysis that failed on the way is no look
     return res
 
 
@@ -192,12 +194,26 @@ PEEKING = ("deciding when to stop from interim looks raises the chance of a pref
            "the number of raters before the study and read the --final analysis")
 
 
-def _with_looks(res: dict[str, Any], lay: HumanLayout, final: bool) -> dict[str, Any]:
-    """Log this analysis in ``looks.jsonl`` and mark it: an interim look (without ``--final``) is not a verdict
-    (each sentence says so and no comparison is ``significant``; the provisional flag is kept as
-    ``significant_interim``); the final analysis says how many looks came before it. A look counts once per
-    set of answers (a re-analysis of the same answers, such as ``--json`` to read them again, adds no chance).
-    Before, every ``human analyze`` wrote its verdicts into the study report, unmarked."""
+def _closed_at(lay: HumanLayout, looks: list[dict[str, Any]]) -> str | None:
+    """When a --final analysis closed the study: its logged look, else the written ``analysis.json``'s own
+    record (a deleted or cut ``looks.jsonl`` reopened a closed study before); None while it is open."""
+    finals = [x for x in looks if x.get("final")]
+    if finals:
+        return str(finals[-1].get("at"))
+    try:
+        written = json.loads(lay.analysis.read_text()) if lay.analysis.is_file() else {}
+    except (OSError, ValueError):
+        return None
+    return "recorded in analysis.json" if isinstance(written, dict) and (written.get("looks") or {}).get("final") else None
+
+
+def _mark_look(res: dict[str, Any], lay: HumanLayout, final: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """This analysis marked as a look, and its ``looks.jsonl`` entry (appended by the caller once everything
+    is written: a failed analysis is no look and closes nothing). An interim look (without ``--final``) is
+    not a verdict (each sentence says so and no comparison is ``significant``; the provisional flag is kept
+    as ``significant_interim``); the final analysis says how many looks came before it. A look counts once
+    per set of answers (a re-analysis of the same answers, such as ``--json`` to read them again, adds no
+    chance). Before, every ``human analyze`` wrote its verdicts into the study report, unmarked."""
     from datetime import UTC, datetime
 
     looks = read_looks(lay)
@@ -206,10 +222,10 @@ def _with_looks(res: dict[str, Any], lay: HumanLayout, final: bool) -> dict[str,
              "answers": counts.get("main_responses_used"), "raters": counts.get("raters")}
     data = (entry["answers"], entry["raters"])
     finals = [x for x in looks if x.get("final")]
-    if finals and not final:
-        raise UserError(f"{lay.root} was closed by a --final analysis ({finals[-1].get('at')}); an interim look now "
+    closed = _closed_at(lay, looks)
+    if closed and not final:
+        raise UserError(f"{lay.root} was closed by a --final analysis ({closed}); an interim look now "
                         "would replace its verdict in the study report: analyse it with --final again")
-    append_jsonl(lay.looks, entry)
     seen = list(dict.fromkeys((x.get("answers"), x.get("raters")) for x in looks if not x.get("final")))
     if final:
         n, before = len([d for d in seen if d != data]), len(finals)
@@ -217,19 +233,19 @@ def _with_looks(res: dict[str, Any], lay: HumanLayout, final: bool) -> dict[str,
         again = f"; {before} earlier final analysis(es) of the study" if before else ""
         note = (f"{n} interim {were} run on earlier answers before this final one{again}: {PEEKING}" if n
                 else f"no interim analysis of earlier answers was run before this final one{again}")
-        return {**res, "looks": {"final": True, "interim_before": n, "finals_before": before, "note": note}}
+        return {**res, "looks": {"final": True, "interim_before": n, "finals_before": before, "note": note}}, entry
     k = len(seen) + (data not in seen)
     label = f"Interim look {k} (answers so far; not the study's verdict)"
     comps = [{**c, "significant": False, "significant_interim": bool(c.get("significant")),
               "verdict": f"{label}: {c['verdict']}" if c.get("verdict") else label} for c in res.get("comparisons", [])]
     return {**res, "comparisons": comps, "interim": True,
             "looks": {"final": False, "look": k, "note": f"{label}. The verdict is the `human analyze --final` "
-                      f"analysis once every planned rater has answered; {PEEKING}"}}
+                      f"analysis once every planned rater has answered; {PEEKING}"}}, entry
 
 
 def read_looks(lay: HumanLayout) -> list[dict[str, Any]]:
-    """The analyses logged so far (``looks.jsonl``; unreadable lines are skipped)."""
-    return read_jsonl(lay.looks)
+    """The analyses logged so far (``looks.jsonl``; a damaged line is an error, :func:`pcpo_eval.io.read_jsonl`)."""
+    return read_jsonl(lay.looks, "human study's log of analyses")
 
 
 def _label_simulated(res: dict[str, Any]) -> dict[str, Any]:
@@ -262,20 +278,33 @@ def summary_lines(res: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _into_study(design: dict[str, Any], res: dict[str, Any], log: Callable[[str], None], folder: Path) -> None:
-    """Copy the analysis into the study folder and re-render its report (when the study has results)."""
+def _study_results(design: dict[str, Any], folder: Path) -> tuple[Any, dict[str, Any]] | None:
+    """The design's study folder and its ``results.json``, read and checked before the analysis writes
+    anything (before, a damaged results.json was a traceback after human.json was rewritten); None when the
+    study has no results (yet)."""
     from pcpo_eval.human.design import study_path
-    from pcpo_eval.report.html import write_report
-    from pcpo_eval.studydir import StudyLayout, write_results
+    from pcpo_eval.report.html import read_results
+    from pcpo_eval.studydir import StudyLayout
 
     study = study_path(design, folder)
     lay = StudyLayout(study) if study else None
     if lay is None or not lay.results_file.is_file():
+        return None
+    return lay, read_results(lay.out)
+
+
+def _into_study(study: tuple[Any, dict[str, Any]] | None, res: dict[str, Any], log: Callable[[str], None],
+                folder: Path) -> None:
+    """Copy the analysis into the study folder (:func:`_study_results`) and re-render its report."""
+    from pcpo_eval.report.html import write_report
+    from pcpo_eval.studydir import write_results
+
+    if study is None:
         log("the design's study folder has no results.json: no report section written (run its stats stage)")
         return
+    lay, results = study
     res = rebase_examples(deidentified(res), folder, lay.out)  # shared files: no names; paths from the study
     atomic_write_json(lay.human_file, res)
-    results = json.loads(lay.results_file.read_text())
     results["human"] = res
     write_results(lay.out, results)
     log(f"wrote {write_report(lay.out)} with the human study section")

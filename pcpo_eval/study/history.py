@@ -17,6 +17,7 @@ import json
 import time
 from typing import Any
 
+from pcpo_eval.errors import UserError
 from pcpo_eval.io import append_jsonl, read_jsonl
 from pcpo_eval.study.spec import StudySpec
 from pcpo_eval.studydir import StudyLayout
@@ -58,15 +59,32 @@ def _differs(old: Any, new: Any) -> bool:
 
 
 def read_history(layout: StudyLayout) -> list[dict[str, Any]]:
-    """The analyses logged so far (unreadable lines skipped)."""
-    return read_jsonl(layout.analyses_file)
+    """The analyses logged so far; a damaged line, or one that is no analysis record (runs a list of names,
+    settings an object), is one ``error:`` naming it (before: a ``TypeError`` traceback)."""
+    entries = read_jsonl(layout.analyses_file, "study's analysis history")
+    for i, e in enumerate(entries, start=1):
+        runs, settings, epochs = e.get("runs"), e.get("settings"), e.get("run_epochs")
+        if not (isinstance(runs, list) and all(isinstance(r, str) for r in runs) and isinstance(settings, dict)
+                and (epochs is None or isinstance(epochs, dict))):
+            raise UserError(f"{layout.analyses_file}: record {i} is not an analysis (runs: a list of run names, "
+                            "settings: an object); restore the file from a copy, or remove that line if you know "
+                            "what it held")
+    return entries
 
 
-def history_caveat(sp: StudySpec, layout: StudyLayout, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """What earlier analyses mean for this one (``rows``: its verdict rows): ``note`` for the headline when an
-    earlier analysis of these runs used other verdict settings (:data:`VERDICT_KEYS`) or another set of runs
-    (added, dropped or replaced after a verdict was seen); ``image_note`` when it used other image-metric
-    settings (:data:`IMAGE_KEYS`); None when there is nothing to say."""
+def run_epochs(runs: list[dict[str, Any]]) -> dict[str, int]:
+    """Each run's last logged epoch (``results.json`` ``runs``): training extended after a look changes it."""
+    return {str(r["run"]): int(max(r["epochs"])) for r in runs if r.get("epochs")}
+
+
+def history_caveat(sp: StudySpec, layout: StudyLayout, rows: list[dict[str, Any]],
+                   epochs: dict[str, int] | None = None) -> dict[str, Any] | None:
+    """What earlier analyses mean for this one (``rows``: its verdict rows; ``epochs``: each run's last
+    epoch, :func:`run_epochs`): ``note`` for the headline when an earlier analysis of these runs used other
+    verdict settings (:data:`VERDICT_KEYS`; counted once per distinct setting, not per re-run), saw the runs
+    at other lengths (trained further after a verdict was seen) or another set of runs (added, dropped or
+    replaced); ``image_note`` when it used other image-metric settings (:data:`IMAGE_KEYS`); None when there
+    is nothing to say."""
     runs, settings = set(r.name for r in sp.runs), settings_of(sp, primary_of(rows))
     earlier = read_history(layout)
     same_runs = [e for e in earlier if set(e.get("runs") or []) == runs]
@@ -74,11 +92,17 @@ def history_caveat(sp: StudySpec, layout: StudyLayout, rows: list[dict[str, Any]
                   for e in same_runs]
     verdict_changed = sorted({k for _, keys in changed_in for k in keys if k in VERDICT_KEYS})
     image_changed = sorted({k for _, keys in changed_in for k in keys if k in IMAGE_KEYS})
-    n_verdict = sum(1 for _, keys in changed_in if any(k in VERDICT_KEYS for k in keys))
+    n_verdict = len({json.dumps({k: (e.get("settings") or {}).get(k) for k in VERDICT_KEYS}, sort_keys=True, default=str)
+                     for e, keys in changed_in if any(k in VERDICT_KEYS for k in keys)})
+    lengths = {json.dumps(e["run_epochs"], sort_keys=True) for e in same_runs
+               if e.get("run_epochs") and epochs and e["run_epochs"] != epochs}
     others = [set(e.get("runs") or []) for e in earlier if set(e.get("runs") or []) != runs]
     how = {"added": sum(1 for o in others if o < runs), "dropped": sum(1 for o in others if o > runs)}
     how["replaced"] = len(others) - how["added"] - how["dropped"]
     parts = []
+    if lengths:
+        parts.append(f"{len(lengths)} earlier analysis(es) saw these runs at other lengths (trained further, or cut, "
+                     "after a verdict was seen)")
     if n_verdict:
         parts.append(f"this verdict follows {n_verdict} earlier analysis(es) of these runs with other settings "
                      f"(changed: {', '.join(verdict_changed)})")
@@ -95,7 +119,7 @@ def history_caveat(sp: StudySpec, layout: StudyLayout, rows: list[dict[str, Any]
     if note is None and image_note is None:
         return None
     return {"earlier": n_verdict, "changed": verdict_changed, "image_changed": image_changed,
-            "other_runs": how, "note": note, "image_note": image_note}
+            "other_runs": how, "other_lengths": len(lengths), "note": note, "image_note": image_note}
 
 
 def record(sp: StudySpec, layout: StudyLayout, results: dict[str, Any]) -> None:
@@ -104,6 +128,7 @@ def record(sp: StudySpec, layout: StudyLayout, results: dict[str, Any]) -> None:
     primary = [{"quantity": r.get("quantity"), "cell": r.get("cell"), "significant": r.get("significant"),
                 "p_adjusted": r.get("p_adjusted")} for r in rows if r.get("family") == "primary"]
     entry = {"at": time.strftime("%Y-%m-%d %H:%M:%S"), "runs": sorted(r.name for r in sp.runs),
+             "run_epochs": run_epochs(results.get("runs") or []),
              "settings": settings_of(sp, primary_of(rows)), "primary": primary, "headline": results.get("headline")}
     layout.out.mkdir(parents=True, exist_ok=True)
     append_jsonl(layout.analyses_file, entry)

@@ -179,11 +179,11 @@ def build_results(sp: StudySpec, layout: StudyLayout) -> dict[str, Any]:
     """Everything the report formats (JSON-able), from the spec and the files under ``layout.out``."""
     from pcpo_eval.credit.plot import save_credit_figure
     from pcpo_eval.report.kl_ref import kl_ref_png
-    from pcpo_eval.study.history import history_caveat
+    from pcpo_eval.study.history import history_caveat, run_epochs
     from pcpo_eval.study.verdicts import run_level
 
     level = run_level(sp, layout)
-    looks = history_caveat(sp, layout, level["verdict"])  # a verdict chosen among several analyses says so
+    looks = history_caveat(sp, layout, level["verdict"], run_epochs(level["runs"]))  # a chosen verdict says so
     if looks is not None and looks["note"]:
         level = {**level, "headline": f"{level['headline'].rstrip()} {looks['note']}.",
                  "verdict_notes": [*level["verdict_notes"], looks["note"]]}

@@ -387,8 +387,11 @@ class Study:
             return
         t0 = time.perf_counter()
         results = build_results(sp, lay)
-        write_results(lay.out, results)
+        # logged before results.json is replaced: a log that cannot be written leaves the old results and
+        # no unlogged verdict (before, a read-only analyses.jsonl left the new results in place, unlogged,
+        # and the next run of the other spec said "statistics unchanged" over them)
         record(sp, lay, results)  # analyses.jsonl: the next analysis of these runs is compared with this one
+        write_results(lay.out, results)
         self._mark("stats", fp, time.perf_counter() - t0)
 
     # -- 6. report -----------------------------------------------------------------------------

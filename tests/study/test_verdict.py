@@ -651,9 +651,10 @@ def test_a_verdict_chosen_among_several_analyses_says_so(tmp_path, fakes):
     assert same["analysis_history"] is None
     again = _study(tmp_path, **{**spec, "targets": [0.4]})
     hist = again["analysis_history"]
-    assert hist["earlier"] == 2 and hist["changed"] == ["targets"] and not any(hist["other_runs"].values())
+    # the first two analyses had one setting (the default primary written out): one earlier analysis, not two
+    assert hist["earlier"] == 1 and hist["changed"] == ["targets"] and not any(hist["other_runs"].values())
     assert again["headline"].endswith(
-        "Analysis history: this verdict follows 2 earlier analysis(es) of these runs with other settings (changed: "
+        "Analysis history: this verdict follows 1 earlier analysis(es) of these runs with other settings (changed: "
         "targets). Each look can show a difference by chance, so a verdict chosen among several has a false-claim "
         "rate above alpha; report the analysis planned before the first look, or every one (analyses.jsonl lists "
         "them).")
