@@ -94,7 +94,7 @@ def lmm_cmd(
         if qq:
             qq_plot(res, qq)
     warnings = replication_warnings(df, f"{response[0]} ~ {formula.split('~', 1)[1]}" if response else formula,
-                                    list(group))
+                                    list(group), slopes=re_formula is not None)
     run_means = {}
     if re_formula is None:  # random intercepts only: where a study would test on the run means, say so
         for k, fit in fits.items():

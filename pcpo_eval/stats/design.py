@@ -76,7 +76,7 @@ PROMPT_COLUMNS = ("prompt", "prompt_id")
 IMAGE_COLUMN = "image"
 
 
-def replication_warnings(data: pd.DataFrame, formula: str, groups: list[str]) -> list[str]:
+def replication_warnings(data: pd.DataFrame, formula: str, groups: list[str], slopes: bool = False) -> list[str]:
     """What makes the test of a categorical fixed factor in ``formula`` not a test across replicates:
 
     * a :data:`RUN_COLUMN` nested in the factor that is not a grouping: the rows of one run (its images or
@@ -90,14 +90,24 @@ def replication_warnings(data: pd.DataFrame, formula: str, groups: list[str]) ->
       runs / checkpoints and leaves out the variation between training runs a method comparison must
       count. Before, per-prompt tables of one run per arm (or three, in a column named ``seed``) gave A/A
       pairs p < 0.05 in 90 and 68 of 100 with no warning (the same benchmark);
-    * no prompt shared between the factor's levels: the difference is between prompt sets as well.
-    A study adds ``(1|run)`` and refuses one run per arm itself (:data:`pcpo_eval.study.image_metrics.ONE_RUN_LMM`)."""
+    * no prompt shared between the factor's levels: the difference is between prompt sets as well;
+    * only groupings crossed with the factor (other than prompts and images) and several rows in each of
+      their cells, without a random slope (``slopes``): each cell's own effect (a run's, when the group
+      names seeds both arms share) is left in the residual, so its rows count as replicates. Before, a seed
+      column shared by both arms silenced the warning: a review's A/A per-prompt LPIPS of the toy world gave
+      p = 0.0051 with ``--group seed`` where the runs grouped gave 0.234 (the same holds for a within-run
+      factor without a slope; ``tests/cli/test_stats_comparability.py``).
+    A grouped column that names the same units as the run column (a seed column unique per run) is the
+    run grouping (no warning that the runs are ungrouped). A study adds ``(1|run)`` and refuses one run per arm itself (:data:`pcpo_eval.study.image_metrics.ONE_RUN_LMM`)."""
     _, _, rhs = parse_formula(formula, list(data.columns))
     out = []
     for f in (c for c in rhs if _is_categorical(data[c]) and data[c].nunique() > 1):
         nested = {g: bool((data.groupby(g)[f].nunique() == 1).all()) for g in
                   dict.fromkeys([*groups, RUN_COLUMN, *PROMPT_COLUMNS]) if g in data.columns and g != f}
-        if nested.get(RUN_COLUMN) and RUN_COLUMN not in groups:
+        same_as_run = RUN_COLUMN in data.columns and any(
+            g != RUN_COLUMN and bool((data.groupby(g)[RUN_COLUMN].nunique() == 1).all())
+            and bool((data.groupby(RUN_COLUMN)[g].nunique() == 1).all()) for g in groups if g in data.columns)
+        if nested.get(RUN_COLUMN) and RUN_COLUMN not in groups and not same_as_run:
             out.append(f"the table's {RUN_COLUMN} column is nested in {f} (each {RUN_COLUMN} in one level) but is "
                        f"not a --group: the rows of one {RUN_COLUMN} are not independent replicates, so the test of "
                        f"{f} counts within-{RUN_COLUMN} noise as evidence; add --group {RUN_COLUMN}")
@@ -108,11 +118,20 @@ def replication_warnings(data: pd.DataFrame, formula: str, groups: list[str]) ->
                 out.append(f"--group {g} has one level in {f} {per_level.idxmin()!s}: the {f} effect is confounded "
                            f"with {g} (one {g} per level), so its p is no test of {f}; give at least 2 {g}s per level")
             replicated = replicated or (per_level is not None and bool((per_level >= 2).all()))
-        run_unsaid = not (nested.get(RUN_COLUMN) and RUN_COLUMN not in groups)
+        run_unsaid = not (nested.get(RUN_COLUMN) and RUN_COLUMN not in groups and not same_as_run)
         # a grouping crossed with the factor that is no prompt or image (runs scored at two epochs: a
         # within-run factor, tested against the runs) replicates it too
         within = [g for g in groups if g not in (*PROMPT_COLUMNS, IMAGE_COLUMN) and g != f and not nested.get(g)
                   and data[g].nunique() > 1]
+        cells = {g: int(data.groupby([g, f]).size().median()) for g in within}
+        if not replicated and run_unsaid and within and not slopes and all(n > 1 for n in cells.values()):
+            g = within[0]
+            out.append(f"--group {g} is crossed with {f} (each {g} in several levels) and each {g} x {f} cell holds "
+                       f"{cells[g]} rows: the cells' own effects (a run's, if {g} names seeds both levels share) are "
+                       f"left in the residual, so those rows count as replicates of {f}; group the runs (a column "
+                       f"naming each run, or each {g} x {f} cell, and --group it)"
+                       + (f" or, with {g} the only group, add a random slope: --re-formula \"~{f}\""
+                          if len(groups) == 1 else ""))
         if not replicated and run_unsaid and not within and not any(nested.get(g) for g in groups):
             out.append(f"no --group is nested in {f} (a run or seed column, each value in one level of {f}): the "
                        f"rows are the only replicates, so the p compares these runs' images, not {f} across "

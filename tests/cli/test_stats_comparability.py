@@ -128,10 +128,11 @@ def test_lmm_says_when_its_test_is_not_across_replicates(cli, box, runs, groups,
     assert [f"warning: {w}" for w in js["warnings"]] == said
 
 
-def test_lmm_says_nothing_of_a_factor_tested_within_runs(cli, box):
-    """Runs scored at two epochs (a within-run factor): the run is crossed with the factor, not nested, and
-    grouping it (with or without a random slope) tests the factor against the runs: no warning (the new
-    "no --group is nested" warning fired there, with advice that was already followed)."""
+def test_lmm_on_a_factor_crossed_with_the_runs(cli, box):
+    """Runs scored at two epochs (a within-run factor): the run is crossed with the factor, not nested. With a
+    random slope the factor is tested against the runs: no warning. Without one, each run x epoch cell's own
+    effect is left in the residual and its 20 rows count as replicates: warned, with the slope as the fix
+    (before: no warning either way). The runs left out entirely keep their own warning."""
     import numpy as np
     import pandas as pd
 
@@ -139,12 +140,49 @@ def test_lmm_says_nothing_of_a_factor_tested_within_runs(cli, box):
     rows = [dict(run=f"r{r}", epoch=f"e{e}", prompt=f"p{p}", value=rng.normal() + 0.1 * e)
             for r in range(6) for e in (0, 1) for p in range(20)]
     pd.DataFrame(rows).to_csv(box / "e.csv", index=False)
-    for groups in (["run"], ["run", "prompt"]):
-        res = cli("lmm", box / "e.csv", "--formula", "value ~ epoch", *(a for g in groups for a in ("--group", g)))
+
+    def warned(*args: str) -> list[str]:
+        res = cli("lmm", box / "e.csv", "--formula", "value ~ epoch", *args)
         assert res.returncode == 0, res.stderr
-        assert not [line for line in res.stdout.splitlines() if line.startswith("warning: ")], res.stdout
-    res = cli("lmm", box / "e.csv", "--formula", "value ~ epoch", "--group", "prompt")  # the runs left out
-    assert NO_RUN_GROUP.replace("algorithm", "epoch") in res.stdout
+        return [line for line in res.stdout.splitlines() if line.startswith("warning: ") and "estimated at 0" not in line]
+
+    assert not warned("--group", "run", "--re-formula", "~epoch")
+    for groups in (["run"], ["run", "prompt"]):
+        (w,) = warned(*(a for g in groups for a in ("--group", g)))
+        assert "--group run is crossed with epoch" in w and "each run x epoch cell holds 20 rows" in w
+        assert ('--re-formula "~epoch"' in w) == (len(groups) == 1)  # slopes take one group only
+    assert NO_RUN_GROUP.replace("algorithm", "epoch") in warned("--group", "prompt")[0]  # the runs left out
+
+
+def test_lmm_on_a_seed_column_both_arms_share(cli, box):
+    """Three runs per arm, their seed labels 0-2 shared by the arms, each run with its own effect: grouped by
+    the shared seed (crossed with the arms) the runs' effects were left in the residual with no warning (a
+    review: p 0.0051 where the runs grouped gave 0.234). Now warned. A seed column unique per run is the run
+    grouping under another name: no warning that the run column is ungrouped (a false alarm before)."""
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(5)
+    rows = []
+    for arm in ("DDPO", "PCPO"):
+        for s in range(3):
+            run_effect = rng.normal(0, 0.5)
+            rows += [{"algorithm": arm, "run": f"{arm}{s}", "shared_seed": s, "own_seed": f"{arm}-{s}",
+                      "prompt": f"p{p}", "lpips": run_effect + rng.normal(0, 0.2)} for p in range(12)]
+    pd.DataFrame(rows).to_csv(box / "s.csv", index=False)
+    pd.DataFrame(rows).drop(columns="run").to_csv(box / "no_run.csv", index=False)  # two per-prompt tables joined
+
+    def lmm(*groups: str, table: str = "s.csv") -> dict:
+        res = cli("lmm", box / table, "--formula", "lpips ~ algorithm", "--json",
+                  *(a for g in groups for a in ("--group", g)))
+        assert res.returncode == 0, res.stderr
+        return json.loads(res.stdout)
+
+    crossed, by_run, same = lmm("prompt", "shared_seed", table="no_run.csv"), lmm("prompt", "run"), lmm("prompt", "own_seed")
+    assert any("--group shared_seed is crossed with algorithm" in w for w in crossed["warnings"])
+    assert crossed["fixed"]["algorithm[T.PCPO]"]["df"] > 3 * by_run["fixed"]["algorithm[T.PCPO]"]["df"]
+    assert not [w for w in by_run["warnings"] + same["warnings"] if "estimated at 0" not in w]
+    assert same["fixed"]["algorithm[T.PCPO]"]["p"] == pytest.approx(by_run["fixed"]["algorithm[T.PCPO]"]["p"], rel=1e-6)
 
 
 def test_speedup_reads_each_log_once(box, monkeypatch):
