@@ -49,7 +49,14 @@ from pcpo_eval.stats.select import MATCH_ON
 from pcpo_eval.stats.speedup import SMOOTHING_WINDOW, unreachable_targets
 from pcpo_eval.stats.verdict import quantity_name
 from pcpo_eval.study.retention import epoch_maps, retention_problems
-from pcpo_eval.study.sections import GridSpec, PreferenceSpec, parse_epoch_map, parse_grids, parse_preferences
+from pcpo_eval.study.sections import (
+    GridSpec,
+    PreferenceSpec,
+    parse_epoch_map,
+    parse_grids,
+    parse_preferences,
+    saved_epoch_problem,
+)
 from pcpo_eval.train.config import TrainConfig, config_from_dict, read_config_file
 from pcpo_eval.train.inputs import file_settings, read_inputs
 from pcpo_eval.train.preflight import backend_missing, model_missing, prompts_missing
@@ -1062,6 +1069,9 @@ def load_spec(path: str | Path, check_weights: bool = True) -> StudySpec:
     if isinstance(options.select_epoch, dict):
         options = options._replace(select_epoch=parse_epoch_map("select_epoch", options.select_epoch, levels, runs,
                                                                 arm_of, problems))
+    elif isinstance(options.select_epoch, int):  # checked before any training (was: after it, by the select stage)
+        problems += next(([f"select_epoch: {m}"] for r in runs if r.train is not None
+                          and (m := saved_epoch_problem(r.name, r.train, options.select_epoch)) is not None), [])
     preferences = parse_preferences(top.get("preference"), lambda p: _prompt_source(base, p), levels, runs, arm_of,
                                     PREFERENCE_METRICS, problems)
     grids = parse_grids(top.get("grid"), levels, runs, arm_of, problems)

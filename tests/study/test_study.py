@@ -360,3 +360,13 @@ def test_study_cli_validation_error(tmp_path, cli):
 
 def test_stage_names():
     assert STAGES == ("train", "select", "generate", "metrics", "stats", "report")
+
+
+@pytest.mark.parametrize(("epoch", "needle"), [(99, "trains 12 epochs, fewer than 99"),
+                                               (5, "saves every 2 epochs, not at epoch 5")])
+def test_a_select_epoch_no_run_will_save_is_refused_before_training(tmp_path, epoch, needle):
+    """An integer ``select_epoch`` past the runs' epochs (or between their checkpoints) failed only in the
+    select stage, after every run had trained (a review: 86 s on the toy world); a mapping was checked."""
+    with pytest.raises(UserError, match=f"select_epoch: run .* {needle}"):
+        load_spec(write_spec(tmp_path / "s.yaml", select_epoch=epoch))
+    assert load_spec(write_spec(tmp_path / "ok.yaml", select_epoch=12)).select_epoch == 12
