@@ -69,8 +69,13 @@ def speedup_lines(res: dict[str, Any]) -> list[str]:
                 lines.append(head + str(row.get("status")))
                 continue
             sp = row.get("speedup")
-            what = (f"{pct(sp)}{_speedup_status(res, block.get('cell'), row)}" if isinstance(sp, int | float)
-                    else (row.get("status") or "n/a"))
+            v = next((x for x in res.get("verdict") or [] if x.get("cell") == block.get("cell")
+                      and x.get("quantity") == row.get("quantity")), None)
+            if v is not None and v.get("estimable") is False:  # "+0.0% (not tested)" read as a measured 0
+                what = f"{pct(sp)}, not estimable: {v.get('reason')}" if isinstance(sp, int | float) else str(v.get("reason"))
+            else:
+                what = (f"{pct(sp)}{_speedup_status(res, block.get('cell'), row)}" if isinstance(sp, int | float)
+                        else (row.get("status") or "n/a"))
             lines.append(head + f"{block.get('baseline') or 'baseline'} {row.get('baseline_epochs')} vs "
                          f"{block.get('pcpo') or 'PCPO'} {row.get('pcpo_epochs')} epochs -> {what}")
     return lines

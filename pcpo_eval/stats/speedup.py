@@ -397,8 +397,11 @@ def _reason(b: Sequence[TimeToTarget], t: Sequence[TimeToTarget], vb: np.ndarray
     if all(r.censored for r in (*b, *t)):
         return "no run of either arm reaches the target within the compared epochs"
     if no_spread(vb, vt, paired) and not differs(vb, vt):
-        return ("the per-seed differences in epochs are all 0: no difference and no spread to test against"
-                if paired else "no variation: every run of both arms takes the same number of epochs")
+        cens = any(r.censored for r in (*b, *t))
+        how = (f" (a run that never reaches it counts as epoch {int(max(vb.max(), vt.max()))}, the last compared one, like a run that "
+               "reaches it there: train longer to tell them apart)") if cens else ""
+        return ("the per-seed differences in epochs are all 0: no difference and no spread to test against" + how
+                if paired else "no variation: every run of both arms counts the same number of epochs" + how)
     return ""
 
 

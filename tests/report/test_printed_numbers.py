@@ -182,3 +182,15 @@ def test_a_significant_slowdown_is_not_called_undetectable():
     assert "a 25% speed-up needs 11 seeds per arm" in v["sentence"]
     row = _cells(render_report(res), "speedup-table")[1]
     assert row[5] == pct(v["estimate"]) and row[8] == "–"
+
+
+def test_runs_that_reach_a_target_at_the_last_epoch_and_runs_that_never_do_are_said_to_count_alike():
+    """Every baseline run reaches the gain target at the last compared epoch, no PCPO run ever does: both count
+    that epoch, so the row has no test. Before, "every run of both arms takes the same number of epochs" beside
+    "(1/3 not reached)", and the console printed "+0.0% (not tested)" as if a 0 had been measured."""
+    res = _results(_step_table([16, 16, 16], [99, 99, 99], n_epochs=16), primary=("paired_gain",))
+    v = next(r for r in res["verdict"] if r["quantity"] == "speedup_gain:0.01")
+    assert not v["estimable"] and "counts as epoch 16, the last compared one, like a run that reaches it there" \
+        in v["reason"]
+    (line,) = [x for x in speedup_lines(res) if "gain 0.01" in x]
+    assert "not estimable: the per-seed differences in epochs are all 0" in line and "not tested" not in line
