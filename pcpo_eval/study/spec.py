@@ -506,7 +506,9 @@ def _check_identical_runs(runs: Sequence[RunSpec], compare: str, problems: list[
     before, only byte-identical logs were caught, and one run imported five times with one column differing in its
     last digit gave an A/A arm a "higher paired gain", p = 0.008), or
     two trained runs of different arms with the same resolved train config and seed (an A/A design
-    with equal seeds and overrides); comparing them would compare a run with itself."""
+    with equal seeds and overrides); comparing them would compare a run with itself. Equal curves under
+    recorded settings that differ are two runs (weight averaging, ``ema_decay``, changes the checkpoints,
+    not the training curves: the same runs a study trained were refused when listed under ``runs:``)."""
     dirs: dict[str, RunSpec] = {}
     logs: list[tuple[RunSpec, Any]] = []  # (run, its log)
     for r in runs:
@@ -525,6 +527,10 @@ def _check_identical_runs(runs: Sequence[RunSpec], compare: str, problems: list[
         except UserError:
             continue  # reported by the log checks
     for a, twin in twin_runs(logs):
+        sa, st = _run_settings(a), _run_settings(twin)
+        if sa is not None and st is not None and {**sa, "seed": None} != {**st, "seed": None}:
+            continue  # two runs whose settings differ where the training curves cannot show it (ema_decay);
+            # a seed label alone is what a second import of one history would differ in
         problems.append(f"runs {a.name} ({a.run_dir}) and {twin.name} ({twin.run_dir}) have the same training "
                         "curves (every shared epoch's reward and control equal): one run copied or imported "
                         "twice; list each run's own directory")

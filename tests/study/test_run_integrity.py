@@ -527,3 +527,28 @@ def test_a_config_edited_after_training_is_refused(tmp_path, cli):
                                                                            "reward": {"toy_aesthetic": 2.0}}))
     with pytest.raises(UserError, match="trained on different reward"):  # restored: now the honest refusal
         load_spec(_spec(tmp_path, runs), check_weights=False)
+
+
+def test_equal_curves_under_other_settings_are_two_runs(tmp_path):
+    """Weight averaging (``ema_decay``) changes the checkpoints, not the training curves: a study's two arms
+    trained with and without it were refused as "one run copied or imported twice" when listed under
+    ``runs:`` (a review). Other recorded settings make two runs; a seed label alone does not."""
+    import shutil
+
+    configs = {(a, s): {"model": "toy", "seed": s} for a in ("DDPO", "PCPO") for s in (0, 1)}
+    runs = _existing(tmp_path, configs)
+    for s in (0, 1):
+        dst = Path(runs[2 + s]["run_dir"])
+        shutil.rmtree(dst)
+        shutil.copytree(runs[s]["run_dir"], dst)  # PCPO seed s: DDPO seed s's curves ...
+        (dst / "config.yaml").write_text(f"model: toy\nseed: {s}\nema_decay: 0.9\n")  # ... with averaged weights
+    from pcpo_eval.study.spec import RunSpec, _check_identical_runs
+
+    specs = [RunSpec(f"{r['levels']['algorithm']}-{r['seed']}", r["levels"], {}, r["seed"], run_dir=r["run_dir"])
+             for r in runs]
+    problems: list[str] = []
+    _check_identical_runs(specs, "algorithm", problems)
+    assert not problems, problems
+    (Path(runs[2]["run_dir"]) / "config.yaml").write_text("model: toy\nseed: 0\n")  # the same settings: a copy
+    _check_identical_runs(specs, "algorithm", problems)
+    assert len(problems) == 1 and "DDPO-0" in problems[0] and "same training curves" in problems[0]
