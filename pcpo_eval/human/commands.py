@@ -226,7 +226,8 @@ def simulate_cmd(
     folder: Path = typer.Argument(..., help="human study folder"),
     output: Path = typer.Option(..., "--output", "-o", help="Parquet file of simulated responses"),
     raters: int = typer.Option(15, "--raters", help="number of simulated raters"),
-    per_rater: int = typer.Option(20, "--per-rater", help="responses per simulated rater"),
+    per_rater: int = typer.Option(None, "--per-rater", help="main-pair answers per simulated rater (default: the "
+                                  "main pairs of one rater's block in the design, else 20)"),
     prefer: list[str] = typer.Option([], "--prefer", help="LABEL=P: raters pick checkpoint LABEL with probability P"),
     rng_seed: int = typer.Option(0, "--rng-seed", help="seed of the simulation"),
 ) -> None:
@@ -239,11 +240,21 @@ def simulate_cmd(
     from pcpo_eval.human.simulate import simulate_responses
     from pcpo_eval.io import atomic_write_parquet, check_out_path
 
-    _, pairs = read_design(folder)
+    design, pairs = read_design(folder)
     p = _parse_prefer(prefer, set(pairs["left_method"]) | set(pairs["right_method"]))
     check_out_path(output, "--output", folder=False, inputs=HumanLayout(folder).data_paths())
+    n_main = int((pairs["kind"] == "main").sum()) if "kind" in pairs.columns else len(pairs)
+    if per_rater is None:  # rehearse the design: a rater's block holds per_rater pairs, the main share of them
+        block = design.get("per_rater")
+        per_rater = max(1, round(int(block) * n_main / len(pairs))) if block else 20
+        typer.echo(f"{per_rater} main-pair answers per simulated rater ("
+                   + (f"the main share of the design's per_rater {block}" if block else "the design sets no per_rater")
+                   + "; --per-rater to change)")
     if raters < 1 or per_rater < 1:
         raise UserError("--raters and --per-rater must be >= 1")
+    if per_rater > n_main:
+        raise UserError(f"--per-rater {per_rater}: the design has {n_main} main pairs, so a rater answers at most "
+                        f"{n_main}; give --per-rater {n_main} or fewer")
     df = simulate_responses(pairs, raters, per_rater, p or 0.5, rng_seed)
     atomic_write_parquet(output, df, private=True)  # a planted preference's answers name each pair's side
     typer.echo(f"wrote {len(df)} SIMULATED responses of {raters} raters to {output} (for rehearsals: `pcpo-eval "

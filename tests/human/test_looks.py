@@ -96,3 +96,22 @@ def test_a_damaged_study_results_file_stops_before_anything_is_written(tmp_path,
         analyze_folder(lay.root, answers, bootstrap=0, log=lambda s: None, final=True)
     assert not lay.analysis.exists() and not lay.looks.exists() and not (study / "human.json").exists()
     assert hashlib.sha256((study / "results.json").read_bytes()).hexdigest() == hashlib.sha256(damage.encode()).hexdigest()
+
+
+def test_simulate_rehearses_the_designs_block(tmp_path, cli):
+    """``human simulate`` without --per-rater gave each rater 20 main answers whatever the design (a review: a
+    design of 40 pairs per rater, 38 of them main, rehearsed with 20); now the main share of the design's
+    block, said on the console; more answers than the design has main pairs are refused (were capped)."""
+    import pandas as pd
+
+    lay = make_human_dir(tmp_path / "HUMAN", n_prompts=6, n_seeds=3, n_checks=4, per_rater=10)
+    pairs = pd.read_parquet(lay.pairs)
+    n_main = int((pairs["kind"] == "main").sum())
+    res = cli("human", "simulate", lay.root, "-o", tmp_path / "sim.parquet", "--raters", "3")
+    assert res.returncode == 0, res.stderr
+    expect = round(10 * n_main / len(pairs))
+    assert f"{expect} main-pair answers per simulated rater (the main share of the design's per_rater 10" in res.stdout
+    sim = pd.read_parquet(tmp_path / "sim.parquet").merge(pairs[["pair_id", "kind"]], on="pair_id")
+    assert (sim[sim["kind"] == "main"].groupby("rater_id").size() == expect).all()
+    bad = cli("human", "simulate", lay.root, "-o", tmp_path / "x.parquet", "--per-rater", str(n_main + 1))
+    assert bad.returncode == 2 and f"the design has {n_main} main pairs" in bad.stderr
