@@ -101,6 +101,12 @@ class Bracket:
     above: RunCheckpoint | None
 
 
+def matched_noun(on: str) -> str:
+    """What checkpoints matched ``on`` (train | eval | gain) are matched on, as printed: a gain over the untrained
+    control is no reward (``select --on gain`` printed "Target reward 0.04" over gains)."""
+    return {"gain": "gain", "eval": "validation reward"}.get(on, "reward")
+
+
 @dataclass(frozen=True)
 class Selection:
     """Result of :func:`select_checkpoints`."""
@@ -112,6 +118,13 @@ class Selection:
     brackets: tuple[Bracket, ...]
     #: runs matched at a checkpoint by which their paired untrained control reaches the target too
     control_reaches: tuple[str, ...] = ()
+    #: what was matched: ``train`` (training reward), ``eval`` (validation reward) or ``gain`` (over the control)
+    on: str = "train"
+
+    @property
+    def noun(self) -> str:
+        """The matched quantity as printed (:func:`matched_noun`)."""
+        return matched_noun(self.on)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON shape of ``pcpo-eval select --json``."""
@@ -122,6 +135,7 @@ class Selection:
             "reference": asdict(self.reference) if self.reference else None,
             "brackets": [asdict(b) for b in self.brackets],
             "control_reaches": list(self.control_reaches),
+            "on": self.on,
         }
 
     def to_frame(self) -> pd.DataFrame:
@@ -131,9 +145,9 @@ class Selection:
     def to_markdown(self) -> str:
         """Small markdown table (plus the bracketing rows when a reference was given)."""
         lines = [
-            f"Target reward {self.target:g} (smoothed, window {self.window})",
+            f"Target {self.noun} {self.target:g} (smoothed, window {self.window})",
             "",
-            "| Run | Epoch | Reward | Gap | Reached |",
+            f"| Run | Epoch | {self.noun.capitalize()} | Gap | Reached |",
             "|---|---:|---:|---:|:---:|",
         ]
         for c in self.choices:
@@ -151,9 +165,9 @@ class Selection:
             r = self.reference
             lines += [
                 "",
-                f"Bracketing around reference {r.run} epoch {r.epoch} (reward {r.reward:.4g}):",
+                f"Bracketing around reference {r.run} epoch {r.epoch} ({self.noun} {r.reward:.4g}):",
                 "",
-                "| Run | Below (epoch, reward) | Above (epoch, reward) |",
+                f"| Run | Below (epoch, {self.noun}) | Above (epoch, {self.noun}) |",
                 "|---|---:|---:|",
             ]
             for b in self.brackets:
@@ -399,4 +413,4 @@ def select_checkpoints(
         brackets = [bracket(cks, ref_choice.reward) for cks in per_run]
     by_control = tuple(c.run for c, cks in zip(choices, per_run, strict=True)
                        if c.reached and control_reaches(cks, target, c.epoch))
-    return Selection(float(target), window, tuple(choices), ref_choice, tuple(brackets), by_control)
+    return Selection(float(target), window, tuple(choices), ref_choice, tuple(brackets), by_control, on)

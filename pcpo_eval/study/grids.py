@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from pcpo_eval.imageset import MANIFEST_FILE
+from pcpo_eval.stats.select import matched_noun
 from pcpo_eval.study.sections import GridSpec, grid_dir_name
 from pcpo_eval.study.spec import StudySpec
 from pcpo_eval.studydir import StudyLayout, set_label
@@ -68,7 +69,9 @@ def _columns(sp: StudySpec, cell: str, models: list[tuple[str, str, dict[str, An
         if c is not None:
             cols.append({"label": f"{c['arm']} seed {c['seed']} (E{int(c['epoch'])})", "role": role,
                          "set": f"{set_root}/{set_label(c['name'], c['epoch'])}", "epoch": int(c["epoch"]),
-                         "reward": None if c.get("reward") is None else float(c["reward"])})
+                         "reward": None if c.get("reward") is None else float(c["reward"]),
+                         # what the checkpoint was matched on: a gain over the control is no reward
+                         "reward_label": matched_noun(sp.select_on)})
     return cols
 
 

@@ -165,3 +165,13 @@ def test_a_log_missing_epochs_is_smoothed_over_epochs_not_rows(tmp_path):
     assert by[5].full_window and by[5].reward == pytest.approx(0.1)
     sel = select_checkpoints([run], target=0.9, window=5)
     assert not sel.choices[0].reached  # no full window ever reaches 0.9: epochs 10-12 follow a gap
+
+
+def test_a_gain_match_is_not_printed_as_a_reward(tmp_path):
+    """``select --on gain`` printed "Target reward 0.04" and a "Reward" column over gains (a review)."""
+    from pcpo_eval.stats.select import Selection, matched_noun
+
+    assert matched_noun("gain") == "gain" and matched_noun("eval") == "validation reward" and matched_noun("train") == "reward"
+    md = Selection(0.04, 5, (), None, (), (), "gain").to_markdown()
+    assert md.startswith("Target gain 0.04 (smoothed, window 5)") and "| Run | Epoch | Gain | Gap | Reached |" in md
+    assert Selection(0.8, 5, (), None, ()).to_markdown().startswith("Target reward 0.8")
