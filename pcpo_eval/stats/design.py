@@ -355,6 +355,11 @@ def build_design(
     if np.ptp(y) == 0.0:
         raise UserError(f"response column {response!r} is constant ({float(y[0]):g}); nothing to model: "
                         "choose a response that varies")
+    for c in rhs_used:  # a factor of one level drops out of the design: the fit would test nothing of it
+        if c in data.columns and _is_categorical(data[c]) and data[c].nunique(dropna=False) == 1:
+            raise UserError(f"column {c!r} of the formula has one value ({data[c].iloc[0]!s}) in every row: there is "
+                            f"nothing to compare; give a table with at least two levels of {c}, or drop {c} from the "
+                            "formula")
     for g in groups:  # lme4's check: a random intercept per observation is confounded with the residual
         n_levels = int(data[g].nunique(dropna=False))
         if n_levels >= len(data):

@@ -212,3 +212,13 @@ def test_speedup_reads_each_log_once(box, monkeypatch):
     lib = speedup_table(b, t, [0.3], paired=True, curve="gain").to_dict()
     assert out["baseline_runs"] == b and out["pcpo_runs"] == t  # named by the paths given, as before
     assert [r["estimate"] for r in out["targets"]] == [r["estimate"] for r in lib["targets"]]
+
+
+def test_lmm_refuses_a_factor_with_one_level(cli, box):
+    """A table holding one level of the compared factor was fitted as intercept only, exit 0, no word (a review)."""
+    data = _table(box / "t.csv", 3)
+    import pandas as pd
+
+    pd.read_csv(data).query("algorithm == 'DDPO'").to_csv(box / "one.csv", index=False)
+    res = cli("lmm", box / "one.csv", "--formula", "lpips ~ algorithm", "--group", "prompt", "--group", "run")
+    assert res.returncode == 2 and "column 'algorithm' of the formula has one value (DDPO) in every row" in res.stderr
