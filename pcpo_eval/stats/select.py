@@ -272,7 +272,8 @@ def trailing_by_epoch(epochs: Sequence[int] | np.ndarray, values: Sequence[float
     idx = ep - first + 1
     lo = np.maximum(idx - window, 0)
     counts = n[idx] - n[lo]
-    means = (c[idx] - c[lo]) / counts
+    with np.errstate(invalid="ignore", divide="ignore"):  # a window with no finite value: NaN, said by the caller
+        means = (c[idx] - c[lo]) / counts
     return ({int(e): float(m) for e, m in zip(ep, means, strict=True)},
             {int(e): bool(k == window) for e, k in zip(ep, counts, strict=True)})
 

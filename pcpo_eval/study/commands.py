@@ -39,13 +39,23 @@ def report(study_dir: Path, output: Path | None, figures_only: bool, figures_dir
         check_out_path(figures_dir, "--figures-dir", inputs=data)
     if figures_only or figures_dir is not None:
         paths = write_figures(study_dir, figures_dir)
-        typer.echo(f"wrote {len(paths)} figure files ({len(paths) // 3} figures) to "
+        typer.echo(f"wrote {len(paths)} figure files ({_formats_said()}) to "
                    f"{figures_dir if figures_dir is not None else study_dir / 'figures'}")
         if not figures_only:
             typer.echo(f"wrote {write_report(study_dir, output, figures=False)}")
         return
     typer.echo(f"wrote {write_report(study_dir, output)}")
-    typer.echo(f"wrote the figures (SVG, PDF, PNG) to {study_dir / 'figures'}")
+    typer.echo(f"wrote the figures ({_formats_said()}) to {study_dir / 'figures'}")
+
+
+def _formats_said() -> str:
+    """The figure formats written, as the console says them: 'SVG, PDF, PNG', or the subset the environment
+    asks for, saying that files of the other formats were left as they were (before: always 'SVG, PDF, PNG')."""
+    from pcpo_eval.figfiles import FORMATS, FORMATS_ENV, figure_formats
+
+    chosen = figure_formats()
+    said = ", ".join(f.upper() for f in chosen)
+    return said if chosen == FORMATS else f"{said} only, as ${FORMATS_ENV} asks; other formats' files not updated"
 
 
 def study_cmd(

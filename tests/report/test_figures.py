@@ -228,3 +228,17 @@ def test_figure_formats_env(monkeypatch):
     monkeypatch.setenv(FORMATS_ENV, "jpg")
     with pytest.raises(UserError, match="subset of svg, pdf, png"):
         figure_formats()
+
+
+def test_the_console_names_the_formats_it_wrote(cli, tmp_path, monkeypatch):
+    """With $PCPO_EVAL_FIGURE_FORMATS=png the command printed "(SVG, PDF, PNG)" and left the old SVG/PDF files
+    behind unmentioned (a review)."""
+    from pcpo_eval.figfiles import FORMATS_ENV
+
+    (tmp_path / "results.json").write_text(json.dumps(_results(("batch=16",), epochs=5)))
+    monkeypatch.setenv(FORMATS_ENV, "png")
+    res = cli("report", tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert f"wrote the figures (PNG only, as ${FORMATS_ENV} asks; other formats' files not updated)" in res.stdout
+    monkeypatch.delenv(FORMATS_ENV)
+    assert "(SVG, PDF, PNG) to" in cli("report", tmp_path, "--figures-only").stdout
