@@ -163,8 +163,22 @@ class WorkItem:
         return image_rel_path(self.prompt_id, self.seed)
 
 
+#: the most images one set may plan: 200x the 50,000 of a paper's evaluation set (a 512-px PNG set of this size
+#: is terabytes); ``--seeds 10000000`` on the toy's 45 prompts planned 450 M items and exhausted 24 GB of memory
+MAX_SET_IMAGES = 10_000_000
+
+
+def check_set_size(n_prompts: int, n_seeds: int) -> None:
+    """Refuse a set of more than :data:`MAX_SET_IMAGES` images before any item is built."""
+    if n_prompts * n_seeds > MAX_SET_IMAGES:
+        raise UserError(f"{n_prompts:,} prompts x {n_seeds:,} seeds = {n_prompts * n_seeds:,} images in one set, more "
+                        f"than {MAX_SET_IMAGES:,}; render fewer seeds (a paper's evaluation set is 50,000 images), or "
+                        "split the work into several sets with --seeds ranges")
+
+
 def plan_items(prompts: PromptSet, seeds: Sequence[int]) -> list[WorkItem]:
     """All items, seed-major: a partial set covers every prompt evenly."""
+    check_set_size(len(prompts), len(seeds))
     return [WorkItem(pid, p, s) for s in seeds for pid, p in prompts]
 
 

@@ -193,3 +193,17 @@ def test_auto_micro_batch_and_effective_batch_size():
     assert effective_batch_size(37, 16, cfg=5.0) == 40 and effective_batch_size(1, 16, cfg=1.0) == 16
     assert effective_batch_size(5, 3, cfg=5.0) == 6  # 2 rows per item, unit lcm(3, 2) / 2 = 3
     assert effective_batch_size(37, 0, cfg=5.0) == 37  # micro-batching off
+
+
+def test_a_set_too_large_to_plan_is_refused_before_memory_runs_out(tmp_path, cli):
+    """``--seeds 10000000`` on the toy's 45 prompts planned 450 M items and was killed at 23.5 GB (a review); now
+    one ``error:`` line with the count, before the items are built."""
+    from pcpo_eval.errors import UserError
+    from pcpo_eval.generate.plan import MAX_SET_IMAGES, check_set_size
+
+    check_set_size(5, MAX_SET_IMAGES // 5)
+    with pytest.raises(UserError, match="450,000,000 images in one set"):
+        check_set_size(45, 10_000_000)
+    res = cli("generate", "--model", "toy", "--prompts", "toy", "--seeds", "300000", "--out", tmp_path / "g")
+    assert res.returncode == 2 and "45 prompts x 300,000 seeds = 13,500,000 images in one set" in res.stderr
+    assert not (tmp_path / "g").exists()
