@@ -46,7 +46,8 @@ def read_responses(folder: Path, responses: Path | None, database_url: str | Non
     """The responses to analyse and where they came from."""
     if responses is not None:
         if not Path(responses).is_file():
-            raise UserError(f"--responses {responses} not found; give a Parquet file written by `pcpo-eval human "
+            where = "is a folder" if Path(responses).is_dir() else "not found"
+            raise UserError(f"--responses {responses} {where}; give a Parquet file written by `pcpo-eval human "
                             "export` or `human simulate`")
         try:
             df = pd.read_parquet(responses)

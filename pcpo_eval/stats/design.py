@@ -424,7 +424,8 @@ def read_table(path: str) -> pd.DataFrame:
 
     p = Path(path)
     if not p.is_file():
-        raise UserError(f"data file {path} does not exist; check the path (a .csv or .parquet table)")
+        raise UserError(f"data file {path} is a folder, not a table; give a .csv or .parquet file in it"
+                        if p.is_dir() else f"data file {path} does not exist; check the path (a .csv or .parquet table)")
     suffix = p.suffix.lower()
     try:
         if suffix == ".csv":
