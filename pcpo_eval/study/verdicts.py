@@ -344,12 +344,16 @@ def sampler_offset(sp: StudySpec, table: pd.DataFrame, rows: Sequence[dict[str, 
         same = ("same prompts and noises per seed, each arm's sampler" if paired else
                 "each arm's own seeds and sampler: unpaired, so a difference may be the seeds' noise as well as the "
                 "samplers'")
+        power = (f"; detectable at 80% power: ±{c.mde:.3g}" if c.mde is not None else
+                 f"; no offset is detectable: the exact permutation test's smallest p is {c.p_floor:.2g}"
+                 if c.p_floor is not None and c.p_floor >= c.alpha else "")  # what it could have found (contract)
         head = (f"untrained controls ({same}): {sp.pcpo} {mt.mean():.4g} vs "
-                f"{sp.baseline} {mb.mean():.4g} (difference {diff:+.3g}{ci})")
+                f"{sp.baseline} {mb.mean():.4g} (difference {diff:+.3g}{ci}{power})")
         explained = _raw_speedup_explained(sp, cell, diff, c.significant or _one_way_untested(mb, mt, paired, c), rows,
                                            paired, control_bounds(b, t, paired, diff, verdict_k(sp, table)))
         out[cell] = {"baseline_control_mean": float(mb.mean()), "treatment_control_mean": float(mt.mean()),
                      "difference": diff, "ci_low": c.ci_low, "ci_high": c.ci_high, "p": c.p, "paired": paired,
+                     "mde": c.mde,
                      "significant": c.significant, "explains_raw_speedup": explained,
                      "explains": head + (f". {explained}" if explained else "")}
     return out

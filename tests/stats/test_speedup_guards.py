@@ -333,3 +333,18 @@ def test_the_offset_bound_uses_the_raw_rows_own_epochs():
     assert "is the sampler's, not learning" in said and "larger" not in said
     old = sv._raw_speedup_explained(sp, "all", diff, True, [row], paired=True, bound=diff + 0.004)  # one bound
     assert "larger than the sampler's offset" in old
+
+
+def test_the_sampler_offset_says_what_it_could_detect():
+    """Every printed comparison says what it could have found: the sampler offset's sentence lacked it (a review)."""
+    from tests.report.test_printed_numbers import _results
+
+    rng, e, parts = np.random.default_rng(4), np.arange(1, 21), []
+    for arm, c0 in (("DDPO", 0.30), ("PCPO", 0.31)):
+        for seed in range(4):
+            ctrl = c0 + 0.01 * rng.standard_normal() + 0.002 * rng.standard_normal(20)
+            parts.append(pd.DataFrame({"arm": arm, "cell": "c", "seed": seed, "epoch": e,
+                                       "reward_mean": ctrl + 0.005 * e, "control_reward_mean": ctrl}))
+    res = _results(pd.concat(parts, ignore_index=True))
+    (off,) = res["sampler_offset"].values()
+    assert off["mde"] is not None and f"detectable at 80% power: ±{off['mde']:.3g}" in off["explains"]
