@@ -55,7 +55,8 @@ def _speedup_status(res: dict[str, Any], cell: Any, row: dict[str, Any]) -> str:
     gated = bool(((v or {}).get("details") or {}).get("gated"))
     word = "significant" if row.get("significant") else "not tested" if gated else "no evidence of a difference"
     p = row.get("p_adjusted")
-    return f" (Holm p {_p(p)}: {word})" if isinstance(p, int | float) else f" ({word})"
+    power = f"; detectable {pct(row['mde'])}" if isinstance(row.get("mde"), int | float) else ""  # what it could find
+    return f" (Holm p {_p(p)}: {word}{power})" if isinstance(p, int | float) else f" ({word}{power})"
 
 
 def speedup_lines(res: dict[str, Any]) -> list[str]:
@@ -105,8 +106,9 @@ def lmm_lines(res: dict[str, Any]) -> list[str]:
                 lines.append(f"  LMM {m}: {fe['term']} = {_num(fe.get('estimate'))} (not estimable: {fit.get('reason')})")
                 continue
             p_adj = (lmm.get("adjusted") or {}).get(m, {}).get(fe["term"], {}).get(key)
+            power = f", detectable ±{_num(fe['mde'], '.3g')}" if isinstance(fe.get("mde"), int | float) else ""
             lines.append(f"  LMM {m}: {fe['term']} = {_num(fe.get('estimate'))} (p = {_p(fe.get('p'))}, "
-                         f"adj. p = {_p(p_adj)})")
+                         f"adj. p = {_p(p_adj)}{power})")
     return lines
 
 

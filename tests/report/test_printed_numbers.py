@@ -80,7 +80,7 @@ def test_the_speedup_table_prints_both_pieces_of_a_two_piece_ci_and_the_holm_p_o
     assert 'id="speedup-ci-notes"' in page and "does not decide the row alone" in page
     assert row[7] == fmt_p(v["p_adjusted"])  # before: 3 decimals (0.0455-0.0545 all read 0.05)
     line = speedup_lines(res)[0]
-    assert f"-> {pct(v['estimate'])} (Holm p {p_value(v['p_adjusted'])}: significant)" in line
+    assert f"-> {pct(v['estimate'])} (Holm p {p_value(v['p_adjusted'])}: significant; detectable {pct(v['mde'])})" in line
 
 
 def test_the_console_rounds_a_speedup_as_the_report_does():
