@@ -654,7 +654,7 @@ def image_metrics(sp: StudySpec, layout: StudyLayout) -> tuple[dict[str, Any], d
 def _rule(sp: StudySpec) -> str:
     """The bold rule of the raw-score table, with the guards that apply to this study."""
     adj = "BH" if sp.lmm.adjust == "bh" else "Holm"
-    text = (f"bold: PCPO differs from the baseline in that cell, {adj}-adjusted p < {sp.lmm.alpha:g} in one family "
+    text = (f"bold: {sp.pcpo} differs from {sp.baseline} in that cell, {adj}-adjusted p < {sp.lmm.alpha:g} in one family "
             "over every metric, cell and comparison of this table (so an A/A study shows a bold cell in at most "
             f"{sp.lmm.alpha:g} of studies): "
             f"per-prompt metrics by the simple-effect LMM value ~ {sp.compare_factor} + (1|prompt) (+ (1|run) with "
