@@ -63,7 +63,7 @@ def lmm_cmd(
 ) -> None:
     """Linear mixed model with Satterthwaite t-tests (lme4/lmerTest conventions)."""
     from pcpo_eval.stats.boundary import run_means_warning
-    from pcpo_eval.stats.design import read_table, replication_warnings
+    from pcpo_eval.stats.design import per_prompt_metric_warnings, read_table, replication_warnings
     from pcpo_eval.stats.lmm import fit_lmm, fit_lmm_many, many_summary, qq_plot
 
     _check_outputs([data], output=output, qq=qq)
@@ -95,6 +95,7 @@ def lmm_cmd(
             qq_plot(res, qq)
     warnings = replication_warnings(df, f"{response[0]} ~ {formula.split('~', 1)[1]}" if response else formula,
                                     list(group), slopes=re_formula is not None)
+    warnings += per_prompt_metric_warnings(df, list(response) if response else [formula.split("~", 1)[0].strip()])
     run_means = {}
     if re_formula is None:  # random intercepts only: where a study would test on the run means, say so
         for k, fit in fits.items():

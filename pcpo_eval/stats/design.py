@@ -145,6 +145,24 @@ def replication_warnings(data: pd.DataFrame, formula: str, groups: list[str], sl
     return out
 
 
+def per_prompt_metric_warnings(data: pd.DataFrame, responses: list[str]) -> list[str]:
+    """For a ``per_prompt.parquet`` table (its ``n_images`` column): each response that is a catalogue metric
+    undefined or uninformative per prompt at the table's fewest images per prompt
+    (:func:`pcpo_eval.metrics.base.per_prompt_problem`, the study's rule). Before, ``lmm --response fd_toy``
+    on 4 images per prompt in 128-d (a degenerate fit the study refuses) was fitted without a word, and
+    ``is_toy``, 1.0 in every row, likewise."""
+    from pcpo_eval.metrics.base import METRICS, per_prompt_problem
+
+    if "n_images" not in data.columns or not pd.api.types.is_numeric_dtype(data["n_images"]) or data.empty:
+        return []
+    n = int(data["n_images"].min())
+    out = []
+    for r in dict.fromkeys(responses):
+        if r in METRICS and n >= 1 and (problem := per_prompt_problem(r, n)) is not None:
+            out.append(f"{r} per prompt at {n} images per prompt: {problem}")
+    return out
+
+
 #: Python builtins a formula term may call (patsy evaluates each term as Python: nothing else is allowed)
 _SAFE_BUILTINS = {"abs", "round", "min", "max", "pow", "float", "int", "str", "bool", "True", "False", "None"}
 #: syntax a formula term may use: names, calls, constants, arithmetic, comparisons, np.<function>

@@ -222,3 +222,20 @@ def test_lmm_refuses_a_factor_with_one_level(cli, box):
     pd.read_csv(data).query("algorithm == 'DDPO'").to_csv(box / "one.csv", index=False)
     res = cli("lmm", box / "one.csv", "--formula", "lpips ~ algorithm", "--group", "prompt", "--group", "run")
     assert res.returncode == 2 and "column 'algorithm' of the formula has one value (DDPO) in every row" in res.stderr
+
+
+def test_lmm_warns_of_a_metric_undefined_per_prompt(cli, box):
+    """``metrics`` writes per-prompt FD and IS at any images per prompt; the study refuses them where undefined
+    (4 images in 128-d), ``lmm --response fd_toy`` fitted them without a word (a review)."""
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(3)
+    rows = [{"algorithm": a, "run": f"{a}{r}", "prompt": f"p{p}", "n_images": 4, "fd_toy": rng.gamma(2.0),
+             "lpips_toy": rng.normal()} for a in ("DDPO", "PCPO") for r in range(3) for p in range(10)]
+    pd.DataFrame(rows).to_csv(box / "pp.csv", index=False)
+    res = cli("lmm", box / "pp.csv", "--formula", "y ~ algorithm", "--group", "prompt", "--group", "run", "--json",
+              "--response", "lpips_toy", "--response", "fd_toy")
+    assert res.returncode == 0, res.stderr
+    said = [w for w in json.loads(res.stdout)["warnings"] if "per prompt at 4 images per prompt" in w]
+    assert len(said) == 1 and said[0].startswith("fd_toy per prompt at 4 images per prompt: ") and "degenerate" in said[0]
