@@ -415,14 +415,19 @@ def read_jsonl(path: str | Path, what: str = "log") -> list[dict[str, Any]]:
 
 def append_jsonl(path: str | Path, entry: dict[str, Any]) -> None:
     """Append one JSON object as a line to an append-only log (:func:`read_jsonl`). A last line a crash cut
-    short (no newline) is dropped first, atomically, so the new line is not glued onto it (before, the new
-    entry was lost with it)."""
+    short (no newline, not a JSON object) is dropped first, atomically, so the new line is not glued onto it
+    (before, the new entry was lost with it); a complete last record without its newline is kept."""
     path = Path(path)
     line = (json.dumps(entry, default=str) + "\n").encode("utf-8")
     try:
         data = path.read_bytes() if path.is_file() else b""
         if data and not data.endswith(b"\n"):
-            atomic_write_bytes(path, data[: data.rfind(b"\n") + 1] + line)
+            tail = data[data.rfind(b"\n") + 1:]
+            try:  # a complete record missing only its newline (read_jsonl keeps it): keep it
+                whole = isinstance(json.loads(tail.decode("utf-8")), dict)
+            except (UnicodeDecodeError, ValueError):
+                whole = False
+            atomic_write_bytes(path, (data + b"\n" if whole else data[: len(data) - len(tail)]) + line)
             return
         with open(path, "ab") as fh:
             fh.write(line)

@@ -243,12 +243,17 @@ def simulate_cmd(
     design, pairs = read_design(folder)
     p = _parse_prefer(prefer, set(pairs["left_method"]) | set(pairs["right_method"]))
     check_out_path(output, "--output", folder=False, inputs=HumanLayout(folder).data_paths())
-    n_main = int((pairs["kind"] == "main").sum()) if "kind" in pairs.columns else len(pairs)
-    if per_rater is None:  # rehearse the design: a rater's block holds per_rater pairs, the main share of them
+    kinds = pairs["kind"].value_counts()
+    n_main = int(kinds.get("main", 0))
+    if per_rater is None:  # rehearse the design: the main pairs of one rater's block, as the app cuts it
+        from pcpo_eval.human.db import block_counts
+
         block = design.get("per_rater")
-        per_rater = max(1, round(int(block) * n_main / len(pairs))) if block else 20
+        per_rater = block_counts(n_main, int(kinds.get("identical", 0)), int(kinds.get("degraded", 0)),
+                                 int(block))[0] if block else min(20, n_main)
         typer.echo(f"{per_rater} main-pair answers per simulated rater ("
-                   + (f"the main share of the design's per_rater {block}" if block else "the design sets no per_rater")
+                   + (f"the main pairs of a block of the design's per_rater {block}" if block
+                      else "the design sets no per_rater")
                    + "; --per-rater to change)")
     if raters < 1 or per_rater < 1:
         raise UserError("--raters and --per-rater must be >= 1")

@@ -63,7 +63,12 @@ def lmm_cmd(
 ) -> None:
     """Linear mixed model with Satterthwaite t-tests (lme4/lmerTest conventions)."""
     from pcpo_eval.stats.boundary import run_means_warning
-    from pcpo_eval.stats.design import per_prompt_metric_warnings, read_table, replication_warnings
+    from pcpo_eval.stats.design import (
+        check_factor_levels,
+        per_prompt_metric_warnings,
+        read_table,
+        replication_warnings,
+    )
     from pcpo_eval.stats.lmm import fit_lmm, fit_lmm_many, many_summary, qq_plot
 
     _check_outputs([data], output=output, qq=qq)
@@ -76,6 +81,7 @@ def lmm_cmd(
                         "(e.g. \"value ~ algorithm\") and each grouping with --group (e.g. --group prompt "
                         "--group run); random slopes with --re-formula")
     df = read_table(data)
+    check_factor_levels(df, f"{response[0]} ~ {formula.split('~', 1)[1]}" if response and "~" in formula else formula)
     if response:
         if "~" not in formula:
             raise UserError(f"formula {formula!r} has no '~'")

@@ -145,6 +145,18 @@ def replication_warnings(data: pd.DataFrame, formula: str, groups: list[str], sl
     return out
 
 
+def check_factor_levels(data: pd.DataFrame, formula: str) -> None:
+    """``pcpo-eval lmm``: refuse a categorical column of the formula with one value in every row (it drops out of
+    the design, and the command fitted the intercept alone, exit 0; a review). Not :func:`build_design`'s rule:
+    a study may declare a factor of one level (``batch: [256]``) beside the compared one."""
+    _, _, rhs = parse_formula(formula, [str(c) for c in data.columns])
+    for c in rhs:
+        if c in data.columns and _is_categorical(data[c]) and data[c].nunique(dropna=False) == 1:
+            raise UserError(f"column {c!r} of the formula has one value ({data[c].iloc[0]!s}) in every row: there is "
+                            f"nothing to compare; give a table with at least two levels of {c}, or drop {c} from the "
+                            "formula")
+
+
 def per_prompt_metric_warnings(data: pd.DataFrame, responses: list[str]) -> list[str]:
     """For a ``per_prompt.parquet`` table (its ``n_images`` column): each response that is a catalogue metric
     undefined or uninformative per prompt at the table's fewest images per prompt
@@ -373,11 +385,6 @@ def build_design(
     if np.ptp(y) == 0.0:
         raise UserError(f"response column {response!r} is constant ({float(y[0]):g}); nothing to model: "
                         "choose a response that varies")
-    for c in rhs_used:  # a factor of one level drops out of the design: the fit would test nothing of it
-        if c in data.columns and _is_categorical(data[c]) and data[c].nunique(dropna=False) == 1:
-            raise UserError(f"column {c!r} of the formula has one value ({data[c].iloc[0]!s}) in every row: there is "
-                            f"nothing to compare; give a table with at least two levels of {c}, or drop {c} from the "
-                            "formula")
     for g in groups:  # lme4's check: a random intercept per observation is confounded with the residual
         n_levels = int(data[g].nunique(dropna=False))
         if n_levels >= len(data):

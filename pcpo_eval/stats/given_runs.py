@@ -31,6 +31,11 @@ if TYPE_CHECKING:
 
     from pcpo_eval.stats.speedup import SpeedupTable
 
+def _where(name: str, where: dict[str, str | None] | None) -> str | None:
+    """The file or folder a given run's name stands for: ``where[name]`` when given, else the name itself."""
+    return where.get(name) if where is not None and name in where else name
+
+
 def check_targets(targets: Sequence[float]) -> None:
     """A target must be a finite reward level (nan / inf would give a table of nothing reached)."""
     bad = [t for t in targets if not math.isfinite(t)]
@@ -88,19 +93,21 @@ def check_pairs(baseline: Sequence[str], pcpo: Sequence[str]) -> None:
                             "arms' runs in the same seed order")
 
 
-def check_distinct_runs(baseline: Sequence[str], pcpo: Sequence[str], logs: dict[str, pd.DataFrame]) -> None:
+def check_distinct_runs(baseline: Sequence[str], pcpo: Sequence[str], logs: dict[str, pd.DataFrame],
+                        where: dict[str, str | None] | None = None) -> None:
     """Every log given once: one run folder (or log) given twice, or two whose curves are one run's
     (:func:`pcpo_eval.rundir.same_curves`: copied, imported twice, or cut at another epoch), would count one
     seed as several. Before, ``--pcpo R`` five times gave an A/A pair of arms a "+58% speed-up, Holm p 0.031".
-    ``logs``: each given log by its name, read once (:func:`read_logs`); names that are not paths (an API
-    caller's DataFrames) are compared by their curves only."""
+    ``logs``: each given log by its name, read once (:func:`read_logs`); ``where``: a name's file or folder when
+    the name is not its path (an API caller's ``(name, path)``); runs without one (DataFrames) are compared by
+    their curves only."""
     from pcpo_eval.rundir import twin_runs
 
     paths: dict[str, str] = {}
     given: dict[str, str] = {}
     for flag, log in [*(("--baseline", b) for b in baseline), *(("--pcpo", t) for t in pcpo)]:
-        name = f"{flag} {log}"
-        path = str(Path(log).resolve()) if Path(log).exists() else f"{flag}\0{log}"
+        name, at = f"{flag} {log}", _where(log, where)
+        path = str(Path(at).resolve()) if at is not None and Path(at).exists() else f"{flag}\0{log}"
         if path in paths:
             raise UserError(f"{name} is the run of {paths[path]} again: one run would count as two seeds; give "
                             "each seed's own run once")
@@ -111,14 +118,14 @@ def check_distinct_runs(baseline: Sequence[str], pcpo: Sequence[str], logs: dict
                         "one run copied or imported twice would count as two seeds; give each seed's own run once")
 
 
-def _recorded_settings(log: str, read: pd.DataFrame | None = None) -> dict[str, Any] | None:
+def _recorded_settings(log: str | None, read: pd.DataFrame | None = None) -> dict[str, Any] | None:
     """A run folder's ``config.yaml`` with the images per epoch its log records (None: a bare log file, or a
     folder without a readable config). ``read``: the log already read."""
     from pcpo_eval.rundir import config_path, logged_images_per_epoch
     from pcpo_eval.stats.comparability import IMAGES_LOGGED, edited_settings
     from pcpo_eval.train.checkpoints import load_run_config, trained_config
 
-    if not Path(log).is_dir() or not config_path(log).is_file():
+    if log is None or not Path(log).is_dir() or not config_path(log).is_file():
         return None
     try:
         cfg = dict(load_run_config(log))
@@ -133,7 +140,8 @@ def _recorded_settings(log: str, read: pd.DataFrame | None = None) -> dict[str, 
 
 def comparability_notes(baseline: Sequence[str], pcpo: Sequence[str], *, epochs: bool = True,
                         unequal_epochs_ok: bool = False, label: str = "--baseline and --pcpo",
-                        logs: dict[str, pd.DataFrame] | None = None) -> list[str]:
+                        logs: dict[str, pd.DataFrame] | None = None,
+                        where: dict[str, str | None] | None = None) -> list[str]:
     """What a study checks before it compares runs (:mod:`pcpo_eval.stats.comparability`), for the runs a
     command is given: one reward (refused otherwise), one epoch size (refused unless ``unequal_epochs_ok``,
     then a note), and a note naming what could not be checked. Before, ``speedup`` compared a doubled reward
@@ -146,7 +154,7 @@ def comparability_notes(baseline: Sequence[str], pcpo: Sequence[str], *, epochs:
     )
 
     given = [("baseline", b) for b in baseline] + [("PCPO", t) for t in pcpo]
-    settings = [(arm, log, _recorded_settings(log, (logs or {}).get(log))) for arm, log in given]
+    settings = [(arm, log, _recorded_settings(_where(log, where), (logs or {}).get(log))) for arm, log in given]
     runs = [(arm, log, cfg) for arm, log, cfg in settings if cfg is not None]
     if problems := reward_problems(None, runs, label, fix="compare runs trained on one reward"):
         raise UserError(problems[0])
@@ -166,6 +174,23 @@ def comparability_notes(baseline: Sequence[str], pcpo: Sequence[str], *, epochs:
     return notes
 
 
+def _unique_labels(given: Sequence[tuple[str, str, Any]]) -> list[str]:
+    """Each run's name; where one name stands for different runs (``("seed0", df)`` in both arms) it is
+    prefixed by the arm, and numbered where that is not enough. One path given twice keeps its name (the
+    duplicate check then names it)."""
+    from collections import Counter
+
+    same = {n: len({v if isinstance(v, str) else id(v) for _, m, v in given if m == n}) == 1 for _, n, _ in given}
+    labels = [n if same[n] else f"{arm} {n}" for arm, n, _ in given]
+    clash = {lab for lab, k in Counter(labels).items() if k > 1 and not same.get(lab, False)}
+    seen: Counter[str] = Counter()
+    out = []
+    for lab in labels:
+        seen[lab] += 1
+        out.append(f"{lab} #{seen[lab]}" if lab in clash else lab)
+    return out
+
+
 @dataclass(frozen=True)
 class _Seeded:
     """A hand-given run with the seed its folder records (what :func:`pcpo_eval.stats.verdict.pair_runs` reads)."""
@@ -174,8 +199,8 @@ class _Seeded:
     log: str
 
 
-def choose_pairing(baseline: Sequence[str], pcpo: Sequence[str],
-                   paired: bool | None) -> tuple[list[str], list[str], bool, str]:
+def choose_pairing(baseline: Sequence[str], pcpo: Sequence[str], paired: bool | None,
+                   where: dict[str, str | None] | None = None) -> tuple[list[str], list[str], bool, str]:
     """(baseline, pcpo, paired, note): the runs to compare, in pair order when paired, and how.
 
     ``paired=None``: the study's rule (:func:`pcpo_eval.stats.verdict.pair_runs`) on the seeds the run
@@ -189,11 +214,11 @@ def choose_pairing(baseline: Sequence[str], pcpo: Sequence[str],
         if len(baseline) != len(pcpo):
             raise UserError(f"--paired needs as many baseline as PCPO logs (got {len(baseline)} and {len(pcpo)}), "
                             "given in seed order")
-        check_pairs(baseline, pcpo)
+        check_pairs([_where(x, where) or x for x in baseline], [_where(x, where) or x for x in pcpo])
         return list(baseline), list(pcpo), True, "as given (--paired: the i-th runs share a training seed)"
     if paired is False:
         return list(baseline), list(pcpo), False, "as asked (--unpaired)"
-    seeds = {log: recorded_seed(log) for log in [*baseline, *pcpo]}
+    seeds = {log: recorded_seed(_where(log, where)) for log in [*baseline, *pcpo]}
     if unknown := [log for log, s in seeds.items() if s is None]:
         return (list(baseline), list(pcpo), False,
                 f"{unknown[0]} records no training seed (a log file, or a folder without config.yaml); "
@@ -228,19 +253,21 @@ def compare_given_runs(baseline: Sequence[Any], pcpo: Sequence[Any], targets: Se
         raise UserError(f"--curve must be reward or gain, got {curve!r}")
     check_targets(targets)
 
-    def named(xs: Sequence[Any], arm: str) -> list[tuple[str, Any]]:
-        """(name, log read or path): paths are named by themselves, DataFrames by arm and position."""
-        return [x if isinstance(x, tuple) else (f"{arm} log {i}", x) if isinstance(x, pd.DataFrame) else (str(x), str(x))
-                for i, x in enumerate(xs, start=1)]
-
-    given = [*named(baseline, "baseline"), *named(pcpo, "PCPO")]
-    files = read_logs([x for _, x in given if isinstance(x, str)])
-    logs = {name: files[x] if isinstance(x, str) else validate_log(x, name) for name, x in given}
-    b_names, t_names = [n for n, _ in given[:len(baseline)]], [n for n, _ in given[len(baseline):]]
+    given: list[tuple[str, str, Any]] = []  # (arm, name, path or DataFrame)
+    for arm, xs in (("baseline", baseline), ("PCPO", pcpo)):
+        for i, x in enumerate(xs, start=1):
+            name, v = x if isinstance(x, tuple) else (f"{arm} log {i}", x) if isinstance(x, pd.DataFrame) else (str(x), x)
+            given.append((arm, str(name), v if isinstance(v, pd.DataFrame) else str(v)))
+    labels = _unique_labels(given)  # "seed0" in both arms: two runs
+    where = {lab: v if isinstance(v, str) else None for lab, (_, _, v) in zip(labels, given, strict=True)}
+    files = read_logs([v for v in where.values() if v is not None])
+    logs = {lab: files[v] if isinstance(v, str) else validate_log(v, lab)
+            for lab, (_, _, v) in zip(labels, given, strict=True)}
+    b_names, t_names = labels[:len(baseline)], labels[len(baseline):]
     check_finite_logs(logs, curve)
-    check_distinct_runs(b_names, t_names, logs)
-    notes = comparability_notes(b_names, t_names, unequal_epochs_ok=unequal_epochs_ok, logs=logs)
-    b_names, t_names, is_paired, how = choose_pairing(b_names, t_names, paired)
+    check_distinct_runs(b_names, t_names, logs, where)
+    notes = comparability_notes(b_names, t_names, unequal_epochs_ok=unequal_epochs_ok, logs=logs, where=where)
+    b_names, t_names, is_paired, how = choose_pairing(b_names, t_names, paired, where)
     tab = speedup_table([(n, logs[n]) for n in b_names], [(n, logs[n]) for n in t_names], targets, window,
                         higher_is_better, paired=is_paired, curve=curve)
     return replace(tab, notes=(*tab.notes, *notes), pairing=how)

@@ -499,6 +499,20 @@ def _check_run_names(runs: Sequence[RunSpec], problems: list[str]) -> None:
                             "to [A-Za-z0-9._=-] and compared ignoring case); rename one of the levels")
 
 
+#: settings that change a run's checkpoints but not its training curves: two runs equal in their curves and
+#: differing in one of these are two runs (a study's arms with and without weight averaging)
+CURVE_UNSEEN_KEYS = ("ema_decay", "ema_every", "ema_repeats")
+
+
+def _differ_only_unseen(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two runs' recorded settings differ, and only in :data:`CURVE_UNSEEN_KEYS`. A copy whose
+    config.yaml was edited in a setting the curves would show (``objective: pcpo`` written into a copied DDPO
+    run) is still one run (a review found the first version of this rule let it through)."""
+    keys = a.keys() | b.keys()
+    differ = {k for k in keys if a.get(k) != b.get(k)} - {"seed"}
+    return bool(differ) and differ <= set(CURVE_UNSEEN_KEYS)
+
+
 def _check_identical_runs(runs: Sequence[RunSpec], compare: str, problems: list[str]) -> None:
     """Two runs that would be the same run: one existing run directory listed twice (``runs:``) or copied
     (two directories whose logs hold the same rewards and controls on every shared epoch:
@@ -528,9 +542,8 @@ def _check_identical_runs(runs: Sequence[RunSpec], compare: str, problems: list[
             continue  # reported by the log checks
     for a, twin in twin_runs(logs):
         sa, st = _run_settings(a), _run_settings(twin)
-        if sa is not None and st is not None and {**sa, "seed": None} != {**st, "seed": None}:
-            continue  # two runs whose settings differ where the training curves cannot show it (ema_decay);
-            # a seed label alone is what a second import of one history would differ in
+        if sa is not None and st is not None and _differ_only_unseen(sa, st):
+            continue  # two runs whose settings differ where the training curves cannot show it (ema_decay)
         problems.append(f"runs {a.name} ({a.run_dir}) and {twin.name} ({twin.run_dir}) have the same training "
                         "curves (every shared epoch's reward and control equal): one run copied or imported "
                         "twice; list each run's own directory")

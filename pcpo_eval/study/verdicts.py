@@ -271,7 +271,7 @@ def _raw_speedup_explained(sp: StudySpec, cell: str, diff: float, significant: b
     if beyond:
         most = ", ".join(f"{_RAW_NAMES[r['quantity']]} at most {limits[r['quantity']]:.3g}" for r in beyond)
         out.append(f"The raw-reward difference ({_raw_what(beyond)}) is larger than the sampler's offset ({offset}; "
-                   f"the untrained controls' own {most} within its 95% CI), yet no learning measure (paired gain, "
+                   f"the untrained controls admit a {most} within the 95% CI), yet no learning measure (paired gain, "
                    "gain speed-up) "
                    "shows a difference in that direction: what lies beyond the offset is not shown to be learning "
                    "(look for a run whose reward jumps or whose control is missing).")
@@ -303,16 +303,18 @@ def _one_way_untested(mb: np.ndarray, mt: np.ndarray, paired: bool, c: Any) -> b
     return (c.ci_low is None or c.p_floor is not None) and separated(mb, mt, paired)
 
 
-def control_bounds(b: Sequence[RunCurve], t: Sequence[RunCurve], paired: bool, diff: float, k: int) -> dict[str, float]:
+def control_bounds(b: Sequence[RunCurve], t: Sequence[RunCurve], paired: bool, diff: float, k: int,
+                   fallback: float | None = None) -> dict[str, float]:
     """Per raw quantity (final reward over the last ``k`` epochs, AUC), the largest difference of the arms'
     untrained controls in the offset's direction (``diff``'s sign) that its 95% CI admits (its size without
-    a CI): what a sampler alone can put into that raw row."""
-    out = {}
+    a CI): what a sampler alone can put into that raw row. A quantity whose controls miss an epoch keeps
+    ``fallback``, the all-epoch offset's bound (leaving it out fell back to the bare point estimate)."""
+    out = {q: fallback for q in RAW_REWARD_ROWS if fallback is not None}
     for q in RAW_REWARD_ROWS:
         vb = np.asarray([run_scalar(replace(r, reward=r.control), q, k) for r in b], dtype=np.float64)
         vt = np.asarray([run_scalar(replace(r, reward=r.control), q, k) for r in t], dtype=np.float64)
         if not (np.isfinite(vb).all() and np.isfinite(vt).all()):
-            continue  # a control missing at some epoch: the row's own comparison says so; keep the offset's bound
+            continue  # a control missing at some epoch: the offset's own bound (fallback) stands
         c = compare_runs(vb, vt, rng=np.random.default_rng(VERDICT_SEED), paired=paired)
         d = float(vt.mean() - vb.mean())
         ci = c.ci_low is not None and c.ci_high is not None
@@ -349,8 +351,9 @@ def sampler_offset(sp: StudySpec, table: pd.DataFrame, rows: Sequence[dict[str, 
                  if c.p_floor is not None and c.p_floor >= c.alpha else "")  # what it could have found (contract)
         head = (f"untrained controls ({same}): {sp.pcpo} {mt.mean():.4g} vs "
                 f"{sp.baseline} {mb.mean():.4g} (difference {diff:+.3g}{ci}{power})")
+        bound = (c.ci_high if diff > 0 else -c.ci_low) if c.ci_low is not None and c.ci_high is not None else None
         explained = _raw_speedup_explained(sp, cell, diff, c.significant or _one_way_untested(mb, mt, paired, c), rows,
-                                           paired, control_bounds(b, t, paired, diff, verdict_k(sp, table)))
+                                           paired, control_bounds(b, t, paired, diff, verdict_k(sp, table), bound))
         out[cell] = {"baseline_control_mean": float(mb.mean()), "treatment_control_mean": float(mt.mean()),
                      "difference": diff, "ci_low": c.ci_low, "ci_high": c.ci_high, "p": c.p, "paired": paired,
                      "mde": c.mde,

@@ -237,10 +237,6 @@ class TrainConfig:
         need(int(self.ema_every) >= 1, f"ema_every must be >= 1 (got {self.ema_every})")
         need(int(self.ema_repeats) >= 0, f"ema_repeats must be >= 0 (0 = once per training batch, as Flow-GRPO; "
                                          f"got {self.ema_repeats})")
-        unset = {f.name: f.default for f in dataclasses.fields(self) if f.name in ("ema_every", "ema_repeats")}
-        need(self.ema_decay > 0 or (self.ema_every, self.ema_repeats) == (unset["ema_every"], unset["ema_repeats"]),
-             f"ema_every={self.ema_every} / ema_repeats={self.ema_repeats} set while ema_decay is 0 (no moving average): "
-             "they would do nothing, yet block a --resume with other values; set ema_decay (e.g. 0.9) or drop them")
         problems += self._optimizer_problems()
         problems += self._extension_problems()
         n = self.samples_per_epoch

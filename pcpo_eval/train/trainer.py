@@ -200,8 +200,11 @@ class Trainer(PolicyMixin, RolloutMixin, UpdateMixin):
                             "it from a copy (every checkpoint's checkpoint.json holds the full config), or start a "
                             "new run")
         defaults = TrainConfig().to_dict()  # a key the run's config.yaml predates had its default value
+        # without a moving average (ema_decay 0 then and now) its cadence keys do nothing: a run written with
+        # ema_every 4 resumed under ema_every 8 was refused for a difference that changes no weight (a review)
+        inert = ("ema_every", "ema_repeats") if not self.cfg.ema_decay and not saved.get("ema_decay", 0.0) else ()
         mismatch = [k for k, v in self.cfg.to_dict().items()
-                    if k not in RESUME_MAY_CHANGE and saved.get(k, defaults[k]) != v]
+                    if k not in RESUME_MAY_CHANGE and k not in inert and saved.get(k, defaults[k]) != v]
         if mismatch:
             raise UserError(f"--resume: config differs from the run's config.yaml in {', '.join(mismatch)}; "
                             f"resume with the same settings (only {', '.join(RESUME_MAY_CHANGE)} may change)")

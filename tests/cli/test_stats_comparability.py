@@ -222,6 +222,13 @@ def test_lmm_refuses_a_factor_with_one_level(cli, box):
     pd.read_csv(data).query("algorithm == 'DDPO'").to_csv(box / "one.csv", index=False)
     res = cli("lmm", box / "one.csv", "--formula", "lpips ~ algorithm", "--group", "prompt", "--group", "run")
     assert res.returncode == 2 and "column 'algorithm' of the formula has one value (DDPO) in every row" in res.stderr
+    # the library keeps fitting it: a study may declare a factor of one level (batch: [256]) beside the compared
+    # one, and its algorithm test must survive (the check first sat in build_design and failed every metric)
+    from pcpo_eval.stats import fit_lmm
+
+    both = pd.read_csv(data).assign(batch="256")
+    fit = fit_lmm(both, "lpips ~ algorithm * batch", ["prompt", "run"], diagnostics=False)
+    assert "algorithm[T.PCPO]" in {fe.term for fe in fit.fixed}
 
 
 def test_lmm_warns_of_a_metric_undefined_per_prompt(cli, box):

@@ -100,8 +100,9 @@ def test_a_damaged_study_results_file_stops_before_anything_is_written(tmp_path,
 
 def test_simulate_rehearses_the_designs_block(tmp_path, cli):
     """``human simulate`` without --per-rater gave each rater 20 main answers whatever the design (a review: a
-    design of 40 pairs per rater, 38 of them main, rehearsed with 20); now the main share of the design's
-    block, said on the console; more answers than the design has main pairs are refused (were capped)."""
+    design of 40 pairs per rater, 38 of them main, rehearsed with 20); now the main pairs of one block as the
+    app cuts it (``human.db.block_counts``), said on the console; more answers than the design has main pairs
+    are refused (were capped)."""
     import pandas as pd
 
     lay = make_human_dir(tmp_path / "HUMAN", n_prompts=6, n_seeds=3, n_checks=4, per_rater=10)
@@ -109,9 +110,16 @@ def test_simulate_rehearses_the_designs_block(tmp_path, cli):
     n_main = int((pairs["kind"] == "main").sum())
     res = cli("human", "simulate", lay.root, "-o", tmp_path / "sim.parquet", "--raters", "3")
     assert res.returncode == 0, res.stderr
-    expect = round(10 * n_main / len(pairs))
-    assert f"{expect} main-pair answers per simulated rater (the main share of the design's per_rater 10" in res.stdout
+    from pcpo_eval.human.db import block_counts
+
+    kinds = pairs["kind"].value_counts()
+    expect = block_counts(n_main, int(kinds["identical"]), int(kinds["degraded"]), 10)[0]  # as the app cuts a block
+    assert f"{expect} main-pair answers per simulated rater (the main pairs of a block of the design's per_rater 10" \
+        in res.stdout
     sim = pd.read_parquet(tmp_path / "sim.parquet").merge(pairs[["pair_id", "kind"]], on="pair_id")
     assert (sim[sim["kind"] == "main"].groupby("rater_id").size() == expect).all()
     bad = cli("human", "simulate", lay.root, "-o", tmp_path / "x.parquet", "--per-rater", str(n_main + 1))
     assert bad.returncode == 2 and f"the design has {n_main} main pairs" in bad.stderr
+    whole = make_human_dir(tmp_path / "WHOLE", n_prompts=6, n_seeds=3, n_checks=4, per_rater=30)  # > the design
+    res = cli("human", "simulate", whole.root, "-o", tmp_path / "w.parquet", "--raters", "2")
+    assert res.returncode == 0, res.stderr  # its own default was refused (25 of 18 main pairs; a review)

@@ -120,3 +120,23 @@ def test_api_checks_what_the_command_checks(tmp_path):
     assert api == lib and api["targets"][0]["paired"]
     frames = pcpo_eval.speedup([load_log(x) for x in b], [load_log(x) for x in t], [0.05], curve="gain").to_dict()
     assert not frames["targets"][0]["paired"] and "records no training seed" in frames["pairing"]
+
+
+def test_named_runs_are_checked_by_what_they_name(tmp_path):
+    """``(name, log)`` pairs (a review): one name in both arms (runs named by seed) made the PCPO log replace the
+    baseline's and the pair was refused as a copy; ``(name, path)`` skipped every run-folder check and said the
+    folder recorded no seed."""
+    b, t = _runs(tmp_path)
+    by_seed = pcpo_eval.speedup([(f"seed{i}", load_log(x)) for i, x in enumerate(b)],
+                                [(f"seed{i}", load_log(x)) for i, x in enumerate(t)], [0.05], curve="gain").to_dict()
+    assert by_seed["baseline_runs"][0] == "baseline seed0" and by_seed["pcpo_runs"][0] == "PCPO seed0"
+    named = pcpo_eval.speedup([(f"b{i}", x) for i, x in enumerate(b)], [(f"t{i}", x) for i, x in enumerate(t)],
+                              [0.05], curve="gain").to_dict()
+    plain = pcpo_eval.speedup(b, t, [0.05], curve="gain").to_dict()
+    assert named["targets"][0]["paired"] and named["targets"][0]["p"] == plain["targets"][0]["p"]
+    assert named["pairing"].startswith("by the training seeds the run folders record")
+    cfg = Path(t[0]) / "config.yaml"
+    cfg.write_text(cfg.read_text().replace("reward: toy_aesthetic", "reward: jpeg_compressibility"))
+    with pytest.raises(UserError, match="trained on different reward"):
+        pcpo_eval.speedup([(f"b{i}", x) for i, x in enumerate(b)], [(f"t{i}", x) for i, x in enumerate(t)], [0.05],
+                          curve="gain")

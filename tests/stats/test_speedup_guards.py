@@ -203,7 +203,7 @@ def test_a_raw_difference_larger_than_the_offset_is_not_called_the_samplers():
     first, second = big.split(". The ")
     assert first.startswith("The raw-reward difference (reward AUC: +0.04) is the sampler's, not learning")
     assert second.startswith("raw-reward difference (final reward: +5) is larger than the sampler's offset")
-    assert "at most 0.05 within its 95% CI" in second and "not shown to be learning" in second
+    assert "final reward at most 0.05 within the 95% CI" in second and "not shown to be learning" in second
     small = sv._raw_speedup_explained(sp, "all", 0.03, True, [row("final_reward", 0.045)], bound=0.05)
     assert "is the sampler's, not learning" in small and "larger" not in small
     speed = sv._raw_speedup_explained(sp, "all", 0.03, True, [row("speedup_reward:0.5", 3.0)], bound=0.05)
@@ -348,3 +348,17 @@ def test_the_sampler_offset_says_what_it_could_detect():
     res = _results(pd.concat(parts, ignore_index=True))
     (off,) = res["sampler_offset"].values()
     assert off["mde"] is not None and f"detectable at 80% power: ±{off['mde']:.3g}" in off["explains"]
+
+
+def test_a_missing_control_epoch_keeps_the_offsets_own_bound():
+    """A control epoch missing: the quantity's own bound cannot be computed, and the bound fell back to the bare
+    offset estimate, printed as a CI bound (a review). It now keeps the all-epoch offset's CI bound."""
+    from pcpo_eval.stats.verdict import RunCurve
+    from pcpo_eval.study import verdicts as sv
+
+    e = np.arange(1, 11, dtype=float)
+    b = [RunCurve("DDPO", "all", str(s), e, np.full(10, 0.7 + 0.01 * s), np.full(10, 0.7 + 0.01 * s)) for s in range(3)]
+    t = [RunCurve("PCPO", "all", str(s), e, np.full(10, 0.73 + 0.01 * s), np.full(10, 0.73 + 0.01 * s)) for s in range(3)]
+    t[0].control[4] = np.nan
+    bounds = sv.control_bounds(b, t, True, 0.03, 5, fallback=0.045)
+    assert bounds["auc"] == 0.045 and bounds["final_reward"] == pytest.approx(0.03)  # auc needs every epoch

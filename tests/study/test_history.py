@@ -91,8 +91,12 @@ def test_a_line_cut_by_a_crash_loses_only_itself(tmp_path):
     append_jsonl(log, {"n": 3})  # before: glued onto the cut line, and lost with it
     assert read_jsonl(log) == [{"n": 1}, {"n": 3}]
     assert log.read_bytes().endswith(b'{"n": 3}\n')
-    log.write_bytes(log.read_bytes() + b"garbage\n" + b'{"n": 4}\n')  # damage within the file: not a crash's
-    with pytest.raises(UserError, match="damaged at line 3"):
+    log.write_bytes(log.read_bytes() + b'{"n": 4}')  # a whole record without its newline: read, and kept
+    assert read_jsonl(log)[-1] == {"n": 4}
+    append_jsonl(log, {"n": 5})
+    assert read_jsonl(log) == [{"n": 1}, {"n": 3}, {"n": 4}, {"n": 5}]
+    log.write_bytes(log.read_bytes() + b"garbage\n" + b'{"n": 6}\n')  # damage within the file: not a crash's
+    with pytest.raises(UserError, match="damaged at line 5"):
         read_jsonl(log)
 
 

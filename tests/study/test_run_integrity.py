@@ -549,6 +549,8 @@ def test_equal_curves_under_other_settings_are_two_runs(tmp_path):
     problems: list[str] = []
     _check_identical_runs(specs, "algorithm", problems)
     assert not problems, problems
-    (Path(runs[2]["run_dir"]) / "config.yaml").write_text("model: toy\nseed: 0\n")  # the same settings: a copy
-    _check_identical_runs(specs, "algorithm", problems)
-    assert len(problems) == 1 and "DDPO-0" in problems[0] and "same training curves" in problems[0]
+    for edited in ("model: toy\nseed: 0\n", "model: toy\nseed: 0\nobjective: pcpo\n"):  # a copy, edited or not
+        (Path(runs[2]["run_dir"]) / "config.yaml").write_text(edited)
+        problems = []
+        _check_identical_runs(specs, "algorithm", problems)
+        assert len(problems) == 1 and "DDPO-0" in problems[0] and "same training curves" in problems[0], edited

@@ -236,6 +236,15 @@ def test_resume_errors_name_the_problem(tmp_path, runs):
     (empty / "config.yaml").write_text("")  # it listed ten "differing" keys
     with pytest.raises(UserError, match="config.yaml is empty, so the run's settings are unknown"):
         Trainer(tiny(epochs=4), empty, resume=True)
+    # no moving average then or now: its cadence keys change no weight, so they do not block a resume (a run
+    # written with ema_every 4 was refused under the default 8); with one, they do
+    inert = shutil.copytree(root / "full", tmp_path / "inert_ema")
+    text = (inert / "config.yaml").read_text()
+    (inert / "config.yaml").write_text(text.replace("ema_every: 8", "ema_every: 4").replace("ema_repeats: 0", "ema_repeats: 2"))
+    assert "ema_every: 4" in (inert / "config.yaml").read_text()
+    Trainer(tiny(epochs=4), inert, resume=True)
+    with pytest.raises(UserError, match="config differs .* ema_decay"):
+        Trainer(tiny(epochs=4, ema_decay=0.9), inert, resume=True)
 
 
 def test_resume_of_a_finished_run_writes_nothing(runs, capsys):
