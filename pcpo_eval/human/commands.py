@@ -257,9 +257,10 @@ def simulate_cmd(
                    + "; --per-rater to change)")
     if raters < 1 or per_rater < 1:
         raise UserError("--raters and --per-rater must be >= 1")
-    if per_rater > n_main:
-        raise UserError(f"--per-rater {per_rater}: the design has {n_main} main pairs, so a rater answers at most "
-                        f"{n_main}; give --per-rater {n_main} or fewer")
+    if per_rater > n_main:  # said, not silent (a review found 5000 capped without a word)
+        typer.echo(f"--per-rater {per_rater}: the design has {n_main} main pairs, so each simulated rater answers "
+                   f"all {n_main}")
+        per_rater = n_main
     df = simulate_responses(pairs, raters, per_rater, p or 0.5, rng_seed)
     atomic_write_parquet(output, df, private=True)  # a planted preference's answers name each pair's side
     typer.echo(f"wrote {len(df)} SIMULATED responses of {raters} raters to {output} (for rehearsals: `pcpo-eval "
