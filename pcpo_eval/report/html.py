@@ -224,6 +224,15 @@ def _speedup_ci(v: dict[str, Any]) -> str:
     return pct_interval(v.get("ci_low"), v.get("ci_high"), tuple(gap) if gap else None)
 
 
+def _mde_cell(v: dict[str, Any], q: str, estimable: bool) -> str:
+    """The detectable column: ±MDE (speed-ups in %), "none" where an estimable row could detect nothing (as the
+    speed-up table says it), "–" where the row is not estimable or found its effect (a review: speed-up rows
+    printed "–", elsewhere "not estimable", beside the speed-up table's "none")."""
+    if not _missing(v.get("mde")):
+        return ("" if _is_speedup(q) else "±") + (fmt_pct if _is_speedup(q) else fmt_num)(v.get("mde"))
+    return "none" if estimable and v.get("significant") is not True else "–"
+
+
 def verdict_row(v: dict[str, Any]) -> dict[str, Any]:
     """One verdict object as printed: p only when the study marked it estimable, bold only then;
     speed-ups in %, the row's family with its Holm-adjusted p, its power (MDE) and pairing."""
@@ -234,7 +243,7 @@ def verdict_row(v: dict[str, Any]) -> dict[str, Any]:
     return {
         "cell": v.get("cell", ""), "quantity": quantity_label(q), "family": v.get("family", ""),
         "comparison": f"{text(v.get('treatment'))} vs {text(v.get('baseline'))}", "sentence": v.get("sentence", ""),
-        "estimate": num(v.get("estimate")), "ci": ci, "mde": ("±" if not _is_speedup(q) and not _missing(v.get("mde")) else "") + num(v.get("mde")),
+        "estimate": num(v.get("estimate")), "ci": ci, "mde": _mde_cell(v, q, ok),
         "paired": "paired by seed" if v.get("paired") else "unpaired",
         "p_adjusted": fmt_p(v.get("p_adjusted")) if ok and v.get("p_adjusted") is not None else "–",
         "runs": f"{fmt_num(v.get('n_treatment_runs'))} vs {fmt_num(v.get('n_baseline_runs'))}",

@@ -194,3 +194,16 @@ def test_runs_that_reach_a_target_at_the_last_epoch_and_runs_that_never_do_are_s
         in v["reason"]
     (line,) = [x for x in speedup_lines(res) if "gain 0.01" in x]
     assert "not estimable: the per-seed differences in epochs are all 0" in line and "not tested" not in line
+
+
+def test_the_detectable_column_says_none_as_the_speedup_table_does():
+    """An estimable speed-up row without an MDE printed "–" in the verdict table (elsewhere: not estimable) and
+    "none" in the speed-up table (a review); both say "none" now, and "–" stays for a found or not estimable row."""
+    from pcpo_eval.report.html import verdict_row
+
+    row = {"quantity": "speedup_gain:0.02", "estimable": True, "significant": False, "mde": None}
+    assert verdict_row(row)["mde"] == "none"
+    assert verdict_row({**row, "significant": True})["mde"] == "–"
+    assert verdict_row({**row, "estimable": False})["mde"] == "–"
+    assert verdict_row({**row, "mde": 0.25})["mde"] == "+25%"
+    assert verdict_row({**row, "quantity": "paired_gain", "mde": 0.04})["mde"] == "±0.04"
