@@ -47,11 +47,14 @@ def verdict_lines(res: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _speedup_status(res: dict[str, Any], cell: Any, row: dict[str, Any]) -> str:
-    """What a speed-up's point estimate is worth, as its verdict row says: significant (after Holm and the
-    gate), not tested (the secondary family's gate closed), or no evidence; with the Holm-adjusted p."""
-    v = next((x for x in res.get("verdict") or [] if x.get("cell") == cell and x.get("quantity") == row.get("quantity")),
-             None)
+def _verdict_row(res: dict[str, Any], cell: Any, quantity: Any) -> dict[str, Any] | None:
+    """The verdict row of one cell and quantity (a speed-up table row's own test), or None."""
+    return next((x for x in res.get("verdict") or [] if x.get("cell") == cell and x.get("quantity") == quantity), None)
+
+
+def _speedup_status(v: dict[str, Any] | None, row: dict[str, Any]) -> str:
+    """What a speed-up's point estimate is worth, as its verdict row ``v`` says: significant (after Holm and
+    the gate), not tested (the secondary family's gate closed), or no evidence; with the Holm-adjusted p."""
     gated = bool(((v or {}).get("details") or {}).get("gated"))
     word = "significant" if row.get("significant") else "not tested" if gated else "no evidence of a difference"
     p = row.get("p_adjusted")
@@ -70,12 +73,11 @@ def speedup_lines(res: dict[str, Any]) -> list[str]:
                 lines.append(head + str(row.get("status")))
                 continue
             sp = row.get("speedup")
-            v = next((x for x in res.get("verdict") or [] if x.get("cell") == block.get("cell")
-                      and x.get("quantity") == row.get("quantity")), None)
+            v = _verdict_row(res, block.get("cell"), row.get("quantity"))
             if v is not None and v.get("estimable") is False:  # "+0.0% (not tested)" read as a measured 0
                 what = f"{pct(sp)}, not estimable: {v.get('reason')}" if isinstance(sp, int | float) else str(v.get("reason"))
             else:
-                what = (f"{pct(sp)}{_speedup_status(res, block.get('cell'), row)}" if isinstance(sp, int | float)
+                what = (f"{pct(sp)}{_speedup_status(v, row)}" if isinstance(sp, int | float)
                         else (row.get("status") or "n/a"))
             lines.append(head + f"{block.get('baseline') or 'baseline'} {row.get('baseline_epochs')} vs "
                          f"{block.get('pcpo') or 'PCPO'} {row.get('pcpo_epochs')} epochs -> {what}")
