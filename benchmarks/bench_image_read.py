@@ -23,7 +23,6 @@ import hashlib
 import io
 import json
 import os
-import tempfile
 import time
 from pathlib import Path
 
@@ -33,7 +32,7 @@ import torch
 from PIL import Image
 
 import pcpo_eval.imageset as imageset
-from pcpo_eval.io import parallel_map
+from pcpo_eval.io import parallel_map, scratch_dir
 
 
 def write_set(root: Path, n: int, size: int) -> imageset.ImageSet:
@@ -84,7 +83,7 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=512)
     ap.add_argument("--batch", type=int, default=64)
     a = ap.parse_args()
-    s = write_set(Path(tempfile.mkdtemp(prefix="bench_read_")), a.images, a.size)
+    s = write_set(scratch_dir("bench_read_"), a.images, a.size)
     rows = list(range(min(a.batch, len(s))))
     assert torch.equal(s.read_batch(rows), pil_batch(s, rows)), "the two paths' pixels differ"
     ours = lambda s_, r: s_.read_batch(r)  # noqa: E731

@@ -30,7 +30,6 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import argparse  # noqa: E402
 import math  # noqa: E402
-import tempfile  # noqa: E402
 import warnings  # noqa: E402
 from pathlib import Path  # noqa: E402
 from types import SimpleNamespace  # noqa: E402
@@ -40,7 +39,7 @@ import torch  # noqa: E402
 from bench_metrics import _time  # noqa: E402  (this folder is on sys.path when a script runs)
 from PIL import Image  # noqa: E402
 
-from pcpo_eval.io import parallel_map  # noqa: E402
+from pcpo_eval.io import parallel_map, scratch_dir  # noqa: E402
 from pcpo_eval.metrics import lpips_diversity as L  # noqa: E402
 
 warnings.filterwarnings("ignore", category=UserWarning)  # torchvision's "pretrained" deprecation in lpips
@@ -238,7 +237,7 @@ def bench_dino_pass(n: int) -> dict[str, float]:
     from pcpo_eval.metrics.extract import MetricsOptions, extract_sets
     from tests.support.metrics import make_image_set
 
-    tmp = Path(tempfile.mkdtemp(prefix="bench_dino_"))
+    tmp = scratch_dir("bench_dino_")
     torch.manual_seed(0)
     cfg = Dinov2Config(hidden_size=384, num_hidden_layers=12, num_attention_heads=6, intermediate_size=1536,
                        patch_size=14, image_size=518)  # ViT-S/14 shape, random weights

@@ -28,7 +28,6 @@ import json
 import os
 import resource
 import sys
-import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -39,7 +38,7 @@ from PIL import Image
 
 import pcpo_eval.imageset as imageset
 from pcpo_eval.imageset import ImageSet
-from pcpo_eval.io import sha256_file
+from pcpo_eval.io import scratch_dir, sha256_file
 from pcpo_eval.metrics.extract import ExtractionReport, MetricsOptions
 from pcpo_eval.metrics.workers import compute_metrics, write_outputs
 
@@ -123,7 +122,7 @@ def one_call(s: Path, ref: Path, cache: Path, batch: int) -> dict:
     t0 = time.perf_counter()
     result = compute_metrics(s, METRICS, ref, opts, report=report)
     t_compute = time.perf_counter() - t0
-    out = Path(tempfile.mkdtemp(prefix="bench_scale_out_"))
+    out = scratch_dir("bench_scale_out_")
     write_outputs(result, out)
     wall = time.perf_counter() - t0
     return {"seconds": round(wall, 2), "compute_s": round(t_compute, 2), "write_s": round(wall - t_compute, 2),
@@ -133,7 +132,7 @@ def one_call(s: Path, ref: Path, cache: Path, batch: int) -> dict:
 
 
 def measure(n: int, per_prompt: int, batch: int) -> dict:
-    tmp = Path(tempfile.mkdtemp(prefix="bench_scale_"))
+    tmp = scratch_dir("bench_scale_")
     t0 = time.perf_counter()
     s = write_set(tmp / "set", n, per_prompt, 0)
     ref = write_set(tmp / "ref", n, per_prompt, 10_000_000)

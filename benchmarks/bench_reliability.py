@@ -32,6 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pcpo_eval.io import scratch_dir
+
 ROOT = Path(__file__).resolve().parents[1]
 TOY_CFG = ROOT / "train" / "configs" / "toy_pcpo.yaml"
 GEN = ["--model", "toy", "--prompts", "toy", "--max-prompts", "2", "--seeds", "2", "--steps", "2", "--no-progress"]
@@ -102,7 +104,7 @@ def _cached(kind: str, make: Callable[[Path], None]) -> Callable[[Path], None]:
 
     def build(d: Path) -> None:
         if kind not in store:
-            store[kind] = Path(tempfile.mkdtemp(prefix=f"bench_rel_{kind}_"))
+            store[kind] = scratch_dir(f"bench_rel_{kind}_")
             make(store[kind])
         for p in store[kind].iterdir():
             (shutil.copytree if p.is_dir() else shutil.copy2)(p, d / p.name)

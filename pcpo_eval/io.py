@@ -15,6 +15,7 @@ the same command runs again in the same folder, unless a live process still hold
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import json
@@ -362,6 +363,15 @@ def remove_stale_temps(root: str | os.PathLike, recursive: bool = True) -> list[
                 p.unlink()
             removed.append(p)
     return removed
+
+
+def scratch_dir(prefix: str) -> Path:
+    """A new private temporary folder (``mkdtemp`` under ``$TMPDIR``) removed, with what it holds, when
+    this process exits normally: for benchmark data and throw-away models, which ``mkdtemp`` alone leaves
+    behind on every run."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes, private: bool = False) -> None:

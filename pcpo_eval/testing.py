@@ -45,22 +45,25 @@ def tiny_toy_classifier(seed: int = 0):
     return _seeded(seed, ToyClassifier).eval().requires_grad_(False)
 
 
-def write_tiny_clip_tokenizer(directory: str | Path) -> Path:
-    """Write a character-level CLIP BPE vocab (``vocab.json``, ``merges.txt``) into ``directory``."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+def tiny_clip_tokenizer() -> Any:
+    """A ``CLIPTokenizer`` with a character-level BPE vocab (``vocab.json``, ``merges.txt`` written to a
+    temporary folder, read by the constructor, then removed: nothing is left behind)."""
+    from transformers import CLIPTokenizer
+
     chars = list(string.ascii_lowercase + string.digits + ".,!?'-")
     tokens = ["<|startoftext|>", "<|endoftext|>", "!"] + chars + [c + "</w>" for c in chars]
     vocab = {t: i for i, t in enumerate(dict.fromkeys(tokens))}
-    (directory / "vocab.json").write_text(json.dumps(vocab))
-    (directory / "merges.txt").write_text("#version: 0.2\n")
-    return directory
+    with tempfile.TemporaryDirectory(prefix="tiny_clip_tok_") as tmp:
+        directory = Path(tmp)
+        (directory / "vocab.json").write_text(json.dumps(vocab))
+        (directory / "merges.txt").write_text("#version: 0.2\n")
+        return CLIPTokenizer(str(directory / "vocab.json"), str(directory / "merges.txt"), model_max_length=77)
 
 
 def tiny_sd1_components(seed: int = 0) -> dict[str, Any]:
     """UNet, VAE, text encoder, tokenizer and DDIM scheduler of a tiny SD-1.x pipeline."""
     from diffusers import AutoencoderKL, DDIMScheduler, UNet2DConditionModel
-    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
+    from transformers import CLIPTextConfig, CLIPTextModel
 
     unet = _seeded(seed, lambda: UNet2DConditionModel(
         sample_size=8, in_channels=4, out_channels=4, block_out_channels=(32, 64), layers_per_block=1,
@@ -70,8 +73,7 @@ def tiny_sd1_components(seed: int = 0) -> dict[str, Any]:
         block_out_channels=[32, 64], in_channels=3, out_channels=3, latent_channels=4, sample_size=16,
         down_block_types=["DownEncoderBlock2D", "DownEncoderBlock2D"],
         up_block_types=["UpDecoderBlock2D", "UpDecoderBlock2D"], norm_num_groups=32))
-    tok_dir = write_tiny_clip_tokenizer(tempfile.mkdtemp(prefix="tiny_clip_tok_"))
-    tokenizer = CLIPTokenizer(str(tok_dir / "vocab.json"), str(tok_dir / "merges.txt"), model_max_length=77)
+    tokenizer = tiny_clip_tokenizer()
     text_encoder = _seeded(seed + 2, lambda: CLIPTextModel(CLIPTextConfig(
         bos_token_id=0, eos_token_id=1, pad_token_id=1, hidden_size=32, intermediate_size=37,
         layer_norm_eps=1e-5, num_attention_heads=4, num_hidden_layers=2, vocab_size=len(tokenizer),

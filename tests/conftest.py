@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from dataclasses import dataclass
 
 # Every ordinary test runs on CPU, as CI does, whatever GPUs this machine has: `--device auto` would
@@ -23,6 +24,22 @@ import torch  # noqa: E402
 # the suite, against 1,177 s in one process with two threads, 2026-11-26); two in a single process (a
 # one-thread single process took 1,299 s). Modules whose results need one thread opt in with `one_thread`.
 torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_tmpdir(tmp_path_factory):
+    """Temporary files of the whole session -- ours, torchrun's ``torchelastic_*`` logs, those of the
+    subprocesses the tests start -- go under pytest's base folder, which pytest prunes (it keeps the last
+    three sessions), instead of piling up in ``/tmp`` at every run."""
+    folder = tmp_path_factory.mktemp("tmpdir")
+    old_env, old_dir = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"], tempfile.tempdir = str(folder), str(folder)
+    yield folder
+    tempfile.tempdir = old_dir
+    if old_env is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = old_env
 
 
 @pytest.fixture(scope="module")

@@ -35,7 +35,6 @@ import os
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -54,6 +53,7 @@ from models import (  # noqa: E402
 )
 
 from pcpo_eval.generate.runner import generate_set  # noqa: E402
+from pcpo_eval.io import scratch_dir  # noqa: E402
 from pcpo_eval.models.sd1 import SD1Adapter  # noqa: E402
 from pcpo_eval.precision import matmul_precision, precision_dtype  # noqa: E402
 from pcpo_eval.prompts import load_prompts  # noqa: E402
@@ -92,7 +92,7 @@ def run_ours(adapter, prompts: list[str], seeds: list[int], batch: int, steps: i
     """Seconds for ``generate_set`` into a fresh temp dir (PNGs, hashes, manifest); its settings."""
     from pcpo_eval.prompts import PromptSet
 
-    out = Path(tempfile.mkdtemp(prefix="bench_gen_")) / "set"
+    out = scratch_dir("bench_gen_") / "set"
     sync(device)
     t0 = time.perf_counter()
     summary = generate_set(adapter, PromptSet("bench", tuple(range(len(prompts))), tuple(prompts)), seeds, out, batch_size=batch, steps=steps, cfg=cfg,
@@ -142,7 +142,7 @@ def image_invariance(adapter, prompts, device: str, precision: str, steps: int, 
     from pcpo_eval.generate.png import read_png_pixels
     from pcpo_eval.prompts import PromptSet
 
-    root = Path(tempfile.mkdtemp(prefix="bench_inv_"))
+    root = scratch_dir("bench_inv_")
     sets = {}
     for m in (16, 64, 16):
         out = root / f"m{m}_{len(sets)}"

@@ -24,7 +24,6 @@ import hashlib
 import io
 import json
 import sys
-import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -37,6 +36,7 @@ from PIL import Image
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from models import device_info, peak_gib, reset_peak, sync  # noqa: E402
 
+from pcpo_eval.io import scratch_dir  # noqa: E402
 from pcpo_eval.metrics.extract import ExtractionReport, MetricsOptions  # noqa: E402
 from pcpo_eval.metrics.workers import compute_metrics  # noqa: E402
 from pcpo_eval.precision import matmul_precision  # noqa: E402
@@ -93,7 +93,7 @@ def run_ours(s: Path, ref: Path, metrics: str, device: str, weights: dict, batch
              precision: str = "fp32", cache_dir: Path | None = None) -> tuple[float, dict, dict]:
     """Seconds, metric values and the seconds per phase (:class:`ExtractionReport`) of one call; a fresh
     (cold) feature cache unless ``cache_dir`` is given."""
-    cache_dir = cache_dir or Path(tempfile.mkdtemp(prefix="bench_cache_"))
+    cache_dir = cache_dir or scratch_dir("bench_cache_")
     opts = MetricsOptions(device=device, batch_size=batch, extractor_options=weights, lpips_trunk="random",
                           cache_dir=cache_dir, precision=precision)
     report = ExtractionReport()
@@ -161,7 +161,7 @@ def main() -> None:
     device = "cpu" if a.tiny or not torch.cuda.is_available() else "cuda"
     if a.tiny:
         a.images, a.size, a.batch, a.metrics = 10, 64, 10, "fid,fd_dinov2,is,lpips"
-    tmp = Path(tempfile.mkdtemp(prefix="bench_metrics_"))
+    tmp = scratch_dir("bench_metrics_")
     t0 = time.perf_counter()
     s = write_set(tmp / "set", a.images, a.size, 0)
     ref = write_set(tmp / "ref", a.images, a.size, 10_000)
@@ -178,7 +178,7 @@ def main() -> None:
     print("torchmetrics", json.dumps(res["torchmetrics_fid"]), flush=True)
     for metrics in a.metrics.split(";"):
         reset_peak(device)
-        cache = Path(tempfile.mkdtemp(prefix="bench_cache_"))  # cold: nothing of either set cached
+        cache = scratch_dir("bench_cache_")  # cold: nothing of either set cached
         t, overall, phases = run_ours(s, ref, metrics, device, weights, a.batch, a.precision, cache)
         res[f"ours_{metrics}"] = {"seconds": t, "img_s": n / t, "ratio_vs_torchmetrics_fid": (n / t) / (n / t_tm),
                                   "minutes_for_50k_per_set": t / n * 100_000 / 60, "peak_gib": peak_gib(device),

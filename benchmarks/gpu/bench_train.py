@@ -28,7 +28,6 @@ import argparse
 import json
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -47,6 +46,7 @@ from models import (  # noqa: E402
     write_profile,
 )
 
+from pcpo_eval.io import scratch_dir  # noqa: E402
 from pcpo_eval.train.config import load_config  # noqa: E402
 from pcpo_eval.train.trainer import Trainer  # noqa: E402
 
@@ -67,7 +67,7 @@ def save_model(tiny: bool, device: str) -> tuple[Path, float]:
     """A random-weight SD-1.x pipeline directory (fp16 files) and the UNet's FLOPs per row."""
     pipe = sd15_pipeline(tiny, device, torch.float16 if device == "cuda" else torch.float32)
     flops = unet_flops_per_row(pipe.unet, pipe.unet.config.cross_attention_dim)
-    out = Path(tempfile.mkdtemp(prefix="bench_sd_")) / "pipe"
+    out = scratch_dir("bench_sd_") / "pipe"
     pipe.save_pretrained(str(out), safe_serialization=True)
     del pipe
     return out, flops
@@ -92,7 +92,7 @@ def run_setup(setup: int, model_dir: Path, objective: str, batches: int, device:
         if setup == 5:
             over += ["images_per_prompt=4"]
     cfg = load_config(ROOT / "train" / "configs" / SETUPS[setup], over)
-    out = Path(tempfile.mkdtemp(prefix="bench_train_")) / "run"
+    out = scratch_dir("bench_train_") / "run"
     reset_peak(device)
     trainer = Trainer(cfg, out, progress=False)
     trainer.save_checkpoint = lambda epoch, row: None  # untimed, but setup 5's last one is ~10 GB of disk writes

@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -46,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_train  # noqa: E402
 from models import ROOT, SD15_UNET  # noqa: E402
 
+from pcpo_eval.io import scratch_dir  # noqa: E402
 from pcpo_eval.train.config import load_config  # noqa: E402
 from pcpo_eval.train.trainer import Trainer  # noqa: E402
 
@@ -73,7 +73,7 @@ def epoch_flops(objective: str, model_dir: Path, flops_row: float) -> dict[str, 
             "log_images_every=0", f"objective={objective}", "device=cpu", "sample_steps=4", "sample_batch_size=4",
             "train_batch_size=2"]
     cfg = load_config(ROOT / "train" / "configs" / bench_train.SETUPS[2], over)
-    trainer = Trainer(cfg, Path(tempfile.mkdtemp(prefix="count_flops_")) / "run", progress=False)
+    trainer = Trainer(cfg, scratch_dir("count_flops_") / "run", progress=False)
     counted: dict[str, float] = {}
     for phase, name in (("sample", "sample_epoch"), ("update", "train_epoch")):
         inner = getattr(trainer, name)
@@ -103,7 +103,7 @@ def host_ops(objective: str, model_dir: Path, *extra: str) -> dict[str, float]:
             "log_images_every=0", f"objective={objective}", "device=cpu", "sample_steps=4", "mixed_precision=bf16",
             *extra]
     cfg = load_config(ROOT / "train" / "configs" / bench_train.SETUPS[2], over)
-    trainer = Trainer(cfg, Path(tempfile.mkdtemp(prefix="count_ops_")) / "run", progress=False)
+    trainer = Trainer(cfg, scratch_dir("count_ops_") / "run", progress=False)
     samples = trainer.sample_epoch(1)
     trainer.train_epoch(1, samples)
 
@@ -166,7 +166,7 @@ def main() -> None:
     print(f"setup 3-4 reward weights: captioner {w['captioner_params_B']:.3f} B parameters ({w['captioner_bf16_gib']:.2f} "
           f"GiB bf16), scorer {w['scorer_params_B']:.3f} B ({w['scorer_fp32_gib']:.2f} GiB float32)", flush=True)
     if a.ops:
-        ops_dir = model_dir if a.tiny else _sd15_small(Path(tempfile.mkdtemp(prefix="count_ops_sd15_")))
+        ops_dir = model_dir if a.tiny else _sd15_small(scratch_dir("count_ops_sd15_"))
         runs = {"ppo_clip": ("ppo_clip",), "pcpo": ("pcpo",),
                 "ppo_clip frozen_weights=autocast": ("ppo_clip", "frozen_weights=autocast"),
                 "ppo_clip train_steps_per_forward=4": ("ppo_clip", "train_steps_per_forward=4"),

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+
+from pcpo_eval.io import scratch_dir  # noqa: E402
 
 #: SD-1.5's UNet2DConditionModel config (runwayml/stable-diffusion-v1-5 unet/config.json).
 SD15_UNET = dict(
@@ -46,9 +47,9 @@ SD15_TEXT = dict(
 def sd15_components(tiny: bool, device: str, dtype: torch.dtype, seed: int = 0) -> dict[str, Any]:
     """UNet, VAE, text encoder, tokenizer and SD's DDIM scheduler; random weights on ``device``."""
     from diffusers import AutoencoderKL, DDIMScheduler, UNet2DConditionModel
-    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
+    from transformers import CLIPTextConfig, CLIPTextModel
 
-    from pcpo_eval.testing import tiny_sd1_components, write_tiny_clip_tokenizer
+    from pcpo_eval.testing import tiny_clip_tokenizer, tiny_sd1_components
 
     if tiny:
         parts = tiny_sd1_components(seed)
@@ -59,8 +60,7 @@ def sd15_components(tiny: bool, device: str, dtype: torch.dtype, seed: int = 0) 
     with torch.device(device):
         unet = UNet2DConditionModel(**SD15_UNET)
         vae = AutoencoderKL(**SD15_VAE)
-        tok_dir = write_tiny_clip_tokenizer(tempfile.mkdtemp(prefix="bench_clip_tok_"))
-        tokenizer = CLIPTokenizer(str(tok_dir / "vocab.json"), str(tok_dir / "merges.txt"), model_max_length=77)
+        tokenizer = tiny_clip_tokenizer()
         text = CLIPTextModel(CLIPTextConfig(**SD15_TEXT, bos_token_id=0, eos_token_id=1, pad_token_id=1))
     scheduler = DDIMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
                               clip_sample=False, set_alpha_to_one=False, steps_offset=1)
@@ -185,7 +185,7 @@ def random_vlm_bertscore(captioner: str = "qwen25_vl", scorer: str = "deberta", 
                             else (QWEN25_VL_3B_TEXT, QWEN25_VL_3B_VISION, QWEN25_VL_PIXELS))
     model, proc = qwen25_vl(text, vision, pixels, device=device, dtype=precision_dtype(prec))
     cap = VLMCaptioner(model, proc, max_new_tokens)
-    folder = Path(tempfile.mkdtemp(prefix="bench_bertscore_"))  # a word-level tokenizer (captions: unknown words)
+    folder = scratch_dir("bench_bertscore_")  # a word-level tokenizer (captions: unknown words)
     (folder / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "image", "contains"]))
     BertTokenizerFast(vocab_file=str(folder / "vocab.txt"), model_max_length=512).save_pretrained(folder)
     # bert_score loads the folder: it holds a tiny DeBERTa; at the real size the 3 GB of float32 weights are

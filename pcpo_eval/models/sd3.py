@@ -152,10 +152,11 @@ def tiny_clip_tokenizer(max_length: int = 77) -> Any:
         vocab[c] = len(vocab)
     for c in chars:
         vocab[c + "</w>"] = len(vocab)
-    d = Path(tempfile.mkdtemp(prefix="pcpo_tiny_tok_"))
-    (d / "vocab.json").write_text(json.dumps(vocab))
-    (d / "merges.txt").write_text("#version: 0.2\n")
-    return CLIPTokenizer(str(d / "vocab.json"), str(d / "merges.txt"), model_max_length=max_length)
+    with tempfile.TemporaryDirectory(prefix="pcpo_tiny_tok_") as tmp:  # read by the constructor, then removed
+        d = Path(tmp)
+        (d / "vocab.json").write_text(json.dumps(vocab))
+        (d / "merges.txt").write_text("#version: 0.2\n")
+        return CLIPTokenizer(str(d / "vocab.json"), str(d / "merges.txt"), model_max_length=max_length)
 
 
 def tiny_vae(latent_channels: int, seed: int = 0) -> Any:
