@@ -20,6 +20,7 @@ paths stay import-light).
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -205,11 +206,42 @@ def same_curves(a: pd.DataFrame, b: pd.DataFrame) -> bool:
     return bool(cols)
 
 
+_Point = tuple[int, int, float, dict[int, float]] | None
+
+
+def _first_point(log: pd.DataFrame) -> _Point:
+    """(epochs, first epoch, its reward, epoch -> reward) of a log: what :func:`twin_runs` screens pairs on
+    (None: a log without both columns, never screened out)."""
+    import numpy as np
+
+    if "epoch" not in log.columns or "reward_mean" not in log.columns or len(log) == 0:
+        return None
+    e, r = log["epoch"].to_numpy(np.int64), log["reward_mean"].to_numpy(np.float64)
+    i = int(np.argmin(e))
+    return int(np.unique(e).size), int(e[i]), float(r[i]), dict(zip(e.tolist(), r.tolist(), strict=True))
+
+
+def _may_be_twins(a: _Point, b: _Point) -> bool:
+    """A necessary condition of :func:`same_curves`, in constant time: the shorter log's first epoch is in the
+    other with the same reward (within :data:`SAME_CURVE_RTOL`, taken on the larger of the two)."""
+    if a is None or b is None:
+        return True
+    short, other = (a, b) if a[0] <= b[0] else (b, a)
+    if short[0] < 2 or short[1] not in other[3]:
+        return False
+    x, y = short[2], other[3][short[1]]
+    return (math.isnan(x) and math.isnan(y)) or abs(x - y) <= 1e-12 + SAME_CURVE_RTOL * max(abs(x), abs(y))
+
+
 def twin_runs(logs: Sequence[tuple[K, pd.DataFrame]]) -> list[tuple[K, K]]:
-    """Each ``(key, log)`` with the first later one that is the same run (:func:`same_curves`), in order."""
+    """Each ``(key, log)`` with the first later one that is the same run (:func:`same_curves`), in order.
+    Pairs are screened on one value first (:func:`_may_be_twins`): comparing every pair's whole curves took
+    about 2 ms a pair, 26 s for 160 runs."""
+    points = [_first_point(log) for _, log in logs]
     out = []
     for i, (ka, la) in enumerate(logs):
-        twin = next((kb for kb, lb in logs[i + 1:] if same_curves(la, lb)), None)
+        twin = next((kb for j, (kb, lb) in enumerate(logs[i + 1:], start=i + 1)
+                     if _may_be_twins(points[i], points[j]) and same_curves(la, lb)), None)
         if twin is not None:
             out.append((ka, twin))
     return out

@@ -44,14 +44,20 @@ def test_bradley_terry_bootstrap_resamples_raters_as_wholes():
     answers: the weights are constant within a rater and sum to the drawn raters' answers. Three checkpoints,
     four raters of two tastes (two always prefer c, two always a): resampling answers treats 300 answers as
     independent and gives a narrow Elo interval; resampling the 4 raters gives one spanning both tastes."""
-    from pcpo_eval.stats.pairwise import cluster_weights
+    from pcpo_eval.stats.pairwise import cluster_counts, cluster_win_tensor, win_tensor
 
     rng = np.random.default_rng(0)
     clusters = np.repeat(["r1", "r2", "r3"], [5, 3, 2])
-    w = cluster_weights(clusters, 200, rng)
-    for r in ("r1", "r2", "r3"):
-        assert (w[:, clusters == r] == w[:, clusters == r][:, :1]).all()  # one weight per rater and replicate
-    assert set(np.unique(w.sum(axis=1) % 1)) == {0.0} and np.allclose(w.mean(axis=0), 1.0, atol=0.2)
+    counts, inv = cluster_counts(clusters, 200, rng)
+    assert counts.shape == (200, 3) and (counts.sum(axis=1) == 3).all() and list(inv) == [0] * 5 + [1] * 3 + [2] * 2
+    assert np.allclose(counts.mean(axis=0), 1.0, atol=0.2)
+    # a replicate's win matrix from the clusters' own matrices = the answers counted as often as their rater
+    a0, b0 = np.array([0, 1, 2, 0, 1, 2, 0, 1, 2, 0]), np.array([1, 2, 0, 2, 0, 1, 1, 2, 0, 2])
+    v0 = np.linspace(0, 1, 10)
+    per = cluster_win_tensor(a0, b0, v0, inv, 3, 3)
+    for r in range(5):
+        dense = sum(counts[r, inv[i]] * win_tensor(a0, b0, v0, np.array([[i]]), 3)[0] for i in range(10))
+        assert np.allclose(np.tensordot(counts[r], per, axes=1), dense)
     items = ["a", "b", "c"]
     pairs = np.array([(0, 1), (0, 2), (1, 2)] * 100)
     a, b = pairs[:, 0], pairs[:, 1]

@@ -164,6 +164,34 @@ def test_same_curves_tells_one_run_from_two_seeds():
     assert not same_curves(logs[0], logs[0].iloc[:1])  # one shared epoch says nothing
 
 
+def test_twin_runs_finds_what_comparing_every_pair_finds():
+    """``twin_runs`` screens pairs on one value before comparing curves (it compared every pair's whole
+    curves: 26 s for 160 runs): on the real toy runs plus copies -- exact, float32-rounded, cut short, shifted
+    to start later, with a NaN first reward -- it names the pairs the brute force names."""
+    import numpy as np
+    import pandas as pd
+
+    from pcpo_eval.rundir import same_curves, twin_runs
+
+    pool = pd.read_parquet(Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "toy_demo_runs.parquet")
+    logs = [g[["epoch", "reward_mean", "control_reward_mean"]].reset_index(drop=True)
+            for _, g in pool.groupby(["arm", "seed"])][:30]
+    nan_first = logs[4].copy()
+    nan_first.loc[0, "reward_mean"] = np.nan
+    copies = [logs[0].copy(), logs[1].assign(reward_mean=logs[1]["reward_mean"].astype(np.float32).astype(np.float64)),
+              logs[2].iloc[:6].copy(), logs[3].iloc[3:].reset_index(drop=True), nan_first, nan_first.copy(),
+              logs[5].iloc[:1].copy(), logs[6].drop(columns="reward_mean")]
+    given = [(f"log{i}", x) for i, x in enumerate([*logs, *copies])]
+    brute = []
+    for i, (ka, la) in enumerate(given):
+        twin = next((kb for kb, lb in given[i + 1:]
+                     if "reward_mean" in la.columns and "reward_mean" in lb.columns and same_curves(la, lb)), None)
+        if twin is not None:
+            brute.append((ka, twin))
+    found = [(a, b) for a, b in twin_runs(given) if b != "log37"]  # log37: no reward column (never screened out)
+    assert found == brute and len(brute) == 5, brute
+
+
 def test_an_infinite_reward_never_makes_a_checkpoint_reward_matched(tmp_path):
     """One epoch's reward logged as inf (a reward model overflowing) made every trailing mean over it inf:
     the run's epoch-4 checkpoint "reached" any target and entered the matched-reward metrics."""
