@@ -16,12 +16,28 @@ own sampling distribution: a fixed sample of :data:`WELCH_DRAWS` draws of the me
 and the two variance estimates (chi-square), each draw's Welch SE, df and critical value, and the share of
 draws whose statistic passes (:func:`welch_power`); at its MDE the simulated Welch power is 0.795-0.804
 (``tests/stats/test_power.py``). The *minimum
-detectable effect* (MDE) is the ``delta`` with power 0.8 at the run-to-run spread measured in the
-study (``s_d`` or ``s_b, s_t``); :func:`seeds_needed` is the smallest number of seeds per arm that
-detects a stated ``delta`` with power 0.8 at that spread. Both treat the measured spread as the
-truth: with 3 seeds an SD is itself uncertain (its 95% CI spans about 0.5x to 6x), so these are
-planning figures, not guarantees; :mod:`benchmarks.bench_verdict_calibration` measures the power
-the shipped tests actually reach on real toy runs.
+detectable effect* (MDE) is the ``delta`` with power 0.8 at a run-to-run spread (``s_d`` or ``s_b, s_t``);
+:func:`seeds_needed` is the smallest number of seeds per arm that detects a stated ``delta`` with power 0.8.
+
+**Measured spread.** A verdict's spread is measured from its own few runs, and with 3 seeds an SD is
+itself uncertain (its 95% CI spans about 0.5x to 6x). Taken as the truth (the plug-in MDE), it gives an
+effect that studies of this design detect less often than promised, because a study that happened to
+measure a small spread prints a small MDE: an effect planted at each study's plug-in MDE was found in
+0.629 of them at 3 paired seeds, 0.685 at 5 and 0.739 at 10 for normal runs (:func:`expected_power` at 1
+plug-in MDE), and as often on real toy runs (``benchmarks/bench_mde_power.py``). So a verdict's MDE
+(``measured=True``) is the effect whose power *averaged over the uncertainty of the measured spread*
+is 0.8: with ``s / sigma ~ sqrt(chi2_df / df)`` the power at ``c`` plug-in MDEs is averaged over that
+distribution and ``c`` (:func:`spread_factor`) solved for 0.8 -- exact for the paired t. For Welch's test the
+factor is read at :func:`equal_spread_df`, the df of its SE at equal true SDs (from the run counts alone):
+over normal studies an effect planted at that MDE was found in 0.81-0.83 of them at equal SDs (3 vs 3 to
+10 vs 10) and 0.72-0.91 with one arm's SD 3 times the other's, 2 vs 10 to 5 vs 5 runs (1,500 studies each;
+the df at the measured SDs left 0.67-0.73 at 2 vs 10 and 3 vs 10, drawing each arm's true SD apart
+0.81-0.94, needlessly wide at 3 vs 3). ``tests/stats/test_power.py`` checks both by simulation. The same average, over the studies that could have measured this
+spread, is what a reviewer's replication sees; it is also the "assurance" of O'Hagan, Stevens & Campbell
+(2005) under the reference prior for ``sigma``. :func:`seeds_needed` with ``measured`` averages the same
+way over a spread measured from that many runs (a pilot's or the study's own).
+:mod:`benchmarks.bench_verdict_calibration` measures the power the shipped tests actually reach on real
+toy runs.
 
 A row tested in a family of ``m`` (Holm, or Benjamini-Hochberg) is significant only when its
 adjusted p is below alpha, so the effect it detects is the one its test detects at
@@ -50,6 +66,9 @@ MAX_SEEDS = 10_000
 WELCH_DRAWS = 20_000
 #: the seed of that sample (with the two run counts): every call on the same counts uses the same draws
 WELCH_SEED = 20261128
+#: quantile points of a measured SD's sampling distribution over which :func:`expected_power` averages
+#: (midpoint rule; the factor of :func:`spread_factor` moves by < 1e-3 from 256 to 4,096 points)
+SPREAD_POINTS = 256
 
 
 def family_level(alpha: float, m: int) -> float:
@@ -78,6 +97,14 @@ def _welch_sample(n_b: int, n_t: int) -> tuple[np.ndarray, np.ndarray, np.ndarra
     rng = np.random.default_rng([WELCH_SEED, n_b, n_t])
     return (rng.standard_normal(WELCH_DRAWS), rng.chisquare(n_b - 1, WELCH_DRAWS) / (n_b - 1),
             rng.chisquare(n_t - 1, WELCH_DRAWS) / (n_t - 1))
+
+
+def equal_spread_df(n_b: int, n_t: int) -> float:
+    """Welch-Satterthwaite's df at equal true SDs, ``(1/n_b + 1/n_t)^2 / (1/(n_b^2 (n_b-1)) + 1/(n_t^2 (n_t-1)))``:
+    how many degrees of freedom the Welch SE of ``n_b`` vs ``n_t`` runs is measured with, from the run
+    counts alone (the df at the *measured* SDs is larger exactly when the smaller arm's spread came out
+    small, so a factor read from it was smallest where it was most needed: 0.69 power at 2 vs 10 runs)."""
+    return (1 / n_b + 1 / n_t) ** 2 / (1 / (n_b**2 * (n_b - 1)) + 1 / (n_t**2 * (n_t - 1)))
 
 
 def _welch_parts(sd_b: float, n_b: int, sd_t: float, n_t: int, alpha: float) -> tuple[np.ndarray, np.ndarray]:
@@ -134,58 +161,119 @@ def t_power(delta: float, sd_b: float, n_b: int, *, sd_t: float | None = None, n
 def power_at(nc: float, df: float, alpha: float = 0.05) -> float:
     """Power of a two-sided t test with ``df`` at noncentrality ``nc`` = true effect / SE:
     ``P(|T'| > t_{1-alpha/2, df})`` with ``T'`` noncentral t, both tails counted."""
+    return float(_powers_at(np.asarray([nc], dtype=np.float64), df, alpha)[0])
+
+
+def _powers_at(nc: np.ndarray, df: float, alpha: float) -> np.ndarray:
+    """:func:`power_at` at each noncentrality of ``nc``."""
     q = float(scipy.stats.t.ppf(1 - alpha / 2, df))
     # lower tail P(T' < -q) as sf(q; -nc): the same number, but scipy 1.17's nct.cdf(-q, df, nc) is NaN
     # at scattered nc >~ 7.5 (then the normal limit below was used: 0.92 instead of 0.73 at df 1)
-    pw = float(scipy.stats.nct.sf(q, df, nc) + scipy.stats.nct.sf(q, df, -nc))
-    if not math.isfinite(pw):  # scipy's nct gives NaN far in the tail: the normal limit there
-        pw = float(scipy.stats.norm.sf(q - nc) + scipy.stats.norm.cdf(-q - nc))
-    return min(pw, 1.0)
+    pw = scipy.stats.nct.sf(q, df, nc) + scipy.stats.nct.sf(q, df, -nc)
+    bad = ~np.isfinite(pw)  # scipy's nct gives NaN far in the tail: the normal limit there
+    pw[bad] = scipy.stats.norm.sf(q - nc[bad]) + scipy.stats.norm.cdf(-q - nc[bad])
+    return np.minimum(pw, 1.0)
 
 
-def mde_from_se(se: float, df: float, *, alpha: float = 0.05, power: float = POWER) -> float | None:
+@functools.lru_cache(maxsize=512)
+def _spread_ratios(df: float) -> np.ndarray:
+    """:data:`SPREAD_POINTS` midpoint quantiles of ``s / sigma`` for an SD estimated with ``df`` degrees of
+    freedom (``sqrt(chi2_df / df)``): the grid over which :func:`spread_factor` averages."""
+    q = (np.arange(SPREAD_POINTS) + 0.5) / SPREAD_POINTS
+    return np.sqrt(scipy.stats.chi2.ppf(q, df) / df)
+
+
+def expected_power(nc: float, df: float, alpha: float = 0.05, spread_df: float | None = None) -> float:
+    """:func:`power_at` for an effect of ``nc`` *measured* SEs, averaged over how far the true SE may lie
+    from the measured one (``s / sigma ~ sqrt(chi2 / spread_df)``, ``spread_df`` defaulting to the test's
+    ``df``): the power of a study of this design at that effect, over the studies that could have
+    measured this SE (module docstring, "measured spread")."""
+    u = _spread_ratios(float(df if spread_df is None else spread_df))
+    return float(np.mean(_powers_at(nc * u, df, alpha)))
+
+
+@functools.lru_cache(maxsize=512)
+def spread_factor(df: float, alpha: float = 0.05, power: float = POWER) -> float:
+    """How many times the plug-in MDE (the effect with ``power`` if the measured SE were the true one) an
+    effect must be for the t test with ``df`` to reach ``power`` on average over the SE's own uncertainty
+    (:func:`expected_power`): 1.55 at 2 df, 1.24 at 4, 1.10 at 9, 1.02 at 49 (alpha 0.05). Exact for a
+    normal paired or one-sample t test, whose variance estimate is ``sigma^2 chi2_df / df``."""
+    if not (math.isfinite(df) and df > 0):
+        return 1.0
+    k0 = mde_from_se(1.0, df, alpha=alpha, power=power)
+    assert k0 is not None
+    f = lambda c: expected_power(c * k0, df, alpha) - power  # noqa: E731
+    hi = 2.0
+    while f(hi) < 0:
+        hi *= 2
+    return float(scipy.optimize.brentq(f, 1.0, hi, xtol=1e-10))
+
+
+def mde_from_se(se: float, df: float, *, alpha: float = 0.05, power: float = POWER,
+                measured: bool = False) -> float | None:
     """Smallest |effect| a two-sided Wald t test with standard error ``se`` and ``df`` detects with
     probability ``power`` (the effect in the SE's units, e.g. log-odds for a logistic model's
-    coefficient); None without a finite positive SE or df."""
+    coefficient); None without a finite positive SE or df. ``measured``: ``se`` is the study's own
+    estimate (``df`` its degrees of freedom), so the effect is the one with ``power`` on average over
+    that estimate's uncertainty (:func:`spread_factor`) rather than at the estimate taken as the truth."""
     if not (math.isfinite(se) and se > 0 and math.isfinite(df) and df > 0):
         return None
     f = lambda nc: power_at(nc, df, alpha) - power  # noqa: E731
     hi = 1.0
     while f(hi) < 0:
         hi *= 2
-    return se * float(scipy.optimize.brentq(f, 0.0, hi, xtol=1e-12, rtol=1e-10))
+    k = float(scipy.optimize.brentq(f, 0.0, hi, xtol=1e-12, rtol=1e-10))
+    return se * k * (spread_factor(df, alpha, power) if measured else 1.0)
 
 
 def mde(sd_b: float, n_b: int, *, sd_t: float | None = None, n_t: int | None = None, paired: bool,
-        alpha: float = 0.05, power: float = POWER) -> float | None:
+        alpha: float = 0.05, power: float = POWER, measured: bool = False) -> float | None:
     """Smallest |delta| detected with probability ``power`` (None when fewer than 2 runs/pairs or
-    no spread was measured)."""
+    no spread was measured). ``measured``: the SDs are the study's own estimates, so the effect is the one
+    with ``power`` on average over their uncertainty (:func:`spread_factor` at ``n - 1`` df paired, at
+    :func:`equal_spread_df` unpaired), as a verdict's "detectable" must be."""
     n_t = n_b if n_t is None else n_t
     sd_t = sd_b if sd_t is None else sd_t
     if min(n_b, n_t) < 2 or not (math.isfinite(sd_b) and math.isfinite(sd_t)) or sd_b + sd_t == 0:
         return None
+    se, df = _se_df(sd_b, sd_t, n_b, n_t, paired)
+    if measured:
+        factor = spread_factor(df if paired else equal_spread_df(n_b, n_t), alpha, power)
+    else:
+        factor = 1.0
     if not paired:
-        return _welch_mde(sd_b, n_b, sd_t, n_t, alpha, power)
-    se, _ = _se_df(sd_b, sd_t, n_b, n_t, paired)
+        return factor * _welch_mde(sd_b, n_b, sd_t, n_t, alpha, power)
     f = lambda d: t_power(d, sd_b, n_b, sd_t=sd_t, n_t=n_t, paired=paired, alpha=alpha) - power  # noqa: E731
     hi = se
     while f(hi) < 0:
         hi *= 2
-    return float(scipy.optimize.brentq(f, 0.0, hi, xtol=1e-12 * hi, rtol=1e-10))
+    return factor * float(scipy.optimize.brentq(f, 0.0, hi, xtol=1e-12 * hi, rtol=1e-10))
 
 
 def seeds_needed(delta: float, sd_b: float, *, sd_t: float | None = None, paired: bool, alpha: float = 0.05,
-                 power: float = POWER) -> int | None:
+                 power: float = POWER, measured: int | tuple[int, int] | None = None) -> int | None:
     """Smallest seeds per arm (pairs, when paired) detecting ``delta`` with ``power``; None above
     :data:`MAX_SEEDS` or when ``delta`` is 0. At least :data:`~pcpo_eval.stats.permutation.MIN_T_RUNS`:
     with fewer runs the verdict's p is bounded by the exact permutation test's, never below 0.5 at 2 pairs,
     so no effect is detectable there (``--plan`` said "2 seeds per arm" for a spread near 0, and the planted
-    effect was then found in 0 of 100 studies)."""
+    effect was then found in 0 of 100 studies). ``measured``: the SDs were measured from that many pairs
+    (paired) or runs per arm (unpaired: ``(n_b, n_t)``) of a finished study or a pilot, so the seeds are those
+    whose power, averaged over the SDs' uncertainty (module docstring), reaches ``power``."""
     if delta == 0 or not math.isfinite(delta):
         return None
+    sd_t = sd_b if sd_t is None else sd_t
 
     def ok(n: int) -> bool:
-        return t_power(delta, sd_b, n, sd_t=sd_t, n_t=n, paired=paired, alpha=alpha) >= power
+        if measured is None or sd_b + sd_t == 0:
+            return t_power(delta, sd_b, n, sd_t=sd_t, n_t=n, paired=paired, alpha=alpha) >= power
+        if paired:  # true SD = measured / u: the effect in true SEs scales with u
+            u = _spread_ratios(float(measured if isinstance(measured, int) else measured[0]) - 1)
+            return float(np.mean(_powers_at(abs(delta) * math.sqrt(n) / sd_b * u, n - 1, alpha))) >= power
+        m_b, m_t = (measured, measured) if isinstance(measured, int) else measured
+        u = _spread_ratios(equal_spread_df(m_b, m_t))
+        err, crit = _welch_parts(sd_b, n, sd_t, n, alpha)
+        hits = np.abs(abs(delta) * u[:, None] + err[None, :]) > crit[None, :]
+        return float(hits.mean()) >= power
 
     if not ok(MAX_SEEDS):
         return None

@@ -345,17 +345,18 @@ def no_spread_difference(baseline: np.ndarray, treatment: np.ndarray, paired: bo
 
 
 def trimmed_mde(baseline: np.ndarray, treatment: np.ndarray, *, paired: bool, trim: float, alpha: float) -> float | None:
-    """MDE (80% power) of the test :func:`compare_runs` runs: the (trimmed) t with the interval's own SE
-    and df. Paired: Tukey-McLaughlin's ``se^2 = d`` of the differences and ``h - 1`` df; unpaired: Yuen's
+    """MDE (80% power, averaged over the uncertainty of the spread these runs measure:
+    :func:`pcpo_eval.stats.power.mde`'s ``measured``) of the test :func:`compare_runs` runs: the (trimmed) t
+    with the interval's own SE and df. Paired: Tukey-McLaughlin's ``se^2 = d`` of the differences and ``h - 1`` df; unpaired: Yuen's
     ``d_b``, ``d_t`` with Welch df over ``h_b - 1``, ``h_t - 1`` (:func:`yuen_parts`). Passed to
     :func:`pcpo_eval.stats.power.mde` as an SD ``sqrt(d h)`` over ``h`` runs, which gives exactly that
     SE and df; ``trim=0`` is the plain paired / Welch t (``d = s^2 / n``, ``h = n``)."""
     if paired:
         _, d, h = yuen_parts(np.asarray(treatment, dtype=np.float64) - np.asarray(baseline, dtype=np.float64), trim)
-        return _mde(math.sqrt(d * h), h, paired=True, alpha=alpha)
+        return _mde(math.sqrt(d * h), h, paired=True, alpha=alpha, measured=True)
     _, db, hb = yuen_parts(np.asarray(baseline, dtype=np.float64), trim)
     _, dt, ht = yuen_parts(np.asarray(treatment, dtype=np.float64), trim)
-    return _mde(math.sqrt(db * hb), hb, sd_t=math.sqrt(dt * ht), n_t=ht, paired=False, alpha=alpha)
+    return _mde(math.sqrt(db * hb), hb, sd_t=math.sqrt(dt * ht), n_t=ht, paired=False, alpha=alpha, measured=True)
 
 
 def _describe(

@@ -476,14 +476,15 @@ def earliest_mean(runs: Sequence[TimeToTarget], tau: int) -> float:
 def _power(vb: np.ndarray, vt: np.ndarray, paired: bool, mb: float, earliest: float, reference_effect: float,
            feasible: bool, level: float) -> tuple[float | None, int | None]:
     """(MDE as a speed-up, seeds per arm for ``reference_effect``) of the t test on restricted times at
-    the measured spread, at test level ``level`` (:class:`Speedup`'s ``mde`` and ``seeds_for_reference``)."""
+    the measured spread, at test level ``level`` (:class:`Speedup`'s ``mde`` and ``seeds_for_reference``), both
+    with 80% power averaged over that spread's uncertainty (:func:`pcpo_eval.stats.power.spread_factor`)."""
     from pcpo_eval.stats.power import mde as _mde  # imports scipy: on first use (see _t_test)
     from pcpo_eval.stats.power import seeds_needed
 
     _, _, _, sd_b, sd_t = _t_test(vb, vt, paired, level)
-    d_mde = _mde(sd_b, vb.size, sd_t=sd_t, n_t=vt.size, paired=paired, alpha=level)
-    need = (seeds_needed(mb - mb / (1 + reference_effect), sd_b, sd_t=sd_t, paired=paired, alpha=level)
-            if feasible else None)
+    d_mde = _mde(sd_b, vb.size, sd_t=sd_t, n_t=vt.size, paired=paired, alpha=level, measured=True)
+    need = (seeds_needed(mb - mb / (1 + reference_effect), sd_b, sd_t=sd_t, paired=paired, alpha=level,
+                         measured=vb.size if paired else (vb.size, vt.size)) if feasible else None)
     return _as_speedup(mb, d_mde, earliest), need
 
 

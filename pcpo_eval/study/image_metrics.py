@@ -226,7 +226,7 @@ def _simple_effect(sp: StudySpec, d: pd.DataFrame, m: str, setup: LMMSetup) -> t
     p_runs, means = run_means_test(sp, dm) if ok and "run" in setup.groups else (None, None)
     return (f if ok else None), {
         "estimate": fe.estimate, "se": fe.se, "df": fe.df, "ci_low": fe.ci_low if ok else None,
-        "mde": mde_from_se(fe.se, fe.df, alpha=sp.lmm.alpha) if ok else None, "run_means": means,
+        "mde": mde_from_se(fe.se, fe.df, alpha=sp.lmm.alpha, measured=True) if ok else None, "run_means": means,
         "ci_high": fe.ci_high if ok else None, "p": fe.p if ok else None, "p_run_means": p_runs,
         "converged": f.converged, "estimable": ok, "reason": "; ".join(reasons) or None,
         "method": f"LMM {setup.formula} (REML, Satterthwaite df)" if f is lmer else
@@ -552,7 +552,7 @@ def _row_mde(r: dict[str, Any], level: float) -> float | None:
     if r.get("run_values"):
         b, t = (np.asarray(r["run_values"][k], dtype=float) for k in ("baseline", "treatment"))
         return trimmed_mde(b, t, paired=False, trim=0.0, alpha=level)
-    return mde_from_se(float(r["se"]), float(r["df"]), alpha=level) if _finite(r.get("se"), r.get("df")) else None
+    return mde_from_se(float(r["se"]), float(r["df"]), alpha=level, measured=True) if _finite(r.get("se"), r.get("df")) else None
 
 
 def family_mdes(significance: dict[str, dict[str, Any]], fits: dict[str, Any], adjusted: dict[str, dict[str, Any]],
@@ -579,7 +579,7 @@ def family_mdes(significance: dict[str, dict[str, Any]], fits: dict[str, Any], a
             n = adjusted.get(mk, {}).get(fe["term"], {}).get("family_size")
             ok = bool(n) and f.get("estimable", True) is not False and _finite(fe.get("se"), fe.get("df"))
             level = family_level(alpha, n) if n else None
-            fe |= {"mde": mde_from_se(float(fe["se"]), float(fe["df"]), alpha=level) if ok else None,
+            fe |= {"mde": mde_from_se(float(fe["se"]), float(fe["df"]), alpha=level, measured=True) if ok else None,
                    "mde_level": level if ok else None}
     return sig, out
 

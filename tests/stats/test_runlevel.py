@@ -15,7 +15,7 @@ import pytest
 import scipy.stats
 
 from pcpo_eval.errors import UserError
-from pcpo_eval.stats.power import mde, welch_power
+from pcpo_eval.stats.power import expected_power, mde, spread_factor, welch_power
 from pcpo_eval.stats.runlevel import (
     ONE_RUN_PER_ARM,
     auc,
@@ -223,7 +223,7 @@ def test_paired_compare_is_the_paired_t_test(n):
     assert c.p_min == pytest.approx(2 / 2**n)
     if n >= 3:
         assert c.p_method.startswith("paired t (permutation check: exact sign-flip over") and c.p_floor is None
-        assert c.mde == pytest.approx(mde(float(np.std(t - b, ddof=1)), n, paired=True))
+        assert c.mde == pytest.approx(mde(float(np.std(t - b, ddof=1)), n, paired=True, measured=True))
     else:  # the exact test's floor (2/4) is above alpha: no effect is detectable
         assert c.p_method.startswith("the larger of the paired t's p and the p of the exact sign-flip permutation test over all 4 (")
         assert c.p_floor == 0.5 and c.mde is None and "2 seeds: a t test needs at least 3" in c.reason
@@ -281,7 +281,7 @@ def test_compare_runs_fields_and_determinism():
     assert c.p_method == "Welch t (permutation check: exact relabelling over all 20)"
     assert c.poi == 1.0 and c.poi_ci_low is not None and c.poi_ci_low <= 1.0 == c.poi_ci_high
     assert c.mde == pytest.approx(mde(float(np.std(b, ddof=1)), 3, sd_t=float(np.std(t, ddof=1)), n_t=3,
-                                      paired=False))  # fmt: skip
+                                      paired=False, measured=True))  # fmt: skip
     overlap = compare_runs([0.80, 0.85, 0.79], [0.81, 0.84, 0.80], rng=np.random.default_rng(5))
     assert overlap.estimable and not overlap.significant and overlap.ci_low < 0 < overlap.ci_high
 
@@ -354,15 +354,17 @@ def test_iqm_mde_is_the_trimmed_tests():
               else trimmed_t_interval(b, t, trim=0.25, alpha=ALPHA))
         assert c.df == pytest.approx(ci.df)
         q = scipy.stats.t.ppf(1 - ALPHA / 2, ci.df)
-        nc = c.mde / ci.se
+        plug_in = c.mde / spread_factor(ci.df)  # the MDE at the measured spread taken as the truth
+        nc = plug_in / ci.se
         power = scipy.stats.nct.sf(q, ci.df, nc) + scipy.stats.nct.sf(q, ci.df, -nc)
         if paired:
             assert power == pytest.approx(0.8, abs=1e-6)
+            assert expected_power(c.mde / ci.se, ci.df) == pytest.approx(0.8, abs=1e-6)
         else:  # Yuen-Welch: its SE and df are estimated, so the noncentral t at the interval's df overstates
             # its power (stats.power.welch_power); the MDE is Welch's own over the trimmed arms' SE and h
             _, db, hb = yuen_parts(b, 0.25)
             _, dt, ht = yuen_parts(t, 0.25)
-            assert welch_power(c.mde, math.sqrt(db * hb), hb, math.sqrt(dt * ht), ht) == pytest.approx(0.8, abs=1e-3)
+            assert welch_power(plug_in, math.sqrt(db * hb), hb, math.sqrt(dt * ht), ht) == pytest.approx(0.8, abs=1e-3)
             assert power > 0.8
     assert compare_runs(b, t, "iqm", n_boot=10, rng=rng, paired=True).mde < 0.3
 
