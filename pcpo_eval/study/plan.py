@@ -106,7 +106,12 @@ def plan_rows(sp: StudySpec, pilot: dict[str, Any] | None, cv: float | None, eff
         seen = ((row or {}).get("details") or {}).get("family_size")
         if seen and seen <= m:  # the pilot's verdict knows which targets are informative: its family
             a, m = family_level(PLAN_ALPHA, int(seen)), int(seen)
-        return {"seeds": seeds_needed(delta, sd, paired=paired_, alpha=a), "level": a, "family_size": m}
+        measured = None  # a pilot's spread is itself measured from its few runs: plan over its uncertainty
+        if row is not None and row.get("n_baseline_runs"):
+            nb = int(row["n_baseline_runs"])
+            measured = nb if paired_ else (nb, int(row.get("n_treatment_runs") or nb))
+        return {"seeds": seeds_needed(delta, sd, paired=paired_, alpha=a, measured=measured), "level": a,
+                "family_size": m}
 
     if pilot is not None:
         for row in pilot["verdict"]:

@@ -59,9 +59,14 @@ def test_plan_from_a_pilot_matches_the_power_function(tmp_path):
     sd = float(np.std(gains["PCPO"] - gains["DDPO"], ddof=1))
     assert g["sd"] == pytest.approx(sd, rel=1e-9)
     assert g["baseline"] == pytest.approx(gains["DDPO"].mean(), rel=1e-9)
-    assert g["seeds"] == seeds_needed(0.25 * gains["DDPO"].mean(), sd, paired=True)
+    # the pilot's SD is measured from its 3 pairs: the seeds whose power averaged over that SD's uncertainty is
+    # 80% (26 here), well above the 12 at the SD taken as the truth
+    assert g["seeds"] == seeds_needed(0.25 * gains["DDPO"].mean(), sd, paired=True, measured=3)
     n = g["seeds"]
-    assert t_power(0.25 * g["baseline"], sd, n, paired=True) >= 0.8 > t_power(0.25 * g["baseline"], sd, n - 1, paired=True)
+    plug_in = seeds_needed(0.25 * gains["DDPO"].mean(), sd, paired=True)
+    assert t_power(0.25 * g["baseline"], sd, plug_in, paired=True) >= 0.8 > t_power(0.25 * g["baseline"], sd, plug_in - 1,
+                                                                                    paired=True)
+    assert n > plug_in
     assert "speedup_gain:0.03" in rows and rows["speedup_gain:0.03"]["seeds"] >= 2
     # a secondary row must pass Holm over its family: the pilot's verdict has final, AUC and the gain
     # speed-up as its secondary rows (the spec would allow 6; the pilot knows which exist)
@@ -70,7 +75,7 @@ def test_plan_from_a_pilot_matches_the_power_function(tmp_path):
     seen = json.loads((pilot / "results.json").read_text())["verdict"][1]["details"]["family_size"]
     assert seen == 3 and sg["family_size"] == 3 and sg["level"] == pytest.approx(0.05 / 3)
     f = rows["final_reward"]
-    assert f["seeds"] == seeds_needed(0.25 * f["baseline"], f["sd"], paired=True, alpha=0.05 / 3)
+    assert f["seeds"] == seeds_needed(0.25 * f["baseline"], f["sd"], paired=True, alpha=0.05 / 3, measured=3)
     assert f["seeds"] >= seeds_needed(0.25 * f["baseline"], f["sd"], paired=True)  # a large effect: 3 either way
     text = plan_text(sp, pilot, None, 0.25)
     assert f"final_reward: +25% of the baseline (baseline {f['baseline']:.4g}, SD {f['sd']:.3g}) -> {f['seeds']} seeds " \
