@@ -33,6 +33,8 @@ def _session_tmpdir(tmp_path_factory):
     three sessions), instead of piling up in ``/tmp`` at every run."""
     folder = tmp_path_factory.mktemp("tmpdir")
     old_env, old_dir = os.environ.get("TMPDIR"), tempfile.tempdir
+    # the system's own, for the few tests whose files another user must reach (pytest's folder is private)
+    os.environ.setdefault("PCPO_EVAL_TEST_SYSTEM_TMPDIR", tempfile.gettempdir())
     os.environ["TMPDIR"], tempfile.tempdir = str(folder), str(folder)
     yield folder
     tempfile.tempdir = old_dir

@@ -59,7 +59,7 @@ def pg_url():
     Its folder is a fresh one under the system temp dir (pytest's own is private to this user,
     and the server may run as ``postgres``)."""
     bindir = Path(BINDIRS[-1])
-    root = Path(tempfile.mkdtemp(prefix="pcpo-pg-"))
+    root = Path(tempfile.mkdtemp(prefix="pcpo-pg-", dir=os.environ.get("PCPO_EVAL_TEST_SYSTEM_TMPDIR")))
     data, sock = root / "data", root / "sock"
     sock.mkdir()
     user = _server_user()

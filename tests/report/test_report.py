@@ -268,7 +268,7 @@ def test_not_estimable_lmm_fit_shows_its_reason_and_no_p(report):
     # at its family's level: Holm over the term's estimable metrics (alpha / m)
     m = results["lmm"]["adjusted"]["fd_toy"]["algorithm[T.PCPO]"]["family_size"]
     assert m == 2 and fe["mde_level"] == 0.05 / m
-    assert fd[-1] == fmt_num(fe["mde"]) == fmt_num(mde_from_se(fe["se"], fe["df"], alpha=0.05 / m)) != "–"
+    assert fd[-1] == fmt_num(fe["mde"]) == fmt_num(mde_from_se(fe["se"], fe["df"], alpha=0.05 / m, measured=True)) != "–"
 
 
 def test_lmm_fits_in_to_dict_shape():

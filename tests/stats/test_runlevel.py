@@ -15,7 +15,7 @@ import pytest
 import scipy.stats
 
 from pcpo_eval.errors import UserError
-from pcpo_eval.stats.power import expected_power, mde, spread_factor, welch_power
+from pcpo_eval.stats.power import equal_spread_df, expected_power, mde, spread_factor, welch_power
 from pcpo_eval.stats.runlevel import (
     ONE_RUN_PER_ARM,
     auc,
@@ -354,7 +354,11 @@ def test_iqm_mde_is_the_trimmed_tests():
               else trimmed_t_interval(b, t, trim=0.25, alpha=ALPHA))
         assert c.df == pytest.approx(ci.df)
         q = scipy.stats.t.ppf(1 - ALPHA / 2, ci.df)
-        plug_in = c.mde / spread_factor(ci.df)  # the MDE at the measured spread taken as the truth
+        _, db, hb = yuen_parts(b, 0.25)
+        _, dt, ht = yuen_parts(t, 0.25)
+        # the MDE at the measured spread taken as the truth (paired: its factor at the test's df; Welch: at
+        # the run counts' equal-SD df)
+        plug_in = c.mde / spread_factor(ci.df if paired else equal_spread_df(hb, ht))
         nc = plug_in / ci.se
         power = scipy.stats.nct.sf(q, ci.df, nc) + scipy.stats.nct.sf(q, ci.df, -nc)
         if paired:
@@ -362,8 +366,6 @@ def test_iqm_mde_is_the_trimmed_tests():
             assert expected_power(c.mde / ci.se, ci.df) == pytest.approx(0.8, abs=1e-6)
         else:  # Yuen-Welch: its SE and df are estimated, so the noncentral t at the interval's df overstates
             # its power (stats.power.welch_power); the MDE is Welch's own over the trimmed arms' SE and h
-            _, db, hb = yuen_parts(b, 0.25)
-            _, dt, ht = yuen_parts(t, 0.25)
             assert welch_power(plug_in, math.sqrt(db * hb), hb, math.sqrt(dt * ht), ht) == pytest.approx(0.8, abs=1e-3)
             assert power > 0.8
     assert compare_runs(b, t, "iqm", n_boot=10, rng=rng, paired=True).mde < 0.3
