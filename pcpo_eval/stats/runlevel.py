@@ -350,12 +350,21 @@ def trimmed_mde(baseline: np.ndarray, treatment: np.ndarray, *, paired: bool, tr
     with the interval's own SE and df. Paired: Tukey-McLaughlin's ``se^2 = d`` of the differences and ``h - 1`` df; unpaired: Yuen's
     ``d_b``, ``d_t`` with Welch df over ``h_b - 1``, ``h_t - 1`` (:func:`yuen_parts`). Passed to
     :func:`pcpo_eval.stats.power.mde` as an SD ``sqrt(d h)`` over ``h`` runs, which gives exactly that
-    SE and df; ``trim=0`` is the plain paired / Welch t (``d = s^2 / n``, ``h = n``)."""
+    SE and df; ``trim=0`` is the plain paired / Welch t (``d = s^2 / n``, ``h = n``). An unpaired row whose p
+    the exact relabelling test bounds (:func:`~pcpo_eval.stats.permutation.t_not_robust`) gets that bounded
+    test's MDE (:func:`pcpo_eval.stats.power.bounded_welch_mde`) where its relabellings are few."""
     if paired:
         _, d, h = yuen_parts(np.asarray(treatment, dtype=np.float64) - np.asarray(baseline, dtype=np.float64), trim)
         return _mde(math.sqrt(d * h), h, paired=True, alpha=alpha, measured=True)
-    _, db, hb = yuen_parts(np.asarray(baseline, dtype=np.float64), trim)
-    _, dt, ht = yuen_parts(np.asarray(treatment, dtype=np.float64), trim)
+    b, t = np.asarray(baseline, dtype=np.float64), np.asarray(treatment, dtype=np.float64)
+    _, db, hb = yuen_parts(b, trim)
+    _, dt, ht = yuen_parts(t, trim)
+    if not trim and t_not_robust(b, t, paired=False):  # the row's p is the larger of Welch's and the exact test's
+        from pcpo_eval.stats.power import bounded_welch_mde
+
+        bounded = bounded_welch_mde(math.sqrt(db * hb), hb, math.sqrt(dt * ht), ht, alpha=alpha, measured=True)
+        if bounded is not None:
+            return bounded
     return _mde(math.sqrt(db * hb), hb, sd_t=math.sqrt(dt * ht), n_t=ht, paired=False, alpha=alpha, measured=True)
 
 
