@@ -230,7 +230,7 @@ def _may_be_twins(a: _Point, b: _Point) -> bool:
     if short[0] < 2 or short[1] not in other[3]:
         return False
     x, y = short[2], other[3][short[1]]
-    return (math.isnan(x) and math.isnan(y)) or abs(x - y) <= 1e-12 + SAME_CURVE_RTOL * max(abs(x), abs(y))
+    return x == y or (math.isnan(x) and math.isnan(y)) or abs(x - y) <= 1e-12 + SAME_CURVE_RTOL * max(abs(x), abs(y))
 
 
 def twin_runs(logs: Sequence[tuple[K, pd.DataFrame]]) -> list[tuple[K, K]]:

@@ -28,9 +28,10 @@ plug-in MDE), and as often on real toy runs (``benchmarks/bench_mde_power.py``).
 (``measured=True``) is the effect whose power *averaged over the uncertainty of the measured spread*
 is 0.8: with ``s / sigma ~ sqrt(chi2_df / df)`` the power at ``c`` plug-in MDEs is averaged over that
 distribution and ``c`` (:func:`spread_factor`) solved for 0.8 -- exact for the paired t. For Welch's test the
-factor is read at :func:`equal_spread_df`, the df of its SE at equal true SDs (from the run counts alone;
-the df at the measured SDs is larger exactly when the smaller arm's spread came out small, and drawing each
-arm's true SD apart was needlessly conservative at equal run counts). ``tests/stats/test_power.py`` checks both tests by
+factor is read at :func:`welch_spread_df`: the smaller of the df of its SE at equal true SDs (from the run
+counts alone) and Welch-Satterthwaite's df at the measured SDs (each alone fell short in one regime:
+unequal run counts, unequal SDs; drawing each arm's true SD apart was needlessly conservative at equal
+run counts). ``tests/stats/test_power.py`` checks both tests by
 simulation over normal studies (paired 3 and 5 seeds; Welch 3 vs 3, 3 vs 6, 2 vs 10);
 ``benchmarks/bench_mde_power.py`` on real toy runs. The same average, over the studies that could have measured this
 spread, is what a reviewer's replication sees; it is also the "assurance" of O'Hagan, Stevens & Campbell
@@ -69,6 +70,9 @@ WELCH_SEED = 20261128
 #: quantile points of a measured SD's sampling distribution over which :func:`expected_power` averages
 #: (midpoint rule; the factor of :func:`spread_factor` moves by < 1e-3 from 256 to 4,096 points)
 SPREAD_POINTS = 256
+#: below this many degrees of freedom a measured spread says too little for any effect to have 80% power on
+#: average (:func:`spread_factor` is infinite; an MDE is then None: nothing is detectable)
+MIN_SPREAD_DF = 1.0
 
 
 def family_level(alpha: float, m: int) -> float:
@@ -102,9 +106,17 @@ def _welch_sample(n_b: int, n_t: int) -> tuple[np.ndarray, np.ndarray, np.ndarra
 def equal_spread_df(n_b: int, n_t: int) -> float:
     """Welch-Satterthwaite's df at equal true SDs, ``(1/n_b + 1/n_t)^2 / (1/(n_b^2 (n_b-1)) + 1/(n_t^2 (n_t-1)))``:
     how many degrees of freedom the Welch SE of ``n_b`` vs ``n_t`` runs is measured with, from the run
-    counts alone (the df at the *measured* SDs is larger exactly when the smaller arm's spread came out
-    small, so a factor read from it was smallest where it was most needed)."""
+    counts alone."""
     return (1 / n_b + 1 / n_t) ** 2 / (1 / (n_b**2 * (n_b - 1)) + 1 / (n_t**2 * (n_t - 1)))
+
+
+def welch_spread_df(sd_b: float, n_b: int, sd_t: float, n_t: int) -> float:
+    """The df at which a Welch MDE's :func:`spread_factor` is read: the smaller of :func:`equal_spread_df` and
+    Welch-Satterthwaite's df at the measured SDs. The first alone fell short of 80% with one arm's SD several
+    times the other's, where the SE is the noisy arm's, about ``n - 1`` df; the second alone is larger
+    exactly when the smaller arm's spread came out small, and fell short at 2 vs 10 runs of equal SDs
+    (``tests/stats/test_power.py`` checks both regimes)."""
+    return min(_se_df(sd_b, sd_t, n_b, n_t, False)[1], equal_spread_df(n_b, n_t))
 
 
 def _welch_parts(sd_b: float, n_b: int, sd_t: float, n_t: int, alpha: float) -> tuple[np.ndarray, np.ndarray]:
@@ -182,12 +194,28 @@ def bounded_welch_power(delta: float, sd_b: float, n_b: int, sd_t: float, n_t: i
 def bounded_welch_mde(sd_b: float, n_b: int, sd_t: float, n_t: int, *, alpha: float = 0.05, power: float = POWER,
                       measured: bool = False) -> float | None:
     """The smallest |delta| with :func:`bounded_welch_power` >= ``power`` (``measured``: times
-    :func:`spread_factor` at :func:`equal_spread_df`, as :func:`mde`); None with more than
-    :data:`BOUNDED_LIMIT` relabellings (Welch's :func:`mde` then stands) or when the exact test can never
-    pass ``alpha``. Welch's MDE was printed for such rows: an effect planted at it was found in 0.69-0.71 of
-    fresh 2 vs 10 studies of real toy runs (``benchmarks/bench_mde_power.py``)."""
-    if math.comb(n_b + n_t, n_t) > BOUNDED_LIMIT or min(n_b, n_t) < 2 or sd_b + sd_t == 0:
+    :func:`spread_factor` at :func:`welch_spread_df`, as :func:`mde`); None with more than
+    :data:`BOUNDED_LIMIT` relabellings (Welch's :func:`mde` then stands), without a finite spread, or when
+    the exact test can never pass ``alpha``. Welch's MDE was printed for such rows: an effect planted at it
+    was found in 0.69-0.71 of fresh 2 vs 10 studies of real toy runs (``benchmarks/bench_mde_power.py``)."""
+    if (math.comb(n_b + n_t, n_t) > BOUNDED_LIMIT or min(n_b, n_t) < 2
+            or not (math.isfinite(sd_b) and math.isfinite(sd_t)) or sd_b + sd_t == 0):
         return None
+    scale = max(sd_b, sd_t)  # the MDE scales with the SDs: solved once per SD ratio
+    unit = _bounded_unit_mde(round(sd_b / scale, 9), n_b, round(sd_t / scale, 9), n_t, alpha, power)
+    if unit is None:
+        return None
+    factor = spread_factor(welch_spread_df(sd_b, n_b, sd_t, n_t), alpha, power) if measured else 1.0
+    return scale * unit * factor if math.isfinite(factor) else None
+
+
+#: relative precision of :func:`bounded_welch_mde`'s search (its 2,000 draws carry a power SE of 0.009)
+BOUNDED_RTOL = 1e-3
+
+
+@functools.lru_cache(maxsize=256)
+def _bounded_unit_mde(sd_b: float, n_b: int, sd_t: float, n_t: int, alpha: float, power: float) -> float | None:
+    """:func:`bounded_welch_mde` at SDs scaled so the larger is 1."""
     lo = hi = _welch_mde(sd_b, n_b, sd_t, n_t, alpha, power)  # the bound only lowers the power
     for _ in range(40):
         if bounded_welch_power(hi, sd_b, n_b, sd_t, n_t, alpha) >= power:
@@ -195,10 +223,10 @@ def bounded_welch_mde(sd_b: float, n_b: int, sd_t: float, n_t: int, *, alpha: fl
         lo, hi = hi, hi * 1.5
     else:
         return None
-    for _ in range(30):
+    while hi - lo > BOUNDED_RTOL * hi:
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if bounded_welch_power(mid, sd_b, n_b, sd_t, n_t, alpha) < power else (lo, mid)
-    return hi * (spread_factor(equal_spread_df(n_b, n_t), alpha, power) if measured else 1.0)
+    return hi
 
 
 def t_power(delta: float, sd_b: float, n_b: int, *, sd_t: float | None = None, n_t: int | None = None,
@@ -262,6 +290,8 @@ def spread_factor(df: float, alpha: float = 0.05, power: float = POWER) -> float
     normal paired or one-sample t test, whose variance estimate is ``sigma^2 chi2_df / df``."""
     if not (math.isfinite(df) and df > 0):
         return 1.0
+    if df < MIN_SPREAD_DF:  # a spread measured with less than one df: no effect is detectable on average
+        return math.inf
     k0 = mde_from_se(1.0, df, alpha=alpha, power=power)
     assert k0 is not None
     f = lambda c: expected_power(c * k0, df, alpha) - power  # noqa: E731
@@ -285,7 +315,8 @@ def mde_from_se(se: float, df: float, *, alpha: float = 0.05, power: float = POW
     while f(hi) < 0:
         hi *= 2
     k = float(scipy.optimize.brentq(f, 0.0, hi, xtol=1e-12, rtol=1e-10))
-    return se * k * (spread_factor(df, alpha, power) if measured else 1.0)
+    factor = spread_factor(df, alpha, power) if measured else 1.0
+    return se * k * factor if math.isfinite(factor) else None
 
 
 def mde(sd_b: float, n_b: int, *, sd_t: float | None = None, n_t: int | None = None, paired: bool,
@@ -293,16 +324,16 @@ def mde(sd_b: float, n_b: int, *, sd_t: float | None = None, n_t: int | None = N
     """Smallest |delta| detected with probability ``power`` (None when fewer than 2 runs/pairs or
     no spread was measured). ``measured``: the SDs are the study's own estimates, so the effect is the one
     with ``power`` on average over their uncertainty (:func:`spread_factor` at ``n - 1`` df paired, at
-    :func:`equal_spread_df` unpaired), as a verdict's "detectable" must be."""
+    :func:`welch_spread_df` unpaired), as a verdict's "detectable" must be; None where that factor is
+    infinite (:data:`MIN_SPREAD_DF`)."""
     n_t = n_b if n_t is None else n_t
     sd_t = sd_b if sd_t is None else sd_t
     if min(n_b, n_t) < 2 or not (math.isfinite(sd_b) and math.isfinite(sd_t)) or sd_b + sd_t == 0:
         return None
     se, df = _se_df(sd_b, sd_t, n_b, n_t, paired)
-    if measured:
-        factor = spread_factor(df if paired else equal_spread_df(n_b, n_t), alpha, power)
-    else:
-        factor = 1.0
+    factor = spread_factor(df if paired else welch_spread_df(sd_b, n_b, sd_t, n_t), alpha, power) if measured else 1.0
+    if not math.isfinite(factor):
+        return None
     if not paired:
         return factor * _welch_mde(sd_b, n_b, sd_t, n_t, alpha, power)
     f = lambda d: t_power(d, sd_b, n_b, sd_t=sd_t, n_t=n_t, paired=paired, alpha=alpha) - power  # noqa: E731
@@ -324,6 +355,8 @@ def seeds_needed(delta: float, sd_b: float, *, sd_t: float | None = None, paired
     if delta == 0 or not math.isfinite(delta):
         return None
     sd_t = sd_b if sd_t is None else sd_t
+    if measured is not None and min((measured,) if isinstance(measured, int) else measured) < 2:
+        return None  # no spread is measured from one run
 
     def ok(n: int) -> bool:
         if measured is None or sd_b + sd_t == 0:
@@ -332,7 +365,7 @@ def seeds_needed(delta: float, sd_b: float, *, sd_t: float | None = None, paired
             u = _spread_ratios(float(measured if isinstance(measured, int) else measured[0]) - 1)
             return float(np.mean(_powers_at(abs(delta) * math.sqrt(n) / sd_b * u, n - 1, alpha))) >= power
         m_b, m_t = (measured, measured) if isinstance(measured, int) else measured
-        u = _spread_ratios(equal_spread_df(m_b, m_t))
+        u = _spread_ratios(welch_spread_df(sd_b, m_b, sd_t, m_t))
         err, crit = _welch_parts(sd_b, n, sd_t, n, alpha)
         hits = np.abs(abs(delta) * u[:, None] + err[None, :]) > crit[None, :]
         return float(hits.mean()) >= power

@@ -178,9 +178,11 @@ def test_twin_runs_finds_what_comparing_every_pair_finds():
             for _, g in pool.groupby(["arm", "seed"])][:30]
     nan_first = logs[4].copy()
     nan_first.loc[0, "reward_mean"] = np.nan
+    inf_first = logs[7].copy()
+    inf_first.loc[0, "reward_mean"] = np.inf  # load_log accepts inf (review: the screen called inf - inf NaN)
     copies = [logs[0].copy(), logs[1].assign(reward_mean=logs[1]["reward_mean"].astype(np.float32).astype(np.float64)),
               logs[2].iloc[:6].copy(), logs[3].iloc[3:].reset_index(drop=True), nan_first, nan_first.copy(),
-              logs[5].iloc[:1].copy(), logs[6].drop(columns="reward_mean")]
+              logs[5].iloc[:1].copy(), logs[6].drop(columns="reward_mean"), inf_first, inf_first.copy()]
     given = [(f"log{i}", x) for i, x in enumerate([*logs, *copies])]
     brute = []
     for i, (ka, la) in enumerate(given):
@@ -189,7 +191,7 @@ def test_twin_runs_finds_what_comparing_every_pair_finds():
         if twin is not None:
             brute.append((ka, twin))
     found = [(a, b) for a, b in twin_runs(given) if b != "log37"]  # log37: no reward column (never screened out)
-    assert found == brute and len(brute) == 5, brute
+    assert found == brute and len(brute) == 6, brute
 
 
 def test_an_infinite_reward_never_makes_a_checkpoint_reward_matched(tmp_path):
