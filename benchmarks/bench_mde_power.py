@@ -26,11 +26,11 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import scipy.stats
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from pcpo_eval.stats.pairwise import clopper_pearson  # noqa: E402
 from pcpo_eval.stats.power import mde  # noqa: E402
 from pcpo_eval.stats.runlevel import compare_runs  # noqa: E402
 
@@ -71,8 +71,7 @@ def plug_in(b: np.ndarray, t: np.ndarray, paired: bool) -> float | None:
 def ci(k: int, n: int) -> str:
     if n == 0:
         return "–"
-    lo = scipy.stats.beta.ppf(0.025, k, n - k + 1) if k else 0.0
-    hi = scipy.stats.beta.ppf(0.975, k + 1, n - k) if k < n else 1.0
+    lo, hi = clopper_pearson(k, n)
     return f"{k / n:.3f} [{lo:.3f}, {hi:.3f}]"
 
 
