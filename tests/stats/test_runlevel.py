@@ -15,7 +15,7 @@ import pytest
 import scipy.stats
 
 from pcpo_eval.errors import UserError
-from pcpo_eval.stats.power import equal_spread_df, expected_power, mde, spread_factor, welch_power
+from pcpo_eval.stats.power import expected_power, mde, spread_factor, welch_power, welch_spread_df
 from pcpo_eval.stats.runlevel import (
     ONE_RUN_PER_ARM,
     auc,
@@ -357,8 +357,8 @@ def test_iqm_mde_is_the_trimmed_tests():
         _, db, hb = yuen_parts(b, 0.25)
         _, dt, ht = yuen_parts(t, 0.25)
         # the MDE at the measured spread taken as the truth (paired: its factor at the test's df; Welch: at
-        # the run counts' equal-SD df)
-        plug_in = c.mde / spread_factor(ci.df if paired else equal_spread_df(hb, ht))
+        # stats.power.welch_spread_df)
+        plug_in = c.mde / spread_factor(ci.df if paired else welch_spread_df(math.sqrt(db * hb), hb, math.sqrt(dt * ht), ht))
         nc = plug_in / ci.se
         power = scipy.stats.nct.sf(q, ci.df, nc) + scipy.stats.nct.sf(q, ci.df, -nc)
         if paired:
