@@ -119,15 +119,21 @@ def welch_spread_df(sd_b: float, n_b: int, sd_t: float, n_t: int) -> float:
     return min(_se_df(sd_b, sd_t, n_b, n_t, False)[1], equal_spread_df(n_b, n_t))
 
 
+def _welch_df(vb: np.ndarray, vt: np.ndarray, n_b: int, n_t: int) -> np.ndarray:
+    """Welch-Satterthwaite's df of each draw's estimated squared SEs ``vb``, ``vt`` (no spread at all: the
+    normal limit, 1e6 df)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        df = (vb + vt) ** 2 / (vb**2 / (n_b - 1) + vt**2 / (n_t - 1))
+    return np.where(np.isfinite(df), df, 1e6)
+
+
 def _welch_parts(sd_b: float, n_b: int, sd_t: float, n_t: int, alpha: float) -> tuple[np.ndarray, np.ndarray]:
     """Per draw: the mean difference's error, and the critical value times the estimated SE, so Welch's test
     rejects a true difference ``delta`` where ``|delta + error| > critical``."""
     z, cb, ct = _welch_sample(n_b, n_t)
     vb, vt = sd_b**2 / n_b, sd_t**2 / n_t
     eb, et = vb * cb, vt * ct
-    with np.errstate(divide="ignore", invalid="ignore"):
-        df = (eb + et) ** 2 / (eb**2 / (n_b - 1) + et**2 / (n_t - 1))
-    q = scipy.stats.t.ppf(1 - alpha / 2, np.where(np.isfinite(df), df, 1e6))
+    q = scipy.stats.t.ppf(1 - alpha / 2, _welch_df(eb, et, n_b, n_t))
     return z * math.sqrt(vb + vt), q * np.sqrt(eb + et)
 
 
@@ -180,8 +186,7 @@ def bounded_welch_power(delta: float, sd_b: float, n_b: int, sd_t: float, n_t: i
     vb, vt = b.var(axis=1, ddof=1) / n_b, t.var(axis=1, ddof=1) / n_t
     diff = t.mean(axis=1) - b.mean(axis=1)
     with np.errstate(divide="ignore", invalid="ignore"):
-        df = (vb + vt) ** 2 / (vb**2 / (n_b - 1) + vt**2 / (n_t - 1))
-        p_welch = 2 * scipy.stats.t.sf(np.abs(diff) / np.sqrt(vb + vt), np.where(np.isfinite(df), df, 1e6))
+        p_welch = 2 * scipy.stats.t.sf(np.abs(diff) / np.sqrt(vb + vt), _welch_df(vb, vt, n_b, n_t))
     p_welch = np.where(np.isfinite(p_welch), p_welch, np.where(diff != 0, 0.0, 1.0))  # no spread at all
     x = np.concatenate([b, t], axis=1)
     s_t = x @ mask.T.astype(np.float64)  # (draws, relabellings): each relabelling's treatment sum
