@@ -73,6 +73,7 @@ from pcpo_eval.stats.permutation import (
     stat_fn,
     t_not_robust,
 )
+from pcpo_eval.stats.power import bounded_welch_mde
 from pcpo_eval.stats.power import mde as _mde
 from pcpo_eval.stats.speedup import ONE_RUN_PER_ARM, check_curve, moving_average
 from pcpo_eval.stats.ttest import trimmed_paired_interval, trimmed_t_interval, yuen_parts
@@ -360,8 +361,6 @@ def trimmed_mde(baseline: np.ndarray, treatment: np.ndarray, *, paired: bool, tr
     _, db, hb = yuen_parts(b, trim)
     _, dt, ht = yuen_parts(t, trim)
     if not trim and t_not_robust(b, t, paired=False):  # the row's p is the larger of Welch's and the exact test's
-        from pcpo_eval.stats.power import bounded_welch_mde
-
         bounded = bounded_welch_mde(math.sqrt(db * hb), hb, math.sqrt(dt * ht), ht, alpha=alpha, measured=True)
         if bounded is not None:
             return bounded
