@@ -23,7 +23,9 @@ targets, gain targets, window, k and default primary endpoint), so what is measu
   speed-up. A frozen arm must never be called faster.
 
 Printed (markdown, for benchmarks/RESULTS.md): per scenario and seeds per arm, the share of
-studies in which the primary endpoint is significant, in which ANY row is (family-wise), per-row
+studies in which the primary endpoint is significant, in which ANY row is (family-wise; the sampler
+offset is a secondary row), in which any row or the offset's own test at alpha is (what a study claimed
+before 2026-11-28, when the offset was tested beside the verdict), per-row
 rates, the coverage of the 95% speed-up CI of the gain targets (truth: the RMST speed-up over the
 whole pool), and, for the planted effect, the seeds the planning rule asks for and the power at
 that count. 95% Clopper-Pearson intervals on every rate.
@@ -53,6 +55,8 @@ from pcpo_eval.study.spec import load_spec  # noqa: E402
 DATA = ROOT / "benchmarks" / "data" / "toy_demo_runs.parquet"
 SPEC = ROOT / "analysis" / "toy_study.yaml"
 SEED = 20261125
+#: the verdict's level
+ALPHA = 0.05
 
 
 def clopper(k: int, n: int) -> str:
@@ -152,7 +156,7 @@ def covers(v, x: float) -> bool:
 
 
 def run_scenario(sc: Scenario, n: int, studies: int, settings: dict, truth: dict[str, float], rng: np.random.Generator) -> dict:
-    prim = anyrow = 0
+    prim = anyrow = before = 0
     per_row: dict[str, list[int]] = {}
     cover: dict[str, list[int]] = {}
     faster = 0
@@ -160,6 +164,9 @@ def run_scenario(sc: Scenario, n: int, studies: int, settings: dict, truth: dict
         rows = verdict_rows(sc.draw(rng, n), "A", ["B"], rng=rng, n_boot=50, **settings)
         prim += any(v.significant for v in rows if v.family == "primary")
         anyrow += any(v.significant for v in rows)
+        # before 2026-11-28 the sampler offset was a test of its own at alpha beside the verdict's families
+        before += any(v.significant or (v.quantity == "sampler_offset" and v.p is not None and v.p < ALPHA)
+                      for v in rows)
         faster += any(v.significant and v.quantity.startswith("speedup") and (v.estimate or 0) > 0 for v in rows)
         for v in rows:
             k = per_row.setdefault(v.quantity, [0, 0])
@@ -169,7 +176,8 @@ def run_scenario(sc: Scenario, n: int, studies: int, settings: dict, truth: dict
                 c = cover.setdefault(v.quantity, [0, 0])
                 c[0] += covers(v, truth[v.quantity] if sc.name.startswith("2x") else 0.0)
                 c[1] += 1
-    return {"primary": clopper(prim, studies), "any": clopper(anyrow, studies), "faster": clopper(faster, studies),
+    return {"primary": clopper(prim, studies), "any": clopper(anyrow, studies), "before": clopper(before, studies),
+            "faster": clopper(faster, studies),
             "rows": {q: clopper(k, m) + ("" if m == studies else f" of {m} studies with the row") for q, (k, m) in per_row.items()},
             "coverage": {q: clopper(k, m) for q, (k, m) in cover.items()}}
 
@@ -233,9 +241,9 @@ def main(argv: list[str] | None = None) -> int:
           f"SD of the differences {plan['sd']:.4f}): a doubled gain (+100%) needs {n_need} seeds per arm. Pool truth of "
           "the planted speed-ups: "
           + ", ".join(f"{q} {v:+.1%}" for q, v in truth.items()) + "\n")
-    print("| scenario | seeds/arm | primary significant | any row significant | called faster (any speed-up) | "
-          "per-row significant | CI coverage (gain speed-ups) |")
-    print("|---|---:|---|---|---|---|---|")
+    print("| scenario | seeds/arm | primary significant | any row significant | any row, or the offset's own test "
+          "(before 2026-11-28) | called faster (any speed-up) | per-row significant | CI coverage (gain speed-ups) |")
+    print("|---|---:|---|---|---|---|---|---|")
     for sc in (sc for sc in all_scenarios if not only or sc.name in only):
         for n in sizes:
             need = 2 * n if sc.name.startswith(("A/A", "2x")) else n
@@ -245,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
             r = run_scenario(sc, n, a.studies, settings, truth, rng)
             rows = "; ".join(f"{q} {v}" for q, v in r["rows"].items())
             cov = "; ".join(f"{q} {v}" for q, v in r["coverage"].items()) or "-"
-            print(f"| {sc.name} | {n} | {r['primary']} | {r['any']} | {r['faster']} | {rows} | {cov} |", flush=True)
+            print(f"| {sc.name} | {n} | {r['primary']} | {r['any']} | {r['before']} | {r['faster']} | {rows} | {cov} |",
+                  flush=True)
     print(f"\n{time.perf_counter() - t0:.0f} s")
     return 0
 

@@ -322,6 +322,8 @@ def degenerate_reason(baseline: np.ndarray, treatment: np.ndarray, paired: bool 
     # spread of 1e-17 would give a t of 1e16 and 'significant'
     scale = max(1.0, float(np.max(np.abs(np.r_[baseline, treatment]))))
     if paired and np.ptp(treatment - baseline) <= 1e-12 * scale:
+        if abs(float(np.mean(treatment - baseline))) <= 1e-12 * scale:  # e.g. two arms' identical samplers
+            return "no difference in any seed: the arms' values are equal seed for seed, so there is nothing to test"
         return "no variation in the per-seed differences: the run-to-run spread of the difference is unknown"
     if not paired and np.ptp(baseline) == 0 and np.ptp(treatment) == 0:
         if baseline[0] == treatment[0]:

@@ -477,12 +477,20 @@ def _power(vb: np.ndarray, vt: np.ndarray, paired: bool, mb: float, earliest: fl
            feasible: bool, level: float) -> tuple[float | None, int | None]:
     """(MDE as a speed-up, seeds per arm for ``reference_effect``) of the t test on restricted times at
     the measured spread, at test level ``level`` (:class:`Speedup`'s ``mde`` and ``seeds_for_reference``), both
-    with 80% power averaged over that spread's uncertainty (:func:`pcpo_eval.stats.power.spread_factor`)."""
+    with 80% power averaged over that spread's uncertainty (:func:`pcpo_eval.stats.power.spread_factor`).
+    Unpaired runs whose p the exact relabelling test bounds (:func:`_robust_p`,
+    :func:`pcpo_eval.stats.permutation.t_not_robust`: 2 runs in an arm, unequal arms, one arm without
+    spread) get that bounded test's MDE (:func:`pcpo_eval.stats.power.bounded_welch_mde`), as a verdict
+    row's difference does (:func:`pcpo_eval.stats.runlevel.trimmed_mde`); Welch's alone promised more."""
+    from pcpo_eval.stats.permutation import t_not_robust
+    from pcpo_eval.stats.power import bounded_welch_mde, seeds_needed
     from pcpo_eval.stats.power import mde as _mde  # imports scipy: on first use (see _t_test)
-    from pcpo_eval.stats.power import seeds_needed
 
     _, _, _, sd_b, sd_t = _t_test(vb, vt, paired, level)
-    d_mde = _mde(sd_b, vb.size, sd_t=sd_t, n_t=vt.size, paired=paired, alpha=level, measured=True)
+    bounded = (bounded_welch_mde(sd_b, vb.size, sd_t, vt.size, alpha=level, measured=True)
+               if not paired and t_not_robust(vb, vt, paired=False) else None)
+    d_mde = bounded if bounded is not None else _mde(sd_b, vb.size, sd_t=sd_t, n_t=vt.size, paired=paired,
+                                                     alpha=level, measured=True)
     need = (seeds_needed(mb - mb / (1 + reference_effect), sd_b, sd_t=sd_t, paired=paired, alpha=level,
                          measured=vb.size if paired else (vb.size, vt.size)) if feasible else None)
     return _as_speedup(mb, d_mde, earliest), need

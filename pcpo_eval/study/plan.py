@@ -116,6 +116,8 @@ def plan_rows(sp: StudySpec, pilot: dict[str, Any] | None, cv: float | None, eff
     if pilot is not None:
         for row in pilot["verdict"]:
             q = row["quantity"]
+            if q == "sampler_offset":  # in the secondary family (its size counts it), but not an effect to plan for
+                continue
             if q.startswith("speedup"):
                 # "sooner" needs the first-crossing and the midpoint test: plan for the one that needs more seeds
                 plans = []

@@ -38,7 +38,11 @@ from pcpo_eval.stats.runlevel import compare_runs
 from pcpo_eval.stats.speedup import separated, speedup_cell_epochs
 from pcpo_eval.stats.verdict import (
     CONTROL_COLUMN,
+    GATED,
     RunCurve,
+    Verdict,
+    control_mean,
+    detectable,
     headline,
     pair_runs,
     run_curves,
@@ -214,8 +218,8 @@ def speedup_blocks(sp: StudySpec, rows: Sequence[dict[str, Any]], status: Sequen
 
 
 def _control_means(runs: Sequence[RunCurve]) -> np.ndarray:
-    """Each run's mean untrained-control reward over the epochs it logged one."""
-    return np.asarray([float(np.nanmean(r.control)) for r in runs], dtype=np.float64)
+    """Each run's mean untrained-control reward over the epochs it logged one (:func:`control_mean`)."""
+    return np.asarray([control_mean(r.control) for r in runs], dtype=np.float64)
 
 
 #: The verdict rows measured on the raw reward, which an untrained sampler's offset moves without any learning.
@@ -324,7 +328,14 @@ def control_bounds(b: Sequence[RunCurve], t: Sequence[RunCurve], paired: bool, d
 
 def sampler_offset(sp: StudySpec, table: pd.DataFrame, rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per cell: the arms' mean untrained-control reward and their difference, paired by seed when the
-    arms share seeds (else Welch), and whether that offset explains the raw-reward speed-up."""
+    arms share seeds (else Welch), and whether that offset explains the raw-reward speed-up.
+
+    Whether the samplers *differ* (``significant``, the p's Holm and the detectable offset) is the
+    verdict's ``sampler_offset`` row: a secondary row, tested only once the primary is significant, so
+    an A/A study claims a difference in at most alpha of studies with the offset counted (it was a
+    5% test of its own beside the verdict: 6.3% of unpaired 3-seed A/A studies flagged a row or the
+    offset). Explaining a raw-reward row away needs no such control (it withdraws a claim): that uses
+    the offset's own test at alpha."""
     if CONTROL_COLUMN not in table.columns:
         return {}
     runs = compared_runs(sp, table)
@@ -336,30 +347,53 @@ def sampler_offset(sp: StudySpec, table: pd.DataFrame, rows: Sequence[dict[str, 
             continue
         mb, mt = _control_means(b), _control_means(t)
         c = compare_runs(mb, mt, rng=np.random.default_rng(VERDICT_SEED), paired=paired)
+        row = next((r for r in rows if r["cell"] == cell and r["quantity"] == "sampler_offset"
+                    and r["treatment"] == sp.pcpo), None)
         diff = float(mt.mean() - mb.mean())
-        design = f"{len(b)} seeds, paired by seed" if paired else f"{len(t)} vs {len(b)} runs, unpaired"
-        sig = "" if not c.estimable or c.p is None else "; significant" if c.significant else "; not significant"
-        ci = (f", 95% CI {c.ci_low:+.3g} to {c.ci_high:+.3g}{f'; {c.reason}' if c.reason else ''}, "
-              f"p = {p_value(c.p)}{sig}, {design}" if c.ci_low is not None and c.ci_high is not None
-              else f"; {c.reason}, p = {p_value(c.p)}{sig}, {design}" if c.estimable and c.p is not None
-              else f"; {c.reason}")
-        same = ("same prompts and noises per seed, each arm's sampler" if paired else
-                "each arm's own seeds and sampler: unpaired, so a difference may be the seeds' noise as well as the "
-                "samplers'")
-        power = (f"; detectable at 80% power: ±{c.mde:.3g}" if c.mde is not None else
-                 f"; no offset is detectable: the exact permutation test's smallest p is {c.p_floor:.2g}"
-                 if c.p_floor is not None and c.p_floor >= c.alpha else "")  # what it could have found (contract)
-        head = (f"untrained controls ({same}): {sp.pcpo} {mt.mean():.4g} vs "
-                f"{sp.baseline} {mb.mean():.4g} (difference {diff:+.3g}{ci}{power})")
+        head = (f"untrained controls ({_same(paired)}): {sp.pcpo} {mt.mean():.4g} vs "
+                f"{sp.baseline} {mb.mean():.4g} (difference {diff:+.3g}{_offset_test(c, row, paired, len(b), len(t))})")
         bound = (c.ci_high if diff > 0 else -c.ci_low) if c.ci_low is not None and c.ci_high is not None else None
         explained = _raw_speedup_explained(sp, cell, diff, c.significant or _one_way_untested(mb, mt, paired, c), rows,
                                            paired, control_bounds(b, t, paired, diff, verdict_k(sp, table), bound))
         out[cell] = {"baseline_control_mean": float(mb.mean()), "treatment_control_mean": float(mt.mean()),
                      "difference": diff, "ci_low": c.ci_low, "ci_high": c.ci_high, "p": c.p, "paired": paired,
-                     "mde": c.mde,
-                     "significant": c.significant, "explains_raw_speedup": explained,
+                     "p_adjusted": row["p_adjusted"] if row else None, "mde": row["mde"] if row else c.mde,
+                     "significant": bool(row["significant"]) if row else c.significant,
+                     "gated": bool(row and row["details"].get("gated")), "explains_raw_speedup": explained,
                      "explains": head + (f". {explained}" if explained else "")}
     return out
+
+
+def _same(paired: bool) -> str:
+    return ("same prompts and noises per seed, each arm's sampler" if paired else
+            "each arm's own seeds and sampler: unpaired, so a difference may be the seeds' noise as well as the "
+            "samplers'")
+
+
+def _offset_test(c: Any, row: dict[str, Any] | None, paired: bool, n_b: int, n_t: int) -> str:
+    """The offset's CI, p, Holm-adjusted p and verdict, and what it could detect: the ``sampler_offset``
+    row's (its family's level, the gate); without that row (a table whose quantities leave it out), its
+    own test's at alpha."""
+    design = f"{n_b} seeds, paired by seed" if paired else f"{n_t} vs {n_b} runs, unpaired"
+    sig = ("" if not c.estimable or c.p is None else
+           "; significant" if (row["significant"] if row else c.significant) else "; not significant")
+    if row is not None and row["p_adjusted"] is not None:
+        sig = f", Holm-adjusted p = {p_value(row['p_adjusted'])} (secondary){sig}"
+        if row["details"].get("gated"):
+            sig = sig.replace("; not significant", f"; {GATED}: {row['details'].get('gate')}")
+    ci = (f", 95% CI {c.ci_low:+.3g} to {c.ci_high:+.3g}{f'; {c.reason}' if c.reason else ''}, "
+          f"p = {p_value(c.p)}{sig}, {design}" if c.ci_low is not None and c.ci_high is not None
+          else f"; {c.reason}, p = {p_value(c.p)}{sig}, {design}" if c.estimable and c.p is not None
+          else f"; {c.reason}")
+    if row is not None:
+        v = Verdict(**row)
+        floor, level = c.p_floor, float(v.details.get("mde_level") or c.alpha)
+        return ci + (f"; {detectable(v)}: ±{v.mde:.3g}" if v.mde is not None else
+                     f"; no offset is detectable: the exact permutation test's smallest p is {floor:.2g}, not below "
+                     f"{level:.3g}" if floor is not None and floor >= level else "")
+    return ci + (f"; detectable at 80% power: ±{c.mde:.3g}" if c.mde is not None else
+                 f"; no offset is detectable: the exact permutation test's smallest p is {c.p_floor:.2g}"
+                 if c.p_floor is not None and c.p_floor >= c.alpha else "")  # what it could have found (contract)
 
 
 def _notes(sp: StudySpec, logs: dict[str, pd.DataFrame], table: pd.DataFrame, runs: Sequence[RunCurve],

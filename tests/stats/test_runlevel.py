@@ -306,7 +306,7 @@ def test_compare_runs_iqm_ignores_an_outlier_run():
         ([0.8, 0.7, np.inf], [0.9, 0.9, 0.8], True, "non-finite values (NaN/inf) in 1 of 6 runs"),
         ([], [0.9, 0.9, 0.8], False, "no baseline runs"),
         # paired: the runs vary, the per-seed differences do not
-        ([0.5, 0.7, 0.9], [0.5, 0.7, 0.9], True, "no variation in the per-seed differences"),
+        ([0.5, 0.7, 0.9], [0.5, 0.7, 0.9], True, "no difference in any seed: the arms' values are equal seed for seed"),
     ],
 )
 def test_compare_runs_degenerate_inputs_are_not_estimable(b, t, paired, reason):

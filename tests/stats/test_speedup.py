@@ -685,3 +685,28 @@ def test_a_crashed_log_that_cuts_the_table_is_named():
                             "and every log is cut there (a hit after epoch 25 counts as not reached); leave a crashed "
                             "run out, or train it to the end")
     assert f"Note: {cut.notes[0]}." in cut.to_markdown() and cut.to_dict()["notes"][0] == cut.notes[0]
+
+
+def test_a_speedup_whose_p_the_relabelling_test_bounds_prints_that_tests_mde():
+    """3 vs 8 unpaired runs: the row's p is the larger of Welch's and the exact relabelling test's
+    (``t_not_robust``: unequal arms), so what it could detect is the bounded test's MDE, as for a verdict
+    row's difference (a review: the speed-up printed Welch's alone, a smaller speed-up than the row's test
+    finds with 80% power)."""
+    from pcpo_eval.stats import power
+    from pcpo_eval.stats.speedup import _as_speedup
+
+    b = [_tt(e) for e in (40, 46, 43)]
+    t = [_tt(e) for e in (20, 22, 25, 28, 30, 33, 35, 38)]
+    s = speedup_runs(b, t)
+    assert "3 vs 8 runs" in s.reason and s.mde is not None
+    vb, vt = np.asarray(s.baseline_epochs), np.asarray(s.treatment_epochs)
+    sd_b, sd_t = float(vb.std(ddof=1)), float(vt.std(ddof=1))
+    bounded = power.bounded_welch_mde(sd_b, 3, sd_t, 8, measured=True)
+    welch = power.mde(sd_b, 3, sd_t=sd_t, n_t=8, paired=False, measured=True)
+    assert bounded is not None and bounded > welch
+    assert s.mde == pytest.approx(_as_speedup(s.baseline_mean, bounded, s.earliest))
+    even = speedup_runs([_tt(e) for e in (40, 46, 43)], [_tt(e) for e in (20, 25, 30)])  # 3 vs 3: Welch's
+    vb, vt = np.asarray(even.baseline_epochs), np.asarray(even.treatment_epochs)
+    assert not even.reason and even.mde == pytest.approx(_as_speedup(
+        even.baseline_mean, power.mde(float(vb.std(ddof=1)), 3, sd_t=float(vt.std(ddof=1)), n_t=3, paired=False,
+                                      measured=True), even.earliest))

@@ -347,7 +347,9 @@ def test_the_sampler_offset_says_what_it_could_detect():
                                        "reward_mean": ctrl + 0.005 * e, "control_reward_mean": ctrl}))
     res = _results(pd.concat(parts, ignore_index=True))
     (off,) = res["sampler_offset"].values()
-    assert off["mde"] is not None and f"detectable at 80% power: ±{off['mde']:.3g}" in off["explains"]
+    # at its family's level: a secondary row of the verdict, so it is tested only once the primary is significant
+    assert off["mde"] is not None and (f"detectable at 80% power after Holm over the 3 secondary rows, once the "
+                                       f"primary is significant: ±{off['mde']:.3g}") in off["explains"]
 
 
 def test_a_missing_control_epoch_keeps_the_offsets_own_bound():

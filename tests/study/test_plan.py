@@ -68,6 +68,9 @@ def test_plan_from_a_pilot_matches_the_power_function(tmp_path):
                                                                                     paired=True)
     assert n > plug_in
     assert "speedup_gain:0.03" in rows and rows["speedup_gain:0.03"]["seeds"] >= 2
+    # the pilot's sampler-offset row counts in the secondary family but is no effect to plan seeds for
+    assert any(v["quantity"] == "sampler_offset" for v in json.loads((pilot / "results.json").read_text())["verdict"])
+    assert "sampler_offset" not in rows
     # a secondary row must pass Holm over its family: the pilot's verdict has final, AUC and the gain
     # speed-up as its secondary rows (the spec would allow 6; the pilot knows which exist)
     assert g["level"] == 0.05 and g["family_size"] == 1
@@ -113,8 +116,9 @@ def test_plan_from_a_stated_cv():
     assert "no pairing benefit assumed" in text and "give --pilot STUDY_DIR" in text
     n = seeds_needed(0.25, 0.3 * math.sqrt(2), paired=True)
     assert f"paired_gain: +25% -> {n} seeds per arm\n" in text  # the primary, alone in its family
-    n_sg = seeds_needed(1 - 1 / 1.25, 0.3 * math.sqrt(2), paired=True, alpha=0.05 / 6)
-    assert f"speedup_gain:0.03: +25% speed-up -> {n_sg} seeds per arm (at 0.00833: Holm over 6 rows)" in text
+    # the secondary family: final reward, AUC, the sampler offset, 2 gain and 2 reward speed-ups
+    n_sg = seeds_needed(1 - 1 / 1.25, 0.3 * math.sqrt(2), paired=True, alpha=0.05 / 7)
+    assert f"speedup_gain:0.03: +25% speed-up -> {n_sg} seeds per arm (at 0.00714: Holm over 7 rows)" in text
     assert "speedup_reward:0.92" in text
     # without paired controls there is no gain curve: the final reward is the primary endpoint
     import dataclasses

@@ -71,21 +71,21 @@ def test_aa_study_finds_no_difference(tmp_path, fakes):
     fakes.metric_effect = {}
     res = _study(tmp_path, **AA, seeds={"A": [0, 1, 2], "B": [3, 4, 5]}, targets=[0.3, 0.5], gain_targets=[0.3])
     rows = res["verdict"]
-    assert [v["quantity"] for v in rows] == ["paired_gain", "final_reward", "auc", "speedup_gain:0.3",
+    assert [v["quantity"] for v in rows] == ["paired_gain", "final_reward", "auc", "sampler_offset", "speedup_gain:0.3",
                                              "speedup_reward:0.3", "speedup_reward:0.5"]
-    assert [v["family"] for v in rows] == ["primary"] + ["secondary"] * 5
+    assert [v["family"] for v in rows] == ["primary"] + ["secondary"] * 6
     for v in rows:
         assert v["estimable"] and not v["significant"], v
         assert (v["n_baseline_runs"], v["n_treatment_runs"]) == (3, 3)
         assert not v["paired"]  # different seeds: Welch
-        # what it could have detected, at its family's level (the 5 secondary rows: alpha / 5); a
+        # what it could have detected, at its family's level (the 6 secondary rows: alpha / 6); a
         # speed-up beyond what the window allows is "no speed-up is detectable", never a number
-        assert v["details"]["mde_level"] == (0.05 if v["family"] == "primary" else 0.01)
+        assert v["details"]["mde_level"] == pytest.approx(0.05 if v["family"] == "primary" else 0.05 / 6)
         if v["quantity"].startswith("speedup") and v["mde"] is None:
             if v["details"]["p_floor"] is None:
-                assert "no speed-up is detectable at 80% power after Holm over the 5 secondary rows, once the primary is significant" in v["sentence"]
+                assert "no speed-up is detectable at 80% power after Holm over the 6 secondary rows, once the primary is significant" in v["sentence"]
             else:  # an arm without spread (integer epochs): the exact test's floor is above the level
-                assert v["details"]["p_floor"] >= 0.01 and ("no speed-up is detectable with 3 seeds per arm: the "
+                assert v["details"]["p_floor"] >= 0.05 / 6 and ("no speed-up is detectable with 3 seeds per arm: the "
                                                             "exact permutation test's smallest p is") in v["sentence"]
         else:
             assert v["mde"] > 0
@@ -94,6 +94,9 @@ def test_aa_study_finds_no_difference(tmp_path, fakes):
     assert res["headline"].startswith("On this study, no evidence of a difference in paired gain")
     off = res["sampler_offset"]["all"]
     assert not off["significant"] and off["ci_low"] <= 0 <= off["ci_high"]
+    (row,) = [v for v in rows if v["quantity"] == "sampler_offset"]  # the offset is a row of the verdict's family
+    assert off["p_adjusted"] == row["p_adjusted"] and off["mde"] == row["mde"] and off["gated"]
+    assert "not tested as a secondary row: the primary endpoint (paired_gain) is not significant" in off["explains"]
     # the matched-reward checkpoints' rewards, compared per cell (tests/study/test_balance.py)
     bal = res["selection"]["balance"]["all"]
     reached = [r for r in res["selection"]["runs"] if r["reached"]]
@@ -133,8 +136,8 @@ def test_aa_false_positive_rate_of_the_study_verdict(tmp_path):
     for _ in range(n):
         logs = _aa_logs(rng)
         rows = verdict(spec, runs_table(spec, {r.name: logs[r.name] for r in spec.runs}))
-        assert {v["quantity"] for v in rows} == {"paired_gain", "final_reward", "auc", "speedup_gain:0.3",
-                                                 "speedup_reward:0.3", "speedup_reward:0.5"}
+        assert {v["quantity"] for v in rows} == {"paired_gain", "final_reward", "auc", "sampler_offset",
+                                                 "speedup_gain:0.3", "speedup_reward:0.3", "speedup_reward:0.5"}
         assert all(v["paired"] for v in rows)
         primary += any(v["significant"] for v in rows if v["family"] == "primary")
         anyrow += any(v["significant"] for v in rows)
@@ -150,9 +153,13 @@ def test_planted_difference_is_detected(tmp_path, fakes):
     fakes.run_sd_metric = 0.01  # between-run SD of the metric, as large as the within-set noise
     res = _study(tmp_path, **AA, seeds={"A": [0, 1, 2, 3, 4], "B": [5, 6, 7, 8, 9]}, targets=[0.2, 0.4],
                  gain_targets=[0.3], select_target=0.4, train={"overrides": {"epochs": 30, "checkpoint_every": 5}})
-    assert {v["quantity"] for v in res["verdict"]} == {"paired_gain", "final_reward", "auc", "speedup_gain:0.3",
-                                                       "speedup_reward:0.2", "speedup_reward:0.4"}
+    assert {v["quantity"] for v in res["verdict"]} == {"paired_gain", "final_reward", "auc", "sampler_offset",
+                                                       "speedup_gain:0.3", "speedup_reward:0.2", "speedup_reward:0.4"}
+    (off,) = [v for v in res["verdict"] if v["quantity"] == "sampler_offset"]
+    assert off["estimable"] and not off["significant"], off  # B learns faster with A's sampler: no offset
     for v in res["verdict"]:
+        if v is off:
+            continue
         assert v["estimable"] and v["significant"] and v["estimate"] > 0, v
         assert v["ci_low"] > 0 and not v["sentence"].startswith("no evidence"), v
         assert v["p_adjusted"] < 0.05
