@@ -261,8 +261,8 @@ def test_stages_run_then_skip_finished_work(tmp_path, fakes):
     sig = res["raw_scores"]["significance"]
     assert sig["batch=16"]["fd_toy"]["method"].startswith("Welch t over runs of the overall fd_toy (2 vs 2 runs)")
     assert sig["batch=16"]["lpips_toy"]["method"].endswith("+ (1|prompt) + (1|run) (REML, Satterthwaite df)")
-    assert {v["quantity"] for v in res["verdict"]} == {"paired_gain", "final_reward", "auc", "speedup_reward:0.3",
-                                                       "speedup_reward:0.5"}
+    assert {v["quantity"] for v in res["verdict"]} == {"paired_gain", "final_reward", "auc", "sampler_offset",
+                                                       "speedup_reward:0.3", "speedup_reward:0.5"}
     assert all(v["paired"] for v in res["verdict"])  # both arms train seeds 0 and 1
     assert {(r["cell"], r["arm"]) for r in res["runs"]} == {(c, a) for c in ("batch=16", "batch=32") for a in ("DDPO", "PCPO")}
     html = report.read_text()
