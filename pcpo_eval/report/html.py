@@ -81,6 +81,7 @@ QUANTITY_LABELS = {
     "paired_gain": "paired gain",
     "final_reward": "final reward",
     "auc": "area under the reward curve",
+    "sampler_offset": "untrained-control reward (sampler offset)",
     "reward_at_epoch": "reward at epoch {}",
 }
 ONE_RUN_BANNER = "1 run per arm: these are differences between runs; no p-values for the algorithm effect"

@@ -305,6 +305,11 @@ def _runs(x: Sequence[float] | np.ndarray, name: str) -> np.ndarray:
     return a
 
 
+#: :func:`degenerate_reason` of paired values equal seed for seed (two arms with one sampler: their untrained
+#: controls): no test, and no difference to report
+EQUAL_IN_EVERY_SEED = "no difference in any seed: the arms' values are equal seed for seed, so there is nothing to test"
+
+
 def degenerate_reason(baseline: np.ndarray, treatment: np.ndarray, paired: bool = False) -> str:
     """Why runs cannot support a CI/p-value ('' if they can)."""
     nb, nt = baseline.size, treatment.size
@@ -323,7 +328,7 @@ def degenerate_reason(baseline: np.ndarray, treatment: np.ndarray, paired: bool 
     scale = max(1.0, float(np.max(np.abs(np.r_[baseline, treatment]))))
     if paired and np.ptp(treatment - baseline) <= 1e-12 * scale:
         if abs(float(np.mean(treatment - baseline))) <= 1e-12 * scale:  # e.g. two arms' identical samplers
-            return "no difference in any seed: the arms' values are equal seed for seed, so there is nothing to test"
+            return EQUAL_IN_EVERY_SEED
         return "no variation in the per-seed differences: the run-to-run spread of the difference is unknown"
     if not paired and np.ptp(baseline) == 0 and np.ptp(treatment) == 0:
         if baseline[0] == treatment[0]:

@@ -69,6 +69,7 @@ from pcpo_eval.stats.adjust import holm
 from pcpo_eval.stats.fmt import ci_decimals, decimals, p_value
 from pcpo_eval.stats.power import family_level
 from pcpo_eval.stats.runlevel import (
+    EQUAL_IN_EVERY_SEED,
     ONE_RUN_PER_ARM,
     Comparison,
     Stat,
@@ -362,6 +363,9 @@ def comparison_sentence(v: Verdict, c: Comparison, label: str) -> str:
     """
     b, t = v.baseline, v.treatment
     if not c.estimable:
+        if c.reason == EQUAL_IN_EVERY_SEED:  # e.g. two arms' one sampler: a finding of no difference, not a failure
+            return (f"no difference in {label} between {t} and {b}: equal in every seed "
+                    f"({_design(True, c.n_treatment, c.n_baseline)}), so there is nothing to test")
         if c.reason == ONE_RUN_PER_ARM and c.estimate is not None:
             d = decimals(abs(c.estimate))
             return f"1 run per arm: differences between runs, not algorithms ({t} - {b} {label}: {c.estimate:+.{d}f})"
@@ -563,7 +567,8 @@ def gate_reason(prim: Sequence[Verdict], alpha: float = 0.05) -> str:
         return "the study has no primary row"
     r = next(x for x in prim if not x.significant)
     where = f" in {r.cell}" if len({x.cell for x in prim}) > 1 else ""
-    what = ("is not estimable" if not r.estimable or r.p is None else
+    what = ("shows no difference: equal in every seed" if r.reason == EQUAL_IN_EVERY_SEED else
+            "is not estimable" if not r.estimable or r.p is None else
             f"is not significant (Holm-adjusted p = {p_value(r.p_adjusted, alpha)})" if r.p_adjusted is not None else
             "is not significant")
     return f"the primary endpoint ({r.quantity}){where} {what}"

@@ -100,10 +100,16 @@ def plan_rows(sp: StudySpec, pilot: dict[str, Any] | None, cv: float | None, eff
     paired = len({tuple(v) for v in sp.seeds.values()}) == 1
     levels = family_levels(sp)
     out = []
+    pv = (pilot or {}).get("verdict") or []
+    # a pilot analysed before the sampler offset was a secondary row (2026-11-28) counted one row less per cell
+    stale = (any(r["quantity"] == "paired_gain" for r in pv) and not any(r["quantity"] == "sampler_offset" for r in pv))
+    extra = len({(r["cell"], r.get("treatment")) for r in pv if r["quantity"] == "paired_gain"}) if stale else 0
 
     def need(q: str, delta: float, sd: float, paired_: bool, row: dict[str, Any] | None = None) -> dict[str, Any]:
         a, m = levels.get(q, (PLAN_ALPHA, 1))
         seen = ((row or {}).get("details") or {}).get("family_size")
+        if seen and (row or {}).get("family") == "secondary":
+            seen = int(seen) + extra
         if seen and seen <= m:  # the pilot's verdict knows which targets are informative: its family
             a, m = family_level(PLAN_ALPHA, int(seen)), int(seen)
         measured = None  # a pilot's spread is itself measured from its few runs: plan over its uncertainty

@@ -349,6 +349,9 @@ def sampler_offset(sp: StudySpec, table: pd.DataFrame, rows: Sequence[dict[str, 
         c = compare_runs(mb, mt, rng=np.random.default_rng(VERDICT_SEED), paired=paired)
         row = next((r for r in rows if r["cell"] == cell and r["quantity"] == "sampler_offset"
                     and r["treatment"] == sp.pcpo), None)
+        if row is not None:  # one test, one p: the row's (a Monte Carlo permutation p differs between draws)
+            c = replace(c, p=row["p"], ci_low=row["ci_low"], ci_high=row["ci_high"],
+                        significant=row["p"] is not None and row["p"] < c.alpha)
         diff = float(mt.mean() - mb.mean())
         head = (f"untrained controls ({_same(paired)}): {sp.pcpo} {mt.mean():.4g} vs "
                 f"{sp.baseline} {mb.mean():.4g} (difference {diff:+.3g}{_offset_test(c, row, paired, len(b), len(t))})")

@@ -93,10 +93,10 @@ def test_the_console_rounds_a_speedup_as_the_report_does():
 def test_the_sampler_offset_line_says_its_p_and_why_a_clear_ci_is_not_significant():
     offset = _results(_step_table([10, 11], [9, 10], ctrl_t=0.35), primary=())["sampler_offset"]["c"]
     # 2 seeds: every per-seed offset is equal, no CI; the exact sign-flip p = 0.5
-    # a secondary row of the verdict: its family was not tested (the 2-seed primary is not estimable)
+    # a secondary row of the verdict: its family was not tested (the arms' paired gains are equal in every seed)
     assert not offset["significant"] and offset["gated"] and (
         "p = 0.5, Holm-adjusted p = 1 (secondary); not tested as a secondary row: the primary endpoint (paired_gain) "
-        "is not estimable, 2 seeds" in offset["explains"])
+        "shows no difference: equal in every seed, 2 seeds" in offset["explains"])
     noisy = _step_table([10, 11], [9, 10], ctrl_t=0.35)
     noisy.loc[noisy.arm == "PCPO", "control_reward_mean"] += np.where(noisy.loc[noisy.arm == "PCPO", "seed"] == 0,
                                                                       0.003, -0.002)

@@ -20,6 +20,7 @@ import pandas as pd
 import pytest
 
 from pcpo_eval.errors import UserError
+from pcpo_eval.stats.fmt import p_value
 from pcpo_eval.stats.permutation import one_sided_mean_p
 from pcpo_eval.stats.speedup import (
     bound_by_learning,
@@ -364,3 +365,30 @@ def test_a_missing_control_epoch_keeps_the_offsets_own_bound():
     t[0].control[4] = np.nan
     bounds = sv.control_bounds(b, t, True, 0.03, 5, fallback=0.045)
     assert bounds["auc"] == 0.045 and bounds["final_reward"] == pytest.approx(0.03)  # auc needs every epoch
+
+
+def test_the_sampler_offset_line_prints_its_rows_p():
+    """8 vs 9 unpaired runs: the offset's p is the larger of Welch's and a Monte Carlo relabelling p, which
+    the line drew again with another generator: "p = 0.0461, Holm-adjusted p = 0.154" where the row's p was
+    0.0515 (0.154 = 3 x 0.0515; a review). The line, results.json and the guard now use the row's p."""
+    from tests.report.test_printed_numbers import _results
+
+    rng, e, parts = np.random.default_rng(147), np.arange(1, 11), []
+    seeds = {"DDPO": list(range(8)), "PCPO": list(range(100, 109))}
+    shared = {s: (0.3 + rng.normal(0, 0.02) + rng.normal(0, 0.02, 10), rng.normal(0, 0.25)) for s in sorted(
+        seeds["DDPO"] + seeds["PCPO"])}
+    for arm, offset in (("DDPO", 0.0), ("PCPO", 0.02)):
+        for seed in seeds[arm]:
+            ctrl, u = shared[seed][0] + offset, shared[seed][1]
+            k = 0.08 * np.exp(rng.normal(0, 0.2))
+            plateau = 0.06 * (1 + u) + rng.normal(0, 0.035)
+            reward = ctrl + plateau * (1 - np.exp(-k * e)) + rng.normal(0, 0.01, 10)
+            parts.append(pd.DataFrame({"arm": arm, "cell": "c", "seed": seed, "epoch": e,
+                                       "reward_mean": reward, "control_reward_mean": ctrl}))
+    res = _results(pd.concat(parts, ignore_index=True), primary=())
+    (row,) = [v for v in res["verdict"] if v["quantity"] == "sampler_offset"]
+    off = res["sampler_offset"]["c"]
+    assert "Monte Carlo relabelling" in row["details"]["p_method"] or "Monte Carlo" in row["reason"]
+    assert (off["p"], off["p_adjusted"], off["ci_low"], off["ci_high"]) == (row["p"], row["p_adjusted"],
+                                                                            row["ci_low"], row["ci_high"])
+    assert f"p = {p_value(row['p'])}, Holm-adjusted p = {p_value(row['p_adjusted'])} (secondary)" in off["explains"]

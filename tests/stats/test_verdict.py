@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import json
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -20,7 +21,7 @@ import scipy.stats
 
 from pcpo_eval.errors import UserError
 from pcpo_eval.stats.adjust import holm
-from pcpo_eval.stats.runlevel import ONE_RUN_PER_ARM
+from pcpo_eval.stats.runlevel import EQUAL_IN_EVERY_SEED, ONE_RUN_PER_ARM
 from pcpo_eval.stats.verdict import (
     VERDICT_KEYS,
     Verdict,
@@ -105,9 +106,9 @@ def test_rows_have_exactly_the_keys_and_are_json():
         assert d["family"] == ("primary" if d["quantity"] == "paired_gain" else "secondary")
         json.dumps(d, allow_nan=False)  # machine-readable: no NaN/inf leaks into the JSON
         if r.quantity == "sampler_offset":  # the simulator's arms share one untrained control per seed
-            assert not r.estimable and r.sentence == ("untrained-control reward of PCPO vs DDPO is not estimable: no "
-                                                      "difference in any seed: the arms' values are equal seed for "
-                                                      "seed, so there is nothing to test")
+            assert not r.estimable and r.sentence == ("no difference in untrained-control reward between PCPO and "
+                                                      "DDPO: equal in every seed (3 seeds per arm, paired by seed), "
+                                                      "so there is nothing to test")
             continue
         assert r.sentence and "3 seeds per arm, paired by seed" in r.sentence
 
@@ -586,6 +587,10 @@ def test_the_gate_names_the_primary_row_that_closed_it():
     h = headline([r.to_dict() for r in adjust_families(
         [_row("a", "paired_gain", 0.4), _row("a", "sampler_offset", 0.001)], ("paired_gain",), ALPHA)])
     assert "Not evidence" not in h and h.startswith("On this study")
+    # arms equal in every seed (a deterministic A/A): a finding of no difference, not "not estimable"
+    eq = replace(_row("a", "paired_gain", None), reason=EQUAL_IN_EVERY_SEED)
+    rows = adjust_families([eq, _row("a", "auc", 0.3)], ("paired_gain",), ALPHA)
+    assert rows[1].details["gate"] == "the primary endpoint (paired_gain) shows no difference: equal in every seed"
 
 
 def test_a_run_missing_epochs_is_not_averaged_across_the_gap_by_verdict_rows():
