@@ -32,9 +32,8 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench_verdict_calibration import no_power_figures  # noqa: E402  (this folder is on sys.path when a script runs)
+from bench_verdict_calibration import clopper, no_power_figures, pool  # noqa: E402  (this folder is on sys.path)
 
-from pcpo_eval.stats.pairwise import clopper_pearson  # noqa: E402
 from pcpo_eval.stats.verdict import verdict_rows  # noqa: E402
 from pcpo_eval.study.spec import load_spec  # noqa: E402
 
@@ -44,12 +43,6 @@ SEED = 20261128
 #: (pairing, runs per arm): "paired labels" gives both arms the same seed labels (the paired t on runs
 #: that share nothing), "unpaired" different labels (Welch)
 DESIGNS = (("paired labels", 5), ("paired labels", 10), ("unpaired", 5), ("unpaired", 10))
-
-
-def pool(runs: pd.DataFrame) -> list[pd.DataFrame]:
-    """The DDPO runs, one frame per seed, in epoch order."""
-    d = runs[runs["arm"] == "DDPO"]
-    return [g.sort_values("epoch") for _, g in d.groupby("seed")]
 
 
 def faster(g: pd.DataFrame, s: float) -> pd.DataFrame:
@@ -98,17 +91,15 @@ def speed_row(table: pd.DataFrame, target: float, settings: dict) -> object:
 
 
 def ci(k: int, n: int) -> str:
-    if n == 0:
-        return "–"
-    lo, hi = clopper_pearson(k, n)
-    return f"{k / n:.3f} [{lo:.3f}, {hi:.3f}] ({k}/{n})"
+    """A rate with its 95% Clopper-Pearson interval and its counts."""
+    return f"{clopper(k, n)} ({k}/{n})" if n else "–"
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=200)
     a = ap.parse_args(argv)
-    runs = pool(pd.read_parquet(DATA))
+    runs = list(pool(pd.read_parquet(DATA), "DDPO").values())
     sp = load_spec(SPEC, check_weights=False)
     settings = {"window": sp.window, "k": sp.window}
     print("## Power at the printed speed-up MDE on real toy runs\n")

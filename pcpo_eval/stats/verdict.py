@@ -30,8 +30,8 @@ target every run reaches at its first full-window epoch. Uninformative targets g
 With the controls logged, ``sampler_offset`` compares the runs' mean untrained-control reward
 (:func:`control_mean`: each arm's sampler before any training; paired by seed, the same prompts and
 noises): a claim that the arms differ like any other, so it is a secondary row under the same gate and
-Holm (tested outside the family, it added a 5% claim of its own: 6.3% of unpaired 3-seed A/A studies
-flagged a row or the offset).
+Holm (tested outside the family, it added a 5% claim of its own: resampled unpaired 3-seed A/A studies of
+real toy runs claimed something in 5.2%, the verdict alone in 3.6%; ``benchmarks/bench_verdict_calibration.py``).
 
 Families: ``primary`` names the study's primary endpoint(s) (default ``paired_gain`` when the
 controls were logged, else ``final_reward``); every other row is secondary. ``p_adjusted`` is
