@@ -426,6 +426,18 @@ def detectable(v: Verdict) -> str:
     return f"detectable at 80% power{holm}{gate}"
 
 
+def _mde_epochs(v: Verdict, s: Speedup) -> str:
+    """What the speed-up MDE asks of the treatment, in epochs: its restricted mean at that speed-up
+    (``baseline_mean / (1 + mde)``) beside the earliest it can have (:attr:`Speedup.earliest`). An MDE
+    near ``max_speedup`` needs a treatment at its first full-window epochs, faster than replaying the
+    baseline's learning faster reaches on the toy runs (benchmarks/RESULTS.md, "Power at the printed
+    speed-up MDE on real toy runs"); the epochs let a reader judge whether such learning is plausible."""
+    if s.mde is None or s.baseline_mean is None or s.earliest is None:
+        return ""
+    return (f" ({v.treatment} reaching it in {s.baseline_mean / (1 + s.mde):.1f} epochs on average; "
+            f"the earliest its runs can is {s.earliest:.1f})")
+
+
 def _speedup_power(v: Verdict, s: Speedup) -> tuple[str, str]:
     """The sentence's power and seeds parts: the MDE, or "no speed-up is detectable" when none is or
     the MDE exceeds the largest possible speed-up (:attr:`Speedup.max_speedup`: no run reaches a target
@@ -437,7 +449,7 @@ def _speedup_power(v: Verdict, s: Speedup) -> tuple[str, str]:
         return "; no spread measured, so no detectable effect or seed count", ""
     limit = (f" (at most {pct(s.max_speedup)} is possible against the baseline's measured mean with this window; "
              "the CI also covers a baseline slower than measured)" if s.max_speedup is not None else "")
-    power = (f"; {detectable(v)}: {pct(s.mde)}" if s.mde is not None
+    power = (f"; {detectable(v)}: {pct(s.mde)}{_mde_epochs(v, s)}" if s.mde is not None
              # a significant slow-down beside "no speed-up is detectable" read as a contradiction (a frozen arm,
              # -48%): what the row found needs no power clause; the seeds a speed-up needs still follow
              else "" if v.significant and (s.estimate or 0) < 0 else f"; no speed-up is {detectable(v)}{limit}")

@@ -21,6 +21,7 @@ import scipy.stats
 
 from pcpo_eval.errors import UserError
 from pcpo_eval.stats.adjust import holm
+from pcpo_eval.stats.fmt import pct
 from pcpo_eval.stats.runlevel import EQUAL_IN_EVERY_SEED, ONE_RUN_PER_ARM
 from pcpo_eval.stats.verdict import (
     VERDICT_KEYS,
@@ -506,6 +507,18 @@ def test_speedup_sentence_says_what_the_window_makes_impossible():
     assert ("no speed-up is detectable at 80% power (at most +20% is possible against the baseline's measured mean "
             "with this window; the CI also covers a baseline slower than measured)") in text
     assert text.endswith("a 25% speed-up is not possible with this window and baseline")
+
+
+def test_speedup_mde_says_what_it_asks_of_the_treatment_in_epochs():
+    """A printed speed-up MDE names the treatment's mean epochs at that speed-up beside the earliest its
+    runs can reach a target: on the toy runs some printed MDEs needed a treatment within an epoch of its
+    first full window, more than learning faster by replay reaches (benchmarks/RESULTS.md)."""
+    s, text = _speedup_sentence((20, 26, 31, 24, 28, 35), (18, 25, 27, 22, 30, 33), n_epochs=40)
+    assert s.mde is not None and s.earliest == 5.0
+    implied = s.baseline_mean / (1 + s.mde)
+    assert f"detectable at 80% power: {pct(s.mde)} (PCPO reaching it in {implied:.1f} epochs on average; " \
+           "the earliest its runs can is 5.0)" in text
+    assert s.earliest < implied < s.baseline_mean
 
 
 def test_speedup_sentence_prints_both_pieces_of_the_ci():
