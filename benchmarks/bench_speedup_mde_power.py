@@ -32,8 +32,9 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench_verdict_calibration import clopper, no_power_figures, pool  # noqa: E402  (this folder is on sys.path)
+from bench_verdict_calibration import clopper, pool  # noqa: E402  (this folder is on sys.path)
 
+from pcpo_eval.stats.runlevel import no_power_figures  # noqa: E402
 from pcpo_eval.stats.verdict import verdict_rows  # noqa: E402
 from pcpo_eval.study.spec import load_spec  # noqa: E402
 

@@ -36,10 +36,9 @@ Usage: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_verdict_calibration
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -49,6 +48,7 @@ import scipy.stats
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from pcpo_eval.stats.runlevel import no_power_figures  # noqa: E402
 from pcpo_eval.stats.speedup import epochs_to_target, speedup_runs  # noqa: E402
 from pcpo_eval.stats.verdict import run_curves, verdict_rows  # noqa: E402
 from pcpo_eval.study.spec import load_spec  # noqa: E402
@@ -154,27 +154,6 @@ def covers(v, x: float) -> bool:
     gap = v.details.get("ci_gap") or [None, None]
     in_gap = gap[0] is not None and gap[1] is not None and gap[0] < x < gap[1]
     return bool(v.ci_low <= x <= hi and not in_gap)
-
-
-@contextlib.contextmanager
-def no_power_figures() -> Iterator[None]:
-    """Skip the rows' power figures (MDE, seeds for the reference speed-up: root searches over the noncentral
-    t and the bounded relabelling test's draws, about 90% of a study's time since 2026-11-28): they enter no
-    estimate, CI, p or significance, which is all this benchmark counts (``tests/stats/conftest.py``'s
-    ``fast_loop`` does the same)."""
-    import pcpo_eval.stats.power as power
-    import pcpo_eval.stats.runlevel as runlevel
-
-    names = [(power, "mde"), (power, "seeds_needed"), (power, "bounded_welch_mde"), (runlevel, "_mde"),
-             (runlevel, "bounded_welch_mde")]
-    saved = [getattr(m, n) for m, n in names]
-    for m, n in names:
-        setattr(m, n, lambda *a, **k: None)
-    try:
-        yield
-    finally:
-        for (m, n), f in zip(names, saved, strict=True):
-            setattr(m, n, f)
 
 
 def run_scenario(sc: Scenario, n: int, studies: int, settings: dict, truth: dict[str, float], rng: np.random.Generator) -> dict:

@@ -55,8 +55,10 @@ mean, ``scipy.stats.trim_mean(x, 0.25)``; with 3 runs nothing is trimmed, so IQM
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable, Sequence
+import sys
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -470,3 +472,24 @@ def compare_runs(
         perm.p_min, poi, poi_lo, poi_hi, True, f"p is the larger of the t test's and that of the {how}: {fragile}"
         if fragile else "", bool(p < alpha), paired, ci.df, perm.p, mde, floor,
     )  # fmt: skip
+
+
+@contextlib.contextmanager
+def no_power_figures() -> Iterator[None]:
+    """Within this block every row's power figures (MDE, seeds for the reference effect) are None: for loops
+    over hundreds of simulated studies (calibration benchmarks, tests), where the root searches over the
+    noncentral t and the bounded relabelling test's draws take about 90% of a study's time and enter no
+    estimate, CI, p or significance. Not thread-safe (it swaps module attributes)."""
+    import pcpo_eval.stats.power as power
+
+    mod = sys.modules[__name__]
+    names = [(power, "mde"), (power, "seeds_needed"), (power, "bounded_welch_mde"), (mod, "_mde"),
+             (mod, "bounded_welch_mde")]
+    saved = [getattr(m, n) for m, n in names]
+    for m, n in names:
+        setattr(m, n, lambda *a, **k: None)
+    try:
+        yield
+    finally:
+        for (m, n), f in zip(names, saved, strict=True):
+            setattr(m, n, f)

@@ -269,3 +269,24 @@ def test_bounded_welch_power_is_the_rows_own_test():
         assert power.bounded_welch_mde(bad, 2, 1.0, 10) is None
     assert power.seeds_needed(1.0, 1.0, paired=False, measured=(1, 5)) is None  # no spread from one run
     assert power.spread_factor(0.5) == math.inf and power.mde_from_se(1.0, 0.5, measured=True) is None
+
+
+def test_no_power_figures_blanks_every_mde_path_and_restores_them():
+    """``runlevel.no_power_figures`` (the simulation loops' switch): inside, rows have no MDE whichever path
+    computes it (Welch's of 5 vs 5 runs, the bounded relabelling test's of 3 vs 6); p and CI are unchanged;
+    after it, the figures are back."""
+    import numpy as np
+
+    import pcpo_eval.stats.power as power
+    from pcpo_eval.stats.runlevel import compare_runs, no_power_figures
+
+    b, t = [0.1, 0.3, 0.2, 0.25, 0.15], [0.4, 0.5, 0.3, 0.45, 0.35]
+    rng = np.random.default_rng
+    before = [compare_runs(b, t, rng=rng(0)), compare_runs(b[:3], b[2:] * 2, rng=rng(0), paired=False)]
+    with no_power_figures():
+        inside = [compare_runs(b, t, rng=rng(0)), compare_runs(b[:3], b[2:] * 2, rng=rng(0), paired=False)]
+        assert power.seeds_needed(0.1, 0.1) is None and power.mde(0.1, 5) is None
+    after = [compare_runs(b, t, rng=rng(0)), compare_runs(b[:3], b[2:] * 2, rng=rng(0), paired=False)]
+    assert all(c.mde is not None for c in before) and all(c.mde is None for c in inside)
+    assert [(c.p, c.ci_low, c.ci_high) for c in inside] == [(c.p, c.ci_low, c.ci_high) for c in before]
+    assert [c.mde for c in after] == [c.mde for c in before]
