@@ -88,6 +88,9 @@ DESIGN_FILE = "design.json"
 PAIRS_FILE = "pairs.parquet"
 #: the default SQLite database
 DATABASE_FILE = "human.db"
+#: the files SQLite keeps beside a database (write-ahead log, shared memory, rollback journal): answers acknowledged
+#: to raters may live only in the ``-wal`` file until a checkpoint, so nothing may overwrite them either
+SQLITE_SIDECARS = ("-wal", "-shm", "-journal")
 #: the admin export of the responses (RESPONSE_COLUMNS)
 RESPONSES_FILE = "responses.parquet"
 #: the analysis (also in ``HUMAN/rehearsal/`` for simulated responses)
@@ -175,6 +178,40 @@ class HumanLayout:
         """The log of analyses run on the study's answers (:data:`LOOKS_FILE`; interim looks and the final)."""
         return self.root / LOOKS_FILE
 
+    def read_looks(self) -> list[dict]:
+        """The analyses logged so far (:attr:`looks`; a damaged line is an error, :func:`pcpo_eval.io.read_jsonl`)."""
+        from pcpo_eval.io import read_jsonl
+
+        return read_jsonl(self.looks, "human study's log of analyses")
+
+    def closed_at(self) -> str | None:
+        """When a ``human analyze --final`` closed the study: its logged look in :attr:`looks`, else the written
+        :attr:`analysis`'s own record (a deleted or cut ``looks.jsonl`` reopened a closed study before); None while
+        it is open. A closed study's report labels the shown images by checkpoint, so the app serves no more
+        pairs and no rater is added or given a new link (a rater who saw the report could tell the sides apart)."""
+        import json
+
+        finals = [x for x in self.read_looks() if x.get("final")]
+        if finals:
+            return str(finals[-1].get("at"))
+        try:
+            written = json.loads(self.analysis.read_text()) if self.analysis.is_file() else {}
+        except (OSError, ValueError):
+            return None
+        final = isinstance(written, dict) and isinstance(written.get("looks"), dict) and written["looks"].get("final")
+        return "recorded in analysis.json" if final else None
+
+    def require_open(self, action: str) -> None:
+        """One :class:`~pcpo_eval.errors.UserError` when the study is closed (:meth:`closed_at`) and ``action``
+        (e.g. "serve pairs", "add raters") would show its pairs to a rater again."""
+        from pcpo_eval.errors import UserError
+
+        closed = self.closed_at()
+        if closed:
+            raise UserError(f"{self.root} was closed by a `human analyze --final` ({closed}), whose report labels the "
+                            f"shown images by checkpoint, so it cannot {action}; for more answers design a new "
+                            "study (`human design ... --out NEW`)")
+
     @property
     def server(self) -> Path:
         """The remembered public address of the app (``human raters/serve --base-url``)."""
@@ -198,9 +235,12 @@ class HumanLayout:
     def data_paths(self, responses: bool = True) -> list[Path]:
         """What an output of ``human simulate`` / ``export`` must never overwrite (:func:`pcpo_eval.io.check_not_an_input`):
         the design or bundle, the pairs, the images, the database, the analysis, the address, and (unless
-        ``responses`` is False: ``export`` rewrites its own default) the exported responses."""
-        return [self.design, self.bundle, self.pairs, self.images, self.database, self.analysis, self.looks, self.server,
-                self.root / "sets", *([self.responses] if responses else [])]
+        ``responses`` is False: ``export`` rewrites its own default) the exported responses. The database's
+        SQLite files (:data:`SQLITE_SIDECARS`) too: an export written over ``human.db-wal`` lost every answer
+        a server had not yet checkpointed (17 of 17 after a crash)."""
+        return [self.design, self.bundle, self.pairs, self.images, self.database,
+                *(self.database.with_name(self.database.name + x) for x in SQLITE_SIDECARS), self.analysis, self.looks,
+                self.server, self.root / "sets", *([self.responses] if responses else [])]
 
 
 def design_comparison_seeds(design: dict, where: Path | str) -> str:

@@ -101,6 +101,7 @@ STATUS_TEXT = {
     403: ("Not accepted", "This answer was sent from another site and was not saved. Open your link again."),
     404: ("Page not found", "This page does not exist. Ask the study organiser for your link."),
     405: ("Not allowed", "This page cannot be used that way."),
+    410: ("Study closed", "This study is closed and takes no more answers. Thank you for taking part."),
     413: ("Too large", "The request was too large."),
     422: ("Not accepted", "The answer was incomplete."),
     503: ("Please try again", "The study could not save or load your answers just now. Nothing you saved "
@@ -226,11 +227,22 @@ class _State:
     def rater_home(self, token: str) -> str:
         return f"{self.root_path}/r/{token}"
 
+    def closed(self) -> bool:
+        """Whether a ``human analyze --final`` closed the study (:meth:`HumanLayout.closed_at`): its report labels
+        the shown images by checkpoint, so a rater must be shown no more pairs. A damaged log of analyses counts
+        as closed (serve nothing rather than risk it). Read on every rater request: the analysis runs in another
+        process while the app serves."""
+        try:
+            return self.layout.closed_at() is not None
+        except UserError:
+            return True
+
 
 def _load_state(root: Path, database_url: str | None, root_path: str, base_url: str | None) -> _State:
     layout = HumanLayout(Path(root))
     if not layout.pairs.is_file():
         raise UserError(f"{layout.pairs} is missing; run `pcpo-eval human design` first")
+    layout.require_open("serve pairs")
     settings = read_settings(layout)
     url = database_url or layout.database_url
     with db.database_errors(url):
@@ -398,6 +410,8 @@ def _rater_routes(app: FastAPI, state: _State) -> None:
         rater = db.rater_by_token(state.url, token)
         if rater is None:
             return state.message(404, invalid)
+        if state.closed():
+            return state.message(410)
         order = state.assignment(rater.id)
         current, last, done = _current(state, rater.id)
         undo = {"key": state.undo_key(rater.id, last)} if last is not None else None
@@ -415,6 +429,8 @@ def _rater_routes(app: FastAPI, state: _State) -> None:
         rater = db.rater_by_token(state.url, token)
         if rater is None:
             return state.message(404, invalid)
+        if state.closed():
+            return state.message(410)
         back = state.rater_home(token)
         if choice not in CHOICES:
             return state.message(422, "Choose Left, Right or Tie (about equal).", back)
@@ -433,6 +449,8 @@ def _rater_routes(app: FastAPI, state: _State) -> None:
         rater = db.rater_by_token(state.url, token)
         if rater is None:
             return state.message(404, invalid)
+        if state.closed():
+            return state.message(410)
         back = state.rater_home(token)
         pair_id = state.undo_pair(rater.id, undo_key)
         if pair_id is None:
@@ -442,7 +460,7 @@ def _rater_routes(app: FastAPI, state: _State) -> None:
 
     @app.api_route("/r/{token}/img/{key}.png", methods=["GET", "HEAD"])
     def image(token: str, key: str) -> Response:
-        rater = db.rater_by_token(state.url, token) if _KEY_RE.match(key) else None
+        rater = db.rater_by_token(state.url, token) if _KEY_RE.match(key) and not state.closed() else None
         tokens = state.image_of(rater.id, key) if rater is not None else None
         paths = [state.layout.image(t) for t in tokens or () if db.TOKEN_RE.match(t)]
         if len(paths) != 2 or not all(p.is_file() for p in paths):

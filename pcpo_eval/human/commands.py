@@ -117,6 +117,8 @@ def raters_cmd(
     from pcpo_eval.human.db import rotate as rotate_rater
     from pcpo_eval.human.settings import read_settings
 
+    if add or rotate:  # a new link would show a closed study's pairs, which its report labels, to a rater
+        HumanLayout(folder).require_open("add raters or give new links")
     url = _database(folder, database_url)
     base = _base_url(folder, base_url)
     settings = read_settings(HumanLayout(folder))
@@ -175,10 +177,12 @@ def serve_cmd(
     database_url: str | None = typer.Option(None, "--database-url", help=DB_HELP),
 ) -> None:
     """Serve the rating web app (uvicorn) until interrupted; answers are stored as they arrive."""
+    from pcpo_eval.human import HumanLayout
     from pcpo_eval.human.app import normalize_root_path, serve
 
     if not 0 < port < 65536:
         raise UserError(f"--port {port}; use a TCP port between 1 and 65535")
+    HumanLayout(folder).require_open("serve pairs")
     normalize_root_path(root_path)
     if base_url is not None:
         _base_url(folder, base_url)
@@ -208,13 +212,13 @@ def export_cmd(
 ) -> None:
     """Export every stored response to Parquet (one row per rater and pair)."""
     from pcpo_eval.human import HumanLayout
-    from pcpo_eval.human.db import database_errors, export_parquet
+    from pcpo_eval.human.db import database_errors, export_parquet, require_stored, sqlite_files
     from pcpo_eval.io import check_out_path
 
     url = _url(folder, database_url)
-    url_file = url.removeprefix("sqlite:///") if url.startswith("sqlite:///") else None  # the database itself
     path = check_out_path(output or HumanLayout(folder).responses, "--output", folder=False,
-                          inputs=[*HumanLayout(folder).data_paths(responses=False), *([url_file] if url_file else [])])
+                          inputs=[*HumanLayout(folder).data_paths(responses=False), *sqlite_files(url)])
+    require_stored(url, folder, "analyse an export with `human analyze --responses`")
     url = _database(folder, database_url)
     with database_errors(url):
         written = export_parquet(url, path)

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pyarrow.parquet as pq
 from sqlalchemy import (
     CheckConstraint,
     DateTime,
@@ -64,7 +65,7 @@ from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, SQL
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from pcpo_eval.errors import UserError
-from pcpo_eval.human import CHOICES, KINDS, MAX_REASON, RESPONSE_COLUMNS
+from pcpo_eval.human import CHOICES, KINDS, MAX_REASON, RESPONSE_COLUMNS, SQLITE_SIDECARS
 from pcpo_eval.io import atomic_write_parquet
 
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -198,6 +199,26 @@ def _check_url(url: str) -> None:
         parent = Path(db).parent
         if not parent.is_dir():
             raise UserError(f"database folder {parent} does not exist; create it or pass another database URL")
+
+
+def sqlite_files(url: str) -> list[Path]:
+    """The files of the SQLite database at ``url`` (the database and :data:`~pcpo_eval.human.SQLITE_SIDECARS`);
+    none for another database or an in-memory one: what no output may overwrite."""
+    f = url.removeprefix("sqlite:///") if url.startswith("sqlite:///") else None
+    if not f or f.startswith("file:") or f == ":memory:":
+        return []
+    return [Path(f), *(Path(f + x) for x in SQLITE_SIDECARS)]
+
+
+def require_stored(url: str, folder: str | Path, alternative: str) -> None:
+    """A UserError when ``url`` is a SQLite file that does not exist: a command that only reads answers
+    (``analyze``, ``export``) would create an empty database and find none. Before, ``human export`` on a
+    folder whose answers were collected elsewhere (or with a mistyped ``--database-url``) replaced a good
+    ``responses.parquet`` with 0 rows, exit 0. ``alternative``: the other way to go on, for the message."""
+    f = url.removeprefix("sqlite:///") if url.startswith("sqlite:///") else None
+    if f and not f.startswith("file:") and not Path(f).is_file():
+        raise UserError(f"{folder} has no database at {f}; serve the study (`pcpo-eval human serve {folder}`) and "
+                        f"collect answers first, give its database with --database-url, or {alternative}")
 
 
 def shown_url(url: str) -> str:
@@ -755,8 +776,17 @@ def export_responses(url: str) -> pd.DataFrame:
 
 
 def export_parquet(url: str, path: str | Path) -> pd.DataFrame:
-    """Write :func:`export_responses` to ``path`` atomically; returns the frame written."""
+    """Write :func:`export_responses` to ``path`` atomically; returns the frame written. A database without
+    answers never replaces an export that holds some (a UserError: those answers may exist nowhere else)."""
     df = export_responses(url)
+    if df.empty and Path(path).is_file():
+        try:
+            held = pq.ParquetFile(path).metadata.num_rows
+        except Exception:  # pyarrow raises several types for a file that is not Parquet: not an export to keep
+            held = 0
+        if held:
+            raise UserError(f"the database {shown_url(url)} holds no answers but {path} holds {held}; nothing was "
+                            "written: give the database that collected them with --database-url, or another --output")
     atomic_write_parquet(path, df, private=True)  # raters' names
     return df
 

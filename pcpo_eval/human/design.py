@@ -964,9 +964,16 @@ def make_design(study: str | Path, out: str | Path, ds: HumanDesignSpec,
 
 def _check_design_folder(lay: HumanLayout) -> None:
     """UserError when ``--out`` holds anything but a design folder's own files (:meth:`HumanLayout.data_paths`,
-    the pending secret, rehearsals, SQLite's journal files)."""
+    the pending secret, rehearsals, SQLite's files), or is a serving bundle (``bundle.json``) or holds a
+    database without a design: a design written there put the unblinding (``design.json``, the pairs with
+    their methods, the image sets) into the folder meant for the serving machine and replaced the pairs its
+    raters' answers refer to."""
+    if lay.bundle.is_file() or (lay.database.is_file() and not lay.design.is_file()):
+        what = "is a serving bundle" if lay.bundle.is_file() else "holds a rating database but no design"
+        raise UserError(f"--out {lay.root} {what}; a design there would put the unblinding beside the raters' "
+                        "answers: choose a new folder")
     own = [p.name for p in (*lay.data_paths(), lay.pending_secret, lay.rehearsal)]
-    check_own_folder(lay.root, [*own, f"{lay.database.name}-wal", f"{lay.database.name}-shm"], "a human design's")
+    check_own_folder(lay.root, own, "a human design's")
 
 
 def _check_seed_room(n_comparisons: int, ds: HumanDesignSpec) -> None:

@@ -17,7 +17,6 @@ and every verdict and console line starts with ``SIMULATED``; the study's ``huma
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -27,7 +26,7 @@ import pandas as pd
 
 from pcpo_eval.errors import UserError
 from pcpo_eval.human import ANALYSIS_FILE, HumanLayout, design_comparison_seeds
-from pcpo_eval.io import append_jsonl, atomic_write_json, read_jsonl, to_jsonable
+from pcpo_eval.io import append_jsonl, atomic_write_json, to_jsonable
 
 EXAMPLES_PER_COMPARISON = 3
 #: The most Bradley-Terry bootstrap resamples ``human analyze`` takes (a billion ran out of memory).
@@ -55,14 +54,11 @@ def read_responses(folder: Path, responses: Path | None, database_url: str | Non
             raise UserError(f"--responses {responses} is not a readable Parquet file ({type(exc).__name__}); "
                             "export it again with `pcpo-eval human export`") from None
         return df, str(responses)  # its columns and values are checked by analyze()
-    from pcpo_eval.human.db import check_pair_set, database_errors, export_responses, upgrade
+    from pcpo_eval.human.db import check_pair_set, database_errors, export_responses, require_stored, upgrade
     from pcpo_eval.human.design import read_design
 
     url = database_url or HumanLayout(folder).database_url
-    sqlite_file = url.removeprefix("sqlite:///") if url.startswith("sqlite:///") else None
-    if sqlite_file and not sqlite_file.startswith("file:") and not Path(sqlite_file).is_file():
-        raise UserError(f"{folder} has no database yet; serve the study (`pcpo-eval human serve {folder}`) and "
-                        "collect answers first, or analyse a file with --responses")
+    require_stored(url, folder, "analyse a file with --responses")
     with database_errors(url):
         upgrade(url)
         check_pair_set(url, read_design(folder)[1])  # another design's database: its answers match no pair here
@@ -185,7 +181,32 @@ def analyze_folder(folder: str | Path, responses: str | Path | None = None, data
         log(line)
     _into_study(study, res, log, folder)
     append_jsonl(lay.looks, look)  # last: an analysis that failed on the way is no look
+    if final:
+        log(closing_note(lay, source, database_url, design.get("per_rater")))
     return res
+
+
+def closing_note(lay: HumanLayout, source: str, database_url: str | None, per_rater: int | None) -> str:
+    """What a ``--final`` analysis closed: the app of this folder now answers every rater link with "study closed"
+    and ``human raters --add/--rotate`` and ``human serve`` refuse (:meth:`HumanLayout.require_open`), since the
+    report labels the shown images by checkpoint. Names the raters with open links and unanswered pairs; for
+    answers read from a file, says that an app serving elsewhere (a bundle) does not know and must be stopped.
+    Before, the app kept serving after ``--final`` and a rater added then was shown 4 of 12 pairs whose images
+    the shared report labelled."""
+    head = f"closed {lay.root}: its report labels the shown images by checkpoint"
+    if source != "database":
+        return (f"{head}; the answers came from {source}: stop any app still serving this study's pairs (a serving "
+                "bundle does not know the study is closed) before you share the report")
+    from pcpo_eval.human.db import database_errors, progress
+
+    url = database_url or lay.database_url
+    with database_errors(url):
+        prog = progress(url, per_rater=per_rater)
+    open_ = prog[~prog["revoked"] & (prog["answered"] < prog["total"])]
+    who = ", ".join(f"{r.rater} {r.answered} of {r.total}" for r in open_.itertuples())
+    left = (f"; {len(open_)} rater(s) with open links had unanswered pairs ({who}), which they are no longer shown"
+            if len(open_) else "")
+    return f"{head}, so the app shows every rater link as closed{left}"
 
 
 #: what repeated looks do (``benchmarks/bench_human.py --part looks``, RESULTS.md)
@@ -193,19 +214,6 @@ PEEKING = ("deciding when to stop from interim looks raises the chance of a pref
            "alpha: in simulated A/A studies with an analysis after each rater from the 5th to the 15th, some look "
            "said \"Raters preferred\" in 11% of studies, the last look alone in 7% (benchmarks/RESULTS.md); fix "
            "the number of raters before the study and read the --final analysis")
-
-
-def _closed_at(lay: HumanLayout, looks: list[dict[str, Any]]) -> str | None:
-    """When a --final analysis closed the study: its logged look, else the written ``analysis.json``'s own
-    record (a deleted or cut ``looks.jsonl`` reopened a closed study before); None while it is open."""
-    finals = [x for x in looks if x.get("final")]
-    if finals:
-        return str(finals[-1].get("at"))
-    try:
-        written = json.loads(lay.analysis.read_text()) if lay.analysis.is_file() else {}
-    except (OSError, ValueError):
-        return None
-    return "recorded in analysis.json" if isinstance(written, dict) and (written.get("looks") or {}).get("final") else None
 
 
 def _mark_look(res: dict[str, Any], lay: HumanLayout, final: bool) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -217,13 +225,13 @@ def _mark_look(res: dict[str, Any], lay: HumanLayout, final: bool) -> tuple[dict
     chance). Before, every ``human analyze`` wrote its verdicts into the study report, unmarked."""
     from datetime import UTC, datetime
 
-    looks = read_looks(lay)
+    looks = lay.read_looks()
     counts = res.get("counts") or {}
     entry = {"at": datetime.now(UTC).isoformat(timespec="seconds"), "final": bool(final),
              "answers": counts.get("main_responses_used"), "raters": counts.get("raters")}
     data = (entry["answers"], entry["raters"])
     finals = [x for x in looks if x.get("final")]
-    closed = _closed_at(lay, looks)
+    closed = lay.closed_at()
     if closed and not final:
         raise UserError(f"{lay.root} was closed by a --final analysis ({closed}); an interim look now "
                         "would replace its verdict in the study report: analyse it with --final again")
@@ -242,11 +250,6 @@ def _mark_look(res: dict[str, Any], lay: HumanLayout, final: bool) -> tuple[dict
     return {**res, "comparisons": comps, "interim": True,
             "looks": {"final": False, "look": k, "note": f"{label}. The verdict is the `human analyze --final` "
                       f"analysis once every planned rater has answered; {PEEKING}"}}, entry
-
-
-def read_looks(lay: HumanLayout) -> list[dict[str, Any]]:
-    """The analyses logged so far (``looks.jsonl``; a damaged line is an error, :func:`pcpo_eval.io.read_jsonl`)."""
-    return read_jsonl(lay.looks, "human study's log of analyses")
 
 
 def _label_simulated(res: dict[str, Any]) -> dict[str, Any]:

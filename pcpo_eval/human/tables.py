@@ -7,6 +7,7 @@ Columns and conventions: :mod:`pcpo_eval.human`. Both :mod:`pcpo_eval.human.anal
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from pcpo_eval.errors import UserError
@@ -80,6 +81,7 @@ def validate_responses(responses: pd.DataFrame, pairs: pd.DataFrame) -> pd.DataF
     bad = sorted(set(map(str, r.choice)) - set(CHOICES))
     if bad:
         raise UserError(f"unknown choice(s) {bad}; valid choices: {', '.join(CHOICES)}")
+    _check_times(r)
     dup = r.duplicated(["rater_id", "pair_id"])
     if dup.any():
         d = r[dup].iloc[0]
@@ -87,3 +89,23 @@ def validate_responses(responses: pd.DataFrame, pairs: pd.DataFrame) -> pd.DataF
             f"rater {d.rater_id} answered pair {d.pair_id} twice; keep one response per (rater, pair)"
         )
     return r
+
+
+def _check_times(r: pd.DataFrame) -> None:
+    """``submitted_at`` (when present) is an ISO 8601 time and ``seconds`` a time from page to answer (>= 0, or
+    NaN: not recorded). Before, ``submitted_at='yesterday'`` was read as no time, so an answer stored after its
+    rater's revocation was kept, and negative seconds entered the median that flags fast raters."""
+    if "submitted_at" in r.columns:
+        raw = r["submitted_at"].map(lambda x: "" if x is None or (isinstance(x, float) and np.isnan(x)) else str(x))
+        at = pd.to_datetime(raw.where(raw.str.strip() != ""), utc=True, errors="coerce", format="ISO8601")
+        bad = at.isna()
+        if bad.any():
+            what = f"submitted_at {raw[bad].iloc[0]!r}" if raw[bad].iloc[0].strip() else "an empty submitted_at"
+            raise UserError(f"{what} of rater {r.rater_id[bad].iloc[0]} is no ISO 8601 time; export the responses "
+                            "again (pcpo-eval human export)")
+    if "seconds" in r.columns:
+        sec = pd.to_numeric(r["seconds"], errors="coerce")
+        bad = (r["seconds"].notna() & sec.isna()) | (sec < 0) | np.isinf(sec)
+        if bad.any():
+            raise UserError(f"seconds {str(r['seconds'][bad].iloc[0])!r} of rater {r.rater_id[bad].iloc[0]} is no time from "
+                            "page to answer (a number >= 0, or empty); export the responses again (pcpo-eval human export)")

@@ -543,9 +543,12 @@ def test_shipped_design_files_validate():
         assert load_design_spec(f).checkpoints in ("bracket", "pairs")
 
 
-def test_serve_on_a_port_in_use_is_one_line(cli, human):
+def test_serve_on_a_port_in_use_is_one_line(cli, tmp_path):
     import socket
 
+    from tests.support.human import make_human_dir
+
+    human = make_human_dir(tmp_path / "H", n_prompts=6, n_seeds=3, n_checks=4, per_rater=10).root  # an open study
     with socket.create_server(("127.0.0.1", 0)) as busy:
         port = busy.getsockname()[1]
         res = cli("human", "serve", human, "--port", port)
