@@ -10,6 +10,7 @@ was launched. Also this process's device (:func:`pick_device`,
 
 from __future__ import annotations
 
+import datetime
 import os
 from typing import Any
 
@@ -21,24 +22,57 @@ from pcpo_eval.errors import UserError
 
 def env_world_size() -> int:
     """``WORLD_SIZE`` as set by the launcher (1 when launched as a plain process)."""
-    return int(os.environ.get("WORLD_SIZE", "1"))
+    raw = os.environ.get("WORLD_SIZE", "1")
+    try:
+        return int(raw)
+    except ValueError:
+        raise UserError(f"WORLD_SIZE={raw!r} is not a number of processes; launch with torchrun or accelerate "
+                        "launch, or unset it") from None
+
+
+#: how long a collective waits for the slowest rank, in seconds (environment ``PCPO_EVAL_DIST_TIMEOUT_S``):
+#: torch's default (30 min for gloo) failed a render whose ranks finished their shares that far apart
+DEFAULT_TIMEOUT_S = 6 * 3600
+TIMEOUT_ENV = "PCPO_EVAL_DIST_TIMEOUT_S"
+
+
+def group_timeout() -> datetime.timedelta:
+    """The process group's collective timeout: :data:`TIMEOUT_ENV` seconds, else :data:`DEFAULT_TIMEOUT_S`."""
+    raw = os.environ.get(TIMEOUT_ENV, "").strip()
+    if not raw:
+        return datetime.timedelta(seconds=DEFAULT_TIMEOUT_S)
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds > 0 or seconds == float("inf"):
+        raise UserError(f"{TIMEOUT_ENV}={raw!r}; give the seconds a collective may wait for the slowest rank "
+                        f"(a positive number, e.g. {DEFAULT_TIMEOUT_S}), or unset it")
+    return datetime.timedelta(seconds=seconds)
 
 
 def init(device: str | torch.device = "cpu") -> tuple[int, int]:
     """Join the launcher's process group when ``WORLD_SIZE > 1``; return ``(rank, world_size)``.
 
-    The group and this process's device come from :func:`group_backend`. Idempotent.
+    The group and this process's device come from :func:`group_backend`; its timeout from
+    :func:`group_timeout`. ``WORLD_SIZE`` without the rendezvous address a launcher sets is one UserError
+    (it was a traceback: "MASTER_ADDR expected, but not set"). Idempotent.
     """
     if is_initialized():
         return dist.get_rank(), dist.get_world_size()
     if env_world_size() <= 1:
         return 0, 1
+    missing = [k for k in ("RANK", "MASTER_ADDR", "MASTER_PORT") if not os.environ.get(k)]
+    if missing:
+        raise UserError(f"WORLD_SIZE={env_world_size()} but {', '.join(missing)} not set: launch with torchrun or "
+                        "accelerate launch (they set them all), or unset WORLD_SIZE to run one process")
     backend, cuda_device = group_backend(device)
+    timeout = group_timeout()
     if cuda_device is None:
-        dist.init_process_group(backend)
+        dist.init_process_group(backend, timeout=timeout)
     else:
         torch.cuda.set_device(cuda_device)
-        dist.init_process_group(backend, device_id=cuda_device)
+        dist.init_process_group(backend, device_id=cuda_device, timeout=timeout)
     return dist.get_rank(), dist.get_world_size()
 
 

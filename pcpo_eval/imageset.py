@@ -45,6 +45,10 @@ IMAGES_DIR = "images"
 IMAGE_GLOB = "*/*.png"
 #: the per-process progress files of a render in flight (``generate/runner.py``; merged into the manifest)
 PROGRESS_DIR = ".progress"
+#: held (``flock``, :func:`pcpo_eval.io.lock_or_refuse`) by the render writing the set: a second ``generate`` into
+#: the same folder is refused (two renders with other settings both finished "complete", the second one's
+#: set.json over the first one's images)
+LOCK_FILE = ".lock"
 
 #: files verified in this process: (device, inode, size, mtime_ns, expected sha256), the file's identity
 #: whatever path or link reaches it (a stat, where a real-path lookup costs several); a file changed since

@@ -229,6 +229,30 @@ def atomic_write_files(files: Sequence[tuple[str | os.PathLike, Callable[[Any], 
         _replace(tmp, path)
 
 
+def lock_or_refuse(path: str | os.PathLike, busy: str) -> Any:
+    """Take an exclusive ``flock`` on ``path`` (created if absent; this process's pid written in it) without
+    waiting, and return the open file: closing it releases the lock (so does the process's end, a crash
+    included). Held by another process: one :class:`UserError`, ``busy`` with ``{pid}`` replaced by its pid. None where
+    ``flock`` does not exist (no lock). For folders one run at a time may write (a study, an image set)."""
+    if os.name != "posix":
+        return None
+    import fcntl
+
+    fh = open(path, "a+", encoding="utf-8")  # noqa: SIM115 (held until the caller closes it)
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        fh.seek(0)
+        pid = fh.read().strip() or "?"
+        fh.close()
+        raise UserError(busy.replace("{pid}", pid)) from None
+    fh.seek(0)
+    fh.truncate()
+    fh.write(f"{os.getpid()}\n")
+    fh.flush()
+    return fh
+
+
 @contextlib.contextmanager
 def exclusive(path: str | os.PathLike) -> Iterator[None]:
     """Hold an exclusive ``flock`` on ``path`` (created if absent) for the block, waiting for any other

@@ -198,6 +198,9 @@ class FixedBatchAdapter(ModelAdapter):
             raise AttributeError(name)
         return getattr(self.inner, name)
 
+    def check_prompts(self, prompts: list[str]) -> None:
+        self.inner.check_prompts(prompts)
+
     def encode_prompts(self, prompts: list[str]) -> PromptEmbeds:
         if self.micro_batch == 0:
             return self.inner.encode_prompts(prompts)

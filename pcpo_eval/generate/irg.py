@@ -117,6 +117,9 @@ class IRGAdapter(ModelAdapter):
             raise AttributeError(name)
         return getattr(self.reference, name)
 
+    def check_prompts(self, prompts: list[str]) -> None:
+        self.reference.check_prompts(prompts)
+
     def encode_prompts(self, prompts: list[str]) -> PromptEmbeds:
         return self.reference.encode_prompts(prompts)
 

@@ -13,6 +13,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,7 @@ from pcpo_eval.generate.setdir import (
     image_record,
     is_done,
     load_records,
+    lock_set,
     png_text,
     write_manifest,
 )
@@ -220,19 +222,25 @@ def generate_set(
     )  # fmt: skip
     job = _check_request(request)  # 1. prompts, seeds, model, precision, settings, out dir: still nothing written
     fresh = (job.out.exists(), (job.out / SET_FILE).exists())
+    lock = lock_set(job.out) if job.rank == 0 else None  # one render per folder (a second: one error line)
     try:
-        # one CPU thread per process (the set is the same for any process count), TF32 as the precision says;
-        # the attention backend: job.fixed's denoiser calls
-        with cpu_render_threads(job.settings.device), matmul_precision(job.settings.precision):
-            t_open = time.perf_counter()
-            opened = _open_set_dir(job)  # 2. plan, known records, set.json ("rendering")
-            job.seconds["open_set_dir"] = time.perf_counter() - t_open
-            share = _render_share(job, opened)  # 3. this process's images: loop, PNG writer, record flushes
-    except BaseException:
-        if job.rank == 0 and job.world_size == 1 and not fresh[1]:
-            discard_empty_set(job.out, remove_dir=not fresh[0])  # no set.json without an image beside it
-        raise
-    return _finish_set(job, opened, share, t_start)  # 4. barrier, manifest + set.json ("complete"), summary
+        try:
+            check_out_dir(job.out, job.settings)  # again, under the lock: a render that finished meanwhile
+            # one CPU thread per process (the set is the same for any process count), TF32 as the precision says;
+            # the attention backend: job.fixed's denoiser calls
+            with cpu_render_threads(job.settings.device), matmul_precision(job.settings.precision):
+                t_open = time.perf_counter()
+                opened = _open_set_dir(job)  # 2. plan, known records, set.json ("rendering")
+                job.seconds["open_set_dir"] = time.perf_counter() - t_open
+                share = _render_share(job, opened)  # 3. this process's images: loop, PNG writer, record flushes
+        except BaseException:
+            if job.rank == 0 and job.world_size == 1 and not fresh[1]:
+                discard_empty_set(job.out, remove_dir=not fresh[0])  # no set.json without an image beside it
+            raise
+        return _finish_set(job, opened, share, t_start)  # 4. barrier, manifest + set.json ("complete"), summary
+    finally:
+        if lock is not None:
+            lock.close()
 
 
 # ---- 1. check the request ---------------------------------------------------------------------
@@ -266,6 +274,7 @@ def _check_request(request: GenerationRequest) -> _Job:
         adapter = load_generation_model(str(request.model_spec), request.device, precision_dtype(precision))
         spec_str = str(request.model_spec)
     clock.lap("load_model")
+    adapter.check_prompts(list(dict.fromkeys(prompt_set.prompts)))  # an unknown word: refused before any write
     attention = resolve_attention(request.attention, request.device)
     with matmul_precision(precision):  # the probes run the real kernels
         check_denoiser_attention(adapter, attention)  # a forced backend without a kernel: one error line
@@ -273,7 +282,7 @@ def _check_request(request: GenerationRequest) -> _Job:
         decode_batch = (memory_decode_batch(adapter, cap=effective_batch_size(request.batch_size, micro_batch, request.cfg))
                         if invariance == "tolerance" and adapter.device.type == "cuda" else None)
     clock.lap("memory_probes")
-    if request.compile or request.channels_last:
+    if (request.compile or request.channels_last) and invariance == "bitwise":
         invariance = "tolerance"
     settings = _settings(request, adapter, spec_str, micro_batch, precision, invariance, attention)
     clock.lap("model_hash")
@@ -320,8 +329,13 @@ def _micro_batch(request: GenerationRequest, adapter: ModelAdapter, attention: s
 
     A fixed number (given, or :func:`auto_micro_batch` on CPU) is ``bitwise``; on CUDA the default
     comes from free memory (:func:`memory_micro_batch`), at most the rows of one ``batch_size``
-    batch (2 per image with CFG), and is ``tolerance``.
+    batch (2 per image with CFG), and is ``tolerance``. ``--micro-batch 0`` (off: model calls see the
+    batch as it comes) is ``none``: an image's last bits depend on the batch it was rendered in (toy, CPU,
+    batch sizes 40 and 3: 31 of 40 images equal, the others within 1/255), so a resumed, re-batched or
+    re-sharded set is not bitwise a one-go render. It was recorded ``bitwise``.
     """
+    if request.micro_batch == 0:
+        return 0, "none"
     if request.micro_batch is not None:
         _check_micro_batch_fits(int(request.micro_batch), adapter)
         return int(request.micro_batch), "bitwise"
@@ -468,15 +482,24 @@ class _Share:
 
 
 def _render_share(job: _Job, opened: _OpenSet) -> _Share:
-    """Render this rank's items not yet done, in batches; PNGs written and records flushed as they go."""
+    """Render this rank's items not yet done, in batches; PNGs written and records flushed as they go.
+
+    Each rank checks its share of the plan (:func:`shard_items`) for images already done; the ranks then split
+    what is left among themselves. Before, the plan was split first: a set extended by one prompt gave every
+    new image to one rank ("rendered 0, skipped 8 on rank 0 of 2") while the others waited at the barrier,
+    and a wait past the group's timeout failed the render. Which rank renders an image does not change it."""
     req, out, settings = job.request, job.out, job.settings
     mine = shard_items(opened.items, job.rank, job.world_size)
     # a resumed 50,000-image set re-hashes what it has: on the thread pool (SHA-256 and reads release the GIL)
     done = parallel_map(lambda it: is_done(out, it, opened.records), mine)
-    todo = [it for it, d in zip(mine, done, strict=True) if not d]
+    n_skipped = sum(done)
+    left = {(it.prompt_id, it.seed) for it, d in zip(mine, done, strict=True) if not d}
+    if job.world_size > 1:
+        left = set().union(*dist.gather_objects(left))
+    todo = shard_items([it for it in opened.items if (it.prompt_id, it.seed) in left], job.rank, job.world_size)
     progress_file = out / PROGRESS_DIR / f"{uuid.uuid4().hex}-r{job.rank:03d}.parquet"
     writer = _Writer(out, settings)
-    bar = progress_bar(len(mine), "generate", req.progress and job.rank == 0, unit="img", initial=len(mine) - len(todo))
+    bar = progress_bar(len(todo) + n_skipped, "generate", req.progress and job.rank == 0, unit="img", initial=n_skipped)
     uncond_row = job.fixed.encode_prompts([""]) if req.cfg != 1.0 else None
     last_flush = time.monotonic()
     clock = _Clock()
@@ -504,7 +527,7 @@ def _render_share(job: _Job, opened: _OpenSet) -> _Share:
         writer.pool.shutdown(wait=True)
         bar.close()
     flush_records(progress_file, writer.records)
-    return _Share(n_rendered=len(writer.records), n_skipped=len(mine) - len(todo), seconds=clock.seconds)
+    return _Share(n_rendered=len(writer.records), n_skipped=n_skipped, seconds=clock.seconds)
 
 
 def render_latents(
@@ -528,6 +551,10 @@ def render_latents(
     )
 
 
+#: decoded images queued for the PNG writer at most (:meth:`_Writer.submit`): 256 RGB images of 1024 px are 0.8 GB
+MAX_PENDING_PNGS = 256
+
+
 class _Writer:
     """Encodes and atomically writes PNGs on one background thread (I/O overlaps compute)."""
 
@@ -543,15 +570,20 @@ class _Writer:
         return image_record(item, hashlib.sha256(data).hexdigest(), pixel_sha256(img), img.shape[1], img.shape[2])
 
     def submit(self, item: WorkItem, img: np.ndarray) -> None:
+        """Queue one image; with :data:`MAX_PENDING_PNGS` queued, wait for the oldest first (a model that renders
+        faster than one thread encodes would otherwise hold every decoded image of the set in memory)."""
+        if len(self.pending) >= MAX_PENDING_PNGS:
+            futures_wait(self.pending[: len(self.pending) - MAX_PENDING_PNGS + 1])
         self.pending.append(self.pool.submit(self._write, item, img))
 
     def collect(self, wait: bool = False) -> int:
-        """Move finished writes into ``records`` (raising any write error); returns how many."""
-        done = [f for f in self.pending if wait or f.done()]
-        for f in done:
-            self.records.append(f.result())
-        self.pending = [f for f in self.pending if f not in done]
-        return len(done)
+        """Move finished writes into ``records`` (raising any write error), in submission order; returns how many."""
+        flags = [wait or f.done() for f in self.pending]
+        for f, d in zip(self.pending, flags, strict=True):
+            if d:
+                self.records.append(f.result())
+        self.pending = [f for f, d in zip(self.pending, flags, strict=True) if not d]
+        return sum(flags)
 
 
 # ---- 4. finish the set ------------------------------------------------------------------------

@@ -21,7 +21,15 @@ from typing import Any
 from pcpo_eval.errors import UserError
 from pcpo_eval.generate.plan import WorkItem
 from pcpo_eval.generate.png import pixel_sha256, png_is_readable, read_png_pixels, read_png_text
-from pcpo_eval.imageset import IMAGE_GLOB, IMAGES_DIR, MANIFEST_COLUMNS, MANIFEST_FILE, PROGRESS_DIR, SET_FILE
+from pcpo_eval.imageset import (
+    IMAGE_GLOB,
+    IMAGES_DIR,
+    LOCK_FILE,
+    MANIFEST_COLUMNS,
+    MANIFEST_FILE,
+    PROGRESS_DIR,
+    SET_FILE,
+)
 from pcpo_eval.io import atomic_write_json, atomic_write_parquet, sha256_file
 
 #: Seed derivation recorded with every set (see :mod:`pcpo_eval.seeding`).
@@ -74,9 +82,10 @@ class GenerationSettings:
         """The settings a resumed set must share: all but ``model`` (and ``micro_batch`` under ``tolerance``).
 
         ``batch_invariance`` is ``bitwise`` when every model call runs on exactly ``micro_batch`` rows
-        (images identical for any batch size or process count on the same device type and software), or
+        (images identical for any batch size or process count on the same device type and software),
         ``tolerance`` when ``micro_batch`` was chosen from free GPU memory: images then agree across
-        micro-batches within the tolerance measured in docs/generation.md, so it is not part of the identity.
+        micro-batches within the tolerance measured in docs/gpu.md, so it is not part of the identity, or
+        ``none`` (``micro_batch`` 0, off): each image's last bits depend on the batch it was rendered in.
         """
         d = asdict(self)
         d.pop("model")
@@ -112,7 +121,7 @@ def check_out_dir(out: Path, settings: GenerationSettings) -> None:
         raise UserError(f"--out {str(out)!r} is a file; choose a directory")
     set_json = out / SET_FILE
     if not set_json.exists():
-        if any(p for p in out.iterdir() if p.name not in (PROGRESS_DIR, IMAGES_DIR)) or any(
+        if any(p for p in out.iterdir() if p.name not in (PROGRESS_DIR, IMAGES_DIR, LOCK_FILE)) or any(
             (out / IMAGES_DIR).glob(IMAGE_GLOB)
         ):
             raise UserError(f"--out {str(out)!r} exists and is not an image set; choose a new or empty directory")
@@ -230,6 +239,18 @@ def flush_records(path: Path, records: list[dict[str, Any]]) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+def lock_set(out: Path) -> Any:
+    """Rank 0, after the checks: create ``out`` and hold its :data:`~pcpo_eval.imageset.LOCK_FILE` for the render
+    (the open file; closing it releases). A second render of the same folder is one UserError line naming the
+    first one's pid: before, a run with other settings, started before the first PNG existed, rewrote set.json
+    and both finished "complete" (set.json said steps 10; its 40 PNGs were rendered at steps 60)."""
+    from pcpo_eval.io import lock_or_refuse
+
+    out.mkdir(parents=True, exist_ok=True)
+    return lock_or_refuse(out / LOCK_FILE, f"image set {out} is being rendered by another pcpo-eval generate "
+                          "(pid {pid}); wait for it to finish (or stop it), or choose another --out")
+
+
 def begin_set(out: Path, settings: GenerationSettings, run_info: dict[str, Any]) -> None:
     """Rank 0, before rendering: create ``out``, drop stale temp files, write a ``rendering`` set.json.
 
@@ -270,7 +291,7 @@ def discard_empty_set(out: Path, remove_dir: bool) -> bool:
     images = out / IMAGES_DIR
     if not holds_no_image(out):
         return False
-    for f in [out / SET_FILE, *(out / PROGRESS_DIR).glob("*.parquet")]:
+    for f in [out / SET_FILE, out / LOCK_FILE, *(out / PROGRESS_DIR).glob("*.parquet")]:
         with contextlib.suppress(FileNotFoundError):
             f.unlink()
     for d in [*(images.glob("*") if images.is_dir() else []), images, out / PROGRESS_DIR, *([out] if remove_dir else [])]:

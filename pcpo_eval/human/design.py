@@ -756,8 +756,8 @@ def generate_command(folder: Path | None, model: str, seeds: Sequence[int], ds: 
             parts += [flag, shlex.quote(str(st[key]))]
     if st.get("device"):
         parts += ["--device", "cuda" if st["device"] == "cuda" else shlex.quote(str(st["device"]))]
-    if st.get("batch_invariance") == "bitwise" and st.get("micro_batch"):
-        parts += ["--micro-batch", str(st["micro_batch"])]
+    if (st.get("batch_invariance") == "bitwise" and st.get("micro_batch")) or st.get("batch_invariance") == "none":
+        parts += ["--micro-batch", str(st.get("micro_batch") or 0)]
     limit = run.get("n_prompts") if run.get("n_prompts_beyond_limit") else ds.max_prompts
     if limit:
         parts += ["--max-prompts", str(limit)]

@@ -93,6 +93,13 @@ class ModelAdapter(abc.ABC):
     def encode_prompts(self, prompts: list[str]) -> PromptEmbeds:
         """Encode prompts (the empty string gives the CFG null condition)."""
 
+    def check_prompts(self, prompts: list[str]) -> None:
+        """A :class:`~pcpo_eval.errors.UserError` for a prompt this model cannot encode, raised before a set or a
+        run writes anything (``generate`` calls it on every prompt first). Default: every prompt encodes (the
+        real models' tokenizers truncate); the toy tokenizer refuses an unknown word. Before, that error came
+        mid-render, after set.json was marked ``rendering``: a complete set was left unfinished."""
+        return None
+
     @abc.abstractmethod
     def denoise(self, x_t: torch.Tensor, t: torch.Tensor, cond: PromptEmbeds) -> torch.Tensor:
         """Raw model output (eps or velocity) for latents ``x_t`` at timesteps ``t`` (B,)."""

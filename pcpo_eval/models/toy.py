@@ -64,6 +64,9 @@ class ToyAdapter(ModelAdapter):
         return cls(unet, enc, sched, source=str(wd))
 
     @torch.no_grad()
+    def check_prompts(self, prompts: list[str]) -> None:
+        self.tokenizer(list(prompts))  # an unknown word or a prompt too long: one UserError
+
     def encode_prompts(self, prompts: list[str]) -> PromptEmbeds:
         ids = self.tokenizer(list(prompts)).to(self.device)
         hidden, pooled = self.text_encoder(ids)

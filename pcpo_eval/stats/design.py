@@ -344,6 +344,26 @@ def check_columns(data: pd.DataFrame, columns: list[str]) -> None:
             raise UserError(f"column {c!r} has {n_bad} missing/NaN values; drop or fill those rows first")
 
 
+def _response_values(data: pd.DataFrame, response: str) -> np.ndarray:
+    """The response column as float64, or one UserError: not numeric, not finite, squares that overflow (the
+    fit's sums of squares would be inf: a NaN table, exit 0), or constant."""
+    yv = data[response]
+    if not pd.api.types.is_numeric_dtype(yv) or pd.api.types.is_bool_dtype(yv):
+        raise UserError(f"response column {response!r} is not numeric (dtype {yv.dtype}); choose a numeric column as the response, or fix its values")
+    y = yv.to_numpy(dtype=np.float64)
+    if not np.all(np.isfinite(y)):
+        raise UserError(f"response column {response!r} has infinite values; drop or fix those rows")
+    with np.errstate(over="ignore", invalid="ignore"):
+        squares_overflow = not np.isfinite(np.sum(np.square(y - y.mean())))
+    if squares_overflow:  # the fit's sums of squares would be inf: a NaN table, exit 0
+        raise UserError(f"response column {response!r} has values up to {float(np.max(np.abs(y))):.3g}, whose squares "
+                        "overflow float64; rescale it (e.g. divide by a power of ten) and fit again")
+    if np.ptp(y) == 0.0:
+        raise UserError(f"response column {response!r} is constant ({float(y[0]):g}); nothing to model: "
+                        "choose a response that varies")
+    return y
+
+
 def build_design(
     data: pd.DataFrame,
     formula: str,
@@ -376,15 +396,7 @@ def build_design(
     used = [response] + rhs_used + [c for c in re_used if c not in rhs_used] + list(groups)
     check_columns(data, used)
 
-    yv = data[response]
-    if not pd.api.types.is_numeric_dtype(yv) or pd.api.types.is_bool_dtype(yv):
-        raise UserError(f"response column {response!r} is not numeric (dtype {yv.dtype}); choose a numeric column as the response, or fix its values")
-    y = yv.to_numpy(dtype=np.float64)
-    if not np.all(np.isfinite(y)):
-        raise UserError(f"response column {response!r} has infinite values; drop or fix those rows")
-    if np.ptp(y) == 0.0:
-        raise UserError(f"response column {response!r} is constant ({float(y[0]):g}); nothing to model: "
-                        "choose a response that varies")
+    y = _response_values(data, response)
     for g in groups:  # lme4's check: a random intercept per observation is confounded with the residual
         n_levels = int(data[g].nunique(dropna=False))
         if n_levels >= len(data):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -27,6 +26,7 @@ from pcpo_eval.io import (
     check_out_path,
     foreign_entries,
     json_text,
+    lock_or_refuse,
     remove_stale_temps,
     sha256_file,
 )
@@ -101,25 +101,9 @@ class Study:
     def _lock(self) -> None:
         """Hold ``OUT/.lock`` (``flock``) while this process runs the study: a second study process on the
         same folder is refused with one line instead of both writing the same runs and files."""
-        if os.name != "posix":  # no flock: no lock
-            return
-        import fcntl
-
-        path = self.out / ".lock"
-        fh = open(path, "a+", encoding="utf-8")  # noqa: SIM115 (held until the study ends)
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            fh.seek(0)
-            pid = fh.read().strip() or "?"
-            fh.close()
-            raise UserError(f"study folder {self.out} is in use by another pcpo-eval study process (pid {pid}); "
-                            "wait for it to finish (or stop it), or choose another --out") from None
-        fh.seek(0)
-        fh.truncate()
-        fh.write(f"{os.getpid()}\n")
-        fh.flush()
-        self._lock_fh = fh
+        self._lock_fh = lock_or_refuse(self.out / ".lock", f"study folder {self.out} is in use by another pcpo-eval "
+                                       "study process (pid {pid}); wait for it to finish (or stop it), or choose "
+                                       "another --out")
 
     def _unlock(self) -> None:
         if self._lock_fh is not None:

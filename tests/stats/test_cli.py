@@ -123,6 +123,8 @@ def test_lmm_crossed_groups(scores, cli):
         ),
         (None, ["--formula", "fid ~ algorithm", "--group", "nosuch"], "grouping column 'nosuch'"),
         (lambda d: d.assign(fid=3.0), ["--formula", "fid ~ algorithm", "--group", "prompt"], "is constant"),
+        (lambda d: d.assign(fid=d.fid * 1e300), ["--formula", "fid ~ algorithm", "--group", "prompt"],
+         "whose squares overflow float64; rescale it"),
         (
             lambda d: d.assign(prompt=1),
             ["--formula", "fid ~ algorithm", "--group", "prompt"],
