@@ -158,6 +158,7 @@ class _State:
     _assignments: dict[int, list[str]] = field(default_factory=dict)
     _keys: dict[int, dict[str, tuple[str, str]]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _closed: tuple[Any, bool] | None = None  #: (the files' stat keys, closed): :meth:`closed`'s cache
 
     def assignment(self, rater_id: int) -> list[str]:
         """The pair ids of rater ``rater_id`` in display order (cached)."""
@@ -231,11 +232,28 @@ class _State:
         """Whether a ``human analyze --final`` closed the study (:meth:`HumanLayout.closed_at`): its report labels
         the shown images by checkpoint, so a rater must be shown no more pairs. A damaged log of analyses counts
         as closed (serve nothing rather than risk it). Read on every rater request: the analysis runs in another
-        process while the app serves."""
+        process while the app serves; parsed again only when one of its two files changed (an interim
+        ``analysis.json`` was parsed on every request)."""
+        key = tuple(_stat_key(p) for p in (self.layout.looks, self.layout.analysis))
+        with self._lock:
+            if self._closed is not None and self._closed[0] == key:
+                return self._closed[1]
         try:
-            return self.layout.closed_at() is not None
+            closed = self.layout.closed_at() is not None
         except UserError:
-            return True
+            closed = True
+        with self._lock:
+            self._closed = (key, closed)
+        return closed
+
+
+def _stat_key(path: Path) -> tuple[int, int, int] | None:
+    """(inode, size, mtime in ns) of ``path``; None when absent: what tells a changed file."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def _load_state(root: Path, database_url: str | None, root_path: str, base_url: str | None) -> _State:
