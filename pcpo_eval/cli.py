@@ -152,10 +152,49 @@ def error_text(exc: UserError) -> str:
     return one_line(str(exc))
 
 
+def repeated_option(argv: list[str], root: Any = None) -> str | None:
+    """The first single-valued option of the command ``argv`` names that it gives more than once (None: none).
+    Click lets the last one win silently: ``train CFG --out a --out b`` trained into ``b``, exit 0, while a
+    repeated ``KEY=VALUE`` override was refused. Options that take a list (``--target a --target b``) may repeat.
+    ``root``: the app's click command (built here when None)."""
+    import typer.main
+    from typer._click import Context
+
+    cmd: Any = typer.main.get_command(app) if root is None else root
+    i = 0
+    while hasattr(cmd, "commands") and i < len(argv):  # walk the command groups to the command itself
+        if argv[i].startswith("-"):
+            i += 1
+            continue
+        sub = cmd.get_command(Context(cmd), argv[i])
+        if sub is None:
+            return None  # an unknown command: click's own usage error says so
+        cmd, i = sub, i + 1
+    single = {name: p for p in getattr(cmd, "params", []) if getattr(p, "opts", None) and p.param_type_name == "option"
+              and not p.multiple and not getattr(p, "count", False) for name in (*p.opts, *p.secondary_opts)}
+    seen: dict[int, list[str]] = {}
+    for tok in argv[i:]:
+        if tok == "--":
+            break
+        name = tok.split("=", 1)[0] if tok.startswith("--") else tok
+        if name in single:
+            seen.setdefault(id(single[name]), []).append(name)
+            names = list(dict.fromkeys(seen[id(single[name])]))
+            if len(seen[id(single[name])]) > 1:
+                return (f"{names[0]} given more than once; give it once (the last one would silently win)"
+                        if len(names) == 1 else f"{' and '.join(names)} both given; give one of them")
+    return None
+
+
 def main() -> None:
     """Console-script entry point: run the app, mapping user and usage errors to one line + exit code 2."""
+    import typer.main
+
+    command = typer.main.get_command(app)  # what app() runs; built once for the check and the run
+    if (problem := repeated_option(sys.argv[1:], command)) is not None:
+        _fail(problem, 2)
     try:
-        rv = app(standalone_mode=False)
+        rv = command(standalone_mode=False)
     except UserError as exc:
         _fail(error_text(exc), exc.exit_code)
     except NoArgsIsHelpError as exc:  # a bare group (`pcpo-eval`, `pcpo-eval credit`): show its help

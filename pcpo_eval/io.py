@@ -271,11 +271,15 @@ def exclusive(path: str | os.PathLike) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
+def atomic_dir(path: str | os.PathLike, replace: bool = True) -> Iterator[Path]:
     """Yield an empty temporary folder next to ``path``; on success it replaces ``path`` whole.
 
     The folder ends with mode ``0777 & ~umask`` (``mkdtemp`` creates ``0700``); a crash leaves
     either the old folder or the complete new one, never a half-written one under ``path``.
+    ``replace=False`` (an output that must be new or empty, e.g. ``export --out``): the folder takes
+    ``path``'s place only if ``path`` is absent or an empty folder at the end; one UserError otherwise,
+    and whatever arrived there meanwhile is kept (it was moved aside and deleted: a second export into
+    the same folder, or a user's file written there during the export, was lost).
     """
     path = Path(path)
     ensure_dir(path.parent, "folder")
@@ -285,7 +289,13 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     held = os.open(tmp, os.O_RDONLY)
     try:
         yield tmp
-        if path.exists():
+        if not replace:
+            try:
+                os.rename(tmp, path)  # onto an empty folder or nothing; a non-empty folder or a file: refused
+            except OSError:
+                raise UserError(f"{path} was filled while it was being written (another process?); nothing there "
+                                "was changed and this output was not written: choose another path") from None
+        elif path.exists():
             old = path.with_name(f".{path.name}.old")
             shutil.rmtree(old, ignore_errors=True)
             os.replace(path, old)

@@ -131,7 +131,7 @@ def make_bundle(design_root: str | Path, out: str | Path, log: Callable[[str], N
         raise UserError(f"{src.images} lacks {len(absent)} shown image(s) (e.g. {absent[0]}.png); rerun "
                         "`pcpo-eval human design` on a new folder")
     t0 = time.perf_counter()
-    with atomic_dir(dst.root) as tmp:
+    with atomic_dir(dst.root, replace=False) as tmp:
         lay = HumanLayout(tmp)
         lay.images.mkdir()
         for token in tokens:

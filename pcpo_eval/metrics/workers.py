@@ -25,6 +25,7 @@ import copy
 import hashlib
 import json
 import platform
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -337,18 +338,22 @@ def _measure(
 # ----------------------------------------------------------------------------- stage 4: outputs
 
 
-def write_outputs(result: MetricsResult, out_dir: str | Path) -> None:
+def write_outputs(result: MetricsResult, out_dir: str | Path, check: Callable[[], None] | None = None) -> None:
     """Rank 0 writes the Parquet tables and ``metrics.json`` as one group (:func:`pcpo_eval.io.atomic_write_files`):
     all three are written to temporary names first, then a ``metrics.json`` already there is removed and
     the tables and, last, ``metrics.json`` are renamed into place. A folder with ``metrics.json`` is complete
     (:mod:`pcpo_eval.metricsdir`): an interrupted or failed rewrite (a full disk) leaves the old three, or
     new tables without a ``metrics.json``, never new tables beside old values. The writes hold the
-    folder's lock (:func:`pcpo_eval.io.exclusive`): two runs into one ``--out`` take turns."""
+    folder's lock (:func:`pcpo_eval.io.exclusive`): two runs into one ``--out`` take turns. ``check`` runs again
+    under the lock (:func:`check_out_dir`): a run into the same folder that finished meanwhile may have written
+    another image set's metrics there, which these would replace (both runs exited 0; the first set's lost)."""
     if not dist.is_main():
         return
     out = Path(out_dir)
-    text = json_text(result.as_json()).encode()
     with exclusive(lock_path(out)):
+        if check is not None:
+            check()
+        text = json_text(result.as_json()).encode()
         atomic_write_files([(per_prompt_path(out), lambda fh: result.per_prompt.to_parquet(fh, index=False)),
                             (per_image_path(out), lambda fh: result.per_image.to_parquet(fh, index=False)),
                             (metrics_path(out), lambda fh: fh.write(text))],
@@ -415,13 +420,16 @@ def run_metrics(
     options: MetricsOptions | None = None,
 ) -> dict[str, Any]:
     """Compute ``metrics`` for ``image_set`` and (if ``out_dir``) write the three outputs."""
-    if out_dir is not None:
+    def check() -> None:
         check_out_dir(out_dir, image_set, reference, (options or MetricsOptions()).cache_dir)
+
+    if out_dir is not None:
+        check()
         if dist.is_main():
             remove_stale_temps(out_dir, recursive=False)
     result = compute_metrics(image_set, metrics, reference, options)
     if out_dir is not None:
-        write_outputs(result, out_dir)
+        write_outputs(result, out_dir, check)
     return result.as_json()
 
 

@@ -250,7 +250,8 @@ class Study:
 
         sp, lay = self.spec, self.layout
         logs = [log_path(lay.run_dir(r)) for r in sp.runs]
-        fp = _fingerprint([sp.select_target, sp.select_epoch, sp.window, [r.name for r in sp.runs], *logs])
+        # select_on too: a resume with another select_on kept the selection made under the old one (a review)
+        fp = _fingerprint([sp.select_target, sp.select_epoch, sp.window, sp.select_on, [r.name for r in sp.runs], *logs])
         if self._done("select", fp) and lay.selection_file.is_file():
             self.log("  selection unchanged, skipped")
             return

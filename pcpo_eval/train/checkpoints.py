@@ -221,6 +221,21 @@ def apply_retention(run_dir: str | Path, keep: int) -> list[Path]:
     return drop
 
 
+def damaged_fix(ckpt: str | Path) -> str:
+    """What to do about a damaged newest checkpoint ``ckpt``: resume from the one before it only if that one kept
+    its training state; :func:`apply_retention` keeps it in the newest checkpoint alone, so usually start a new
+    run from the previous checkpoint's weights (``init_from``). Every message said "delete that checkpoint
+    folder to resume from the one before it", which, followed, deleted checkpoint after checkpoint."""
+    ckpt = Path(ckpt)
+    before = [c for c in list_checkpoints(run_dir_of(ckpt)) if c.name < ckpt.name]
+    if before and (before[-1] / STATE_FILE).is_file():
+        return f"delete that checkpoint folder ({ckpt}) to resume from {before[-1].name}"
+    if before:
+        return (f"restore {ckpt} from a copy, or start a new run from {before[-1].name}'s weights with "
+                f"init_from={before[-1]} (older checkpoints keep no optimizer state, so none of them resumes)")
+    return f"restore {ckpt} from a copy, or start the run again"
+
+
 def load_training_state(ckpt: str | Path) -> dict[str, Any]:
     """The resumable state (``training_state.pt``) of checkpoint ``ckpt``; a bad file is a UserError.
 
@@ -233,36 +248,39 @@ def load_training_state(ckpt: str | Path) -> dict[str, Any]:
     path = Path(ckpt) / STATE_FILE
     if not path.is_file():
         raise UserError(f"checkpoint {ckpt} has no {STATE_FILE}, so it cannot be resumed (only a run's newest "
-                        "checkpoint keeps its optimizer state); resume from the run's newest checkpoint, or "
-                        "delete the checkpoint folder to resume from the one before it")
+                        f"checkpoint keeps its optimizer state); {damaged_fix(ckpt)}")
     try:
         state = torch.load(path, map_location="cpu", weights_only=False)
     except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, OSError, ValueError, TypeError,
             AttributeError, KeyError, IndexError) as exc:  # what torch.load raises on garbage varies by content
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise UserError(f"{path} is truncated or corrupt ({first[:160]}); "
-                        "delete that checkpoint folder to resume from the one before it") from None
+        raise UserError(f"{path} is truncated or corrupt ({first[:160]}); {damaged_fix(ckpt)}") from None
     if not isinstance(state, dict) or not {"optimizer", "tracker", "epoch"} <= set(state):
-        raise UserError(f"{path} is not a pcpo-eval training state; "
-                        "delete that checkpoint folder to resume from the one before it")
+        raise UserError(f"{path} is not a pcpo-eval training state; {damaged_fix(ckpt)}")
     return state
 
 
 def check_resumable_weights(ckpt: str | Path) -> None:
+    """:func:`check_weights` for ``--resume`` (the fix: :func:`damaged_fix`): resuming past a truncated weights file
+    would leave it in the run."""
+    check_weights(ckpt, "--resume", damaged_fix(ckpt))
+
+
+def check_weights(ckpt: str | Path, who: str, fix: str) -> None:
     """The weights file of checkpoint ``ckpt`` is present, a complete safetensors file and, when the
-    checkpoint recorded one, matches its ``weights_sha256``; else one UserError naming the file and the
-    fix (delete that checkpoint folder to resume from the one before it). ``--resume`` calls this
-    before it loads anything: resuming past a truncated weights file would leave it in the run."""
+    checkpoint recorded one, matches its ``weights_sha256``; else one UserError starting with ``who`` (the
+    command or flag) and ending with ``fix``. ``--resume``, ``init_from``, ``export`` and ``generate`` call it
+    before they load anything (export recorded the old hash beside changed weights, and generate rendered
+    them, both exit 0)."""
     ckpt = Path(ckpt)
-    fix = f"delete that checkpoint folder ({ckpt}) to resume from the one before it"
     meta = read_meta(ckpt)
     path = ckpt / str(meta.get("weights_file") or LORA_FILE)
     if not path.is_file():
-        raise UserError(f"--resume: checkpoint {ckpt} lacks its weights file {path.name}; {fix}")
+        raise UserError(f"{who}: checkpoint {ckpt} lacks its weights file {path.name}; {fix}")
     check_weights_file(path, fix)
     want = meta.get("weights_sha256")
     if want and sha256_file(path) != want:
-        raise UserError(f"--resume: weights file {path} does not match the weights_sha256 its checkpoint.json "
+        raise UserError(f"{who}: weights file {path} does not match the weights_sha256 its checkpoint.json "
                         f"recorded (changed or corrupt after saving); {fix}")
 
 
@@ -325,6 +343,7 @@ def load_model_from_spec(spec: str, device: str | torch.device = "cpu", dtype: t
         adapter = load_model(str(spec), device=device, dtype=dtype)
         adapter.spec = str(spec)
         return adapter
+    check_weights(ckpt, f"--model {spec}", f"restore {ckpt} from a copy, or use another checkpoint")
     meta = read_meta(ckpt)
     base = meta.get("model") or load_run_config(run_dir_of(ckpt)).get("model", "toy")
     adapter = load_model(str(base), device=device, dtype=dtype)

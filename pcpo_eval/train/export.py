@@ -35,6 +35,7 @@ from pcpo_eval.studydir import results_path
 from pcpo_eval.train.checkpoints import (
     FULL_FILE,
     LORA_FILE,
+    check_weights,
     list_checkpoints,
     load_run_config,
     read_meta,
@@ -141,10 +142,11 @@ def export_run(ref: str, out: str | Path) -> Path:
     if out.exists() and any(out.iterdir()):
         raise UserError(f"--out {out} exists and is not empty; nothing was written (choose a new folder)")
     ckpt = find_checkpoint(ref)
+    check_weights(ckpt, "export", f"restore {ckpt} from a copy, or export another epoch")  # provenance = these bytes
     meta, cfg = read_meta(ckpt), _run_config(ckpt)
     model = str(meta.get("model") or cfg.get("model") or "toy")
     study = find_study(run_dir_of(ckpt))
-    with atomic_dir(out) as tmp:
+    with atomic_dir(out, replace=False) as tmp:
         files = _write_weights(tmp, ckpt, meta, model)
         provenance = {
             "source_checkpoint": str(ckpt.resolve()), "epoch": meta.get("epoch"), "base_model": model,

@@ -64,11 +64,13 @@ from pcpo_eval.rundir import (  # noqa: F401  (INIT_FILE re-exported: its old ho
     INIT_FILE,
     LOG_FILE,
     RUN_ENTRIES,
+    RUN_LOCK,
     checkpoint_dir,
     config_path,
     init_path,
     inputs_path,
     load_log,
+    lock_run,
 )
 from pcpo_eval.train import checkpoints as ck
 from pcpo_eval.train.advantages import PerPromptStatTracker
@@ -105,6 +107,27 @@ class Trainer(PolicyMixin, RolloutMixin, UpdateMixin):
         self.rank, self.world = dist.init(config.device)
         if (msg := self.cfg.total_batch_problem(self.world)) is not None:  # launcher x per-process batch != paper's
             raise UserError(msg)
+        created = not self.out.exists()
+        #: the run folder's lock (rank 0; released when :meth:`run` ends): one process trains a run at a time
+        self._lock = lock_run(self.out) if self.is_main else None
+        try:
+            self._setup(config, resume)
+        except BaseException:
+            self.release()
+            if created and self.is_main:  # a new folder holding only the lock: as it was, absent
+                with contextlib.suppress(OSError):
+                    (self.out / RUN_LOCK).unlink()
+                    self.out.rmdir()
+            raise
+
+    def release(self) -> None:
+        """Release the run folder's lock (:func:`pcpo_eval.rundir.lock_run`); :meth:`run` does when it ends."""
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
+
+    def _setup(self, config: TrainConfig, resume: bool) -> None:
+        """Device, prompts, reward, model, policy, run folder and trackers (under the run folder's lock)."""
         self.device = dist.pick_device(config.device, self.rank)
         if self.device.type == "cuda" and config.deterministic:
             deterministic_cuda()  # bitwise resume on a GPU too (process-wide setting; docs/gpu.md)
@@ -135,8 +158,9 @@ class Trainer(PolicyMixin, RolloutMixin, UpdateMixin):
         self.start_epoch = 1
         if resume:
             self._resume()
-        elif self.is_main and (self.out / LOG_FILE).exists() and ck.latest_checkpoint(self.out) is not None:
-            # (a log without a checkpoint: a run stopped before its first checkpoint, which starts again)
+        elif self.is_main and ck.latest_checkpoint(self.out) is not None:
+            # (a log without a checkpoint: a run stopped before its first checkpoint, which starts again; a checkpoint
+            # without a log, e.g. a deleted log, was overwritten by the new run)
             raise UserError(f"{self.out} already holds a run; pass --resume to continue it or choose another --out")
         elif self.is_main:  # a new run: never among an image set's or a user's files (it replaced their config.yaml)
             check_own_folder(self.out, (*RUN_ENTRIES, *TRACKER_DIRS), "a run's")
@@ -239,8 +263,7 @@ class Trainer(PolicyMixin, RolloutMixin, UpdateMixin):
             self.optimizer_steps = int(state.get("optimizer_steps", 0))
         except (KeyError, ValueError, TypeError, IndexError) as exc:  # a state saved by another run or version
             raise UserError(f"{latest / ck.STATE_FILE} does not fit this run ({type(exc).__name__}: "
-                            f"{str(exc).splitlines()[0][:120] if str(exc) else ''}); delete that checkpoint folder to "
-                            "resume from the one before it, or start a new run") from None
+                            f"{str(exc).splitlines()[0][:120] if str(exc) else ''}); {ck.damaged_fix(latest)}") from None
         self.start_epoch = int(state["epoch"]) + 1
         if log is not None:
             self.log_rows = log[log["epoch"] <= state["epoch"]].to_dict("records")
@@ -270,6 +293,12 @@ class Trainer(PolicyMixin, RolloutMixin, UpdateMixin):
 
     def run(self) -> pd.DataFrame:
         """Train epochs ``start_epoch..epochs``; returns the log."""
+        try:
+            return self._train()
+        finally:
+            self.release()
+
+    def _train(self) -> pd.DataFrame:
         cfg = self.cfg
         if self.finished:
             if self.is_main:

@@ -160,8 +160,7 @@ def test_resume_refuses_damaged_lora(cli, box, toy_run, damage):
         lora.unlink()
         needle = "lacks its weights file"
     rejected(cli, box, "train", TOY_CFG, "--out", run, "--resume", *RESUME_OVERRIDES,
-             needles=[needle, "pytorch_lora_weights.safetensors", "delete that checkpoint folder",
-                      "epoch_0001", "resume from the one before it"])
+             needles=[needle, "pytorch_lora_weights.safetensors", "restore", "epoch_0001", "start the run again"])
 
 
 # ---- 4. Ctrl-C ---------------------------------------------------------------------------------

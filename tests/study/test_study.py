@@ -286,6 +286,18 @@ def test_stages_run_then_skip_finished_work(tmp_path, fakes):
     assert sum("skipped" in line for line in logs) == 8 + 2 * (n_sets - 1) + 2 + 3  # runs, sets, metrics, base, stages
 
 
+def test_a_changed_select_on_selects_again(tmp_path, fakes):
+    """A resume with another ``select_on`` kept the selection made under the old one ("selection unchanged,
+    skipped"; results.json's selection said ``on: gain`` under a spec saying ``train``)."""
+    out, stages = tmp_path / "study", ("train", "select")
+    run_study(write_spec(tmp_path / "s.yaml", seeds=[0], select_on="train"), out, stages, log=lambda _: None)
+    assert json.loads((out / "selection.json").read_text())["on"] == "train"
+    logs: list[str] = []
+    run_study(write_spec(tmp_path / "s.yaml", seeds=[0], select_on="gain"), out, stages, log=logs.append)
+    assert not any("selection unchanged, skipped" in line for line in logs), logs
+    assert json.loads((out / "selection.json").read_text())["on"] == "gain"
+
+
 def test_crash_names_stage_and_rerun_continues(tmp_path, fakes):
     spec = write_spec(tmp_path / "s.yaml")
     out = tmp_path / "study"
