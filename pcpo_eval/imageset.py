@@ -50,6 +50,14 @@ PROGRESS_DIR = ".progress"
 #: set.json over the first one's images)
 LOCK_FILE = ".lock"
 
+def enclosing_set(path: str | Path) -> Path | None:
+    """The image set (a folder holding :data:`SET_FILE`) that ``path`` is, or lies inside; None: none. An output
+    written there would sit among a set's images and records (``report --figures-dir SET`` wrote 33 figures
+    into one)."""
+    p = Path(path).resolve()
+    return next((d for d in (p, *p.parents) if (d / SET_FILE).is_file()), None)
+
+
 #: files verified in this process: (device, inode, size, mtime_ns, expected sha256), the file's identity
 #: whatever path or link reaches it (a stat, where a real-path lookup costs several); a file changed since
 #: (size or mtime) is hashed again

@@ -171,6 +171,11 @@ def select_cmd(
 
     _check_outputs([*run_dirs, *([matched_to] if matched_to else [])], output=output)
     check_targets([target])
+    seen: dict[Path, str] = {}
+    for run in run_dirs:  # one run twice printed two rows for it (a review); speedup refuses it as well
+        if (key := Path(run).resolve()) in seen:
+            raise UserError(f"run {run} is given twice (as {seen[key]} before); give each run once")
+        seen[key] = run
     if matched_to:  # matched on one reward scale: the PCPO run's reward level is the other runs' target
         comparability_notes(run_dirs, [matched_to], epochs=False, label="the runs and --matched-to")
     sel = select_checkpoints(run_dirs, target, window, matched_to, on)

@@ -26,6 +26,7 @@ def find_demo_spec() -> Path:
 
 def report(study_dir: Path, output: Path | None, figures_only: bool, figures_dir: Path | None) -> None:
     """``pcpo-eval report``: the HTML report and the figure files, or (``--figures-only``) the files only."""
+    from pcpo_eval.imageset import enclosing_set
     from pcpo_eval.io import check_out_path
     from pcpo_eval.report.html import write_figures, write_report
     from pcpo_eval.studydir import study_data_paths
@@ -37,6 +38,9 @@ def report(study_dir: Path, output: Path | None, figures_only: bool, figures_dir
         check_out_path(output, "--output", folder=False, inputs=data)
     if figures_dir is not None:
         check_out_path(figures_dir, "--figures-dir", inputs=data)
+        if (inside := enclosing_set(figures_dir)) is not None:
+            raise UserError(f"--figures-dir {figures_dir} lies inside the image set {inside}; choose a folder outside "
+                            "it (a set's folder holds its images and records only)")
     if figures_only or figures_dir is not None:
         paths = write_figures(study_dir, figures_dir)
         typer.echo(f"wrote {len(paths)} figure files ({_formats_said()}) to "

@@ -264,6 +264,7 @@ def test_irg_sweep_sampling_options(cli, box, key, value, needle):
 @pytest.mark.parametrize("flag, kind, needle", [
     ("--output", "folder", "--output {path} is a folder; give a file name inside it"),
     ("--figures-dir", "file", "--figures-dir {path} is a file, not a folder"),
+    ("--figures-dir", "image set", "--figures-dir {path}/figs lies inside the image set {path}"),
 ])
 def test_report_output_of_the_wrong_kind(cli, box, flag, kind, needle):
     import json
@@ -275,8 +276,11 @@ def test_report_output_of_the_wrong_kind(cli, box, flag, kind, needle):
     study.mkdir()
     (study / "results.json").write_text(json.dumps(to_jsonable(synthetic_results(study))))
     path = box / "target"
-    path.mkdir() if kind == "folder" else path.write_text("mine")
-    rejected(cli, box, "report", study, flag, path, needles=[needle.format(path=path)])
+    path.mkdir() if kind != "file" else path.write_text("mine")
+    if kind == "image set":  # figures were written among a set's images and records (a review)
+        (path / "set.json").write_text("{}")
+    target = path / "figs" if kind == "image set" else path
+    rejected(cli, box, "report", study, flag, target, needles=[needle.format(path=path.resolve())])
 
 
 # ---- study --stages that start after a stage never run: refused before the folder is made ----------

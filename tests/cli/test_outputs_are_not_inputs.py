@@ -160,3 +160,9 @@ def test_generate_steps_beyond_the_model_is_refused_before_rendering(cli, box):
               "--out", box / "s")
     _refused(res, "--steps 100000", "use --steps <= 1000")
     assert not (box / "s").exists()
+
+
+def test_select_refuses_a_run_given_twice(cli, runs):
+    """One run given twice printed two rows for it (a review; ``speedup`` refused it already)."""
+    a, b = runs
+    _refused(cli("select", a, b, f"{a}/", "--target", "0.3"), f"run {a}/ is given twice (as {a} before)")
