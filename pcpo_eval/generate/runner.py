@@ -51,7 +51,7 @@ from pcpo_eval.generate.setdir import (
     png_text,
     write_manifest,
 )
-from pcpo_eval.imageset import MANIFEST_FILE, PROGRESS_DIR, SET_FILE
+from pcpo_eval.imageset import LOCK_FILE, MANIFEST_FILE, PROGRESS_DIR, SET_FILE
 from pcpo_eval.io import parallel_map
 from pcpo_eval.models.base import ModelAdapter, PromptEmbeds
 from pcpo_eval.precision import (
@@ -221,7 +221,7 @@ def generate_set(
         flush_every_s=flush_every_s, rank=rank, world_size=world_size,
     )  # fmt: skip
     job = _check_request(request)  # 1. prompts, seeds, model, precision, settings, out dir: still nothing written
-    fresh = (job.out.exists(), (job.out / SET_FILE).exists())
+    fresh = (job.out.exists(), (job.out / SET_FILE).exists(), (job.out / LOCK_FILE).exists())
     lock = lock_set(job.out) if job.rank == 0 else None  # one render per folder (a second: one error line)
     try:
         try:
@@ -236,6 +236,8 @@ def generate_set(
         except BaseException:
             if job.rank == 0 and job.world_size == 1 and not fresh[1]:
                 discard_empty_set(job.out, remove_dir=not fresh[0])  # no set.json without an image beside it
+            elif job.rank == 0 and not fresh[2]:  # refused or failed: no lock file of ours left in the folder
+                (job.out / LOCK_FILE).unlink(missing_ok=True)
             raise
         return _finish_set(job, opened, share, t_start)  # 4. barrier, manifest + set.json ("complete"), summary
     finally:

@@ -107,17 +107,18 @@ class Trainer(PolicyMixin, RolloutMixin, UpdateMixin):
         self.rank, self.world = dist.init(config.device)
         if (msg := self.cfg.total_batch_problem(self.world)) is not None:  # launcher x per-process batch != paper's
             raise UserError(msg)
-        created = not self.out.exists()
+        created, had_lock = not self.out.exists(), (self.out / RUN_LOCK).exists()
         #: the run folder's lock (rank 0; released when :meth:`run` ends): one process trains a run at a time
         self._lock = lock_run(self.out) if self.is_main else None
         try:
             self._setup(config, resume)
-        except BaseException:
+        except BaseException:  # refused: the folder as it was (no lock file of ours; a folder we made, gone)
             self.release()
-            if created and self.is_main:  # a new folder holding only the lock: as it was, absent
+            if self.is_main and not had_lock:
                 with contextlib.suppress(OSError):
                     (self.out / RUN_LOCK).unlink()
-                    self.out.rmdir()
+                    if created:
+                        self.out.rmdir()
             raise
 
     def release(self) -> None:
