@@ -484,10 +484,21 @@ def _interval_panels(n_panels: int, n_rows: int) -> tuple[Any, list[Any]]:
     return fig, list(axes[0])
 
 
-def _interval(ax: Any, i: int, est: float, lo: float, hi: float, c: str) -> None:
-    """One rliable row: a bar from ``lo`` to ``hi`` and a black tick at the estimate."""
+def _interval(ax: Any, i: int, est: float, lo: float | None, hi: float | None, c: str) -> None:
+    """One rliable row: a bar from ``lo`` to ``hi`` and a black tick at the estimate; without an interval (too
+    few runs: :data:`pcpo_eval.stats.rliable.MIN_INTERVAL_RUNS`) the estimate alone, as a dot."""
+    if lo is None or hi is None:
+        ax.plot([est], [i], "o", color=c, ms=5, mec="black", mew=0.6)
+        return
     ax.barh(i, max(hi - lo, 1e-12), left=lo, height=0.6, color=c, alpha=0.75, lw=0)
     ax.vlines(est, i - 0.35, i + 0.35, color="black", lw=1.2)
+
+
+def _ci_label(block: dict[str, Any], rows: list[dict[str, Any]], what: str) -> str:
+    """The x label: ``what, 95% CI``, or that no interval is drawn below the panels' minimum runs."""
+    if any(r.get("ci_low") is not None for r in rows):
+        return f"{what}, 95% CI"
+    return f"{what} (no CI: < {block.get('min_interval_runs', 10)} runs)"
 
 
 def _finish_rows(axes: list[Any], labels: list[str]) -> None:
@@ -510,7 +521,8 @@ def interval_estimates_figure(block: dict[str, Any] | None, roles: dict[str, str
         for iv in (iv for iv in ivs if iv["quantity"] == q):
             i = rows.index((str(iv["cell"]), str(iv["arm"])))
             _interval(ax, i, iv["iqm"], iv["ci_low"], iv["ci_high"], color(roles.get(iv["arm"], "other")))
-        ax.set(title=block["quantities"][q], xlabel="IQM over runs, 95% CI")
+        ax.set(title=block["quantities"][q],
+               xlabel=_ci_label(block, [iv for iv in ivs if iv["quantity"] == q], "IQM over runs"))
     _finish_rows(axes, [_row_label(c, f"{a} ({_n_runs(block, c, a)} runs)", n_cells) for c, a in rows])
     fig.tight_layout()
     return fig
@@ -535,7 +547,8 @@ def improvement_figure(block: dict[str, Any] | None, roles: dict[str, str]) -> A
             i = pairs.index((str(r["cell"]), str(r["baseline"]), str(r["arm"])))
             _interval(ax, i, r["p_improvement"], r["ci_low"], r["ci_high"], color(roles.get(r["arm"], "other")))
         ax.axvline(0.5, color="black", lw=0.5, ls="--")
-        ax.set(xlim=(-0.02, 1.02), title=block["quantities"][q], xlabel="P(improvement), 95% CI")
+        ax.set(xlim=(-0.02, 1.02), title=block["quantities"][q],
+               xlabel=_ci_label(block, [r for r in imp if r["quantity"] == q], "P(improvement)"))
     _finish_rows(axes, [_row_label(c, f"P({a} > {b})", len({p[0] for p in pairs})) for c, b, a in pairs])
     fig.tight_layout()
     return fig

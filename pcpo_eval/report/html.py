@@ -62,6 +62,7 @@ from pcpo_eval.report.figures import (
 )
 from pcpo_eval.report.kl_ref import kl_ref_figure
 from pcpo_eval.stats.fmt import p_value, pct, pct_interval
+from pcpo_eval.stats.rliable import MIN_INTERVAL_RUNS
 from pcpo_eval.studydir import RUN_COMPUTE_KEY, StudyLayout, results_path, upgrade_runs
 
 #: Figures the report embeds and writes (``figures/<name>.svg|pdf|png``), in report order; plus one
@@ -321,6 +322,7 @@ def runs_view(results: dict[str, Any], uris: dict[str, str]) -> dict[str, Any] |
         "interval_png": uris.get("interval_estimates"),
         "poi_png": uris.get("probability_of_improvement"),
         "profile_png": uris.get("performance_profiles"),
+        "min_interval_runs": MIN_INTERVAL_RUNS,
         "health": health_rows(runs, roles),
         "has_controls": any(r.get("control_reward_mean") for r in runs),
     }

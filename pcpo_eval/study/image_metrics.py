@@ -385,6 +385,11 @@ def fd_small_sets(sp: StudySpec) -> dict[str, dict[str, int]]:
 
 
 def _direction(m: str) -> str:
+    """How to read metric ``m``'s values. A distance to the base model's images (the study's FD reference,
+    ``needs_reference``) has no better side: a policy that learned nothing sits at 0. It read "lower is better",
+    so a frozen arm's bold FD (0 against DDPO's 15, 5 seeds, Holm p 0.025) read as the better arm (a review)."""
+    if METRICS[m].needs_reference:
+        return "lower is closer to the base model (not better: an arm that learned nothing scores 0)"
     return "higher is better" if METRICS[m].higher_is_better else "lower is better"
 
 
@@ -656,7 +661,9 @@ def _rule(sp: StudySpec) -> str:
     adj = "BH" if sp.lmm.adjust == "bh" else "Holm"
     text = (f"bold: {sp.pcpo} differs from {sp.baseline} in that cell, {adj}-adjusted p < {sp.lmm.alpha:g} in one family "
             "over every metric, cell and comparison of this table (so an A/A study shows a bold cell in at most "
-            f"{sp.lmm.alpha:g} of studies): "
+            f"{sp.lmm.alpha:g} of studies; this table is a family of its own beside the verdict and the balance "
+            "check, so a significant result somewhere in the report has a larger chance, up to three times that, "
+            "and a bold cell under a verdict of no evidence is not evidence of a difference between the arms): "
             f"per-prompt metrics by the simple-effect LMM value ~ {sp.compare_factor} + (1|prompt) (+ (1|run) with "
             ">= 2 runs per arm; 1 run per arm: not estimable, never bold) on the cell's per-prompt scores (REML, "
             "Satterthwaite df)")

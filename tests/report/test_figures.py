@@ -143,7 +143,33 @@ def test_rliable_numbers_are_the_verdicts():
         assert got["final_reward"] == pytest.approx(want, abs=0, rel=0)
     iv = next(i for i in block["intervals"] if (i["cell"], i["arm"], i["quantity"]) == ("batch=16", "PCPO", "final_reward"))
     values = [r["final_reward"] for r in block["runs"] if (r["cell"], r["arm"]) == ("batch=16", "PCPO")]
+    assert iv["iqm"] == iqm_interval(values, rng=np.random.default_rng(RLIABLE_SEED))[0]
+    assert iv["ci_low"] is None and iv["ci_high"] is None  # 3 runs: below MIN_INTERVAL_RUNS, no interval
+
+
+def test_rliable_intervals_are_drawn_from_enough_runs_only(monkeypatch):
+    """Below ``MIN_INTERVAL_RUNS`` runs the panels hold point estimates (the figures draw a dot and say why);
+    from it, the bootstrap intervals, equal to ``iqm_interval`` / ``poi_interval`` at the panels' seed."""
+    import pcpo_eval.stats.rliable as rl
+    from pcpo_eval.stats.runlevel import poi_interval
+
+    few = synthetic_rliable(_results(epochs=8)["runs"], k=3)
+    assert all(r["ci_low"] is None and r["ci_high"] is None for r in [*few["intervals"], *few["improvement"]])
+    poi = figures.improvement_figure(few, ROLES)
+    assert poi.axes[0].get_xlabel() == "P(improvement) (no CI: < 10 runs)"
+    assert figures.interval_estimates_figure(few, ROLES).axes[0].get_xlabel() == \
+        "IQM over runs (no CI: < 10 runs)"
+    monkeypatch.setattr(rl, "MIN_INTERVAL_RUNS", 2)
+    block = synthetic_rliable(_results(epochs=8)["runs"], k=3)
+    runs = block["runs"]
+    iv = next(i for i in block["intervals"] if (i["cell"], i["arm"], i["quantity"]) == ("batch=16", "PCPO", "final_reward"))
+    values = [r["final_reward"] for r in runs if (r["cell"], r["arm"]) == ("batch=16", "PCPO")]
     assert (iv["iqm"], iv["ci_low"], iv["ci_high"]) == iqm_interval(values, rng=np.random.default_rng(RLIABLE_SEED))
+    imp = next(i for i in block["improvement"] if (i["cell"], i["quantity"]) == ("batch=16", "final_reward"))
+    base = [r["final_reward"] for r in runs if (r["cell"], r["arm"]) == ("batch=16", "DDPO")]
+    assert (imp["p_improvement"], imp["ci_low"], imp["ci_high"]) == poi_interval(
+        base, values, rng=np.random.default_rng(RLIABLE_SEED))
+    assert figures.improvement_figure(block, ROLES).axes[0].get_xlabel() == "P(improvement), 95% CI"
 
 
 def test_cli_figures_only(cli, tmp_path):

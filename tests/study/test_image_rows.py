@@ -122,3 +122,16 @@ def test_a_bold_cell_never_contradicts_its_per_prompt_test():
     page = html.unescape(render_report({"study": {"name": "s"}, "raw_scores": {"columns": sp.metrics,
                                                                                 "rows": [base, pcpo]}}))
     assert f"Not bold: {text}." in page
+
+
+def test_a_distance_to_the_base_model_has_no_better_side():
+    """FD against the base model's images read "lower is better", so a frozen arm's bold FD of 0 read as the
+    better arm (a review: 5 seeds, Holm p 0.025); such a metric now says what lower means."""
+    from pcpo_eval.metrics.base import METRICS
+    from pcpo_eval.study.image_metrics import _direction
+
+    against_base = [m for m in METRICS if METRICS[m].needs_reference]
+    assert "fd_toy" in against_base
+    for m in against_base:
+        assert _direction(m).startswith("lower is closer to the base model (not better")
+    assert _direction("is_toy") in ("higher is better", "lower is better")
