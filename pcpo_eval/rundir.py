@@ -24,7 +24,7 @@ import math
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from pcpo_eval.errors import UserError
 
@@ -45,7 +45,7 @@ CHECKPOINTS_DIR = "checkpoints"
 META_FILE = "checkpoint.json"
 #: a checkpoint's resumable training state
 STATE_FILE = "training_state.pt"
-#: held (``flock``) by the process training the run (:func:`lock_run`)
+#: held (``flock``) by the process training the run (:func:`pcpo_eval.train.checkpoints.lock_run`)
 RUN_LOCK = ".lock"
 #: What a run folder holds at its top level (the trackers' folders aside: train.tracking.TRACKER_DIRS).
 RUN_ENTRIES = (CONFIG_FILE, INPUTS_FILE, INIT_FILE, LOG_FILE, CHECKPOINTS_DIR, RUN_LOCK)
@@ -277,14 +277,3 @@ def load_log(path: str | Path) -> pd.DataFrame:
                         "or re-train the run that wrote it") from None
     return validate_log(df, f"log {p}")
 
-
-def lock_run(out: Path) -> IO[str] | None:
-    """Create run folder ``out`` and hold its :data:`RUN_LOCK` (:func:`pcpo_eval.io.lock_or_refuse`; closing the
-    returned file releases it; None where flock does not exist): one process trains a run at a time. Before, two ``train`` runs into one ``--out``
-    both exited 0 with their checkpoints interleaved (seeds 0, 7, 0, 7, ... by epoch), and a ``--resume`` was
-    accepted while another process trained the run."""
-    from pcpo_eval.io import lock_or_refuse
-
-    out.mkdir(parents=True, exist_ok=True)
-    return lock_or_refuse(out / RUN_LOCK, f"run folder {out} is being trained by another pcpo-eval process "
-                          "(pid {pid}); wait for it to finish (or stop it), or choose another --out")

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from pcpo_eval.errors import UserError
-from pcpo_eval.rundir import config_path, lock_run, log_path
+from pcpo_eval.rundir import config_path, log_path
 from pcpo_eval.study.spec import RunSpec, StudySpec
 from pcpo_eval.studydir import StudyLayout
 
@@ -113,6 +113,8 @@ def pending_runs(spec: StudySpec, layout: StudyLayout, log: Callable[[str], None
             continue
         resume = latest_checkpoint(rd) is not None
         if not resume and rd.exists():  # crashed before its first checkpoint: start over
+            from pcpo_eval.train.checkpoints import lock_run
+
             held = lock_run(rd)  # not a run another process is training now (one error line)
             try:
                 shutil.rmtree(rd)

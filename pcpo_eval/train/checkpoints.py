@@ -21,14 +21,15 @@ import io
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 
 from pcpo_eval.errors import UserError
-from pcpo_eval.io import atomic_dir, read_yaml_mapping, safetensors_bytes, sha256_file
+from pcpo_eval.io import atomic_dir, lock_or_refuse, read_yaml_mapping, safetensors_bytes, sha256_file
 from pcpo_eval.rundir import (
     META_FILE,
+    RUN_LOCK,
     STATE_FILE,
     checkpoint_dir,  # noqa: F401 - re-exported: ck.checkpoint_dir(RUN, EPOCH)
     config_path,
@@ -465,3 +466,13 @@ def load_init_weights(denoiser: torch.nn.Module, src: dict[str, Any]) -> None:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise UserError(f"init_from={src['source']}: weights do not fit this model ({first[:200]}); "
                         "start from a checkpoint of the same model and LoRA settings") from None
+
+
+def lock_run(out: Path) -> IO[str] | None:
+    """Create run folder ``out`` and hold its :data:`~pcpo_eval.rundir.RUN_LOCK` (:func:`pcpo_eval.io.lock_or_refuse`;
+    closing the returned file releases it; None where flock does not exist): one process trains a run at a
+    time. Before, two ``train`` runs into one ``--out`` both exited 0 with their checkpoints interleaved (seeds 0, 7, 0, 7, ... by epoch), and a ``--resume`` was
+    accepted while another process trained the run."""
+    out.mkdir(parents=True, exist_ok=True)
+    return lock_or_refuse(out / RUN_LOCK, f"run folder {out} is being trained by another pcpo-eval process "
+                          "(pid {pid}); wait for it to finish (or stop it), or choose another --out")

@@ -70,10 +70,10 @@ from pcpo_eval.rundir import (  # noqa: F401  (INIT_FILE re-exported: its old ho
     init_path,
     inputs_path,
     load_log,
-    lock_run,
 )
 from pcpo_eval.train import checkpoints as ck
 from pcpo_eval.train.advantages import PerPromptStatTracker
+from pcpo_eval.train.checkpoints import lock_run
 from pcpo_eval.train.config import RESUME_MAY_CHANGE, TrainConfig
 from pcpo_eval.train.diagnostics import (  # noqa: F401  (re-exported: the trainer's public names)
     HEALTHY_APPROX_KL,
@@ -122,7 +122,7 @@ class Trainer(PolicyMixin, RolloutMixin, UpdateMixin):
             raise
 
     def release(self) -> None:
-        """Release the run folder's lock (:func:`pcpo_eval.rundir.lock_run`); :meth:`run` does when it ends."""
+        """Release the run folder's lock (:func:`pcpo_eval.train.checkpoints.lock_run`); :meth:`run` does when it ends."""
         if self._lock is not None:
             self._lock.close()
             self._lock = None

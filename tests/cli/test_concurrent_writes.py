@@ -16,7 +16,8 @@ import pytest
 
 from pcpo_eval.errors import UserError
 from pcpo_eval.io import atomic_dir
-from pcpo_eval.rundir import RUN_LOCK, lock_run
+from pcpo_eval.rundir import RUN_LOCK
+from pcpo_eval.train.checkpoints import lock_run
 from tests.support.cli import RESUME_OVERRIDES, TOY_CFG
 
 
