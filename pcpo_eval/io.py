@@ -270,12 +270,27 @@ def exclusive(path: str | os.PathLike) -> Iterator[None]:
         yield
 
 
+def recover_replaced(parent: str | os.PathLike) -> list[Path]:
+    """Put back every folder of ``parent`` that :func:`atomic_dir` had moved aside (``.NAME.old``) when a kill
+    came between its two renames, leaving no ``NAME``: the old folder is the last whole one (a checkpoint that
+    vanished, so ``--resume`` fell back to an older one without training state). Returns the folders restored."""
+    parent = Path(parent)
+    restored = []
+    for old in parent.glob(".*.old") if parent.is_dir() else ():
+        path = parent / old.name[1:-len(".old")]
+        if old.is_dir() and not path.exists():
+            os.replace(old, path)
+            restored.append(path)
+    return restored
+
+
 @contextlib.contextmanager
 def atomic_dir(path: str | os.PathLike, replace: bool = True) -> Iterator[Path]:
     """Yield an empty temporary folder next to ``path``; on success it replaces ``path`` whole.
 
     The folder ends with mode ``0777 & ~umask`` (``mkdtemp`` creates ``0700``); a crash leaves
-    either the old folder or the complete new one, never a half-written one under ``path``.
+    either the old folder or the complete new one, never a half-written one under ``path`` (a kill between
+    the two renames leaves the old one as ``.NAME.old``, which the next write of ``path`` puts back first).
     ``replace=False`` (an output that must be new or empty, e.g. ``export --out``): the folder takes
     ``path``'s place only if ``path`` is absent or an empty folder at the end; one UserError otherwise,
     and whatever arrived there meanwhile is kept (it was moved aside and deleted: a second export into
@@ -283,6 +298,8 @@ def atomic_dir(path: str | os.PathLike, replace: bool = True) -> Iterator[Path]:
     """
     path = Path(path)
     ensure_dir(path.parent, "folder")
+    old = path.with_name(f".{path.name}.old")
+    recover_replaced(path.parent)
     tmp = Path(temp_beside(path, folder=True)[1])
     os.chmod(tmp, dir_mode())
     # held open while the folder is written: remove_stale_temps sees a live writer in /proc/PID/fd
@@ -296,7 +313,6 @@ def atomic_dir(path: str | os.PathLike, replace: bool = True) -> Iterator[Path]:
                 raise UserError(f"{path} was filled while it was being written (another process?); nothing there "
                                 "was changed and this output was not written: choose another path") from None
         elif path.exists():
-            old = path.with_name(f".{path.name}.old")
             shutil.rmtree(old, ignore_errors=True)
             os.replace(path, old)
             os.replace(tmp, path)

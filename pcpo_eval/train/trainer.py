@@ -56,11 +56,18 @@ import yaml
 
 from pcpo_eval import dist
 from pcpo_eval.errors import UserError
-from pcpo_eval.io import atomic_write_json, atomic_write_parquet, atomic_write_text, check_own_folder
+from pcpo_eval.io import (
+    atomic_write_json,
+    atomic_write_parquet,
+    atomic_write_text,
+    check_own_folder,
+    recover_replaced,
+)
 from pcpo_eval.models.base import ModelAdapter
 from pcpo_eval.precision import deterministic_cuda, matmul_precision
 from pcpo_eval.progress import echo, progress_bar
 from pcpo_eval.rundir import (  # noqa: F401  (INIT_FILE re-exported: its old home)
+    CHECKPOINTS_DIR,
     INIT_FILE,
     LOG_FILE,
     RUN_ENTRIES,
@@ -216,6 +223,9 @@ class Trainer(PolicyMixin, RolloutMixin, UpdateMixin):
         atomic_write_parquet(self.out / LOG_FILE, log_frame(self.log_rows))
 
     def _resume(self) -> None:
+        if self.is_main:  # a checkpoint a kill left moved aside (io.atomic_dir) is the newest one
+            recover_replaced(self.out / CHECKPOINTS_DIR)
+        dist.barrier()  # every rank then sees the same newest checkpoint
         latest = ck.latest_checkpoint(self.out)
         if latest is None:
             raise UserError(f"--resume: no complete checkpoint in {self.out}/checkpoints; start without --resume")

@@ -128,3 +128,29 @@ def test_options_that_take_a_list_may_repeat(cli, tmp_path):
     assert repeated_option(["human", "raters", "H", "--add", "a", "--add", "b"]) is None
     assert repeated_option(["train", "cfg", "--", "--out", "--out"]) is None  # after --: arguments
     assert repeated_option(["nosuch", "--out", "a", "--out", "b"]) is None  # click's own error says so
+
+
+def test_a_checkpoint_a_kill_left_moved_aside_is_put_back(cli, box, toy_run, monkeypatch):
+    """A kill between ``atomic_dir``'s two renames (old folder aside, new one in place) left the newest checkpoint
+    only as ``.epoch_NNNN.old``: ``--resume`` saw none (or an older one without training state). The next write
+    of that folder, and ``--resume``, put it back (``io.recover_replaced``)."""
+    import os
+
+    from pcpo_eval.io import recover_replaced
+
+    run = shutil.copytree(toy_run, box / "run")
+    cks = run / "checkpoints"
+    os.replace(cks / "epoch_0001", cks / ".epoch_0001.old")  # as the kill left it
+    assert recover_replaced(cks) == [cks / "epoch_0001"] and sorted(p.name for p in cks.iterdir()) == ["epoch_0001"]
+    os.replace(cks / "epoch_0001", cks / ".epoch_0001.old")
+    res = cli("train", TOY_CFG, "--out", run, "--resume", *RESUME_OVERRIDES)
+    # found and read (the fixture's stand-in training state fits no real run); before: "no complete checkpoint"
+    _one_error(res, "epoch_0001/training_state.pt does not fit this run")
+    assert (cks / "epoch_0001").is_dir() and not (cks / ".epoch_0001.old").exists()
+    target = box / "ck"
+    with atomic_dir(target) as tmp:
+        (tmp / "f.txt").write_text("old")
+    os.replace(target, box / ".ck.old")
+    with pytest.raises(RuntimeError), atomic_dir(target) as tmp:  # the next write fails: the old one stands
+        raise RuntimeError("crash")
+    assert (target / "f.txt").read_text() == "old"
