@@ -11,8 +11,7 @@ only draws it. Descriptive: the verdict's t and permutation tests are the infere
 (:mod:`pcpo_eval.stats.runlevel`). Below :data:`MIN_INTERVAL_RUNS` runs per arm the panels carry no interval
 (point estimates only): with few runs the percentile intervals are too narrow and read as tests. In 400
 simulated A/A pairs of normal runs per size (``tests/stats/test_rliable_intervals.py``), the probability of
-improvement's 95% interval excluded 0.5 in 16.8% at 3 runs per arm, 10.0% at 5 and 4.5% at 10 and 20;
-resampled from real toy runs, some of a 3-vs-3 study's three quantities did in 48% of A/A studies (a review).
+improvement's 95% interval excluded 0.5 in 16.8% at 3 runs per arm, 10.0% at 5 and 4.5% at 10 and 20.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Why the rliable panels draw no interval below ``MIN_INTERVAL_RUNS`` runs per arm: in A/A pairs of runs the
 probability of improvement's 95% stratified bootstrap interval excludes 0.5 far more often than 5% with few
-runs (a review found a panel excluding 0.5 in 48% of 3-vs-3 A/A studies resampled from real toy runs, under a
-"no evidence" verdict), and close to 5% from 10 runs on. The figures quoted in ``pcpo_eval.stats.rliable`` and
+runs (a review found panels excluding 0.5 under "no evidence" verdicts of 3-vs-3 A/A studies), and close to 5%
+from 10 runs on. The figures quoted in ``pcpo_eval.stats.rliable`` and
 the report come from this simulation (400 pairs of normal runs per size, numpy seed 20261128)."""
 
 from __future__ import annotations
